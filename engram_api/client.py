@@ -1,0 +1,190 @@
+"""``MemoryClient``: what an application imports. Enqueue on the write side, recall on the read side.
+
+Both halves are built on first use: a process that only recalls never imports Celery, and one that only
+enqueues never loads the embedding model or opens the graph store. ``AsyncMemoryClient`` runs the same
+methods in a worker thread (no second implementation to drift from the first).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from datetime import datetime
+from typing import Any
+
+import redis
+
+from engram_api.connections import redis_client, resolve_redis_url
+from engram_api.models import (
+    DeadLetter,
+    FactRecord,
+    ForgetResult,
+    GraphPage,
+    HealthReport,
+    RecallResult,
+    Receipt,
+    SearchResult,
+    UserStats,
+    WaitResult,
+)
+from engram_api.producer import Producer
+from engram_api.reader import Reader
+from engram_api.settings import Settings, load_settings
+from engram_api.storage import GraphStore, open_graph_store
+from engram_api.storage.embedder import get_embedder
+from engram_api.storage.indexes import IndexKeeper
+from engram_api.storage.vectors import VectorStore
+
+__all__ = ["AsyncMemoryClient", "MemoryClient"]
+
+
+class MemoryClient:
+    def __init__(self, *, settings: Settings | None = None, redis_url: str | None = None) -> None:
+        self.settings = settings or load_settings()
+        self._redis_url = redis_url
+        self._redis: redis.Redis | None = None
+        self._producer: Producer | None = None
+        self._reader: Reader | None = None
+        self._graph: GraphStore | None = None
+
+    # ------------------------------------------------------------------------------ plumbing
+    @property
+    def redis_url(self) -> str:
+        if self._redis_url is None:
+            self._redis_url = resolve_redis_url(self.settings)
+        return self._redis_url
+
+    @property
+    def redis(self) -> redis.Redis:
+        if self._redis is None:
+            self._redis = redis_client(self.redis_url)
+        return self._redis
+
+    @property
+    def producer(self) -> Producer:
+        if self._producer is None:
+            self._producer = Producer(settings=self.settings, redis_client=self.redis, broker_url=self.redis_url)
+        return self._producer
+
+    @property
+    def graph(self) -> GraphStore:
+        if self._graph is None:
+            self._graph = open_graph_store(self.settings)
+            self._graph.ensure_schema()
+        return self._graph
+
+    @property
+    def reader(self) -> Reader:
+        if self._reader is None:
+            embedder = get_embedder(self.settings.embedding_model)
+            keeper = IndexKeeper(graph=self.graph, vectors=VectorStore(root=self.settings.index_dir, dim=embedder.dim))
+            self._reader = Reader(
+                settings=self.settings, graph=self.graph, keeper=keeper, embedder=embedder, redis_client=self.redis
+            )
+        return self._reader
+
+    def close(self) -> None:
+        if self._graph is not None:
+            self._graph.close()
+        if self._redis is not None:
+            self._redis.close()
+
+    def __enter__(self) -> MemoryClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ----------------------------------------------------------------------------- write side
+    def enqueue(
+        self,
+        user_id: str,
+        messages: str | Sequence[Mapping[str, Any]],
+        *,
+        message_id: str | None = None,
+        timestamp: datetime | None = None,
+        metadata: Mapping[str, str | int | float | bool] | None = None,
+    ) -> Receipt:
+        """Validate and queue one message; returns at once (no LLM, no graph store)."""
+        return self.producer.enqueue(user_id, messages, message_id=message_id, timestamp=timestamp, metadata=metadata)
+
+    def enqueue_many(self, items: Iterable[Mapping[str, Any]]) -> list[Receipt]:
+        """Queue many messages: every item is validated before any is published."""
+        return self.producer.enqueue_many(items)
+
+    def wait(self, receipts: Sequence[Receipt | tuple[str, str]] | Receipt, timeout: float = 60.0) -> WaitResult:
+        """Block until the messages are applied or dead-lettered."""
+        items = [receipts] if isinstance(receipts, Receipt) else receipts
+        return self.producer.wait(items, timeout=timeout)
+
+    def dead_letters(self, user_id: str | None = None) -> list[DeadLetter]:
+        return self.producer.dead_letters.list(user_id)
+
+    def replay(self, user_id: str, message_id: str) -> Receipt:
+        return self.producer.replay(user_id, message_id)
+
+    def drop_dead_letter(self, user_id: str, message_id: str) -> bool:
+        return self.producer.dead_letters.remove(user_id, message_id)
+
+    # ------------------------------------------------------------------------------ read side
+    def recall(self, user_id: str, query: str, k: int = 10, *, as_of: datetime | None = None) -> RecallResult:
+        return self.reader.recall(user_id, query, k, as_of=as_of)
+
+    def search(self, user_id: str, query: str, k: int = 10, detail_level: str = "auto") -> SearchResult:
+        return self.reader.search(user_id, query, k, detail_level)  # type: ignore[arg-type]
+
+    def get_context(self, user_id: str, query: str, max_tokens: int = 800) -> str:
+        return self.reader.get_context(user_id, query, max_tokens)
+
+    def history(self, user_id: str, subject: str, predicate: str | None = None) -> list[FactRecord]:
+        return self.reader.history(user_id, subject, predicate)
+
+    def get_graph(self, user_id: str, page: int = 1, page_size: int = 50) -> GraphPage:
+        return self.reader.get_graph(user_id, page, page_size)
+
+    def stats(self, user_id: str) -> UserStats:
+        return self.reader.stats(user_id)
+
+    def feedback(self, user_id: str, recall_id: str, useful_ids: Sequence[str]) -> int:
+        return self.reader.feedback(user_id, recall_id, useful_ids)
+
+    def forget(self, user_id: str, memory_id: str) -> ForgetResult:
+        return self.reader.forget(user_id, memory_id)
+
+    def forget_user(self, user_id: str) -> ForgetResult:
+        return self.reader.forget_user(user_id)
+
+    def health(self) -> HealthReport:
+        """Graph store, Redis, embedder, index directory and queue depths."""
+        from engram_api.health import check_all
+
+        return check_all(self)
+
+
+def _in_thread(name: str) -> Callable[..., Any]:
+    @functools.wraps(getattr(MemoryClient, name))
+    async def method(self: AsyncMemoryClient, *args: Any, **kwargs: Any) -> Any:
+        return await asyncio.to_thread(getattr(self.sync, name), *args, **kwargs)
+
+    return method
+
+
+class AsyncMemoryClient:
+    """Async twin of ``MemoryClient``: the same methods, awaited, run in a worker thread."""
+
+    def __init__(self, *, settings: Settings | None = None, redis_url: str | None = None) -> None:
+        self.sync = MemoryClient(settings=settings, redis_url=redis_url)
+
+    async def __aenter__(self) -> AsyncMemoryClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await asyncio.to_thread(self.sync.close)
+
+    for _name in (
+        "enqueue", "enqueue_many", "wait", "dead_letters", "replay", "drop_dead_letter", "recall", "search",
+        "get_context", "history", "get_graph", "stats", "feedback", "forget", "forget_user", "health", "close",
+    ):  # fmt: skip
+        locals()[_name] = _in_thread(_name)
+    del _name

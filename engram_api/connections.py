@@ -1,0 +1,54 @@
+"""Where the services are: resolves Redis for clients, including the embedded one ``engram up`` runs.
+
+``engram up`` / ``engram demo`` start an embedded Redis and record its URL in
+``ENGRAM_DATA_DIR/services.json``; a client with no ``REDIS_URL`` finds it there, so a newcomer's
+scripts work against the embedded stack without configuration.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import redis
+
+from engram_api.errors import ConfigError
+from engram_api.settings import Settings
+
+__all__ = ["SERVICES_FILE", "redis_client", "resolve_redis_url", "write_services_file"]
+
+SERVICES_FILE = "services.json"
+
+
+def _services_path(settings: Settings) -> Path:
+    return settings.data_dir / SERVICES_FILE
+
+
+def write_services_file(settings: Settings, **urls: str) -> Path:
+    path = _services_path(settings)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(urls))
+    return path
+
+
+def resolve_redis_url(settings: Settings) -> str:
+    if settings.redis_url:
+        return settings.redis_url
+    try:
+        url = json.loads(_services_path(settings).read_text()).get("redis_url")
+    except (OSError, ValueError):
+        url = None
+    if not url:
+        raise ConfigError(
+            "REDIS_URL",
+            f"not set and no embedded Redis is running for {settings.data_dir} "
+            "(start one with `engram up`, or set REDIS_URL=redis://host:port/0)",
+        )
+    return str(url)
+
+
+def redis_client(url: str) -> redis.Redis:
+    # decode_responses: every value Engram keeps in Redis is text (JSON or counters).
+    return redis.Redis.from_url(
+        url, decode_responses=True, socket_timeout=10, socket_connect_timeout=5, health_check_interval=30
+    )

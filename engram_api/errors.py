@@ -1,0 +1,60 @@
+"""Typed errors shared by the producer, the reader, the workers and the CLI.
+
+Every error a caller can act on is an ``EngramError``; ``field`` names the input that was wrong so
+callers (and the CLI's one-line error output) can say exactly what to fix.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ConfigError",
+    "EngramError",
+    "InvalidInputError",
+    "LLMError",
+    "NotFoundError",
+    "StoreUnavailableError",
+    "WaitTimeoutError",
+]
+
+
+class EngramError(Exception):
+    """Base class of every error Engram raises on purpose."""
+
+
+class InvalidInputError(EngramError, ValueError):
+    """Bad input from a caller; nothing was enqueued or written."""
+
+    def __init__(self, field: str, problem: str) -> None:
+        self.field = field
+        self.problem = problem
+        super().__init__(f"invalid {field}: {problem}")
+
+
+class ConfigError(EngramError):
+    """A setting has a wrong value; raised at start-up and names the environment variable."""
+
+    def __init__(self, variable: str, problem: str) -> None:
+        self.variable = variable
+        self.problem = problem
+        super().__init__(f"{variable}: {problem}")
+
+
+class StoreUnavailableError(EngramError):
+    """A backing service (Redis, Neo4j, the embedded store) cannot be reached right now."""
+
+
+class NotFoundError(EngramError, LookupError):
+    """The thing asked for does not exist for this user."""
+
+
+class LLMError(EngramError):
+    """The extraction model failed; ``transient`` says whether a retry may help."""
+
+    def __init__(self, message: str, *, transient: bool, raw: str | None = None) -> None:
+        self.transient = transient
+        self.raw = raw
+        super().__init__(message)
+
+
+class WaitTimeoutError(EngramError, TimeoutError):
+    """``wait()`` ran out of time before every message was applied or dead-lettered."""

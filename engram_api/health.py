@@ -1,0 +1,68 @@
+"""Health checks behind ``MemoryClient.health()`` and ``engram health``: each check is timed and
+reported on its own, so an operator sees which part is down."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from engram_api import keys
+from engram_api.models import CheckResult, HealthReport
+
+if TYPE_CHECKING:
+    from engram_api.client import MemoryClient
+
+__all__ = ["check_all", "timed"]
+
+
+def timed(fn: Callable[[], str]) -> CheckResult:
+    start = time.perf_counter()
+    try:
+        detail = fn()
+        ok = True
+    except Exception as exc:
+        detail, ok = f"{type(exc).__name__}: {exc}"[:300], False
+    return CheckResult(ok=ok, detail=detail, latency_ms=round((time.perf_counter() - start) * 1e3, 2))
+
+
+def check_all(client: MemoryClient) -> HealthReport:
+    settings = client.settings
+
+    def graph() -> str:
+        client.graph.ping()
+        return settings.neo4j_uri or f"sqlite {settings.sqlite_path}"
+
+    def redis_check() -> str:
+        client.redis.ping()
+        return client.redis_url
+
+    def embedder() -> str:
+        vec = client.reader.embedder.encode_one("health check")
+        return f"{settings.embedding_model} dim={vec.shape[0]}"
+
+    def index_dir() -> str:
+        root = settings.index_dir
+        root.mkdir(parents=True, exist_ok=True)
+        if not os.access(root, os.W_OK):
+            raise PermissionError(f"{root} is not writable")
+        return f"{root} ({sum(1 for _ in root.glob('*.faiss'))} indexes)"
+
+    def queues() -> str:
+        pipe = client.redis.pipeline(transaction=False)
+        names = (keys.EXTRACT_QUEUE, keys.APPLY_QUEUE, keys.MAINTENANCE_QUEUE)
+        for name in names:
+            pipe.llen(name)
+        depths = pipe.execute()
+        dead = client.redis.hlen(keys.dead_letters())
+        return ", ".join(f"{n}={d}" for n, d in zip(names, depths, strict=True)) + f", dead_letters={dead}"
+
+    checks = {
+        "graph_store": timed(graph),
+        "redis": timed(redis_check),
+        "embedder": timed(embedder),
+        "index_dir": timed(index_dir),
+        "queues": timed(queues),
+    }
+    return HealthReport(ok=all(c.ok for c in checks.values()), checks=checks)

@@ -1,0 +1,89 @@
+"""Every Redis key, queue name and task name Engram uses, in one place (the wire contract).
+
+The producer and the reader import this without importing Celery; the workers import it too, so a
+name can only drift in one file.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "APPLY_QUEUE",
+    "APPLY_TASK",
+    "EXTRACT_QUEUE",
+    "EXTRACT_TASK",
+    "MAINTENANCE_QUEUE",
+    "PREFIX",
+]
+
+PREFIX = "engram"
+
+# Queues: extraction is I/O bound (LLM), apply is CPU/DB bound, maintenance runs on Beat's schedule.
+EXTRACT_QUEUE = "engram.extract"
+APPLY_QUEUE = "engram.apply"
+MAINTENANCE_QUEUE = "engram.maintenance"
+
+EXTRACT_TASK = "engram.extract"
+APPLY_TASK = "engram.apply"
+DECAY_TASK = "engram.maintenance.decay"
+HIERARCHY_TASK = "engram.maintenance.hierarchy"
+WEIGHTS_TASK = "engram.maintenance.weights"
+RECONCILE_TASK = "engram.maintenance.reconcile"
+
+
+def message_payload(user_id: str, message_id: str) -> str:
+    """The envelope (JSON) of a message not yet applied; deleted once applied."""
+    return f"{PREFIX}:msg:{user_id}:{message_id}"
+
+
+def extraction(user_id: str, message_id: str) -> str:
+    """The validated extraction waiting for the apply stage (so a retried apply never re-calls the LLM)."""
+    return f"{PREFIX}:extraction:{user_id}:{message_id}"
+
+
+def status(user_id: str, message_id: str) -> str:
+    """A hash: state (queued/extracted/applied/dead), task id, timestamps; kept for ``status_ttl_s``."""
+    return f"{PREFIX}:status:{user_id}:{message_id}"
+
+
+def deliveries(user_id: str, message_id: str, stage: str) -> str:
+    """How many times a stage started on this message: bounds poison messages that kill workers."""
+    return f"{PREFIX}:deliveries:{stage}:{user_id}:{message_id}"
+
+
+def dead_letters() -> str:
+    """Hash message key -> DeadLetter JSON."""
+    return f"{PREFIX}:dlq"
+
+
+def dead_letter_field(user_id: str, message_id: str) -> str:
+    return f"{user_id}:{message_id}"
+
+
+def user_version(user_id: str) -> str:
+    """The per-user version the apply stage bumps; readers compare it with their cache and index."""
+    return f"{PREFIX}:version:{user_id}"
+
+
+def apply_lock(user_id: str) -> str:
+    return f"{PREFIX}:lock:apply:{user_id}"
+
+
+def user_keys_pattern(user_id: str) -> list[str]:
+    """Patterns of every per-user key, for forget_user."""
+    return [
+        f"{PREFIX}:msg:{user_id}:*",
+        f"{PREFIX}:extraction:{user_id}:*",
+        f"{PREFIX}:status:{user_id}:*",
+        f"{PREFIX}:deliveries:*:{user_id}:*",
+        f"{PREFIX}:recall:{user_id}:*",
+    ]
+
+
+def recall_log(user_id: str, recall_id: str) -> str:
+    """Score components of a recall's results, kept briefly so feedback can be turned into training rows."""
+    return f"{PREFIX}:recall:{user_id}:{recall_id}"
+
+
+RATE_BUCKET = f"{PREFIX}:llm:bucket"
+BREAKER = f"{PREFIX}:llm:breaker"
+BEAT_LOCK = f"{PREFIX}:beat:lock"

@@ -1,0 +1,401 @@
+"""Data contracts shared by producer, workers, stores and reader (pydantic at every boundary).
+
+Three families live here:
+- wire models: what a producer puts on the queue (``Envelope``) and gets back (``Receipt``);
+- the extraction schema: the one model an extractor (LLM or rules) must return (``Extraction``);
+- records and results: what the stores hold (``EntityRecord``, ``FactRecord``, ...) and what the reader
+  returns (``RecallResult``, ...). Every record carries its id, its owner and its timestamps.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Annotated, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+
+from engram_api.errors import InvalidInputError
+
+USER_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,127}$")
+MESSAGE_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:@-]{0,127}$")
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def check_user_id(value: object, field: str = "user_id") -> str:
+    """Fail closed: a missing, empty or odd user id never reaches a store or a key."""
+    if not isinstance(value, str):
+        raise InvalidInputError(field, f"must be a string, got {type(value).__name__}")
+    if not USER_ID_RE.fullmatch(value):
+        raise InvalidInputError(
+            field,
+            "must be 1-128 characters of letters, digits, '_', '.', '@' or '-', starting with a "
+            f"letter or digit (got {value[:40]!r})",
+        )
+    return value
+
+
+def check_message_id(value: object, field: str = "message_id") -> str:
+    if not isinstance(value, str) or not MESSAGE_ID_RE.fullmatch(value):
+        raise InvalidInputError(
+            field, f"must be 1-128 characters of letters, digits, '_', '.', ':', '@' or '-' (got {str(value)[:40]!r})"
+        )
+    return value
+
+
+def check_aware(value: datetime | None, field: str = "timestamp") -> datetime | None:
+    if value is None:
+        return None
+    if not isinstance(value, datetime):
+        raise InvalidInputError(field, f"must be a datetime, got {type(value).__name__}")
+    if value.tzinfo is None or value.utcoffset() is None:
+        raise InvalidInputError(field, "must be timezone-aware (e.g. datetime.now(timezone.utc))")
+    return value.astimezone(UTC)
+
+
+UserId = Annotated[str, AfterValidator(check_user_id)]
+MessageId = Annotated[str, AfterValidator(check_message_id)]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=False)
+
+
+# ----------------------------------------------------------------------------------------------- wire
+
+
+class ChatMessage(_Model):
+    role: Literal["user", "assistant", "system", "tool"] = "user"
+    content: str
+
+
+class Envelope(_Model):
+    """One conversation message as it travels the queue; everything the workers need, nothing more."""
+
+    user_id: UserId
+    message_id: MessageId
+    messages: list[ChatMessage]
+    timestamp: datetime
+    metadata: dict[str, str | int | float | bool] = Field(default_factory=dict)
+    enqueued_at: datetime = Field(default_factory=utcnow)
+
+    @property
+    def text(self) -> str:
+        return "\n".join(m.content for m in self.messages)
+
+
+class Receipt(_Model):
+    user_id: str
+    message_id: str
+    task_id: str
+    duplicate: bool = False
+
+
+class MessageState(StrEnum):
+    QUEUED = "queued"
+    EXTRACTED = "extracted"
+    APPLIED = "applied"
+    DEAD = "dead"
+
+
+class WaitResult(_Model):
+    applied: list[str] = Field(default_factory=list)
+    dead_lettered: list[str] = Field(default_factory=list)
+    pending: list[str] = Field(default_factory=list)
+
+    @property
+    def done(self) -> bool:
+        return not self.pending
+
+
+class DeadLetter(_Model):
+    user_id: str
+    message_id: str
+    stage: Literal["extract", "apply"]
+    reason: str
+    raw_llm: str | None = None
+    attempts: int = 0
+    failed_at: datetime = Field(default_factory=utcnow)
+    envelope: Envelope | None = Field(None, description="kept so an operator can replay the message")
+
+
+class Usage(_Model):
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cost_usd: float = 0.0
+    llm_calls: int = 0
+
+
+# ------------------------------------------------------------------------------------ extraction schema
+
+MemoryType = Literal["semantic", "episodic", "procedural"]
+SELF_REF = "user"  # how an extractor refers to the person whose memory this is
+
+
+class ExtractedEntity(_Model):
+    ref: str = Field(description="local reference used by facts, or the id of a context entity to update")
+    name: str = Field(min_length=1, max_length=200)
+    label: str = Field("Thing", max_length=100)
+    aliases: list[str] = Field(default_factory=list, max_length=20)
+    summary: str = Field("", max_length=1000)
+
+
+class ExtractedFact(_Model):
+    subject: str = Field(description="entity ref, or 'user' for the speaker")
+    predicate: str = Field(min_length=1, max_length=100)
+    object: str | None = Field(None, description="entity ref, or None for an attribute-only fact")
+    statement: str = Field(min_length=1, max_length=1000, description="the fact as a sentence")
+    memory_type: MemoryType = "semantic"
+    importance: float = Field(0.5, ge=0.0, le=1.0)
+    valid_from: datetime | None = Field(None, description="when it became true, if the text says")
+    single_valued: bool = Field(False, description="a new value replaces the old (LIVES_IN, WORKS_AT)")
+    updates: str | None = Field(None, description="id of a context fact this one restates or replaces")
+
+
+class Extraction(_Model):
+    """The one output schema of every extractor."""
+
+    model_config = ConfigDict(extra="ignore")
+    entities: list[ExtractedEntity] = Field(default_factory=list, max_length=100)
+    facts: list[ExtractedFact] = Field(default_factory=list, max_length=100)
+
+
+# -------------------------------------------------------------------------------------------- records
+
+
+class Record(_Model):
+    model_config = ConfigDict(extra="ignore")
+    id: str
+    user_id: str
+    created_at: datetime = Field(default_factory=utcnow)
+    updated_at: datetime = Field(default_factory=utcnow)
+
+
+class EpisodeRecord(Record):
+    """The raw message, kept as provenance; its id is the message id."""
+
+    content: str
+    role: str = "user"
+    event_time: datetime
+    metadata: dict[str, str | int | float | bool] = Field(default_factory=dict)
+
+
+class EntityRecord(Record):
+    name: str
+    norm_name: str
+    label: str = "Thing"
+    aliases: list[str] = Field(default_factory=list)
+    summary: str = ""
+    embedding: list[float] | None = None
+
+
+class FactRecord(Record):
+    subject_id: str
+    subject_name: str = ""
+    predicate: str
+    object_id: str | None = None
+    object_name: str | None = None
+    statement: str
+    memory_type: MemoryType = "semantic"
+    importance: float = 0.5
+    strength: float = 1.0
+    single_valued: bool = False
+    valid_from: datetime
+    valid_until: datetime | None = None
+    superseded_by: str | None = None
+    archived: bool = False
+    last_decay_at: datetime | None = None
+    source_ids: list[str] = Field(default_factory=list)
+    embedding: list[float] | None = None
+
+    def current_at(self, at: datetime | None) -> bool:
+        """True when the fact held at ``at`` (now when None) and is not archived."""
+        if self.archived:
+            return False
+        if at is None:
+            return self.valid_until is None
+        return self.valid_from <= at and (self.valid_until is None or at < self.valid_until)
+
+
+class FactChange(_Model):
+    """An edit of an existing fact's validity (supersession)."""
+
+    id: str
+    valid_until: datetime | None
+    superseded_by: str | None
+
+
+class EntityChange(_Model):
+    id: str
+    add_aliases: list[str] = Field(default_factory=list)
+    summary: str | None = None
+    label: str | None = None
+
+
+class WritePlan(_Model):
+    """Everything one message changes, decided by consolidation and applied in ONE transaction.
+
+    Idempotent by (user_id, episode.id): a store that already holds the episode applies nothing.
+    """
+
+    user_id: str
+    episode: EpisodeRecord
+    new_entities: list[EntityRecord] = Field(default_factory=list)
+    entity_changes: list[EntityChange] = Field(default_factory=list)
+    new_facts: list[FactRecord] = Field(default_factory=list)
+    fact_changes: list[FactChange] = Field(default_factory=list)
+    reinforced_fact_ids: list[str] = Field(default_factory=list)
+    mentioned_entity_ids: list[str] = Field(default_factory=list, description="provenance links")
+    usage: Usage = Field(default_factory=Usage)
+
+
+class ApplyOutcome(_Model):
+    applied: bool
+    version: int
+
+
+class ClusterRecord(Record):
+    label: str
+    summary: str
+    member_fact_ids: list[str] = Field(default_factory=list)
+    member_entity_ids: list[str] = Field(default_factory=list)
+    centroid: list[float] = Field(default_factory=list)
+    signature: str = ""
+
+
+class LearnedWeights(_Model):
+    scope: str = Field(description="'global' or a user id")
+    alpha: float
+    beta: float
+    gamma: float
+    recency_weight: float
+    importance_weight: float
+    samples: int
+    quality: float = Field(description="held-out ranking AUC of the fitted model")
+    fitted_at: datetime = Field(default_factory=utcnow)
+
+
+class FeedbackRow(_Model):
+    user_id: str
+    recall_id: str
+    fact_id: str
+    useful: bool
+    similarity: float
+    graph: float
+    strength: float
+    recency: float
+    importance: float
+    created_at: datetime = Field(default_factory=utcnow)
+
+
+class VectorItem(_Model):
+    """One row of a user's vector index, as the graph store holds it (source of truth for rebuilds)."""
+
+    node_id: str
+    kind: Literal["fact", "entity"]
+    embedding: list[float]
+
+
+# -------------------------------------------------------------------------------------------- results
+
+
+class ScoreBreakdown(_Model):
+    similarity: float = 0.0
+    graph: float = 0.0
+    strength: float = 0.0
+    recency: float = 0.0
+    importance: float = 0.0
+    rrf: float = 0.0
+    total: float = 0.0
+
+
+class RecallItem(_Model):
+    id: str
+    statement: str
+    memory_type: MemoryType
+    subject: str
+    predicate: str
+    object: str | None
+    entities: list[str]
+    valid_from: datetime
+    valid_until: datetime | None
+    current: bool
+    source_ids: list[str]
+    path: Literal["vector", "graph", "both"]
+    hops: int
+    score: float
+    breakdown: ScoreBreakdown
+
+
+class RecallResult(_Model):
+    recall_id: str
+    user_id: str
+    query: str
+    as_of: datetime | None = None
+    items: list[RecallItem]
+    weights: str = Field("configured", description="configured | learned:<scope>")
+    cached: bool = False
+    timings_ms: dict[str, float] = Field(default_factory=dict)
+
+
+class ClusterHit(_Model):
+    id: str
+    label: str
+    summary: str
+    score: float
+    member_fact_ids: list[str]
+
+
+class SearchResult(_Model):
+    user_id: str
+    query: str
+    level: Literal["broad", "detailed"]
+    clusters: list[ClusterHit] = Field(default_factory=list)
+    facts: list[RecallItem] = Field(default_factory=list)
+
+
+class GraphPage(_Model):
+    user_id: str
+    page: int
+    page_size: int
+    total_facts: int
+    facts: list[FactRecord]
+    entities: list[EntityRecord]
+
+
+class UserStats(_Model):
+    user_id: str
+    entities: int = 0
+    facts: int = 0
+    current_facts: int = 0
+    superseded_facts: int = 0
+    archived_facts: int = 0
+    episodes: int = 0
+    clusters: int = 0
+    version: int = 0
+    usage: Usage = Field(default_factory=Usage)
+
+
+class ForgetResult(_Model):
+    user_id: str
+    episodes: int = 0
+    facts: int = 0
+    entities: int = 0
+    vectors: int = 0
+    removed_fact_ids: list[str] = Field(default_factory=list)
+    removed_entity_ids: list[str] = Field(default_factory=list)
+
+
+class CheckResult(_Model):
+    ok: bool
+    detail: str = ""
+    latency_ms: float = 0.0
+
+
+class HealthReport(_Model):
+    ok: bool
+    checks: dict[str, CheckResult]

@@ -1,0 +1,145 @@
+"""Name normalization and sanitization: one home for how names, labels and predicates are cleaned.
+
+Model output is untrusted: labels and predicates are reduced to a safe alphabet before they reach a
+store (they are stored as property values, never spliced into a query), and labels are mapped onto a
+fixed vocabulary so a hostile or chatty model cannot grow the schema (the bound is ``len(LABELS)``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import unicodedata
+
+__all__ = [
+    "LABELS",
+    "SINGLE_VALUED",
+    "normalize_name",
+    "sanitize_label",
+    "sanitize_predicate",
+    "self_entity_id",
+]
+
+LABELS: frozenset[str] = frozenset(
+    {
+        "Person",
+        "Place",
+        "Organization",
+        "Pet",
+        "Animal",
+        "Food",
+        "Drink",
+        "Activity",
+        "Hobby",
+        "Language",
+        "Skill",
+        "Subject",
+        "Product",
+        "Object",
+        "Event",
+        "Concept",
+        "Role",
+        "Media",
+        "Vehicle",
+        "Project",
+        "Thing",
+    }
+)
+_LABEL_SYNONYMS = {
+    "city": "Place",
+    "country": "Place",
+    "location": "Place",
+    "state": "Place",
+    "town": "Place",
+    "company": "Organization",
+    "employer": "Organization",
+    "org": "Organization",
+    "school": "Organization",
+    "university": "Organization",
+    "team": "Organization",
+    "human": "Person",
+    "user": "Person",
+    "family": "Person",
+    "relative": "Person",
+    "friend": "Person",
+    "dog": "Pet",
+    "cat": "Pet",
+    "sport": "Activity",
+    "game": "Activity",
+    "book": "Media",
+    "movie": "Media",
+    "film": "Media",
+    "music": "Media",
+    "show": "Media",
+    "job": "Role",
+    "occupation": "Role",
+    "profession": "Role",
+    "title": "Role",
+    "car": "Vehicle",
+    "dish": "Food",
+    "cuisine": "Food",
+    "tool": "Product",
+    "course": "Subject",
+    "field": "Subject",
+}
+# Predicates where a new value retires the old one (scoped to the same subject).
+SINGLE_VALUED: frozenset[str] = frozenset(
+    {
+        "LIVES_IN",
+        "WORKS_AT",
+        "WORKS_AS",
+        "JOB_TITLE",
+        "MARRIED_TO",
+        "AGE",
+        "NAME",
+        "FAVORITE_COLOR",
+        "FAVORITE_FOOD",
+        "STUDIES_AT",
+        "RELATIONSHIP_STATUS",
+        "DRIVES",
+        "BIRTHDAY",
+        "PARTNER_OF",
+    }
+)
+_NON_WORD = re.compile(r"[^0-9a-z]+")
+_PRED_BAD = re.compile(r"[^A-Z0-9]+")
+
+
+def _ascii_fold(text: str) -> str:
+    # NFKC folds look-alikes such as fullwidth letters; NFKD + ascii drops accents and the rest.
+    text = unicodedata.normalize("NFKC", text)
+    return unicodedata.normalize("NFKD", text).encode("ascii", "ignore").decode("ascii")
+
+
+def normalize_name(name: str) -> str:
+    """'  The  Café-Tampa! ' -> 'the cafe tampa': what exact-name entity matching compares."""
+    folded = _ascii_fold(name).lower()
+    return " ".join(_NON_WORD.sub(" ", folded).split())
+
+
+def sanitize_label(label: str) -> str:
+    """Map a model's label onto the fixed vocabulary (unknown -> 'Thing')."""
+    words = normalize_name(label).split()
+    if not words:
+        return "Thing"
+    pascal = "".join(w.capitalize() for w in words)
+    if pascal in LABELS:
+        return pascal
+    for word in reversed(words):
+        if word in _LABEL_SYNONYMS:
+            return _LABEL_SYNONYMS[word]
+        if word.capitalize() in LABELS:
+            return word.capitalize()
+    return "Thing"
+
+
+def sanitize_predicate(predicate: str) -> str:
+    """'works at' / 'worksAt' / '`X`]->(' -> 'WORKS_AT' / 'WORKS_AT' / 'X': UPPER_SNAKE, at most 40."""
+    spaced = re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", _ascii_fold(predicate))
+    cleaned = _PRED_BAD.sub("_", spaced.upper()).strip("_")
+    return cleaned[:40].rstrip("_") or "RELATED_TO"
+
+
+def self_entity_id(user_id: str) -> str:
+    """The id of the node standing for the user themself (subject "user" in extractions)."""
+    return "ent_" + hashlib.blake2b(f"{user_id}\x1fself".encode(), digest_size=12).hexdigest()

@@ -1,0 +1,229 @@
+"""The producer: validates a message, records it in Redis and puts an extract task on the queue.
+
+It never calls the LLM or a graph store. Enqueue is idempotent by (user_id, message_id): the payload and
+status are registered atomically (one Lua script) before the task is published, and a message id that is
+already known returns its original receipt with ``duplicate=True`` instead of a second task.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+import redis
+
+from engram_api import keys
+from engram_api.deadletters import DeadLetterStore
+from engram_api.errors import InvalidInputError, StoreUnavailableError, WaitTimeoutError
+from engram_api.models import (
+    ChatMessage,
+    Envelope,
+    MessageState,
+    Receipt,
+    WaitResult,
+    check_aware,
+    check_message_id,
+    check_user_id,
+    utcnow,
+)
+from engram_api.settings import Settings
+
+if TYPE_CHECKING:
+    from celery import Celery
+
+__all__ = ["MessageInput", "Producer", "build_envelope"]
+
+MessageInput = str | Sequence[Mapping[str, Any] | ChatMessage]
+
+# KEYS: payload, status. ARGV: envelope json, task id, ttl, now. Returns the existing task id or "".
+_REGISTER = """
+local existing = redis.call('HGET', KEYS[2], 'task_id')
+if existing then return existing end
+redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[3])
+redis.call('HSET', KEYS[2], 'state', 'queued', 'task_id', ARGV[2], 'enqueued_at', ARGV[4])
+redis.call('EXPIRE', KEYS[2], ARGV[3])
+return ''
+"""
+
+
+def _messages(messages: object, settings: Settings) -> list[ChatMessage]:
+    if isinstance(messages, str):
+        items: list[ChatMessage] = [ChatMessage(role="user", content=messages)]
+    elif isinstance(messages, Sequence) and not isinstance(messages, bytes | bytearray):
+        if len(messages) > settings.max_messages_per_call:
+            raise InvalidInputError("messages", f"at most {settings.max_messages_per_call} per call")
+        items = []
+        for i, m in enumerate(messages):
+            if isinstance(m, ChatMessage):
+                items.append(m)
+            elif isinstance(m, Mapping) and isinstance(m.get("content"), str):
+                role = m.get("role", "user")
+                if role not in ("user", "assistant", "system", "tool"):
+                    raise InvalidInputError(f"messages[{i}].role", f"unknown role {str(role)[:20]!r}")
+                items.append(ChatMessage(role=role, content=m["content"]))
+            else:
+                raise InvalidInputError(f"messages[{i}]", "must be {'role': ..., 'content': str}")
+    else:
+        raise InvalidInputError("messages", f"must be a string or a list of messages, got {type(messages).__name__}")
+    if not items:
+        raise InvalidInputError("messages", "is empty")
+    total = 0
+    for i, m in enumerate(items):
+        content = m.content
+        try:
+            content.encode("utf-8")
+        except UnicodeEncodeError:
+            raise InvalidInputError(f"messages[{i}].content", "is not valid UTF-8 (lone surrogate)") from None
+        if "\x00" in content:
+            raise InvalidInputError(f"messages[{i}].content", "contains a NUL character")
+        total += len(content)
+    if not any(m.content.strip() for m in items):
+        raise InvalidInputError("messages", "has no non-blank content")
+    if total > settings.max_message_chars:
+        raise InvalidInputError("messages", f"{total} characters exceeds the limit of {settings.max_message_chars}")
+    return items
+
+
+def build_envelope(
+    settings: Settings,
+    user_id: object,
+    messages: object,
+    *,
+    message_id: object = None,
+    timestamp: object = None,
+    metadata: object = None,
+) -> Envelope:
+    """Validate everything a caller passed; raises ``InvalidInputError`` naming the field."""
+    uid = check_user_id(user_id)
+    mid = check_message_id(message_id) if message_id is not None else uuid.uuid4().hex
+    if timestamp is not None and not isinstance(timestamp, datetime):
+        raise InvalidInputError("timestamp", f"must be a datetime, got {type(timestamp).__name__}")
+    ts = check_aware(timestamp) or utcnow()
+    meta: dict[str, Any] = {}
+    if metadata is not None:
+        if not isinstance(metadata, Mapping):
+            raise InvalidInputError("metadata", "must be a mapping of str to str/int/float/bool")
+        for k, v in metadata.items():
+            if not isinstance(k, str) or not isinstance(v, str | int | float | bool):
+                raise InvalidInputError(f"metadata[{str(k)[:30]!r}]", "keys are str, values str/int/float/bool")
+        meta = dict(metadata)
+    return Envelope(user_id=uid, message_id=mid, messages=_messages(messages, settings), timestamp=ts, metadata=meta)
+
+
+class Producer:
+    """Publishes messages for the workers; thread-safe."""
+
+    def __init__(self, *, settings: Settings, redis_client: redis.Redis, broker_url: str) -> None:
+        self.settings = settings
+        self.redis = redis_client
+        self.broker_url = broker_url
+        self._celery: Celery | None = None
+        self._register = self.redis.register_script(_REGISTER)
+        self.dead_letters = DeadLetterStore(redis_client=redis_client, status_ttl_s=settings.status_ttl_s)
+
+    @property
+    def celery(self) -> Celery:
+        if self._celery is None:
+            from engram_api.queue import make_celery
+
+            self._celery = make_celery(self.settings, self.broker_url, name="engram-producer")
+        return self._celery
+
+    def _publish(self, envelope: Envelope, task_id: str) -> None:
+        self.celery.send_task(
+            keys.EXTRACT_TASK,
+            args=(envelope.user_id, envelope.message_id),
+            task_id=task_id,
+            queue=keys.EXTRACT_QUEUE,
+            routing_key=keys.EXTRACT_QUEUE,
+            retry=True,
+            retry_policy={"max_retries": 3, "interval_start": 0.1, "interval_step": 0.5, "interval_max": 2},
+        )
+
+    def submit(self, envelope: Envelope) -> Receipt:
+        """Register and publish an already-validated envelope (idempotent by message id)."""
+        task_id = uuid.uuid4().hex
+        uid, mid = envelope.user_id, envelope.message_id
+        try:
+            existing = self._register(
+                keys=[keys.message_payload(uid, mid), keys.status(uid, mid)],
+                args=[envelope.model_dump_json(), task_id, self.settings.status_ttl_s, time.time()],
+            )
+        except redis.RedisError as exc:
+            raise StoreUnavailableError(f"Redis unavailable, nothing enqueued: {exc}") from exc
+        if existing:
+            return Receipt(user_id=uid, message_id=mid, task_id=existing, duplicate=True)
+        try:
+            self._publish(envelope, task_id)
+        except Exception as exc:
+            # Undo the registration so the caller's retry with the same message id is not a "duplicate".
+            with contextlib.suppress(redis.RedisError):
+                self.redis.delete(keys.message_payload(uid, mid), keys.status(uid, mid))
+            raise StoreUnavailableError(f"broker unavailable, nothing enqueued: {exc}") from exc
+        return Receipt(user_id=uid, message_id=mid, task_id=task_id)
+
+    def enqueue(self, user_id: object, messages: object, **kwargs: object) -> Receipt:
+        return self.submit(build_envelope(self.settings, user_id, messages, **kwargs))  # type: ignore[arg-type]
+
+    def enqueue_many(self, items: Iterable[Mapping[str, Any]]) -> list[Receipt]:
+        """Validate every item first (all or nothing), then publish them in order."""
+        items = list(items)
+        if len(items) > self.settings.max_batch:
+            raise InvalidInputError("items", f"at most {self.settings.max_batch} per batch")
+        envelopes = []
+        for i, item in enumerate(items):
+            if not isinstance(item, Mapping) or "user_id" not in item or "messages" not in item:
+                raise InvalidInputError(f"items[{i}]", "needs user_id and messages")
+            extra = {k: item.get(k) for k in ("message_id", "timestamp", "metadata")}
+            try:
+                envelopes.append(build_envelope(self.settings, item["user_id"], item["messages"], **extra))
+            except InvalidInputError as exc:
+                raise InvalidInputError(f"items[{i}].{exc.field}", exc.problem) from None
+        return [self.submit(env) for env in envelopes]
+
+    def replay(self, user_id: str, message_id: str) -> Receipt:
+        """Put a dead-lettered message back on the queue."""
+        letter = self.dead_letters.get(user_id, message_id)
+        if letter is None or letter.envelope is None:
+            raise InvalidInputError("message_id", f"no replayable dead letter {message_id!r} for {user_id!r}")
+        for stage in ("extract", "apply"):
+            self.redis.delete(keys.deliveries(user_id, message_id, stage))
+        self.redis.delete(keys.status(user_id, message_id))
+        receipt = self.submit(letter.envelope)
+        self.dead_letters.remove(user_id, message_id)
+        return receipt
+
+    def states(self, pairs: Sequence[tuple[str, str]]) -> list[str | None]:
+        pipe = self.redis.pipeline(transaction=False)
+        for uid, mid in pairs:
+            pipe.hget(keys.status(uid, mid), "state")
+        return pipe.execute()
+
+    def wait(self, receipts: Sequence[Receipt | tuple[str, str]], timeout: float = 60.0) -> WaitResult:
+        """Block until every message is applied or dead-lettered; raises ``WaitTimeoutError`` otherwise."""
+        pairs = [(r.user_id, r.message_id) if isinstance(r, Receipt) else (r[0], r[1]) for r in receipts]
+        deadline = time.monotonic() + timeout
+        delay = 0.02
+        while True:
+            states = self.states(pairs)
+            result = WaitResult()
+            for (_, mid), state in zip(pairs, states, strict=True):
+                if state == MessageState.APPLIED:
+                    result.applied.append(mid)
+                elif state == MessageState.DEAD:
+                    result.dead_lettered.append(mid)
+                else:
+                    result.pending.append(mid)
+            if result.done:
+                return result
+            if time.monotonic() >= deadline:
+                raise WaitTimeoutError(
+                    f"{len(result.pending)} of {len(pairs)} messages still pending after {timeout}s "
+                    f"(first: {result.pending[:3]})"
+                )
+            time.sleep(delay)
+            delay = min(delay * 1.5, 0.25)

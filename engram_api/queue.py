@@ -1,0 +1,72 @@
+"""The Celery configuration, declared once and shared by producers, workers, Beat and Flower.
+
+Producers need the same broker options as the workers (the visibility timeout in particular: every client
+of the broker must agree, or the shortest one wins and tasks run twice). Celery is imported lazily so a
+process that only reads memory never imports it.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from engram_api import keys
+from engram_api.settings import Settings
+
+if TYPE_CHECKING:
+    from celery import Celery
+
+__all__ = ["celery_config", "make_celery"]
+
+
+def celery_config(settings: Settings, broker_url: str) -> dict[str, Any]:
+    from kombu import Queue
+
+    transport = {
+        "visibility_timeout": settings.visibility_timeout_s,
+        # Restore a dead worker's unacked messages promptly (kombu sweeps every interval x throttle).
+        "unacked_restore_throttle": 1,
+        "socket_timeout": 10,
+        "socket_connect_timeout": 5,
+        "retry_on_timeout": True,
+        "health_check_interval": 10,
+    }
+    return {
+        "broker_url": broker_url,
+        "broker_transport_options": transport,
+        "broker_connection_retry_on_startup": True,
+        "broker_connection_max_retries": None,
+        "task_serializer": "json",
+        "accept_content": ["json"],
+        "task_ignore_result": True,
+        "result_backend": None,
+        # At-least-once: ack after the task ran; a killed pool child's message goes back to the queue.
+        "task_acks_late": True,
+        "task_reject_on_worker_lost": True,
+        "worker_prefetch_multiplier": 1,
+        "task_default_queue": keys.EXTRACT_QUEUE,
+        "task_queues": [
+            Queue(keys.EXTRACT_QUEUE, routing_key=keys.EXTRACT_QUEUE),
+            Queue(keys.APPLY_QUEUE, routing_key=keys.APPLY_QUEUE),
+            Queue(keys.MAINTENANCE_QUEUE, routing_key=keys.MAINTENANCE_QUEUE),
+        ],
+        "task_routes": {
+            keys.EXTRACT_TASK: {"queue": keys.EXTRACT_QUEUE, "routing_key": keys.EXTRACT_QUEUE},
+            keys.APPLY_TASK: {"queue": keys.APPLY_QUEUE, "routing_key": keys.APPLY_QUEUE},
+            "engram.maintenance.*": {"queue": keys.MAINTENANCE_QUEUE, "routing_key": keys.MAINTENANCE_QUEUE},
+        },
+        # Flower needs events; the producer's "sent" event makes queued tasks visible there too.
+        "worker_send_task_events": True,
+        "task_send_sent_event": True,
+        "worker_hijack_root_logger": False,
+        "worker_cancel_long_running_tasks_on_connection_loss": False,
+        "enable_utc": True,
+        "timezone": "UTC",
+    }
+
+
+def make_celery(settings: Settings, broker_url: str, *, name: str = "engram") -> Celery:
+    from celery import Celery
+
+    app = Celery(name, set_as_current=False)
+    app.conf.update(celery_config(settings, broker_url))
+    return app

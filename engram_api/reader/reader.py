@@ -1,0 +1,428 @@
+"""The read side: recall, search, context, history, graph pages, stats, forget, feedback, health.
+
+Zero LLM calls and no Celery: it embeds the query locally, searches the user's own FAISS index, expands
+through the graph in one query, fuses and scores. Results are cached per user and keyed by the per-user
+version the workers bump in Redis, so a cache entry can never outlive a write.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+from collections import OrderedDict
+from collections.abc import Sequence
+from contextlib import AbstractContextManager, nullcontext, suppress
+from datetime import datetime
+from typing import Any, Literal
+
+import numpy as np
+import redis
+
+from engram_api import keys
+from engram_api.deadletters import DeadLetterStore
+from engram_api.errors import InvalidInputError, StoreUnavailableError
+from engram_api.locks import user_lock
+from engram_api.models import (
+    ClusterHit,
+    FactRecord,
+    FeedbackRow,
+    ForgetResult,
+    GraphPage,
+    RecallItem,
+    RecallResult,
+    SearchResult,
+    UserStats,
+    check_aware,
+    check_message_id,
+    check_user_id,
+    utcnow,
+)
+from engram_api.naming import sanitize_predicate, self_entity_id
+from engram_api.reader.scoring import Weights, components, rrf, score
+from engram_api.settings import Settings
+from engram_api.storage.base import GraphStore
+from engram_api.storage.embedder import Embedder
+from engram_api.storage.indexes import IndexKeeper
+from engram_api.versions import publish_version, read_version
+
+__all__ = ["Reader"]
+
+DetailLevel = Literal["auto", "broad", "detailed"]
+_RECALL_LOG_TTL_S = 24 * 3600
+_WEIGHTS_TTL_S = 60.0
+_SEED_MIN_SIM = 0.25
+
+
+def _check_k(k: object, field: str = "k", upper: int = 200) -> int:
+    if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= upper:
+        raise InvalidInputError(field, f"must be an integer from 1 to {upper}")
+    return k
+
+
+def _check_text(text: object, field: str) -> str:
+    if not isinstance(text, str) or not text.strip():
+        raise InvalidInputError(field, "must be a non-empty string")
+    if len(text) > 10_000:
+        raise InvalidInputError(field, "is longer than 10000 characters")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidInputError(field, "is not valid UTF-8 (lone surrogate)") from None
+    return text
+
+
+class _Cache:
+    """Small LRU of results, each tagged with the user version it was computed at."""
+
+    def __init__(self, size: int = 2048) -> None:
+        self.size = size
+        self._data: OrderedDict[tuple[Any, ...], tuple[int, float, Any]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: tuple[Any, ...], version: int) -> Any | None:
+        with self._lock:
+            entry = self._data.get(key)
+            if entry is None or entry[0] != version or entry[1] < time.monotonic():
+                return None
+            self._data.move_to_end(key)
+            return entry[2]
+
+    def put(self, key: tuple[Any, ...], version: int, ttl: float, value: Any) -> None:
+        with self._lock:
+            self._data[key] = (version, time.monotonic() + ttl, value)
+            self._data.move_to_end(key)
+            while len(self._data) > self.size:
+                self._data.popitem(last=False)
+
+    def drop_user(self, user_id: str) -> None:
+        with self._lock:
+            for key in [k for k in self._data if k[0] == user_id]:
+                del self._data[key]
+
+    def users(self) -> set[str]:
+        with self._lock:
+            return {k[0] for k in self._data}
+
+
+class Reader:
+    def __init__(
+        self,
+        *,
+        settings: Settings,
+        graph: GraphStore,
+        keeper: IndexKeeper,
+        embedder: Embedder,
+        redis_client: redis.Redis | None,
+    ) -> None:
+        self.settings = settings
+        self.graph = graph
+        self.keeper = keeper
+        self.embedder = embedder
+        self.redis = redis_client
+        self.cache = _Cache()
+        self._weights: dict[str, tuple[float, Weights, str]] = {}
+
+    # ------------------------------------------------------------------------------------ helpers
+    def _version(self, user_id: str) -> int:
+        if self.redis is not None:
+            # On a Redis error fall back to the graph: slower, never wrong.
+            with suppress(redis.RedisError):
+                version = read_version(self.redis, user_id)
+                if version is not None:
+                    return version
+        return self.graph.user_version(user_id)
+
+    def _guard(self, user_id: str) -> AbstractContextManager[None]:
+        if self.redis is None:
+            return nullcontext()
+        return user_lock(self.redis, user_id, ttl=self.settings.apply_lock_ttl_s, wait=30.0)
+
+    def weights_for(self, user_id: str) -> tuple[Weights, str]:
+        """Learned per-user weights, else learned global ones, else the configured ones."""
+        cached = self._weights.get(user_id)
+        if cached and cached[0] > time.monotonic():
+            return cached[1], cached[2]
+        weights, source = Weights.from_settings(self.settings), "configured"
+        for scope in (user_id, "global"):
+            learned = self.graph.load_weights(scope)
+            if learned is not None:
+                weights = Weights.from_learned(learned)
+                source = "learned:user" if scope == user_id else "learned:global"
+                break
+        self._weights[user_id] = (time.monotonic() + _WEIGHTS_TTL_S, weights, source)
+        return weights, source
+
+    # ------------------------------------------------------------------------------------- recall
+    def recall(
+        self,
+        user_id: str,
+        query: str,
+        k: int = 10,
+        *,
+        as_of: datetime | None = None,
+        graph_expansion: bool = True,
+    ) -> RecallResult:
+        check_user_id(user_id)
+        _check_text(query, "query")
+        _check_k(k)
+        as_of = check_aware(as_of, "as_of")
+        timings: dict[str, float] = {}
+        t0 = time.perf_counter()
+        version = self._version(user_id)
+        key = (user_id, "recall", query, k, as_of, graph_expansion)
+        hit = self.cache.get(key, version)
+        if hit is not None:
+            return hit.model_copy(update={"cached": True, "timings_ms": {"cache": (time.perf_counter() - t0) * 1e3}})
+
+        qvec = self.embedder.encode_one(query)
+        t1 = time.perf_counter()
+        timings["embed"] = (t1 - t0) * 1e3
+        index = self.keeper.current(user_id, version)
+        vec_hits = index.search(qvec, max(3 * k, 30))
+        t2 = time.perf_counter()
+        timings["faiss"] = (t2 - t1) * 1e3
+
+        fact_sims = {h.node_id: h.score for h in vec_hits if h.kind == "fact"}
+        entity_sims = {h.node_id: h.score for h in vec_hits if h.kind == "entity"}
+        vec_facts = {f.id: f for f in self.graph.get_facts(user_id, list(fact_sims))}
+        hops: dict[str, int] = {}
+        graph_facts: dict[str, FactRecord] = {}
+        if graph_expansion and self.settings.max_hops >= 0:
+            seeds = [e for e, s in entity_sims.items() if s >= _SEED_MIN_SIM][:5]
+            for fid in [f for f, s in fact_sims.items() if s >= _SEED_MIN_SIM][:5]:
+                fact = vec_facts.get(fid)
+                if fact is not None and fact.current_at(as_of):
+                    seeds.extend(x for x in (fact.subject_id, fact.object_id) if x)
+            # The user's own node touches every fact: as a seed it would flood the graph ranking.
+            seeds = [s for s in dict.fromkeys(seeds) if s != self_entity_id(user_id)]
+            if seeds:
+                for hf in self.graph.expand(
+                    user_id, seeds, max_hops=self.settings.max_hops, as_of=as_of, limit=max(5 * k, 50)
+                ):
+                    hops[hf.id] = hf.hops
+                    graph_facts[hf.id] = hf
+        t3 = time.perf_counter()
+        timings["graph"] = (t3 - t2) * 1e3
+
+        items = self._fuse(user_id, qvec, index, fact_sims, vec_facts, hops, graph_facts, as_of, k)
+        recall_id = uuid.uuid4().hex
+        weights_source = self.weights_for(user_id)[1]
+        timings["fusion"] = (time.perf_counter() - t3) * 1e3
+        result = RecallResult(
+            recall_id=recall_id,
+            user_id=user_id,
+            query=query,
+            as_of=as_of,
+            items=items,
+            weights=weights_source,
+            timings_ms=timings,
+        )
+        self._log_recall(user_id, recall_id, items)
+        self.cache.put(key, version, self.settings.cache_ttl_s, result)
+        return result
+
+    def _fuse(
+        self,
+        user_id: str,
+        qvec: np.ndarray,
+        index: Any,
+        fact_sims: dict[str, float],
+        vec_facts: dict[str, FactRecord],
+        hops: dict[str, int],
+        graph_facts: dict[str, FactRecord],
+        as_of: datetime | None,
+        k: int,
+    ) -> list[RecallItem]:
+        now = as_of or utcnow()
+        facts = {**graph_facts, **vec_facts}
+        facts = {fid: f for fid, f in facts.items() if f.current_at(as_of)}
+        vec_rank = {fid: r for r, fid in enumerate(f for f in fact_sims if f in facts)}
+        graph_rank = {fid: r for r, fid in enumerate(f for f in graph_facts if f in facts)}
+        missing = [fid for fid in facts if fid not in fact_sims]
+        sims = dict(fact_sims)
+        if missing:
+            vecs = index.vectors_for(missing)
+            for fid, vec in vecs.items():
+                sims[fid] = float(np.dot(vec, qvec))
+        rk = self.settings.rrf_k
+        fusion = {fid: rrf(vec_rank.get(fid), rk) + rrf(graph_rank.get(fid), rk) for fid in facts}
+        fused = sorted(facts, key=lambda fid: -fusion[fid])[: max(4 * k, 40)]
+        weights, _ = self.weights_for(user_id)
+        scored = []
+        for fid in fused:
+            fact = facts[fid]
+            comp = components(
+                similarity=sims.get(fid, 0.0),
+                hops=hops.get(fid),
+                strength=fact.strength,
+                importance=fact.importance,
+                valid_from=fact.valid_from,
+                now=now,
+                settings=self.settings,
+            )
+            breakdown = score(comp, weights, fusion[fid])
+            path = "both" if fid in vec_rank and fid in graph_rank else ("vector" if fid in vec_rank else "graph")
+            scored.append((breakdown.total, fid, fact, breakdown, path))
+        scored.sort(key=lambda row: (-row[0], row[1]))
+        return [
+            RecallItem(
+                id=fact.id,
+                statement=fact.statement,
+                memory_type=fact.memory_type,
+                subject=fact.subject_name,
+                predicate=fact.predicate,
+                object=fact.object_name,
+                entities=[n for n in (fact.subject_name, fact.object_name) if n],
+                valid_from=fact.valid_from,
+                valid_until=fact.valid_until,
+                current=fact.valid_until is None,
+                source_ids=fact.source_ids,
+                path=path,
+                hops=hops.get(fid, -1),
+                score=round(total, 6),
+                breakdown=breakdown,
+            )
+            for total, fid, fact, breakdown, path in scored[:k]
+        ]
+
+    def _log_recall(self, user_id: str, recall_id: str, items: Sequence[RecallItem]) -> None:
+        """Keep the score components briefly so ``feedback`` can turn them into training rows."""
+        if self.redis is None or not items:
+            return
+        rows = {item.id: item.breakdown.model_dump() for item in items}
+        # On a Redis error, feedback for this recall will be refused; recall itself must not fail.
+        with suppress(redis.RedisError):
+            self.redis.set(keys.recall_log(user_id, recall_id), json.dumps(rows), ex=_RECALL_LOG_TTL_S)
+
+    # ----------------------------------------------------------------------------- other reads
+    def search(self, user_id: str, query: str, k: int = 10, detail_level: DetailLevel = "auto") -> SearchResult:
+        check_user_id(user_id)
+        _check_text(query, "query")
+        _check_k(k)
+        if detail_level not in ("auto", "broad", "detailed"):
+            raise InvalidInputError("detail_level", "must be 'auto', 'broad' or 'detailed'")
+        if detail_level != "detailed":
+            qvec = self.embedder.encode_one(query)
+            hits = []
+            for cluster in self.graph.clusters(user_id):
+                if not cluster.centroid:
+                    continue
+                sim = float(np.dot(np.asarray(cluster.centroid, dtype=np.float32), qvec))
+                hits.append(
+                    ClusterHit(
+                        id=cluster.id,
+                        label=cluster.label,
+                        summary=cluster.summary,
+                        score=round(sim, 6),
+                        member_fact_ids=cluster.member_fact_ids,
+                    )
+                )
+            hits.sort(key=lambda h: -h.score)
+            if detail_level == "broad" or (hits and hits[0].score >= self.settings.broad_min_score):
+                return SearchResult(user_id=user_id, query=query, level="broad", clusters=hits[:k])
+        facts = self.recall(user_id, query, k).items
+        return SearchResult(user_id=user_id, query=query, level="detailed", facts=facts)
+
+    def get_context(self, user_id: str, query: str, max_tokens: int = 800) -> str:
+        """A prompt-ready block of current, dated facts within ``max_tokens`` (about 4 characters a token)."""
+        _check_k(max_tokens, "max_tokens", upper=100_000)
+        items = self.recall(user_id, query, k=30).items
+        budget = max_tokens * 4
+        lines = ["Known about the user (current facts, most relevant first):"]
+        used = len(lines[0]) + 1
+        for item in items:
+            line = f"- {item.statement} (since {item.valid_from.date().isoformat()})"
+            if used + len(line) + 1 > budget:
+                break
+            lines.append(line)
+            used += len(line) + 1
+        return "\n".join(lines) if len(lines) > 1 else ""
+
+    def history(self, user_id: str, subject: str, predicate: str | None = None) -> list[FactRecord]:
+        check_user_id(user_id)
+        _check_text(subject, "subject")
+        return self.graph.history(user_id, subject, sanitize_predicate(predicate) if predicate else None)
+
+    def get_graph(self, user_id: str, page: int = 1, page_size: int = 50) -> GraphPage:
+        check_user_id(user_id)
+        _check_k(page, "page", upper=10**9)
+        _check_k(page_size, "page_size", upper=1000)
+        return self.graph.page(user_id, page, page_size)
+
+    def stats(self, user_id: str) -> UserStats:
+        check_user_id(user_id)
+        return self.graph.stats(user_id)
+
+    # ---------------------------------------------------------------------------------- writes
+    def feedback(self, user_id: str, recall_id: str, useful_ids: Sequence[str]) -> int:
+        """Record which results of a recall helped; the others of that recall count as not useful."""
+        check_user_id(user_id)
+        if not isinstance(recall_id, str) or not recall_id:
+            raise InvalidInputError("recall_id", "must be the recall_id of a recent recall")
+        if self.redis is None:
+            raise StoreUnavailableError("feedback needs Redis (the recall log lives there)")
+        raw = self.redis.get(keys.recall_log(user_id, recall_id))
+        if raw is None:
+            raise InvalidInputError("recall_id", f"unknown or expired recall {recall_id[:40]!r} for this user")
+        logged: dict[str, dict[str, float]] = json.loads(raw)
+        useful = set(useful_ids)
+        unknown = useful - logged.keys()
+        if unknown:
+            raise InvalidInputError("useful_ids", f"not results of that recall: {sorted(unknown)[:3]}")
+        rows = [
+            FeedbackRow(
+                user_id=user_id,
+                recall_id=recall_id,
+                fact_id=fid,
+                useful=fid in useful,
+                **{c: b[c] for c in ("similarity", "graph", "strength", "recency", "importance")},
+            )
+            for fid, b in logged.items()
+        ]
+        self.graph.add_feedback(rows)
+        if useful:
+            with self._guard(user_id):
+                before = self.graph.user_version(user_id)
+                if self.graph.reinforce(user_id, sorted(useful), amount=self.settings.reinforce_amount, now=utcnow()):
+                    after = self.graph.user_version(user_id)
+                    self.keeper.advance(user_id, from_version=before, to_version=after)
+                    if self.redis is not None:
+                        publish_version(self.redis, user_id, after)
+        return len(rows)
+
+    def forget(self, user_id: str, memory_id: str) -> ForgetResult:
+        """Forget one message: its episode, and the facts and entities only it stated (with their vectors)."""
+        check_user_id(user_id)
+        check_message_id(memory_id, "memory_id")
+        with self._guard(user_id):
+            before = self.graph.user_version(user_id)
+            result = self.graph.forget_message(user_id, memory_id)
+            after = self.graph.user_version(user_id)
+            removed = [*result.removed_fact_ids, *result.removed_entity_ids]
+            self.keeper.advance(user_id, from_version=before, to_version=after, removals=removed)
+            result.vectors = len(removed)
+            if self.redis is not None:
+                publish_version(self.redis, user_id, after)
+                self.redis.delete(keys.message_payload(user_id, memory_id), keys.extraction(user_id, memory_id))
+        self.cache.drop_user(user_id)
+        return result
+
+    def forget_user(self, user_id: str) -> ForgetResult:
+        """Everything of one user: graph, vectors, caches, queued payloads, dead letters."""
+        check_user_id(user_id)
+        with self._guard(user_id):
+            result = self.graph.forget_user(user_id)
+            self.keeper.vectors.delete(user_id)
+            self.keeper.forget(user_id)
+            if self.redis is not None:
+                doomed = [keys.user_version(user_id)]
+                for pattern in keys.user_keys_pattern(user_id):
+                    doomed.extend(self.redis.scan_iter(match=pattern, count=500))
+                if doomed:
+                    self.redis.delete(*doomed)
+                DeadLetterStore(redis_client=self.redis, status_ttl_s=self.settings.status_ttl_s).remove_user(user_id)
+        self.cache.drop_user(user_id)
+        self._weights.pop(user_id, None)
+        return result

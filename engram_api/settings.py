@@ -1,0 +1,151 @@
+"""The one settings class: every knob Engram has, read from the environment, declared once.
+
+Seed-compatible names (``NEO4J_URI``, ``REDIS_URL``, ``LLM_MODEL``, ...) are read as they are; every other
+setting is ``ENGRAM_<FIELD>``. ``load_settings()`` turns a bad value into a ``ConfigError`` that names the
+variable and what it expects, so a mistyped deployment fails at start-up, not at the first message.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import AliasChoices, Field, ValidationError, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from engram_api.errors import ConfigError
+
+__all__ = ["Settings", "load_settings"]
+
+
+def _env(name: str) -> AliasChoices:
+    # Both the environment name and the field name work, so tests can pass Settings(neo4j_uri=...).
+    return AliasChoices(name, name.lower())
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="ENGRAM_", extra="ignore", populate_by_name=True, frozen=True, env_file=None
+    )
+
+    # --- services: unset means "embedded" (SQLite graph store, local Redis, offline extractor) ---
+    neo4j_uri: str | None = Field(None, validation_alias=_env("NEO4J_URI"))
+    neo4j_user: str = Field("neo4j", validation_alias=_env("NEO4J_USER"))
+    neo4j_password: str | None = Field(None, validation_alias=_env("NEO4J_PASSWORD"))
+    neo4j_database: str = Field("neo4j", validation_alias=_env("NEO4J_DATABASE"))
+    redis_url: str | None = Field(None, validation_alias=_env("REDIS_URL"))
+    llm_model: str | None = Field(None, validation_alias=_env("LLM_MODEL"))
+    llm_api_key: str | None = Field(None, validation_alias=_env("LLM_API_KEY"))
+    llm_api_base: str | None = Field(None, validation_alias=_env("LLM_API_BASE"))
+    embedding_model: str = Field("all-MiniLM-L6-v2", validation_alias=_env("EMBEDDING_MODEL"))
+    data_dir: Path = Field(Path("engram-data"), description="ENGRAM_DATA_DIR: FAISS indexes, SQLite, Redis")
+
+    # --- LLM call discipline (fleet-wide: state lives in Redis) ---
+    llm_timeout_s: float = Field(60.0, gt=0)
+    llm_max_attempts: int = Field(4, ge=1, le=20, description="tries per message before dead-lettering")
+    llm_rate_per_s: float = Field(20.0, gt=0, description="fleet-wide LLM calls per second")
+    llm_burst: int = Field(40, ge=1)
+    breaker_failures: int = Field(5, ge=1, description="consecutive failures that open the breaker")
+    breaker_reset_s: float = Field(30.0, gt=0, description="seconds the breaker stays open")
+    llm_input_cost_per_1k: float = Field(0.00015, ge=0, description="USD per 1K prompt tokens (estimate)")
+    llm_output_cost_per_1k: float = Field(0.0006, ge=0, description="USD per 1K completion tokens")
+
+    # --- input limits ---
+    max_message_chars: int = Field(20_000, ge=1)
+    max_messages_per_call: int = Field(100, ge=1)
+    max_batch: int = Field(1_000, ge=1)
+
+    # --- delivery ---
+    visibility_timeout_s: int = Field(3600, ge=60, description="must exceed any task run + countdown")
+    apply_lock_ttl_s: int = Field(120, ge=5, description="per-user apply lock lease")
+    status_ttl_s: int = Field(7 * 24 * 3600, ge=60)
+    poison_max_deliveries: int = Field(5, ge=1, description="deliveries before a crashing message is dead")
+
+    # --- recall scoring: alpha*similarity + beta*hop_decay**hops + gamma*strength (+ boosts) ---
+    alpha: float = 0.6
+    beta: float = 0.25
+    gamma: float = 0.15
+    recency_weight: float = 0.1
+    importance_weight: float = 0.1
+    hop_decay: float = Field(0.5, gt=0, le=1)
+    max_hops: int = Field(2, ge=0, le=4)
+    rrf_k: int = Field(60, ge=1)
+    recency_half_life_days: float = Field(30.0, gt=0)
+    cache_ttl_s: float = Field(30.0, ge=0)
+    broad_min_score: float = Field(0.45, description="search(auto): below this, fall back to facts")
+
+    # --- maintenance ---
+    decay_per_day: float = Field(0.98, gt=0, le=1)
+    archive_threshold: float = Field(0.05, ge=0, lt=1)
+    reinforce_amount: float = Field(0.3, ge=0, le=1)
+    maintenance_batch: int = Field(500, ge=1)
+    min_feedback: int = Field(30, ge=2, description="feedback rows needed to learn weights")
+    decay_interval_s: float = Field(24 * 3600, gt=0)
+    hierarchy_interval_s: float = Field(6 * 3600, gt=0)
+    weights_interval_s: float = Field(12 * 3600, gt=0)
+    reconcile_interval_s: float = Field(24 * 3600, gt=0)
+
+    # --- observability ---
+    flower_user: str = "engram"
+    flower_password: str | None = None
+    log_format: Literal["json", "text"] = "text"
+
+    @field_validator("neo4j_uri")
+    @classmethod
+    def _bolt_uri(cls, v: str | None) -> str | None:
+        if v in (None, ""):
+            return None
+        schemes = ("bolt://", "bolt+s://", "bolt+ssc://", "neo4j://", "neo4j+s://", "neo4j+ssc://")
+        if not v.startswith(schemes):
+            raise ValueError("expected a Bolt URI such as bolt://127.0.0.1:7687")
+        return v
+
+    @field_validator("redis_url")
+    @classmethod
+    def _redis_url(cls, v: str | None) -> str | None:
+        if v in (None, ""):
+            return None
+        if not v.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError("expected a URL such as redis://127.0.0.1:6379/0")
+        return v
+
+    @field_validator("llm_model", "llm_api_key", "llm_api_base", "neo4j_password")
+    @classmethod
+    def _blank_is_unset(cls, v: str | None) -> str | None:
+        return v or None
+
+    @property
+    def embedded_graph(self) -> bool:
+        return self.neo4j_uri is None
+
+    @property
+    def offline_extractor(self) -> bool:
+        return self.llm_model is None
+
+    @property
+    def index_dir(self) -> Path:
+        return self.data_dir / "indexes"
+
+    @property
+    def sqlite_path(self) -> Path:
+        return self.data_dir / "graph.sqlite3"
+
+
+def _variable_for(loc: str) -> str:
+    # pydantic reports either the field name or the environment alias it was read from.
+    for name, info in Settings.model_fields.items():
+        alias = info.validation_alias
+        choices = [str(c) for c in alias.choices] if isinstance(alias, AliasChoices) else []
+        if loc == name or loc in choices:
+            return choices[0] if choices else f"ENGRAM_{name.upper()}"
+    return loc.upper()
+
+
+def load_settings(**overrides: object) -> Settings:
+    """Read the environment (plus ``overrides``); a bad value raises ``ConfigError`` naming the variable."""
+    try:
+        return Settings(**overrides)  # type: ignore[arg-type]
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        field = str(err["loc"][0]) if err["loc"] else "?"
+        raise ConfigError(_variable_for(field), f"{err['msg']} (got {err.get('input')!r})") from None

@@ -1,0 +1,167 @@
+"""The graph-store contract. Neo4j and the embedded SQLite store both implement it and both pass
+``tests/contract/``. Storage logic lives behind this interface only: models stay plain data, the
+pipeline and the reader never write a query.
+
+Rules every backend keeps:
+- every read and write is scoped by ``user_id``; nothing ever crosses users;
+- ``apply`` runs one transaction and is idempotent by (user_id, episode id);
+- the per-user ``version`` grows by one with every applied plan, forget and maintenance write that
+  changes what recall can return, so readers and FAISS indexes can tell they are stale;
+- nothing is deleted by supersession or archival: only ``forget`` and ``forget_user`` delete, and they
+  leave no orphan (an entity no fact mentions and no episode provenance keeps is removed too).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from datetime import datetime
+
+from engram_api.models import (
+    ApplyOutcome,
+    ClusterRecord,
+    EntityRecord,
+    FactRecord,
+    FeedbackRow,
+    ForgetResult,
+    GraphPage,
+    LearnedWeights,
+    UserStats,
+    VectorItem,
+    WritePlan,
+)
+
+__all__ = ["GraphStore", "HopFact"]
+
+
+class HopFact(FactRecord):
+    """A fact reached by graph expansion, ``hops`` entity steps away from a seed entity (0 = direct)."""
+
+    hops: int = 0
+
+
+class GraphStore(ABC):
+    """Small, domain-shaped interface over one graph backend."""
+
+    # ----------------------------------------------------------------------------------- lifecycle
+    @abstractmethod
+    def ensure_schema(self) -> None:
+        """Create constraints / tables / indexes if missing (idempotent)."""
+
+    @abstractmethod
+    def ping(self) -> None:
+        """Raise ``StoreUnavailableError`` when the backend cannot answer."""
+
+    @abstractmethod
+    def close(self) -> None: ...
+
+    # -------------------------------------------------------------------------------------- ingest
+    @abstractmethod
+    def is_applied(self, user_id: str, message_id: str) -> bool:
+        """True when the episode ``message_id`` is already stored for ``user_id``."""
+
+    @abstractmethod
+    def find_entities(self, user_id: str, norm_names: Sequence[str]) -> list[EntityRecord]:
+        """Entities whose ``norm_name`` or any normalized alias is in ``norm_names`` (with embeddings)."""
+
+    @abstractmethod
+    def get_entities(self, user_id: str, entity_ids: Sequence[str]) -> list[EntityRecord]: ...
+
+    @abstractmethod
+    def facts_for_slots(self, user_id: str, slots: Sequence[tuple[str, str]]) -> list[FactRecord]:
+        """All facts (current, superseded and archived) for the (subject_id, predicate) pairs."""
+
+    @abstractmethod
+    def apply(self, plan: WritePlan) -> ApplyOutcome:
+        """Write one message's plan in one transaction; a stored episode makes it a no-op.
+
+        Creates the episode, new entities and facts (with ``FROM`` provenance to the episode), applies
+        entity and fact changes, reinforces restated facts (strength back to 1.0, provenance added),
+        links mentioned entities to the episode, adds the plan's usage to the user's totals and bumps
+        the user's version. Returns the version after the write (or the current one when skipped).
+        """
+
+    # ---------------------------------------------------------------------------------------- read
+    @abstractmethod
+    def user_version(self, user_id: str) -> int:
+        """0 for a user the store has never seen."""
+
+    @abstractmethod
+    def get_facts(self, user_id: str, fact_ids: Sequence[str]) -> list[FactRecord]:
+        """Facts by id with subject/object names and ``source_ids`` filled, embeddings omitted."""
+
+    @abstractmethod
+    def expand(
+        self,
+        user_id: str,
+        entity_ids: Sequence[str],
+        *,
+        max_hops: int,
+        as_of: datetime | None,
+        limit: int,
+    ) -> list[HopFact]:
+        """Facts reachable from the seed entities in ONE query, nearest first.
+
+        A fact mentioning a seed entity is at hop 0; a fact mentioning an entity that a hop-0 fact
+        connects to is at hop 1, and so on up to ``max_hops``. Traversal and results use only facts
+        valid at ``as_of`` (current facts when None) and never archived ones.
+        """
+
+    @abstractmethod
+    def history(self, user_id: str, subject: str, predicate: str | None) -> list[FactRecord]:
+        """Every fact (current and superseded) whose subject's name or alias matches ``subject``
+        (normalized), optionally one predicate, ordered by valid_from."""
+
+    @abstractmethod
+    def page(self, user_id: str, page: int, page_size: int) -> GraphPage: ...
+
+    @abstractmethod
+    def stats(self, user_id: str) -> UserStats: ...
+
+    @abstractmethod
+    def vectors(self, user_id: str) -> tuple[list[VectorItem], int]:
+        """Every fact and entity embedding of the user, and the version they reflect."""
+
+    @abstractmethod
+    def list_users(self) -> list[str]: ...
+
+    # -------------------------------------------------------------------------------------- delete
+    @abstractmethod
+    def forget_message(self, user_id: str, message_id: str) -> ForgetResult:
+        """Delete the episode; facts and entities whose only source it was go too (no orphans);
+        facts that other messages also stated only lose that provenance link."""
+
+    @abstractmethod
+    def forget_user(self, user_id: str) -> ForgetResult: ...
+
+    # --------------------------------------------------------------------------------- maintenance
+    @abstractmethod
+    def decay(self, user_id: str, *, now: datetime, per_day: float, threshold: float, batch: int) -> tuple[int, int]:
+        """strength *= per_day ** (days since the fact's ``last_decay_at`` or ``created_at``), set
+        ``last_decay_at = now``; facts below ``threshold`` become archived. Facts whose last decay is
+        at or after ``now`` are untouched, so a repeated run changes nothing. Works in transactions of
+        at most ``batch`` facts. Returns (decayed, archived)."""
+
+    @abstractmethod
+    def reinforce(self, user_id: str, fact_ids: Sequence[str], *, amount: float, now: datetime) -> int:
+        """strength = min(1, strength + amount); un-archives. Returns how many facts changed."""
+
+    @abstractmethod
+    def replace_clusters(self, user_id: str, clusters: Sequence[ClusterRecord]) -> None:
+        """Replace the user's cluster nodes and their member links in one transaction."""
+
+    @abstractmethod
+    def clusters(self, user_id: str) -> list[ClusterRecord]: ...
+
+    @abstractmethod
+    def add_feedback(self, rows: Sequence[FeedbackRow]) -> None: ...
+
+    @abstractmethod
+    def feedback(self, user_id: str | None, limit: int) -> list[FeedbackRow]:
+        """Newest first; ``user_id=None`` means every user."""
+
+    @abstractmethod
+    def save_weights(self, weights: LearnedWeights) -> None: ...
+
+    @abstractmethod
+    def load_weights(self, scope: str) -> LearnedWeights | None: ...

@@ -1,0 +1,181 @@
+"""Per-user FAISS indexes: one file per user, derived from the graph store and rebuildable from it.
+
+A global index filtered after top-k lets one user's results shrink as others add data; one index per
+user cannot. Each file carries the graph version it reflects, so a reader or the reconcile job can tell
+a stale or missing index and rebuild it from the graph (the source of truth). Files are replaced
+atomically (write to a temp file, fsync, rename): a crash mid-write leaves the previous index.
+
+File layout: little-endian u64 version, u64 header length, JSON header (dim, rows), FAISS bytes; the
+version comes first so a reader can check freshness by reading 8 bytes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import struct
+import threading
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+
+__all__ = ["UserIndex", "VectorHit", "VectorStore"]
+
+Kind = Literal["fact", "entity"]
+_HEADER = struct.Struct("<QQ")
+
+
+def _faiss():  # type: ignore[no-untyped-def]
+    import faiss
+
+    return faiss
+
+
+def vector_id(node_id: str) -> int:
+    """Stable positive int64 for a node id (FAISS ids are integers)."""
+    return int.from_bytes(hashlib.blake2b(node_id.encode(), digest_size=8).digest(), "little") >> 1
+
+
+@dataclass(frozen=True, slots=True)
+class VectorHit:
+    node_id: str
+    kind: Kind
+    score: float
+
+
+@dataclass(slots=True)
+class UserIndex:
+    """One user's vectors: a FAISS inner-product index plus the id -> (node, kind) map."""
+
+    dim: int
+    version: int = 0
+    rows: dict[int, tuple[str, Kind]] = field(default_factory=dict)
+    index: object = None
+
+    def __post_init__(self) -> None:
+        if self.index is None:
+            faiss = _faiss()
+            self.index = faiss.IndexIDMap2(faiss.IndexFlatIP(self.dim))
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def node_ids(self) -> set[str]:
+        return {node for node, _ in self.rows.values()}
+
+    def upsert(self, items: Iterable[tuple[str, Kind, Sequence[float]]]) -> None:
+        items = list(items)
+        if not items:
+            return
+        ids = np.array([vector_id(node) for node, _, _ in items], dtype=np.int64)
+        vecs = np.ascontiguousarray(np.array([v for _, _, v in items], dtype=np.float32))
+        # remove first: add_with_ids on an existing id would store a second copy (a duplicate hit).
+        self.index.remove_ids(ids)  # type: ignore[attr-defined]
+        self.index.add_with_ids(vecs, ids)  # type: ignore[attr-defined]
+        for vid, (node, kind, _) in zip(ids.tolist(), items, strict=True):
+            self.rows[vid] = (node, kind)
+
+    def remove(self, node_ids: Iterable[str]) -> int:
+        ids = [vid for vid in (vector_id(n) for n in node_ids) if vid in self.rows]
+        if ids:
+            self.index.remove_ids(np.array(ids, dtype=np.int64))  # type: ignore[attr-defined]
+            for vid in ids:
+                del self.rows[vid]
+        return len(ids)
+
+    def search(self, query: np.ndarray, k: int, kind: Kind | None = None) -> list[VectorHit]:
+        if not self.rows or k <= 0:
+            return []
+        # Oversample when filtering by kind so the filter does not starve the top-k.
+        n = min(len(self.rows), k if kind is None else k * 3)
+        scores, ids = self.index.search(query.reshape(1, -1).astype(np.float32), n)  # type: ignore[attr-defined]
+        hits = []
+        for score, vid in zip(scores[0].tolist(), ids[0].tolist(), strict=True):
+            row = self.rows.get(vid)
+            if row is None or (kind is not None and row[1] != kind):
+                continue
+            hits.append(VectorHit(node_id=row[0], kind=row[1], score=float(score)))
+        return hits[:k]
+
+    def vectors_for(self, node_ids: Iterable[str]) -> dict[str, np.ndarray]:
+        out = {}
+        for node in node_ids:
+            vid = vector_id(node)
+            if vid in self.rows:
+                out[node] = self.index.reconstruct(vid)  # type: ignore[attr-defined]
+        return out
+
+    def to_bytes(self) -> bytes:
+        header = json.dumps({"dim": self.dim, "rows": [[v, n, k] for v, (n, k) in self.rows.items()]}).encode()
+        body = _faiss().serialize_index(self.index).tobytes()
+        return _HEADER.pack(self.version, len(header)) + header + body
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> UserIndex:
+        version, hlen = _HEADER.unpack_from(data)
+        header = json.loads(data[_HEADER.size : _HEADER.size + hlen])
+        body = np.frombuffer(data[_HEADER.size + hlen :], dtype=np.uint8)
+        index = _faiss().deserialize_index(body)
+        rows = {int(v): (str(n), k) for v, n, k in header["rows"]}
+        if index.ntotal != len(rows):
+            raise ValueError("index rows and id map disagree")
+        return cls(dim=int(header["dim"]), version=int(version), rows=rows, index=index)
+
+
+class VectorStore:
+    """Reads and writes the per-user index files under one directory."""
+
+    def __init__(self, *, root: Path, dim: int) -> None:
+        self.root = Path(root)
+        self.dim = dim
+        self._locks: dict[str, threading.Lock] = {}
+        self._guard = threading.Lock()
+
+    def path_for(self, user_id: str) -> Path:
+        # Hashed file names: a user id never becomes a path (no traversal, no odd characters).
+        return self.root / f"{hashlib.sha256(user_id.encode()).hexdigest()[:32]}.faiss"
+
+    def lock(self, user_id: str) -> threading.Lock:
+        """In-process lock per user (cross-process writers are serialized by the apply lock)."""
+        with self._guard:
+            return self._locks.setdefault(user_id, threading.Lock())
+
+    def file_version(self, user_id: str) -> int | None:
+        path = self.path_for(user_id)
+        try:
+            with path.open("rb") as fh:
+                return int(_HEADER.unpack(fh.read(_HEADER.size))[0])
+        except (OSError, struct.error):
+            return None
+
+    def load(self, user_id: str) -> UserIndex | None:
+        """The stored index, or None when it is missing or unreadable (the caller rebuilds)."""
+        try:
+            index = UserIndex.from_bytes(self.path_for(user_id).read_bytes())
+        except (OSError, ValueError, KeyError, struct.error, RuntimeError):
+            return None
+        return index if index.dim == self.dim else None
+
+    def new(self) -> UserIndex:
+        return UserIndex(dim=self.dim)
+
+    def save(self, user_id: str, index: UserIndex) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        path = self.path_for(user_id)
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+        with tmp.open("wb") as fh:
+            fh.write(index.to_bytes())
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+
+    def delete(self, user_id: str) -> bool:
+        try:
+            self.path_for(user_id).unlink()
+        except FileNotFoundError:
+            return False
+        return True

@@ -1,0 +1,46 @@
+"""The Celery application. Configuration comes from ``engram_api.queue`` (shared with producers) and is
+resolved lazily, on first use, so importing this module connects to nothing.
+
+Run a worker with ``engram worker`` (or ``celery -A engram_workers.app worker``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from celery import Celery
+from celery.signals import worker_process_init, worker_process_shutdown
+
+__all__ = ["app"]
+
+
+def _config() -> dict[str, Any]:
+    from beat_schedule import build_schedule
+    from engram_api.connections import resolve_redis_url
+    from engram_api.queue import celery_config
+    from engram_api.settings import load_settings
+
+    settings = load_settings()
+    config = celery_config(settings, resolve_redis_url(settings))
+    config["beat_schedule"] = build_schedule(settings)
+    config["include"] = ["engram_workers.tasks"]
+    return config
+
+
+app = Celery("engram", set_as_current=True)
+app.add_defaults(_config)
+
+
+@worker_process_init.connect
+def _fresh_resources_after_fork(**_: Any) -> None:
+    # A pool child must not reuse sockets or model state copied from its parent.
+    from engram_workers.context import reset_context
+
+    reset_context()
+
+
+@worker_process_shutdown.connect
+def _close_resources(**_: Any) -> None:
+    from engram_workers.context import get_context
+
+    get_context().close()

@@ -1,0 +1,334 @@
+"""Consolidation: turn one message's extraction into a ``WritePlan`` against the user's existing graph.
+
+Runs under the user's apply lock, so what it reads cannot change under it. Decisions, in order:
+1. entity resolution, always within the user's own graph: context id given by the model, exact and
+   normalized name or alias, then embedding similarity (same label, high threshold);
+2. fact dedup by embedding similarity, except single-valued predicates, whose template sentences
+   ("lives in Tampa" / "lives in Austin") embed almost identically;
+3. temporal supersession for single-valued predicates, scoped to one subject and predicate: the slot's
+   facts are ordered by ``valid_from`` and each one's ``valid_until`` is the next one's start. Ordering by
+   event time (not arrival) makes the result independent of delivery order: a late message with an older
+   event time lands in the past, already superseded.
+Ids are derived from (user, message, position), so re-planning the same message gives the same ids.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from engram_api.models import (
+    SELF_REF,
+    EntityChange,
+    EntityRecord,
+    Envelope,
+    EpisodeRecord,
+    Extraction,
+    FactChange,
+    FactRecord,
+    Usage,
+    WritePlan,
+)
+from engram_api.naming import SINGLE_VALUED, normalize_name, sanitize_label, sanitize_predicate, self_entity_id
+from engram_api.storage.base import GraphStore
+from engram_api.storage.embedder import Embedder
+from engram_api.storage.vectors import Kind, UserIndex
+
+__all__ = ["Planned", "plan_message"]
+
+ENTITY_MATCH = 0.90
+FACT_DUPLICATE = 0.93
+
+
+def _hid(prefix: str, *parts: str) -> str:
+    return prefix + hashlib.blake2b("\x1f".join(parts).encode(), digest_size=12).hexdigest()
+
+
+@dataclass
+class Planned:
+    plan: WritePlan
+    upserts: list[tuple[str, Kind, Sequence[float]]] = field(default_factory=list)
+
+
+@dataclass
+class _Resolver:
+    """Maps the extraction's entity refs (and bare names) to entity ids in the user's graph."""
+
+    user_id: str
+    message_id: str
+    graph: GraphStore
+    embedder: Embedder
+    index: UserIndex
+    by_ref: dict[str, str] = field(default_factory=dict)
+    by_norm: dict[str, str] = field(default_factory=dict)
+    new: dict[str, EntityRecord] = field(default_factory=dict)
+    changes: dict[str, EntityChange] = field(default_factory=dict)
+    mentioned: set[str] = field(default_factory=set)
+
+    def _existing_self(self) -> None:
+        sid = self_entity_id(self.user_id)
+        self.by_ref[SELF_REF] = sid
+        if not self.graph.get_entities(self.user_id, [sid]):
+            self.new[sid] = EntityRecord(
+                id=sid,
+                user_id=self.user_id,
+                name="User",
+                norm_name=normalize_name("User"),
+                label="Person",
+                summary="the person whose memory this is",
+            )
+
+    def _add_aliases(self, entity_id: str, names: Sequence[str], known: set[str]) -> None:
+        fresh = [n for n in names if normalize_name(n) and normalize_name(n) not in known]
+        if not fresh:
+            return
+        if entity_id in self.new:
+            rec = self.new[entity_id]
+            rec.aliases = list(dict.fromkeys([*rec.aliases, *fresh]))
+            return
+        change = self.changes.setdefault(entity_id, EntityChange(id=entity_id))
+        change.add_aliases = list(dict.fromkeys([*change.add_aliases, *fresh]))
+
+    def resolve(self, extraction: Extraction) -> None:
+        self._existing_self()
+        wanted = {normalize_name(n) for e in extraction.entities for n in [e.name, *e.aliases]} - {""}
+        existing = self.graph.find_entities(self.user_id, sorted(wanted)) if wanted else []
+        context_ids = {e.ref for e in extraction.entities if e.ref.startswith("ent_")}
+        by_id = {e.id: e for e in existing}
+        if context_ids - by_id.keys():
+            by_id.update({e.id: e for e in self.graph.get_entities(self.user_id, sorted(context_ids - by_id.keys()))})
+        for rec in by_id.values():
+            for n in [rec.name, *rec.aliases]:
+                self.by_norm.setdefault(normalize_name(n), rec.id)
+
+        unresolved = []
+        for ent in extraction.entities:
+            names = [ent.name, *ent.aliases]
+            norms = [normalize_name(n) for n in names if normalize_name(n)]
+            if not norms:
+                continue
+            target = ent.ref if ent.ref in by_id else next((self.by_norm[n] for n in norms if n in self.by_norm), None)
+            if target is None:
+                unresolved.append((ent, norms))
+                continue
+            self._link(ent.ref, target, names, by_id)
+
+        if not unresolved:
+            return
+        vecs = self.embedder.encode([ent.name for ent, _ in unresolved])
+        for (ent, norms), vec in zip(unresolved, vecs, strict=True):
+            # A name seen earlier in this same message resolves to that new entity.
+            target = next((self.by_norm[n] for n in norms if n in self.by_norm), None)
+            if target is None:
+                label = sanitize_label(ent.label)
+                for hit in self.index.search(vec, 3, kind="entity"):
+                    if hit.score < ENTITY_MATCH:
+                        break
+                    cand = self.graph.get_entities(self.user_id, [hit.node_id])
+                    if cand and cand[0].label == label:
+                        target = cand[0].id
+                        by_id[target] = cand[0]
+                        break
+            if target is None:
+                target = _hid("ent_", self.user_id, self.message_id, ent.ref, norms[0])
+                self.new[target] = EntityRecord(
+                    id=target,
+                    user_id=self.user_id,
+                    name=ent.name.strip(),
+                    norm_name=norms[0],
+                    label=sanitize_label(ent.label),
+                    aliases=[a for a in ent.aliases if a.strip()],
+                    summary=ent.summary,
+                    embedding=vec.tolist(),
+                )
+            for n in norms:
+                self.by_norm.setdefault(n, target)
+            self._link(ent.ref, target, [ent.name, *ent.aliases], by_id)
+
+    def _link(self, ref: str, target: str, names: Sequence[str], by_id: dict[str, EntityRecord]) -> None:
+        self.by_ref[ref] = target
+        if target in by_id:
+            rec = by_id[target]
+            self.mentioned.add(target)
+            self._add_aliases(target, names, {normalize_name(n) for n in [rec.name, *rec.aliases]})
+        elif target in self.new:
+            rec = self.new[target]
+            self._add_aliases(target, names, {normalize_name(n) for n in [rec.name, *rec.aliases]})
+
+    def entity_for(self, ref: str | None) -> str | None:
+        """A fact may name a thing the model did not list as an entity: create it on the fly."""
+        if ref is None or not ref.strip():
+            return None
+        if ref in self.by_ref:
+            return self.by_ref[ref]
+        norm = normalize_name(ref)
+        if not norm:
+            return None
+        if norm in self.by_norm:
+            return self.by_norm[norm]
+        found = self.graph.find_entities(self.user_id, [norm])
+        if found:
+            self.by_norm[norm] = found[0].id
+            self.mentioned.add(found[0].id)
+            return found[0].id
+        eid = _hid("ent_", self.user_id, self.message_id, "name", norm)
+        self.new[eid] = EntityRecord(
+            id=eid,
+            user_id=self.user_id,
+            name=ref.strip()[:200],
+            norm_name=norm,
+            label="Thing",
+            embedding=self.embedder.encode_one(ref.strip()[:200]).tolist(),
+        )
+        self.by_norm[norm] = eid
+        return eid
+
+
+def _chain(slot_facts: list[FactRecord]) -> dict[str, tuple[object, str | None]]:
+    """Desired (valid_until, superseded_by) for each fact of one single-valued slot."""
+    ordered = sorted(slot_facts, key=lambda f: (f.valid_from, f.created_at, f.id))
+    out: dict[str, tuple[object, str | None]] = {}
+    for cur, nxt in zip(ordered, [*ordered[1:], None], strict=True):
+        out[cur.id] = (nxt.valid_from, nxt.id) if nxt is not None else (None, None)
+    return out
+
+
+def plan_message(
+    *,
+    envelope: Envelope,
+    extraction: Extraction,
+    usage: Usage,
+    graph: GraphStore,
+    embedder: Embedder,
+    index: UserIndex,
+) -> Planned:
+    uid, mid = envelope.user_id, envelope.message_id
+    resolver = _Resolver(user_id=uid, message_id=mid, graph=graph, embedder=embedder, index=index)
+    resolver.resolve(extraction)
+
+    drafts: list[FactRecord] = []
+    for pos, fact in enumerate(extraction.facts):
+        subject_id = resolver.entity_for(fact.subject)
+        if subject_id is None:
+            continue
+        predicate = sanitize_predicate(fact.predicate)
+        drafts.append(
+            FactRecord(
+                id=_hid("fact_", uid, mid, str(pos)),
+                user_id=uid,
+                subject_id=subject_id,
+                predicate=predicate,
+                object_id=resolver.entity_for(fact.object),
+                statement=" ".join(fact.statement.split())[:1000],
+                memory_type=fact.memory_type,
+                importance=fact.importance,
+                single_valued=fact.single_valued or predicate in SINGLE_VALUED,
+                valid_from=fact.valid_from or envelope.timestamp,
+                created_at=envelope.timestamp,
+            )
+        )
+    embeddings = embedder.encode([d.statement for d in drafts]) if drafts else np.zeros((0, 0))
+
+    new_facts: list[FactRecord] = []
+    reinforced: list[str] = []
+    seen_statements: dict[str, str] = {}
+    multi: list[tuple[FactRecord, np.ndarray]] = []
+    single: list[FactRecord] = []
+    for draft, vec in zip(drafts, embeddings, strict=True):
+        draft.embedding = vec.tolist()
+        key = normalize_name(draft.statement)
+        if key in seen_statements:
+            continue
+        seen_statements[key] = draft.id
+        if draft.single_valued:
+            single.append(draft)
+        else:
+            multi.append((draft, vec))
+
+    current_ids: set[str] = set()
+    hits_by_draft = {}
+    for draft, vec in multi:
+        hits = [h for h in index.search(vec, 3, kind="fact") if h.score >= FACT_DUPLICATE]
+        hits_by_draft[draft.id] = hits
+        current_ids.update(h.node_id for h in hits)
+    current = {f.id: f for f in graph.get_facts(uid, sorted(current_ids))} if current_ids else {}
+    for draft, _ in multi:
+        dup = next(
+            (
+                h.node_id
+                for h in hits_by_draft[draft.id]
+                if h.node_id in current
+                and current[h.node_id].valid_until is None
+                and current[h.node_id].subject_id == draft.subject_id
+            ),
+            None,
+        )
+        if dup is not None:
+            reinforced.append(dup)
+        else:
+            new_facts.append(draft)
+
+    changes: list[FactChange] = []
+    slots = sorted({(f.subject_id, f.predicate) for f in single})
+    existing = [f for f in graph.facts_for_slots(uid, slots) if not f.archived] if slots else []
+    for slot in slots:
+        slot_existing = [f for f in existing if (f.subject_id, f.predicate) == slot]
+        slot_new: list[FactRecord] = []
+        for draft in (f for f in single if (f.subject_id, f.predicate) == slot):
+            timeline = sorted([*slot_existing, *slot_new], key=lambda f: (f.valid_from, f.created_at, f.id))
+            before = [f for f in timeline if f.valid_from <= draft.valid_from]
+            prev = before[-1] if before else None
+            if (
+                prev is not None
+                and prev.object_id == draft.object_id
+                and (draft.object_id is not None or normalize_name(prev.statement) == normalize_name(draft.statement))
+            ):
+                # Restated value: the same interval goes on; no new fact.
+                if prev in slot_existing:
+                    reinforced.append(prev.id)
+                continue
+            slot_new.append(draft)
+        wanted = _chain([*slot_existing, *slot_new])
+        for fact in slot_existing:
+            until, by = wanted[fact.id]
+            if (fact.valid_until, fact.superseded_by) != (until, by):
+                changes.append(FactChange(id=fact.id, valid_until=until, superseded_by=by))  # type: ignore[arg-type]
+        for draft in slot_new:
+            draft.valid_until, draft.superseded_by = wanted[draft.id]  # type: ignore[assignment]
+            new_facts.append(draft)
+
+    episode = EpisodeRecord(
+        id=mid,
+        user_id=uid,
+        content=envelope.text,
+        role=envelope.messages[-1].role,
+        event_time=envelope.timestamp,
+        metadata=envelope.metadata,
+        created_at=envelope.timestamp,
+    )
+    used = {f.subject_id for f in new_facts} | {f.object_id for f in new_facts if f.object_id}
+    listed = {eid for ref, eid in resolver.by_ref.items() if ref != SELF_REF}
+    new_entities = [e for eid, e in resolver.new.items() if eid in used or eid in listed]
+    mentioned = (resolver.mentioned | used) - set(resolver.new)
+    plan = WritePlan(
+        user_id=uid,
+        episode=episode,
+        new_entities=new_entities,
+        entity_changes=list(resolver.changes.values()),
+        new_facts=new_facts,
+        fact_changes=changes,
+        reinforced_fact_ids=sorted(set(reinforced)),
+        mentioned_entity_ids=sorted(mentioned),
+        usage=usage,
+    )
+    upserts: list[tuple[str, Kind, Sequence[float]]] = [
+        (f.id, "fact", f.embedding) for f in new_facts if f.embedding is not None
+    ]
+    for ent in new_entities:
+        if ent.embedding is None:
+            ent.embedding = embedder.encode_one(ent.name).tolist()
+        upserts.append((ent.id, "entity", ent.embedding))
+    return Planned(plan=plan, upserts=upserts)

@@ -1,0 +1,92 @@
+"""Per-process resources of a worker, created on first use (after the pool forks, never before).
+
+Nothing here connects or loads a model at import: Celery's prefork pool forks after importing the task
+modules, and a Neo4j driver, a Redis pool or torch state copied across a fork is a bug waiting to happen.
+"""
+
+from __future__ import annotations
+
+import threading
+from functools import cached_property
+
+import redis
+
+from engram_api.connections import redis_client, resolve_redis_url
+from engram_api.deadletters import DeadLetterStore
+from engram_api.settings import Settings, load_settings
+from engram_api.storage import GraphStore, open_graph_store
+from engram_api.storage.embedder import Embedder, get_embedder
+from engram_api.storage.indexes import IndexKeeper
+from engram_api.storage.vectors import VectorStore
+from engram_workers.control import LLMBreaker, LLMRateLimiter
+from engram_workers.extraction.llm import is_service_failure
+
+__all__ = ["WorkerContext", "get_context", "reset_context"]
+
+
+class WorkerContext:
+    def __init__(self, *, settings: Settings) -> None:
+        self.settings = settings
+
+    @cached_property
+    def redis_url(self) -> str:
+        return resolve_redis_url(self.settings)
+
+    @cached_property
+    def redis(self) -> redis.Redis:
+        return redis_client(self.redis_url)
+
+    @cached_property
+    def graph(self) -> GraphStore:
+        store = open_graph_store(self.settings)
+        store.ensure_schema()
+        return store
+
+    @cached_property
+    def embedder(self) -> Embedder:
+        return get_embedder(self.settings.embedding_model)
+
+    @cached_property
+    def keeper(self) -> IndexKeeper:
+        vectors = VectorStore(root=self.settings.index_dir, dim=self.embedder.dim)
+        return IndexKeeper(graph=self.graph, vectors=vectors)
+
+    @cached_property
+    def dead_letters(self) -> DeadLetterStore:
+        return DeadLetterStore(redis_client=self.redis, status_ttl_s=self.settings.status_ttl_s)
+
+    @cached_property
+    def rate_limiter(self) -> LLMRateLimiter:
+        return LLMRateLimiter(redis_url=self.redis_url, per_second=self.settings.llm_rate_per_s)
+
+    @cached_property
+    def breaker(self) -> LLMBreaker:
+        return LLMBreaker(
+            redis_url=self.redis_url,
+            fail_max=self.settings.breaker_failures,
+            reset_timeout=self.settings.breaker_reset_s,
+            is_failure=is_service_failure,
+        )
+
+    def close(self) -> None:
+        if "graph" in self.__dict__:
+            self.graph.close()
+
+
+_context: WorkerContext | None = None
+_lock = threading.Lock()
+
+
+def get_context() -> WorkerContext:
+    global _context
+    with _lock:
+        if _context is None:
+            _context = WorkerContext(settings=load_settings())
+        return _context
+
+
+def reset_context() -> None:
+    """Drop everything inherited from a parent process (called in each pool child after fork)."""
+    global _context
+    with _lock:
+        _context = None

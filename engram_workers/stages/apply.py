@@ -1,0 +1,128 @@
+"""Apply stage (its own queue): one message's extraction -> consolidated graph write + FAISS update.
+
+One writer per user across the fleet (``user_lock``); the graph write is one transaction, idempotent by
+message id; the FAISS index follows the graph's version; the per-user version in Redis is bumped last so
+readers' caches see the change. A crash between any two steps is repaired by redelivery: the graph says
+the message is applied, and the rest is finished from there.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+
+from engram_api import keys
+from engram_api.errors import StoreUnavailableError
+from engram_api.locks import UserBusyError, user_lock
+from engram_api.models import Extraction, MessageState, Usage
+from engram_api.versions import publish_version
+from engram_workers import metrics
+from engram_workers.consolidation import plan_message
+from engram_workers.context import WorkerContext
+from engram_workers.stages.common import (
+    RetryLater,
+    backoff,
+    dead_letter,
+    deliveries,
+    load_envelope,
+    set_state,
+    state_of,
+)
+
+__all__ = ["hand_over", "run_apply"]
+
+# A Neo4j outage of several minutes must not dead-letter anything: ~40 tries with backoff capped at 15 s.
+_STORE_ATTEMPTS = 40
+
+
+def hand_over(user_id: str, message_id: str) -> None:
+    """Publish the apply task for a message whose extraction is stored."""
+    from engram_workers.app import app
+
+    app.send_task(keys.APPLY_TASK, args=(user_id, message_id), queue=keys.APPLY_QUEUE, routing_key=keys.APPLY_QUEUE)
+
+
+def _finish(ctx: WorkerContext, user_id: str, message_id: str, version: int) -> None:
+    publish_version(ctx.redis, user_id, version)
+    set_state(ctx, user_id, message_id, MessageState.APPLIED, version=str(version))
+    ctx.redis.delete(keys.message_payload(user_id, message_id), keys.extraction(user_id, message_id))
+
+
+def _apply_locked(ctx: WorkerContext, user_id: str, message_id: str) -> str:
+    graph = ctx.graph
+    if graph.is_applied(user_id, message_id):
+        version = graph.user_version(user_id)
+        ctx.keeper.current(user_id, version)
+        _finish(ctx, user_id, message_id, version)
+        return "already applied (finished bookkeeping)"
+    envelope = load_envelope(ctx, user_id, message_id)
+    stored = ctx.redis.get(keys.extraction(user_id, message_id))
+    if envelope is None:
+        return "no payload (forgotten)"
+    if stored is None:
+        from engram_workers.app import app
+
+        set_state(ctx, user_id, message_id, MessageState.QUEUED)
+        app.send_task(
+            keys.EXTRACT_TASK, args=(user_id, message_id), queue=keys.EXTRACT_QUEUE, routing_key=keys.EXTRACT_QUEUE
+        )
+        return "extraction missing: sent back to extract"
+    data = json.loads(stored)
+    extraction = Extraction.model_validate(data["extraction"])
+    usage = Usage.model_validate(data["usage"])
+
+    started = time.perf_counter()
+    before = graph.user_version(user_id)
+    index = ctx.keeper.current(user_id, before)
+    planned = plan_message(
+        envelope=envelope, extraction=extraction, usage=usage, graph=graph, embedder=ctx.embedder, index=index
+    )
+    outcome = graph.apply(planned.plan)
+    if outcome.applied:
+        ctx.keeper.advance(user_id, from_version=before, to_version=outcome.version, upserts=planned.upserts)
+    else:
+        ctx.keeper.current(user_id, outcome.version)
+    _finish(ctx, user_id, message_id, outcome.version)
+    metrics.STAGE_SECONDS.labels(stage="apply").observe(time.perf_counter() - started)
+    metrics.MESSAGES.labels(stage="apply", outcome="applied").inc()
+    plan = planned.plan
+    return (
+        f"applied v{outcome.version}: +{len(plan.new_entities)} entities, +{len(plan.new_facts)} facts, "
+        f"{len(plan.fact_changes)} superseded, {len(plan.reinforced_fact_ids)} reinforced"
+    )
+
+
+def run_apply(ctx: WorkerContext, user_id: str, message_id: str) -> str:
+    state = state_of(ctx, user_id, message_id)
+    if state in (MessageState.APPLIED, MessageState.DEAD):
+        return f"already {state}"
+    with deliveries(ctx, user_id, message_id, "apply") as crashed:
+        if crashed >= ctx.settings.poison_max_deliveries:
+            return dead_letter(
+                ctx,
+                load_envelope(ctx, user_id, message_id),
+                user_id=user_id,
+                message_id=message_id,
+                stage="apply",
+                reason=f"worker died {crashed} times while applying this message",
+                attempts=crashed,
+            )
+        try:
+            with user_lock(ctx.redis, user_id, ttl=ctx.settings.apply_lock_ttl_s, wait=0.2):
+                return _apply_locked(ctx, user_id, message_id)
+        except UserBusyError:
+            raise RetryLater(random.uniform(0.05, 0.4), "another worker is applying this user's messages") from None
+        except StoreUnavailableError as exc:
+            attempts = int(ctx.redis.hincrby(keys.status(user_id, message_id), "store_attempts", 1))
+            if attempts >= _STORE_ATTEMPTS:
+                return dead_letter(
+                    ctx,
+                    load_envelope(ctx, user_id, message_id),
+                    user_id=user_id,
+                    message_id=message_id,
+                    stage="apply",
+                    reason=f"graph store unavailable {attempts} times: {exc}",
+                    attempts=attempts,
+                )
+            raise RetryLater(backoff(attempts, base=0.5, cap=15.0), f"graph store unavailable: {exc}") from exc

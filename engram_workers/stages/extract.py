@@ -1,0 +1,142 @@
+"""Extract stage (I/O bound, threads pool): message -> validated ``Extraction``, then hand to apply.
+
+Trivial messages skip the LLM; with no ``LLM_MODEL`` the offline rule-based extractor runs instead. The
+LLM path goes through the fleet-wide rate limit and circuit breaker, one litellm call, JSON validated by
+pydantic. Transient failures retry with backoff and jitter; after ``llm_max_attempts`` the message is
+dead-lettered with the reason and the raw answer. The extraction is stored in Redis before the apply task
+is published, so a retried apply never calls the LLM again.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+from engram_workers.extraction.rules import extract_rules
+from engram_workers.extraction.trivial import is_trivial
+
+from engram_api import keys
+from engram_api.errors import LLMError
+from engram_api.models import Envelope, Extraction, MessageState, Usage
+from engram_workers import metrics
+from engram_workers.context import WorkerContext
+from engram_workers.control.breaker import BreakerOpenError
+from engram_workers.extraction.llm import LLMAnswer, call_llm
+from engram_workers.extraction.prompt import SlimContext, build_messages
+from engram_workers.stages.apply import hand_over
+from engram_workers.stages.common import (
+    RetryLater,
+    backoff,
+    dead_letter,
+    deliveries,
+    load_envelope,
+    set_state,
+    state_of,
+)
+
+__all__ = ["run_extract"]
+
+_CONTEXT_ITEMS = 8
+
+
+def slim_context(ctx: WorkerContext, envelope: Envelope) -> SlimContext:
+    """The user's most similar existing entities and facts (ids, names, summaries, predicates)."""
+    version = ctx.graph.user_version(envelope.user_id)
+    if version == 0:
+        return SlimContext(entities=[], facts=[])
+    index = ctx.keeper.current(envelope.user_id, version)
+    query = ctx.embedder.encode_one(envelope.text[:2000])
+    hits = index.search(query, _CONTEXT_ITEMS * 2)
+    fact_ids = [h.node_id for h in hits if h.kind == "fact"][:_CONTEXT_ITEMS]
+    entity_ids = [h.node_id for h in hits if h.kind == "entity"][:_CONTEXT_ITEMS]
+    facts = [f for f in ctx.graph.get_facts(envelope.user_id, fact_ids) if f.valid_until is None]
+    return SlimContext.from_records(ctx.graph.get_entities(envelope.user_id, entity_ids), facts)
+
+
+def _llm_extract(ctx: WorkerContext, envelope: Envelope) -> LLMAnswer:
+    if not ctx.rate_limiter.acquire(max_wait=5.0):
+        raise RetryLater(1.0, "fleet-wide LLM rate limit")
+    messages = build_messages(envelope, slim_context(ctx, envelope))
+    return ctx.breaker.call(lambda: call_llm(ctx.settings, messages))
+
+
+def _store_and_hand_over(ctx: WorkerContext, envelope: Envelope, extraction: Extraction, usage: Usage) -> None:
+    uid, mid = envelope.user_id, envelope.message_id
+    payload = {"extraction": extraction.model_dump(mode="json"), "usage": usage.model_dump()}
+    ctx.redis.set(keys.extraction(uid, mid), json.dumps(payload), ex=ctx.settings.status_ttl_s)
+    set_state(ctx, uid, mid, MessageState.EXTRACTED)
+    hand_over(uid, mid)
+
+
+def run_extract(ctx: WorkerContext, user_id: str, message_id: str) -> str:
+    state = state_of(ctx, user_id, message_id)
+    if state in (MessageState.APPLIED, MessageState.DEAD):
+        return f"already {state}"
+    if ctx.redis.exists(keys.extraction(user_id, message_id)):
+        # Extracted before a crash or redelivery: just make sure apply runs (apply is idempotent).
+        hand_over(user_id, message_id)
+        return "re-handed to apply"
+    envelope = load_envelope(ctx, user_id, message_id)
+    if envelope is None:
+        return "no payload (forgotten or already applied)"
+
+    with deliveries(ctx, user_id, message_id, "extract") as crashed:
+        if crashed >= ctx.settings.poison_max_deliveries:
+            return dead_letter(
+                ctx,
+                envelope,
+                user_id=user_id,
+                message_id=message_id,
+                stage="extract",
+                reason=f"worker died {crashed} times while extracting this message",
+                attempts=crashed,
+            )
+        started = time.perf_counter()
+        if is_trivial(envelope.text):
+            _store_and_hand_over(ctx, envelope, Extraction(), Usage())
+            metrics.MESSAGES.labels(stage="extract", outcome="trivial").inc()
+            return "trivial"
+        if ctx.settings.offline_extractor:
+            _store_and_hand_over(ctx, envelope, extract_rules(envelope.text, event_time=envelope.timestamp), Usage())
+            metrics.MESSAGES.labels(stage="extract", outcome="rules").inc()
+            return "rules"
+        try:
+            answer = _llm_extract(ctx, envelope)
+        except BreakerOpenError:
+            raise RetryLater(
+                backoff(2, base=ctx.settings.breaker_reset_s / 2, cap=ctx.settings.breaker_reset_s),
+                "LLM circuit breaker open",
+            ) from None
+        except LLMError as exc:
+            return _failed(ctx, envelope, exc)
+        metrics.LLM_TOKENS.labels(kind="prompt").inc(answer.usage.prompt_tokens)
+        metrics.LLM_TOKENS.labels(kind="completion").inc(answer.usage.completion_tokens)
+        metrics.LLM_COST.inc(answer.usage.cost_usd)
+        _store_and_hand_over(ctx, envelope, answer.extraction, answer.usage)
+        metrics.STAGE_SECONDS.labels(stage="extract").observe(time.perf_counter() - started)
+        metrics.MESSAGES.labels(stage="extract", outcome="llm").inc()
+        return f"llm: {len(answer.extraction.facts)} facts"
+
+
+def _failed(ctx: WorkerContext, envelope: Envelope, exc: LLMError) -> str:
+    uid, mid = envelope.user_id, envelope.message_id
+    key = keys.status(uid, mid)
+    attempts = int(ctx.redis.hincrby(key, "llm_attempts", 1))
+    # Tokens spent on failed answers are real spend too.
+    usage = getattr(exc, "usage", None)
+    if usage is not None:
+        ctx.redis.hincrbyfloat(key, "failed_cost_usd", usage.cost_usd)
+    if attempts >= ctx.settings.llm_max_attempts:
+        metrics.MESSAGES.labels(stage="extract", outcome="dead").inc()
+        return dead_letter(
+            ctx,
+            envelope,
+            user_id=uid,
+            message_id=mid,
+            stage="extract",
+            reason=f"LLM failed {attempts} times; last: {exc}",
+            attempts=attempts,
+            raw_llm=exc.raw,
+        )
+    hinted = getattr(exc, "retry_after", None)
+    raise RetryLater(hinted if hinted else backoff(attempts), str(exc)) from exc
