@@ -85,6 +85,9 @@ class Settings(BaseSettings):
     weights_interval_s: float = Field(12 * 3600, gt=0)
     reconcile_interval_s: float = Field(24 * 3600, gt=0)
 
+    # --- hooks: extra middleware classes ("package.module:Class", comma-separated), run after the built-in ones
+    middleware: str = ""
+
     # --- observability ---
     flower_user: str = "engram"
     flower_password: str | None = None

@@ -20,6 +20,7 @@ from engram_api.storage.indexes import IndexKeeper
 from engram_api.storage.vectors import VectorStore
 from engram_workers.control import LLMBreaker, LLMRateLimiter
 from engram_workers.extraction.llm import is_service_failure
+from engram_workers.middleware import Middleware, build_middleware
 
 __all__ = ["WorkerContext", "get_context", "reset_context"]
 
@@ -67,6 +68,10 @@ class WorkerContext:
             reset_timeout=self.settings.breaker_reset_s,
             is_failure=is_service_failure,
         )
+
+    @cached_property
+    def middleware(self) -> list[Middleware]:
+        return build_middleware(self.settings)
 
     def close(self) -> None:
         if "graph" in self.__dict__:

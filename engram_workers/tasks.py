@@ -5,21 +5,28 @@ Task arguments are ids only (user id, message id): message text never appears in
 
 from __future__ import annotations
 
+import time
 import traceback
 from collections.abc import Callable
+from contextlib import AbstractContextManager
+from datetime import datetime
 from typing import Any
 
 from celery import Task
+from pydantic import BaseModel
 
 from engram_api import keys
+from engram_api.locks import user_lock
+from engram_api.models import utcnow
+from engram_api.versions import publish_version
 from engram_workers.app import app
 from engram_workers.context import WorkerContext, get_context
 from engram_workers.stages import RetryLater
 from engram_workers.stages.apply import run_apply
-from engram_workers.stages.common import dead_letter, load_envelope
+from engram_workers.stages.common import dead_letter, deliveries, load_envelope
 from engram_workers.stages.extract import run_extract
 
-__all__ = ["apply", "extract"]
+__all__ = ["apply", "decay_task", "extract", "hierarchy_task", "reconcile_task", "weights_task"]
 
 # Unexpected errors (bugs, corrupt data) are retried a few times, then the message is dead-lettered
 # instead of being acked into oblivion.
@@ -30,8 +37,33 @@ def _run_stage(
     task: Task, stage: str, fn: Callable[[WorkerContext, str, str], str], user_id: str, message_id: str
 ) -> str:
     ctx = get_context()
+    with deliveries(ctx, user_id, message_id, stage) as crashed:
+        if crashed >= ctx.settings.poison_max_deliveries:
+            return dead_letter(
+                ctx,
+                load_envelope(ctx, user_id, message_id),
+                user_id=user_id,
+                message_id=message_id,
+                stage=stage,
+                reason=f"the worker died {crashed} times while processing this message ({stage})",
+                attempts=crashed,
+            )
+        return _attempt(ctx, task, stage, fn, user_id, message_id)
+
+
+def _attempt(
+    ctx: WorkerContext,
+    task: Task,
+    stage: str,
+    fn: Callable[[WorkerContext, str, str], str],
+    user_id: str,
+    message_id: str,
+) -> str:
+    started = time.perf_counter()
+    for m in ctx.middleware:
+        m.before_stage(stage, user_id, message_id)
     try:
-        return fn(ctx, user_id, message_id)
+        outcome = fn(ctx, user_id, message_id)
     except RetryLater as later:
         raise task.retry(countdown=later.countdown, max_retries=None) from None
     except Exception as exc:
@@ -48,6 +80,9 @@ def _run_stage(
                 attempts=attempts,
             )
         raise task.retry(countdown=2.0 * attempts, max_retries=None) from exc
+    for m in ctx.middleware:
+        m.after_stage(stage, user_id, message_id, outcome, time.perf_counter() - started)
+    return outcome
 
 
 @app.task(name=keys.EXTRACT_TASK, bind=True, max_retries=None)
@@ -60,5 +95,56 @@ def apply(self: Task, user_id: str, message_id: str) -> str:
     return _run_stage(self, "apply", run_apply, user_id, message_id)
 
 
-def _jsonable(report: Any) -> Any:
-    return report.model_dump(mode="json") if hasattr(report, "model_dump") else report
+# ------------------------------------------------------------------------------------- maintenance
+def _guard(ctx: WorkerContext) -> Callable[[str], AbstractContextManager[None]]:
+    """Maintenance writes a user's memory under the same fleet-wide lock as the apply stage."""
+    return lambda user_id: user_lock(ctx.redis, user_id, ttl=ctx.settings.apply_lock_ttl_s, wait=60.0)
+
+
+def _publish_versions(ctx: WorkerContext, report: BaseModel) -> dict[str, Any]:
+    """Readers' caches key on the Redis version: publish the graph's after a maintenance write."""
+    for user_id in ctx.graph.list_users():
+        publish_version(ctx.redis, user_id, ctx.graph.user_version(user_id))
+    return report.model_dump(mode="json")
+
+
+@app.task(name=keys.DECAY_TASK)
+def decay_task(user_ids: list[str] | None = None, now: str | None = None) -> dict[str, Any]:
+    from engram_workers.maintenance import run_decay
+
+    ctx = get_context()
+    when = datetime.fromisoformat(now) if now else utcnow()
+    report = run_decay(
+        graph=ctx.graph, keeper=ctx.keeper, settings=ctx.settings, guard=_guard(ctx), now=when, user_ids=user_ids
+    )
+    return _publish_versions(ctx, report)
+
+
+@app.task(name=keys.HIERARCHY_TASK)
+def hierarchy_task(user_ids: list[str] | None = None) -> dict[str, Any]:
+    from engram_workers.maintenance import rebuild_hierarchy
+
+    ctx = get_context()
+    report = rebuild_hierarchy(
+        graph=ctx.graph, keeper=ctx.keeper, embedder=ctx.embedder, settings=ctx.settings, guard=_guard(ctx),
+        user_ids=user_ids,
+    )  # fmt: skip
+    return _publish_versions(ctx, report)
+
+
+@app.task(name=keys.WEIGHTS_TASK)
+def weights_task(user_ids: list[str] | None = None) -> dict[str, Any]:
+    from engram_workers.maintenance import learn_weights
+
+    ctx = get_context()
+    report = learn_weights(graph=ctx.graph, settings=ctx.settings, guard=_guard(ctx), user_ids=user_ids)
+    return report.model_dump(mode="json")
+
+
+@app.task(name=keys.RECONCILE_TASK)
+def reconcile_task(user_ids: list[str] | None = None) -> dict[str, Any]:
+    from engram_workers.maintenance import reconcile
+
+    ctx = get_context()
+    report = reconcile(graph=ctx.graph, keeper=ctx.keeper, guard=_guard(ctx), user_ids=user_ids)
+    return report.model_dump(mode="json")

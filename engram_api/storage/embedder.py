@@ -47,18 +47,22 @@ class Embedder:
             if self._model is None:
                 os.environ.setdefault("HF_HUB_OFFLINE", "1")
                 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+                os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
                 import torch
+                from transformers.utils import logging as hf_logging
                 from sentence_transformers import SentenceTransformer
 
                 # One thread per process: workers are already one process per core.
                 torch.set_num_threads(max(1, int(os.environ.get("ENGRAM_TORCH_THREADS", "1"))))
+                hf_logging.disable_progress_bar()  # a worker's log is not a terminal
                 self._model = SentenceTransformer(_resolve(self.model_name), device="cpu")
             return self._model
 
     @property
     def dim(self) -> int:
-        dim = self._load().get_sentence_embedding_dimension()
-        return int(dim or 0)
+        model = self._load()
+        getter = getattr(model, "get_embedding_dimension", None) or model.get_sentence_embedding_dimension
+        return int(getter() or 0)
 
     def encode(self, texts: list[str]) -> np.ndarray:
         if not texts:

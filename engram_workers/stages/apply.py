@@ -10,21 +10,18 @@ from __future__ import annotations
 
 import json
 import random
-import time
 
 from engram_api import keys
 from engram_api.errors import StoreUnavailableError
 from engram_api.locks import UserBusyError, user_lock
 from engram_api.models import Extraction, MessageState, Usage
 from engram_api.versions import publish_version
-from engram_workers import metrics
 from engram_workers.consolidation import plan_message
 from engram_workers.context import WorkerContext
 from engram_workers.stages.common import (
     RetryLater,
     backoff,
     dead_letter,
-    deliveries,
     load_envelope,
     set_state,
     state_of,
@@ -72,20 +69,19 @@ def _apply_locked(ctx: WorkerContext, user_id: str, message_id: str) -> str:
     extraction = Extraction.model_validate(data["extraction"])
     usage = Usage.model_validate(data["usage"])
 
-    started = time.perf_counter()
     before = graph.user_version(user_id)
     index = ctx.keeper.current(user_id, before)
     planned = plan_message(
         envelope=envelope, extraction=extraction, usage=usage, graph=graph, embedder=ctx.embedder, index=index
     )
     outcome = graph.apply(planned.plan)
+    for m in ctx.middleware:
+        m.after_write(user_id, message_id, outcome)
     if outcome.applied:
         ctx.keeper.advance(user_id, from_version=before, to_version=outcome.version, upserts=planned.upserts)
     else:
         ctx.keeper.current(user_id, outcome.version)
     _finish(ctx, user_id, message_id, outcome.version)
-    metrics.STAGE_SECONDS.labels(stage="apply").observe(time.perf_counter() - started)
-    metrics.MESSAGES.labels(stage="apply", outcome="applied").inc()
     plan = planned.plan
     return (
         f"applied v{outcome.version}: +{len(plan.new_entities)} entities, +{len(plan.new_facts)} facts, "
@@ -97,32 +93,21 @@ def run_apply(ctx: WorkerContext, user_id: str, message_id: str) -> str:
     state = state_of(ctx, user_id, message_id)
     if state in (MessageState.APPLIED, MessageState.DEAD):
         return f"already {state}"
-    with deliveries(ctx, user_id, message_id, "apply") as crashed:
-        if crashed >= ctx.settings.poison_max_deliveries:
+    try:
+        with user_lock(ctx.redis, user_id, ttl=ctx.settings.apply_lock_ttl_s, wait=0.2):
+            return _apply_locked(ctx, user_id, message_id)
+    except UserBusyError:
+        raise RetryLater(random.uniform(0.05, 0.4), "another worker is applying this user's messages") from None
+    except StoreUnavailableError as exc:
+        attempts = int(ctx.redis.hincrby(keys.status(user_id, message_id), "store_attempts", 1))
+        if attempts >= _STORE_ATTEMPTS:
             return dead_letter(
                 ctx,
                 load_envelope(ctx, user_id, message_id),
                 user_id=user_id,
                 message_id=message_id,
                 stage="apply",
-                reason=f"worker died {crashed} times while applying this message",
-                attempts=crashed,
+                reason=f"graph store unavailable {attempts} times: {exc}",
+                attempts=attempts,
             )
-        try:
-            with user_lock(ctx.redis, user_id, ttl=ctx.settings.apply_lock_ttl_s, wait=0.2):
-                return _apply_locked(ctx, user_id, message_id)
-        except UserBusyError:
-            raise RetryLater(random.uniform(0.05, 0.4), "another worker is applying this user's messages") from None
-        except StoreUnavailableError as exc:
-            attempts = int(ctx.redis.hincrby(keys.status(user_id, message_id), "store_attempts", 1))
-            if attempts >= _STORE_ATTEMPTS:
-                return dead_letter(
-                    ctx,
-                    load_envelope(ctx, user_id, message_id),
-                    user_id=user_id,
-                    message_id=message_id,
-                    stage="apply",
-                    reason=f"graph store unavailable {attempts} times: {exc}",
-                    attempts=attempts,
-                )
-            raise RetryLater(backoff(attempts, base=0.5, cap=15.0), f"graph store unavailable: {exc}") from exc
+        raise RetryLater(backoff(attempts, base=0.5, cap=15.0), f"graph store unavailable: {exc}") from exc

@@ -73,18 +73,16 @@ def dead_letter(
     attempts: int,
     raw_llm: str | None = None,
 ) -> str:
-    ctx.dead_letters.put(
-        DeadLetter(
-            user_id=user_id,
-            message_id=message_id,
-            stage=stage,  # type: ignore[arg-type]
-            reason=reason,
-            raw_llm=raw_llm[:20_000] if raw_llm else None,
-            attempts=attempts,
-            envelope=envelope,
-        )
+    letter = DeadLetter(
+        user_id=user_id,
+        message_id=message_id,
+        stage=stage,  # type: ignore[arg-type]
+        reason=reason,
+        raw_llm=raw_llm[:20_000] if raw_llm else None,
+        attempts=attempts,
+        envelope=envelope,
     )
-    from engram_workers import metrics
-
-    metrics.DEAD_LETTERS.labels(stage=stage).inc()
-    return f"dead-lettered: {reason}"
+    ctx.dead_letters.put(letter)
+    for m in ctx.middleware:
+        m.on_dead_letter(letter)
+    return f"dead-lettered: {reason.splitlines()[0][:200]}"

@@ -10,10 +10,6 @@ is published, so a retried apply never calls the LLM again.
 from __future__ import annotations
 
 import json
-import time
-
-from engram_workers.extraction.rules import extract_rules
-from engram_workers.extraction.trivial import is_trivial
 
 from engram_api import keys
 from engram_api.errors import LLMError
@@ -23,12 +19,13 @@ from engram_workers.context import WorkerContext
 from engram_workers.control.breaker import BreakerOpenError
 from engram_workers.extraction.llm import LLMAnswer, call_llm
 from engram_workers.extraction.prompt import SlimContext, build_messages
+from engram_workers.extraction.rules import extract_rules
+from engram_workers.extraction.trivial import is_trivial
 from engram_workers.stages.apply import hand_over
 from engram_workers.stages.common import (
     RetryLater,
     backoff,
     dead_letter,
-    deliveries,
     load_envelope,
     set_state,
     state_of,
@@ -80,42 +77,28 @@ def run_extract(ctx: WorkerContext, user_id: str, message_id: str) -> str:
     if envelope is None:
         return "no payload (forgotten or already applied)"
 
-    with deliveries(ctx, user_id, message_id, "extract") as crashed:
-        if crashed >= ctx.settings.poison_max_deliveries:
-            return dead_letter(
-                ctx,
-                envelope,
-                user_id=user_id,
-                message_id=message_id,
-                stage="extract",
-                reason=f"worker died {crashed} times while extracting this message",
-                attempts=crashed,
-            )
-        started = time.perf_counter()
-        if is_trivial(envelope.text):
-            _store_and_hand_over(ctx, envelope, Extraction(), Usage())
-            metrics.MESSAGES.labels(stage="extract", outcome="trivial").inc()
-            return "trivial"
-        if ctx.settings.offline_extractor:
-            _store_and_hand_over(ctx, envelope, extract_rules(envelope.text, event_time=envelope.timestamp), Usage())
-            metrics.MESSAGES.labels(stage="extract", outcome="rules").inc()
-            return "rules"
-        try:
-            answer = _llm_extract(ctx, envelope)
-        except BreakerOpenError:
-            raise RetryLater(
-                backoff(2, base=ctx.settings.breaker_reset_s / 2, cap=ctx.settings.breaker_reset_s),
-                "LLM circuit breaker open",
-            ) from None
-        except LLMError as exc:
-            return _failed(ctx, envelope, exc)
-        metrics.LLM_TOKENS.labels(kind="prompt").inc(answer.usage.prompt_tokens)
-        metrics.LLM_TOKENS.labels(kind="completion").inc(answer.usage.completion_tokens)
-        metrics.LLM_COST.inc(answer.usage.cost_usd)
-        _store_and_hand_over(ctx, envelope, answer.extraction, answer.usage)
-        metrics.STAGE_SECONDS.labels(stage="extract").observe(time.perf_counter() - started)
-        metrics.MESSAGES.labels(stage="extract", outcome="llm").inc()
-        return f"llm: {len(answer.extraction.facts)} facts"
+    # The user's own words: an assistant's "I love helping!" is not a fact about the user.
+    said = "\n".join(m.content for m in envelope.messages if m.role == "user")
+    if is_trivial(said or envelope.text):
+        _store_and_hand_over(ctx, envelope, Extraction(), Usage())
+        return "trivial"
+    if ctx.settings.offline_extractor:
+        _store_and_hand_over(ctx, envelope, extract_rules(said, event_time=envelope.timestamp), Usage())
+        return "rules"
+    try:
+        answer = _llm_extract(ctx, envelope)
+    except BreakerOpenError:
+        raise RetryLater(
+            backoff(2, base=ctx.settings.breaker_reset_s / 2, cap=ctx.settings.breaker_reset_s),
+            "LLM circuit breaker open",
+        ) from None
+    except LLMError as exc:
+        return _failed(ctx, envelope, exc)
+    metrics.LLM_TOKENS.labels(kind="prompt").inc(answer.usage.prompt_tokens)
+    metrics.LLM_TOKENS.labels(kind="completion").inc(answer.usage.completion_tokens)
+    metrics.LLM_COST.inc(answer.usage.cost_usd)
+    _store_and_hand_over(ctx, envelope, answer.extraction, answer.usage)
+    return f"llm: {len(answer.extraction.facts)} facts"
 
 
 def _failed(ctx: WorkerContext, envelope: Envelope, exc: LLMError) -> str:
@@ -127,7 +110,6 @@ def _failed(ctx: WorkerContext, envelope: Envelope, exc: LLMError) -> str:
     if usage is not None:
         ctx.redis.hincrbyfloat(key, "failed_cost_usd", usage.cost_usd)
     if attempts >= ctx.settings.llm_max_attempts:
-        metrics.MESSAGES.labels(stage="extract", outcome="dead").inc()
         return dead_letter(
             ctx,
             envelope,
