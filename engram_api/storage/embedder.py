@@ -49,8 +49,8 @@ class Embedder:
                 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
                 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
                 import torch
-                from transformers.utils import logging as hf_logging
                 from sentence_transformers import SentenceTransformer
+                from transformers.utils import logging as hf_logging
 
                 # One thread per process: workers are already one process per core.
                 torch.set_num_threads(max(1, int(os.environ.get("ENGRAM_TORCH_THREADS", "1"))))

@@ -1,0 +1,204 @@
+"""The read side on real Neo4j + Redis + FAISS, with data ingested through the real pipeline."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+import uuid
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from engram_workers.services.llm_standin import Reply
+
+from engram_api import keys
+from tests.support.extractions import entity, fact, lives_in, message_text
+from tests.support.stack import engram_stack
+
+T0 = datetime(2024, 3, 1, 9, 0, tzinfo=UTC)
+TOPICS = ["chess", "jazz", "sushi", "tennis", "python", "gardening", "opera", "cycling", "baking", "hiking"]
+
+
+def _script(text: str) -> dict:
+    if text.startswith("I live in "):
+        return lives_in(text.removeprefix("I live in ").rstrip("."))
+    if text == "My brother is Alex.":
+        return {
+            "entities": [entity("e1", "Alex", "Person")],
+            "facts": [fact("user", "HAS_BROTHER", "e1", "User's brother is Alex", importance=0.7)],
+        }
+    if text == "Alex got hired at Amazon.":
+        return {
+            "entities": [entity("e1", "Alex", "Person"), entity("e2", "Amazon", "Organization")],
+            "facts": [fact("e1", "WORKS_AT", "e2", "Alex was hired by Amazon", single_valued=True)],
+        }
+    if text.startswith("distractor "):
+        n = int(text.split()[1])
+        return {"entities": [], "facts": [fact("user", "NOTE", None, f"User's company office has {n} meeting rooms")]}
+    if text.startswith("I have a dog named "):
+        name = text.removeprefix("I have a dog named ").rstrip(".")
+        return {
+            "entities": [entity("e1", name, "Pet")],
+            "facts": [fact("user", "HAS_PET", "e1", f"User has a dog named {name}")],
+        }
+    if text.startswith("I enjoy "):
+        topic = text.removeprefix("I enjoy ").rstrip(".")
+        return {
+            "entities": [entity("e1", topic, "Activity")],
+            "facts": [fact("user", "LIKES", "e1", f"User enjoys {topic}")],
+        }
+    return {"entities": [], "facts": []}
+
+
+def scripted(request: dict) -> Reply:
+    return Reply.json(_script(message_text(request)))
+
+
+@pytest.fixture(scope="module")
+def stack(redis_url, neo4j_uri, llm_server, tmp_path_factory):
+    llm_server.script(scripted)
+    with engram_stack(
+        redis_url=redis_url, data_dir=tmp_path_factory.mktemp("reader"), neo4j_uri=neo4j_uri, llm_url=llm_server.url
+    ) as s:
+        yield s
+
+
+@pytest.fixture(autouse=True)
+def _scripted(llm_server):
+    llm_server.script(scripted)
+
+
+def uid() -> str:
+    return f"r_{uuid.uuid4().hex[:10]}"
+
+
+def ingest(client, user, texts, start=T0, step=timedelta(days=30)):
+    receipts = [client.enqueue(user, t, timestamp=start + step * i) for i, t in enumerate(texts)]
+    result = client.wait(receipts, timeout=120)
+    assert not result.dead_lettered
+    return receipts
+
+
+def test_after_a_move_recall_and_context_say_austin_and_history_says_tampa(stack):
+    client, user = stack.client, uid()
+    ingest(client, user, ["I live in Tampa.", "I live in Austin."])
+    recall = client.recall(user, "where does the user live?", k=5)
+    text = " ".join(i.statement for i in recall.items)
+    assert "Austin" in text and "Tampa" not in text
+    top = recall.items[0]
+    assert top.object == "Austin" and top.current and top.valid_until is None and top.source_ids
+    assert top.breakdown.total == pytest.approx(top.score, abs=1e-5)
+    context = client.get_context(user, "where does the user live?")
+    assert "Austin" in context and "Tampa" not in context
+
+    history = client.history(user, "user", "LIVES_IN")
+    assert [h.object_name for h in history] == ["Tampa", "Austin"]
+    before_move = client.recall(user, "where does the user live?", k=5, as_of=T0 + timedelta(days=10))
+    assert before_move.items[0].object == "Tampa"
+    assert all("Austin" not in i.statement for i in before_move.items)
+
+
+def test_multi_hop_finds_the_brothers_company_through_the_graph(stack):
+    client, user = stack.client, uid()
+    ingest(client, user, [f"distractor {n}" for n in range(40)] + ["My brother is Alex.", "Alex got hired at Amazon."])
+    question = "what company does my brother work for?"
+    vector_only = client.reader.recall(user, question, k=3, graph_expansion=False)
+    assert all("Amazon" not in i.statement for i in vector_only.items), "the vector match alone finds it: no test"
+    fused = client.recall(user, question, k=3)
+    amazon = [i for i in fused.items if i.object == "Amazon"]
+    assert amazon and amazon[0].path in ("graph", "both") and amazon[0].hops >= 0
+
+
+def test_reader_process_never_imports_celery_nor_calls_the_llm(stack, llm_server):
+    client, user = stack.client, uid()
+    ingest(client, user, ["I live in Austin."])
+    calls_before = len(llm_server.requests)
+    code = f"""
+import json, sys
+from engram_api import MemoryClient
+r = MemoryClient().recall({user!r}, "where does the user live?", k=3)
+print(json.dumps({{"top": r.items[0].object, "mods": sorted({{m.split('.')[0] for m in sys.modules}}
+      & {{"celery", "kombu", "litellm", "openai"}})}}))
+"""
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **stack.env},
+        timeout=120,
+        check=True,
+    )
+    report = json.loads(out.stdout.strip().splitlines()[-1])
+    assert report == {"top": "Austin", "mods": []}
+    assert len(llm_server.requests) == calls_before
+
+
+def test_cache_sees_a_fact_written_by_a_worker_in_another_process(stack):
+    client, user = stack.client, uid()
+    ingest(client, user, ["I enjoy chess."])
+    first = client.recall(user, "does the user have a dog?", k=5)
+    again = client.recall(user, "does the user have a dog?", k=5)
+    assert again.cached and all("Rex" not in i.statement for i in first.items)
+    ingest(client, user, ["I have a dog named Rex."])
+    after = client.recall(user, "does the user have a dog?", k=5)
+    assert not after.cached and any("Rex" in i.statement for i in after.items)
+
+
+def test_isolation_over_1000_randomized_recalls_across_20_users(stack):
+    client = stack.client
+    rng = random.Random(7)
+    users = [uid() for _ in range(20)]
+    receipts = []
+    for u in users:
+        for topic in rng.sample(TOPICS, 4):
+            receipts.append(client.enqueue(u, f"I enjoy {topic}."))
+        receipts.append(client.enqueue(u, f"I live in {rng.choice(['Tampa', 'Austin', 'Denver', 'Boston'])}."))
+    assert len(client.wait(receipts, timeout=240).applied) == len(receipts)
+    owned = {}
+    messages = {}
+    for u in users:
+        page = client.get_graph(u, page_size=1000)
+        owned[u] = {f.id for f in page.facts}
+        messages[u] = {s for f in page.facts for s in f.source_ids}
+    queries = [f"does the user enjoy {t}?" for t in TOPICS] + ["where does the user live?", "hobbies"]
+    for _ in range(1000):
+        u = rng.choice(users)
+        for item in client.recall(u, rng.choice(queries), k=rng.randint(1, 10)).items:
+            assert item.id in owned[u]
+            assert set(item.source_ids) <= messages[u]
+
+
+def _neo4j_count(client, user) -> int:
+    """Every node and relationship of the user, counted by a separate driver (not through our store)."""
+    from neo4j import GraphDatabase
+
+    with GraphDatabase.driver(client.settings.neo4j_uri, auth=None) as drv:
+        records, _, _ = drv.execute_query(
+            "MATCH (n) WHERE n.user_id = $u OPTIONAL MATCH (n)-[r]-() RETURN count(DISTINCT n) + count(DISTINCT r) AS c",
+            u=user,
+        )
+    return records[0]["c"]
+
+
+def test_forget_and_forget_user_leave_nothing_behind(stack):
+    client, user = stack.client, uid()
+    first, _ = ingest(client, user, ["I have a dog named Rex.", "I enjoy chess."])
+    client.recall(user, "dog", k=3)
+    removed = client.forget(user, first.message_id)
+    assert removed.facts == 1 and removed.episodes == 1
+    facts = client.get_graph(user).facts
+    assert [f.statement for f in facts] == ["User enjoys chess"]
+    index = client.reader.keeper.vectors.load(user)
+    assert not set(removed.removed_fact_ids) & index.node_ids()
+    assert not set(removed.removed_entity_ids) & index.node_ids()
+    assert all("Rex" not in i.statement for i in client.recall(user, "dog", k=5).items)
+
+    client.forget_user(user)
+    assert _neo4j_count(client, user) == 0
+    assert not client.reader.keeper.vectors.path_for(user).exists()
+    assert user not in client.reader.cache.users()
+    leftovers = [k for p in keys.user_keys_pattern(user) for k in client.redis.scan_iter(match=p)]
+    assert leftovers == [] and client.redis.get(keys.user_version(user)) is None
+    assert client.stats(user).facts == 0 and client.recall(user, "dog", k=3).items == []
