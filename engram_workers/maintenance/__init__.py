@@ -1,0 +1,34 @@
+"""Maintenance jobs Celery Beat runs: decay and archival, cluster rebuild, weight learning, index
+reconciliation. Each is a plain function over the stores it is handed, works per user under the
+caller's per-user guard, and returns a pydantic report (printed by the CLI, returned by Celery)."""
+
+from engram_workers.maintenance._common import Guard, UserFailure
+from engram_workers.maintenance.decay import DecayReport, DecayUser, run_decay
+from engram_workers.maintenance.hierarchy import HierarchyReport, HierarchyUser, rebuild_hierarchy
+from engram_workers.maintenance.reconcile import ReconcileReport, ReconcileUser, reconcile
+from engram_workers.maintenance.weights import (
+    ScopeOutcome,
+    Weights,
+    WeightsReport,
+    effective_weights,
+    learn_weights,
+)
+
+__all__ = [
+    "DecayReport",
+    "DecayUser",
+    "Guard",
+    "HierarchyReport",
+    "HierarchyUser",
+    "ReconcileReport",
+    "ReconcileUser",
+    "ScopeOutcome",
+    "UserFailure",
+    "Weights",
+    "WeightsReport",
+    "effective_weights",
+    "learn_weights",
+    "rebuild_hierarchy",
+    "reconcile",
+    "run_decay",
+]

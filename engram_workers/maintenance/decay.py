@@ -1,0 +1,72 @@
+"""Strength decay and archival.
+
+The store applies the closed form ``strength *= per_day ** days_since_last_decay`` and stamps
+``last_decay_at = now``, so the job has no memory of its own: a run that Beat doubles changes nothing
+the second time and a missed day is caught up by the next run.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from pydantic import BaseModel, Field
+
+from engram_api.errors import InvalidInputError
+from engram_api.models import check_aware
+from engram_api.settings import Settings
+from engram_api.storage.base import GraphStore
+from engram_api.storage.indexes import IndexKeeper
+from engram_workers.maintenance._common import Guard, UserFailure, isolate, restamp, target_users
+
+__all__ = ["DecayReport", "DecayUser", "run_decay"]
+
+
+class DecayUser(BaseModel):
+    user_id: str
+    decayed: int
+    archived: int
+    version: int = Field(description="the user's graph version after the run")
+
+
+class DecayReport(BaseModel):
+    now: datetime
+    per_day: float
+    threshold: float
+    users: int = 0
+    decayed: int = 0
+    archived: int = 0
+    per_user: list[DecayUser] = Field(default_factory=list)
+    failed: list[UserFailure] = Field(default_factory=list)
+
+
+def run_decay(
+    *,
+    graph: GraphStore,
+    keeper: IndexKeeper,
+    settings: Settings,
+    guard: Guard,
+    now: datetime,
+    user_ids: list[str] | None = None,
+) -> DecayReport:
+    """Decay every fact of each user to ``now`` and archive those below ``settings.archive_threshold``."""
+    when = check_aware(now, "now")
+    if when is None:
+        raise InvalidInputError("now", "is required: decay is measured up to this instant")
+    report = DecayReport(now=when, per_day=settings.decay_per_day, threshold=settings.archive_threshold)
+    for user_id in target_users(graph, user_ids):
+        with isolate("decay", user_id, report.failed), guard(user_id):
+            before = graph.user_version(user_id)
+            decayed, archived = graph.decay(
+                user_id,
+                now=when,
+                per_day=settings.decay_per_day,
+                threshold=settings.archive_threshold,
+                batch=settings.maintenance_batch,
+            )
+            after = graph.user_version(user_id)
+            restamp(keeper, user_id, before=before, after=after)
+            report.users += 1
+            report.decayed += decayed
+            report.archived += archived
+            report.per_user.append(DecayUser(user_id=user_id, decayed=decayed, archived=archived, version=after))
+    return report

@@ -1,0 +1,101 @@
+"""Runs Engram worker, Beat and Flower processes as children (for ``engram up``, demos, tests, chaos).
+
+Each child is a real OS process speaking to Redis like a production worker: nothing runs in eager mode.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from engram_api import keys
+
+__all__ = ["APPLY_WORKER", "EXTRACT_WORKER", "ManagedProcess", "worker_command"]
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+# Extraction waits on the LLM: many threads in one process keep many calls in flight.
+EXTRACT_WORKER = {"queues": [keys.EXTRACT_QUEUE], "pool": "threads", "concurrency": 32}
+# Apply is CPU/DB work under a per-user lock: one process per core.
+APPLY_WORKER = {"queues": [keys.APPLY_QUEUE, keys.MAINTENANCE_QUEUE], "pool": "prefork", "concurrency": 2}
+
+
+def worker_command(
+    *, queues: Sequence[str], pool: str, concurrency: int, name: str, loglevel: str = "INFO"
+) -> list[str]:
+    return [
+        sys.executable, "-m", "celery", "-A", "engram_workers.app", "worker",
+        "-Q", ",".join(queues), "--pool", pool, "-c", str(concurrency), "-n", f"{name}@%h",
+        "--loglevel", loglevel, "--without-gossip", "--without-mingle",
+    ]  # fmt: skip
+
+
+class ManagedProcess:
+    """A child process with its output in a log file; stop() is graceful, kill() is SIGKILL."""
+
+    def __init__(self, *, name: str, argv: Sequence[str], env: Mapping[str, str], log_dir: Path) -> None:
+        self.name = name
+        self.argv = list(argv)
+        self.env = {**os.environ, **env}
+        self.log_path = Path(log_dir) / f"{name}.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> ManagedProcess:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        log = self.log_path.open("ab")
+        # A new session: chaos tests kill the whole group (main process and pool children).
+        self.proc = subprocess.Popen(
+            self.argv, env=self.env, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        log.close()
+        return self
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def wait_for_log(self, text: str, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.log_path.exists() and text in self.log_path.read_text(errors="replace"):
+                return
+            if not self.alive():
+                break
+            time.sleep(0.1)
+        tail = self.log_path.read_text(errors="replace")[-3000:] if self.log_path.exists() else ""
+        raise RuntimeError(f"{self.name} did not log {text!r} within {timeout}s; log tail:\n{tail}")
+
+    def stop(self, timeout: float = 20.0) -> None:
+        if not self.alive():
+            return
+        assert self.proc is not None
+        os.killpg(self.proc.pid, signal.SIGTERM)
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+
+    def kill(self) -> None:
+        """SIGKILL the whole process group, as a crash would."""
+        if self.proc is None:
+            return
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait()
+
+    def __enter__(self) -> ManagedProcess:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

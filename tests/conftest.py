@@ -1,0 +1,108 @@
+"""Services for the whole test run: a real Redis, a real Neo4j and the LLM stand-in, started once.
+
+Set ``REDIS_URL`` / ``NEO4J_URI`` to use running services instead of starting them. A service that
+cannot start fails every test that needs it, with the reason; nothing is skipped. Tests share the
+services and isolate themselves with a fresh ``user_id`` (Neo4j Community has one user database).
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+
+import pytest
+import redis
+
+from engram_workers.services import LLMStandin, Neo4jServer, RedisServer, ServiceStartError
+
+# Module level, so it happens before any test module imports litellm (which otherwise fetches a price
+# list over the network at import) or sentence-transformers (which would try the Hugging Face Hub).
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    """A Redis owned by this test run (AOF on), even when REDIS_URL is set: for tests that restart it."""
+    server = RedisServer(data_dir=tmp_path_factory.mktemp("redis"), appendonly=True)
+    try:
+        server.start()
+    except ServiceStartError as exc:
+        pytest.fail(f"Redis could not start: {exc}", pytrace=False)
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def redis_url(request: pytest.FixtureRequest) -> str:
+    """``REDIS_URL`` if set (checked with PING), else the URL of ``redis_server``."""
+    url = os.environ.get("REDIS_URL")
+    if not url:
+        return str(request.getfixturevalue("redis_server").url)
+    client = redis.Redis.from_url(url, socket_connect_timeout=5)
+    try:
+        client.ping()
+    except redis.RedisError as exc:
+        pytest.fail(f"REDIS_URL={url} does not answer PING: {exc}", pytrace=False)
+    finally:
+        client.close()
+    return url
+
+
+@pytest.fixture
+def redis_client(redis_url: str) -> Iterator[redis.Redis]:
+    """A client on ``redis_url`` that decodes replies to str."""
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    yield client
+    client.close()
+
+
+@pytest.fixture(scope="session")
+def neo4j_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Neo4jServer]:
+    """A Neo4j owned by this test run (ops/neo4j-launcher), even when NEO4J_URI is set."""
+    server = Neo4jServer(data_dir=tmp_path_factory.mktemp("neo4j"))
+    try:
+        server.start()
+    except ServiceStartError as exc:
+        pytest.fail(f"Neo4j could not start: {exc}", pytrace=False)
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def neo4j_uri(request: pytest.FixtureRequest) -> str:
+    """``NEO4J_URI`` if set (checked with a connection), else the Bolt URI of ``neo4j_server``."""
+    uri = os.environ.get("NEO4J_URI")
+    if not uri:
+        return str(request.getfixturevalue("neo4j_server").uri)
+    import neo4j  # here: only this branch needs the driver at fixture time
+
+    try:
+        with neo4j.GraphDatabase.driver(uri, auth=None) as driver:
+            driver.verify_connectivity()
+    except Exception as exc:  # any driver error means the same thing here: not usable
+        pytest.fail(f"NEO4J_URI={uri} is not reachable: {exc}", pytrace=False)
+    return uri
+
+
+@pytest.fixture(scope="session")
+def llm_server() -> Iterator[LLMStandin]:
+    """The LLM stand-in for the whole run (for module-scoped stacks that script it themselves)."""
+    with LLMStandin() as server:
+        yield server
+
+
+@pytest.fixture
+def llm_standin(llm_server: LLMStandin) -> Iterator[LLMStandin]:
+    """The shared stand-in, reset before and after the test: no script, latency, failures or records."""
+    llm_server.reset()
+    yield llm_server
+    llm_server.reset()
+
+
+@pytest.fixture
+def user_id() -> str:
+    """A user id no other test uses: the unit of isolation in the shared Redis and Neo4j."""
+    return f"t_{uuid.uuid4().hex[:12]}"

@@ -1,0 +1,1 @@
+"""The graph-store contract suite: every backend must pass all of it."""

@@ -1,0 +1,61 @@
+"""Fixtures of the maintenance tests: each test runs once per graph backend ("sqlite", "neo4j").
+
+Like the contract suite, the Neo4j run shares one database, so every test works on fresh user ids and
+passes them explicitly (``list_users`` would also see other tests' users there).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import cast
+
+import pytest
+
+from engram_api.settings import Settings
+from engram_api.storage import GraphStore, open_graph_store
+from engram_api.storage.indexes import IndexKeeper
+from engram_api.storage.sqlite_store import SqliteGraphStore
+from engram_api.storage.vectors import VectorStore
+
+from .builders import DIM, GuardedGraph, GuardSpy, new_user
+
+
+@pytest.fixture(params=["sqlite", "neo4j"])
+def backend(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+def store(backend: str, request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[GraphStore]:
+    if backend == "sqlite":
+        graph: GraphStore = SqliteGraphStore(path=tmp_path / "g.db")
+    else:
+        # Resolved lazily so `-k sqlite` runs where no Neo4j can be started.
+        graph = open_graph_store(Settings(neo4j_uri=request.getfixturevalue("neo4j_uri")))
+    graph.ensure_schema()
+    yield graph
+    graph.close()
+
+
+@pytest.fixture
+def guard() -> Iterator[GuardSpy]:
+    spy = GuardSpy()
+    yield spy
+    assert not spy.violations, spy.violations
+
+
+@pytest.fixture
+def graph(store: GraphStore, guard: GuardSpy) -> GraphStore:
+    """The store as the jobs see it: every per-user write must happen inside that user's guard."""
+    return cast(GraphStore, GuardedGraph(store, guard))
+
+
+@pytest.fixture
+def keeper(store: GraphStore, tmp_path: Path) -> IndexKeeper:
+    return IndexKeeper(graph=store, vectors=VectorStore(root=tmp_path / "indexes", dim=DIM))
+
+
+@pytest.fixture
+def user() -> str:
+    return new_user()

@@ -1,0 +1,118 @@
+"""Decay and archival: the closed form per_day ** days, idempotent re-runs, and the index re-stamped."""
+
+from __future__ import annotations
+
+from contextlib import AbstractContextManager
+
+import pytest
+
+from engram_api.settings import Settings
+from engram_api.storage.base import GraphStore
+from engram_api.storage.indexes import IndexKeeper
+from engram_workers.maintenance import DecayReport, run_decay
+
+from .builders import T0, GuardSpy, UserGraph, at, new_user
+
+PER_DAY = 0.9
+THRESHOLD = 0.3
+SETTINGS = Settings(decay_per_day=PER_DAY, archive_threshold=THRESHOLD, maintenance_batch=2)
+FACTS = [
+    ("Alex", "WORKS_AT", "Dell", "Alex works at Dell"),
+    ("Alex", "LIVES_IN", "Austin", "Alex lives in Austin"),
+    ("Alex", "PLAYS", "guitar", "Alex plays guitar"),
+]
+
+
+def _strengths(store: GraphStore, user: str, fact_ids: list[str]) -> dict[str, tuple[float, bool]]:
+    return {f.id: (f.strength, f.archived) for f in store.get_facts(user, fact_ids)}
+
+
+def test_decay_after_n_days_is_the_closed_form_whatever_the_schedule(
+    store: GraphStore, graph: GraphStore, keeper: IndexKeeper, guard: GuardSpy
+) -> None:
+    daily, once = new_user(), new_user()
+    strong = {u: UserGraph(store, u).say(FACTS, when=T0) for u in (daily, once)}
+    weak = {
+        u: UserGraph(store, u).say([("Alex", "LIKES", None, "Alex likes jazz")], strength=0.5) for u in (daily, once)
+    }
+    days = 5
+    for day in range(1, days + 1):
+        run_decay(graph=graph, keeper=keeper, settings=SETTINGS, guard=guard, now=at(day), user_ids=[daily])
+    report = run_decay(graph=graph, keeper=keeper, settings=SETTINGS, guard=guard, now=at(days), user_ids=[once])
+
+    expected = PER_DAY**days  # 0.59: the strong facts stay, 0.5 * 0.59 = 0.295 < 0.3 is archived
+    for u in (daily, once):
+        got = _strengths(store, u, [f.id for f in strong[u] + weak[u]])
+        for fact in strong[u]:
+            assert got[fact.id][0] == pytest.approx(expected, rel=1e-9)
+            assert got[fact.id][1] is False
+        assert got[weak[u][0].id][0] == pytest.approx(0.5 * expected, rel=1e-9)
+        assert got[weak[u][0].id][1] is True
+        assert store.stats(u).archived_facts == 1
+    assert (report.users, report.decayed, report.archived) == (1, 4, 1)
+    assert report.per_user[0].user_id == once and not report.failed
+    assert set(guard.entered) == {daily, once}
+
+
+def test_a_second_run_at_the_same_instant_changes_nothing(
+    store: GraphStore, graph: GraphStore, keeper: IndexKeeper, guard: GuardSpy, user: str
+) -> None:
+    facts = UserGraph(store, user).say(FACTS, when=T0)
+    first = run_decay(graph=graph, keeper=keeper, settings=SETTINGS, guard=guard, now=at(3), user_ids=[user])
+    before = (_strengths(store, user, [f.id for f in facts]), store.user_version(user))
+
+    second = run_decay(graph=graph, keeper=keeper, settings=SETTINGS, guard=guard, now=at(3), user_ids=[user])
+    earlier = run_decay(graph=graph, keeper=keeper, settings=SETTINGS, guard=guard, now=at(1), user_ids=[user])
+
+    assert first.decayed == 3
+    assert (second.decayed, second.archived, earlier.decayed) == (0, 0, 0)
+    assert (_strengths(store, user, [f.id for f in facts]), store.user_version(user)) == before
+
+
+def test_the_index_is_restamped_not_rebuilt(
+    store: GraphStore, graph: GraphStore, keeper: IndexKeeper, guard: GuardSpy, user: str
+) -> None:
+    UserGraph(store, user).say(FACTS, when=T0)
+    keeper.rebuild(user)  # what the apply stage leaves behind
+    keeper.rebuilds = 0
+    version = store.user_version(user)
+
+    report = run_decay(graph=graph, keeper=keeper, settings=SETTINGS, guard=guard, now=at(2), user_ids=[user])
+
+    assert store.user_version(user) > version, "decay changes what recall returns: the version moves"
+    assert keeper.vectors.file_version(user) == store.user_version(user) == report.per_user[0].version
+    assert keeper.rebuilds == 0
+    assert len(keeper.vectors.load(user) or []) == len(store.vectors(user)[0])
+
+
+def test_every_stored_user_is_visited_and_the_report_serializes(
+    backend: str, store: GraphStore, graph: GraphStore, keeper: IndexKeeper, guard: GuardSpy, user: str
+) -> None:
+    if backend != "sqlite":
+        pytest.skip("list_users sees every test's users in the shared Neo4j database")
+    other = new_user()
+    UserGraph(store, user).say(FACTS[:1])
+    UserGraph(store, other).say(FACTS[1:])
+
+    report = run_decay(graph=graph, keeper=keeper, settings=SETTINGS, guard=guard, now=at(1))
+
+    assert report.users == 2 and report.decayed == 3
+    assert DecayReport.model_validate_json(report.model_dump_json()) == report
+
+
+def test_a_failing_user_is_reported_and_the_others_still_decay(
+    store: GraphStore, graph: GraphStore, keeper: IndexKeeper, guard: GuardSpy, user: str
+) -> None:
+    UserGraph(store, user).say(FACTS)
+    busy = new_user()
+
+    def locking(user_id: str) -> AbstractContextManager[None]:
+        if user_id == busy:
+            raise TimeoutError("lock busy")
+        return guard(user_id)
+
+    report = run_decay(graph=graph, keeper=keeper, settings=SETTINGS, guard=locking, now=at(1), user_ids=[busy, user])
+
+    assert [f.user_id for f in report.failed] == [busy]
+    assert "lock busy" in report.failed[0].error
+    assert report.users == 1 and report.decayed == 3

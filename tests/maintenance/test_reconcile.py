@@ -1,0 +1,121 @@
+"""Reconcile: a missing, damaged, stale or id-mismatched index file is rebuilt to match the graph."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+
+from engram_api.storage.base import GraphStore
+from engram_api.storage.indexes import IndexKeeper
+from engram_workers.maintenance import ReconcileReport, reconcile
+
+from .builders import GuardSpy, UserGraph, new_user, random_encode
+
+FACTS = [
+    ("Alex", "WORKS_AT", "Dell", "Alex works at Dell"),
+    ("Alex", "LIVES_IN", "Austin", "Alex lives in Austin"),
+    ("Alex", "PLAYS", "guitar", "Alex plays guitar"),
+]
+
+
+def _delete(store: GraphStore, keeper: IndexKeeper, user: str) -> None:
+    keeper.vectors.path_for(user).unlink()
+
+
+def _corrupt(store: GraphStore, keeper: IndexKeeper, user: str) -> None:
+    keeper.vectors.path_for(user).write_bytes(b"\x00garbage, not a FAISS index" * 7)
+
+
+def _truncate(store: GraphStore, keeper: IndexKeeper, user: str) -> None:
+    path = keeper.vectors.path_for(user)
+    path.write_bytes(path.read_bytes()[:100])
+
+
+def _drop_one_id(store: GraphStore, keeper: IndexKeeper, user: str) -> None:
+    index = keeper.vectors.load(user)
+    assert index is not None
+    index.remove([next(iter(sorted(index.node_ids())))])
+    keeper.vectors.save(user, index)
+
+
+def _add_stray_id(store: GraphStore, keeper: IndexKeeper, user: str) -> None:
+    index = keeper.vectors.load(user)
+    assert index is not None
+    index.upsert([("fact-forgotten", "fact", random_encode(["forgotten"])[0].tolist())])
+    keeper.vectors.save(user, index)
+
+
+def _write_behind_its_back(store: GraphStore, keeper: IndexKeeper, user: str) -> None:
+    # An apply whose process died after the graph commit, before the index write.
+    UserGraph(store, user).say([("Alex", "DRIVES", "bike", "Alex rides a bike to work")])
+
+
+DAMAGE: dict[str, tuple[Callable[[GraphStore, IndexKeeper, str], None], str, int, int]] = {
+    "deleted": (_delete, "missing", 0, 0),
+    "garbage": (_corrupt, "unreadable", 0, 0),
+    "truncated": (_truncate, "unreadable", 0, 0),
+    "one id removed": (_drop_one_id, "ids differ", 1, 0),
+    "stray id": (_add_stray_id, "ids differ", 0, 1),
+    "graph moved on": (_write_behind_its_back, "behind", 0, 0),
+}
+
+
+@pytest.mark.parametrize("damage", list(DAMAGE))
+def test_a_damaged_index_is_rebuilt_to_match_the_graph(
+    store: GraphStore, keeper: IndexKeeper, guard: GuardSpy, user: str, damage: str
+) -> None:
+    healthy = new_user()
+    for u in (user, healthy):
+        UserGraph(store, u).say(FACTS)
+        keeper.rebuild(u)
+    harm, problem, missing, extra = DAMAGE[damage]
+    harm(store, keeper, user)
+
+    report = reconcile(graph=store, keeper=keeper, guard=guard, user_ids=[user, healthy])
+
+    assert not report.failed
+    assert (report.users, report.ok, report.rebuilt) == (2, 1, 1)
+    fixed = report.fixed[0]
+    assert (fixed.user_id, fixed.problem, fixed.missing_ids, fixed.extra_ids) == (user, problem, missing, extra)
+    items, version = store.vectors(user)
+    assert fixed.graph_version == version and fixed.rebuilt_rows == len(items)
+    index = keeper.vectors.load(user)
+    assert index is not None and index.version == version
+    assert index.node_ids() == {item.node_id for item in items}
+    assert guard.entered == [user, healthy]
+    print(f"\n{damage}: {fixed.problem} ({fixed.detail})")
+
+    again = reconcile(graph=store, keeper=keeper, guard=guard, user_ids=[user, healthy])
+    assert (again.ok, again.rebuilt) == (2, 0)
+
+
+def test_an_index_ahead_of_the_graph_is_rebuilt(
+    store: GraphStore, keeper: IndexKeeper, guard: GuardSpy, user: str
+) -> None:
+    UserGraph(store, user).say(FACTS)
+    index = keeper.rebuild(user)
+    index.version += 5  # e.g. the graph was restored from an older backup
+    keeper.vectors.save(user, index)
+
+    report = reconcile(graph=store, keeper=keeper, guard=guard, user_ids=[user])
+
+    assert report.fixed[0].problem == "ahead"
+    assert keeper.vectors.file_version(user) == store.user_version(user)
+
+
+def test_a_full_run_visits_every_user_and_the_report_serializes(
+    backend: str, store: GraphStore, keeper: IndexKeeper, guard: GuardSpy, user: str
+) -> None:
+    if backend != "sqlite":
+        pytest.skip("list_users sees every test's users in the shared Neo4j database")
+    other = new_user()
+    for u in (user, other):
+        UserGraph(store, u).say(FACTS)
+    keeper.rebuild(user)  # ``other`` never got an index file
+
+    report = reconcile(graph=store, keeper=keeper, guard=guard)
+
+    assert (report.users, report.ok, report.rebuilt) == (2, 1, 1)
+    assert report.fixed[0].user_id == other and report.fixed[0].problem == "missing"
+    assert ReconcileReport.model_validate_json(report.model_dump_json()) == report
