@@ -22,6 +22,10 @@ USER_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,127}$")
 MESSAGE_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:@-]{0,127}$")
 
 
+# The scope name of fleet-wide learned weights; no user may be called this.
+GLOBAL_SCOPE = "global"
+
+
 def utcnow() -> datetime:
     return datetime.now(UTC)
 
@@ -36,6 +40,8 @@ def check_user_id(value: object, field: str = "user_id") -> str:
             "must be 1-128 characters of letters, digits, '_', '.', '@' or '-', starting with a "
             f"letter or digit (got {value[:40]!r})",
         )
+    if value == GLOBAL_SCOPE:
+        raise InvalidInputError(field, f"{GLOBAL_SCOPE!r} is reserved")
     return value
 
 

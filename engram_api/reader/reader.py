@@ -40,7 +40,7 @@ from engram_api.models import (
     utcnow,
 )
 from engram_api.naming import sanitize_predicate, self_entity_id
-from engram_api.reader.scoring import Weights, components, rrf, score
+from engram_api.reader.scoring import Weights, components, effective_weights, rrf, score
 from engram_api.settings import Settings
 from engram_api.storage.base import GraphStore
 from engram_api.storage.embedder import Embedder
@@ -144,13 +144,7 @@ class Reader:
         cached = self._weights.get(user_id)
         if cached and cached[0] > time.monotonic():
             return cached[1], cached[2]
-        weights, source = Weights.from_settings(self.settings), "configured"
-        for scope in (user_id, "global"):
-            learned = self.graph.load_weights(scope)
-            if learned is not None:
-                weights = Weights.from_learned(learned)
-                source = "learned:user" if scope == user_id else "learned:global"
-                break
+        weights, source = effective_weights(self.graph, self.settings, user_id)
         self._weights[user_id] = (time.monotonic() + _WEIGHTS_TTL_S, weights, source)
         return weights, source
 

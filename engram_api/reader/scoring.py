@@ -10,28 +10,68 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Literal
 
-from engram_api.models import LearnedWeights, ScoreBreakdown
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+from engram_api.models import GLOBAL_SCOPE, LearnedWeights, ScoreBreakdown
 from engram_api.settings import Settings
+from engram_api.storage.base import GraphStore
 
-__all__ = ["Components", "Weights", "rrf", "score"]
+__all__ = ["Components", "WeightSource", "Weights", "effective_weights", "rrf", "score"]
 
 
-@dataclass(frozen=True, slots=True)
-class Weights:
-    alpha: float
-    beta: float
-    gamma: float
-    recency_weight: float
-    importance_weight: float
+WeightSource = Literal["configured", "learned:user", "learned:global"]
+
+
+class Weights(BaseModel):
+    """The scoring weights: alpha*similarity + beta*graph + gamma*strength (+ recency, importance boosts)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    alpha: float = Field(ge=0)
+    beta: float = Field(ge=0)
+    gamma: float = Field(ge=0)
+    recency_weight: float = Field(ge=0)
+    importance_weight: float = Field(ge=0)
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Weights:
-        return cls(settings.alpha, settings.beta, settings.gamma, settings.recency_weight, settings.importance_weight)
+        return cls(
+            alpha=settings.alpha,
+            beta=settings.beta,
+            gamma=settings.gamma,
+            recency_weight=settings.recency_weight,
+            importance_weight=settings.importance_weight,
+        )
 
     @classmethod
     def from_learned(cls, learned: LearnedWeights) -> Weights:
-        return cls(learned.alpha, learned.beta, learned.gamma, learned.recency_weight, learned.importance_weight)
+        return cls(
+            alpha=learned.alpha,
+            beta=learned.beta,
+            gamma=learned.gamma,
+            recency_weight=learned.recency_weight,
+            importance_weight=learned.importance_weight,
+        )
+
+    def as_array(self) -> np.ndarray:
+        """In feedback component order: similarity, graph, strength, recency, importance."""
+        return np.array(
+            [self.alpha, self.beta, self.gamma, self.recency_weight, self.importance_weight], dtype=np.float64
+        )
+
+
+def effective_weights(graph: GraphStore, settings: Settings, user_id: str) -> tuple[Weights, WeightSource]:
+    """The user's learned weights, else the global ones, else the configured ones."""
+    learned = graph.load_weights(user_id)
+    if learned is not None:
+        return Weights.from_learned(learned), "learned:user"
+    learned = graph.load_weights(GLOBAL_SCOPE)
+    if learned is not None:
+        return Weights.from_learned(learned), "learned:global"
+    return Weights.from_settings(settings), "configured"
 
 
 @dataclass(frozen=True, slots=True)

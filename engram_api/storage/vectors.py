@@ -32,6 +32,8 @@ _HEADER = struct.Struct("<QQ")
 def _faiss():  # type: ignore[no-untyped-def]
     import faiss
 
+    # Searches are small and per user; OpenMP threads only contend with torch's and the other workers'.
+    faiss.omp_set_num_threads(1)
     return faiss
 
 

@@ -19,9 +19,10 @@ from collections.abc import Sequence
 from typing import Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 
-from engram_api.models import FeedbackRow, LearnedWeights
+from engram_api.models import GLOBAL_SCOPE, FeedbackRow, LearnedWeights
+from engram_api.reader.scoring import Weights, effective_weights
 from engram_api.settings import Settings
 from engram_api.storage.base import GraphStore
 from engram_workers.maintenance._common import Guard, UserFailure, isolate, target_users
@@ -37,7 +38,6 @@ __all__ = [
     "learn_weights",
 ]
 
-GLOBAL_SCOPE = "global"
 # Newest rows per scope: recent behaviour is what the weights should follow, and it bounds the fit.
 MAX_ROWS = 20_000
 HELD_OUT_FRACTION = 0.25
@@ -45,46 +45,6 @@ L2 = 1e-2
 LEARNING_RATE = 0.5
 MAX_ITERATIONS = 5_000
 TOLERANCE = 1e-6
-
-WeightSource = Literal["configured", "learned:user", "learned:global"]
-
-
-class Weights(BaseModel):
-    """The scoring weights: alpha*similarity + beta*graph + gamma*strength (+ recency, importance boosts)."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    alpha: float = Field(ge=0)
-    beta: float = Field(ge=0)
-    gamma: float = Field(ge=0)
-    recency_weight: float = Field(ge=0)
-    importance_weight: float = Field(ge=0)
-
-    @classmethod
-    def from_settings(cls, settings: Settings) -> Weights:
-        return cls(
-            alpha=settings.alpha,
-            beta=settings.beta,
-            gamma=settings.gamma,
-            recency_weight=settings.recency_weight,
-            importance_weight=settings.importance_weight,
-        )
-
-    @classmethod
-    def from_learned(cls, learned: LearnedWeights) -> Weights:
-        return cls(
-            alpha=learned.alpha,
-            beta=learned.beta,
-            gamma=learned.gamma,
-            recency_weight=learned.recency_weight,
-            importance_weight=learned.importance_weight,
-        )
-
-    def as_array(self) -> np.ndarray:
-        """In feedback component order: similarity, graph, strength, recency, importance."""
-        return np.array(
-            [self.alpha, self.beta, self.gamma, self.recency_weight, self.importance_weight], dtype=np.float64
-        )
 
 
 class ScopeOutcome(BaseModel):
@@ -103,17 +63,6 @@ class WeightsReport(BaseModel):
     kept: int = 0
     scopes: list[ScopeOutcome] = Field(default_factory=list)
     failed: list[UserFailure] = Field(default_factory=list)
-
-
-def effective_weights(graph: GraphStore, settings: Settings, user_id: str) -> tuple[Weights, WeightSource]:
-    """What the reader scores with: the user's learned weights, else the global ones, else configured."""
-    learned = graph.load_weights(user_id)
-    if learned is not None:
-        return Weights.from_learned(learned), "learned:user"
-    learned = graph.load_weights(GLOBAL_SCOPE)
-    if learned is not None:
-        return Weights.from_learned(learned), "learned:global"
-    return Weights.from_settings(settings), "configured"
 
 
 def learn_weights(

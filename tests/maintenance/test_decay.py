@@ -85,11 +85,11 @@ def test_the_index_is_restamped_not_rebuilt(
     assert len(keeper.vectors.load(user) or []) == len(store.vectors(user)[0])
 
 
+# Runs on SQLite only: on the shared Neo4j database every test's users and feedback are visible.
+@pytest.mark.parametrize("backend", ["sqlite"])
 def test_every_stored_user_is_visited_and_the_report_serializes(
     backend: str, store: GraphStore, graph: GraphStore, keeper: IndexKeeper, guard: GuardSpy, user: str
 ) -> None:
-    if backend != "sqlite":
-        pytest.skip("list_users sees every test's users in the shared Neo4j database")
     other = new_user()
     UserGraph(store, user).say(FACTS[:1])
     UserGraph(store, other).say(FACTS[1:])

@@ -104,11 +104,11 @@ def test_an_index_ahead_of_the_graph_is_rebuilt(
     assert keeper.vectors.file_version(user) == store.user_version(user)
 
 
+# Runs on SQLite only: on the shared Neo4j database every test's users and feedback are visible.
+@pytest.mark.parametrize("backend", ["sqlite"])
 def test_a_full_run_visits_every_user_and_the_report_serializes(
     backend: str, store: GraphStore, keeper: IndexKeeper, guard: GuardSpy, user: str
 ) -> None:
-    if backend != "sqlite":
-        pytest.skip("list_users sees every test's users in the shared Neo4j database")
     other = new_user()
     for u in (user, other):
         UserGraph(store, u).say(FACTS)

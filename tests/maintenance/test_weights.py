@@ -110,11 +110,11 @@ def test_no_feedback_keeps_the_configured_weights(
     assert effective_weights(store, SETTINGS, user)[1] != "learned:user"
 
 
+# Runs on SQLite only: on the shared Neo4j database every test's users and feedback are visible.
+@pytest.mark.parametrize("backend", ["sqlite"])
 def test_a_full_run_with_too_little_feedback_saves_nothing_anywhere(
     backend: str, store: GraphStore, graph: GraphStore, guard: GuardSpy, user: str
 ) -> None:
-    if backend != "sqlite":
-        pytest.skip("the global scope of the shared Neo4j database holds other tests' feedback")
     UserGraph(store, user).say([("Alex", "WORKS_AT", "Dell", "Alex works at Dell")])
     store.add_feedback(_rows(user, _recalls(seed=3, count=3), "b")[:12])
 
@@ -128,11 +128,11 @@ def test_a_full_run_with_too_little_feedback_saves_nothing_anywhere(
     assert effective_weights(store, SETTINGS, user) == (CONFIGURED, "configured")
 
 
+# Runs on SQLite only: on the shared Neo4j database every test's users and feedback are visible.
+@pytest.mark.parametrize("backend", ["sqlite"])
 def test_the_global_scope_learns_from_every_users_feedback(
     backend: str, store: GraphStore, graph: GraphStore, guard: GuardSpy
 ) -> None:
-    if backend != "sqlite":
-        pytest.skip("the global scope of the shared Neo4j database holds other tests' feedback")
     users = [new_user(), new_user(), new_user()]
     for seed, user in enumerate(users):
         UserGraph(store, user).say([("Alex", "PLAYS", "chess", "Alex plays chess")])
