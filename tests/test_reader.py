@@ -36,7 +36,8 @@ def _script(text: str) -> dict:
         }
     if text.startswith("distractor "):
         n = int(text.split()[1])
-        return {"entities": [], "facts": [fact("user", "NOTE", None, f"User's company office has {n} meeting rooms")]}
+        statement = f"User's cousin {n} works for a company in Ohio" if n < 3 else f"User's office has {n} meeting rooms"
+        return {"entities": [], "facts": [fact("user", "NOTE", None, statement)]}
     if text.startswith("I have a dog named "):
         name = text.removeprefix("I have a dog named ").rstrip(".")
         return {
@@ -102,7 +103,10 @@ def test_after_a_move_recall_and_context_say_austin_and_history_says_tampa(stack
 
 def test_multi_hop_finds_the_brothers_company_through_the_graph(stack):
     client, user = stack.client, uid()
-    ingest(client, user, [f"distractor {n}" for n in range(40)] + ["My brother is Alex.", "Alex got hired at Amazon."])
+    # Three facts about relatives' companies match the question's words better than "Alex was hired by
+    # Amazon" does, so vector similarity alone ranks the answer out of the top 3; the graph reaches it
+    # from the brother fact (brother -> Alex -> Amazon).
+    ingest(client, user, [f"distractor {n}" for n in range(30)] + ["My brother is Alex.", "Alex got hired at Amazon."])
     question = "what company does my brother work for?"
     vector_only = client.reader.recall(user, question, k=3, graph_expansion=False)
     assert all("Amazon" not in i.statement for i in vector_only.items), "the vector match alone finds it: no test"
