@@ -196,88 +196,103 @@ def _chain(slot_facts: list[FactRecord]) -> dict[str, tuple[object, str | None]]
     return out
 
 
-def plan_message(
-    *,
-    envelope: Envelope,
-    extraction: Extraction,
-    usage: Usage,
-    graph: GraphStore,
-    embedder: Embedder,
-    index: UserIndex,
-) -> Planned:
+def _draft_facts(
+    envelope: Envelope, extraction: Extraction, resolver: _Resolver
+) -> tuple[list[FactRecord], dict[str, str]]:
+    """Fact records for the extraction (deduplicated within the message, embedded), and the model's
+    "updates" hints by draft id."""
     uid, mid = envelope.user_id, envelope.message_id
-    resolver = _Resolver(user_id=uid, message_id=mid, graph=graph, embedder=embedder, index=index)
-    resolver.resolve(extraction)
-
     drafts: list[FactRecord] = []
+    hints: dict[str, str] = {}
+    seen: set[str] = set()
     for pos, fact in enumerate(extraction.facts):
         subject_id = resolver.entity_for(fact.subject)
-        if subject_id is None:
+        statement = " ".join(fact.statement.split())[:1000]
+        if subject_id is None or normalize_name(statement) in seen:
             continue
+        seen.add(normalize_name(statement))
         predicate = sanitize_predicate(fact.predicate)
-        drafts.append(
-            FactRecord(
-                id=_hid("fact_", uid, mid, str(pos)),
-                user_id=uid,
-                subject_id=subject_id,
-                predicate=predicate,
-                object_id=resolver.entity_for(fact.object),
-                statement=" ".join(fact.statement.split())[:1000],
-                memory_type=fact.memory_type,
-                importance=fact.importance,
-                single_valued=fact.single_valued or predicate in SINGLE_VALUED,
-                valid_from=fact.valid_from or envelope.timestamp,
-                created_at=envelope.timestamp,
-            )
+        draft = FactRecord(
+            id=_hid("fact_", uid, mid, str(pos)),
+            user_id=uid,
+            subject_id=subject_id,
+            predicate=predicate,
+            object_id=resolver.entity_for(fact.object),
+            statement=statement,
+            memory_type=fact.memory_type,
+            importance=fact.importance,
+            single_valued=fact.single_valued or predicate in SINGLE_VALUED,
+            valid_from=fact.valid_from or envelope.timestamp,
+            created_at=envelope.timestamp,
         )
-    embeddings = embedder.encode([d.statement for d in drafts]) if drafts else np.zeros((0, 0))
+        drafts.append(draft)
+        if fact.updates:
+            hints[draft.id] = fact.updates
+    if drafts:
+        for draft, vec in zip(drafts, resolver.embedder.encode([d.statement for d in drafts]), strict=True):
+            draft.embedding = vec.tolist()
+    return drafts, hints
 
-    new_facts: list[FactRecord] = []
-    reinforced: list[str] = []
-    seen_statements: dict[str, str] = {}
-    multi: list[tuple[FactRecord, np.ndarray]] = []
-    single: list[FactRecord] = []
-    for draft, vec in zip(drafts, embeddings, strict=True):
-        draft.embedding = vec.tolist()
-        key = normalize_name(draft.statement)
-        if key in seen_statements:
-            continue
-        seen_statements[key] = draft.id
-        if draft.single_valued:
-            single.append(draft)
-        else:
-            multi.append((draft, vec))
 
-    current_ids: set[str] = set()
-    hits_by_draft = {}
-    for draft, vec in multi:
-        hits = [h for h in index.search(vec, 3, kind="fact") if h.score >= FACT_DUPLICATE]
-        hits_by_draft[draft.id] = hits
-        current_ids.update(h.node_id for h in hits)
-    current = {f.id: f for f in graph.get_facts(uid, sorted(current_ids))} if current_ids else {}
-    for draft, _ in multi:
+def _consolidate_multi(
+    uid: str,
+    drafts: list[FactRecord],
+    hints: dict[str, str],
+    graph: GraphStore,
+    index: UserIndex,
+    new_facts: list[FactRecord],
+    reinforced: list[str],
+    changes: list[FactChange],
+) -> None:
+    """Multi-valued facts: a near-identical current fact of the same subject is reinforced instead of
+    duplicated; a fact the model says replaces a context fact supersedes it."""
+    hits = {
+        d.id: [
+            h
+            for h in index.search(np.asarray(d.embedding, dtype=np.float32), 3, kind="fact")
+            if h.score >= FACT_DUPLICATE
+        ]
+        for d in drafts
+    }
+    wanted = {h.node_id for hs in hits.values() for h in hs} | set(hints.values())
+    known = {f.id: f for f in graph.get_facts(uid, sorted(wanted))} if wanted else {}
+    for draft in drafts:
         dup = next(
             (
                 h.node_id
-                for h in hits_by_draft[draft.id]
-                if h.node_id in current
-                and current[h.node_id].valid_until is None
-                and current[h.node_id].subject_id == draft.subject_id
+                for h in hits[draft.id]
+                if h.node_id in known
+                and known[h.node_id].valid_until is None
+                and known[h.node_id].subject_id == draft.subject_id
             ),
             None,
         )
+        target = known.get(hints.get(draft.id, ""))
+        if dup is None and target is not None and normalize_name(target.statement) == normalize_name(draft.statement):
+            dup = target.id
         if dup is not None:
             reinforced.append(dup)
-        else:
-            new_facts.append(draft)
+            continue
+        new_facts.append(draft)
+        if target is not None and target.valid_until is None and not target.single_valued:
+            changes.append(FactChange(id=target.id, valid_until=draft.valid_from, superseded_by=draft.id))
 
-    changes: list[FactChange] = []
-    slots = sorted({(f.subject_id, f.predicate) for f in single})
+
+def _supersede_single(
+    uid: str,
+    drafts: list[FactRecord],
+    graph: GraphStore,
+    new_facts: list[FactRecord],
+    reinforced: list[str],
+    changes: list[FactChange],
+) -> None:
+    """Single-valued facts: rebuild each (subject, predicate) slot's chain in event-time order."""
+    slots = sorted({(f.subject_id, f.predicate) for f in drafts})
     existing = [f for f in graph.facts_for_slots(uid, slots) if not f.archived] if slots else []
     for slot in slots:
         slot_existing = [f for f in existing if (f.subject_id, f.predicate) == slot]
         slot_new: list[FactRecord] = []
-        for draft in (f for f in single if (f.subject_id, f.predicate) == slot):
+        for draft in (f for f in drafts if (f.subject_id, f.predicate) == slot):
             timeline = sorted([*slot_existing, *slot_new], key=lambda f: (f.valid_from, f.created_at, f.id))
             before = [f for f in timeline if f.valid_from <= draft.valid_from]
             prev = before[-1] if before else None
@@ -299,6 +314,29 @@ def plan_message(
         for draft in slot_new:
             draft.valid_until, draft.superseded_by = wanted[draft.id]  # type: ignore[assignment]
             new_facts.append(draft)
+
+
+def plan_message(
+    *,
+    envelope: Envelope,
+    extraction: Extraction,
+    usage: Usage,
+    graph: GraphStore,
+    embedder: Embedder,
+    index: UserIndex,
+) -> Planned:
+    uid, mid = envelope.user_id, envelope.message_id
+    resolver = _Resolver(user_id=uid, message_id=mid, graph=graph, embedder=embedder, index=index)
+    resolver.resolve(extraction)
+
+    drafts, hints = _draft_facts(envelope, extraction, resolver)
+    new_facts: list[FactRecord] = []
+    reinforced: list[str] = []
+    changes: list[FactChange] = []
+    multi = [d for d in drafts if not d.single_valued]
+    single = [d for d in drafts if d.single_valued]
+    _consolidate_multi(uid, multi, hints, graph, index, new_facts, reinforced, changes)
+    _supersede_single(uid, single, graph, new_facts, reinforced, changes)
 
     episode = EpisodeRecord(
         id=mid,

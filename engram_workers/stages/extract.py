@@ -61,7 +61,12 @@ def _store_and_hand_over(ctx: WorkerContext, envelope: Envelope, extraction: Ext
     uid, mid = envelope.user_id, envelope.message_id
     payload = {"extraction": extraction.model_dump(mode="json"), "usage": usage.model_dump()}
     ctx.redis.set(keys.extraction(uid, mid), json.dumps(payload), ex=ctx.settings.status_ttl_s)
-    set_state(ctx, uid, mid, MessageState.EXTRACTED)
+    # Per-message spend stays on the status hash; per-user totals accumulate in the graph on apply.
+    set_state(
+        ctx, uid, mid, MessageState.EXTRACTED,
+        prompt_tokens=str(usage.prompt_tokens), completion_tokens=str(usage.completion_tokens),
+        cost_usd=f"{usage.cost_usd:.8f}",
+    )  # fmt: skip
     hand_over(uid, mid)
 
 

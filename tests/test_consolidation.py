@@ -1,0 +1,105 @@
+"""Consolidation decisions on a real (embedded SQLite) graph store with the real MiniLM embedder."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from engram_api.models import Envelope, Extraction, Usage
+from engram_api.storage.embedder import get_embedder
+from engram_api.storage.indexes import IndexKeeper
+from engram_api.storage.sqlite_store import SqliteGraphStore
+from engram_api.storage.vectors import VectorStore
+from engram_workers.consolidation import plan_message
+from tests.support.extractions import entity, fact, lives_in
+
+T0 = datetime(2024, 1, 1, tzinfo=UTC)
+
+
+@pytest.fixture
+def world(tmp_path):
+    graph = SqliteGraphStore(path=tmp_path / "g.sqlite3")
+    graph.ensure_schema()
+    embedder = get_embedder("all-MiniLM-L6-v2")
+    keeper = IndexKeeper(graph=graph, vectors=VectorStore(root=tmp_path / "idx", dim=embedder.dim))
+    user = f"c_{uuid.uuid4().hex[:8]}"
+
+    def say(message_id: str, extraction: dict, when: datetime):
+        envelope = Envelope(user_id=user, message_id=message_id, messages=[{"content": "x"}], timestamp=when)
+        before = graph.user_version(user)
+        planned = plan_message(
+            envelope=envelope, extraction=Extraction.model_validate(extraction), usage=Usage(), graph=graph,
+            embedder=embedder, index=keeper.current(user, before),
+        )  # fmt: skip
+        outcome = graph.apply(planned.plan)
+        keeper.advance(user, from_version=before, to_version=outcome.version, upserts=planned.upserts)
+        return planned.plan
+
+    yield graph, user, say
+    graph.close()
+
+
+def chain(graph, user):
+    return [(f.object_name, f.valid_from, f.valid_until) for f in graph.history(user, "user", "LIVES_IN")]
+
+
+def test_a_late_message_with_an_older_event_time_lands_in_the_past(world):
+    graph, user, say = world
+    say("m2", lives_in("Austin"), T0 + timedelta(days=30))
+    say("m1", lives_in("Tampa"), T0)
+    assert chain(graph, user) == [("Tampa", T0, T0 + timedelta(days=30)), ("Austin", T0 + timedelta(days=30), None)]
+
+
+def test_restating_the_current_value_reinforces_instead_of_adding(world):
+    graph, user, say = world
+    say("m1", lives_in("Austin"), T0)
+    plan = say("m2", lives_in("Austin"), T0 + timedelta(days=5))
+    assert plan.new_facts == [] and len(plan.reinforced_fact_ids) == 1
+    facts = graph.history(user, "user", "LIVES_IN")
+    assert len(facts) == 1 and facts[0].source_ids == ["m1", "m2"]
+
+
+def test_moving_back_opens_a_new_interval(world):
+    graph, user, say = world
+    for i, city in enumerate(["Tampa", "Austin", "Tampa"]):
+        say(f"m{i}", lives_in(city), T0 + timedelta(days=30 * i))
+    assert [c[0] for c in chain(graph, user)] == ["Tampa", "Austin", "Tampa"]
+    assert [c[2] is None for c in chain(graph, user)] == [False, False, True]
+
+
+def test_entities_resolve_by_name_and_alias_within_the_user(world):
+    graph, user, say = world
+    say("m1", {"entities": [entity("e1", "Alexander", "Person", aliases=["Alex"])],
+               "facts": [fact("user", "HAS_BROTHER", "e1", "User's brother is Alexander")]}, T0)  # fmt: skip
+    plan = say("m2", {"entities": [entity("e1", "alex", "Person")],
+                      "facts": [fact("e1", "WORKS_AT", None, "Alex works at a bank")]}, T0)  # fmt: skip
+    assert plan.new_entities == []
+    assert graph.stats(user).entities == 2  # the user and Alexander
+
+
+def test_near_identical_multi_valued_facts_are_reinforced_not_duplicated(world):
+    graph, user, say = world
+    say("m1", {"entities": [entity("e1", "jazz")], "facts": [fact("user", "LIKES", "e1", "User likes jazz music")]}, T0)
+    plan = say(
+        "m2", {"entities": [entity("e1", "jazz")], "facts": [fact("user", "LIKES", "e1", "User likes jazz music.")]}, T0
+    )
+    assert plan.new_facts == [] and len(plan.reinforced_fact_ids) == 1
+    assert graph.stats(user).facts == 1
+
+
+def test_an_updates_hint_supersedes_the_context_fact(world):
+    graph, user, say = world
+    first = say(
+        "m1",
+        {"entities": [entity("e1", "tennis")], "facts": [fact("user", "PLAYS", "e1", "User plays tennis weekly")]},
+        T0,
+    )
+    old_id = first.new_facts[0].id
+    say("m2", {"entities": [entity("e1", "tennis")],
+               "facts": [fact("user", "PLAYS", "e1", "User stopped playing tennis", updates=old_id)]},
+        T0 + timedelta(days=3))  # fmt: skip
+    old = graph.get_facts(user, [old_id])[0]
+    assert old.valid_until == T0 + timedelta(days=3) and old.superseded_by is not None
+    assert graph.stats(user).current_facts == 1
