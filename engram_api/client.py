@@ -64,7 +64,7 @@ class MemoryClient:
     @property
     def producer(self) -> Producer:
         if self._producer is None:
-            self._producer = Producer(settings=self.settings, redis_client=self.redis, broker_url=self.redis_url)
+            self._producer = Producer(settings=self.settings, redis_client=self.redis)
         return self._producer
 
     @property

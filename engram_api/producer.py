@@ -1,18 +1,25 @@
 """The producer: validates a message, records it in Redis and puts an extract task on the queue.
 
-It never calls the LLM or a graph store. Enqueue is idempotent by (user_id, message_id): the payload and
-status are registered atomically (one Lua script) before the task is published, and a message id that is
-already known returns its original receipt with ``duplicate=True`` instead of a second task.
+It never calls the LLM or a graph store, and never imports Celery. Enqueue is ONE Lua script: it stores
+the payload and the status and pushes the task message onto the extract queue atomically, so a message is
+either fully enqueued or not at all (no "recorded but never published" window), in one round trip. A
+message id that is already known returns its original receipt with ``duplicate=True``.
+
+The task message is Celery's protocol 2 as kombu's Redis transport stores it (see ``task_message``); a
+test checks it against the message Celery itself builds, and every pipeline test has real workers
+consume it. Producers therefore emit no "task-sent" event: Flower shows a task from "received" on.
 """
 
 from __future__ import annotations
 
-import contextlib
+import base64
+import json
+import socket
 import time
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import redis
 
@@ -32,22 +39,50 @@ from engram_api.models import (
 )
 from engram_api.settings import Settings
 
-if TYPE_CHECKING:
-    from celery import Celery
-
 __all__ = ["MessageInput", "Producer", "build_envelope"]
 
 MessageInput = str | Sequence[Mapping[str, Any] | ChatMessage]
 
-# KEYS: payload, status. ARGV: envelope json, task id, ttl, now. Returns the existing task id or "".
-_REGISTER = """
+# KEYS: payload, status, queue. ARGV: envelope json, task id, ttl, now, task message.
+# Returns the existing task id for a known message id, else "".
+_ENQUEUE = """
 local existing = redis.call('HGET', KEYS[2], 'task_id')
 if existing then return existing end
 redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[3])
 redis.call('HSET', KEYS[2], 'state', 'queued', 'task_id', ARGV[2], 'enqueued_at', ARGV[4])
 redis.call('EXPIRE', KEYS[2], ARGV[3])
+redis.call('LPUSH', KEYS[3], ARGV[5])
 return ''
 """
+_ORIGIN = f"engram-producer@{socket.gethostname()}"
+
+
+def task_message(task: str, task_id: str, args: tuple[str, ...], queue: str) -> str:
+    """A Celery protocol-2 task message as kombu's Redis transport LPUSHes it onto ``queue``."""
+    body = json.dumps([list(args), {}, {"callbacks": None, "errbacks": None, "chain": None, "chord": None}])
+    headers = {
+        "lang": "py", "task": task, "id": task_id, "shadow": None, "eta": None, "expires": None,
+        "group": None, "group_index": None, "retries": 0, "timelimit": [None, None], "root_id": task_id,
+        "parent_id": None, "argsrepr": repr(args), "kwargsrepr": "{}", "origin": _ORIGIN,
+        "ignore_result": True, "replaced_task_nesting": 0, "stamped_headers": None, "stamps": {},
+    }  # fmt: skip
+    return json.dumps(
+        {
+            "body": base64.b64encode(body.encode()).decode(),
+            "content-encoding": "utf-8",
+            "content-type": "application/json",
+            "headers": headers,
+            "properties": {
+                "correlation_id": task_id,
+                "reply_to": "",
+                "delivery_mode": 2,
+                "delivery_info": {"exchange": "", "routing_key": queue},
+                "priority": 0,
+                "body_encoding": "base64",
+                "delivery_tag": str(uuid.uuid4()),
+            },
+        }
+    )
 
 
 def _messages(messages: object, settings: Settings) -> list[ChatMessage]:
@@ -117,53 +152,26 @@ def build_envelope(
 class Producer:
     """Publishes messages for the workers; thread-safe."""
 
-    def __init__(self, *, settings: Settings, redis_client: redis.Redis, broker_url: str) -> None:
+    def __init__(self, *, settings: Settings, redis_client: redis.Redis) -> None:
         self.settings = settings
         self.redis = redis_client
-        self.broker_url = broker_url
-        self._celery: Celery | None = None
-        self._register = self.redis.register_script(_REGISTER)
+        self._enqueue = self.redis.register_script(_ENQUEUE)
         self.dead_letters = DeadLetterStore(redis_client=redis_client, status_ttl_s=settings.status_ttl_s)
-
-    @property
-    def celery(self) -> Celery:
-        if self._celery is None:
-            from engram_api.queue import make_celery
-
-            self._celery = make_celery(self.settings, self.broker_url, name="engram-producer")
-        return self._celery
-
-    def _publish(self, envelope: Envelope, task_id: str) -> None:
-        self.celery.send_task(
-            keys.EXTRACT_TASK,
-            args=(envelope.user_id, envelope.message_id),
-            task_id=task_id,
-            queue=keys.EXTRACT_QUEUE,
-            routing_key=keys.EXTRACT_QUEUE,
-            retry=True,
-            retry_policy={"max_retries": 3, "interval_start": 0.1, "interval_step": 0.5, "interval_max": 2},
-        )
 
     def submit(self, envelope: Envelope) -> Receipt:
         """Register and publish an already-validated envelope (idempotent by message id)."""
         task_id = uuid.uuid4().hex
         uid, mid = envelope.user_id, envelope.message_id
+        message = task_message(keys.EXTRACT_TASK, task_id, (uid, mid), keys.EXTRACT_QUEUE)
         try:
-            existing = self._register(
-                keys=[keys.message_payload(uid, mid), keys.status(uid, mid)],
-                args=[envelope.model_dump_json(), task_id, self.settings.status_ttl_s, time.time()],
+            existing = self._enqueue(
+                keys=[keys.message_payload(uid, mid), keys.status(uid, mid), keys.EXTRACT_QUEUE],
+                args=[envelope.model_dump_json(), task_id, self.settings.status_ttl_s, time.time(), message],
             )
         except redis.RedisError as exc:
             raise StoreUnavailableError(f"Redis unavailable, nothing enqueued: {exc}") from exc
         if existing:
             return Receipt(user_id=uid, message_id=mid, task_id=existing, duplicate=True)
-        try:
-            self._publish(envelope, task_id)
-        except Exception as exc:
-            # Undo the registration so the caller's retry with the same message id is not a "duplicate".
-            with contextlib.suppress(redis.RedisError):
-                self.redis.delete(keys.message_payload(uid, mid), keys.status(uid, mid))
-            raise StoreUnavailableError(f"broker unavailable, nothing enqueued: {exc}") from exc
         return Receipt(user_id=uid, message_id=mid, task_id=task_id)
 
     def enqueue(self, user_id: object, messages: object, **kwargs: object) -> Receipt:

@@ -1,0 +1,71 @@
+"""The producer on a real Redis: one atomic script per message, Celery's own wire format, idempotent."""
+
+from __future__ import annotations
+
+import base64
+import json
+from datetime import UTC, datetime
+
+import pytest
+
+from engram_api import InvalidInputError, keys
+from engram_api.producer import task_message
+from tests.support.stack import engram_stack
+
+
+@pytest.fixture
+def client(redis_url, tmp_path):
+    with engram_stack(redis_url=redis_url, data_dir=tmp_path, neo4j_uri=None, llm_url=None, workers=False) as s:
+        yield s.client
+
+
+def _decoded(raw: str) -> dict:
+    msg = json.loads(raw)
+    msg["body"] = json.loads(base64.b64decode(msg["body"]))
+    for volatile in ("delivery_tag", "reply_to"):
+        msg["properties"].pop(volatile)
+    for volatile in ("origin", "ignore_result"):
+        msg["headers"].pop(volatile)
+    return msg
+
+
+def test_task_message_matches_what_celery_itself_publishes(client):
+    from engram_api.queue import make_celery
+
+    app = make_celery(client.settings, client.redis_url)
+    app.send_task(keys.EXTRACT_TASK, args=("u1", "m1"), task_id="tid-1", queue=keys.EXTRACT_QUEUE,
+                  routing_key=keys.EXTRACT_QUEUE)  # fmt: skip
+    celery_made = client.redis.rpop(keys.EXTRACT_QUEUE)
+    ours = task_message(keys.EXTRACT_TASK, "tid-1", ("u1", "m1"), keys.EXTRACT_QUEUE)
+    assert _decoded(ours) == _decoded(celery_made)
+
+
+def test_enqueue_records_payload_status_and_task_in_one_go(client):
+    receipt = client.enqueue("alice", "I live in Tampa.", message_id="m-1",
+                             timestamp=datetime(2024, 1, 1, tzinfo=UTC), metadata={"channel": "web"})  # fmt: skip
+    assert not receipt.duplicate
+    status = client.redis.hgetall(keys.status("alice", "m-1"))
+    assert status["state"] == "queued" and status["task_id"] == receipt.task_id
+    payload = json.loads(client.redis.get(keys.message_payload("alice", "m-1")))
+    assert payload["messages"] == [{"role": "user", "content": "I live in Tampa."}]
+    assert payload["metadata"] == {"channel": "web"}
+    queued = [json.loads(m) for m in client.redis.lrange(keys.EXTRACT_QUEUE, 0, -1)]
+    assert [m["headers"]["id"] for m in queued] == [receipt.task_id]
+    assert queued[0]["headers"]["argsrepr"] == "('alice', 'm-1')"  # ids only: no text in Flower
+
+
+def test_the_same_message_id_twice_is_one_task(client):
+    first = client.enqueue("alice", "I live in Tampa.", message_id="dup-1")
+    second = client.enqueue("alice", "I live in Tampa (again).", message_id="dup-1")
+    assert second.duplicate and second.task_id == first.task_id
+    assert client.redis.llen(keys.EXTRACT_QUEUE) == 1
+    other_user = client.enqueue("bob", "I live in Tampa.", message_id="dup-1")
+    assert not other_user.duplicate and client.redis.llen(keys.EXTRACT_QUEUE) == 2
+
+
+def test_a_bad_item_in_a_batch_enqueues_nothing(client):
+    items = [{"user_id": "alice", "messages": "fine"}, {"user_id": "alice", "messages": ""}]
+    with pytest.raises(InvalidInputError) as err:
+        client.enqueue_many(items)
+    assert err.value.field == "items[1].messages"
+    assert client.redis.llen(keys.EXTRACT_QUEUE) == 0
