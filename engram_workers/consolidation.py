@@ -222,8 +222,9 @@ def _draft_facts(
             memory_type=fact.memory_type,
             importance=fact.importance,
             single_valued=fact.single_valued or predicate in SINGLE_VALUED,
+            # created_at is when Engram learned it (decay counts from there): a backfill of old chats is
+            # not "forgotten" on its first decay run.
             valid_from=fact.valid_from or envelope.timestamp,
-            created_at=envelope.timestamp,
         )
         drafts.append(draft)
         if fact.updates:

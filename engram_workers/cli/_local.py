@@ -1,0 +1,159 @@
+"""The embedded/local topology ``engram up`` and ``engram demo`` run: Redis (unless REDIS_URL is set),
+workers, Beat and Flower as child processes, with logs under ENGRAM_DATA_DIR/logs.
+
+Children get absolute paths and the Redis URL in their environment: they run from the repository root,
+not from the caller's working directory, and must not depend on finding services.json.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import click
+
+if TYPE_CHECKING:
+    from engram_api.settings import Settings
+    from engram_workers.services.celery_worker import ManagedProcess
+    from engram_workers.services.redis_server import RedisServer
+
+__all__ = ["LocalStack", "live_embedded_redis"]
+
+_READY_TIMEOUT_S = 120.0  # a first start imports torch and Celery in every child
+
+
+def live_embedded_redis(settings: Settings) -> str | None:
+    """The URL in services.json when an embedded Redis answers there (another `engram up` runs)."""
+    import redis
+
+    from engram_api.connections import SERVICES_FILE
+
+    try:
+        url = json.loads((settings.data_dir / SERVICES_FILE).read_text()).get("redis_url")
+    except (OSError, ValueError, AttributeError):
+        return None
+    if not url:
+        return None
+    try:
+        redis.Redis.from_url(url, socket_connect_timeout=1, socket_timeout=1).ping()
+    except redis.RedisError:
+        return None
+    return str(url)
+
+
+@dataclass
+class LocalStack:
+    settings: Settings
+    data_dir: Path = field(init=False)
+    redis_url: str = field(init=False, default="")
+    redis_server: RedisServer | None = field(init=False, default=None)
+    children: list[ManagedProcess] = field(init=False, default_factory=list)
+    _ready: dict[str, str] = field(init=False, default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.data_dir = self.settings.data_dir.resolve()
+
+    @property
+    def log_dir(self) -> Path:
+        return self.data_dir / "logs"
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {"REDIS_URL": self.redis_url, "ENGRAM_DATA_DIR": str(self.data_dir)}
+
+    def start_redis(self, *, reuse: bool) -> str:
+        """REDIS_URL when set; else the embedded Redis of this data directory, started here.
+
+        With ``reuse`` a running embedded Redis (another `engram up`) is shared instead of refused: two
+        servers must never write one AOF directory.
+        """
+        from engram_api.connections import write_services_file
+        from engram_api.errors import ConfigError
+        from engram_workers.services import ServiceStartError
+        from engram_workers.services.redis_server import RedisServer
+
+        if self.settings.redis_url:
+            self.redis_url = self.settings.redis_url
+            return self.redis_url
+        running = live_embedded_redis(self.settings)
+        if running:
+            if not reuse:
+                raise ConfigError(
+                    "ENGRAM_DATA_DIR",
+                    f"an embedded Redis for {self.data_dir} already runs at {running} (another `engram up`?); "
+                    "stop it or use another ENGRAM_DATA_DIR",
+                )
+            self.redis_url = running
+            return running
+        server = RedisServer(data_dir=self.data_dir / "redis", appendonly=True)
+        try:
+            server.start()
+        except ServiceStartError as exc:
+            raise click.ClickException(f"the embedded Redis did not start: {str(exc).splitlines()[0]}") from None
+        self.redis_server = server
+        self.redis_url = self.redis_server.url
+        write_services_file(self.settings, redis_url=self.redis_url)
+        return self.redis_url
+
+    def _start(self, name: str, argv: list[str], ready: str) -> None:
+        """Start a child without waiting for it: children boot in parallel, see ``wait_ready``."""
+        from engram_workers.services.celery_worker import ManagedProcess
+
+        proc = ManagedProcess(name=name, argv=argv, env=self.env, log_dir=self.log_dir)
+        # The log is appended to: the last run's "ready." must not pass for this run's. One old log is kept.
+        if proc.log_path.exists():
+            proc.log_path.replace(proc.log_path.with_suffix(".log.1"))
+        proc.start()
+        self.children.append(proc)
+        self._ready[proc.name] = ready
+
+    def start_extract_worker(self, name: str, concurrency: int) -> None:
+        from engram_api import keys
+        from engram_workers.services.celery_worker import worker_command
+
+        argv = worker_command(queues=[keys.EXTRACT_QUEUE], pool="threads", concurrency=concurrency, name=name)
+        self._start(name, argv, "ready.")
+
+    def start_apply_worker(self, name: str, concurrency: int) -> None:
+        """Apply and maintenance share a worker here: one machine needs no separate maintenance fleet."""
+        from engram_api import keys
+        from engram_workers.services.celery_worker import worker_command
+
+        queues = [keys.APPLY_QUEUE, keys.MAINTENANCE_QUEUE]
+        argv = worker_command(queues=queues, pool="prefork", concurrency=concurrency, name=name)
+        self._start(name, argv, "ready.")
+
+    def start_beat(self) -> None:
+        self._start("beat", [sys.executable, "-m", "engram_workers.cli", "beat"], "beat: Starting")
+
+    def start_flower(self, port: int, address: str) -> None:
+        argv = [sys.executable, "-m", "engram_workers.cli", "flower", "--port", str(port), "--address", address]
+        self._start("flower", argv, "Visit me at")
+
+    def wait_ready(self) -> None:
+        """Until every child has logged its ready line."""
+        for proc in self.children:
+            try:
+                proc.wait_for_log(self._ready[proc.name], timeout=_READY_TIMEOUT_S)
+            except RuntimeError:
+                state = "exited" if not proc.alive() else f"was not ready within {_READY_TIMEOUT_S:.0f} s"
+                raise click.ClickException(f"{proc.name} {state}; see {proc.log_path}") from None
+
+    def dead_child(self) -> ManagedProcess | None:
+        return next((p for p in self.children if not p.alive()), None)
+
+    def stop(self) -> None:
+        """Children newest first (Flower and Beat before the workers they watch and feed), Redis last."""
+        from engram_api.connections import SERVICES_FILE
+
+        for proc in reversed(self.children):
+            proc.stop(timeout=30.0)
+        self.children.clear()
+        if self.redis_server is not None:
+            self.redis_server.stop()
+            # A stale services.json would send clients to a port nobody serves.
+            (self.settings.data_dir / SERVICES_FILE).unlink(missing_ok=True)
+            self.redis_server = None

@@ -1,0 +1,196 @@
+"""``engram demo``: the whole pipeline on one machine with nothing configured, in about a minute.
+
+It starts what ``engram up`` starts (embedded Redis unless REDIS_URL is set, an extract and an apply
+worker, Beat), ingests three bundled months of chats with one user, waits until every message is applied and
+then reads memory back: supersession, multi-hop recall, history, a prompt context and the cost.
+Reruns start clean: the demo user is forgotten first (nothing else is touched).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from datetime import UTC, datetime, timedelta
+from importlib import resources
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from engram_workers.cli._common import settings
+from engram_workers.cli._output import console, err_console, table
+
+if TYPE_CHECKING:
+    from engram_api import MemoryClient
+    from engram_api.models import Envelope
+
+__all__ = ["COMMANDS", "load_sample"]
+
+SAMPLE = "sample_conversation.json"
+_MESSAGE_GAP = timedelta(minutes=2)  # between two messages of one chat session
+# Facts age from when they were said (decay), so the sample is moved to end this many days ago: an
+# absolute 2024 date would have the first maintenance run archive the whole demo.
+_LAST_CHAT_DAYS_AGO = 3
+
+
+def load_sample() -> dict[str, Any]:
+    data: dict[str, Any] = json.loads(resources.files("engram_workers.cli").joinpath(SAMPLE).read_text())
+    return data
+
+
+def date_shift(sample: dict[str, Any]) -> timedelta:
+    """Whole days that move the sample's last chat to a few days ago (times of day stay as written)."""
+    last = max(datetime.fromisoformat(s["started_at"]) for s in sample["sessions"])
+    target = datetime.now(UTC).date() - timedelta(days=_LAST_CHAT_DAYS_AGO)
+    return target - last.date()
+
+
+def sample_envelopes(client: MemoryClient, sample: dict[str, Any], shift: timedelta) -> list[Envelope]:
+    """One message per chat turn, dated within its session; ids are fixed so a rerun is recognizable."""
+    from engram_api.producer import build_envelope
+
+    envelopes = []
+    for s, session in enumerate(sample["sessions"], 1):
+        start = datetime.fromisoformat(session["started_at"]) + shift
+        for m, text in enumerate(session["messages"], 1):
+            envelopes.append(
+                build_envelope(
+                    client.settings,
+                    sample["user_id"],
+                    text,
+                    message_id=f"demo-s{s}-m{m}",
+                    timestamp=start + (m - 1) * _MESSAGE_GAP,
+                    metadata={"session": session["title"]},
+                )
+            )
+    return envelopes
+
+
+def _section(title: str) -> None:
+    console().print()
+    console().rule(f"[bold]{title}[/bold]", align="left")
+
+
+def _show(client: MemoryClient, user: str, as_of: datetime) -> None:
+    from engram_workers.cli.memory import print_facts, print_recall
+
+    out = console()
+    _section("1. Supersession: where does the user live?")
+    now = client.recall(user, "where does the user live?", k=3)
+    print_recall(now.items, caption=f"{sum(now.timings_ms.values()):.0f} ms, zero LLM calls")
+    if now.items:
+        out.print(f"-> [bold]{now.items[0].statement}[/bold]; the old home is superseded, not deleted:")
+    then = client.recall(user, "where does the user live?", k=1, as_of=as_of)
+    if then.items:
+        out.print(f"-> as of {as_of:%Y-%m-%d}: [bold]{then.items[0].statement}[/bold] (recall --as-of travels in time)")
+    print_facts(client.history(user, "user", "LIVES_IN"), title="history of LIVES_IN: nothing is overwritten")
+
+    _section("2. Multi-hop: what company does my brother work for?")
+    hop = client.recall(user, "what company does my brother work for?", k=3)
+    print_recall(hop.items)
+    if hop.items:
+        out.print(f"-> [bold]{hop.items[0].statement}[/bold] (the question names neither the brother nor the company)")
+
+    _section("3. get_context: a prompt-ready block for 'plan a dinner for me'")
+    out.print(client.get_context(user, "plan a dinner for me", max_tokens=200) or "(empty)", highlight=False)
+
+    _section("4. What it cost")
+    stats = client.stats(user)
+    table(
+        None,
+        ["memory", "count"],
+        [
+            ("facts (current / superseded)", f"{stats.current_facts} / {stats.superseded_facts}"),
+            ("entities", stats.entities),
+            ("messages applied (episodes)", stats.episodes),
+        ],
+    )
+    usage = stats.usage
+    if usage.llm_calls == 0:
+        out.print(
+            "-> [bold]0 LLM tokens, $0.00[/bold]: the offline rule-based extractor made no LLM calls "
+            "(set LLM_MODEL to extract with an LLM); recall never calls one."
+        )
+    else:
+        out.print(
+            f"-> {usage.llm_calls} LLM calls, {usage.prompt_tokens} prompt + {usage.completion_tokens} "
+            f"completion tokens, about ${usage.cost_usd:.4f}; recall never calls the LLM."
+        )
+
+
+@click.command(short_help="Run the pipeline locally on a sample conversation.")
+@click.option(
+    "--timeout", default=300.0, show_default=True, type=click.FloatRange(min=1), help="Seconds to wait for the workers."
+)
+def demo(timeout: float) -> None:
+    """Run the whole pipeline locally on a sample conversation and show what it remembers.
+
+    Needs nothing configured (embedded Redis, SQLite, offline extractor, data in ENGRAM_DATA_DIR);
+    honours REDIS_URL, NEO4J_URI and LLM_MODEL when they are set.
+    """
+    from engram_api import MemoryClient
+    from engram_workers.cli._local import LocalStack
+    from engram_workers.cli.ingest import enqueue_envelopes, wait_with_progress
+
+    started = time.monotonic()
+    current = settings()
+    sample = load_sample()
+    user = sample["user_id"]
+    sessions = sample["sessions"]
+    out, err = console(), err_console()
+    out.rule("[bold]Engram demo[/bold]")
+    count = sum(len(s["messages"]) for s in sessions)
+    shift = date_shift(sample)
+    first = min(datetime.fromisoformat(s["started_at"]) for s in sessions) + shift
+    out.print(f"{count} messages in {len(sessions)} chats with one user ({user}) since {first:%B %-d}.")
+
+    stack = LocalStack(current)
+    client: MemoryClient | None = None
+    try:
+        with err.status("starting Redis, an extract worker, an apply worker and Beat..."):
+            url = stack.start_redis(reuse=True)
+            stack.start_extract_worker("demo-extract", 8)
+            stack.start_apply_worker("demo-apply", 2)
+            stack.start_beat()
+            client = MemoryClient(settings=current, redis_url=url)
+            # Forgetting loads the embedder: done while the workers boot, and makes a rerun start clean.
+            client.forget_user(user)
+            stack.wait_ready()
+        table(
+            "setup",
+            ["", ""],
+            [
+                ("queue", f"Redis {url}" + (" (embedded)" if stack.redis_server else "")),
+                ("graph", current.neo4j_uri or f"SQLite {stack.data_dir / 'graph.sqlite3'}"),
+                ("extractor", current.llm_model or "offline rules (LLM_MODEL is not set)"),
+                ("embeddings", f"{current.embedding_model}, local"),
+                ("logs", str(stack.log_dir)),
+            ],
+        )
+        receipts = enqueue_envelopes(client, sample_envelopes(client, sample, shift))
+        ingest_started = time.monotonic()
+        result = wait_with_progress(client, receipts, timeout)
+        out.print(
+            f"{len(result.applied)} messages applied, {len(result.dead_lettered)} dead-lettered, "
+            f"in {time.monotonic() - ingest_started:.1f} s"
+        )
+        _show(client, user, datetime.fromisoformat(sample["as_of_example"]) + shift)
+    finally:
+        if client is not None:
+            client.close()
+        with err.status("stopping the workers..."):
+            stack.stop()
+
+    _section("Next")
+    for command, what in (
+        ("engram up", "run Redis and the workers; leave it running in its own terminal, then:"),
+        (f'engram recall {user} "what pets do I have?"', "ask the demo's memory anything (add --json for scripts)"),
+        (f"engram history {user} user --predicate WORKS_AT", "see a fact change over time"),
+        ('engram enqueue alice "I moved to Denver" --wait', "remember something new"),
+        ("engram health", "check every dependency"),
+        ("engram --help", "everything else: search, graph, stats, dlq, maintenance, export, ..."),
+    ):
+        out.print(f"  [cyan]{command}[/cyan]\n      {what}")
+    out.print(f"\ndemo finished in {time.monotonic() - started:.1f} s; everything it started is stopped.")
+
+
+COMMANDS = [demo]

@@ -1,0 +1,89 @@
+"""``engram maintenance <job>`` runs a Beat job now, in this process; ``engram reindex`` rebuilds FAISS indexes.
+
+The jobs are the Celery task functions themselves, called directly (no broker round trip, no worker
+needed), so they take the same per-user locks as the fleet and are as safe to run at any time.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import click
+
+from engram_workers.cli._common import open_client, user_option
+from engram_workers.cli._output import emit_json, json_option, table
+
+__all__ = ["COMMANDS"]
+
+_JOBS = {
+    "decay": ("decay_task", "Weaken facts not reinforced lately; archive those below ENGRAM_ARCHIVE_THRESHOLD."),
+    "hierarchy": ("hierarchy_task", "Rebuild the topic clusters that `search --detail broad` returns."),
+    "weights": ("weights_task", "Learn recall scoring weights from feedback (needs ENGRAM_MIN_FEEDBACK rows)."),
+    "reconcile": ("reconcile_task", "Check every FAISS index against the graph; rebuild those that drifted."),
+}
+
+
+def _print_report(job: str, report: dict[str, Any]) -> None:
+    scalars = [(k, v) for k, v in report.items() if not isinstance(v, list | dict)]
+    table(f"maintenance {job}", ["", "value"], scalars)
+    for name, value in report.items():
+        if isinstance(value, list) and value and all(isinstance(row, dict) for row in value):
+            columns = list(value[0])
+            rows = [
+                [json.dumps(row.get(c)) if isinstance(row.get(c), dict | list) else row.get(c) for c in columns]
+                for row in value
+            ]
+            table(name, columns, rows)
+
+
+def _job_command(job: str, task_name: str, summary: str) -> click.Command:
+    @click.command(job, help=f"{summary}\n\nRuns now, in this process (every user unless --user is given).")
+    @user_option("Only this user (repeatable).")
+    @json_option
+    def command(user_ids: tuple[str, ...], as_json: bool) -> None:
+        from engram_workers import tasks
+
+        report: dict[str, Any] = getattr(tasks, task_name)(user_ids=list(user_ids) or None)
+        if as_json:
+            emit_json(report)
+        else:
+            _print_report(job, report)
+        if report.get("failed"):
+            raise click.exceptions.Exit(1)
+
+    return command
+
+
+@click.group(short_help="Run a maintenance job now.")
+def maintenance() -> None:
+    """Run a maintenance job now (Beat runs them on a schedule)."""
+
+
+for _job, (_task, _summary) in _JOBS.items():
+    maintenance.add_command(_job_command(_job, _task, _summary))
+
+
+@click.command(short_help="Rebuild FAISS indexes from the graph.")
+@user_option("Only this user (repeatable).")
+@json_option
+def reindex(user_ids: tuple[str, ...], as_json: bool) -> None:
+    """Rebuild FAISS indexes from the graph store (the source of truth), every user unless --user."""
+    from engram_api.locks import user_lock
+
+    with open_client() as client:
+        keeper = client.reader.keeper
+        users = list(user_ids) or client.graph.list_users()
+        rows = []
+        for user_id in users:
+            # Under the apply lock: a message applied mid-rebuild would otherwise be missing from the file.
+            with user_lock(client.redis, user_id, ttl=client.settings.apply_lock_ttl_s, wait=60.0):
+                index = keeper.rebuild(user_id)
+            rows.append({"user_id": user_id, "vectors": len(index), "version": index.version})
+    if as_json:
+        emit_json(rows)
+    else:
+        table("rebuilt indexes", ["user", "vectors", "graph version"], [tuple(r.values()) for r in rows])
+
+
+COMMANDS = [maintenance, reindex]

@@ -1,0 +1,293 @@
+"""Read memory back (recall, search, context, history, graph, stats), forget it, export it, check health.
+
+All of it goes through ``MemoryClient``: zero LLM calls (``health`` pings the LLM only when asked to
+check a configured one).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import IO, TYPE_CHECKING
+
+import click
+
+from engram_workers.cli._common import open_client, parse_time, user_id_argument
+from engram_workers.cli._output import console, emit_json, fmt_time, json_option, table, to_jsonable
+
+if TYPE_CHECKING:
+    from engram_api import MemoryClient
+    from engram_api.models import CheckResult, FactRecord, RecallItem
+
+__all__ = ["COMMANDS", "print_facts", "print_recall"]
+
+_EXPORT_PAGE = 1000  # the reader's largest page
+
+
+def _found_by(item: RecallItem) -> str:
+    if item.path == "vector":
+        return "vector"
+    reach = "adjacent" if item.hops <= 0 else f"{item.hops} hop{'s' if item.hops != 1 else ''}"
+    return f"{'vector + ' if item.path == 'both' else ''}graph ({reach})"
+
+
+def print_recall(items: Sequence[RecallItem], *, title: str | None = None, caption: str | None = None) -> None:
+    rows = [
+        (i, item.statement, item.memory_type, fmt_time(item.valid_from), _found_by(item), f"{item.score:.3f}")
+        for i, item in enumerate(items, 1)
+    ]
+    table(title, ["#", "memory", "type", "since", "found by", "score"], rows, caption=caption)
+
+
+def print_facts(facts: Sequence[FactRecord], *, title: str | None = None) -> None:
+    rows = [
+        (
+            fact.statement,
+            fact.predicate,
+            fmt_time(fact.valid_from),
+            fmt_time(fact.valid_until) if fact.valid_until else "current",
+            f"{fact.strength:.2f}" + (" (archived)" if fact.archived else ""),
+        )
+        for fact in facts
+    ]
+    # Ids are for programs: --json has them.
+    table(title, ["fact", "predicate", "valid from", "valid until", "strength"], rows)
+
+
+@click.command(short_help="Memories relevant to a query (zero LLM calls).")
+@user_id_argument
+@click.argument("query")
+@click.option("-k", "k", default=10, show_default=True, type=click.IntRange(1, 200), help="How many memories.")
+@click.option("--as-of", help="Recall what was true at this time (ISO 8601, e.g. 2024-05-01).")
+@json_option
+def recall(user_id: str, query: str, k: int, as_of: str | None, as_json: bool) -> None:
+    """Memories relevant to QUERY (vector search + graph expansion), current facts only."""
+    when = parse_time(as_of, "as_of") if as_of else None
+    with open_client() as client:
+        result = client.recall(user_id, query, k, as_of=when)
+    if as_json:
+        emit_json(result)
+        return
+    timing = ", ".join(f"{name} {ms:.0f} ms" for name, ms in result.timings_ms.items())
+    caption = f"weights: {result.weights}; {'cached; ' if result.cached else ''}{timing}"
+    title = f"recall: {query!r}" + (f" as of {fmt_time(when)}" if when else "")
+    print_recall(result.items, title=title, caption=caption)
+
+
+@click.command(short_help="Search by topic clusters or by single facts.")
+@user_id_argument
+@click.argument("query")
+@click.option("-k", "k", default=10, show_default=True, type=click.IntRange(1, 200))
+@click.option(
+    "--detail",
+    type=click.Choice(["auto", "broad", "detailed"]),
+    default="auto",
+    show_default=True,
+    help="broad: topic clusters; detailed: individual facts; auto: clusters when one matches well.",
+)
+@json_option
+def search(user_id: str, query: str, k: int, detail: str, as_json: bool) -> None:
+    """Search memory at the level of topics (clusters) or of individual facts."""
+    with open_client() as client:
+        result = client.search(user_id, query, k, detail)
+    if as_json:
+        emit_json(result)
+        return
+    if result.level == "broad":
+        rows = [(c.label, c.summary, len(c.member_fact_ids), f"{c.score:.3f}") for c in result.clusters]
+        table(f"search (broad): {query!r}", ["topic", "summary", "facts", "score"], rows)
+    else:
+        print_recall(result.facts, title=f"search (detailed): {query!r}")
+
+
+@click.command(short_help="A prompt-ready block of facts for a query.")
+@user_id_argument
+@click.argument("query")
+@click.option("--max-tokens", default=800, show_default=True, type=click.IntRange(1, 100_000))
+@json_option
+def context(user_id: str, query: str, max_tokens: int, as_json: bool) -> None:
+    """A prompt-ready block of current facts for QUERY, within a token budget."""
+    with open_client() as client:
+        text = client.get_context(user_id, query, max_tokens)
+    if as_json:
+        emit_json({"user_id": user_id, "query": query, "context": text})
+    else:
+        click.echo(text or "(nothing known for this query)")
+
+
+@click.command(short_help="How facts about a subject changed over time.")
+@user_id_argument
+@click.argument("subject", default="user")
+@click.option("--predicate", "-p", help="Only this relation, e.g. LIVES_IN or WORKS_AT.")
+@json_option
+def history(user_id: str, subject: str, predicate: str | None, as_json: bool) -> None:
+    """How facts about SUBJECT changed over time, superseded ones included.
+
+    SUBJECT is an entity name or alias; "user" (the default) is the user themself.
+    """
+    with open_client() as client:
+        facts = client.history(user_id, subject, predicate)
+    if as_json:
+        emit_json(facts)
+    else:
+        print_facts(facts, title=f"history of {subject!r}" + (f" ({predicate})" if predicate else ""))
+
+
+@click.command(short_help="Page through a user's knowledge graph.")
+@user_id_argument
+@click.option("--page", default=1, show_default=True, type=click.IntRange(1))
+@click.option("--page-size", default=50, show_default=True, type=click.IntRange(1, 1000))
+@json_option
+def graph(user_id: str, page: int, page_size: int, as_json: bool) -> None:
+    """One page of the user's knowledge graph: facts (oldest first) and the entities they mention."""
+    with open_client() as client:
+        result = client.get_graph(user_id, page, page_size)
+    if as_json:
+        emit_json(result)
+        return
+    pages = max(1, -(-result.total_facts // page_size))
+    print_facts(result.facts, title=f"facts, page {page} of {pages} ({result.total_facts} in all)")
+    rows = [(e.name, e.label, ", ".join(e.aliases), e.summary) for e in result.entities]
+    table("entities on this page", ["name", "label", "aliases", "summary"], rows)
+
+
+@click.command(short_help="Counts of a user's memory and its LLM cost.")
+@user_id_argument
+@json_option
+def stats(user_id: str, as_json: bool) -> None:
+    """Counts of the user's memory and the LLM tokens and cost spent building it."""
+    with open_client() as client:
+        result = client.stats(user_id)
+    if as_json:
+        emit_json(result)
+        return
+    usage = result.usage
+    rows = [
+        ("entities", result.entities),
+        (
+            "facts (current / superseded / archived)",
+            f"{result.current_facts} / {result.superseded_facts} / {result.archived_facts}",
+        ),
+        ("facts in all", result.facts),
+        ("episodes (messages applied)", result.episodes),
+        ("topic clusters", result.clusters),
+        ("graph version", result.version),
+        ("LLM calls", usage.llm_calls),
+        ("LLM tokens (prompt + completion)", f"{usage.prompt_tokens} + {usage.completion_tokens}"),
+        ("estimated LLM cost", f"${usage.cost_usd:.4f}"),
+    ]
+    table(f"memory of {user_id}", ["", "value"], rows)
+
+
+@click.command(short_help="Forget one message and the facts only it stated.")
+@user_id_argument
+@click.argument("memory_id")
+@json_option
+def forget(user_id: str, memory_id: str, as_json: bool) -> None:
+    """Forget one message (MEMORY_ID is its message id) and the facts only it stated."""
+    with open_client() as client:
+        result = client.forget(user_id, memory_id)
+    if as_json:
+        emit_json(result)
+    else:
+        click.echo(
+            f"forgot message {memory_id}: {result.facts} facts, {result.entities} entities, {result.vectors} vectors"
+        )
+
+
+@click.command("forget-user", short_help="Erase everything of one user.")
+@user_id_argument
+@click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+@json_option
+def forget_user(user_id: str, yes: bool, as_json: bool) -> None:
+    """Erase everything of one user: graph, vectors, queued messages, dead letters."""
+    if not yes:
+        click.confirm(f"Erase all memory of {user_id}? This cannot be undone", abort=True, err=True)
+    with open_client() as client:
+        result = client.forget_user(user_id)
+    if as_json:
+        emit_json(result)
+    else:
+        click.echo(f"erased {user_id}: {result.episodes} episodes, {result.facts} facts, {result.entities} entities")
+
+
+def _llm_check(client: MemoryClient) -> CheckResult:
+    """One real extraction call: proves the model, the key and JSON mode together."""
+    from engram_api.health import timed
+    from engram_workers.extraction.llm import call_llm
+
+    def ping() -> str:
+        answer = call_llm(
+            client.settings,
+            [
+                {"role": "system", "content": 'Answer with the JSON object {"entities": [], "facts": []}.'},
+                {"role": "user", "content": "health check"},
+            ],
+        )
+        return f"{client.settings.llm_model}: {answer.usage.prompt_tokens + answer.usage.completion_tokens} tokens"
+
+    return timed(ping)
+
+
+@click.command(short_help="Check every dependency (exit 1 when unhealthy).")
+@json_option
+def health(as_json: bool) -> None:
+    """Check the graph store, Redis, the embedder, the index directory, queues (and the LLM if set).
+
+    Exits 1 when any check fails.
+    """
+    with open_client() as client:
+        report = client.health()
+        if client.settings.llm_model:
+            report.checks["llm"] = _llm_check(client)
+            report.ok = report.ok and report.checks["llm"].ok
+    if as_json:
+        emit_json(report)
+    else:
+        rows = [
+            ("[green]ok[/green]" if c.ok else "[red]FAIL[/red]", name, c.detail, f"{c.latency_ms:.0f} ms")
+            for name, c in report.checks.items()
+        ]
+        table("engram health", ["", "check", "detail", "time"], rows)
+        console().print("[green]healthy[/green]" if report.ok else "[red]unhealthy[/red]")
+    if not report.ok:
+        raise click.exceptions.Exit(1)
+
+
+@click.command(short_help="Back up one user's memory as JSON lines.")
+@user_id_argument
+@click.option("--output", "-o", type=click.File("w"), default="-", help="File to write (default: stdout).")
+def export(user_id: str, output: IO[str]) -> None:
+    """Back up one user's memory as JSON lines: a header, then every entity and fact.
+
+    Superseded and archived facts are included (history survives); embeddings are not (they are
+    recomputed from the text).
+    """
+    from engram_api.models import utcnow
+
+    with open_client() as client:
+        first = client.get_graph(user_id, 1, _EXPORT_PAGE)
+        header = {
+            "type": "header",
+            "format": "engram-export",
+            "version": 1,
+            "user_id": user_id,
+            "exported_at": utcnow().isoformat(),
+            "facts": first.total_facts,
+        }
+        output.write(json.dumps(header) + "\n")
+        seen: set[str] = set()
+        page, facts = first, 0
+        while page.facts:
+            for entity in page.entities:
+                if entity.id not in seen:
+                    seen.add(entity.id)
+                    output.write(json.dumps({"type": "entity", **to_jsonable(entity)}) + "\n")
+            for fact in page.facts:
+                output.write(json.dumps({"type": "fact", **to_jsonable(fact)}) + "\n")
+            facts += len(page.facts)
+            page = client.get_graph(user_id, page.page + 1, _EXPORT_PAGE)
+    click.echo(f"exported {facts} facts and {len(seen)} entities of {user_id}", err=True)
+
+
+COMMANDS = [recall, search, context, history, graph, stats, forget, forget_user, health, export]

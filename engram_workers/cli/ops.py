@@ -1,0 +1,241 @@
+"""Run the fleet: ``worker``, ``beat``, ``flower`` (one process each, for containers and systemd) and
+``up`` (everything at once on one machine, for development).
+
+Celery runs in this process (``app.start``) rather than behind an exec, so ``worker --metrics-port``
+can serve Prometheus metrics from the pool's parent process.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import shutil
+import signal
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+
+from engram_workers.cli._common import settings
+from engram_workers.cli._output import err_console
+
+__all__ = ["COMMANDS", "REDBEAT_KEY_PREFIX", "beat_config", "stage_defaults"]
+
+STAGES = ("extract", "apply", "maintenance", "all")
+
+
+def stage_defaults(stage: str) -> tuple[list[str], str, int]:
+    """(queues, pool, concurrency) of a stage."""
+    from engram_api import keys
+
+    cpus = os.cpu_count() or 1
+    return {
+        # Extraction waits on the LLM: many threads in one process keep many calls in flight.
+        "extract": ([keys.EXTRACT_QUEUE], "threads", 32),
+        # Apply is CPU and database work under a per-user lock: one process per core.
+        "apply": ([keys.APPLY_QUEUE], "prefork", cpus),
+        # Maintenance walks every user; one job at a time is plenty at its hourly-to-daily cadence.
+        "maintenance": ([keys.MAINTENANCE_QUEUE], "prefork", 1),
+        "all": ([keys.EXTRACT_QUEUE, keys.APPLY_QUEUE, keys.MAINTENANCE_QUEUE], "prefork", cpus),
+    }[stage]
+
+
+# Beat wakes at least this often; a standby Beat takes over within the lock timeout after the leader dies.
+BEAT_MAX_INTERVAL_S = 5
+BEAT_LOCK_TIMEOUT_S = 5 * BEAT_MAX_INTERVAL_S
+REDBEAT_KEY_PREFIX = "engram:beat:"
+
+
+def beat_config(redis_url: str) -> dict[str, Any]:
+    """RedBeat keeps the schedule and a leader lock in Redis: any number of `engram beat` processes
+    fire each job once (the others wait for the lock)."""
+    from engram_api import keys
+
+    return {
+        "beat_scheduler": "redbeat.RedBeatScheduler",
+        "beat_max_loop_interval": BEAT_MAX_INTERVAL_S,
+        "redbeat_redis_url": redis_url,
+        "redbeat_key_prefix": REDBEAT_KEY_PREFIX,
+        "redbeat_lock_key": keys.BEAT_LOCK,
+        "redbeat_lock_timeout": BEAT_LOCK_TIMEOUT_S,
+        # Ride out a short Redis restart; a longer outage ends this Beat (its lock may have passed on).
+        "redbeat_redis_options": {
+            "socket_timeout": 10,
+            "socket_connect_timeout": 5,
+            "retry_period": BEAT_LOCK_TIMEOUT_S,
+        },
+    }
+
+
+def _celery(argv: list[str]) -> None:
+    """Run a celery sub-command in this process with Engram's app; exit with its code."""
+    from engram_workers.app import app
+
+    code = app.start(argv=argv)
+    raise click.exceptions.Exit(code or 0)
+
+
+def _metrics_dir() -> str:
+    """prometheus_client's multiprocess directory: pool children write there, the parent serves the sum.
+
+    It must be empty at start (old files would be counted again), so a caller-chosen one is cleared.
+    """
+    chosen = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    if not chosen:
+        made = tempfile.mkdtemp(prefix="engram-metrics-")
+        # Pool children leave through os._exit, so only the parent (the owner) runs this.
+        atexit.register(shutil.rmtree, made, ignore_errors=True)
+        return made
+    path = Path(chosen)
+    path.mkdir(parents=True, exist_ok=True)
+    for stale in path.glob("*.db"):
+        stale.unlink()
+    return chosen
+
+
+@click.command(short_help="Run a Celery worker for one stage (or all).")
+@click.option(
+    "--stage",
+    type=click.Choice(STAGES),
+    default="all",
+    show_default=True,
+    help="extract: threads x32; apply: prefork x CPUs; maintenance: prefork x1; all: every queue, prefork x CPUs.",
+)
+@click.option("--queues", "-Q", help="Comma-separated queues to consume (overrides --stage's).")
+@click.option("--pool", type=click.Choice(["prefork", "threads", "solo"]), help="Overrides --stage's pool.")
+@click.option("--concurrency", "-c", type=click.IntRange(1, 1024), help="Overrides --stage's concurrency.")
+@click.option("--metrics-port", type=click.IntRange(1, 65535), help="Serve Prometheus /metrics on this port.")
+@click.option("--hostname", "-n", help="Worker node name (default: <stage>@<host>).")
+@click.option("--loglevel", "-l", default="INFO", show_default=True)
+def worker(
+    stage: str,
+    queues: str | None,
+    pool: str | None,
+    concurrency: int | None,
+    metrics_port: int | None,
+    hostname: str | None,
+    loglevel: str,
+) -> None:
+    """Run a Celery worker for one stage of the pipeline (or all of them)."""
+    settings()  # a bad environment fails here with the variable's name, not deep inside Celery
+    stage_queues, stage_pool, stage_concurrency = stage_defaults(stage)
+    chosen_queues = [q.strip() for q in queues.split(",") if q.strip()] if queues else stage_queues
+    if not chosen_queues:
+        raise click.BadParameter("no queue given", param_hint="--queues")
+    if metrics_port is not None:
+        # Before anything imports prometheus_client: it picks multiprocess mode at import.
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = _metrics_dir()
+        from engram_workers import metrics
+
+        metrics.serve(metrics_port)
+    argv = [
+        "worker",
+        "--queues", ",".join(chosen_queues),
+        "--pool", pool or stage_pool,
+        "--concurrency", str(concurrency or stage_concurrency),
+        "--hostname", hostname or f"{stage}@%h",
+        "--loglevel", loglevel,
+        # Gossip and mingle only add chatter and start-up delay: Engram keeps no state in them.
+        "--without-gossip", "--without-mingle",
+    ]  # fmt: skip
+    _celery(argv)
+
+
+@click.command(short_help="Run Celery Beat (maintenance schedule, one leader).")
+@click.option("--loglevel", "-l", default="INFO", show_default=True)
+def beat(loglevel: str) -> None:
+    """Run Celery Beat with Engram's maintenance schedule (decay, hierarchy, weights, reconcile).
+
+    Safe to run more than once for availability: a Redis lock elects one leader, the others stand by
+    and take over within ~25 s of its death. Intervals come from ENGRAM_*_INTERVAL_S.
+    """
+    from engram_api.connections import resolve_redis_url
+    from engram_workers.app import app
+
+    app.conf.update(beat_config(resolve_redis_url(settings())))
+    _celery(["beat", "--loglevel", loglevel])
+
+
+@click.command(short_help="Run Flower, the Celery dashboard.")
+@click.option("--port", default=5555, show_default=True, type=click.IntRange(1, 65535))
+@click.option("--address", default="127.0.0.1", show_default=True, help="Interface to listen on (0.0.0.0: all).")
+def flower(port: int, address: str) -> None:
+    """Run Flower, the Celery dashboard (tasks carry ids only, never message text).
+
+    Basic auth is on when ENGRAM_FLOWER_PASSWORD is set (user: ENGRAM_FLOWER_USER, default "engram").
+    """
+    current = settings()
+    if current.flower_password:
+        # Through the environment, not argv: a password on the command line shows in `ps`.
+        os.environ["FLOWER_BASIC_AUTH"] = f"{current.flower_user}:{current.flower_password}"
+    elif address not in ("127.0.0.1", "localhost", "::1"):
+        err_console().print(
+            f"[yellow]warning:[/yellow] Flower on {address} without a password; set ENGRAM_FLOWER_PASSWORD"
+        )
+    _celery(["flower", f"--port={port}", f"--address={address}"])
+
+
+class _Stop(Exception):
+    """SIGTERM, turned into an exception so that `up` unwinds through its finally block."""
+
+
+def _raise_stop(signum: int, frame: object) -> None:
+    raise _Stop
+
+
+@click.command(short_help="Run Redis, workers and Beat locally until Ctrl-C.")
+@click.option("--flower/--no-flower", "with_flower", default=False, show_default=True, help="Also run Flower.")
+@click.option("--flower-port", default=5555, show_default=True, type=click.IntRange(1, 65535))
+@click.option("--extract-concurrency", default=32, show_default=True, type=click.IntRange(1, 1024))
+@click.option("--apply-concurrency", default=2, show_default=True, type=click.IntRange(1, 256))
+@click.option("--beat/--no-beat", "with_beat", default=True, show_default=True, help="Also run Beat (maintenance).")
+def up(with_flower: bool, flower_port: int, extract_concurrency: int, apply_concurrency: int, with_beat: bool) -> None:
+    """Run everything on this machine until Ctrl-C: Redis (embedded unless REDIS_URL is set), an extract
+    worker, an apply worker (which also runs maintenance), Beat and optionally Flower.
+
+    The graph is Neo4j when NEO4J_URI is set, else SQLite in ENGRAM_DATA_DIR. Logs go to
+    ENGRAM_DATA_DIR/logs. Clients on this machine find the embedded Redis by themselves.
+    """
+    from engram_workers.cli._local import LocalStack
+
+    current = settings()
+    stack = LocalStack(current)
+    out = err_console()
+    previous = signal.signal(signal.SIGTERM, _raise_stop)
+    try:
+        with out.status("starting Engram..."):
+            url = stack.start_redis(reuse=False)
+            stack.start_extract_worker("extract", extract_concurrency)
+            stack.start_apply_worker("apply", apply_concurrency)
+            if with_beat:
+                stack.start_beat()
+            if with_flower:
+                stack.start_flower(flower_port, "127.0.0.1")
+            stack.wait_ready()
+        out.print(f"redis      {url}" + ("" if stack.redis_server else " (REDIS_URL)"))
+        out.print(f"extract    threads x{extract_concurrency}")
+        out.print(f"apply      prefork x{apply_concurrency} (+ maintenance queue)")
+        if with_beat:
+            out.print("beat       maintenance schedule")
+        if with_flower:
+            out.print(f"flower     http://127.0.0.1:{flower_port}")
+        graph = current.neo4j_uri or f"SQLite {stack.data_dir / 'graph.sqlite3'}"
+        extractor = current.llm_model or "offline rules (LLM_MODEL unset)"
+        out.print(f"graph      {graph}\nextractor  {extractor}\nlogs       {stack.log_dir}")
+        out.print('[green]Engram is up.[/green] Try `engram enqueue alice "I live in Austin" --wait`. Ctrl-C stops.')
+        while True:
+            dead = stack.dead_child()
+            if dead is not None:
+                raise click.ClickException(f"{dead.name} exited unexpectedly; see {dead.log_path}")
+            time.sleep(0.5)
+    except (KeyboardInterrupt, _Stop):
+        out.print("stopping...")
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        stack.stop()
+    out.print("stopped.")
+
+
+COMMANDS = [worker, beat, flower, up]
