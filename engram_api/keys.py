@@ -22,6 +22,9 @@ EXTRACT_QUEUE = "engram.extract"
 APPLY_QUEUE = "engram.apply"
 MAINTENANCE_QUEUE = "engram.maintenance"
 
+# Pipeline stages (also the task names' suffixes); per-stage keys are built from these.
+STAGES = ("extract", "apply")
+
 EXTRACT_TASK = "engram.extract"
 APPLY_TASK = "engram.apply"
 DECAY_TASK = "engram.maintenance.decay"
@@ -74,7 +77,7 @@ def user_keys_pattern(user_id: str) -> list[str]:
         f"{PREFIX}:msg:{user_id}:*",
         f"{PREFIX}:extraction:{user_id}:*",
         f"{PREFIX}:status:{user_id}:*",
-        f"{PREFIX}:deliveries:*:{user_id}:*",
+        *(f"{PREFIX}:deliveries:{stage}:{user_id}:*" for stage in STAGES),
         f"{PREFIX}:recall:{user_id}:*",
     ]
 

@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
 from engram_api.errors import InvalidInputError
 
@@ -60,7 +60,10 @@ def check_aware(value: datetime | None, field: str = "timestamp") -> datetime | 
         raise InvalidInputError(field, f"must be a datetime, got {type(value).__name__}")
     if value.tzinfo is None or value.utcoffset() is None:
         raise InvalidInputError(field, "must be timezone-aware (e.g. datetime.now(timezone.utc))")
-    return value.astimezone(UTC)
+    try:
+        return value.astimezone(UTC)
+    except OverflowError:
+        raise InvalidInputError(field, "is out of range once converted to UTC") from None
 
 
 UserId = Annotated[str, AfterValidator(check_user_id)]
@@ -142,7 +145,13 @@ MemoryType = Literal["semantic", "episodic", "procedural"]
 SELF_REF = "user"  # how an extractor refers to the person whose memory this is
 
 
-class ExtractedEntity(_Model):
+class _ModelOutput(BaseModel):
+    """Model answers may carry extra keys ("confidence", ...): ignored, never stored, never fatal."""
+
+    model_config = ConfigDict(extra="ignore")
+
+
+class ExtractedEntity(_ModelOutput):
     ref: str = Field(description="local reference used by facts, or the id of a context entity to update")
     name: str = Field(min_length=1, max_length=200)
     label: str = Field("Thing", max_length=100)
@@ -150,7 +159,7 @@ class ExtractedEntity(_Model):
     summary: str = Field("", max_length=1000)
 
 
-class ExtractedFact(_Model):
+class ExtractedFact(_ModelOutput):
     subject: str = Field(description="entity ref, or 'user' for the speaker")
     predicate: str = Field(min_length=1, max_length=100)
     object: str | None = Field(None, description="entity ref, or None for an attribute-only fact")
@@ -160,6 +169,17 @@ class ExtractedFact(_Model):
     valid_from: datetime | None = Field(None, description="when it became true, if the text says")
     single_valued: bool = Field(False, description="a new value replaces the old (LIVES_IN, WORKS_AT)")
     updates: str | None = Field(None, description="id of a context fact this one restates or replaces")
+
+    @field_validator("valid_from")
+    @classmethod
+    def _utc(cls, value: datetime | None) -> datetime | None:
+        # A model that writes "2024-01-05" means a date, not a local time somewhere: read it as UTC.
+        if value is None:
+            return None
+        try:
+            return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+        except OverflowError:
+            raise ValueError("valid_from is out of range") from None
 
 
 class Extraction(_Model):

@@ -135,7 +135,8 @@ def sanitize_label(label: str) -> str:
 
 def sanitize_predicate(predicate: str) -> str:
     """'works at' / 'worksAt' / '`X`]->(' -> 'WORKS_AT' / 'WORKS_AT' / 'X': UPPER_SNAKE, at most 40."""
-    spaced = re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", _ascii_fold(predicate))
+    # Split camelCase only after a lower-case letter, so cleaning is idempotent ("OWNS_3D_PRINTER" stays).
+    spaced = re.sub(r"(?<=[a-z])(?=[A-Z])", "_", _ascii_fold(predicate))
     cleaned = _PRED_BAD.sub("_", spaced.upper()).strip("_")
     return cleaned[:40].rstrip("_") or "RELATED_TO"
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import base64
 import json
+import math
 import socket
 import time
 import uuid
@@ -108,11 +109,7 @@ def _messages(messages: object, settings: Settings) -> list[ChatMessage]:
         raise InvalidInputError("messages", "is empty")
     total = 0
     for i, m in enumerate(items):
-        content = m.content
-        try:
-            content.encode("utf-8")
-        except UnicodeEncodeError:
-            raise InvalidInputError(f"messages[{i}].content", "is not valid UTF-8 (lone surrogate)") from None
+        content = _utf8(m.content, f"messages[{i}].content")
         if "\x00" in content:
             raise InvalidInputError(f"messages[{i}].content", "contains a NUL character")
         total += len(content)
@@ -121,6 +118,43 @@ def _messages(messages: object, settings: Settings) -> list[ChatMessage]:
     if total > settings.max_message_chars:
         raise InvalidInputError("messages", f"{total} characters exceeds the limit of {settings.max_message_chars}")
     return items
+
+
+_ITEM_KEYS = {"user_id", "messages", "message_id", "timestamp", "metadata"}
+_META_KEYS = 50
+_META_KEY_CHARS = 64
+_META_VALUE_CHARS = 1_000
+
+
+def _utf8(text: str, field: str) -> str:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidInputError(field, "is not valid UTF-8 (lone surrogate)") from None
+    return text
+
+
+def _metadata(metadata: object) -> dict[str, Any]:
+    if metadata is None:
+        return {}
+    if not isinstance(metadata, Mapping):
+        raise InvalidInputError("metadata", "must be a mapping of str to str/int/float/bool")
+    if len(metadata) > _META_KEYS:
+        raise InvalidInputError("metadata", f"at most {_META_KEYS} keys")
+    for k, v in metadata.items():
+        field = f"metadata[{str(k)[:30]!r}]"
+        if not isinstance(k, str) or not k or len(k) > _META_KEY_CHARS:
+            raise InvalidInputError(field, f"keys are non-empty strings of at most {_META_KEY_CHARS} characters")
+        _utf8(k, field)
+        if not isinstance(v, str | int | float | bool):
+            raise InvalidInputError(field, "values are str/int/float/bool")
+        if isinstance(v, float) and not math.isfinite(v):
+            raise InvalidInputError(field, "must be a finite number (JSON has no NaN or Infinity)")
+        if isinstance(v, str):
+            _utf8(v, field)
+            if len(v) > _META_VALUE_CHARS:
+                raise InvalidInputError(field, f"at most {_META_VALUE_CHARS} characters")
+    return dict(metadata)
 
 
 def build_envelope(
@@ -138,14 +172,7 @@ def build_envelope(
     if timestamp is not None and not isinstance(timestamp, datetime):
         raise InvalidInputError("timestamp", f"must be a datetime, got {type(timestamp).__name__}")
     ts = check_aware(timestamp) or utcnow()
-    meta: dict[str, Any] = {}
-    if metadata is not None:
-        if not isinstance(metadata, Mapping):
-            raise InvalidInputError("metadata", "must be a mapping of str to str/int/float/bool")
-        for k, v in metadata.items():
-            if not isinstance(k, str) or not isinstance(v, str | int | float | bool):
-                raise InvalidInputError(f"metadata[{str(k)[:30]!r}]", "keys are str, values str/int/float/bool")
-        meta = dict(metadata)
+    meta = _metadata(metadata)
     return Envelope(user_id=uid, message_id=mid, messages=_messages(messages, settings), timestamp=ts, metadata=meta)
 
 
@@ -179,6 +206,8 @@ class Producer:
 
     def enqueue_many(self, items: Iterable[Mapping[str, Any]]) -> list[Receipt]:
         """Validate every item first (all or nothing), then publish them in order."""
+        if isinstance(items, str | bytes | Mapping) or not isinstance(items, Iterable):
+            raise InvalidInputError("items", "must be a list of {user_id, messages, ...} mappings")
         items = list(items)
         if len(items) > self.settings.max_batch:
             raise InvalidInputError("items", f"at most {self.settings.max_batch} per batch")
@@ -186,6 +215,9 @@ class Producer:
         for i, item in enumerate(items):
             if not isinstance(item, Mapping) or "user_id" not in item or "messages" not in item:
                 raise InvalidInputError(f"items[{i}]", "needs user_id and messages")
+            unknown = set(item) - _ITEM_KEYS
+            if unknown:
+                raise InvalidInputError(f"items[{i}]", f"unknown keys {sorted(map(str, unknown))[:3]}")
             extra = {k: item.get(k) for k in ("message_id", "timestamp", "metadata")}
             try:
                 envelopes.append(build_envelope(self.settings, item["user_id"], item["messages"], **extra))

@@ -54,7 +54,8 @@ def celery_config(settings: Settings, broker_url: str) -> dict[str, Any]:
             keys.APPLY_TASK: {"queue": keys.APPLY_QUEUE, "routing_key": keys.APPLY_QUEUE},
             "engram.maintenance.*": {"queue": keys.MAINTENANCE_QUEUE, "routing_key": keys.MAINTENANCE_QUEUE},
         },
-        # Flower needs events; the producer's "sent" event makes queued tasks visible there too.
+        # Flower needs events. "sent" events come from hand-overs to apply and from Beat; the producer's
+        # Lua enqueue emits none (Flower shows those tasks from "received" on).
         "worker_send_task_events": True,
         "task_send_sent_event": True,
         "worker_hijack_root_logger": False,

@@ -7,16 +7,19 @@ worker`` sets it) prometheus_client aggregates them and ``engram worker --metric
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 __all__ = [
     "DEAD_LETTERS",
     "LLM_COST",
     "LLM_TOKENS",
     "MESSAGES",
-    "QUEUE_DEPTH",
     "STAGE_SECONDS",
+    "QueueDepth",
     "serve",
 ]
 
@@ -30,16 +33,43 @@ STAGE_SECONDS = Histogram(
 LLM_TOKENS = Counter("engram_llm_tokens_total", "LLM tokens spent", ["kind"])
 LLM_COST = Counter("engram_llm_cost_usd_total", "Estimated LLM cost in USD")
 DEAD_LETTERS = Counter("engram_dead_letters_total", "Messages dead-lettered", ["stage"])
-QUEUE_DEPTH = Gauge("engram_queue_depth", "Messages waiting per queue", ["queue"], multiprocess_mode="max")
 
 
-def serve(port: int) -> None:
-    """Expose /metrics on ``port`` (aggregating pool children in multiprocess mode)."""
+class QueueDepth(Collector):
+    """``engram_queue_depth{queue}``, read from the broker at each scrape: no process has to keep a gauge
+    current, and only the serving process talks to Redis for it."""
+
+    def __init__(self, redis_url: str) -> None:
+        import redis
+
+        self._redis = redis.Redis.from_url(redis_url, socket_timeout=5, socket_connect_timeout=5)
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        import redis
+
+        from engram_api import keys
+
+        names = (keys.EXTRACT_QUEUE, keys.APPLY_QUEUE, keys.MAINTENANCE_QUEUE)
+        pipe = self._redis.pipeline(transaction=False)
+        for name in names:
+            pipe.llen(name)
+        try:
+            depths = pipe.execute()
+        except redis.RedisError:
+            return  # Redis down: the other metrics still serve; the missing series is the signal
+        family = GaugeMetricFamily("engram_queue_depth", "Messages waiting per queue", labels=["queue"])
+        for name, depth in zip(names, depths, strict=True):
+            family.add_metric([name], depth)
+        yield family
+
+
+def serve(port: int, redis_url: str) -> None:
+    """Expose /metrics on ``port`` (aggregating pool children in multiprocess mode), with queue depths."""
+    registry = REGISTRY
     if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         from prometheus_client import multiprocess
 
         registry = CollectorRegistry()
         multiprocess.MultiProcessCollector(registry)
-        start_http_server(port, registry=registry)
-    else:
-        start_http_server(port)
+    registry.register(QueueDepth(redis_url))
+    start_http_server(port, registry=registry)

@@ -11,9 +11,9 @@ import uuid
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from engram_workers.services.llm_standin import Reply
 
 from engram_api import keys
+from engram_workers.services.llm_standin import Reply
 from tests.support.extractions import entity, fact, lives_in, message_text
 from tests.support.stack import engram_stack
 

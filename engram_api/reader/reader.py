@@ -337,6 +337,8 @@ class Reader:
     def history(self, user_id: str, subject: str, predicate: str | None = None) -> list[FactRecord]:
         check_user_id(user_id)
         _check_text(subject, "subject")
+        if predicate is not None:
+            _check_text(predicate, "predicate")
         return self.graph.history(user_id, subject, sanitize_predicate(predicate) if predicate else None)
 
     def get_graph(self, user_id: str, page: int = 1, page_size: int = 50) -> GraphPage:
@@ -353,8 +355,12 @@ class Reader:
     def feedback(self, user_id: str, recall_id: str, useful_ids: Sequence[str]) -> int:
         """Record which results of a recall helped; the others of that recall count as not useful."""
         check_user_id(user_id)
-        if not isinstance(recall_id, str) or not recall_id:
+        if not isinstance(recall_id, str) or not recall_id or len(recall_id) > 64 or not recall_id.isalnum():
             raise InvalidInputError("recall_id", "must be the recall_id of a recent recall")
+        if isinstance(useful_ids, str) or not isinstance(useful_ids, Sequence | set | frozenset):
+            raise InvalidInputError("useful_ids", "must be a list of memory ids")
+        if not all(isinstance(i, str) for i in useful_ids):
+            raise InvalidInputError("useful_ids", "must contain only memory id strings")
         if self.redis is None:
             raise StoreUnavailableError("feedback needs Redis (the recall log lives there)")
         raw = self.redis.get(keys.recall_log(user_id, recall_id))

@@ -42,6 +42,9 @@ class IndexKeeper:
         index = self.vectors.new()
         index.upsert((item.node_id, item.kind, item.embedding) for item in items)
         index.version = version
+        if version == 0 and not items:
+            # A user the graph has never seen: answer empty, but do not let read traffic create files.
+            return index
         with self.vectors.lock(user_id):
             self.vectors.save(user_id, index)
         self.rebuilds += 1

@@ -119,7 +119,7 @@ def worker(
     loglevel: str,
 ) -> None:
     """Run a Celery worker for one stage of the pipeline (or all of them)."""
-    settings()  # a bad environment fails here with the variable's name, not deep inside Celery
+    current = settings()  # a bad environment fails here with the variable's name, not deep inside Celery
     stage_queues, stage_pool, stage_concurrency = stage_defaults(stage)
     chosen_queues = [q.strip() for q in queues.split(",") if q.strip()] if queues else stage_queues
     if not chosen_queues:
@@ -127,9 +127,10 @@ def worker(
     if metrics_port is not None:
         # Before anything imports prometheus_client: it picks multiprocess mode at import.
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = _metrics_dir()
+        from engram_api.connections import resolve_redis_url
         from engram_workers import metrics
 
-        metrics.serve(metrics_port)
+        metrics.serve(metrics_port, resolve_redis_url(current))
     argv = [
         "worker",
         "--queues", ",".join(chosen_queues),

@@ -8,6 +8,7 @@ are not deterministic) but says nothing about the service's health.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 from dataclasses import dataclass
@@ -34,7 +35,10 @@ def parse_extraction(raw: str) -> Extraction:
     text = _FENCE.sub("", raw.strip())
     try:
         data = json.loads(text)
-    except json.JSONDecodeError as exc:
+    except (RecursionError, ValueError) as exc:
+        if not isinstance(exc, json.JSONDecodeError):
+            # Nesting too deep, or a number too long to convert: unusable all the same.
+            raise LLMError(f"model answer is not usable JSON: {type(exc).__name__}", transient=False, raw=raw) from None
         raise LLMError(f"model answer is not JSON: {exc.msg} at {exc.pos}", transient=False, raw=raw) from None
     try:
         return Extraction.model_validate(data)
@@ -50,6 +54,8 @@ def _litellm():  # type: ignore[no-untyped-def]
     import litellm
 
     litellm.suppress_debug_info = True
+    # litellm logs every call at INFO through its own handler as well: once, at WARNING, is enough.
+    logging.getLogger("LiteLLM").setLevel(logging.WARNING)
     return litellm
 
 

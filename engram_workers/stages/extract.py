@@ -99,11 +99,15 @@ def run_extract(ctx: WorkerContext, user_id: str, message_id: str) -> str:
         ) from None
     except LLMError as exc:
         return _failed(ctx, envelope, exc)
-    metrics.LLM_TOKENS.labels(kind="prompt").inc(answer.usage.prompt_tokens)
-    metrics.LLM_TOKENS.labels(kind="completion").inc(answer.usage.completion_tokens)
-    metrics.LLM_COST.inc(answer.usage.cost_usd)
+    _count_usage(answer.usage)
     _store_and_hand_over(ctx, envelope, answer.extraction, answer.usage)
     return f"llm: {len(answer.extraction.facts)} facts"
+
+
+def _count_usage(usage: Usage) -> None:
+    metrics.LLM_TOKENS.labels(kind="prompt").inc(usage.prompt_tokens)
+    metrics.LLM_TOKENS.labels(kind="completion").inc(usage.completion_tokens)
+    metrics.LLM_COST.inc(usage.cost_usd)
 
 
 def _failed(ctx: WorkerContext, envelope: Envelope, exc: LLMError) -> str:
@@ -114,6 +118,7 @@ def _failed(ctx: WorkerContext, envelope: Envelope, exc: LLMError) -> str:
     usage = getattr(exc, "usage", None)
     if usage is not None:
         ctx.redis.hincrbyfloat(key, "failed_cost_usd", usage.cost_usd)
+        _count_usage(usage)
     if attempts >= ctx.settings.llm_max_attempts:
         return dead_letter(
             ctx,

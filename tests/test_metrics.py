@@ -1,0 +1,179 @@
+"""`engram worker --metrics-port`: Prometheus metrics summed over prefork children, with values that match
+what the fleet did; and ENGRAM_LOG_FORMAT=json logs carrying user and message ids, never message text."""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from engram_api import keys
+from engram_api.queue import make_celery
+from engram_api.settings import load_settings
+from engram_workers.services.llm_standin import LLMStandin, Reply, approx_tokens
+from engram_workers.services.ports import free_port
+from tests.support.extractions import entity, fact, lives_in, message_text
+from tests.support.operator_processes import engram_process
+from tests.support.stack import engram_stack
+
+ANSWERS = {
+    "I live in Tampa.": lives_in("Tampa"),
+    "My brother Alex works at Amazon.": {
+        "entities": [entity("e1", "Alex", "Person"), entity("e2", "Amazon", "Company")],
+        "facts": [fact("e1", "WORKS_AT", "e2", "Alex works at Amazon")],
+    },
+}
+BROKEN = "My passport number is X1234567."  # answered with non-JSON until it is dead-lettered
+NOT_JSON = "{not json at all"
+MAINTENANCE_BACKLOG = 3  # jobs left waiting: this worker does not consume the maintenance queue
+TRIVIAL = "ok thanks"  # the extract stage skips the LLM for these
+
+
+def scripted(request: dict[str, Any]) -> Reply:
+    text = message_text(request)
+    return Reply(content=NOT_JSON) if text == BROKEN else Reply.json(ANSWERS[text])
+
+
+@dataclass(frozen=True)
+class Scrape:
+    samples: dict[tuple[str, frozenset[tuple[str, str]]], float]
+    log: Path
+    metrics_dir: Path
+    worker_pid: int
+    applied: dict[str, str]  # message id -> user id
+    dead: tuple[str, str]  # (user id, message id)
+    prompt_tokens: int
+    completion_tokens: int
+    llm_calls: int
+
+    def value(self, name: str, **labels: str) -> float:
+        return self.samples.get((name, frozenset(labels.items())), 0.0)
+
+
+@pytest.fixture(scope="module")
+def scrape(redis_url: str, llm_server: LLMStandin, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scrape]:
+    """One `engram worker` (extract and apply queues, prefork x2, --metrics-port, JSON logs) fed four
+    messages: two answered by the LLM, one trivial, one the LLM keeps answering with non-JSON; and a few
+    maintenance jobs nobody consumes. Then /metrics scraped once."""
+    llm_server.reset()
+    llm_server.script(scripted)
+    data_dir = tmp_path_factory.mktemp("metrics")
+    with engram_stack(
+        redis_url=redis_url, data_dir=data_dir, neo4j_uri=None, llm_url=llm_server.url, workers=False, log_format="json"
+    ) as stack:
+        port, metrics_dir = free_port(), data_dir / "prometheus"
+        metrics_dir.mkdir()
+        (metrics_dir / "counter_1.db").write_bytes(b"stale")  # a previous run's file: `engram worker` clears it
+        queues = f"{keys.EXTRACT_QUEUE},{keys.APPLY_QUEUE}"
+        args = ["worker", "--queues", queues, "--concurrency", "2", "--metrics-port", str(port)]
+        env = {**stack.env, "PROMETHEUS_MULTIPROC_DIR": str(metrics_dir)}
+        with engram_process("worker", args, env=env, log_dir=data_dir) as worker:
+            worker.wait_for_log("ready.", timeout=90)
+            client = stack.client
+            good = [client.enqueue(f"m_{n}", text) for n, text in enumerate([*ANSWERS, TRIVIAL])]
+            bad = client.enqueue("m_dead", BROKEN)
+            result = client.wait([*good, bad], timeout=120)
+            celery = make_celery(stack.settings, stack.env["REDIS_URL"])
+            for _ in range(MAINTENANCE_BACKLOG):
+                celery.send_task(keys.DECAY_TASK, queue=keys.MAINTENANCE_QUEUE, routing_key=keys.MAINTENANCE_QUEUE)
+            assert sorted(result.applied) == sorted(r.message_id for r in good)
+            assert result.dead_lettered == [bad.message_id]
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+                body = response.read().decode()
+            texts = [message_text({"messages": r.messages}) for r in llm_server.requests]
+            yield Scrape(
+                samples={
+                    (s.name, frozenset(s.labels.items())): s.value
+                    for family in text_string_to_metric_families(body)
+                    for s in family.samples
+                },
+                log=worker.log_path,
+                metrics_dir=metrics_dir,
+                worker_pid=worker.pid,
+                applied={r.message_id: r.user_id for r in good},
+                dead=(bad.user_id, bad.message_id),
+                prompt_tokens=sum(
+                    approx_tokens("".join(m["content"] for m in r.messages)) for r in llm_server.requests
+                ),
+                completion_tokens=sum(
+                    approx_tokens(NOT_JSON if t == BROKEN else json.dumps(ANSWERS[t])) for t in texts
+                ),
+                llm_calls=len(texts),
+            )
+    llm_server.reset()
+
+
+def test_messages_are_counted_per_stage_and_outcome(scrape: Scrape) -> None:
+    assert scrape.value("engram_messages_total", stage="extract", outcome="llm") == 2
+    assert scrape.value("engram_messages_total", stage="extract", outcome="trivial") == 1
+    assert scrape.value("engram_messages_total", stage="extract", outcome="dead-lettered") == 1
+    assert scrape.value("engram_messages_total", stage="apply", outcome="applied") == 3
+    assert scrape.value("engram_dead_letters_total", stage="extract") == 1
+    assert scrape.value("engram_dead_letters_total", stage="apply") == 0
+
+
+@pytest.mark.parametrize(("stage", "messages"), [("extract", 4), ("apply", 3)])
+def test_stage_seconds_has_one_observation_per_message_in_cumulative_buckets(
+    scrape: Scrape, stage: str, messages: int
+) -> None:
+    buckets = sorted(
+        (float(dict(labels)["le"]), value)
+        for (name, labels), value in scrape.samples.items()
+        if name == "engram_stage_seconds_bucket" and dict(labels)["stage"] == stage
+    )
+    assert len(buckets) == 13  # the 12 declared bounds and +Inf
+    counts = [value for _, value in buckets]
+    assert counts == sorted(counts) and counts[-1] == messages
+    assert scrape.value("engram_stage_seconds_count", stage=stage) == messages
+    assert scrape.value("engram_stage_seconds_sum", stage=stage) > 0
+
+
+def test_llm_tokens_and_cost_are_the_stand_ins_usage(scrape: Scrape) -> None:
+    # Every call is paid for, the three non-JSON answers of the dead-lettered message included.
+    assert scrape.llm_calls == 2 + 3
+    assert scrape.value("engram_llm_tokens_total", kind="prompt") == scrape.prompt_tokens
+    assert scrape.value("engram_llm_tokens_total", kind="completion") == scrape.completion_tokens
+    worker = load_settings()  # the worker's prices: it read this process's environment plus the stack's
+    cost = (
+        scrape.prompt_tokens / 1000 * worker.llm_input_cost_per_1k
+        + scrape.completion_tokens / 1000 * worker.llm_output_cost_per_1k
+    )
+    assert scrape.value("engram_llm_cost_usd_total") == pytest.approx(cost)
+
+
+def test_the_parent_serves_the_sum_of_its_pool_children(scrape: Scrape) -> None:
+    writers = {int(path.stem.rsplit("_", 1)[1]) for path in scrape.metrics_dir.glob("*.db")}
+    assert 1 not in writers, "the stale file of an earlier run was not cleared"
+    # The tasks ran in prefork children, each writing its own file; the scrape (served by the parent) had
+    # every message, so the parent summed the children's files.
+    assert writers - {scrape.worker_pid}
+
+
+def test_json_logs_carry_ids_never_message_text(scrape: Scrape) -> None:
+    lines = scrape.log.read_text().splitlines()
+    records = [json.loads(line) for line in lines if line.startswith("{")]
+    pipeline = [r for r in records if r["name"] == "engram.pipeline"]
+    seen = {(r["stage"], r["user_id"], r["message_id"]) for r in pipeline if r["levelname"] == "INFO"}
+    for message_id, user_id in scrape.applied.items():
+        assert {("extract", user_id, message_id), ("apply", user_id, message_id)} <= seen
+    user_id, message_id = scrape.dead
+    warnings = [r for r in pipeline if r["levelname"] == "WARNING"]
+    assert [(w["stage"], w["user_id"], w["message_id"]) for w in warnings] == [("extract", user_id, message_id)]
+    assert warnings[0]["message"].startswith("dead-lettered: ")
+    # Whatever names a message does so in a JSON record: no text-format line slipped through.
+    ids = [*scrape.applied, message_id]
+    assert not [line for line in lines if not line.startswith("{") and any(i in line for i in ids)]
+    text = "\n".join(lines)
+    assert "Tampa" not in text and "Amazon" not in text and "X1234567" not in text
+
+
+def test_queue_depth_is_read_from_the_broker_at_scrape_time(scrape: Scrape) -> None:
+    assert scrape.value("engram_queue_depth", queue=keys.MAINTENANCE_QUEUE) == MAINTENANCE_BACKLOG
+    assert scrape.value("engram_queue_depth", queue=keys.EXTRACT_QUEUE) == 0
+    assert ("engram_queue_depth", frozenset({("queue", keys.APPLY_QUEUE)})) in scrape.samples
