@@ -251,7 +251,7 @@ def test_enqueue_many_rejects_the_whole_batch_for_one_bad_item(stack, field, val
     [
         (None, "items"),
         (5, "items"),
-        ("abc", "items[0]"),
+        ("abc", "items"),  # a string is not a batch, not a batch of characters
         ([5], "items[0]"),
         ([{"user_id": "writer"}], "items[0]"),
         ([{"messages": "hi"}], "items[0]"),
@@ -302,7 +302,7 @@ VALID = {
     ),
     "metadata": st.none()
     | st.dictionaries(
-        st.text(max_size=20),
+        st.text(min_size=1, max_size=20),  # keys: 1-64 characters (docs/api.md)
         st.text(max_size=50)
         | st.integers(-(2**63), 2**63 - 1)
         | st.floats(allow_nan=False, allow_infinity=False)
