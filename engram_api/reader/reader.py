@@ -189,11 +189,13 @@ class Reader:
                 fact = vec_facts.get(fid)
                 if fact is not None and fact.current_at(as_of):
                     seeds.extend(x for x in (fact.subject_id, fact.object_id) if x)
-            # The user's own node touches every fact: as a seed it would flood the graph ranking.
-            seeds = [s for s in dict.fromkeys(seeds) if s != self_entity_id(user_id)]
+            # The user's own node touches every fact: as a seed, or as a node paths pass through, it would
+            # put everything one hop away and flood the graph ranking.
+            hub = self_entity_id(user_id)
+            seeds = [s for s in dict.fromkeys(seeds) if s != hub]
             if seeds:
                 for hf in self.graph.expand(
-                    user_id, seeds, max_hops=self.settings.max_hops, as_of=as_of, limit=max(5 * k, 50)
+                    user_id, seeds, max_hops=self.settings.max_hops, as_of=as_of, limit=max(5 * k, 50), avoid=[hub]
                 ):
                     hops[hf.id] = hf.hops
                     graph_facts[hf.id] = hf

@@ -99,12 +99,15 @@ class GraphStore(ABC):
         max_hops: int,
         as_of: datetime | None,
         limit: int,
+        avoid: Sequence[str] = (),
     ) -> list[HopFact]:
         """Facts reachable from the seed entities in ONE query, nearest first.
 
         A fact mentioning a seed entity is at hop 0; a fact mentioning an entity that a hop-0 fact
         connects to is at hop 1, and so on up to ``max_hops``. Traversal and results use only facts
-        valid at ``as_of`` (current facts when None) and never archived ones.
+        valid at ``as_of`` (current facts when None) and never archived ones. Paths never pass THROUGH an
+        entity in ``avoid`` (a hub such as the user's own node, which every fact touches); facts that
+        mention it are still returned when reached another way.
         """
 
     @abstractmethod

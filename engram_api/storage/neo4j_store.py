@@ -248,6 +248,7 @@ _Q_EXPAND = f"""
 MATCH (s:Entity {{user_id: $user_id}}) WHERE s.id IN $seeds
 MATCH p = (s)-[:SUBJECT|OBJECT*1..{{max_len}}]-(f:Fact)
 WHERE all(n IN nodes(p) WHERE n.user_id = $user_id AND (NOT n:Fact OR {_VALID_AT.format(v="n")}))
+  AND none(n IN nodes(p)[1..-1] WHERE n.id IN $avoid)
 WITH s, f, min(length(p)) AS depth
 WITH f, (min(depth) - 1) / 2 AS hops
 ORDER BY hops, f.importance DESC, f.id
@@ -711,6 +712,7 @@ class Neo4jGraphStore(GraphStore):
         max_hops: int,
         as_of: datetime | None,
         limit: int,
+        avoid: Sequence[str] = (),
     ) -> list[HopFact]:
         if not entity_ids or limit <= 0 or max_hops < 0:
             return []
@@ -720,6 +722,7 @@ class Neo4jGraphStore(GraphStore):
             "seeds": list(dict.fromkeys(entity_ids)),
             "as_of": _opt_utc(as_of),
             "limit": int(limit),
+            "avoid": list(avoid),
         }
 
         def work(tx: ManagedTransaction) -> list[HopFact]:

@@ -244,6 +244,7 @@ reach(entity_id, level) AS (
       CROSS JOIN facts f ON f.id = near.fact_id AND {_VALID_AT}
       CROSS JOIN mentions far ON far.fact_id = near.fact_id AND far.user_id = :user_id
      WHERE r.level < :max_hops
+       AND far.entity_id NOT IN (SELECT value FROM json_each(:avoid))
 ),
 hop(fact_id, hops) AS (
     SELECT m.fact_id, MIN(r.level)
@@ -806,6 +807,7 @@ class SqliteGraphStore(GraphStore):
         max_hops: int,
         as_of: datetime | None,
         limit: int,
+        avoid: Sequence[str] = (),
     ) -> list[HopFact]:
         rows = (
             self._conn()
@@ -817,6 +819,7 @@ class SqliteGraphStore(GraphStore):
                     "max_hops": max_hops,
                     "as_of": _us_opt(as_of),
                     "limit": limit,
+                    "avoid": _ids(avoid),
                 },
             )
             .fetchall()

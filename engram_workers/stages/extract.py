@@ -10,6 +10,7 @@ is published, so a retried apply never calls the LLM again.
 from __future__ import annotations
 
 import json
+import random
 
 from engram_api import keys
 from engram_api.errors import LLMError
@@ -92,11 +93,8 @@ def run_extract(ctx: WorkerContext, user_id: str, message_id: str) -> str:
         return "rules"
     try:
         answer = _llm_extract(ctx, envelope)
-    except BreakerOpenError:
-        raise RetryLater(
-            backoff(2, base=ctx.settings.breaker_reset_s / 2, cap=ctx.settings.breaker_reset_s),
-            "LLM circuit breaker open",
-        ) from None
+    except BreakerOpenError as exc:
+        raise RetryLater(exc.retry_in + random.uniform(0, ctx.settings.breaker_reset_s / 4), str(exc)) from None
     except LLMError as exc:
         return _failed(ctx, envelope, exc)
     _count_usage(answer.usage)
