@@ -11,6 +11,8 @@ import atexit
 import os
 import shutil
 import signal
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -239,4 +241,18 @@ def up(with_flower: bool, flower_port: int, extract_concurrency: int, apply_conc
     out.print("stopped.")
 
 
-COMMANDS = [worker, beat, flower, up]
+@click.command("bench", context_settings={"ignore_unknown_options": True})
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def bench(args: tuple[str, ...]) -> None:
+    """Run the benchmarks: python ops/bench/run.py ARGS.
+
+    ARGS: --quick (a few minutes), --only enqueue,ingest,recall,seeds,memory,quality, --keep.
+    See docs/benchmarks.md.
+    """
+    script = Path(__file__).resolve().parents[2] / "ops" / "bench" / "run.py"
+    if not script.exists():
+        raise click.ClickException(f"{script} not found: benchmarks run from a source checkout")
+    raise SystemExit(subprocess.call([sys.executable, str(script), *args]))
+
+
+COMMANDS = [worker, beat, flower, up, bench]
