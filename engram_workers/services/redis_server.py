@@ -116,6 +116,8 @@ class RedisServer:
             'save ""',
             # Never drop keys under memory pressure: a dropped key is a lost task or lock.
             "maxmemory-policy noeviction",
+            # Tests and benchmarks give each fleet a database of its own (queues included).
+            "databases 64",
             'logfile ""',
         ]
         if self.appendonly:

@@ -52,9 +52,10 @@ def slim_context(ctx: WorkerContext, envelope: Envelope) -> SlimContext:
 
 
 def _llm_extract(ctx: WorkerContext, envelope: Envelope) -> LLMAnswer:
+    messages = build_messages(envelope, slim_context(ctx, envelope))
+    # The slot is taken right before the call, so the preparation above cannot bunch calls together.
     if not ctx.rate_limiter.acquire(max_wait=5.0):
         raise RetryLater(1.0, "fleet-wide LLM rate limit")
-    messages = build_messages(envelope, slim_context(ctx, envelope))
     return ctx.breaker.call(lambda: call_llm(ctx.settings, messages))
 
 
