@@ -47,6 +47,30 @@ def _hid(prefix: str, *parts: str) -> str:
     return prefix + hashlib.blake2b("\x1f".join(parts).encode(), digest_size=12).hexdigest()
 
 
+class _Vectors:
+    """Every text a message may need embedded, encoded in ONE batch (a model call has a fixed cost
+    that dominated the apply stage when paid per name); anything unforeseen is encoded on demand."""
+
+    def __init__(self, embedder: Embedder, texts: Sequence[str]) -> None:
+        self.embedder = embedder
+        unique = list(dict.fromkeys(t for t in texts if t))
+        self._known = dict(zip(unique, embedder.encode(unique), strict=True)) if unique else {}
+
+    def __call__(self, text: str) -> np.ndarray:
+        if text not in self._known:
+            self._known[text] = self.embedder.encode_one(text)
+        return self._known[text]
+
+
+def _texts(extraction: Extraction) -> list[str]:
+    names = [e.name for e in extraction.entities]
+    # A fact may name a thing instead of referring to a listed entity: that name gets an entity too.
+    listed = {e.ref for e in extraction.entities} | {SELF_REF}
+    refs = [r.strip()[:200] for f in extraction.facts for r in (f.subject, f.object or "") if r and r not in listed]
+    statements = [" ".join(f.statement.split())[:1000] for f in extraction.facts]
+    return [*names, *refs, *statements, "User"]
+
+
 @dataclass
 class Planned:
     plan: WritePlan
@@ -60,7 +84,7 @@ class _Resolver:
     user_id: str
     message_id: str
     graph: GraphStore
-    embedder: Embedder
+    vectors: _Vectors
     index: UserIndex
     by_ref: dict[str, str] = field(default_factory=dict)
     by_norm: dict[str, str] = field(default_factory=dict)
@@ -118,8 +142,8 @@ class _Resolver:
 
         if not unresolved:
             return
-        vecs = self.embedder.encode([ent.name for ent, _ in unresolved])
-        for (ent, norms), vec in zip(unresolved, vecs, strict=True):
+        for ent, norms in unresolved:
+            vec = self.vectors(ent.name)
             # A name seen earlier in this same message resolves to that new entity.
             target = next((self.by_norm[n] for n in norms if n in self.by_norm), None)
             if target is None:
@@ -181,7 +205,7 @@ class _Resolver:
             name=ref.strip()[:200],
             norm_name=norm,
             label="Thing",
-            embedding=self.embedder.encode_one(ref.strip()[:200]).tolist(),
+            embedding=self.vectors(ref.strip()[:200]).tolist(),
         )
         self.by_norm[norm] = eid
         return eid
@@ -230,8 +254,8 @@ def _draft_facts(
         if fact.updates:
             hints[draft.id] = fact.updates
     if drafts:
-        for draft, vec in zip(drafts, resolver.embedder.encode([d.statement for d in drafts]), strict=True):
-            draft.embedding = vec.tolist()
+        for draft in drafts:
+            draft.embedding = resolver.vectors(draft.statement).tolist()
     return drafts, hints
 
 
@@ -327,7 +351,8 @@ def plan_message(
     index: UserIndex,
 ) -> Planned:
     uid, mid = envelope.user_id, envelope.message_id
-    resolver = _Resolver(user_id=uid, message_id=mid, graph=graph, embedder=embedder, index=index)
+    vectors = _Vectors(embedder, _texts(extraction))
+    resolver = _Resolver(user_id=uid, message_id=mid, graph=graph, vectors=vectors, index=index)
     resolver.resolve(extraction)
 
     drafts, hints = _draft_facts(envelope, extraction, resolver)
@@ -368,6 +393,6 @@ def plan_message(
     ]
     for ent in new_entities:
         if ent.embedding is None:
-            ent.embedding = embedder.encode_one(ent.name).tolist()
+            ent.embedding = vectors(ent.name).tolist()
         upserts.append((ent.id, "entity", ent.embedding))
     return Planned(plan=plan, upserts=upserts)
