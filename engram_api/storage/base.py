@@ -105,9 +105,9 @@ class GraphStore(ABC):
 
         A fact mentioning a seed entity is at hop 0; a fact mentioning an entity that a hop-0 fact
         connects to is at hop 1, and so on up to ``max_hops``. Traversal and results use only facts
-        valid at ``as_of`` (current facts when None) and never archived ones. Paths never pass THROUGH an
-        entity in ``avoid`` (a hub such as the user's own node, which every fact touches); facts that
-        mention it are still returned when reached another way.
+        valid at ``as_of`` (current facts when None) and never archived ones. Paths never visit an entity
+        in ``avoid`` (a hub such as the user's own node, which every fact touches), not even as a seed;
+        facts that mention it are still returned when reached another way.
         """
 
     @abstractmethod

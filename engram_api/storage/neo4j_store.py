@@ -247,8 +247,8 @@ RETURN {_FACT} AS row
 _Q_EXPAND = f"""
 MATCH (s:Entity {{user_id: $user_id}}) WHERE s.id IN $seeds
 MATCH p = (s)-[:SUBJECT|OBJECT*1..{{max_len}}]-(f:Fact)
-WHERE all(n IN nodes(p) WHERE n.user_id = $user_id AND (NOT n:Fact OR {_VALID_AT.format(v="n")}))
-  AND none(n IN nodes(p)[1..-1] WHERE n.id IN $avoid)
+WHERE all(n IN nodes(p) WHERE n.user_id = $user_id AND (NOT n:Fact OR {_VALID_AT.format(v="n")})
+                               AND (n:Fact OR NOT n.id IN $avoid))
 WITH s, f, min(length(p)) AS depth
 WITH f, (min(depth) - 1) / 2 AS hops
 ORDER BY hops, f.importance DESC, f.id

@@ -237,6 +237,7 @@ reach(entity_id, level) AS (
     SELECT e.id, 0
       FROM json_each(:seeds) seed
       CROSS JOIN entities e ON e.id = seed.value AND e.user_id = :user_id
+     WHERE e.id NOT IN (SELECT value FROM json_each(:avoid))
     UNION
     SELECT far.entity_id, r.level + 1
       FROM reach r
