@@ -12,7 +12,9 @@ from contextlib import AbstractContextManager
 from datetime import datetime
 from typing import Any
 
+import redis
 from celery import Task
+from celery.exceptions import Reject
 from pydantic import BaseModel
 
 from engram_api import keys
@@ -37,6 +39,22 @@ def _run_stage(
     task: Task, stage: str, fn: Callable[[WorkerContext, str, str], str], user_id: str, message_id: str
 ) -> str:
     ctx = get_context()
+    try:
+        return _deliver(ctx, task, stage, fn, user_id, message_id)
+    except redis.RedisError as exc:
+        # Redis itself is away (restart, failover): the bookkeeping cannot be trusted, and acking would
+        # lose the message. Back on the queue it goes; the stages are idempotent.
+        raise Reject(f"Redis unavailable: {exc}", requeue=True) from exc
+
+
+def _deliver(
+    ctx: WorkerContext,
+    task: Task,
+    stage: str,
+    fn: Callable[[WorkerContext, str, str], str],
+    user_id: str,
+    message_id: str,
+) -> str:
     with deliveries(ctx, user_id, message_id, stage) as crashed:
         if crashed >= ctx.settings.poison_max_deliveries:
             return dead_letter(
@@ -66,6 +84,8 @@ def _attempt(
         outcome = fn(ctx, user_id, message_id)
     except RetryLater as later:
         raise task.retry(countdown=later.countdown, max_retries=None) from None
+    except redis.RedisError:
+        raise
     except Exception as exc:
         attempts = int(ctx.redis.hincrby(keys.status(user_id, message_id), f"{stage}_errors", 1))
         if attempts >= _UNEXPECTED_ATTEMPTS:

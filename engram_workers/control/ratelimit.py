@@ -1,34 +1,47 @@
-"""Fleet-wide LLM rate limit: a moving window in Redis shared by every worker process (``limits``)."""
+"""Fleet-wide LLM rate limit: GCRA (the generic cell-rate algorithm) in one Redis Lua script.
+
+Grants are spaced ``1/rate`` apart across every worker process. A moving window (what the ``limits``
+package offers) lets each window's whole quota go in one burst, so the provider saw 1.5x the rate in
+some seconds (measured by the flaky-LLM chaos scenario); spaced grants cannot bunch like that.
+"""
 
 from __future__ import annotations
 
 import time
 
-from limits import RateLimitItemPerSecond
-from limits.storage import RedisStorage
-from limits.strategies import MovingWindowRateLimiter
+import redis
 
 from engram_api import keys
 
 __all__ = ["LLMRateLimiter"]
 
+# KEYS: theoretical arrival time. ARGV: interval ms. Returns 0 when granted, else ms to wait.
+# Redis' own clock is used, so workers with skewed clocks still share one schedule.
+_GCRA = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local interval = tonumber(ARGV[1])
+local tat = tonumber(redis.call('GET', KEYS[1]) or '0')
+if tat < now then tat = now end
+if tat - now > 0 then return tat - now end
+redis.call('SET', KEYS[1], tat + interval, 'PX', interval * 2 + 1000)
+return 0
+"""
+
 
 class LLMRateLimiter:
     def __init__(self, *, redis_url: str, per_second: float) -> None:
-        # limits counts whole calls per window: express fractional rates over a longer window.
-        window = 1 if per_second >= 1 else max(1, round(1 / per_second))
-        amount = max(1, round(per_second * window))
-        self.item = RateLimitItemPerSecond(amount, window, namespace=keys.RATE_BUCKET)
-        self.limiter = MovingWindowRateLimiter(RedisStorage(redis_url))
+        self.redis = redis.Redis.from_url(redis_url, socket_timeout=5)
+        self.interval_ms = max(1, round(1000 / per_second))
+        self._gcra = self.redis.register_script(_GCRA)
 
     def acquire(self, *, max_wait: float) -> bool:
         """Take one call slot, waiting up to ``max_wait`` seconds; False means "retry later"."""
         deadline = time.monotonic() + max_wait
         while True:
-            if self.limiter.hit(self.item, "llm"):
+            wait_ms = int(self._gcra(keys=[keys.RATE_BUCKET], args=[self.interval_ms]))
+            if wait_ms == 0:
                 return True
-            stats = self.limiter.get_window_stats(self.item, "llm")
-            pause = max(0.01, stats.reset_time - time.time())
-            if time.monotonic() + pause > deadline:
+            if time.monotonic() + wait_ms / 1000 > deadline:
                 return False
-            time.sleep(min(pause, 0.25))
+            time.sleep(wait_ms / 1000)

@@ -5,7 +5,9 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
+
+import redis
 
 from engram_api import keys
 from engram_api.models import DeadLetter, Envelope, MessageState
@@ -42,7 +44,9 @@ def deliveries(ctx: WorkerContext, user_id: str, message_id: str, stage: str) ->
     try:
         yield started - 1
     finally:
-        ctx.redis.decr(key)
+        # Redis may be the thing that failed: never let the bookkeeping mask the original error.
+        with suppress(redis.RedisError):
+            ctx.redis.decr(key)
 
 
 def set_state(ctx: WorkerContext, user_id: str, message_id: str, state: MessageState, **fields: str) -> None:

@@ -13,7 +13,7 @@ import json
 import random
 
 from engram_api import keys
-from engram_api.errors import LLMError
+from engram_api.errors import LLMError, StoreUnavailableError
 from engram_api.models import Envelope, Extraction, MessageState, Usage
 from engram_workers import metrics
 from engram_workers.context import WorkerContext
@@ -94,6 +94,9 @@ def run_extract(ctx: WorkerContext, user_id: str, message_id: str) -> str:
         return "rules"
     try:
         answer = _llm_extract(ctx, envelope)
+    except StoreUnavailableError as exc:
+        # The slim-context lookup needs the graph store: an outage is a wait, not a failed message.
+        raise RetryLater(backoff(2, base=1.0, cap=15.0), str(exc)) from exc
     except BreakerOpenError as exc:
         raise RetryLater(exc.retry_in + random.uniform(0, ctx.settings.breaker_reset_s / 4), str(exc)) from None
     except LLMError as exc:
