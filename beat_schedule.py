@@ -20,6 +20,7 @@ JOBS: dict[str, tuple[str, str]] = {
     "hierarchy": (keys.HIERARCHY_TASK, "hierarchy_interval_s"),
     "weights": (keys.WEIGHTS_TASK, "weights_interval_s"),
     "reconcile": (keys.RECONCILE_TASK, "reconcile_interval_s"),
+    "redeliver": (keys.REDELIVER_TASK, "redeliver_interval_s"),
 }
 
 

@@ -31,6 +31,7 @@ DECAY_TASK = "engram.maintenance.decay"
 HIERARCHY_TASK = "engram.maintenance.hierarchy"
 WEIGHTS_TASK = "engram.maintenance.weights"
 RECONCILE_TASK = "engram.maintenance.reconcile"
+REDELIVER_TASK = "engram.maintenance.redeliver"
 
 
 def message_payload(user_id: str, message_id: str) -> str:
@@ -43,9 +44,12 @@ def extraction(user_id: str, message_id: str) -> str:
     return f"{PREFIX}:extraction:{user_id}:{message_id}"
 
 
+STATUS_PREFIX = f"{PREFIX}:status:"
+
+
 def status(user_id: str, message_id: str) -> str:
     """A hash: state (queued/extracted/applied/dead), task id, timestamps; kept for ``status_ttl_s``."""
-    return f"{PREFIX}:status:{user_id}:{message_id}"
+    return f"{STATUS_PREFIX}{user_id}:{message_id}"
 
 
 def deliveries(user_id: str, message_id: str, stage: str) -> str:

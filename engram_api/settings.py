@@ -97,6 +97,9 @@ class Settings(BaseSettings):
     hierarchy_interval_s: float = Field(6 * 3600, gt=0, description="Beat: cluster hierarchy rebuild")
     weights_interval_s: float = Field(12 * 3600, gt=0, description="Beat: scoring-weight learning")
     reconcile_interval_s: float = Field(24 * 3600, gt=0, description="Beat: FAISS index reconciliation")
+    redeliver_interval_s: float = Field(
+        600, gt=0, description="Beat: re-send messages stuck between stages longer than the visibility timeout"
+    )
 
     # --- hooks: run after the built-in middleware, in order
     middleware: str = Field("", description="extra pipeline middleware, 'pkg.module:Class' comma-separated")

@@ -28,7 +28,7 @@ from engram_workers.stages.apply import run_apply
 from engram_workers.stages.common import dead_letter, deliveries, load_envelope
 from engram_workers.stages.extract import run_extract
 
-__all__ = ["apply", "decay_task", "extract", "hierarchy_task", "reconcile_task", "weights_task"]
+__all__ = ["apply", "decay_task", "extract", "hierarchy_task", "reconcile_task", "redeliver_task", "weights_task"]
 
 # Unexpected errors (bugs, corrupt data) are retried a few times, then the message is dead-lettered
 # instead of being acked into oblivion.
@@ -168,3 +168,16 @@ def reconcile_task(user_ids: list[str] | None = None) -> dict[str, Any]:
     ctx = get_context()
     report = reconcile(graph=ctx.graph, keeper=ctx.keeper, guard=_guard(ctx), user_ids=user_ids)
     return report.model_dump(mode="json")
+
+
+@app.task(name=keys.REDELIVER_TASK)
+def redeliver_task(older_than_s: float | None = None) -> dict[str, Any]:
+    from engram_workers.maintenance import redeliver_stuck
+
+    ctx = get_context()
+
+    def send(task: str, args: tuple[str, str], queue: str) -> None:
+        app.send_task(task, args=args, queue=queue, routing_key=queue)
+
+    threshold = ctx.settings.visibility_timeout_s if older_than_s is None else older_than_s
+    return redeliver_stuck(client=ctx.redis, send=send, older_than_s=threshold).model_dump(mode="json")

@@ -6,6 +6,7 @@ from engram_workers.maintenance._common import Guard, UserFailure
 from engram_workers.maintenance.decay import DecayReport, DecayUser, run_decay
 from engram_workers.maintenance.hierarchy import HierarchyReport, HierarchyUser, rebuild_hierarchy
 from engram_workers.maintenance.reconcile import ReconcileReport, ReconcileUser, reconcile
+from engram_workers.maintenance.redeliver import RedeliverReport, redeliver_stuck
 from engram_workers.maintenance.weights import (
     ScopeOutcome,
     Weights,
@@ -22,6 +23,7 @@ __all__ = [
     "HierarchyUser",
     "ReconcileReport",
     "ReconcileUser",
+    "RedeliverReport",
     "ScopeOutcome",
     "UserFailure",
     "Weights",
@@ -30,5 +32,6 @@ __all__ = [
     "learn_weights",
     "rebuild_hierarchy",
     "reconcile",
+    "redeliver_stuck",
     "run_decay",
 ]

@@ -1,0 +1,59 @@
+"""Redelivery sweep: re-send the stage task of any message stuck between stages.
+
+Celery on Redis has a narrow window where a message can vanish: kombu takes a message with ``RPOP`` and
+records it as unacked in a second round trip, so a worker process SIGKILLed between the two loses it
+(celery/celery#7950). The status hash in Redis still says where the message was (``queued`` or
+``extracted``) and since when. A message that has sat there longer than the visibility timeout — by then
+any unacked copy would have been restored — gets its stage task sent again. Every stage is idempotent, so
+a needless re-send costs a little work, never a duplicate.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import redis
+from pydantic import BaseModel, Field
+
+from engram_api import keys
+from engram_api.models import MessageState
+
+__all__ = ["RedeliverReport", "redeliver_stuck"]
+
+_STAGE_FOR = {
+    MessageState.QUEUED.value: ("enqueued_at", keys.EXTRACT_TASK, keys.EXTRACT_QUEUE),
+    MessageState.EXTRACTED.value: ("extracted_at", keys.APPLY_TASK, keys.APPLY_QUEUE),
+}
+
+
+class RedeliverReport(BaseModel):
+    scanned: int = 0
+    resent: list[str] = Field(default_factory=list, description="user_id:message_id of re-sent messages")
+
+
+Send = Callable[[str, tuple[str, str], str], object]
+
+
+def redeliver_stuck(
+    *, client: redis.Redis, send: Send, older_than_s: float, now: float | None = None
+) -> RedeliverReport:
+    """``send(task_name, args, queue)`` publishes a task (the Celery app's ``send_task`` in production)."""
+    now = time.time() if now is None else now
+    report = RedeliverReport()
+    prefix = keys.STATUS_PREFIX
+    for key in client.scan_iter(match=f"{prefix}*", count=1000):
+        report.scanned += 1
+        user_id, _, message_id = key[len(prefix) :].partition(":")  # user ids never contain ':'
+        state, *stamps = client.hmget(key, "state", "enqueued_at", "extracted_at")
+        if state not in _STAGE_FOR:
+            continue
+        field, task, queue = _STAGE_FOR[state]
+        since = dict(zip(("enqueued_at", "extracted_at"), stamps, strict=True))[field]
+        if since is None or now - float(since) < older_than_s:
+            continue
+        send(task, (user_id, message_id), queue)
+        # Re-stamp so the next sweep waits a full period before sending again.
+        client.hset(key, field, str(now))
+        report.resent.append(f"{user_id}:{message_id}")
+    return report
