@@ -1,0 +1,278 @@
+"""Ingest throughput and latency through the real pipeline.
+
+Real worker processes (extract: threads pool; apply: prefork, 2 processes) on a real Redis and Neo4j,
+the LLM stand-in answering scripted extractions (2-3 facts per message) after 0 s or 1 s.
+
+Measured per configuration, from the message status hash in Redis (``enqueued_at``/``applied_at``
+written by the producer and ``stages.common.set_state``) and from ``stage_timer.StageTimer`` (each
+stage's in-worker seconds, the value the Prometheus histogram ``engram_stage_seconds`` observes):
+- messages/s for a burst of N messages over M users (first enqueue to last applied);
+- enqueue-to-applied p50/p95 under that burst, and for messages sent one at a time (no queueing);
+- the pipeline's own time per message outside the LLM: apply-stage seconds, plus extract-stage seconds
+  minus the stand-in's latency (what remains is our code, litellm and the HTTP round trip).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from typing import Any
+
+from benchlib import BenchContext, BenchResult, Table, dist, restart_extract, seconds_to_ms, start_workers, status_rows
+from corpus import messages
+
+_FIELDS = ("enqueued_at", "applied_at", "bench_extract_s", "bench_apply_s")
+
+
+def scripted_responder(texts: dict[str, dict[str, Any]]):  # type: ignore[no-untyped-def]
+    """The stand-in's answer for a prompt: the scripted extraction of the message text in it."""
+    from engram_workers.services.llm_standin import Reply
+    from tests.support.extractions import message_text
+
+    def respond(request: dict[str, Any]) -> Reply:
+        return Reply.json(texts.get(message_text(request), {"entities": [], "facts": []}))
+
+    return respond
+
+
+def _apply_retries(stack: Any) -> int:
+    """Apply tasks re-queued because another process held the user's lock (from the worker log)."""
+    return sum(
+        p.log_path.read_text(errors="replace").count("another worker is applying")
+        for p in stack.workers
+        if p.name.startswith("apply") and p.log_path.exists()
+    )
+
+
+def _burst(ctx: BenchContext, stack: Any, label: str, n: int, users: int) -> dict[str, Any]:
+    """Enqueue ``n`` messages over ``users`` users at once and wait for all of them."""
+    uids = [ctx.uid(f"{label}-u{u}") for u in range(users)]
+    items = [
+        {"user_id": uids[m.index % users], "messages": m.text, "message_id": f"m{m.index}", "timestamp": m.timestamp}
+        for m in messages(label, n)
+    ]
+    retries_before = _apply_retries(stack)
+    start = time.time()
+    receipts = []
+    for lo in range(0, len(items), 500):
+        receipts += stack.client.enqueue_many(items[lo : lo + 500])
+    result = stack.client.wait(receipts, timeout=600 + n)
+    rows = status_rows(stack, [(r.user_id, r.message_id) for r in receipts], fields=_FIELDS)
+    end = max(r["applied_at"] for r in rows)
+    return {
+        "n": n,
+        "users": users,
+        "dead": len(result.dead_lettered),
+        "msgs_per_s": n / (end - start),
+        "e2a_ms": dist(seconds_to_ms([r["applied_at"] - r["enqueued_at"] for r in rows])),
+        "extract_s": [r["bench_extract_s"] for r in rows],
+        "apply_ms": dist(seconds_to_ms([r["bench_apply_s"] for r in rows])),
+        "lock_retries": _apply_retries(stack) - retries_before,
+    }
+
+
+def _one_at_a_time(ctx: BenchContext, stack: Any, label: str, n: int) -> dict[str, float]:
+    """Enqueue-to-applied with an idle pipeline: each message waits for the previous one."""
+    uid = ctx.uid(f"{label}-seq")
+    pairs = []
+    for m in messages(label, n):
+        receipt = stack.client.enqueue(uid, m.text, message_id=f"m{m.index}", timestamp=m.timestamp)
+        stack.client.wait(receipt, timeout=120)
+        pairs.append((uid, receipt.message_id))
+    rows = status_rows(stack, pairs, fields=_FIELDS)
+    return dist(seconds_to_ms([r["applied_at"] - r["enqueued_at"] for r in rows]))
+
+
+class _Timed:
+    """Forwards to ``target`` and adds each method call's seconds to ``totals[label.method]``.
+
+    Wraps our own stores in the benchmark process to see where an apply's time goes; it changes nothing
+    they do (no mock: every call reaches the real Neo4j, Redis, FAISS file or model).
+    """
+
+    def __init__(self, target: Any, label: str, totals: defaultdict[str, float]) -> None:
+        self._target, self._label, self._totals = target, label, totals
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._target, name)
+        if not callable(attr):
+            return attr
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return attr(*args, **kwargs)
+            finally:
+                self._totals[f"{self._label}.{name}"] += time.perf_counter() - start
+
+        return timed
+
+
+def _apply_breakdown(ctx: BenchContext, stack: Any, n: int) -> tuple[Table, dict[str, float]]:
+    """Run the apply stage in this process on ``n`` prepared messages and split its time by store call."""
+    from engram_api import keys
+    from engram_api.models import MessageState, Usage
+    from engram_api.producer import build_envelope
+    from engram_workers.context import WorkerContext
+    from engram_workers.stages.apply import run_apply
+
+    totals: defaultdict[str, float] = defaultdict(float)
+    wctx = WorkerContext(settings=stack.settings)
+    wctx.__dict__["graph"] = _Timed(wctx.graph, "neo4j", totals)
+    wctx.__dict__["embedder"] = _Timed(wctx.embedder, "embedder", totals)
+    wctx.__dict__["redis"] = _Timed(wctx.redis, "redis", totals)
+    wctx.keeper.vectors = _Timed(wctx.keeper.vectors, "faiss_file", totals)
+    uid = ctx.uid("breakdown")
+    wall = 0.0
+    warm = 3  # the first applies load the model and warm the driver: not what a message costs
+    for m in messages("breakdown", n + warm):
+        if m.index == warm:
+            totals.clear()
+            wall = 0.0
+        env = build_envelope(stack.settings, uid, m.text, message_id=f"m{m.index}", timestamp=m.timestamp)
+        payload = {"extraction": m.extraction, "usage": Usage().model_dump()}
+        # What the producer and the extract stage leave in Redis; no task is published, so the running
+        # workers never see these messages.
+        stack.client.redis.set(keys.message_payload(uid, env.message_id), env.model_dump_json())
+        stack.client.redis.set(keys.extraction(uid, env.message_id), json.dumps(payload))
+        stack.client.redis.hset(keys.status(uid, env.message_id), "state", MessageState.EXTRACTED.value)
+        start = time.perf_counter()
+        run_apply(wctx, uid, env.message_id)
+        wall += time.perf_counter() - start
+    wctx.close()
+    table = Table(
+        f"apply stage in-process, {n} messages of one user: where the time goes (ms per message)",
+        ["call", "ms / message", "share"],
+    )
+    for name, seconds in sorted(totals.items(), key=lambda kv: -kv[1]):
+        table.add(name, seconds / n * 1e3, f"{seconds / wall:.0%}")
+    rest = wall - sum(totals.values())
+    table.add("everything else (consolidation logic, pydantic, locks)", rest / n * 1e3, f"{rest / wall:.0%}")
+    table.add("total", wall / n * 1e3, "100%")
+    return table, {name: seconds / n * 1e3 for name, seconds in totals.items()} | {"total": wall / n * 1e3}
+
+
+def _breaker_probe(ctx: BenchContext, threads: int, call_s: float) -> tuple[Table, dict[str, float]]:
+    """Wall time of ``threads`` concurrent calls through LLMBreaker vs the same calls without it: the
+    extract worker's threads all go through one breaker per process."""
+    from engram_workers.control.breaker import LLMBreaker
+
+    breaker = LLMBreaker(redis_url=ctx.services.redis_url, fail_max=1000, reset_timeout=30, is_failure=lambda exc: True)
+
+    def wall(call: Callable[[], object]) -> float:
+        workers = [threading.Thread(target=call) for _ in range(threads)]
+        start = time.perf_counter()
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join()
+        return time.perf_counter() - start
+
+    bare = wall(lambda: time.sleep(call_s))
+    wrapped = wall(lambda: breaker.call(lambda: time.sleep(call_s)))
+    table = Table(
+        f"LLM circuit breaker: {threads} threads each making one {call_s:g} s call",
+        ["path", "wall s", "calls in flight (effective)"],
+    )
+    table.add("direct", bare, threads * call_s / bare)
+    table.add("through LLMBreaker.call", wrapped, threads * call_s / wrapped)
+    return table, {"direct_s": bare, "breaker_s": wrapped}
+
+
+def run(ctx: BenchContext) -> BenchResult:
+    llm = ctx.services.llm
+    n_full = ctx.size(100, 2_000)
+    users = ctx.size(10, 50)
+    seq_n = ctx.size(10, 30)
+    concurrencies = [1, 32] if ctx.quick else [1, 8, 32, 64]
+    latencies = [0.0, 1.0]
+    texts: dict[str, dict[str, Any]] = {}
+    labels = [f"c{c}-l{lat:g}" for lat in latencies for c in concurrencies] + [f"seq-l{lat:g}" for lat in latencies]
+    for label in labels:
+        texts.update({m.text: m.extraction for m in messages(label, n_full)})
+    llm.reset()
+    llm.script(scripted_responder(texts))
+
+    throughput = Table(
+        "ingest: burst of N messages over M users (real extract + apply worker processes)",
+        [
+            "LLM latency s",
+            "extract threads",
+            "N",
+            "msgs/s",
+            "e2a p50 ms",
+            "e2a p95 ms",
+            "apply p50 ms",
+            "apply p95 ms",
+            "extract-LLM p50 ms",
+            "lock retries",
+            "dead",
+        ],
+    )
+    idle = Table(
+        "ingest: one message at a time (no queueing): enqueue-to-applied",
+        ["LLM latency s", "n", "p50 ms", "p95 ms", "own time outside LLM p50 ms"],
+    )
+    summary: dict[str, Any] = {"bursts": [], "one_at_a_time": []}
+    with ctx.stack("ingest", llm=True) as stack:
+        running = concurrencies[0]
+        start_workers(stack, extract_concurrency=running)
+        for latency in latencies:
+            llm.latency_s = latency
+            for c in concurrencies:
+                if c != running:
+                    restart_extract(stack, c)
+                    running = c
+                # At 1 s per call a thread does one message a second: size the burst to the threads.
+                n = n_full if latency == 0 else min(n_full, max(ctx.size(10, 20), ctx.size(2, 4) * c))
+                ctx.log(f"ingest burst: latency {latency} s, {c} extract threads, {n} messages / {users} users")
+                got = _burst(ctx, stack, f"c{c}-l{latency:g}", n, users)
+                own_extract = dist(seconds_to_ms([s - latency for s in got.pop("extract_s") if s == s]))
+                got.update(latency_s=latency, extract_threads=c, extract_minus_llm_ms=own_extract)
+                summary["bursts"].append(got)
+                throughput.add(
+                    latency,
+                    c,
+                    n,
+                    got["msgs_per_s"],
+                    got["e2a_ms"]["p50"],
+                    got["e2a_ms"]["p95"],
+                    got["apply_ms"]["p50"],
+                    got["apply_ms"]["p95"],
+                    own_extract["p50"],
+                    got["lock_retries"],
+                    got["dead"],
+                )
+            ctx.log(f"ingest one at a time: latency {latency} s, {seq_n} messages")
+            seq = _one_at_a_time(ctx, stack, f"seq-l{latency:g}", seq_n)
+            summary["one_at_a_time"].append({"latency_s": latency, "e2a_ms": seq})
+            idle.add(latency, seq_n, seq["p50"], seq["p95"], seq["p50"] - latency * 1e3)
+        ctx.log("apply-stage breakdown (in-process)")
+        breakdown, summary["apply_breakdown_ms"] = _apply_breakdown(ctx, stack, ctx.size(20, 100))
+    llm.reset()
+    probe, summary["breaker_probe"] = _breaker_probe(ctx, 8, 0.25)
+
+    zero = [b for b in summary["bursts"] if b["latency_s"] == 0]
+    best = max(zero, key=lambda b: b["msgs_per_s"])
+    summary["apply_ms_p50_latency0"] = best["apply_ms"]["p50"]
+    summary["max_msgs_per_s_latency0"] = best["msgs_per_s"]
+    one = max(summary["bursts"], key=lambda b: (b["latency_s"], b["msgs_per_s"]))
+    summary["max_msgs_per_s_latency1"] = one["msgs_per_s"]
+    return BenchResult(
+        bench="ingest",
+        summary=summary,
+        tables=[throughput, idle, breakdown, probe],
+        notes=[
+            "e2a = applied_at - enqueued_at from the message status hash in Redis",
+            "apply / extract times are in-worker stage seconds recorded by the StageTimer middleware (the "
+            "same hook and value as the Prometheus histogram engram_stage_seconds); apply excludes queue "
+            "waits but a lock retry re-runs it",
+            "extract-LLM = extract-stage seconds minus the stand-in's fixed latency: our code, litellm, HTTP",
+            "own time outside LLM (idle) = enqueue-to-applied p50 minus the stand-in latency: two queue hops, "
+            "extract and apply",
+            "lock retries = apply tasks re-queued because another apply process held the user's lock",
+        ],
+    )

@@ -1,0 +1,18 @@
+"""Benchmark middleware, loaded by the workers through ``ENGRAM_MIDDLEWARE=stage_timer:StageTimer``.
+
+It writes each stage's in-worker duration into the message's status hash (``bench_extract_s``,
+``bench_apply_s``): the same ``seconds`` the built-in MetricsMiddleware feeds to the Prometheus
+histogram ``engram_stage_seconds``, but per message, so a benchmark can take exact percentiles without
+scraping a metrics port. Kept apart from benchlib so a worker imports nothing else from ops/bench.
+"""
+
+from __future__ import annotations
+
+from engram_api import keys
+from engram_workers.context import get_context
+from engram_workers.middleware import Middleware
+
+
+class StageTimer(Middleware):
+    def after_stage(self, stage: str, user_id: str, message_id: str, outcome: str, seconds: float) -> None:
+        get_context().redis.hset(keys.status(user_id, message_id), f"bench_{stage}_s", repr(seconds))

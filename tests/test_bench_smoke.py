@@ -1,0 +1,50 @@
+"""The benchmark runner works end to end on its smallest slice: it starts its own Redis, prints the
+table and writes valid JSON with the documented keys. No timing is asserted (times are machine noise)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+RESULT_KEYS = {"bench", "mode", "started_at", "seconds", "machine", "summary", "tables", "notes"}
+
+
+def test_quick_enqueue_benchmark_prints_a_table_and_writes_json(tmp_path):
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "ops" / "bench" / "run.py"),
+            "--quick",
+            "--only",
+            "enqueue",
+            "--out",
+            str(tmp_path),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "enqueue latency" in done.stdout and "redis-py LPUSH (baseline)" in done.stdout
+
+    result = json.loads((tmp_path / "enqueue.json").read_text())
+    assert set(result) == RESULT_KEYS
+    assert result["bench"] == "enqueue" and result["mode"] == "quick"
+    assert result["machine"]["nproc"] >= 1
+    summary = result["summary"]
+    assert summary["n"] == 2_000
+    for dist in (summary["enqueue_ms"], summary["lpush_ms"]):
+        assert dist["n"] == 2_000 and 0 < dist["p50"] <= dist["p99"]
+    assert summary["ratio_p50"] > 0 and summary["payload_bytes"] > 0
+    assert isinstance(summary["target_p99_met"], bool) and isinstance(summary["target_ratio_met"], bool)
+    # The producer's Lua registration and the Celery publish both reach Redis.
+    assert summary["redis_commands_per_enqueue"]["evalsha"] == 1 and summary["redis_commands_per_enqueue"]["lpush"] >= 1
+    assert result["tables"][0]["title"].startswith("enqueue latency")
+
+    latest = json.loads((tmp_path / "latest.json").read_text())
+    assert latest["failed"] == {} and set(latest["results"]) == {"enqueue"}
+    assert not (tmp_path / "work").exists() or not any((tmp_path / "work").iterdir())
