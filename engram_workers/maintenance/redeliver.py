@@ -30,6 +30,7 @@ _STAGE_FOR = {
 class RedeliverReport(BaseModel):
     scanned: int = 0
     resent: list[str] = Field(default_factory=list, description="user_id:message_id of re-sent messages")
+    failed: list[str] = Field(default_factory=list, description="messages whose re-send raised, with the error")
 
 
 Send = Callable[[str, tuple[str, str], str], object]
@@ -52,7 +53,11 @@ def redeliver_stuck(
         since = dict(zip(("enqueued_at", "extracted_at"), stamps, strict=True))[field]
         if since is None or now - float(since) < older_than_s:
             continue
-        send(task, (user_id, message_id), queue)
+        try:
+            send(task, (user_id, message_id), queue)
+        except Exception as exc:  # one bad send must not stop the sweep; the next sweep tries again
+            report.failed.append(f"{user_id}:{message_id}: {type(exc).__name__}: {exc}"[:300])
+            continue
         # Re-stamp so the next sweep waits a full period before sending again.
         client.hset(key, field, str(now))
         report.resent.append(f"{user_id}:{message_id}")

@@ -334,6 +334,9 @@ class Tally:
         return self.sent - len(self.applied) - len(self.dead)
 
 
+_SWEEP_EVERY_S = 15.0
+
+
 def _redeliver(client: MemoryClient) -> list[str]:
     from engram_api.queue import make_celery
     from engram_workers.maintenance import redeliver_stuck
@@ -351,16 +354,20 @@ def settle(client: MemoryClient, receipts: Sequence[Receipt], *, timeout: float)
     """Wait (up to ``timeout``) for every message to be applied or dead-lettered, then count."""
     notes: list[str] = []
     pairs = sorted({(r.user_id, r.message_id) for r in receipts})
-    try:
-        client.wait(pairs, timeout=timeout / 2)
-    except WaitTimeoutError:
-        # What production's Beat does every ENGRAM_REDELIVER_INTERVAL_S: re-send the stage task of messages
-        # stuck between stages (kombu can lose one taken by a worker SIGKILLed mid-fetch). Reported.
-        resent = _redeliver(client)
-        if resent:
-            notes.append(f"redelivery sweep re-sent {len(resent)}: {resent[:3]}")
-        with contextlib.suppress(WaitTimeoutError):
-            client.wait(pairs, timeout=timeout / 2)
+    deadline = time.monotonic() + timeout
+    resent: list[str] = []
+    while True:
+        try:
+            client.wait(pairs, timeout=max(0.1, min(_SWEEP_EVERY_S, deadline - time.monotonic())))
+            break
+        except WaitTimeoutError:
+            if time.monotonic() >= deadline:
+                break
+            # What production's Beat does every ENGRAM_REDELIVER_INTERVAL_S: re-send the stage task of
+            # messages stuck between stages (kombu can lose one taken by a worker SIGKILLed mid-fetch).
+            resent += _redeliver(client)
+    if resent:
+        notes.append(f"redelivery sweep re-sent {len(resent)}: {resent[:3]}")
     tally = Tally(sent=len(pairs), applied=set(), dead=set(), pending=set(), notes=notes)
     for (_, mid), state in zip(pairs, client.producer.states(pairs), strict=True):
         if state == MessageState.APPLIED:
