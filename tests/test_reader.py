@@ -13,6 +13,8 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from engram_api import keys
+from engram_api.models import LearnedWeights
+from engram_api.settings import Settings
 from engram_workers.services.llm_standin import Reply
 from tests.support.extractions import entity, fact, lives_in, message_text
 from tests.support.stack import engram_stack
@@ -36,7 +38,9 @@ def _script(text: str) -> dict:
         }
     if text.startswith("distractor "):
         n = int(text.split()[1])
-        statement = f"User's cousin {n} works for a company in Ohio" if n < 3 else f"User's office has {n} meeting rooms"
+        relatives = ["User's cousin works for a company in Ohio", "User's sister works for a software company",
+                     "User's uncle is employed by a bank"]  # fmt: skip
+        statement = relatives[n] if n < 3 else f"User's office has {n} meeting rooms"
         return {"entities": [], "facts": [fact("user", "NOTE", None, statement)]}
     if text.startswith("I have a dog named "):
         name = text.removeprefix("I have a dog named ").rstrip(".")
@@ -107,6 +111,14 @@ def test_multi_hop_finds_the_brothers_company_through_the_graph(stack):
     # Amazon" does, so vector similarity alone ranks the answer out of the top 3; the graph reaches it
     # from the brother fact (brother -> Alex -> Amazon).
     ingest(client, user, [f"distractor {n}" for n in range(30)] + ["My brother is Alex.", "Alex got hired at Amazon."])
+    # Pin this user's weights to the configured ones: other tests may have learned global weights in the
+    # shared Neo4j, and the premise below is about similarity, not about whatever was learned.
+    configured = Settings()
+    client.graph.save_weights(
+        LearnedWeights(scope=user, alpha=configured.alpha, beta=configured.beta, gamma=configured.gamma,
+                       recency_weight=configured.recency_weight, importance_weight=configured.importance_weight,
+                       samples=0, quality=0.0)
+    )  # fmt: skip
     question = "what company does my brother work for?"
     vector_only = client.reader.recall(user, question, k=3, graph_expansion=False)
     assert all("Amazon" not in i.statement for i in vector_only.items), "the vector match alone finds it: no test"
