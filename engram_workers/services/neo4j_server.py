@@ -17,13 +17,12 @@ from types import TracebackType
 from typing import IO
 
 from engram_workers.services import ServiceStartError, file_size, kill_process, log_tail, stop_process
-from engram_workers.services.ports import free_port, port_in_use
+from engram_workers.services.ports import start_on_port
 
 __all__ = ["LAUNCHER_DIR", "Neo4jServer"]
 
 HOST = "127.0.0.1"
 LAUNCHER_DIR = Path(__file__).resolve().parents[2] / "ops" / "neo4j-launcher"
-_PORT_ATTEMPTS = 3
 _BUILD_TIMEOUT_S = 900  # a first build downloads ~120 MB of jars from Maven Central
 
 
@@ -101,20 +100,21 @@ class Neo4jServer:
             return self
         self.build()
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        for _ in range(_PORT_ATTEMPTS):
-            if self._port_may_move:
-                self._port = free_port(HOST)
-            elif port_in_use(self.port, HOST):
-                raise ServiceStartError(f"Neo4j launcher: port {HOST}:{self.port} is already in use")
-            try:
-                self._start_once(timeout)
-            except ServiceStartError as exc:
-                if not self._port_may_move or "Address already in use" not in str(exc):
-                    raise
-                continue
-            self._port_may_move = False
-            return self
-        raise ServiceStartError(f"Neo4j launcher: no free port after {_PORT_ATTEMPTS} attempts")
+
+        def start_once(port: int) -> None:
+            self._port = port
+            self._start_once(timeout)
+
+        self._port = start_on_port(
+            label="Neo4j launcher",
+            port=self._port or 0,
+            movable=self._port_may_move,
+            start_once=start_once,
+            error=ServiceStartError,
+            host=HOST,
+        )
+        self._port_may_move = False
+        return self
 
     def _start_once(self, timeout: float) -> None:
         since = file_size(self.log_path)

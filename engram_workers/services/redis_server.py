@@ -17,13 +17,12 @@ from pathlib import Path
 from types import TracebackType
 
 from engram_workers.services import ServiceStartError, file_size, kill_process, log_tail, stop_process
-from engram_workers.services.ports import free_port, port_in_use
+from engram_workers.services.ports import start_on_port
 
 __all__ = ["RedisServer", "find_redis_server"]
 
 HOST = "127.0.0.1"
 # An automatically chosen port can be taken by someone else before Redis binds it: try a few.
-_PORT_ATTEMPTS = 3
 
 
 def find_redis_server() -> Path:
@@ -134,20 +133,21 @@ class RedisServer:
         if self.running:
             return self
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        for _ in range(_PORT_ATTEMPTS):
-            if self._port_may_move:
-                self._port = free_port(HOST)
-            elif port_in_use(self.port, HOST):
-                raise ServiceStartError(f"{self.binary}: port {HOST}:{self.port} is already in use by another process")
-            try:
-                self._start_once(timeout)
-            except ServiceStartError as exc:
-                if not self._port_may_move or "Address already in use" not in str(exc):
-                    raise
-                continue
-            self._port_may_move = False
-            return self
-        raise ServiceStartError(f"{self.binary}: no free port after {_PORT_ATTEMPTS} attempts")
+
+        def start_once(port: int) -> None:
+            self._port = port
+            self._start_once(timeout)
+
+        self._port = start_on_port(
+            label=str(self.binary),
+            port=self._port or 0,
+            movable=self._port_may_move,
+            start_once=start_once,
+            error=ServiceStartError,
+            host=HOST,
+        )
+        self._port_may_move = False
+        return self
 
     def _start_once(self, timeout: float) -> None:
         conf = self._write_config(self.port)
