@@ -32,7 +32,7 @@ from engram_api.producer import Producer
 from engram_api.reader import Reader
 from engram_api.settings import Settings, load_settings
 from engram_api.storage import GraphStore, open_graph_store
-from engram_api.storage.embedder import get_embedder
+from engram_api.storage.embedder import embedder_for
 from engram_api.storage.indexes import IndexKeeper
 from engram_api.storage.vectors import VectorStore
 
@@ -77,7 +77,7 @@ class MemoryClient:
     @property
     def reader(self) -> Reader:
         if self._reader is None:
-            embedder = get_embedder(self.settings.embedding_model)
+            embedder = embedder_for(self.settings)
             keeper = IndexKeeper(graph=self.graph, vectors=VectorStore(root=self.settings.index_dir, dim=embedder.dim))
             self._reader = Reader(
                 settings=self.settings, graph=self.graph, keeper=keeper, embedder=embedder, redis_client=self.redis

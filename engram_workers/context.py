@@ -15,7 +15,7 @@ from engram_api.connections import redis_client, resolve_redis_url
 from engram_api.deadletters import DeadLetterStore
 from engram_api.settings import Settings, load_settings
 from engram_api.storage import GraphStore, open_graph_store
-from engram_api.storage.embedder import Embedder, get_embedder
+from engram_api.storage.embedder import Embedder, embedder_for
 from engram_api.storage.indexes import IndexKeeper
 from engram_api.storage.vectors import VectorStore
 from engram_workers.control import LLMBreaker, LLMRateLimiter
@@ -45,7 +45,7 @@ class WorkerContext:
 
     @cached_property
     def embedder(self) -> Embedder:
-        return get_embedder(self.settings.embedding_model)
+        return embedder_for(self.settings)
 
     @cached_property
     def keeper(self) -> IndexKeeper:

@@ -1,15 +1,30 @@
-"""Local sentence embeddings (sentence-transformers on torch), loaded once per process on first use.
+"""Local sentence embeddings, loaded once per process on first use: ONNX Runtime, or torch as the fallback.
 
-Loading is lazy so importing Engram, or forking Celery's pool, never loads torch weights: each worker
-process loads its own copy after the fork.
+Loading is lazy so importing Engram, or forking Celery's pool, never loads weights: each worker process
+loads its own copy after the fork.
+
+Backends (``ENGRAM_EMBEDDING_BACKEND``):
+- ``onnx``: the model exported once by ``onnx_export`` (verified against torch, cached in
+  ``ENGRAM_MODEL_CACHE_DIR``) and run by ONNX Runtime with the ``tokenizers`` library; a process that finds
+  the export in the cache never imports torch, which also cuts a CLI read's start-up;
+- ``torch``: sentence-transformers on torch, as before;
+- ``auto`` (default): ``onnx`` when onnxruntime is installed and the export verifies, else ``torch``.
+Both give the same vectors (the export is rejected below cosine 0.9999 on a fixed probe set).
+
+``encode_one`` (the query path) keeps an LRU cache of recent texts: repeated queries skip the encoder.
 """
 
 from __future__ import annotations
 
+import fcntl
+import logging
 import os
 import threading
+from collections import OrderedDict
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import numpy as np
 
@@ -18,9 +33,16 @@ from engram_api.errors import ConfigError
 if TYPE_CHECKING:
     from sentence_transformers import SentenceTransformer
 
-__all__ = ["Embedder", "get_embedder"]
+    from engram_api.settings import Settings
+    from engram_api.storage.onnx_export import OnnxArtifacts
 
+__all__ = ["Embedder", "EmbeddingBackend", "default_model_cache_dir", "embedder_for", "get_embedder"]
+
+log = logging.getLogger("engram.embedder")
+
+EmbeddingBackend = Literal["auto", "onnx", "torch"]
 _BUNDLED = {"all-MiniLM-L6-v2", "sentence-transformers/all-MiniLM-L6-v2"}
+_BATCH = 64
 
 
 def _resolve(model: str) -> str:
@@ -34,55 +56,200 @@ def _resolve(model: str) -> str:
     return model
 
 
+def default_model_cache_dir() -> Path:
+    """Per machine user, shared by every data directory: an export is done once, not once per deployment."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "engram" / "models"
+
+
+def _threads() -> int:
+    # One thread per process: workers are already one process per core.
+    return max(1, int(os.environ.get("ENGRAM_TORCH_THREADS", "1")))
+
+
+@contextmanager
+def _export_lock(cache_dir: Path) -> Iterator[None]:
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    with open(cache_dir / ".export.lock", "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+class _Encoder(Protocol):
+    dim: int
+
+    def encode(self, texts: list[str]) -> np.ndarray: ...
+
+
+class _TorchEncoder:
+    def __init__(self, model: SentenceTransformer) -> None:
+        self.model = model
+        getter = getattr(model, "get_embedding_dimension", None) or model.get_sentence_embedding_dimension
+        self.dim = int(getter() or 0)
+
+    def encode(self, texts: list[str]) -> np.ndarray:
+        vecs = self.model.encode(
+            texts, batch_size=_BATCH, normalize_embeddings=True, convert_to_numpy=True, show_progress_bar=False
+        )
+        return np.asarray(vecs, dtype=np.float32)
+
+
+class _OnnxEncoder:
+    """Tokenize with ``tokenizers``, run the exported graph (pooling + normalisation inside it)."""
+
+    def __init__(self, artifacts: OnnxArtifacts) -> None:
+        import onnxruntime as ort
+        from tokenizers import Tokenizer
+
+        meta = artifacts.read_meta()
+        self.dim = int(meta["dim"])
+        self.tokenizer = Tokenizer.from_file(str(artifacts.tokenizer))
+        self.tokenizer.no_padding()  # we pad per batch below, to the batch's longest text
+        self.tokenizer.enable_truncation(max_length=int(meta["max_seq_length"]))
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = _threads()
+        options.inter_op_num_threads = 1
+        self.session = ort.InferenceSession(str(artifacts.model), options, providers=["CPUExecutionProvider"])
+
+    def encode(self, texts: list[str]) -> np.ndarray:
+        encodings = self.tokenizer.encode_batch(texts)
+        out = np.empty((len(texts), self.dim), dtype=np.float32)
+        # Batches of similar length waste little work on padding.
+        order = sorted(range(len(texts)), key=lambda i: len(encodings[i].ids))
+        for start in range(0, len(order), _BATCH):
+            chunk = order[start : start + _BATCH]
+            width = max(len(encodings[i].ids) for i in chunk)
+            ids = np.zeros((len(chunk), width), dtype=np.int64)
+            mask = np.zeros_like(ids)
+            types = np.zeros_like(ids)
+            for row, i in enumerate(chunk):
+                enc = encodings[i]
+                n = len(enc.ids)
+                ids[row, :n] = enc.ids
+                mask[row, :n] = enc.attention_mask
+                types[row, :n] = enc.type_ids
+            feed = {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
+            out[chunk] = self.session.run(None, feed)[0]
+        return out
+
+
 class Embedder:
     """Encodes texts to L2-normalized float32 vectors (so inner product = cosine)."""
 
-    def __init__(self, *, model: str) -> None:
+    def __init__(
+        self,
+        *,
+        model: str,
+        backend: EmbeddingBackend = "auto",
+        cache_dir: Path | None = None,
+        query_cache_size: int = 4096,
+    ) -> None:
         self.model_name = model
-        self._model: SentenceTransformer | None = None
+        self.requested_backend = backend
+        self.cache_dir = cache_dir or default_model_cache_dir()
+        self._encoder: _Encoder | None = None
+        self.backend: str | None = None  # "onnx" or "torch" once loaded
         self._lock = threading.Lock()
+        self._queries: OrderedDict[str, np.ndarray] = OrderedDict()
+        self._query_cache_size = query_cache_size
+        self._query_lock = threading.Lock()
 
-    def _load(self) -> SentenceTransformer:
+    def _load_torch(self) -> SentenceTransformer:
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+        import torch
+        from sentence_transformers import SentenceTransformer
+        from transformers.utils import logging as hf_logging
+
+        torch.set_num_threads(_threads())
+        hf_logging.disable_progress_bar()  # a worker's log is not a terminal
+        return SentenceTransformer(_resolve(self.model_name), device="cpu")
+
+    def _load_onnx(self) -> _Encoder | None:
+        """The ONNX encoder, exporting first if the cache lacks it; None means 'use torch' (auto only)."""
+        try:
+            import onnxruntime  # noqa: F401
+        except ImportError:
+            if self.requested_backend == "onnx":
+                raise ConfigError("ENGRAM_EMBEDDING_BACKEND", "onnx needs onnxruntime installed") from None
+            return None
+        from engram_api.storage.onnx_export import artifacts_for, export
+
+        artifacts = artifacts_for(self.cache_dir, self.model_name, _resolve(self.model_name))
+        try:
+            if not artifacts.complete():
+                with _export_lock(self.cache_dir):  # processes starting together export once
+                    if not artifacts.complete():
+                        export(self._load_torch(), artifacts)
+        except Exception as exc:  # the exporter raises many types; auto must still get an encoder
+            if isinstance(exc, ConfigError):
+                raise
+            if self.requested_backend == "onnx":
+                raise ConfigError("ENGRAM_EMBEDDING_BACKEND", f"ONNX export failed: {exc}") from exc
+            log.warning("embedding on torch: ONNX export of %s failed: %s", self.model_name, exc)
+            return None
+        return _OnnxEncoder(artifacts)
+
+    def _load(self) -> _Encoder:
         with self._lock:
-            if self._model is None:
-                os.environ.setdefault("HF_HUB_OFFLINE", "1")
-                os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-                os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-                import torch
-                from sentence_transformers import SentenceTransformer
-                from transformers.utils import logging as hf_logging
-
-                # One thread per process: workers are already one process per core.
-                torch.set_num_threads(max(1, int(os.environ.get("ENGRAM_TORCH_THREADS", "1"))))
-                hf_logging.disable_progress_bar()  # a worker's log is not a terminal
-                self._model = SentenceTransformer(_resolve(self.model_name), device="cpu")
-            return self._model
+            if self._encoder is None:
+                encoder = self._load_onnx() if self.requested_backend != "torch" else None
+                self.backend = "onnx" if encoder is not None else "torch"
+                self._encoder = encoder or _TorchEncoder(self._load_torch())
+            return self._encoder
 
     @property
     def dim(self) -> int:
-        model = self._load()
-        getter = getattr(model, "get_embedding_dimension", None) or model.get_sentence_embedding_dimension
-        return int(getter() or 0)
+        return self._load().dim
 
     def encode(self, texts: list[str]) -> np.ndarray:
         if not texts:
             return np.zeros((0, self.dim), dtype=np.float32)
-        vecs = self._load().encode(
-            texts, batch_size=64, normalize_embeddings=True, convert_to_numpy=True, show_progress_bar=False
-        )
-        return np.ascontiguousarray(vecs, dtype=np.float32)
+        return np.ascontiguousarray(self._load().encode(list(texts)), dtype=np.float32)
 
     def encode_one(self, text: str) -> np.ndarray:
-        return self.encode([text])[0]
+        """One text (a query), served from the LRU cache when seen recently; the array is read-only."""
+        with self._query_lock:
+            hit = self._queries.get(text)
+            if hit is not None:
+                self._queries.move_to_end(text)
+                return hit
+        vec = self.encode([text])[0]
+        vec.setflags(write=False)
+        if self._query_cache_size > 0:
+            with self._query_lock:
+                self._queries[text] = vec
+                while len(self._queries) > self._query_cache_size:
+                    self._queries.popitem(last=False)
+        return vec
 
 
-_shared: dict[str, Embedder] = {}
+_shared: dict[tuple[Any, ...], Embedder] = {}
 _shared_lock = threading.Lock()
 
 
-def get_embedder(model: str) -> Embedder:
-    """The process-wide embedder for ``model`` (one load per process)."""
+def get_embedder(
+    model: str, *, backend: EmbeddingBackend = "auto", cache_dir: Path | None = None, query_cache_size: int = 4096
+) -> Embedder:
+    """The process-wide embedder for ``model`` and backend (one load per process)."""
+    key = (model, backend, cache_dir, query_cache_size)
     with _shared_lock:
-        if model not in _shared:
-            _shared[model] = Embedder(model=model)
-        return _shared[model]
+        if key not in _shared:
+            _shared[key] = Embedder(
+                model=model, backend=backend, cache_dir=cache_dir, query_cache_size=query_cache_size
+            )
+        return _shared[key]
+
+
+def embedder_for(settings: Settings) -> Embedder:
+    """The process-wide embedder the settings ask for."""
+    return get_embedder(
+        settings.embedding_model,
+        backend=settings.embedding_backend,
+        cache_dir=settings.model_cache_dir,
+        query_cache_size=settings.query_cache_size,
+    )

@@ -29,6 +29,7 @@ import benchlib  # noqa: E402
 # Order matters only for the console: cheap benchmarks first.
 BENCHES = {
     "enqueue": "bench_enqueue",
+    "encoder": "bench_encoder",
     "ingest": "bench_ingest",
     "recall": "bench_recall",
     "seeds": "bench_seeds",

@@ -1,0 +1,102 @@
+"""The encoder: the ONNX export gives torch's vectors, is made once, and spares torch where cached."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from engram_api.errors import ConfigError
+from engram_api.settings import Settings
+from engram_api.storage.embedder import Embedder, embedder_for
+
+_TEXTS = [
+    "I just moved from Tampa to Austin",
+    "where does the user live?",
+    "Melanie: we took the kids camping near the lake last weekend, and Oliver caught his first fish!",
+    "x",
+    "word " * 400,  # past the model's 256-token window: truncated alike by both encoders
+]
+
+
+@pytest.fixture(scope="module")
+def model_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("models")
+
+
+@pytest.fixture(scope="module")
+def onnx(model_cache: Path) -> Embedder:
+    return Embedder(model="all-MiniLM-L6-v2", backend="onnx", cache_dir=model_cache)
+
+
+def test_onnx_vectors_equal_torch_vectors(onnx: Embedder) -> None:
+    torch = Embedder(model="all-MiniLM-L6-v2", backend="torch")
+    a, b = onnx.encode(_TEXTS), torch.encode(_TEXTS)
+    assert onnx.backend == "onnx" and torch.backend == "torch"
+    assert a.shape == b.shape == (len(_TEXTS), 384)
+    assert a.dtype == np.float32 and a.flags["C_CONTIGUOUS"]
+    np.testing.assert_allclose(np.linalg.norm(a, axis=1), 1.0, atol=1e-5)
+    assert float((a * b).sum(axis=1).min()) >= 0.9999
+    # Batching (sorted by length, padded per batch) must not change a text's vector.
+    single = np.stack([onnx.encode([t])[0] for t in _TEXTS])
+    np.testing.assert_allclose(single, a, atol=1e-5)
+
+
+def test_export_is_kept_and_a_later_process_never_imports_torch(onnx: Embedder, model_cache: Path) -> None:
+    onnx.encode_one("make sure the export exists")
+    assert sorted(p.suffix for p in model_cache.glob("all-MiniLM-L6-v2-*")) == [".json", ".json", ".onnx"]
+    code = (
+        "import sys; from pathlib import Path; from engram_api.storage.embedder import Embedder; "
+        f"e = Embedder(model='all-MiniLM-L6-v2', cache_dir=Path({str(model_cache)!r})); "
+        "v = e.encode_one('hello'); print(e.backend, 'torch' in sys.modules, v.shape[0])"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["onnx", "False", "384"]
+
+
+def test_processes_starting_together_export_once_and_agree(tmp_path: Path) -> None:
+    code = (
+        "from pathlib import Path; from engram_api.storage.embedder import Embedder; "
+        f"e = Embedder(model='all-MiniLM-L6-v2', cache_dir=Path({str(tmp_path)!r})); "
+        "v = e.encode_one('Tampa to Austin'); print(e.backend, round(float(v[0]), 5))"
+    )
+    procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True) for _ in range(2)]
+    outs = [p.communicate()[0].split() for p in procs]
+    assert [p.returncode for p in procs] == [0, 0]
+    assert outs[0] == outs[1] and outs[0][0] == "onnx"
+    assert len(list(tmp_path.glob("*.onnx"))) == 1
+    assert not list(tmp_path.glob(".*.tmp"))  # no half-written file left behind
+
+
+def test_query_cache_returns_the_same_read_only_vector_and_is_bounded(model_cache: Path) -> None:
+    enc = Embedder(model="all-MiniLM-L6-v2", backend="onnx", cache_dir=model_cache, query_cache_size=2)
+    first = enc.encode_one("alpha")
+    assert enc.encode_one("alpha") is first
+    assert not first.flags.writeable
+    enc.encode_one("beta")
+    enc.encode_one("gamma")  # evicts the least recently used: alpha
+    again = enc.encode_one("alpha")
+    assert again is not first
+    np.testing.assert_allclose(again, first, atol=1e-6)
+
+
+def test_torch_backend_never_exports(tmp_path: Path) -> None:
+    enc = Embedder(model="all-MiniLM-L6-v2", backend="torch", cache_dir=tmp_path)
+    enc.encode_one("hello")
+    assert enc.backend == "torch" and not any(tmp_path.iterdir())
+
+
+def test_unexportable_model_fails_clearly_on_onnx(tmp_path: Path) -> None:
+    enc = Embedder(model=str(tmp_path / "no-such-model"), backend="onnx", cache_dir=tmp_path)
+    with pytest.raises(ConfigError, match="ENGRAM_EMBEDDING_BACKEND"):
+        enc.encode_one("hello")
+
+
+def test_settings_choose_the_encoder(tmp_path: Path) -> None:
+    settings = Settings(embedding_backend="torch", model_cache_dir=tmp_path, query_cache_size=7)
+    enc = embedder_for(settings)
+    assert (enc.requested_backend, enc.cache_dir, enc._query_cache_size) == ("torch", tmp_path, 7)
+    assert embedder_for(settings) is enc  # one per process
