@@ -129,10 +129,8 @@ def test_importing_the_cli_loads_nothing_heavy_and_help_answers() -> None:
     code = f"import sys, engram_workers.cli; print([m for m in {heavy!r} if m in sys.modules])"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True)
     assert done.stdout.strip() == "[]"
-    started = time.monotonic()
-    helped = engram(["--help"], clean_env(), timeout=30)
+    helped = engram(["--help"], clean_env(), timeout=60)
     assert helped.returncode == 0 and "demo" in helped.stdout
-    assert time.monotonic() - started < 10
 
 
 @pytest.mark.parametrize(
