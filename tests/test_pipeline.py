@@ -116,7 +116,9 @@ def test_tampa_austin_denver_only_denver_is_current(stack):
 
 def chain_shape(client, user):
     """The LIVES_IN chain with message ids reduced to their move number (users differ, moves do not)."""
-    return [(name, start, end, [s.split("-m")[1] for s in src]) for name, start, end, src in lives_in_chain(client, user)]
+    return [
+        (name, start, end, [s.split("-m")[1] for s in src]) for name, start, end, src in lives_in_chain(client, user)
+    ]
 
 
 @pytest.mark.parametrize("order", [(2, 1, 0), (0, 2, 1)], ids=["reversed", "late-into-the-middle"])
