@@ -30,7 +30,7 @@ def redis_db_url(base_url: str, number: int) -> str:
         raise ValueError(f"not a Redis URL: {base_url!r}")
     if parts.scheme == "unix":  # unix:///path/to.sock?db=N: the database is a query parameter
         query = [(k, v) for k, v in parse_qsl(parts.query) if k != "db"] + [("db", str(number))]
-        return urlunsplit(parts._replace(query=urlencode(query)))
+        return f"unix://{parts.netloc}{parts.path}?{urlencode(query)}"  # urlunsplit would drop the "//"
     return urlunsplit(parts._replace(path=f"/{number}"))
 
 
