@@ -374,10 +374,30 @@ def test_dlq_list_replay_and_drop(stack: Stack) -> None:
 
 def test_maintenance_jobs_and_reindex_run_in_process(moved_user: str, stack: Stack) -> None:
     env = runner_env(**stack.env)
-    for job in ("decay", "hierarchy", "weights", "reconcile"):
+
+    def run(job: str) -> dict:
         result = invoke(["maintenance", job, "--user", moved_user, "--json"], env)
         assert result.exit_code == 0, result.output
-        assert json.loads(result.stdout)["failed"] == []
+        report = json.loads(result.stdout)
+        assert report["failed"] == [], report
+        return report
+
+    facts = json.loads(invoke(["graph", moved_user, "--json"], env).stdout)["facts"]
+    assert facts and all(f["strength"] == 1.0 for f in facts)
+    decay = run("decay")  # the facts were said 20 to 60 days ago: every one weakens, none is archived yet
+    assert (decay["users"], decay["decayed"], decay["archived"]) == (1, len(facts), 0), decay
+    weakened = json.loads(invoke(["graph", moved_user, "--json"], env).stdout)["facts"]
+    assert all(0 < f["strength"] < 1 for f in weakened), weakened
+
+    hierarchy = run("hierarchy")
+    (clustered,) = hierarchy["per_user"]
+    assert clustered["user_id"] == moved_user and clustered["facts"] >= 2, hierarchy
+
+    weights = run("weights")  # a user run leaves the global scope alone; this user gave no feedback
+    assert [(s["scope"], s["status"], s["samples"]) for s in weights["scopes"]] == [(moved_user, "kept", 0)]
+
+    reconcile = run("reconcile")
+    assert (reconcile["users"], reconcile["ok"] + reconcile["rebuilt"]) == (1, 1), reconcile
     rebuilt = json.loads(invoke(["reindex", "--user", moved_user, "--json"], env).stdout)
     assert rebuilt[0]["user_id"] == moved_user and rebuilt[0]["vectors"] > 0
 
