@@ -176,6 +176,20 @@ def test_a_bad_setting_names_its_variable(tmp_path: Path) -> None:
     assert "ENGRAM_MAX_HOPS" in one_error_line(result.stderr)
 
 
+@pytest.mark.parametrize("command", [["worker"], ["worker", "--stage", "apply"], ["beat"], ["flower"]])
+def test_the_service_commands_refuse_a_bad_setting_before_starting(command: list[str], tmp_path: Path) -> None:
+    result = invoke(command, runner_env(ENGRAM_MAX_HOPS="99", ENGRAM_DATA_DIR=str(tmp_path)))
+    assert result.exit_code == 2
+    assert "ENGRAM_MAX_HOPS" in one_error_line(result.stderr)
+
+
+def test_worker_needs_a_queue_and_beat_needs_redis(tmp_path: Path) -> None:
+    no_queue = invoke(["worker", "--queues", " , "], runner_env(ENGRAM_DATA_DIR=str(tmp_path)))
+    assert no_queue.exit_code == 2 and "--queues" in one_error_line(no_queue.stderr)
+    no_redis = invoke(["beat"], runner_env(ENGRAM_DATA_DIR=str(tmp_path)))
+    assert no_redis.exit_code == 2 and "REDIS_URL" in one_error_line(no_redis.stderr)
+
+
 def test_no_redis_configured_is_a_config_error_not_a_traceback(tmp_path: Path) -> None:
     result = invoke(["dlq", "list"], runner_env(ENGRAM_DATA_DIR=str(tmp_path)))
     assert result.exit_code == 2
@@ -336,6 +350,15 @@ def test_read_commands_print_json(moved_user: str, stack: Stack, args: list[str]
     assert check(json.loads(result.stdout))
 
 
+@pytest.mark.parametrize("args", [["recall", "{u}", "where?"], ["stats", "{u}"], ["history", "{u}", "user"]])
+def test_reads_with_the_graph_store_down_are_one_error_line(moved_user: str, stack: Stack, args: list[str]) -> None:
+    env = runner_env(**{**stack.env, "NEO4J_URI": "bolt://127.0.0.1:1"})
+    result = invoke([a.format(u=moved_user) for a in args], env)
+    assert result.exit_code == 2, result.output
+    assert "Neo4j at bolt://127.0.0.1:1 is unavailable" in one_error_line(result.stderr)
+    assert result.stdout == ""
+
+
 def test_read_commands_print_tables_for_people(moved_user: str, stack: Stack) -> None:
     result = invoke(["history", moved_user, "user", "--predicate", "LIVES_IN"], runner_env(**stack.env))
     assert result.exit_code == 0
@@ -427,6 +450,7 @@ def _wait_for(path: Path, text: str, proc: subprocess.Popen[str], timeout: float
     raise AssertionError(f"{text!r} not in {path} within {timeout}s:\n{path.read_text()}")
 
 
+@pytest.mark.slow
 def test_up_runs_the_embedded_topology_until_sigterm(tmp_path: Path) -> None:
     env = clean_env(ENGRAM_DATA_DIR=str(tmp_path / "data"))
     log = tmp_path / "up.log"
@@ -455,6 +479,7 @@ def test_up_runs_the_embedded_topology_until_sigterm(tmp_path: Path) -> None:
             proc.wait()
 
 
+@pytest.mark.slow
 def test_demo_runs_offline_and_reruns_cleanly(tmp_path: Path) -> None:
     env = clean_env(ENGRAM_DATA_DIR=str(tmp_path / "engram-data"), COLUMNS="160")
     messages = sum(len(s["messages"]) for s in load_sample()["sessions"])

@@ -24,6 +24,8 @@ from engram_workers.services.ports import free_port
 from tests.support.operator_processes import engram_process, wait_until
 from tests.support.stack import engram_stack
 
+pytestmark = pytest.mark.slow  # a fleet and a Flower process
+
 USER = "ops"
 SECRET_TEXT = "My locker code is marmalade-4417 and I live in Lisbon."
 STAGE_TASKS = (keys.EXTRACT_TASK, keys.APPLY_TASK)

@@ -172,6 +172,7 @@ def test_message_delivered_twice_after_a_crash_leaves_no_duplicates(stack):
     assert Counter(client.graph.vectors(user)[0][i].node_id for i in range(len(vectors))).most_common(1)[0][1] == 1
 
 
+@pytest.mark.slow
 def test_many_users_through_two_processes_match_a_sequential_run(stack, llm_server):
     client = stack.client
     llm_server.latency_s = 0.05
