@@ -13,6 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 import redis
+from hypothesis import HealthCheck, settings
 
 from engram_workers.services import LLMStandin, Neo4jServer, RedisServer, ServiceStartError
 
@@ -21,6 +22,11 @@ from engram_workers.services import LLMStandin, Neo4jServer, RedisServer, Servic
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+# Hypothesis times examples by default (a 200 ms deadline, a "too slow" health check): wall-clock assertions
+# in disguise, red on a loaded machine. Off for every property test; pytest-timeout still catches hangs.
+settings.register_profile("engram", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("engram")
 
 
 @pytest.fixture(scope="session")
