@@ -286,9 +286,9 @@ def test_standin_reset_restores_every_setting(llm_standin: LLMStandin) -> None:
     fresh = LLMStandin()
     llm_standin.script(lambda req: "scripted")
     llm_standin.responder = lambda req: "responder"
+    llm_standin.inject_failures(1.0, mix=[Reply.error(503)], seed=3)
+    assert _post_chat(llm_standin.url)[0] == 503
     llm_standin.latency_s, llm_standin.hang_s = 5.0, 1.0
-    llm_standin.inject_failures(0.5, mix=[Reply.error(503)], seed=3)
-    _post_chat(llm_standin.url)
     llm_standin.reset()
     settings = ("_rules", "responder", "latency_s", "hang_s", "failure_rate", "failure_mix", "failures_injected")
     assert {name: getattr(llm_standin, name) for name in settings} == {name: getattr(fresh, name) for name in settings}
