@@ -15,7 +15,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from engram_api import keys
-from engram_api.models import LearnedWeights
+from engram_api.models import LearnedWeights, utcnow
 from engram_api.settings import Settings
 from engram_api.versions import publish_version, read_version
 from engram_workers.maintenance import run_decay
@@ -158,9 +158,10 @@ print(json.dumps({{"top": r.items[0].object, "mods": sorted({{m.split('.')[0] fo
 def test_feedback_is_stored_reinforces_the_useful_fact_and_moves_the_version(stack):
     client, user = stack.client, uid()
     ingest(client, user, ["I live in Austin.", "I enjoy chess.", "I have a dog named Rex."])
-    # Decay the facts to 90 days after the first one, so a reinforcement has room to show (new facts are at 1.0).
+    # Decay the facts as if 60 days had passed since they were stored, so a reinforcement has room to show
+    # (a new fact is at full strength).
     decayed = run_decay(graph=client.graph, keeper=client.reader.keeper, settings=client.settings,
-                        guard=lambda _: nullcontext(), now=T0 + timedelta(days=90), user_ids=[user])  # fmt: skip
+                        guard=lambda _: nullcontext(), now=utcnow() + timedelta(days=60), user_ids=[user])  # fmt: skip
     assert decayed.decayed == 3 and decayed.archived == 0
     publish_version(client.redis, user, client.graph.user_version(user))
 
