@@ -30,7 +30,7 @@ from engram_workers.cli import memory
 from engram_workers.cli.demo import load_sample
 from engram_workers.extraction.rules import extract_rules
 from engram_workers.services.llm_standin import LLMStandin, Reply
-from tests.support.stack import Stack, engram_stack
+from tests.support.stack import SETTLE_S, Stack, engram_stack
 
 REPO = Path(__file__).resolve().parents[1]
 T0 = datetime(2024, 3, 1, 12, 0, tzinfo=UTC)
@@ -387,7 +387,7 @@ def test_dlq_list_replay_and_drop(stack: Stack) -> None:
     assert sorted(d["message_id"] for d in json.loads(listed.stdout)) == ["m-drop", "m-replay"]
 
     assert invoke(["dlq", "replay", user, "m-replay"], env).exit_code == 0
-    assert stack.client.wait([(user, "m-replay")], timeout=60).applied == ["m-replay"]
+    assert stack.client.wait([(user, "m-replay")], timeout=SETTLE_S).applied == ["m-replay"]
     dropped = invoke(["dlq", "drop", user, "m-drop", "--json"], env)
     assert json.loads(dropped.stdout) == {"dropped": [f"{user}:m-drop"]}
     assert json.loads(invoke(["dlq", "list", "--user", user, "--json"], env).stdout) == []

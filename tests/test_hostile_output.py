@@ -36,7 +36,7 @@ from engram_workers.middleware import build_middleware
 from engram_workers.services.llm_standin import Reply
 from engram_workers.stages.apply import write_extraction
 from tests.support.extractions import entity, fact, message_text
-from tests.support.stack import Stack, engram_stack
+from tests.support.stack import SETTLE_S, Stack, engram_stack
 
 T0 = datetime(2024, 2, 1, 9, 0, tzinfo=UTC)
 PREDICATE_RE = re.compile(r"^[A-Z0-9_]{1,40}$")
@@ -517,7 +517,7 @@ def hostile_run(redis_url, neo4j_uri, llm_server, tmp_path_factory) -> Iterator[
             client.enqueue(victim, text, message_id=f"v{i}", timestamp=T0 + timedelta(days=10 * i))
             for i, text in enumerate(VICTIM_SCRIPT)
         ]
-        assert len(client.wait(warm_up, timeout=120).applied) == len(VICTIM_SCRIPT)
+        assert len(client.wait(warm_up, timeout=SETTLE_S).applied) == len(VICTIM_SCRIPT)
         victim_before = Picture.of(client, victim)
         values = hostile_answer(victim_before.target())
         answers.update(
@@ -534,7 +534,7 @@ def hostile_run(redis_url, neo4j_uri, llm_server, tmp_path_factory) -> Iterator[
         schema_before, others_before = _schema(driver), _count_not_of(driver, hostile)
 
         receipts = [client.enqueue(hostile, text, message_id=f"h{i}") for i, text in enumerate(answers)]
-        result = client.wait(receipts, timeout=240)
+        result = client.wait(receipts, timeout=SETTLE_S)
         by_id = {r.message_id: text for r, text in zip(receipts, answers, strict=True)}
         yield HostileRun(
             victim=victim,

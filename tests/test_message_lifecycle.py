@@ -20,7 +20,7 @@ from engram_api.models import DeadLetter, MessageState
 from engram_api.producer import build_envelope
 from engram_workers.services.celery_worker import APPLY_WORKER, EXTRACT_WORKER
 from tests.support.operator_processes import wait_until
-from tests.support.stack import Stack, engram_stack
+from tests.support.stack import SETTLE_S, Stack, engram_stack
 
 pytestmark = pytest.mark.slow
 
@@ -92,17 +92,17 @@ def test_forgetting_a_queued_or_in_flight_message_stores_nothing(stack: Stack) -
             client.redis.hget(keys.status(u, "m1"), "state") == MessageState.EXTRACTED
             for u in (flight_user, flight_msg, keeper)
         ),
-        timeout=120,
+        timeout=SETTLE_S,
         what="three messages extracted",
     )
     client.forget_user(flight_user)
     client.forget(flight_msg, "m1")
 
     running(stack, "apply")
-    assert client.wait([(keeper, "m1")], timeout=120).applied == ["m1"]
+    assert client.wait([(keeper, "m1")], timeout=SETTLE_S).applied == ["m1"]
     wait_until(
         lambda: {(flight_user, "m1"), (flight_msg, "m1")} <= stage_outcomes(stack, "apply").keys(),
-        timeout=120,
+        timeout=SETTLE_S,
         what="apply to take the two forgotten in-flight messages",
     )
     extracted, applied = stage_outcomes(stack, "extract"), stage_outcomes(stack, "apply")
@@ -143,7 +143,7 @@ def test_the_async_client_awaits_every_method_concurrently(stack: Stack) -> None
             replayed, dropped = await asyncio.gather(
                 client.replay(user, "dead-replay"), client.drop_dead_letter(user, "dead-drop")
             )
-            waited = await client.wait([first, *many, replayed], timeout=120)
+            waited = await client.wait([first, *many, replayed], timeout=SETTLE_S)
             recall, search, context, history, page, stats = await asyncio.gather(
                 client.recall(user, "where does the user live?", k=5),
                 client.search(user, "brother", k=5),

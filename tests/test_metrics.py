@@ -20,7 +20,7 @@ from engram_workers.services.llm_standin import LLMStandin, Reply, approx_tokens
 from engram_workers.services.ports import free_port
 from tests.support.extractions import entity, fact, lives_in, message_text
 from tests.support.operator_processes import engram_process
-from tests.support.stack import engram_stack
+from tests.support.stack import SETTLE_S, engram_stack
 
 ANSWERS = {
     "I live in Tampa.": lives_in("Tampa"),
@@ -86,7 +86,7 @@ def scrape(redis_url: str, llm_server: LLMStandin, tmp_path_factory: pytest.Temp
             client = stack.client
             good = [client.enqueue(f"m_{n}", text) for n, text in enumerate([*ANSWERS, TRIVIAL])]
             bad = client.enqueue("m_dead", BROKEN)
-            result = client.wait([*good, bad], timeout=120)
+            result = client.wait([*good, bad], timeout=SETTLE_S)
             celery = make_celery(stack.settings, stack.env["REDIS_URL"])
             for _ in range(MAINTENANCE_BACKLOG):
                 celery.send_task(keys.DECAY_TASK, queue=keys.MAINTENANCE_QUEUE, routing_key=keys.MAINTENANCE_QUEUE)

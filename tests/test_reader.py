@@ -21,7 +21,7 @@ from engram_api.versions import publish_version, read_version
 from engram_workers.maintenance import run_decay
 from engram_workers.services.llm_standin import Reply
 from tests.support.extractions import entity, fact, lives_in, message_text
-from tests.support.stack import engram_stack
+from tests.support.stack import SETTLE_S, engram_stack
 
 T0 = datetime(2024, 3, 1, 9, 0, tzinfo=UTC)
 TOPICS = ["chess", "jazz", "sushi", "tennis", "python", "gardening", "opera", "cycling", "baking", "hiking"]
@@ -85,7 +85,7 @@ def uid() -> str:
 
 def ingest(client, user, texts, start=T0, step=timedelta(days=30)):
     receipts = [client.enqueue(user, t, timestamp=start + step * i) for i, t in enumerate(texts)]
-    result = client.wait(receipts, timeout=120)
+    result = client.wait(receipts, timeout=SETTLE_S)
     assert not result.dead_lettered
     return receipts
 
@@ -147,7 +147,7 @@ print(json.dumps({{"top": r.items[0].object, "mods": sorted({{m.split('.')[0] fo
         capture_output=True,
         text=True,
         env={**os.environ, **stack.env},
-        timeout=120,
+        timeout=SETTLE_S,
         check=True,
     )
     report = json.loads(out.stdout.strip().splitlines()[-1])
@@ -205,7 +205,7 @@ def test_isolation_over_1000_randomized_recalls_across_20_users(stack):
         for topic in rng.sample(TOPICS, 4):
             receipts.append(client.enqueue(u, f"I enjoy {topic}."))
         receipts.append(client.enqueue(u, f"I live in {rng.choice(['Tampa', 'Austin', 'Denver', 'Boston'])}."))
-    assert len(client.wait(receipts, timeout=240).applied) == len(receipts)
+    assert len(client.wait(receipts, timeout=SETTLE_S).applied) == len(receipts)
     owned = {}
     messages = {}
     for u in users:

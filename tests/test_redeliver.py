@@ -16,7 +16,7 @@ from engram_api.queue import make_celery
 from engram_workers.maintenance import redeliver_stuck
 from engram_workers.services.celery_worker import APPLY_WORKER, EXTRACT_WORKER
 from tests.support.operator_processes import wait_until
-from tests.support.stack import engram_stack
+from tests.support.stack import SETTLE_S, engram_stack
 
 
 def test_only_old_stuck_messages_are_resent_once(redis_client, user_id):
@@ -73,7 +73,7 @@ def test_the_sweep_task_brings_lost_messages_home(redis_url: str, tmp_path: Path
             keys.REDELIVER_TASK, kwargs={"older_than_s": 300}, queue=keys.MAINTENANCE_QUEUE,
             routing_key=keys.MAINTENANCE_QUEUE,
         )  # fmt: skip
-        result = client.wait([queued, extracted], timeout=120)
+        result = client.wait([queued, extracted], timeout=SETTLE_S)
         assert sorted(result.applied) == ["lost-extracted", "lost-queued"]
         assert [f.statement for f in client.graph.history("rd_user", "user", "LIVES_IN")] == ["User lives in Oslo"]
 

@@ -18,6 +18,11 @@ from engram_api import MemoryClient
 from engram_api.settings import Settings
 from engram_workers.services.celery_worker import APPLY_WORKER, EXTRACT_WORKER, ManagedProcess, worker_command
 
+# How long a test waits for messages to settle: a hang guard, not a performance bound (benchmarks measure
+# speed). Cold workers on a loaded 2-core machine take minutes over their first message (litellm import,
+# the embedding model loading in each prefork child); pytest-timeout (300 s a test) stays the last resort.
+SETTLE_S = 240.0
+
 # Database 0 is left to whoever else uses the server; an external Redis has 16 databases by default.
 _DATABASES = range(1, 16)
 _databases_in_use: set[int] = set()
