@@ -13,6 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 import redis
+from hypothesis import HealthCheck, settings
 
 from engram_workers.services import LLMStandin, Neo4jServer, RedisServer, ServiceStartError
 
@@ -21,6 +22,11 @@ from engram_workers.services import LLMStandin, Neo4jServer, RedisServer, Servic
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+# Hypothesis times examples by default (a 200 ms deadline, a "too slow" health check): wall-clock assertions
+# in disguise, red on a loaded machine. Off for every property test; pytest-timeout still catches hangs.
+settings.register_profile("engram", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("engram")
 
 
 @pytest.fixture(scope="session")
@@ -59,6 +65,10 @@ def redis_client(redis_url: str) -> Iterator[redis.Redis]:
     client.close()
 
 
+# The session's Neo4j once started: chaos stops and restarts it, and every module checks it is back.
+_neo4j_servers: list[Neo4jServer] = []
+
+
 @pytest.fixture(scope="session")
 def neo4j_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Neo4jServer]:
     """A Neo4j owned by this test run (ops/neo4j-launcher), even when NEO4J_URI is set."""
@@ -67,8 +77,33 @@ def neo4j_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Neo4jServ
         server.start()
     except ServiceStartError as exc:
         pytest.fail(f"Neo4j could not start: {exc}", pytrace=False)
+    _neo4j_servers.append(server)
     yield server
+    _neo4j_servers.remove(server)
     server.stop()
+
+
+def _restart_stopped_neo4j() -> None:
+    """A scenario that stopped the session's Neo4j and could not bring it back (a timeout mid-outage, a
+    failed restart) costs that one test, not every later one: the next module or test restarts it."""
+    for server in _neo4j_servers:
+        if server.running:
+            continue
+        try:
+            server.start()
+        except ServiceStartError as exc:
+            pytest.fail(f"the session's Neo4j was down and could not be restarted: {exc}", pytrace=False)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _neo4j_up_for_module() -> None:
+    """Runs before the module's own module-scoped fixtures (autouse comes first within a scope)."""
+    _restart_stopped_neo4j()
+
+
+@pytest.fixture(autouse=True)
+def _neo4j_up_for_test() -> None:
+    _restart_stopped_neo4j()
 
 
 @pytest.fixture(scope="session")

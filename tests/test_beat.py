@@ -19,6 +19,8 @@ from engram_workers.cli.ops import BEAT_LOCK_TIMEOUT_S, BEAT_MAX_INTERVAL_S
 from tests.support.operator_processes import EventLog, engram_process, wait_until
 from tests.support.stack import Stack, engram_stack
 
+pytestmark = pytest.mark.slow  # two Beats, a worker, a SIGKILL and a lock expiry
+
 INTERVAL_S = 2
 TASKS = [task for task, _ in JOBS.values()]
 # Sends per job to observe with both Beats up: three intervals. Two schedulers would fire twice as often.

@@ -30,7 +30,7 @@ from engram_workers.cli import memory
 from engram_workers.cli.demo import load_sample
 from engram_workers.extraction.rules import extract_rules
 from engram_workers.services.llm_standin import LLMStandin, Reply
-from tests.support.stack import Stack, engram_stack
+from tests.support.stack import SETTLE_S, Stack, engram_stack
 
 REPO = Path(__file__).resolve().parents[1]
 T0 = datetime(2024, 3, 1, 12, 0, tzinfo=UTC)
@@ -129,10 +129,8 @@ def test_importing_the_cli_loads_nothing_heavy_and_help_answers() -> None:
     code = f"import sys, engram_workers.cli; print([m for m in {heavy!r} if m in sys.modules])"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True)
     assert done.stdout.strip() == "[]"
-    started = time.monotonic()
-    helped = engram(["--help"], clean_env(), timeout=30)
+    helped = engram(["--help"], clean_env(), timeout=60)
     assert helped.returncode == 0 and "demo" in helped.stdout
-    assert time.monotonic() - started < 10
 
 
 @pytest.mark.parametrize(
@@ -176,6 +174,20 @@ def test_a_bad_setting_names_its_variable(tmp_path: Path) -> None:
     result = invoke(["stats", "alice"], runner_env(ENGRAM_MAX_HOPS="99", ENGRAM_DATA_DIR=str(tmp_path)))
     assert result.exit_code == 2
     assert "ENGRAM_MAX_HOPS" in one_error_line(result.stderr)
+
+
+@pytest.mark.parametrize("command", [["worker"], ["worker", "--stage", "apply"], ["beat"], ["flower"]])
+def test_the_service_commands_refuse_a_bad_setting_before_starting(command: list[str], tmp_path: Path) -> None:
+    result = invoke(command, runner_env(ENGRAM_MAX_HOPS="99", ENGRAM_DATA_DIR=str(tmp_path)))
+    assert result.exit_code == 2
+    assert "ENGRAM_MAX_HOPS" in one_error_line(result.stderr)
+
+
+def test_worker_needs_a_queue_and_beat_needs_redis(tmp_path: Path) -> None:
+    no_queue = invoke(["worker", "--queues", " , "], runner_env(ENGRAM_DATA_DIR=str(tmp_path)))
+    assert no_queue.exit_code == 2 and "--queues" in one_error_line(no_queue.stderr)
+    no_redis = invoke(["beat"], runner_env(ENGRAM_DATA_DIR=str(tmp_path)))
+    assert no_redis.exit_code == 2 and "REDIS_URL" in one_error_line(no_redis.stderr)
 
 
 def test_no_redis_configured_is_a_config_error_not_a_traceback(tmp_path: Path) -> None:
@@ -338,6 +350,15 @@ def test_read_commands_print_json(moved_user: str, stack: Stack, args: list[str]
     assert check(json.loads(result.stdout))
 
 
+@pytest.mark.parametrize("args", [["recall", "{u}", "where?"], ["stats", "{u}"], ["history", "{u}", "user"]])
+def test_reads_with_the_graph_store_down_are_one_error_line(moved_user: str, stack: Stack, args: list[str]) -> None:
+    env = runner_env(**{**stack.env, "NEO4J_URI": "bolt://127.0.0.1:1"})
+    result = invoke([a.format(u=moved_user) for a in args], env)
+    assert result.exit_code == 2, result.output
+    assert "Neo4j at bolt://127.0.0.1:1 is unavailable" in one_error_line(result.stderr)
+    assert result.stdout == ""
+
+
 def test_read_commands_print_tables_for_people(moved_user: str, stack: Stack) -> None:
     result = invoke(["history", moved_user, "user", "--predicate", "LIVES_IN"], runner_env(**stack.env))
     assert result.exit_code == 0
@@ -366,7 +387,7 @@ def test_dlq_list_replay_and_drop(stack: Stack) -> None:
     assert sorted(d["message_id"] for d in json.loads(listed.stdout)) == ["m-drop", "m-replay"]
 
     assert invoke(["dlq", "replay", user, "m-replay"], env).exit_code == 0
-    assert stack.client.wait([(user, "m-replay")], timeout=60).applied == ["m-replay"]
+    assert stack.client.wait([(user, "m-replay")], timeout=SETTLE_S).applied == ["m-replay"]
     dropped = invoke(["dlq", "drop", user, "m-drop", "--json"], env)
     assert json.loads(dropped.stdout) == {"dropped": [f"{user}:m-drop"]}
     assert json.loads(invoke(["dlq", "list", "--user", user, "--json"], env).stdout) == []
@@ -376,10 +397,30 @@ def test_dlq_list_replay_and_drop(stack: Stack) -> None:
 
 def test_maintenance_jobs_and_reindex_run_in_process(moved_user: str, stack: Stack) -> None:
     env = runner_env(**stack.env)
-    for job in ("decay", "hierarchy", "weights", "reconcile"):
+
+    def run(job: str) -> dict:
         result = invoke(["maintenance", job, "--user", moved_user, "--json"], env)
         assert result.exit_code == 0, result.output
-        assert json.loads(result.stdout)["failed"] == []
+        report = json.loads(result.stdout)
+        assert report["failed"] == [], report
+        return report
+
+    facts = json.loads(invoke(["graph", moved_user, "--json"], env).stdout)["facts"]
+    assert facts and all(f["strength"] == 1.0 for f in facts)
+    decay = run("decay")  # the facts were said 20 to 60 days ago: every one weakens, none is archived yet
+    assert (decay["users"], decay["decayed"], decay["archived"]) == (1, len(facts), 0), decay
+    weakened = json.loads(invoke(["graph", moved_user, "--json"], env).stdout)["facts"]
+    assert all(0 < f["strength"] < 1 for f in weakened), weakened
+
+    hierarchy = run("hierarchy")
+    (clustered,) = hierarchy["per_user"]
+    assert clustered["user_id"] == moved_user and clustered["facts"] >= 2, hierarchy
+
+    weights = run("weights")  # a user run leaves the global scope alone; this user gave no feedback
+    assert [(s["scope"], s["status"], s["samples"]) for s in weights["scopes"]] == [(moved_user, "kept", 0)]
+
+    reconcile = run("reconcile")
+    assert (reconcile["users"], reconcile["ok"] + reconcile["rebuilt"]) == (1, 1), reconcile
     rebuilt = json.loads(invoke(["reindex", "--user", moved_user, "--json"], env).stdout)
     assert rebuilt[0]["user_id"] == moved_user and rebuilt[0]["vectors"] > 0
 
@@ -409,6 +450,7 @@ def _wait_for(path: Path, text: str, proc: subprocess.Popen[str], timeout: float
     raise AssertionError(f"{text!r} not in {path} within {timeout}s:\n{path.read_text()}")
 
 
+@pytest.mark.slow
 def test_up_runs_the_embedded_topology_until_sigterm(tmp_path: Path) -> None:
     env = clean_env(ENGRAM_DATA_DIR=str(tmp_path / "data"))
     log = tmp_path / "up.log"
@@ -437,6 +479,7 @@ def test_up_runs_the_embedded_topology_until_sigterm(tmp_path: Path) -> None:
             proc.wait()
 
 
+@pytest.mark.slow
 def test_demo_runs_offline_and_reruns_cleanly(tmp_path: Path) -> None:
     env = clean_env(ENGRAM_DATA_DIR=str(tmp_path / "engram-data"), COLUMNS="160")
     messages = sum(len(s["messages"]) for s in load_sample()["sessions"])

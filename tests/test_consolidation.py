@@ -7,38 +7,45 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from engram_api import keys
 from engram_api.models import Envelope, Extraction, Usage
+from engram_api.settings import Settings
 from engram_api.storage.embedder import get_embedder
 from engram_api.storage.indexes import IndexKeeper
 from engram_api.storage.sqlite_store import SqliteGraphStore
 from engram_api.storage.vectors import VectorStore
-from engram_workers.consolidation import plan_message
+from engram_api.versions import read_version
+from engram_workers.middleware import build_middleware
+from engram_workers.stages.apply import write_extraction
 from tests.support.extractions import entity, fact, lives_in
 
 T0 = datetime(2024, 1, 1, tzinfo=UTC)
 
 
 @pytest.fixture
-def world(tmp_path):
+def world(tmp_path, redis_client):
     graph = SqliteGraphStore(path=tmp_path / "g.sqlite3")
     graph.ensure_schema()
     embedder = get_embedder("all-MiniLM-L6-v2")
     keeper = IndexKeeper(graph=graph, vectors=VectorStore(root=tmp_path / "idx", dim=embedder.dim))
     user = f"c_{uuid.uuid4().hex[:8]}"
+    middleware = build_middleware(Settings(data_dir=tmp_path))
 
-    def say(message_id: str, extraction: dict, when: datetime):
+    def say(message_id: str, extraction: dict, when: datetime, *, again: bool = False):
+        """What the apply stage does with one message (its own write function, minus Celery and the lock);
+        ``again``: the message was written before, so the graph must say "already applied"."""
         envelope = Envelope(user_id=user, message_id=message_id, messages=[{"content": "x"}], timestamp=when)
-        before = graph.user_version(user)
-        planned = plan_message(
-            envelope=envelope, extraction=Extraction.model_validate(extraction), usage=Usage(), graph=graph,
-            embedder=embedder, index=keeper.current(user, before),
+        written = write_extraction(
+            graph=graph, keeper=keeper, embedder=embedder, redis_client=redis_client, middleware=middleware,
+            envelope=envelope, extraction=Extraction.model_validate(extraction), usage=Usage(),
         )  # fmt: skip
-        outcome = graph.apply(planned.plan)
-        keeper.advance(user, from_version=before, to_version=outcome.version, upserts=planned.upserts)
-        return planned.plan
+        assert written.outcome.applied is not again
+        assert read_version(redis_client, user) == written.outcome.version == graph.user_version(user)
+        return written.planned.plan
 
     yield graph, user, say
     graph.close()
+    redis_client.delete(keys.user_version(user))
 
 
 def chain(graph, user):
@@ -50,6 +57,27 @@ def test_a_late_message_with_an_older_event_time_lands_in_the_past(world):
     say("m2", lives_in("Austin"), T0 + timedelta(days=30))
     say("m1", lives_in("Tampa"), T0)
     assert chain(graph, user) == [("Tampa", T0, T0 + timedelta(days=30)), ("Austin", T0 + timedelta(days=30), None)]
+
+
+def test_a_late_message_lands_in_the_middle_of_the_history(world):
+    """Arrival order 0, 2, 1: the late move splits the interval that was open between the other two."""
+    graph, user, say = world
+    days = [T0, T0 + timedelta(days=30), T0 + timedelta(days=60)]
+    for i in (0, 2, 1):
+        say(f"m{i}", lives_in(["Tampa", "Austin", "Denver"][i]), days[i])
+    assert chain(graph, user) == [("Tampa", days[0], days[1]), ("Austin", days[1], days[2]), ("Denver", days[2], None)]
+    history = graph.history(user, "user", "LIVES_IN")
+    assert [f.superseded_by for f in history] == [history[1].id, history[2].id, None]
+    assert graph.stats(user).current_facts == 1
+
+
+def test_the_same_message_twice_is_written_once(world):
+    """The stage's idempotency: a redelivered message finds its write in the graph and changes nothing."""
+    graph, user, say = world
+    say("m1", lives_in("Austin"), T0)
+    before = (graph.stats(user), graph.user_version(user), chain(graph, user))
+    say("m1", lives_in("Austin"), T0, again=True)
+    assert (graph.stats(user), graph.user_version(user), chain(graph, user)) == before
 
 
 def test_restating_the_current_value_reinforces_instead_of_adding(world):
@@ -97,9 +125,9 @@ def test_an_updates_hint_supersedes_the_context_fact(world):
         T0,
     )
     old_id = first.new_facts[0].id
-    say("m2", {"entities": [entity("e1", "tennis")],
-               "facts": [fact("user", "PLAYS", "e1", "User stopped playing tennis", updates=old_id)]},
-        T0 + timedelta(days=3))  # fmt: skip
+    second = say("m2", {"entities": [entity("e1", "tennis")],
+                        "facts": [fact("user", "PLAYS", "e1", "User stopped playing tennis", updates=old_id)]},
+                 T0 + timedelta(days=3))  # fmt: skip
     old = graph.get_facts(user, [old_id])[0]
-    assert old.valid_until == T0 + timedelta(days=3) and old.superseded_by is not None
+    assert old.valid_until == T0 + timedelta(days=3) and old.superseded_by == second.new_facts[0].id
     assert graph.stats(user).current_facts == 1

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
@@ -781,12 +780,11 @@ def test_non_text_input_gives_an_empty_extraction() -> None:
     assert extract_rules(None, event_time=T) == Extraction()  # type: ignore[arg-type]
 
 
-def test_huge_input_is_bounded_and_fast() -> None:
+@pytest.mark.timeout(120)  # a runaway regex shows as a timeout; how fast it is, the benchmarks say
+def test_huge_input_is_bounded() -> None:
     text = "".join(f"My friend Person{i} lives in City{i}. " for i in range(3000)) + "x" * 1_000_000
-    started = time.perf_counter()
     with no_logged_errors():
         ex = run(text)
-    assert time.perf_counter() - started < 10
     assert len(ex.facts) == 100 and len(ex.entities) <= 100
 
 
@@ -886,6 +884,7 @@ def test_not_trivial(text: str) -> None:
     assert is_trivial(text) is False
 
 
+@settings(deadline=None)  # no per-example time limit: tests never assert wall-clock times
 @given(st.text(max_size=200))
 def test_trivial_never_raises(text: str) -> None:
     assert isinstance(is_trivial(text), bool)

@@ -22,7 +22,9 @@ import pytest
 from engram_api import keys
 from engram_workers.services.ports import free_port
 from tests.support.operator_processes import engram_process, wait_until
-from tests.support.stack import engram_stack
+from tests.support.stack import SETTLE_S, engram_stack
+
+pytestmark = pytest.mark.slow  # a fleet and a Flower process
 
 USER = "ops"
 SECRET_TEXT = "My locker code is marmalade-4417 and I live in Lisbon."
@@ -103,7 +105,7 @@ def flower(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator
             )
             receipt = stack.client.enqueue("flower_user", SECRET_TEXT)
             here = replace(here, user_id=receipt.user_id, message_id=receipt.message_id)
-            assert stack.client.wait(receipt, timeout=120).applied == [receipt.message_id]
+            assert stack.client.wait(receipt, timeout=SETTLE_S).applied == [receipt.message_id]
             wait_until(
                 lambda: {n for n, t in here.stage_tasks().items() if t["state"] == "SUCCESS"} == set(STAGE_TASKS),
                 timeout=30,

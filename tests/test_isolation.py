@@ -30,7 +30,7 @@ from engram_api.versions import publish_version
 from engram_workers.maintenance import rebuild_hierarchy
 from engram_workers.services.llm_standin import Reply
 from tests.support.extractions import entity, fact, lives_in, message_text
-from tests.support.stack import Stack, engram_stack
+from tests.support.stack import SETTLE_S, Stack, engram_stack
 from tests.test_bad_input import API_CALLS
 
 SEED = 20241129
@@ -307,7 +307,7 @@ def test_no_user_can_forget_the_fleets_learned_weights(world, global_weights):
     would share its row: such a user must be refused, or at least forgetting it must leave the row."""
     client = world.client
     with suppress(InvalidInputError):
-        client.wait(client.enqueue(GLOBAL_SCOPE, "I live in Austin.", timestamp=T0), timeout=60)
+        client.wait(client.enqueue(GLOBAL_SCOPE, "I live in Austin.", timestamp=T0), timeout=SETTLE_S)
     with suppress(InvalidInputError):
         client.forget_user(GLOBAL_SCOPE)
     assert global_weights() is not None, f"forget_user({GLOBAL_SCOPE!r}) deleted the fleet-wide learned weights"

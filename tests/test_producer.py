@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from engram_api import InvalidInputError, keys
+from engram_api import InvalidInputError, WaitTimeoutError, keys
 from engram_api.producer import task_message
 from tests.support.stack import engram_stack
 
@@ -69,3 +69,12 @@ def test_a_bad_item_in_a_batch_enqueues_nothing(client):
         client.enqueue_many(items)
     assert err.value.field == "items[1].messages"
     assert client.redis.llen(keys.EXTRACT_QUEUE) == 0
+
+
+def test_wait_without_workers_times_out_with_a_typed_error_naming_what_is_pending(client):
+    receipts = [client.enqueue("alice", "I live in Tampa.", message_id=f"w-{n}") for n in range(5)]
+    with pytest.raises(WaitTimeoutError) as err:
+        client.wait(receipts, timeout=0.5)
+    assert isinstance(err.value, TimeoutError)  # callers catching the builtin catch it too
+    assert "5 of 5 messages still pending" in str(err.value) and "w-0" in str(err.value)
+    assert client.redis.llen(keys.EXTRACT_QUEUE) == 5  # waiting changed nothing

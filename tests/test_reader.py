@@ -5,19 +5,23 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import subprocess
 import sys
 import uuid
+from contextlib import nullcontext
 from datetime import UTC, datetime, timedelta
 
 import pytest
 
 from engram_api import keys
-from engram_api.models import LearnedWeights
+from engram_api.models import LearnedWeights, utcnow
 from engram_api.settings import Settings
+from engram_api.versions import publish_version, read_version
+from engram_workers.maintenance import run_decay
 from engram_workers.services.llm_standin import Reply
 from tests.support.extractions import entity, fact, lives_in, message_text
-from tests.support.stack import engram_stack
+from tests.support.stack import SETTLE_S, engram_stack
 
 T0 = datetime(2024, 3, 1, 9, 0, tzinfo=UTC)
 TOPICS = ["chess", "jazz", "sushi", "tennis", "python", "gardening", "opera", "cycling", "baking", "hiking"]
@@ -81,7 +85,7 @@ def uid() -> str:
 
 def ingest(client, user, texts, start=T0, step=timedelta(days=30)):
     receipts = [client.enqueue(user, t, timestamp=start + step * i) for i, t in enumerate(texts)]
-    result = client.wait(receipts, timeout=120)
+    result = client.wait(receipts, timeout=SETTLE_S)
     assert not result.dead_lettered
     return receipts
 
@@ -143,12 +147,42 @@ print(json.dumps({{"top": r.items[0].object, "mods": sorted({{m.split('.')[0] fo
         capture_output=True,
         text=True,
         env={**os.environ, **stack.env},
-        timeout=120,
+        timeout=SETTLE_S,
         check=True,
     )
     report = json.loads(out.stdout.strip().splitlines()[-1])
     assert report == {"top": "Austin", "mods": []}
     assert len(llm_server.requests) == calls_before
+
+
+def test_feedback_is_stored_reinforces_the_useful_fact_and_moves_the_version(stack):
+    client, user = stack.client, uid()
+    ingest(client, user, ["I live in Austin.", "I enjoy chess.", "I have a dog named Rex."])
+    # Decay the facts as if 60 days had passed since they were stored, so a reinforcement has room to show
+    # (a new fact is at full strength).
+    decayed = run_decay(graph=client.graph, keeper=client.reader.keeper, settings=client.settings,
+                        guard=lambda _: nullcontext(), now=utcnow() + timedelta(days=60), user_ids=[user])  # fmt: skip
+    assert decayed.decayed == 3 and decayed.archived == 0
+    publish_version(client.redis, user, client.graph.user_version(user))
+
+    recall = client.recall(user, "does the user have a dog?", k=3)
+    (rex,) = [i for i in recall.items if "Rex" in i.statement]
+    ids = [i.id for i in recall.items]
+    strength = {f.id: f.strength for f in client.graph.get_facts(user, ids)}
+    version = client.graph.user_version(user)
+
+    assert client.feedback(user, recall.recall_id, [rex.id]) == len(ids)
+
+    rows = [r for r in client.graph.feedback(user, 100) if r.recall_id == recall.recall_id]
+    assert sorted((r.fact_id, r.useful) for r in rows) == sorted((i, i == rex.id) for i in ids)
+    after = {f.id: f.strength for f in client.graph.get_facts(user, ids)}
+    reinforce = client.settings.reinforce_amount
+    assert after[rex.id] == pytest.approx(min(1.0, strength[rex.id] + reinforce))
+    assert {i: after[i] for i in ids if i != rex.id} == {i: strength[i] for i in ids if i != rex.id}
+    assert client.graph.user_version(user) > version
+    assert read_version(client.redis, user) == client.graph.user_version(user)
+    again = client.recall(user, "does the user have a dog?", k=3)
+    assert not again.cached  # the reader's cache saw the new version
 
 
 def test_cache_sees_a_fact_written_by_a_worker_in_another_process(stack):
@@ -171,7 +205,7 @@ def test_isolation_over_1000_randomized_recalls_across_20_users(stack):
         for topic in rng.sample(TOPICS, 4):
             receipts.append(client.enqueue(u, f"I enjoy {topic}."))
         receipts.append(client.enqueue(u, f"I live in {rng.choice(['Tampa', 'Austin', 'Denver', 'Boston'])}."))
-    assert len(client.wait(receipts, timeout=240).applied) == len(receipts)
+    assert len(client.wait(receipts, timeout=SETTLE_S).applied) == len(receipts)
     owned = {}
     messages = {}
     for u in users:
@@ -218,3 +252,24 @@ def test_forget_and_forget_user_leave_nothing_behind(stack):
     leftovers = [k for p in keys.user_keys_pattern(user) for k in client.redis.scan_iter(match=p)]
     assert leftovers == [] and client.redis.get(keys.user_version(user)) is None
     assert client.stats(user).facts == 0 and client.recall(user, "dog", k=3).items == []
+
+
+@pytest.mark.parametrize(
+    "read",
+    [
+        lambda c: c.recall("r_down", "where does the user live?"),
+        lambda c: c.get_context("r_down", "where does the user live?"),
+        lambda c: c.history("r_down", "user", "LIVES_IN"),
+        lambda c: c.stats("r_down"),
+    ],
+    ids=["recall", "get_context", "history", "stats"],
+)
+def test_reads_with_the_graph_store_down_raise_store_unavailable(redis_url, tmp_path, read):
+    """A graph store that does not answer is a typed error naming it, never an empty answer or a cached one."""
+    from engram_api import MemoryClient, StoreUnavailableError
+
+    down = Settings(neo4j_uri="bolt://127.0.0.1:1", data_dir=tmp_path)
+    with MemoryClient(settings=down, redis_url=redis_url) as client:
+        with pytest.raises(StoreUnavailableError, match=re.escape("bolt://127.0.0.1:1")):
+            read(client)
+        assert client.reader.cache.users() == set()

@@ -1,11 +1,22 @@
-"""The redelivery sweep re-sends only messages stuck between stages past the threshold."""
+"""The redelivery sweep re-sends only messages stuck between stages past the threshold: the selection on
+its own, then the real Beat task on a real fleet bringing lost messages home."""
 
 from __future__ import annotations
 
+import ast
+import re
 import time
+from pathlib import Path
+
+import pytest
 
 from engram_api import keys
+from engram_api.models import MessageState
+from engram_api.queue import make_celery
 from engram_workers.maintenance import redeliver_stuck
+from engram_workers.services.celery_worker import APPLY_WORKER, EXTRACT_WORKER
+from tests.support.operator_processes import wait_until
+from tests.support.stack import SETTLE_S, engram_stack
 
 
 def test_only_old_stuck_messages_are_resent_once(redis_client, user_id):
@@ -30,3 +41,46 @@ def test_only_old_stuck_messages_are_resent_once(redis_client, user_id):
     sent.clear()
     redeliver_stuck(client=redis_client, send=send, older_than_s=60, now=now + 1)
     assert [s for s in sent if s[1][0] == user_id] == []  # re-stamped: not sent again at once
+
+
+def _task_results(log: Path, task: str) -> list[str]:
+    """What the worker logged as the return value of each successful ``task`` run."""
+    done = re.compile(rf"Task {re.escape(task)}\[[0-9a-f-]+\] succeeded in \S+s: (.*)$")
+    return [m.group(1) for line in log.read_text().splitlines() if (m := done.search(line))]
+
+
+@pytest.mark.slow
+def test_the_sweep_task_brings_lost_messages_home(redis_url: str, tmp_path: Path) -> None:
+    """Two messages whose task messages vanished from the broker (celery/celery#7950): one was waiting for
+    extraction, one had been extracted but its extraction was lost too, so apply must send it back to
+    extract. The real redelivery task, run by a real worker, gets both applied."""
+    with engram_stack(redis_url=redis_url, data_dir=tmp_path, neo4j_uri=None, llm_url=None, workers=False) as stack:
+        client = stack.client
+        queued = client.enqueue("rd_user", "I live in Oslo.", message_id="lost-queued")
+        extracted = client.enqueue("rd_user", "I like chess.", message_id="lost-extracted")
+        client.redis.delete(keys.EXTRACT_QUEUE)  # both task messages are gone
+        stale = str(time.time() - 600)
+        client.redis.hset(keys.status("rd_user", "lost-queued"), "enqueued_at", stale)
+        client.redis.hset(
+            keys.status("rd_user", "lost-extracted"),
+            mapping={"state": MessageState.EXTRACTED.value, "extracted_at": stale},
+        )
+        stack.start_worker("extract", EXTRACT_WORKER, concurrency=2)
+        apply = stack.start_worker("apply", APPLY_WORKER)  # it also consumes the maintenance queue
+
+        celery = make_celery(stack.settings, stack.env["REDIS_URL"])
+        celery.send_task(
+            keys.REDELIVER_TASK, kwargs={"older_than_s": 300}, queue=keys.MAINTENANCE_QUEUE,
+            routing_key=keys.MAINTENANCE_QUEUE,
+        )  # fmt: skip
+        result = client.wait([queued, extracted], timeout=SETTLE_S)
+        assert sorted(result.applied) == ["lost-extracted", "lost-queued"]
+        assert [f.statement for f in client.graph.history("rd_user", "user", "LIVES_IN")] == ["User lives in Oslo"]
+
+        (report,) = wait_until(
+            lambda: _task_results(apply.log_path, keys.REDELIVER_TASK), timeout=30, what="the sweep's report"
+        )
+        resent = ast.literal_eval(report)["resent"]  # Celery logs the returned dict's repr
+        assert sorted(resent) == ["rd_user:lost-extracted", "rd_user:lost-queued"]
+        applies = _task_results(apply.log_path, keys.APPLY_TASK)
+        assert "'extraction missing: sent back to extract'" in applies, applies

@@ -48,10 +48,12 @@ class EngramGroup(click.Group):
         except Exception as exc:
             if os.environ.get("ENGRAM_DEBUG", "") not in ("", "0"):
                 raise
+            # One line, always: a driver's message may span several (Neo4j's "Couldn't connect ...:\n...").
+            message = " ".join(str(exc).split())
             if _is_engram_error(exc):
-                click.echo(f"error: {exc}", err=True)
+                click.echo(f"error: {message}", err=True)
                 sys.exit(2)
-            click.echo(f"error: {type(exc).__name__}: {exc}", err=True)
+            click.echo(f"error: {type(exc).__name__}: {message}", err=True)
             sys.exit(1)
         sys.exit(code if isinstance(code, int) else 0)
 

@@ -4,6 +4,11 @@ After ``fail_max`` consecutive failures (counted across every worker) the breake
 the model for ``reset_timeout`` seconds. Then it is half-open: exactly one caller fleet-wide gets a trial
 call (a Redis ``SET NX`` token); its success closes the breaker, its failure opens it again.
 
+Admission is one Lua script: the state is read and the decision taken atomically, so no call is ever
+admitted while the breaker is open. The same script counts every decision fleet-wide (``stats``: calls
+admitted closed, half-open trials, calls refused); the record-failure script counts openings. Every call
+that reaches the model is therefore an ``admitted`` or a ``trials`` count.
+
 Not pybreaker: its ``CircuitBreaker.call`` holds a process lock for the whole call, which serialized every
 LLM call of an extract process (measured: 8 threads x 0.25 s took 2.0 s instead of 0.25 s). Here the call
 itself runs outside any lock; only the state transitions touch Redis.
@@ -15,10 +20,11 @@ from collections.abc import Callable
 from typing import TypeVar
 
 import redis
+from pydantic import BaseModel, Field
 
 from engram_api import keys
 
-__all__ = ["BreakerOpenError", "LLMBreaker"]
+__all__ = ["BreakerOpenError", "BreakerStats", "LLMBreaker"]
 
 T = TypeVar("T")
 
@@ -26,8 +32,29 @@ _OPEN = f"{keys.BREAKER}:open"  # exists while open; its TTL is the time left
 _TRIPPED = f"{keys.BREAKER}:tripped"  # exists from opening until a trial succeeds (half-open after _OPEN)
 _FAILURES = f"{keys.BREAKER}:failures"
 _TRIAL = f"{keys.BREAKER}:trial"
+_STATS = f"{keys.BREAKER}:stats"  # hash of fleet-wide counters (see BreakerStats), never expires
 
-# KEYS: failures, open, tripped. ARGV: fail_max, reset ms. Returns 1 when this failure opened it.
+# KEYS: open, tripped, trial, stats. ARGV: trial ms. Returns {0, 0} to call (closed), {1, 0} to call as the
+# half-open trial, {2, ms} to refuse (retry in ms).
+_ADMIT = """
+local ttl = redis.call('PTTL', KEYS[1])
+if ttl > 0 then
+  redis.call('HINCRBY', KEYS[4], 'rejected', 1)
+  return {2, ttl}
+end
+if redis.call('EXISTS', KEYS[2]) == 0 then
+  redis.call('HINCRBY', KEYS[4], 'admitted', 1)
+  return {0, 0}
+end
+if redis.call('SET', KEYS[3], '1', 'NX', 'PX', ARGV[1]) then
+  redis.call('HINCRBY', KEYS[4], 'trials', 1)
+  return {1, 0}
+end
+redis.call('HINCRBY', KEYS[4], 'rejected', 1)
+return {2, math.floor(tonumber(ARGV[1]) / 2)}
+"""
+
+# KEYS: failures, open, tripped, stats. ARGV: fail_max, reset ms. Returns 1 when this failure opened it.
 _RECORD_FAILURE = """
 local n = redis.call('INCR', KEYS[1])
 redis.call('PEXPIRE', KEYS[1], ARGV[2] * 10)
@@ -35,10 +62,20 @@ if n >= tonumber(ARGV[1]) or redis.call('EXISTS', KEYS[3]) == 1 then
   redis.call('SET', KEYS[2], '1', 'PX', ARGV[2])
   redis.call('SET', KEYS[3], '1')
   redis.call('DEL', KEYS[1])
+  redis.call('HINCRBY', KEYS[4], 'opened', 1)
   return 1
 end
 return 0
 """
+
+
+class BreakerStats(BaseModel):
+    """Fleet-wide counts of the breaker's decisions since the counters were created."""
+
+    admitted: int = Field(0, description="calls let through while closed")
+    trials: int = Field(0, description="half-open trial calls let through")
+    rejected: int = Field(0, description="calls refused: open, or another caller's trial in flight")
+    opened: int = Field(0, description="times the breaker opened")
 
 
 class BreakerOpenError(Exception):
@@ -64,6 +101,7 @@ class LLMBreaker:
         # The model answered but the answer was bad: that says nothing about the service's health.
         self.is_failure = is_failure
         self._record_failure = self.redis.register_script(_RECORD_FAILURE)
+        self._admit_script = self.redis.register_script(_ADMIT)
 
     @property
     def state(self) -> str:
@@ -71,16 +109,17 @@ class LLMBreaker:
             return "open"
         return "half-open" if self.redis.exists(_TRIPPED) else "closed"
 
+    def stats(self) -> BreakerStats:
+        return BreakerStats.model_validate(self.redis.hgetall(_STATS))
+
     def _admit(self) -> bool:
-        """Raise while open; returns True when this caller holds the half-open trial."""
-        ttl_ms = self.redis.pttl(_OPEN)
-        if ttl_ms > 0:
-            raise BreakerOpenError(ttl_ms / 1000)
-        if not self.redis.exists(_TRIPPED):
-            return False
-        if self.redis.set(_TRIAL, "1", nx=True, px=int(self.reset_timeout * 1000)):
-            return True
-        raise BreakerOpenError(self.reset_timeout / 2)  # someone else's trial is in flight
+        """Raise while open or while another caller's trial is in flight; True when this caller is the trial."""
+        decision, retry_ms = self._admit_script(
+            keys=[_OPEN, _TRIPPED, _TRIAL, _STATS], args=[int(self.reset_timeout * 1000)]
+        )
+        if int(decision) == 2:
+            raise BreakerOpenError(int(retry_ms) / 1000)
+        return int(decision) == 1
 
     def call(self, fn: Callable[[], T]) -> T:
         trial = self._admit()
@@ -89,7 +128,7 @@ class LLMBreaker:
         except BaseException as exc:
             if self.is_failure(exc):
                 self._record_failure(
-                    keys=[_FAILURES, _OPEN, _TRIPPED], args=[self.fail_max, int(self.reset_timeout * 1000)]
+                    keys=[_FAILURES, _OPEN, _TRIPPED, _STATS], args=[self.fail_max, int(self.reset_timeout * 1000)]
                 )
                 if trial:
                     self.redis.delete(_TRIAL)

@@ -140,6 +140,7 @@ class LLMStandin:
         self.failure_rate = failure_rate
         self.failure_mix: list[Reply] = list(failure_mix) if failure_mix is not None else _default_failure_mix()
         self.hang_s = hang_s
+        self._initial_hang_s = hang_s  # what reset() restores
         self.requests: list[RecordedRequest] = []
         self.errors: list[str] = []  # exceptions raised by rules/responders (answered with HTTP 500)
         self.failures_injected = 0
@@ -212,11 +213,13 @@ class LLMStandin:
                 self._rng = random.Random(seed)
 
     def reset(self, *, seed: int = 0) -> None:
-        """Back to a fresh state: no rules or responder, no latency or failures, no recorded requests."""
+        """Back to a fresh state: no rules or responder, no latency or failures, the constructor's hang time,
+        no recorded requests."""
         with self._lock:
             self._rules = []
             self.responder = None
             self.latency_s = 0.0
+            self.hang_s = self._initial_hang_s
             self.failure_rate = 0.0
             self.failure_mix = _default_failure_mix()
             self._rng = random.Random(seed)

