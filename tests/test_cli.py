@@ -480,6 +480,7 @@ def test_up_runs_the_embedded_topology_until_sigterm(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # the demo runs twice, each allowed 280 s: a hang guard above both
 def test_demo_runs_offline_and_reruns_cleanly(tmp_path: Path) -> None:
     env = clean_env(ENGRAM_DATA_DIR=str(tmp_path / "engram-data"), COLUMNS="160")
     messages = sum(len(s["messages"]) for s in load_sample()["sessions"])
