@@ -7,6 +7,7 @@ callers (and the CLI's one-line error output) can say exactly what to fix.
 from __future__ import annotations
 
 __all__ = [
+    "BackPressureError",
     "ConfigError",
     "EngramError",
     "InvalidInputError",
@@ -58,3 +59,11 @@ class LLMError(EngramError):
 
 class WaitTimeoutError(EngramError, TimeoutError):
     """``wait()`` ran out of time before every message was applied or dead-lettered."""
+
+
+class BackPressureError(EngramError):
+    """The pipeline is too far behind to take more now; nothing was enqueued. Retry after ``retry_after_s``."""
+
+    def __init__(self, message: str, *, retry_after_s: float = 5.0) -> None:
+        self.retry_after_s = retry_after_s
+        super().__init__(message)

@@ -10,12 +10,28 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import AliasChoices, Field, ValidationError, field_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from engram_api.errors import ConfigError
 
-__all__ = ["Settings", "load_settings", "variable_for"]
+__all__ = ["ApiKeySpec", "Settings", "load_settings", "variable_for"]
+
+Scope = Literal["read", "write", "operator"]
+
+
+class ApiKeySpec(BaseModel):
+    """One gateway API key as configured: only the SHA-256 of the secret is stored (mint with `engram keys new`).
+
+    ``namespace`` binds the key to user ids ``<namespace>.<anything>``; ``*`` means every user (for operators).
+    A namespace never contains a '.', so ``a.b.c`` belongs to namespace ``a`` and to no other.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$", description="for logs and metrics, not secret")
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$", description="hex SHA-256 of the key")
+    scopes: frozenset[Scope] = Field(min_length=1)
+    namespace: str = Field(pattern=r"^(\*|[A-Za-z0-9][A-Za-z0-9_-]{0,31})$")
 
 
 def _env(name: str) -> AliasChoices:
@@ -115,6 +131,19 @@ class Settings(BaseSettings):
     flower_user: str = Field("engram", description="Flower basic-auth user")
     flower_password: str | None = Field(None, description="Flower basic-auth password; unset: no auth")
     log_format: Literal["json", "text"] = Field("text", description="worker log format (json: one object a line)")
+
+    # --- HTTP / MCP gateway (`engram serve`) ---
+    api_keys: list[ApiKeySpec] = Field(
+        [],
+        description='gateway keys, JSON: [{"name", "sha256", "scopes": ["read","write","operator"], "namespace"}] '
+        "(`engram keys new` prints one); none: the gateway only binds to 127.0.0.1",
+    )
+    gateway_host: str = Field("127.0.0.1", description="interface `engram serve` listens on")
+    gateway_port: int = Field(8080, ge=1, le=65535, description="port `engram serve` listens on")
+    gateway_max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024, description="largest request body (413 beyond)")
+    gateway_max_queue_depth: int = Field(
+        100_000, ge=1, description="extract-queue length beyond which gateway enqueues answer 429 (back-pressure)"
+    )
 
     @field_validator("neo4j_uri")
     @classmethod

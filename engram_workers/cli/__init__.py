@@ -16,7 +16,7 @@ from typing import Any
 
 import click
 
-from engram_workers.cli import demo, dlq, ingest, maintenance, memory, ops
+from engram_workers.cli import demo, dlq, gateway, ingest, maintenance, memory, ops
 
 __all__ = ["main"]
 
@@ -75,6 +75,7 @@ for command in (
     *ops.COMMANDS,
     *dlq.COMMANDS,
     *maintenance.COMMANDS,
+    *gateway.COMMANDS,
 ):
     main.add_command(command)
 del command

@@ -1,0 +1,97 @@
+"""The ASGI app: the ``/v1`` routes, the MCP endpoint at ``/mcp``, problem bodies, body limit, metrics.
+
+Invariants:
+- One ``Gateway`` (one ``MemoryClient``) per process, built before the app and closed on shutdown.
+- ``serve`` refuses a non-loopback address when no API key is configured (``check_bind``), before the
+  socket is opened.
+- The body limit wraps everything, the MCP endpoint included: an oversized body never reaches a parser.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+from fastapi import FastAPI, Request, Response
+from prometheus_client import CollectorRegistry, Counter, Histogram
+
+from engram_api.settings import Settings, load_settings
+from engram_gateway.auth import check_bind
+from engram_gateway.mcp_server import build_mcp, mcp_http_endpoint
+from engram_gateway.problems import BodyLimit, install_handlers
+from engram_gateway.routes import router
+from engram_gateway.service import Gateway
+
+__all__ = ["create_app", "serve"]
+
+log = logging.getLogger("engram.gateway")
+
+
+class _Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.requests = Counter(
+            "engram_gateway_requests_total", "HTTP requests by route and status", ["route", "status"],
+            registry=self.registry,
+        )  # fmt: skip
+        self.seconds = Histogram(
+            "engram_gateway_request_seconds", "HTTP request time by route", ["route"], registry=self.registry,
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10),
+        )  # fmt: skip
+
+    async def __call__(self, request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
+        start = time.perf_counter()
+        response = await call_next(request)
+        # The route template, not the path: user ids must not become label values.
+        route = getattr(request.scope.get("route"), "path", "unmatched")
+        self.requests.labels(route, str(response.status_code)).inc()
+        self.seconds.labels(route).observe(time.perf_counter() - start)
+        return response
+
+
+def create_app(gateway: Gateway, *, warm: bool = True) -> FastAPI:
+    mcp = build_mcp(gateway)
+    endpoint = mcp_http_endpoint(mcp, gateway)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if warm:
+            import anyio
+
+            try:
+                await anyio.to_thread.run_sync(gateway.warm)
+            except Exception as exc:  # a store down at start: serve anyway, /v1/health says what is wrong
+                log.warning("warm-up failed: %s", exc)
+        async with mcp.session_manager.run():
+            yield
+        gateway.close()
+
+    app = FastAPI(
+        title="Engram gateway",
+        version="1",
+        summary="Enqueue chat messages and read memory over HTTP; the same keys serve MCP at /mcp.",
+        lifespan=lifespan,
+    )
+    app.state.gateway = gateway
+    metrics = _Metrics()
+    app.state.registry = metrics.registry
+    app.middleware("http")(metrics)
+    install_handlers(app)
+    app.include_router(router)
+    app.add_route("/mcp", endpoint, methods=["GET", "POST", "DELETE"], include_in_schema=False)
+    app.add_middleware(BodyLimit, limit=gateway.settings.gateway_max_body_bytes)
+    return app
+
+
+def serve(settings: Settings | None = None, *, host: str | None = None, port: int | None = None) -> None:
+    """Run the gateway with uvicorn until SIGINT/SIGTERM."""
+    import uvicorn
+
+    settings = settings or load_settings()
+    gateway = Gateway(settings)
+    host = host or settings.gateway_host
+    check_bind(host, gateway.ring)
+    app = create_app(gateway)
+    uvicorn.run(app, host=host, port=port or settings.gateway_port, log_level="info", access_log=False)

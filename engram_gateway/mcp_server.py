@@ -1,0 +1,148 @@
+"""Engram memory as MCP tools (official ``mcp`` SDK): remember, recall, get_context, forget.
+
+Transports: streamable HTTP at ``/mcp`` of the gateway app (``engram serve``), and stdio
+(``engram serve --mcp-stdio``, for agent frameworks that launch a command).
+
+Invariants:
+- The same keys and namespaces as the HTTP API. Over HTTP the key comes with every request
+  (``Authorization: Bearer`` or ``X-API-Key``): a request without a valid key is refused with a 401
+  problem before the MCP session sees it, and each tool call resolves its principal from that request's
+  headers. Over stdio the key is the process's ``ENGRAM_API_KEY``, checked once at start.
+- Tools go through ``Gateway`` like the routes, so validation, scopes, namespaces and back-pressure are
+  the same; a refused call is an MCP tool error whose text starts with the error kind and names the
+  field, and it changed nothing.
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import datetime
+from typing import Any
+
+from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
+from mcp.server.streamable_http_manager import StreamableHTTPASGIApp
+from mcp.server.transport_security import TransportSecuritySettings
+from starlette.types import Receive, Scope, Send
+
+from engram_api.errors import EngramError, InvalidInputError
+from engram_gateway.auth import AccessDeniedError, Principal
+from engram_gateway.problems import problem_response
+from engram_gateway.service import Gateway
+
+__all__ = ["build_mcp", "mcp_http_endpoint", "run_stdio"]
+
+_INSTRUCTIONS = (
+    "Long-term memory of users. `remember` queues what a user said (extraction runs in the background, "
+    "so a fact is recallable a moment later); `recall` and `get_context` read what is known; `forget` "
+    "removes one remembered message and what only it stated. User ids are '<namespace>.<user>'."
+)
+
+
+def _tool_error(exc: EngramError) -> ToolError:
+    if isinstance(exc, InvalidInputError):
+        return ToolError(f"invalid_input [{exc.field}]: {exc.problem}")
+    if isinstance(exc, AccessDeniedError):
+        kind = "unauthorized" if exc.status == 401 else "forbidden"
+        return ToolError(f"{kind}{f' [{exc.field}]' if exc.field else ''}: {exc}")
+    return ToolError(f"{type(exc).__name__}: {exc}")
+
+
+def build_mcp(gateway: Gateway, *, stdio_principal: Principal | None = None) -> MCPServer:
+    """The tools; ``stdio_principal`` is who a stdio session acts as (HTTP calls carry their own key)."""
+    mcp = MCPServer("engram", instructions=_INSTRUCTIONS)
+
+    def who(ctx: Context) -> Principal:
+        headers = ctx.headers
+        if headers is None:
+            if stdio_principal is None:
+                raise AccessDeniedError(401, "no API key for this session")
+            return stdio_principal
+        return gateway.ring.from_headers(headers.get("authorization"), headers.get("x-api-key"))
+
+    def call(ctx: Context, fn: Any) -> Any:
+        try:
+            return fn(who(ctx))
+        except EngramError as exc:
+            raise _tool_error(exc) from None
+
+    @mcp.tool()
+    def remember(user_id: str, text: str, ctx: Context, message_id: str | None = None) -> dict[str, Any]:
+        """Queue something the user said for memory; returns a receipt at once (never waits for extraction)."""
+        receipt = call(ctx, lambda p: gateway.enqueue(p, user_id, text, message_id=message_id))
+        return receipt.model_dump(mode="json")  # type: ignore[no-any-return]
+
+    @mcp.tool()
+    def recall(
+        user_id: str, query: str, ctx: Context, k: int = 10, as_of: datetime | None = None
+    ) -> list[dict[str, Any]]:
+        """Facts known about the user that match the query, best first (as_of: what was true then)."""
+
+        def run(p: Principal) -> Any:
+            reader, uid = gateway.reader_for(p, user_id)
+            return reader.recall(uid, query, k, as_of=as_of)
+
+        result = call(ctx, run)
+        return [
+            {"id": i.id, "statement": i.statement, "valid_from": i.valid_from.isoformat(), "current": i.current,
+             "score": i.score}
+            for i in result.items
+        ]  # fmt: skip
+
+    @mcp.tool()
+    def get_context(user_id: str, query: str, ctx: Context, max_tokens: int = 800) -> str:
+        """A prompt-ready block of current, dated facts about the user within max_tokens."""
+
+        def run(p: Principal) -> Any:
+            reader, uid = gateway.reader_for(p, user_id)
+            return reader.get_context(uid, query, max_tokens)
+
+        return call(ctx, run)  # type: ignore[no-any-return]
+
+    @mcp.tool()
+    def forget(user_id: str, memory_id: str, ctx: Context) -> dict[str, Any]:
+        """Forget one remembered message (memory_id = its message id) and the facts only it stated."""
+
+        def run(p: Principal) -> Any:
+            reader, uid = gateway.reader_for(p, user_id, "write")
+            return reader.forget(uid, memory_id)
+
+        return call(ctx, run).model_dump(mode="json")  # type: ignore[no-any-return]
+
+    return mcp
+
+
+def mcp_http_endpoint(mcp: MCPServer, gateway: Gateway) -> Any:
+    """The streamable-HTTP ASGI endpoint, behind the key check."""
+    # Keys authenticate every request, so the SDK's Host/Origin allow-list (for unauthenticated local
+    # servers) would only refuse legitimate hosts such as a compose service name; in local mode keep it.
+    security = TransportSecuritySettings(enable_dns_rebinding_protection=False) if not gateway.ring.local_mode else None
+    mcp.streamable_http_app(streamable_http_path="/mcp", transport_security=security, json_response=True)
+    return _KeyedEndpoint(StreamableHTTPASGIApp(mcp.session_manager), gateway)
+
+
+class _KeyedEndpoint:
+    """An ASGI app (a class, so Starlette's Route passes scope/receive/send rather than a Request)."""
+
+    def __init__(self, inner: StreamableHTTPASGIApp, gateway: Gateway) -> None:
+        self.inner = inner
+        self.gateway = gateway
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+        try:
+            self.gateway.ring.from_headers(headers.get("authorization"), headers.get("x-api-key"))
+        except AccessDeniedError as exc:
+            await problem_response(401, "unauthorized", "Unauthorized", str(exc))(scope, receive, send)
+            return
+        await self.inner(scope, receive, send)
+
+
+def run_stdio(gateway: Gateway) -> None:
+    """Serve MCP over stdin/stdout as the principal of ``ENGRAM_API_KEY`` (any key in local mode)."""
+    principal = gateway.ring.principal(os.environ.get("ENGRAM_API_KEY"))
+    mcp = build_mcp(gateway, stdio_principal=principal)
+    try:
+        mcp.run("stdio")
+    finally:
+        gateway.close()

@@ -1,0 +1,196 @@
+"""Errors as HTTP: every failure is an RFC 9457 problem body (``application/problem+json``).
+
+Invariants:
+- The library's typed errors map one to one: ``InvalidInputError`` 400 (``field`` named), ``NotFoundError``
+  404, a duplicate message id 409 (with the original receipt), ``BackPressureError`` 429 and
+  ``StoreUnavailableError`` 503 (both with ``Retry-After``), a missing/unknown key 401, a key without the
+  scope or namespace 403, a body over ``ENGRAM_GATEWAY_MAX_BODY_BYTES`` 413.
+- Request-model validation errors (wrong types, unknown fields) are 400 too, naming the first bad field
+  the way the library does (``items[3].messages``), so clients handle one shape.
+- Handlers only format: every check ran before anything was written, so an error response means nothing
+  changed.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from engram_api.errors import (
+    BackPressureError,
+    EngramError,
+    InvalidInputError,
+    NotFoundError,
+    StoreUnavailableError,
+)
+from engram_api.models import Receipt
+from engram_gateway.auth import AccessDeniedError
+
+__all__ = ["BodyLimit", "DuplicateMessageError", "Problem", "install_handlers", "problem_response"]
+
+log = logging.getLogger("engram.gateway")
+STORE_RETRY_AFTER_S = 5
+
+
+class Problem(BaseModel):
+    """The error body of every non-2xx answer."""
+
+    type: str
+    title: str
+    status: int
+    detail: str
+    field: str | None = None
+    receipt: Receipt | None = None
+
+
+class DuplicateMessageError(EngramError):
+    """The message id is already known for this user: applied once, never twice (``receipt`` is the first)."""
+
+    def __init__(self, receipt: Receipt) -> None:
+        self.receipt = receipt
+        super().__init__(f"message {receipt.message_id!r} was already enqueued for {receipt.user_id!r}")
+
+
+def problem_response(
+    status: int, kind: str, title: str, detail: str, *, field: str | None = None, headers: dict[str, str] | None = None
+) -> JSONResponse:
+    body = Problem(type=f"urn:engram:problem:{kind}", title=title, status=status, detail=detail, field=field)
+    return JSONResponse(
+        body.model_dump(exclude_none=True), status_code=status, headers=headers, media_type="application/problem+json"
+    )
+
+
+def _loc(loc: tuple[Any, ...]) -> str:
+    """('body', 'items', 3, 'messages') -> 'items[3].messages' (the library's way of naming a field)."""
+    parts = [p for p in loc if p not in ("body", "query", "path", "header")]
+    out = ""
+    for part in parts:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif not str(part).startswith(("function-", "union[", "str", "list[", "json-or-python")):
+            out += f".{part}" if out else str(part)
+    return out or "body"
+
+
+def install_handlers(app: FastAPI) -> None:
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
+        # A union (``messages``: string or list of turns) fails once per branch: the deepest error is the
+        # branch the input was meant for (a list with a bad role), the others only say "not a string".
+        err = max(exc.errors(), key=lambda e: len(e.get("loc", ())))
+        field = _loc(tuple(err.get("loc", ())))
+        kind = "unknown-field" if err.get("type") == "extra_forbidden" else "invalid-input"
+        return problem_response(400, kind, "Invalid input", f"invalid {field}: {err.get('msg')}", field=field)
+
+    @app.exception_handler(InvalidInputError)
+    async def _invalid(_: Request, exc: InvalidInputError) -> JSONResponse:
+        return problem_response(400, "invalid-input", "Invalid input", str(exc), field=exc.field)
+
+    @app.exception_handler(AccessDeniedError)
+    async def _denied(_: Request, exc: AccessDeniedError) -> JSONResponse:
+        if exc.status == 401:
+            return problem_response(
+                401, "unauthorized", "Unauthorized", str(exc), headers={"WWW-Authenticate": "Bearer"}
+            )
+        return problem_response(403, "forbidden", "Forbidden", str(exc), field=exc.field)
+
+    @app.exception_handler(NotFoundError)
+    async def _not_found(_: Request, exc: NotFoundError) -> JSONResponse:
+        return problem_response(404, "not-found", "Not found", str(exc))
+
+    @app.exception_handler(DuplicateMessageError)
+    async def _duplicate(_: Request, exc: DuplicateMessageError) -> JSONResponse:
+        body = Problem(
+            type="urn:engram:problem:duplicate",
+            title="Duplicate message id",
+            status=409,
+            detail=f"{exc}; the message is queued or applied once, this request changed nothing",
+            receipt=exc.receipt,
+        )
+        return JSONResponse(
+            body.model_dump(mode="json", exclude_none=True), status_code=409, media_type="application/problem+json"
+        )
+
+    @app.exception_handler(BackPressureError)
+    async def _back_pressure(_: Request, exc: BackPressureError) -> JSONResponse:
+        retry = str(max(1, math.ceil(exc.retry_after_s)))
+        return problem_response(429, "back-pressure", "Too many queued", str(exc), headers={"Retry-After": retry})
+
+    @app.exception_handler(StoreUnavailableError)
+    async def _unavailable(_: Request, exc: StoreUnavailableError) -> JSONResponse:
+        log.warning("store unavailable: %s", exc)
+        return problem_response(
+            503,
+            "store-unavailable",
+            "Store unavailable",
+            "a backing store (Redis or the graph store) cannot be reached; nothing was changed",
+            headers={"Retry-After": str(STORE_RETRY_AFTER_S)},
+        )
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        kind = {404: "not-found", 405: "method-not-allowed"}.get(exc.status_code, "http-error")
+        return problem_response(exc.status_code, kind, str(exc.detail), str(exc.detail), headers=exc.headers)
+
+    @app.exception_handler(EngramError)
+    async def _engram(_: Request, exc: EngramError) -> JSONResponse:
+        log.error("unmapped Engram error: %r", exc)
+        return problem_response(500, "internal", "Internal error", f"{type(exc).__name__}: {exc}")
+
+
+class BodyTooLarge(Exception):
+    pass
+
+
+class BodyLimit:
+    """ASGI middleware: 413 for a body over ``limit`` bytes, by Content-Length or while streaming (chunked),
+    before the route reads it."""
+
+    def __init__(self, app: ASGIApp, limit: int) -> None:
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope.get("headers") or []).get(b"content-length")
+        if declared is not None and (not declared.isdigit() or int(declared) > self.limit):
+            await self._reject(scope, receive, send)
+            return
+        seen = 0
+        started = False
+
+        async def limited() -> Message:
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.limit:
+                    raise BodyTooLarge
+            return message
+
+        async def tracking_send(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, limited, tracking_send)
+        except BodyTooLarge:
+            if not started:
+                await self._reject(scope, receive, send)
+
+    async def _reject(self, scope: Scope, receive: Receive, send: Send) -> None:
+        response = problem_response(
+            413, "too-large", "Request body too large", f"request bodies are limited to {self.limit} bytes"
+        )
+        await response(scope, receive, send)

@@ -1,0 +1,328 @@
+"""The HTTP gateway through a real ``engram serve`` process on loopback, with a real worker fleet behind it.
+
+Every endpoint answers; bad input of every kind gets a typed problem body and changes nothing; 1,000
+randomized cross-namespace probes leak nothing; the same message id enqueued twice is applied once.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from engram_api import keys
+from engram_api.models import DeadLetter, Envelope, utcnow
+from tests.support.gateway import GatewayProcess, gateway_process, mint_keys, serve_command
+from tests.support.stack import Stack, engram_stack
+
+
+@pytest.fixture(scope="module")
+def fleet(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Stack, GatewayProcess, dict]]:
+    secrets, entries = mint_keys()
+    data = tmp_path_factory.mktemp("gateway")
+    with engram_stack(redis_url=redis_url, data_dir=data, neo4j_uri=None, llm_url=None) as stack:
+        env = {**stack.env, "ENGRAM_API_KEYS": entries, "ENGRAM_GATEWAY_MAX_BODY_BYTES": "65536"}
+        with gateway_process(env, data / "logs") as gw:
+            yield stack, gw, secrets
+
+
+@pytest.fixture(scope="module")
+def http(fleet: tuple[Stack, GatewayProcess, dict]) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=fleet[1].url, timeout=60) as client:
+        yield client
+
+
+def auth(secrets: dict[str, str], name: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {secrets[name]}"}
+
+
+def wait_state(http: httpx.Client, headers: dict[str, str], uid: str, mid: str, want: str = "applied") -> None:
+    # A bound on waiting for the workers, not a timing assertion.
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        r = http.get(f"/v1/users/{uid}/messages/{mid}", headers=headers)
+        if r.status_code == 200 and r.json()["state"] == want:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"{uid}/{mid} never reached {want}: {r.status_code} {r.text}")
+
+
+def footprint(stack: Stack, users: list[str]) -> tuple[Any, ...]:
+    """What any write would change: message statuses (an enqueue writes one atomically with its payload and
+    task), the queue, dead letters, and each user's graph."""
+    r = stack.client.redis
+    statuses = sorted(r.scan_iter(match="engram:status:*", count=1000))
+    return (
+        [(key, r.hget(key, "state")) for key in statuses],
+        r.llen(keys.EXTRACT_QUEUE),
+        sorted(r.hkeys(keys.dead_letters())),
+        [stack.client.graph.stats(u).model_dump(exclude={"usage"}) for u in users],
+    )
+
+
+def test_every_endpoint(fleet: tuple[Stack, GatewayProcess, dict], http: httpx.Client) -> None:
+    stack, _, secrets = fleet
+    a, op = auth(secrets, "a_rw"), auth(secrets, "a_op")
+    uid = f"appA.{uuid.uuid4().hex[:8]}"
+    r = http.post("/v1/messages", headers=a, json={"user_id": uid, "messages": "I live in Austin", "message_id": "m1"})
+    assert r.status_code == 202 and r.json()["duplicate"] is False
+    r = http.post(
+        "/v1/messages/batch",
+        headers=a,
+        json={"items": [{"user_id": uid, "messages": [{"role": "user", "content": "I work at Dell"}], "message_id": "m2",
+                         "timestamp": "2024-05-01T10:00:00+00:00", "metadata": {"source": "web", "n": 1}}]},
+    )  # fmt: skip
+    assert r.status_code == 202 and [x["message_id"] for x in r.json()["receipts"]] == ["m2"]
+    wait_state(http, a, uid, "m1")
+    wait_state(http, a, uid, "m2")
+
+    recall = http.post(f"/v1/users/{uid}/recall", headers=a, json={"query": "where does the user live?", "k": 5})
+    assert recall.status_code == 200
+    body = recall.json()
+    assert any("Austin" in item["statement"] for item in body["items"]), body
+    past = http.post(
+        f"/v1/users/{uid}/recall",
+        headers=a,
+        json={"query": "where does the user live?", "as_of": "2000-01-01T00:00:00Z"},
+    )
+    assert past.status_code == 200 and past.json()["items"] == []
+    search = http.post(f"/v1/users/{uid}/search", headers=a, json={"query": "Austin", "detail_level": "detailed"})
+    assert search.status_code == 200 and search.json()["level"] == "detailed"
+    ctx = http.post(f"/v1/users/{uid}/context", headers=a, json={"query": "where does the user live?"})
+    assert ctx.status_code == 200 and "Austin" in ctx.json()["context"]
+    hist = http.get(f"/v1/users/{uid}/history", headers=a, params={"subject": "user"})
+    assert hist.status_code == 200 and any("Austin" in f["statement"] for f in hist.json())
+    graph = http.get(f"/v1/users/{uid}/graph", headers=a, params={"page": 1, "page_size": 10})
+    assert graph.status_code == 200 and graph.json()["total_facts"] >= 2
+    stats = http.get(f"/v1/users/{uid}/stats", headers=a)
+    assert stats.status_code == 200 and stats.json()["episodes"] == 2
+    useful = [body["items"][0]["id"]]
+    fb = http.post(f"/v1/users/{uid}/feedback", headers=a, json={"recall_id": body["recall_id"], "useful_ids": useful})
+    assert fb.status_code == 200 and fb.json()["rows"] == len(body["items"])
+
+    forgot = http.delete(f"/v1/users/{uid}/memories/m2", headers=a)
+    assert forgot.status_code == 200 and forgot.json()["episodes"] == 1
+    assert http.get(f"/v1/users/{uid}/stats", headers=a).json()["episodes"] == 1
+
+    # Dead letters (operator): one written through the library's own store, then listed, replayed, dropped.
+    letters = stack.client.producer.dead_letters
+    for mid in ("d1", "d2"):
+        env = Envelope(
+            user_id=uid, message_id=mid, messages=[{"role": "user", "content": "I like tea"}], timestamp=utcnow()
+        )
+        letters.put(DeadLetter(user_id=uid, message_id=mid, stage="extract", reason="test", envelope=env))
+    listed = http.get("/v1/dead-letters", headers=op, params={"user_id": uid})
+    assert listed.status_code == 200 and sorted(d["message_id"] for d in listed.json()) == ["d1", "d2"]
+    assert {d["message_id"] for d in http.get("/v1/dead-letters", headers=op).json()} >= {"d1", "d2"}
+    assert http.post(f"/v1/dead-letters/{uid}/d1/replay", headers=op).status_code == 202
+    wait_state(http, a, uid, "d1")
+    assert http.delete(f"/v1/dead-letters/{uid}/d2", headers=op).json() == {"dropped": True}
+    assert http.delete(f"/v1/dead-letters/{uid}/d2", headers=op).status_code == 404
+    assert http.get("/v1/dead-letters", headers=op, params={"user_id": uid}).json() == []
+
+    gone = http.delete(f"/v1/users/{uid}", headers=a)
+    assert gone.status_code == 200 and gone.json()["episodes"] == 2
+    assert http.get(f"/v1/users/{uid}/stats", headers=a).json()["facts"] == 0
+    assert http.get(f"/v1/users/{uid}/messages/m1", headers=a).status_code == 404
+
+    health = http.get("/v1/health")
+    assert health.status_code == 200 and health.json()["ok"] is True
+    metrics = http.get("/v1/metrics", headers=op)
+    assert (
+        metrics.status_code == 200
+        and 'engram_gateway_requests_total{route="/v1/users/{user_id}/recall"' in metrics.text
+    )
+    assert uid not in metrics.text  # route templates, never user ids
+    schema = http.get("/openapi.json").json()
+    assert {"/v1/messages", "/v1/users/{user_id}/recall", "/v1/dead-letters"} <= set(schema["paths"])
+    assert "RecallResult" in schema["components"]["schemas"]
+
+
+def test_same_message_id_twice_is_applied_once(fleet: tuple[Stack, GatewayProcess, dict], http: httpx.Client) -> None:
+    stack, _, secrets = fleet
+    a = auth(secrets, "a_rw")
+    uid = f"appA.{uuid.uuid4().hex[:8]}"
+    payload = {"user_id": uid, "messages": "I have a dog named Rex", "message_id": "retry-1"}
+    first = http.post("/v1/messages", headers=a, json=payload)
+    second = http.post("/v1/messages", headers=a, json=payload)  # a client retry after a timeout
+    assert first.status_code == 202
+    assert second.status_code == 409
+    assert second.json()["receipt"]["task_id"] == first.json()["task_id"]
+    wait_state(http, a, uid, "retry-1")
+    third = http.post("/v1/messages", headers=a, json=payload)  # a retry after it was applied
+    assert third.status_code == 409
+    batch = http.post("/v1/messages/batch", headers=a, json={"items": [payload]})
+    assert batch.json()["receipts"][0]["duplicate"] is True
+    stats = stack.client.stats(uid)
+    assert stats.episodes == 1
+    assert len(stack.client.get_graph(uid).facts) == stats.facts
+    assert stack.client.redis.llen(keys.EXTRACT_QUEUE) == 0
+
+
+def _bad_requests(secrets: dict[str, str], uid: str) -> list[tuple[str, str, dict[str, Any], int, str | None]]:
+    """(method, path, httpx kwargs, expected status, expected field)."""
+    a, ro, b = auth(secrets, "a_rw"), auth(secrets, "a_read"), auth(secrets, "b_rw")
+    ok = {"user_id": uid, "messages": "I live in Denver"}
+    big = "x" * 70_000
+    return [
+        ("POST", "/v1/messages", {"json": {**ok, "messages": big}}, 413, None),
+        ("POST", "/v1/messages", {"content": b"{" + b" " * 70_000, "headers": {"content-type": "application/json"}}, 413, None),
+        ("POST", "/v1/messages", {"json": {**ok, "messages": 5}}, 400, "messages"),
+        ("POST", "/v1/messages", {"json": {**ok, "colour": "red"}}, 400, "colour"),
+        ("POST", "/v1/messages", {"json": {**ok, "messages": [{"role": "robot", "content": "x"}]}}, 400, "messages[0].role"),
+        ("POST", "/v1/messages", {"json": {**ok, "user_id": "appA.bad id"}}, 400, "user_id"),
+        ("POST", "/v1/messages", {"json": {**ok, "message_id": "no spaces"}}, 400, "message_id"),
+        ("POST", "/v1/messages", {"json": {**ok, "timestamp": "2024-05-01T10:00:00"}}, 400, "timestamp"),
+        ("POST", "/v1/messages", {"json": {**ok, "messages": "   "}}, 400, "messages"),
+        ("POST", "/v1/messages", {"json": {**ok, "metadata": {"k": [1]}}}, 400, "metadata.k"),
+        ("POST", "/v1/messages", {"content": b"not json", "headers": {"content-type": "application/json"}}, 400, None),
+        ("POST", "/v1/messages/batch", {"json": {"items": [ok, {**ok, "messages": ""}]}}, 400, "items[1].messages"),
+        ("POST", "/v1/messages/batch", {"json": {"items": [ok, {**ok, "user_id": "appB.x"}]}}, 403, "items[1].user_id"),
+        ("POST", f"/v1/users/{uid}/recall", {"json": {"query": "x", "k": "5"}}, 400, "k"),
+        ("POST", f"/v1/users/{uid}/recall", {"json": {"query": "x", "k": 0}}, 400, "k"),
+        ("POST", f"/v1/users/{uid}/recall", {"json": {"query": "x", "as_of": "2024-01-01T00:00:00"}}, 400, "as_of"),
+        ("POST", f"/v1/users/{uid}/feedback", {"json": {"recall_id": "nope", "useful_ids": []}}, 400, "recall_id"),
+        ("GET", f"/v1/users/{uid}/graph", {"params": {"page": "x"}}, 400, "page"),
+        ("GET", f"/v1/users/{uid}/history", {}, 400, "subject"),
+        ("DELETE", f"/v1/users/{uid}/memories/bad%20id", {}, 400, "memory_id"),
+        ("GET", f"/v1/users/{uid}/messages/nope", {}, 404, None),
+        ("DELETE", f"/v1/dead-letters/{uid}/nope", {"headers": auth(secrets, "a_op")}, 404, None),
+        ("POST", "/v1/messages", {"json": ok, "headers": {}}, 401, None),
+        ("POST", "/v1/messages", {"json": ok, "headers": {"Authorization": "Bearer egk_wrong"}}, 401, None),
+        ("POST", "/v1/messages", {"json": ok, "headers": {"X-API-Key": "egk_wrong"}}, 401, None),
+        ("POST", "/v1/messages", {"json": ok, "headers": {"Authorization": "Basic abc"}}, 401, None),
+        ("POST", "/v1/messages", {"json": ok, "headers": ro}, 403, None),
+        ("DELETE", f"/v1/users/{uid}", {"headers": ro}, 403, None),
+        ("GET", "/v1/dead-letters", {"headers": a}, 403, None),
+        ("GET", "/v1/metrics", {"headers": a}, 403, None),
+        ("POST", "/v1/messages", {"json": ok, "headers": b}, 403, "user_id"),
+        ("DELETE", f"/v1/users/{uid}", {"headers": b}, 403, "user_id"),
+        ("POST", "/v1/messages", {"json": {**ok, "user_id": "appAX.y"}}, 403, "user_id"),
+        ("POST", "/v1/messages", {"json": {**ok, "user_id": "appA"}}, 403, "user_id"),
+        ("GET", "/v1/nothing-here", {}, 404, None),
+    ]  # fmt: skip
+
+
+def test_bad_input_gets_a_typed_problem_and_changes_nothing(
+    fleet: tuple[Stack, GatewayProcess, dict], http: httpx.Client
+) -> None:
+    stack, _, secrets = fleet
+    a = auth(secrets, "a_rw")
+    uid = f"appA.{uuid.uuid4().hex[:8]}"
+    assert http.post("/v1/messages", headers=a, json={"user_id": uid, "messages": "I live in Austin", "message_id": "m0"}).status_code == 202  # fmt: skip
+    wait_state(http, a, uid, "m0")
+    before = footprint(stack, [uid])
+    for method, path, kwargs, status, field in _bad_requests(secrets, uid):
+        headers = kwargs.pop("headers", a)
+        r = http.request(method, path, headers=headers, **kwargs)
+        assert r.status_code == status, (method, path, r.status_code, r.text)
+        assert r.headers["content-type"] == "application/problem+json", (path, r.headers)
+        problem = r.json()
+        assert problem["status"] == status and problem["type"].startswith("urn:engram:problem:") and problem["detail"]
+        if field is not None:
+            assert problem["field"] == field, (path, problem)
+        if status == 401:
+            assert r.headers["www-authenticate"] == "Bearer"
+    assert footprint(stack, [uid]) == before
+
+
+def test_cross_namespace_probes_never_leak(fleet: tuple[Stack, GatewayProcess, dict], http: httpx.Client) -> None:
+    """1,000 randomized requests with app B's keys at app A's users (and look-alike ids): 0 leaks."""
+    stack, _, secrets = fleet
+    a = auth(secrets, "a_rw")
+    victims = [f"appA.v{uuid.uuid4().hex[:6]}" for _ in range(3)]
+    secret_word = f"zebra{uuid.uuid4().hex[:6]}"
+    for i, uid in enumerate(victims):
+        r = http.post("/v1/messages", headers=a, json={"user_id": uid, "messages": f"I have a dog named {secret_word}", "message_id": f"s{i}"})  # fmt: skip
+        assert r.status_code == 202
+    for i, uid in enumerate(victims):
+        wait_state(http, a, uid, f"s{i}")
+    stack.client.producer.dead_letters.put(
+        DeadLetter(user_id=victims[0], message_id="dl", stage="extract", reason=secret_word)
+    )
+    before = footprint(stack, victims)
+    rng = random.Random(16)
+    attackers = [auth(secrets, "b_rw"), auth(secrets, "b_op")]
+    leaks, outcomes = [], {}
+    for _ in range(1_000):
+        uid = rng.choice([*victims, "appA.nobody", "appA", "appAB.x", "appB", "*", "appA.v..x"])
+        mid = rng.choice(["s0", "s1", "s2", "dl", "m"])
+        method, path, kwargs = rng.choice([
+            ("POST", "/v1/messages", {"json": {"user_id": uid, "messages": "I live in Oslo", "message_id": f"x{rng.random()}"[:20].replace(".", "_")}}),
+            ("POST", "/v1/messages/batch", {"json": {"items": [{"user_id": f"appB.me{rng.randrange(9)}", "messages": "hi"}, {"user_id": uid, "messages": "hi"}]}}),
+            ("GET", f"/v1/users/{uid}/messages/{mid}", {}),
+            ("POST", f"/v1/users/{uid}/recall", {"json": {"query": secret_word}}),
+            ("POST", f"/v1/users/{uid}/search", {"json": {"query": "dog"}}),
+            ("POST", f"/v1/users/{uid}/context", {"json": {"query": "dog"}}),
+            ("GET", f"/v1/users/{uid}/history", {"params": {"subject": "user"}}),
+            ("GET", f"/v1/users/{uid}/graph", {}),
+            ("GET", f"/v1/users/{uid}/stats", {}),
+            ("POST", f"/v1/users/{uid}/feedback", {"json": {"recall_id": "abc", "useful_ids": []}}),
+            ("DELETE", f"/v1/users/{uid}/memories/{mid}", {}),
+            ("DELETE", f"/v1/users/{uid}", {}),
+            ("GET", "/v1/dead-letters", {"params": {"user_id": uid}}),
+            ("GET", "/v1/dead-letters", {}),
+            ("POST", f"/v1/dead-letters/{uid}/{mid}/replay", {}),
+            ("DELETE", f"/v1/dead-letters/{uid}/{mid}", {}),
+        ])  # fmt: skip
+        r = http.request(method, path, headers=rng.choice(attackers), **kwargs)
+        outcomes[r.status_code] = outcomes.get(r.status_code, 0) + 1
+        # The only success allowed: listing the dead letters of the attacker's own (empty) namespace.
+        own_listing = path == "/v1/dead-letters" and "params" not in kwargs and r.status_code == 200
+        shown = secret_word in r.text or any(v in r.text for v in victims)
+        if shown or (r.status_code < 400 and not (own_listing and r.json() == [])):
+            leaks.append((method, path, r.status_code, r.text[:200]))
+    assert leaks == []
+    assert set(outcomes) <= {200, 400, 403}, outcomes
+    assert outcomes.get(403, 0) > 500, outcomes
+    assert footprint(stack, victims) == before
+
+
+def test_back_pressure_and_store_unavailable(redis_url: str, tmp_path: Path) -> None:
+    """429 with Retry-After once the extract queue is over the limit; 503 with Retry-After without Redis."""
+    secrets, entries = mint_keys()
+    a = auth(secrets, "a_rw")
+    with engram_stack(
+        redis_url=redis_url, data_dir=tmp_path / "bp", neo4j_uri=None, llm_url=None, workers=False
+    ) as stack:
+        env = {**stack.env, "ENGRAM_API_KEYS": entries, "ENGRAM_GATEWAY_MAX_QUEUE_DEPTH": "2"}
+        with gateway_process(env, tmp_path / "logs") as gw, httpx.Client(base_url=gw.url, timeout=60) as http:
+            codes = []
+            for i in range(3):
+                r = http.post("/v1/messages", headers=a, json={"user_id": "appA.u", "messages": "hello", "message_id": f"q{i}"})  # fmt: skip
+                codes.append(r.status_code)
+                time.sleep(0.3)  # let the cached queue depth refresh
+            assert codes == [202, 202, 429]
+            assert r.headers["retry-after"] and r.json()["type"] == "urn:engram:problem:back-pressure"
+            assert stack.client.redis.llen(keys.EXTRACT_QUEUE) == 2
+            assert stack.client.redis.hgetall(keys.status("appA.u", "q2")) == {}
+    env = {**stack.env, "REDIS_URL": f"redis://127.0.0.1:{_closed_port()}/0", "ENGRAM_API_KEYS": entries}
+    with gateway_process(env, tmp_path / "logs", name="gateway-noredis") as gw, httpx.Client(base_url=gw.url) as http:
+        r = http.post("/v1/messages", headers=a, json={"user_id": "appA.u", "messages": "hello"})
+        assert r.status_code == 503 and r.headers["retry-after"] == "5"
+        assert r.json()["type"] == "urn:engram:problem:store-unavailable"
+        assert http.get("/v1/health").status_code == 503
+
+
+def _closed_port() -> int:
+    from tests.support.gateway import free_port
+
+    return free_port()
+
+
+def test_no_key_refuses_to_bind_beyond_loopback(tmp_path: Path) -> None:
+    import os
+    import subprocess
+
+    env = {**os.environ, "ENGRAM_DATA_DIR": str(tmp_path), "ENGRAM_API_KEYS": "[]"}
+    done = subprocess.run(
+        serve_command("--host", "0.0.0.0", "--port", "1"), env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 2
+    assert "ENGRAM_API_KEYS" in done.stderr and "127.0.0.1" in done.stderr
