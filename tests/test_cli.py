@@ -17,6 +17,7 @@ from importlib.metadata import entry_points
 from pathlib import Path
 
 import click
+import httpx
 import pytest
 from click.testing import CliRunner, Result
 from pydantic import AliasChoices
@@ -30,6 +31,7 @@ from engram_workers.cli import memory
 from engram_workers.cli.demo import load_sample
 from engram_workers.extraction.rules import extract_rules
 from engram_workers.services.llm_standin import LLMStandin, Reply
+from tests.support.gateway import free_port
 from tests.support.stack import SETTLE_S, Stack, engram_stack
 
 REPO = Path(__file__).resolve().parents[1]
@@ -454,10 +456,11 @@ def _wait_for(path: Path, text: str, proc: subprocess.Popen[str], timeout: float
 def test_up_runs_the_embedded_topology_until_sigterm(tmp_path: Path) -> None:
     env = clean_env(ENGRAM_DATA_DIR=str(tmp_path / "data"))
     log = tmp_path / "up.log"
+    port = free_port()
     with log.open("w") as out:
         proc = subprocess.Popen(
             [sys.executable, "-m", "engram_workers.cli", "up", "--no-beat", "--extract-concurrency", "4",
-             "--apply-concurrency", "1"],
+             "--apply-concurrency", "1", "--gateway", "--gateway-port", str(port)],
             env=env, cwd=tmp_path, stdout=out, stderr=subprocess.STDOUT, text=True,
         )  # fmt: skip
     try:
@@ -469,6 +472,11 @@ def test_up_runs_the_embedded_topology_until_sigterm(tmp_path: Path) -> None:
         assert engram(["enqueue", user, "I live in Austin.", "--wait"], env, timeout=120).returncode == 0
         recalled = engram(["recall", user, "where does the user live?", "--json"], env)
         assert json.loads(recalled.stdout)["items"][0]["statement"] == "User lives in Austin"
+        # The gateway of `up --gateway` (local mode: no key configured, loopback only) reads the same memory.
+        over_http = httpx.post(
+            f"http://127.0.0.1:{port}/v1/users/{user}/recall", json={"query": "where does the user live?"}, timeout=60
+        )
+        assert over_http.json()["items"][0]["statement"] == "User lives in Austin"
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=90) == 0, log.read_text()
         assert "stopped." in log.read_text()

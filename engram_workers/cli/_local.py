@@ -133,6 +133,11 @@ class LocalStack:
         argv = [sys.executable, "-m", "engram_workers.cli", "flower", "--port", str(port), "--address", address]
         self._start("flower", argv, "Visit me at")
 
+    def start_gateway(self, port: int) -> None:
+        """The HTTP/MCP gateway on loopback (keys from ENGRAM_API_KEYS, if any)."""
+        argv = [sys.executable, "-m", "engram_workers.cli", "serve", "--host", "127.0.0.1", "--port", str(port)]
+        self._start("gateway", argv, "Application startup complete")
+
     def wait_ready(self) -> None:
         """Until every child has logged its ready line."""
         for proc in self.children:

@@ -194,9 +194,22 @@ def _raise_stop(signum: int, frame: object) -> None:
 @click.option("--extract-concurrency", default=32, show_default=True, type=click.IntRange(1, 1024))
 @click.option("--apply-concurrency", default=2, show_default=True, type=click.IntRange(1, 256))
 @click.option("--beat/--no-beat", "with_beat", default=True, show_default=True, help="Also run Beat (maintenance).")
-def up(with_flower: bool, flower_port: int, extract_concurrency: int, apply_concurrency: int, with_beat: bool) -> None:
+@click.option(
+    "--gateway/--no-gateway", "with_gateway", default=False, show_default=True, help="Also run `engram serve`."
+)
+@click.option("--gateway-port", default=8080, show_default=True, type=click.IntRange(1, 65535))
+def up(
+    with_flower: bool,
+    flower_port: int,
+    extract_concurrency: int,
+    apply_concurrency: int,
+    with_beat: bool,
+    with_gateway: bool,
+    gateway_port: int,
+) -> None:
     """Run everything on this machine until Ctrl-C: Redis (embedded unless REDIS_URL is set), an extract
-    worker, an apply worker (which also runs maintenance), Beat and optionally Flower.
+    worker, an apply worker (which also runs maintenance), Beat and optionally Flower and the HTTP/MCP
+    gateway (on 127.0.0.1).
 
     The graph is Neo4j when NEO4J_URI is set, else SQLite in ENGRAM_DATA_DIR. Logs go to
     ENGRAM_DATA_DIR/logs. Clients on this machine find the embedded Redis by themselves.
@@ -216,6 +229,8 @@ def up(with_flower: bool, flower_port: int, extract_concurrency: int, apply_conc
                 stack.start_beat()
             if with_flower:
                 stack.start_flower(flower_port, "127.0.0.1")
+            if with_gateway:
+                stack.start_gateway(gateway_port)
             stack.wait_ready()
         out.print(f"redis      {url}" + ("" if stack.redis_server else " (REDIS_URL)"))
         out.print(f"extract    threads x{extract_concurrency}")
@@ -224,6 +239,8 @@ def up(with_flower: bool, flower_port: int, extract_concurrency: int, apply_conc
             out.print("beat       maintenance schedule")
         if with_flower:
             out.print(f"flower     http://127.0.0.1:{flower_port}")
+        if with_gateway:
+            out.print(f"gateway    http://127.0.0.1:{gateway_port}/v1 (OpenAPI: /docs, MCP: /mcp)")
         graph = current.neo4j_uri or f"SQLite {stack.data_dir / 'graph.sqlite3'}"
         extractor = current.llm_model or "offline rules (LLM_MODEL unset)"
         out.print(f"graph      {graph}\nextractor  {extractor}\nlogs       {stack.log_dir}")
@@ -246,7 +263,7 @@ def up(with_flower: bool, flower_port: int, extract_concurrency: int, apply_conc
 def bench(args: tuple[str, ...]) -> None:
     """Run the benchmarks: python ops/bench/run.py ARGS.
 
-    ARGS: --quick (a few minutes), --only enqueue,ingest,recall,seeds,memory,quality, --keep.
+    ARGS: --quick (a few minutes), --only enqueue,gateway,ingest,recall,seeds,memory,quality, --keep.
     See docs/benchmarks.md.
     """
     script = Path(__file__).resolve().parents[2] / "ops" / "bench" / "run.py"

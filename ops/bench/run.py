@@ -30,6 +30,7 @@ import benchlib  # noqa: E402
 BENCHES = {
     "enqueue": "bench_enqueue",
     "encoder": "bench_encoder",
+    "gateway": "bench_gateway",
     "ingest": "bench_ingest",
     "recall": "bench_recall",
     "seeds": "bench_seeds",
