@@ -12,10 +12,11 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 
-from fastapi import FastAPI, Request, Response
+from fastapi import FastAPI
 from prometheus_client import CollectorRegistry, Counter, Histogram
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from engram_api.settings import Settings, load_settings
 from engram_gateway.auth import check_bind
@@ -29,7 +30,7 @@ __all__ = ["create_app", "serve"]
 log = logging.getLogger("engram.gateway")
 
 
-class _Metrics:
+class _Counters:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         self.requests = Counter(
@@ -41,29 +42,48 @@ class _Metrics:
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10),
         )  # fmt: skip
 
-    async def __call__(self, request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
+
+class _Metrics:
+    """Pure ASGI (no BaseHTTPMiddleware: that one copies every request and response through a second task)."""
+
+    def __init__(self, app: ASGIApp, counters: _Counters) -> None:
+        self.app = app
+        self.counters = counters
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
         start = time.perf_counter()
-        response = await call_next(request)
-        # The route template, not the path: user ids must not become label values.
-        route = getattr(request.scope.get("route"), "path", "unmatched")
-        self.requests.labels(route, str(response.status_code)).inc()
-        self.seconds.labels(route).observe(time.perf_counter() - start)
-        return response
+        status = 500
+
+        async def recording_send(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, recording_send)
+        finally:
+            # The route template, not the path: user ids must not become label values.
+            route = getattr(scope.get("route"), "path", "unmatched")
+            self.counters.requests.labels(route, str(status)).inc()
+            self.counters.seconds.labels(route).observe(time.perf_counter() - start)
 
 
-def create_app(gateway: Gateway, *, warm: bool = True) -> FastAPI:
+def create_app(gateway: Gateway) -> FastAPI:
     mcp = build_mcp(gateway)
     endpoint = mcp_http_endpoint(mcp, gateway)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        if warm:
-            import anyio
+        import anyio
 
-            try:
-                await anyio.to_thread.run_sync(gateway.warm)
-            except Exception as exc:  # a store down at start: serve anyway, /v1/health says what is wrong
-                log.warning("warm-up failed: %s", exc)
+        try:
+            await anyio.to_thread.run_sync(gateway.warm)
+        except Exception as exc:  # a store down at start: serve anyway, /v1/health says what is wrong
+            log.warning("warm-up failed: %s", exc)
         async with mcp.session_manager.run():
             yield
         gateway.close()
@@ -75,13 +95,13 @@ def create_app(gateway: Gateway, *, warm: bool = True) -> FastAPI:
         lifespan=lifespan,
     )
     app.state.gateway = gateway
-    metrics = _Metrics()
-    app.state.registry = metrics.registry
-    app.middleware("http")(metrics)
+    counters = _Counters()
+    app.state.registry = counters.registry
     install_handlers(app)
     app.include_router(router)
     app.add_route("/mcp", endpoint, methods=["GET", "POST", "DELETE"], include_in_schema=False)
     app.add_middleware(BodyLimit, limit=gateway.settings.gateway_max_body_bytes)
+    app.add_middleware(_Metrics, counters=counters)
     return app
 
 

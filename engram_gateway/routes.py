@@ -106,16 +106,17 @@ class Health(BaseModel):
     checks: dict[str, bool]
 
 
-def gateway(request: Request) -> Gateway:
+# Dependencies are ``async`` because they never block: a sync one would cost a thread-pool hop each.
+async def gateway(request: Request) -> Gateway:
     return request.app.state.gateway  # type: ignore[no-any-return]
 
 
-def principal(
+async def principal(
     request: Request,
     authorization: Annotated[str | None, Header(include_in_schema=False)] = None,
     x_api_key: Annotated[str | None, Header(include_in_schema=False)] = None,
 ) -> Principal:
-    return gateway(request).ring.from_headers(authorization, x_api_key)
+    return (await gateway(request)).ring.from_headers(authorization, x_api_key)
 
 
 Gw = Annotated[Gateway, Depends(gateway)]
