@@ -19,7 +19,7 @@ import pytest
 from engram_api import keys
 from engram_api.models import DeadLetter, Envelope, utcnow
 from tests.support.gateway import GatewayProcess, gateway_process, mint_keys, serve_command
-from tests.support.stack import Stack, engram_stack
+from tests.support.stack import SETTLE_S, Stack, engram_stack
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +44,7 @@ def auth(secrets: dict[str, str], name: str) -> dict[str, str]:
 
 def wait_state(http: httpx.Client, headers: dict[str, str], uid: str, mid: str, want: str = "applied") -> None:
     # A bound on waiting for the workers, not a timing assertion.
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + SETTLE_S
     while time.monotonic() < deadline:
         r = http.get(f"/v1/users/{uid}/messages/{mid}", headers=headers)
         if r.status_code == 200 and r.json()["state"] == want:

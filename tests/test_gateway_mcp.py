@@ -23,7 +23,7 @@ from mcp.client.streamable_http import streamable_http_client
 
 from engram_workers.services.celery_worker import REPO_ROOT
 from tests.support.gateway import GatewayProcess, gateway_process, mint_keys
-from tests.support.stack import Stack, engram_stack
+from tests.support.stack import SETTLE_S, Stack, engram_stack
 from tests.test_gateway import footprint
 
 
@@ -87,7 +87,7 @@ def test_every_tool(transport: str, fleet: tuple[Stack, GatewayProcess, dict]) -
                 await mcp.call_tool("remember", {"user_id": uid, "text": "I live in Austin", "message_id": "m1"})
             )
             assert again["duplicate"] is True and again["task_id"] == receipt["task_id"]
-            await asyncio.to_thread(stack.client.wait, [(uid, "m1")], 120)
+            await asyncio.to_thread(stack.client.wait, [(uid, "m1")], SETTLE_S)
             items = data(await mcp.call_tool("recall", {"user_id": uid, "query": "where does the user live?", "k": 5}))
             assert any("Austin" in item["statement"] for item in items)
             then = data(
@@ -110,7 +110,7 @@ def test_bad_calls_are_typed_errors_and_change_nothing(
 ) -> None:
     stack, _, secrets = fleet
     uid = f"appA.{uuid.uuid4().hex[:8]}"
-    stack.client.wait(stack.client.enqueue(uid, "I live in Denver", message_id="m0"), timeout=120)
+    stack.client.wait(stack.client.enqueue(uid, "I live in Denver", message_id="m0"), timeout=SETTLE_S)
     before = footprint(stack, [uid])
 
     async def scenario() -> None:
