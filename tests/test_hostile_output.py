@@ -557,6 +557,7 @@ def hostile_run(redis_url, neo4j_uri, llm_server, tmp_path_factory) -> Iterator[
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # the module fixture runs two pipeline rounds on a cold fleet
 def test_pipeline_leaves_every_other_users_data_intact(hostile_run):
     assert hostile_run.victim_after == hostile_run.victim_before
     assert hostile_run.others_after == hostile_run.others_before
@@ -564,12 +565,14 @@ def test_pipeline_leaves_every_other_users_data_intact(hostile_run):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # the module fixture runs two pipeline rounds on a cold fleet
 def test_pipeline_schema_does_not_grow(hostile_run):
     """Labels, relationship types and property keys are the code's own: model text never becomes one."""
     assert hostile_run.schema_after == hostile_run.schema_before
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # the module fixture runs two pipeline rounds on a cold fleet
 def test_pipeline_stores_hostile_text_only_as_bounded_values(hostile_run):
     assert {HOSTILE_VALUES, *MANY_LABELS} <= set(hostile_run.applied)
     assert hostile_run.stored_labels <= LABELS
@@ -583,12 +586,14 @@ def test_pipeline_stores_hostile_text_only_as_bounded_values(hostile_run):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # the module fixture runs two pipeline rounds on a cold fleet
 def test_pipeline_ignores_unknown_fields(hostile_run):
     assert UNKNOWN_FIELDS_MSG in hostile_run.applied, hostile_run.dead.get(UNKNOWN_FIELDS_MSG)
     assert "User visited Quokka Island" in {f.statement for f in hostile_run.hostile_after.page.facts}
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # the module fixture runs two pipeline rounds on a cold fleet
 @pytest.mark.parametrize(("text", "storable"), [(TOO_LONG, False), (NESTED, False), (SURROGATE, True)])
 def test_pipeline_rejects_unusable_answers_at_extraction_with_the_answer_kept(hostile_run, text, storable):
     """An answer the pipeline cannot store is the model's failure: dead-lettered by the extract stage with
