@@ -73,7 +73,14 @@ def scrape(redis_url: str, llm_server: LLMStandin, tmp_path_factory: pytest.Temp
     llm_server.script(scripted)
     data_dir = tmp_path_factory.mktemp("metrics")
     with engram_stack(
-        redis_url=redis_url, data_dir=data_dir, neo4j_uri=None, llm_url=llm_server.url, workers=False, log_format="json"
+        redis_url=redis_url,
+        data_dir=data_dir,
+        neo4j_uri=None,
+        llm_url=llm_server.url,
+        workers=False,
+        log_format="json",
+        # The counts below are per message: no redelivery of a task that is merely slow on a loaded machine.
+        visibility_timeout_s=3600,
     ) as stack:
         port, metrics_dir = free_port(), data_dir / "prometheus"
         metrics_dir.mkdir()
