@@ -105,7 +105,7 @@ class Settings(BaseSettings):
     importance_weight: float = Field(0.1, description="recall boost for important facts")
     hop_decay: float = Field(0.5, gt=0, le=1, description="graph score factor per hop")
     max_hops: int = Field(2, ge=0, le=4, description="graph expansion depth in recall")
-    rrf_k: int = Field(60, ge=1, description="reciprocal-rank fusion constant")
+    rrf_k: int = Field(5, ge=1, description="reciprocal-rank fusion constant of recall's channels")
     recall_window: int = Field(
         0, ge=0, le=5, description="neighbouring conversation turns an episode hit brings along, on each side"
     )

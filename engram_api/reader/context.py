@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 from engram_api.models import RecallItem
 
-__all__ = ["CHARS_PER_TOKEN", "EXCERPTS_HEADER", "FACTS_HEADER", "build_context"]
+__all__ = ["CHARS_PER_TOKEN", "EXCERPTS_HEADER", "FACTS_HEADER", "render_context", "select_context"]
 
 CHARS_PER_TOKEN = 4
 FACTS_HEADER = "Current facts about the user (most relevant first):"
@@ -30,24 +30,34 @@ def _line(item: RecallItem) -> str:
     return f"- [{item.event_time.date().isoformat()}] {item.speaker or 'user'}: {text}"
 
 
-def build_context(items: Sequence[RecallItem], max_tokens: int) -> str:
+def _header(item: RecallItem) -> str:
+    return FACTS_HEADER if item.kind == "fact" else EXCERPTS_HEADER
+
+
+def select_context(items: Sequence[RecallItem], max_tokens: int) -> list[RecallItem]:
+    """The items whose lines fit in the budget, in recall order (superseded facts never)."""
     budget = max_tokens * CHARS_PER_TOKEN
-    facts: list[str] = []
-    excerpts: list[str] = []
+    chosen: list[RecallItem] = []
+    headers: set[str] = set()
     used = 0
     for item in items:
         if item.kind == "fact" and not item.current:
             continue
-        part = facts if item.kind == "fact" else excerpts
-        line = _line(item)
-        cost = len(line) + 1 + (0 if part else len(FACTS_HEADER if part is facts else EXCERPTS_HEADER) + 1)
+        header = _header(item)
+        cost = len(_line(item)) + 1 + (0 if header in headers else len(header) + 1)
         if used + cost > budget:
             continue
-        part.append(line)
+        chosen.append(item)
+        headers.add(header)
         used += cost
+    return chosen
+
+
+def render_context(items: Sequence[RecallItem]) -> str:
+    """Facts part, then excerpts part; each only when it has lines."""
     blocks = []
-    if facts:
-        blocks.append("\n".join([FACTS_HEADER, *facts]))
-    if excerpts:
-        blocks.append("\n".join([EXCERPTS_HEADER, *excerpts]))
+    for header in (FACTS_HEADER, EXCERPTS_HEADER):
+        lines = [_line(i) for i in items if _header(i) == header]
+        if lines:
+            blocks.append("\n".join([header, *lines]))
     return "\n".join(blocks)

@@ -40,7 +40,7 @@ from engram_api.models import (
     utcnow,
 )
 from engram_api.naming import sanitize_predicate
-from engram_api.reader.context import build_context
+from engram_api.reader.context import render_context, select_context
 from engram_api.reader.fusion import TimeWindow, recall_items
 from engram_api.reader.recipe import DEFAULT_RECIPE, RecallRecipe
 from engram_api.reader.scoring import Weights, effective_weights
@@ -55,6 +55,7 @@ __all__ = ["Reader"]
 DetailLevel = Literal["auto", "broad", "detailed"]
 _RECALL_LOG_TTL_S = 24 * 3600
 _WEIGHTS_TTL_S = 60.0
+_CONTEXT_CANDIDATES = 40
 
 
 def _check_k(k: object, field: str = "k", upper: int = 200) -> int:
@@ -266,8 +267,12 @@ class Reader:
     def get_context(self, user_id: str, query: str, max_tokens: int = 800) -> str:
         """A prompt-ready block within ``max_tokens``: current facts, then dated conversation excerpts
         (see ``reader.context`` and docs/api.md for the contract)."""
+        return render_context(self.context_items(user_id, query, max_tokens))
+
+    def context_items(self, user_id: str, query: str, max_tokens: int = 800) -> list[RecallItem]:
+        """The recalled items ``get_context`` shows, in recall order."""
         _check_k(max_tokens, "max_tokens", upper=100_000)
-        return build_context(self.recall(user_id, query, k=40).items, max_tokens)
+        return select_context(self.recall(user_id, query, k=_CONTEXT_CANDIDATES).items, max_tokens)
 
     def history(self, user_id: str, subject: str, predicate: str | None = None) -> list[FactRecord]:
         check_user_id(user_id)

@@ -30,11 +30,12 @@ class RecallRecipe(BaseModel):
         description="how many candidates each channel contributes",
     )
     weights: dict[RetrievalChannel, float] = Field(
-        default_factory=lambda: {"fact_vector": 1.0, "episode_vector": 1.0, "keyword": 1.0, "graph": 0.5},
+        # BM25 carries names, places and dates where MiniLM is weak (LoCoMo, docs/benchmarks.md).
+        default_factory=lambda: {"fact_vector": 1.0, "episode_vector": 1.0, "keyword": 2.0, "graph": 0.5},
         description="each channel's weight in reciprocal-rank fusion",
     )
-    rrf_k: int = Field(20, ge=1, description="reciprocal-rank fusion constant")
-    fusion: float = Field(0.3, ge=0, description="weight of the normalized fusion score in the final score")
+    rrf_k: int = Field(5, ge=1, description="reciprocal-rank fusion constant")
+    fusion: float = Field(1.0, ge=0, description="weight of the normalized fusion score in the final score")
     link_share: float = Field(0.5, ge=0, le=1, description="a linked item's share of its parent's fusion score")
     links_from: int = Field(10, ge=0, le=100, description="how many top hits bring their linked items")
     window: int = Field(0, ge=0, le=5, description="neighbouring turns an episode hit brings on each side")
