@@ -9,6 +9,7 @@ version instead).
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import nullcontext
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,7 @@ from engram_api.storage.episodes import chunk_envelope, keyword_terms
 from engram_api.storage.indexes import IndexKeeper
 from engram_api.storage.vectors import VectorStore
 from engram_workers.consolidation import plan_message
+from engram_workers.maintenance.reconcile import reconcile
 from tests.support.extractions import lives_in
 
 from .factories import at, new_user
@@ -197,3 +199,19 @@ def test_episode_hits_bring_their_facts_and_fact_hits_their_episode(memory: Memo
     by_kind = {i.kind: i for i in items if "home" in i.source_ids}
     assert set(by_kind) == {"fact", "episode"}
     assert by_kind["fact"].current and by_kind["fact"].statement == "User lives in Lisbon"
+
+
+def test_reconcile_restores_a_lost_episode_vector(memory: Memory) -> None:
+    user = new_user()
+    memory.say(user, "m1", "The ferry to the island leaves at seven.", at(1))
+    index = memory.vectors.load(user)
+    assert index is not None and index.count("episode") == 1
+    index.remove(index.node_ids())
+    memory.vectors.save(user, index)
+    memory.keeper.forget(user)
+
+    report = reconcile(graph=memory.graph, keeper=memory.keeper, guard=lambda _: nullcontext(), user_ids=[user])
+    assert [(f.problem, f.missing_ids) for f in report.fixed] == [("ids differ", 1)]
+    repaired = memory.vectors.load(user)
+    assert repaired is not None and repaired.count("episode") == 1
+    assert memory.sources(user, "when does the boat depart?", k=1) == ["m1"]
