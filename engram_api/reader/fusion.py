@@ -109,9 +109,14 @@ class _Run:
         return node_id in self.chunks and self.window.chunk_ok(self.chunks[node_id])
 
     def _episode_hits(self, k: int) -> list[str]:
-        """The top ``k`` episode chunks inside the time window (widening the search until found)."""
+        """The top ``k`` episode chunks inside the time window (widening the search until found). Without
+        a window nothing needs checking, so the chunks are loaded later with the keyword hits."""
         total = self.index.count("episode")
-        n = k if not self.window.filtering else 4 * k
+        if not self.window.filtering:
+            hits = self.index.search(self.qvec, k, kind="episode")
+            self.sims.update((h.node_id, h.score) for h in hits)
+            return [h.node_id for h in hits]
+        n = 4 * k
         while True:
             hits = self.index.search(self.qvec, min(n, total), kind="episode")
             self.sims.update((h.node_id, h.score) for h in hits)
@@ -149,8 +154,16 @@ class _Run:
                 since=w.since,
                 until=w.until,
             )
-            self._load_chunks(h.node_id for h in keyword if h.kind == "episode")
-        self._load_facts([*(h.node_id for h in fact_hits), *(h.node_id for h in keyword if h.kind == "fact")])
+        # One round trip for every chunk, one for every fact (with those the top chunks were the source of).
+        self._load_chunks([*episode_ids, *(h.node_id for h in keyword if h.kind == "episode")])
+        top_chunks = [*episode_ids[: recipe.links_from], *(h.node_id for h in keyword[: recipe.links_from])]
+        self._load_facts(
+            [
+                *(h.node_id for h in fact_hits),
+                *(h.node_id for h in keyword if h.kind == "fact"),
+                *(f for cid in top_chunks if cid in self.chunks for f in self.chunks[cid].fact_ids),
+            ]
+        )
         if recipe.uses("fact_vector"):
             self._rank("fact_vector", [h.node_id for h in fact_hits if self._ok(h.node_id)])
         self._rank("episode_vector", episode_ids)
