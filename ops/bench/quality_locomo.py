@@ -132,8 +132,10 @@ def run_locomo(ctx: BenchContext, stack: Any) -> tuple[list[Table], dict[str, An
             coverage["questions"] += 1
             coverage["questions_with_covered_evidence"] += bool(evidence & covered)
             q = str(qa["question"])
+            # The floor encodes without the embedder's query cache, so the hybrid recall after it (the
+            # first recall of this question) pays the same encoding.
             t0 = time.perf_counter()
-            qvec = reader.embedder.encode_one(q)
+            qvec = reader.embedder.encode([q])[0]
             index.search(qvec, 10)
             floor_ms.append((time.perf_counter() - t0) * 1e3)
             ranked: dict[str, list[set[str]]] = {}
