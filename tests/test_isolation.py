@@ -203,7 +203,8 @@ def _read_everything(world: World, user: str, found: Violations) -> int:
             seen += 1
             found.check(set(cluster.member_fact_ids) <= facts, f"search broad({user}) -> foreign cluster members")
         for item in client.search(user, query, detail_level="detailed").facts:
-            found.check(item.id in facts, f"search detailed({user}, {query!r}) -> foreign fact {item.id}")
+            own = facts if item.kind == "fact" else chunks
+            found.check(item.id in own, f"search detailed({user}, {query!r}) -> foreign {item.kind} {item.id}")
         context = client.get_context(user, query)
         for line in (line for line in context.splitlines() if line.startswith("- ")):
             fact, said = _LINE.fullmatch(line), _EXCERPT.fullmatch(line)
