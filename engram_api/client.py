@@ -128,8 +128,17 @@ class MemoryClient:
         return self.producer.dead_letters.remove(user_id, message_id)
 
     # ------------------------------------------------------------------------------ read side
-    def recall(self, user_id: str, query: str, k: int = 10, *, as_of: datetime | None = None) -> RecallResult:
-        return self.reader.recall(user_id, query, k, as_of=as_of)
+    def recall(
+        self,
+        user_id: str,
+        query: str,
+        k: int = 10,
+        *,
+        as_of: datetime | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
+    ) -> RecallResult:
+        return self.reader.recall(user_id, query, k, as_of=as_of, since=since, until=until)
 
     def search(self, user_id: str, query: str, k: int = 10, detail_level: str = "auto") -> SearchResult:
         return self.reader.search(user_id, query, k, detail_level)  # type: ignore[arg-type]

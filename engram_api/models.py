@@ -210,6 +210,35 @@ class EpisodeRecord(Record):
     metadata: dict[str, str | int | float | bool] = Field(default_factory=dict)
 
 
+class ChunkRecord(Record):
+    """One recallable piece of an episode: a whole short message, or a run of sentences of a long one.
+
+    ``text`` is what was said; ``speaker`` is who said it (a name when the message carries one, else the
+    role). ``fact_ids`` (filled on reads) are the facts extracted from the chunk's episode."""
+
+    episode_id: str
+    seq: int = Field(ge=0)
+    text: str
+    speaker: str
+    role: str = "user"
+    event_time: datetime
+    embedding: list[float] | None = None
+    fact_ids: list[str] = Field(default_factory=list)
+
+    @property
+    def indexed_text(self) -> str:
+        """What is embedded and keyword-indexed: the speaker's name travels with the words."""
+        return self.text if self.speaker == self.role else f"{self.speaker}: {self.text}"
+
+
+class KeywordHit(_Model):
+    """One BM25 hit of the user's keyword index (higher score = better match)."""
+
+    node_id: str
+    kind: Literal["episode", "fact"]
+    score: float
+
+
 class EntityRecord(Record):
     name: str
     norm_name: str
@@ -276,6 +305,7 @@ class WritePlan(_Model):
     fact_changes: list[FactChange] = Field(default_factory=list)
     reinforced_fact_ids: list[str] = Field(default_factory=list)
     mentioned_entity_ids: list[str] = Field(default_factory=list, description="provenance links")
+    chunks: list[ChunkRecord] = Field(default_factory=list, description="the episode's recallable pieces")
     usage: Usage = Field(default_factory=Usage)
 
 
@@ -322,7 +352,7 @@ class VectorItem(_Model):
     """One row of a user's vector index, as the graph store holds it (source of truth for rebuilds)."""
 
     node_id: str
-    kind: Literal["fact", "entity"]
+    kind: Literal["fact", "entity", "episode"]
     embedding: list[float]
 
 
@@ -339,8 +369,18 @@ class ScoreBreakdown(_Model):
     total: float = 0.0
 
 
+Channel = Literal["fact_vector", "episode_vector", "keyword", "graph", "source", "extracted", "window"]
+
+
 class RecallItem(_Model):
+    """One recalled memory. ``kind`` says what it is: an extracted ``fact`` (``statement`` is the fact,
+    ``current`` says whether it still holds) or an ``episode`` excerpt (``statement`` is what ``speaker``
+    said at ``event_time``; ``id`` is the chunk id, ``source_ids`` its message id). ``channels`` lists
+    what found it: a retrieval channel, or ``source`` / ``extracted`` / ``window`` when it came along
+    with a hit (a fact's source episode, an episode's facts, a neighbouring turn)."""
+
     id: str
+    kind: Literal["fact", "episode", "cluster"] = "fact"
     statement: str
     memory_type: MemoryType
     subject: str
@@ -349,9 +389,12 @@ class RecallItem(_Model):
     entities: list[str]
     valid_from: datetime
     valid_until: datetime | None
+    event_time: datetime
     current: bool
+    speaker: str | None = None
     source_ids: list[str]
-    path: Literal["vector", "graph", "both"]
+    channels: list[Channel] = Field(default_factory=list)
+    path: Literal["vector", "graph", "both", "keyword", "linked"]
     hops: int
     score: float
     breakdown: ScoreBreakdown
@@ -401,6 +444,8 @@ class UserStats(_Model):
     superseded_facts: int = 0
     archived_facts: int = 0
     episodes: int = 0
+    episode_chunks: int = 0
+    keyword_entries: int = Field(0, description="episode chunks and fact statements in the keyword index")
     clusters: int = 0
     version: int = 0
     usage: Usage = Field(default_factory=Usage)
@@ -414,6 +459,7 @@ class ForgetResult(_Model):
     vectors: int = 0
     removed_fact_ids: list[str] = Field(default_factory=list)
     removed_entity_ids: list[str] = Field(default_factory=list)
+    removed_chunk_ids: list[str] = Field(default_factory=list)
 
 
 class CheckResult(_Model):

@@ -105,7 +105,10 @@ class Settings(BaseSettings):
     importance_weight: float = Field(0.1, description="recall boost for important facts")
     hop_decay: float = Field(0.5, gt=0, le=1, description="graph score factor per hop")
     max_hops: int = Field(2, ge=0, le=4, description="graph expansion depth in recall")
-    rrf_k: int = Field(60, ge=1, description="reciprocal-rank fusion constant")
+    rrf_k: int = Field(5, ge=1, description="reciprocal-rank fusion constant of recall's channels")
+    recall_window: int = Field(
+        0, ge=0, le=5, description="neighbouring conversation turns an episode hit brings along, on each side"
+    )
     recency_half_life_days: float = Field(30.0, gt=0, description="age at which the recency boost halves")
     cache_ttl_s: float = Field(30.0, ge=0, description="reader result cache lifetime (also invalidated by writes)")
     broad_min_score: float = Field(0.45, description="search(auto): below this, fall back to facts")

@@ -10,6 +10,8 @@ Runs under the user's apply lock, so what it reads cannot change under it. Decis
    event time (not arrival) makes the result independent of delivery order: a late message with an older
    event time lands in the past, already superseded.
 Ids are derived from (user, message, position), so re-planning the same message gives the same ids.
+The message itself is kept recallable: its chunks (``storage.episodes.chunk_envelope``) are embedded in
+the same single batch as the names and statements and go into the plan and the user's index.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from engram_api.models import (
 from engram_api.naming import SINGLE_VALUED, normalize_name, sanitize_label, sanitize_predicate, self_entity_id
 from engram_api.storage.base import GraphStore
 from engram_api.storage.embedder import Embedder
+from engram_api.storage.episodes import chunk_envelope
 from engram_api.storage.vectors import Kind, UserIndex
 
 __all__ = ["Planned", "plan_message"]
@@ -351,7 +354,10 @@ def plan_message(
     index: UserIndex,
 ) -> Planned:
     uid, mid = envelope.user_id, envelope.message_id
-    vectors = _Vectors(embedder, _texts(extraction))
+    chunks = chunk_envelope(envelope)
+    vectors = _Vectors(embedder, [*_texts(extraction), *(c.indexed_text for c in chunks)])
+    for chunk in chunks:
+        chunk.embedding = vectors(chunk.indexed_text).tolist()
     resolver = _Resolver(user_id=uid, message_id=mid, graph=graph, vectors=vectors, index=index)
     resolver.resolve(extraction)
 
@@ -386,6 +392,7 @@ def plan_message(
         fact_changes=changes,
         reinforced_fact_ids=sorted(set(reinforced)),
         mentioned_entity_ids=sorted(mentioned),
+        chunks=chunks,
         usage=usage,
     )
     upserts: list[tuple[str, Kind, Sequence[float]]] = [
@@ -395,4 +402,5 @@ def plan_message(
         if ent.embedding is None:
             ent.embedding = vectors(ent.name).tolist()
         upserts.append((ent.id, "entity", ent.embedding))
+    upserts.extend((c.id, "episode", c.embedding) for c in chunks if c.embedding is not None)
     return Planned(plan=plan, upserts=upserts)

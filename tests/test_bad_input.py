@@ -391,10 +391,12 @@ def test_reader_rejects_bad_arguments(reading, call, field, value):
 def test_valid_reads_answer_and_only_with_the_users_own_memory(stack, user_id, query):
     client = stack.client
     graph_before = Snapshot.take(client).users
-    owned = {f.id for f in client.get_graph(user_id, page_size=1000).facts}
+    facts = client.get_graph(user_id, page_size=1000).facts
+    owned = {f.id for f in facts}
     assert bool(owned) == (user_id == VICTIM)
+    chunks = {v.node_id for v in client.graph.vectors(user_id)[0] if v.kind == "episode"}
     recalled = client.recall(user_id, query, k=5)
-    assert recalled.user_id == user_id and {i.id for i in recalled.items} <= owned
+    assert recalled.user_id == user_id and {i.id for i in recalled.items} <= owned | chunks
     assert {i.id for i in client.search(user_id, query, detail_level="detailed").facts} <= owned
     assert {f.id for f in client.history(user_id, query)} <= owned
     assert client.stats(user_id).facts == len(owned)

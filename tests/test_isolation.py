@@ -47,6 +47,7 @@ POOL = [
 ]
 QUERIES = ["where does the user live?", "Alex", "what does Alex love?", "the dog", "work", "secret word"]
 _LINE = re.compile(r"- (.*) \(since \d{4}-\d{2}-\d{2}\)")
+_EXCERPT = re.compile(r"- \[\d{4}-\d{2}-\d{2}\] [^:]+: (.*)")
 
 
 def _answer(text: str) -> dict[str, Any]:
@@ -99,6 +100,10 @@ class World:
 
     def facts(self, user: str) -> set[str]:
         return {f.id for f in self.pages[user].facts}
+
+    def chunks(self, user: str) -> dict[str, str]:
+        """The user's episode chunks: id -> text."""
+        return {c.id: c.text for c in self.client.graph.get_chunks(user, episode_ids=sorted(self.sent[user]))}
 
     def entities(self, user: str) -> set[str]:
         return {e.id for e in self.pages[user].entities}
@@ -179,7 +184,7 @@ class Violations(list[str]):
 
 def _read_everything(world: World, user: str, found: Violations) -> int:
     """Every read API for ``user``; returns how many results came back (to prove the checks were not vacuous)."""
-    client, facts, sent = world.client, world.facts(user), world.sent[user]
+    client, facts, sent, chunks = world.client, world.facts(user), world.sent[user], world.chunks(user)
     foreign = world.others(user)
     foreign_secrets = [s for u, s in world.secrets.items() if u != user]
     statements = {f.statement for f in world.pages[user].facts}
@@ -189,17 +194,22 @@ def _read_everything(world: World, user: str, found: Violations) -> int:
             items = client.recall(user, query, k=10, as_of=as_of).items
             seen += len(items)
             for item in items:
-                found.check(item.id in facts, f"recall({user}, {query!r}, as_of={as_of}) -> foreign fact {item.id}")
+                own = facts if item.kind == "fact" else chunks
+                found.check(
+                    item.id in own, f"recall({user}, {query!r}, as_of={as_of}) -> foreign {item.kind} {item.id}"
+                )
                 found.check(set(item.source_ids) <= sent, f"recall({user}) -> foreign sources {item.source_ids}")
         for cluster in client.search(user, query, detail_level="broad").clusters:
             seen += 1
             found.check(set(cluster.member_fact_ids) <= facts, f"search broad({user}) -> foreign cluster members")
         for item in client.search(user, query, detail_level="detailed").facts:
-            found.check(item.id in facts, f"search detailed({user}, {query!r}) -> foreign fact {item.id}")
+            own = facts if item.kind == "fact" else chunks
+            found.check(item.id in own, f"search detailed({user}, {query!r}) -> foreign {item.kind} {item.id}")
         context = client.get_context(user, query)
-        for line in context.splitlines()[1:]:
-            match = _LINE.fullmatch(line)
-            found.check(bool(match) and match[1] in statements, f"get_context({user}) -> foreign line {line!r}")
+        for line in (line for line in context.splitlines() if line.startswith("- ")):
+            fact, said = _LINE.fullmatch(line), _EXCERPT.fullmatch(line)
+            ok = bool(fact and fact[1] in statements) or bool(said and said[1] in chunks.values())
+            found.check(ok, f"get_context({user}) -> foreign line {line!r}")
         found.check(not any(s in context for s in foreign_secrets), f"get_context({user}) -> a foreign secret")
     for subject in ("user", "Alex", *CITIES):
         for record in client.history(user, subject):

@@ -16,6 +16,7 @@ import pytest
 
 from engram_api import keys
 from engram_api.models import LearnedWeights, utcnow
+from engram_api.reader.context import EXCERPTS_HEADER
 from engram_api.settings import Settings
 from engram_api.versions import publish_version, read_version
 from engram_workers.maintenance import run_decay
@@ -94,18 +95,24 @@ def test_after_a_move_recall_and_context_say_austin_and_history_says_tampa(stack
     client, user = stack.client, uid()
     ingest(client, user, ["I live in Tampa.", "I live in Austin."])
     recall = client.recall(user, "where does the user live?", k=5)
-    text = " ".join(i.statement for i in recall.items)
+    facts = [i for i in recall.items if i.kind == "fact"]
+    text = " ".join(i.statement for i in facts)
     assert "Austin" in text and "Tampa" not in text
-    top = recall.items[0]
+    top = facts[0]
     assert top.object == "Austin" and top.current and top.valid_until is None and top.source_ids
     assert top.breakdown.total == pytest.approx(top.score, abs=1e-5)
+    # The old message is still a memory: an episode, dated, never a current fact.
+    said = [i for i in recall.items if i.kind == "episode" and "Tampa" in i.statement]
+    assert said and not said[0].current and said[0].event_time == T0
     context = client.get_context(user, "where does the user live?")
-    assert "Austin" in context and "Tampa" not in context
+    current_part = context.partition(EXCERPTS_HEADER)[0]
+    assert "Austin" in current_part and "Tampa" not in current_part
 
     history = client.history(user, "user", "LIVES_IN")
     assert [h.object_name for h in history] == ["Tampa", "Austin"]
     before_move = client.recall(user, "where does the user live?", k=5, as_of=T0 + timedelta(days=10))
-    assert before_move.items[0].object == "Tampa"
+    assert next(i for i in before_move.items if i.kind == "fact").object == "Tampa"
+    # as_of hides what was said later too.
     assert all("Austin" not in i.statement for i in before_move.items)
 
 
@@ -124,9 +131,11 @@ def test_multi_hop_finds_the_brothers_company_through_the_graph(stack):
                        samples=0, quality=0.0)
     )  # fmt: skip
     question = "what company does my brother work for?"
-    vector_only = client.reader.recall(user, question, k=3, graph_expansion=False)
+    # Over facts only: the multi-hop premise is about the extracted graph, not the raw messages.
+    recipe = client.reader.recipe()
+    vector_only = client.reader.recall(user, question, k=3, recipe=recipe.with_channels("fact_vector"))
     assert all("Amazon" not in i.statement for i in vector_only.items), "the vector match alone finds it: no test"
-    fused = client.recall(user, question, k=3)
+    fused = client.reader.recall(user, question, k=3, recipe=recipe.with_channels("fact_vector", "graph"))
     amazon = [i for i in fused.items if i.object == "Amazon"]
     assert amazon and amazon[0].path in ("graph", "both") and amazon[0].hops >= 0
 
@@ -139,7 +148,7 @@ def test_reader_process_never_imports_celery_nor_calls_the_llm(stack, llm_server
 import json, sys
 from engram_api import MemoryClient
 r = MemoryClient().recall({user!r}, "where does the user live?", k=3)
-print(json.dumps({{"top": r.items[0].object, "mods": sorted({{m.split('.')[0] for m in sys.modules}}
+print(json.dumps({{"top": next(i for i in r.items if i.kind == "fact").object, "mods": sorted({{m.split('.')[0] for m in sys.modules}}
       & {{"celery", "kombu", "litellm", "openai"}})}}))
 """
     out = subprocess.run(
@@ -201,17 +210,19 @@ def test_isolation_over_1000_randomized_recalls_across_20_users(stack):
     rng = random.Random(7)
     users = [uid() for _ in range(20)]
     receipts = []
+    messages: dict[str, set[str]] = {u: set() for u in users}
     for u in users:
-        for topic in rng.sample(TOPICS, 4):
-            receipts.append(client.enqueue(u, f"I enjoy {topic}."))
-        receipts.append(client.enqueue(u, f"I live in {rng.choice(['Tampa', 'Austin', 'Denver', 'Boston'])}."))
+        said = [f"I enjoy {topic}." for topic in rng.sample(TOPICS, 4)]
+        said.append(f"I live in {rng.choice(['Tampa', 'Austin', 'Denver', 'Boston'])}.")
+        for text in said:
+            receipts.append(client.enqueue(u, text))
+            messages[u].add(receipts[-1].message_id)
     assert len(client.wait(receipts, timeout=SETTLE_S).applied) == len(receipts)
     owned = {}
-    messages = {}
     for u in users:
         page = client.get_graph(u, page_size=1000)
         owned[u] = {f.id for f in page.facts}
-        messages[u] = {s for f in page.facts for s in f.source_ids}
+        owned[u] |= {c.id for c in client.graph.get_chunks(u, episode_ids=sorted(messages[u]))}
     queries = [f"does the user enjoy {t}?" for t in TOPICS] + ["where does the user live?", "hobbies"]
     for _ in range(1000):
         u = rng.choice(users)
@@ -243,6 +254,7 @@ def test_forget_and_forget_user_leave_nothing_behind(stack):
     index = client.reader.keeper.vectors.load(user)
     assert not set(removed.removed_fact_ids) & index.node_ids()
     assert not set(removed.removed_entity_ids) & index.node_ids()
+    assert removed.removed_chunk_ids and not set(removed.removed_chunk_ids) & index.node_ids()
     assert all("Rex" not in i.statement for i in client.recall(user, "dog", k=5).items)
 
     client.forget_user(user)

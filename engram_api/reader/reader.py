@@ -39,8 +39,11 @@ from engram_api.models import (
     check_user_id,
     utcnow,
 )
-from engram_api.naming import sanitize_predicate, self_entity_id
-from engram_api.reader.scoring import Weights, components, effective_weights, rrf, score
+from engram_api.naming import sanitize_predicate
+from engram_api.reader.context import render_context, select_context
+from engram_api.reader.fusion import TimeWindow, recall_items
+from engram_api.reader.recipe import DEFAULT_RECIPE, RecallRecipe
+from engram_api.reader.scoring import Weights, effective_weights
 from engram_api.settings import Settings
 from engram_api.storage.base import GraphStore
 from engram_api.storage.embedder import Embedder
@@ -52,7 +55,7 @@ __all__ = ["Reader"]
 DetailLevel = Literal["auto", "broad", "detailed"]
 _RECALL_LOG_TTL_S = 24 * 3600
 _WEIGHTS_TTL_S = 60.0
-_SEED_MIN_SIM = 0.25
+_CONTEXT_CANDIDATES = 40
 
 
 def _check_k(k: object, field: str = "k", upper: int = 200) -> int:
@@ -149,6 +152,10 @@ class Reader:
         return weights, source
 
     # ------------------------------------------------------------------------------------- recall
+    def recipe(self) -> RecallRecipe:
+        """The default recipe with the configured fusion constant and neighbour window."""
+        return DEFAULT_RECIPE.model_copy(update={"window": self.settings.recall_window, "rrf_k": self.settings.rrf_k})
+
     def recall(
         self,
         user_id: str,
@@ -156,16 +163,30 @@ class Reader:
         k: int = 10,
         *,
         as_of: datetime | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
         graph_expansion: bool = True,
+        recipe: RecallRecipe | None = None,
     ) -> RecallResult:
+        """Facts and conversation excerpts for ``query``, fused from the recipe's channels.
+
+        ``as_of`` answers as of that instant (facts valid then, nothing said after it); ``since`` /
+        ``until`` keep what happened in [since, until) by event time."""
         check_user_id(user_id)
         _check_text(query, "query")
         _check_k(k)
         as_of = check_aware(as_of, "as_of")
+        since = check_aware(since, "since")
+        until = check_aware(until, "until")
+        if since is not None and until is not None and until <= since:
+            raise InvalidInputError("until", "must be later than since")
+        if recipe is not None and not isinstance(recipe, RecallRecipe):
+            raise InvalidInputError("recipe", "must be a RecallRecipe")
+        recipe = recipe or self.recipe()
         timings: dict[str, float] = {}
         t0 = time.perf_counter()
         version = self._version(user_id)
-        key = (user_id, "recall", query, k, as_of, graph_expansion)
+        key = (user_id, "recall", query, k, as_of, since, until, graph_expansion, recipe.model_dump_json())
         hit = self.cache.get(key, version)
         if hit is not None:
             return hit.model_copy(update={"cached": True, "timings_ms": {"cache": (time.perf_counter() - t0) * 1e3}})
@@ -174,38 +195,24 @@ class Reader:
         t1 = time.perf_counter()
         timings["embed"] = (t1 - t0) * 1e3
         index = self.keeper.current(user_id, version)
-        vec_hits = index.search(qvec, max(3 * k, 30))
         t2 = time.perf_counter()
-        timings["faiss"] = (t2 - t1) * 1e3
-
-        fact_sims = {h.node_id: h.score for h in vec_hits if h.kind == "fact"}
-        entity_sims = {h.node_id: h.score for h in vec_hits if h.kind == "entity"}
-        vec_facts = {f.id: f for f in self.graph.get_facts(user_id, list(fact_sims))}
-        hops: dict[str, int] = {}
-        graph_facts: dict[str, FactRecord] = {}
-        if graph_expansion and self.settings.max_hops >= 0:
-            seeds = [e for e, s in entity_sims.items() if s >= _SEED_MIN_SIM][:5]
-            for fid in [f for f, s in fact_sims.items() if s >= _SEED_MIN_SIM][:5]:
-                fact = vec_facts.get(fid)
-                if fact is not None and fact.current_at(as_of):
-                    seeds.extend(x for x in (fact.subject_id, fact.object_id) if x)
-            # The user's own node touches every fact: as a seed, or as a node paths pass through, it would
-            # put everything one hop away and flood the graph ranking.
-            hub = self_entity_id(user_id)
-            seeds = [s for s in dict.fromkeys(seeds) if s != hub]
-            if seeds:
-                for hf in self.graph.expand(
-                    user_id, seeds, max_hops=self.settings.max_hops, as_of=as_of, limit=max(5 * k, 50), avoid=[hub]
-                ):
-                    hops[hf.id] = hf.hops
-                    graph_facts[hf.id] = hf
-        t3 = time.perf_counter()
-        timings["graph"] = (t3 - t2) * 1e3
-
-        items = self._fuse(user_id, qvec, index, fact_sims, vec_facts, hops, graph_facts, as_of, k)
+        timings["index"] = (t2 - t1) * 1e3
+        weights, weights_source = self.weights_for(user_id)
+        items = recall_items(
+            graph=self.graph,
+            settings=self.settings,
+            index=index,
+            qvec=qvec,
+            user_id=user_id,
+            query=query,
+            k=k,
+            recipe=recipe,
+            weights=weights,
+            window=TimeWindow(as_of=as_of, since=since, until=until),
+            graph_expansion=graph_expansion,
+        )
+        timings["fusion"] = (time.perf_counter() - t2) * 1e3
         recall_id = uuid.uuid4().hex
-        weights_source = self.weights_for(user_id)[1]
-        timings["fusion"] = (time.perf_counter() - t3) * 1e3
         result = RecallResult(
             recall_id=recall_id,
             user_id=user_id,
@@ -218,70 +225,6 @@ class Reader:
         self._log_recall(user_id, recall_id, items)
         self.cache.put(key, version, self.settings.cache_ttl_s, result)
         return result
-
-    def _fuse(
-        self,
-        user_id: str,
-        qvec: np.ndarray,
-        index: Any,
-        fact_sims: dict[str, float],
-        vec_facts: dict[str, FactRecord],
-        hops: dict[str, int],
-        graph_facts: dict[str, FactRecord],
-        as_of: datetime | None,
-        k: int,
-    ) -> list[RecallItem]:
-        now = as_of or utcnow()
-        facts = {**graph_facts, **vec_facts}
-        facts = {fid: f for fid, f in facts.items() if f.current_at(as_of)}
-        vec_rank = {fid: r for r, fid in enumerate(f for f in fact_sims if f in facts)}
-        graph_rank = {fid: r for r, fid in enumerate(f for f in graph_facts if f in facts)}
-        missing = [fid for fid in facts if fid not in fact_sims]
-        sims = dict(fact_sims)
-        if missing:
-            vecs = index.vectors_for(missing)
-            for fid, vec in vecs.items():
-                sims[fid] = float(np.dot(vec, qvec))
-        rk = self.settings.rrf_k
-        fusion = {fid: rrf(vec_rank.get(fid), rk) + rrf(graph_rank.get(fid), rk) for fid in facts}
-        fused = sorted(facts, key=lambda fid: -fusion[fid])[: max(4 * k, 40)]
-        weights, _ = self.weights_for(user_id)
-        scored = []
-        for fid in fused:
-            fact = facts[fid]
-            comp = components(
-                similarity=sims.get(fid, 0.0),
-                hops=hops.get(fid),
-                strength=fact.strength,
-                importance=fact.importance,
-                valid_from=fact.valid_from,
-                now=now,
-                settings=self.settings,
-            )
-            breakdown = score(comp, weights, fusion[fid])
-            path = "both" if fid in vec_rank and fid in graph_rank else ("vector" if fid in vec_rank else "graph")
-            scored.append((breakdown.total, fid, fact, breakdown, path))
-        scored.sort(key=lambda row: (-row[0], row[1]))
-        return [
-            RecallItem(
-                id=fact.id,
-                statement=fact.statement,
-                memory_type=fact.memory_type,
-                subject=fact.subject_name,
-                predicate=fact.predicate,
-                object=fact.object_name,
-                entities=[n for n in (fact.subject_name, fact.object_name) if n],
-                valid_from=fact.valid_from,
-                valid_until=fact.valid_until,
-                current=fact.valid_until is None,
-                source_ids=fact.source_ids,
-                path=path,
-                hops=hops.get(fid, -1),
-                score=round(total, 6),
-                breakdown=breakdown,
-            )
-            for total, fid, fact, breakdown, path in scored[:k]
-        ]
 
     def _log_recall(self, user_id: str, recall_id: str, items: Sequence[RecallItem]) -> None:
         """Keep the score components briefly so ``feedback`` can turn them into training rows."""
@@ -322,19 +265,14 @@ class Reader:
         return SearchResult(user_id=user_id, query=query, level="detailed", facts=facts)
 
     def get_context(self, user_id: str, query: str, max_tokens: int = 800) -> str:
-        """A prompt-ready block of current, dated facts within ``max_tokens`` (about 4 characters a token)."""
+        """A prompt-ready block within ``max_tokens``: current facts, then dated conversation excerpts
+        (see ``reader.context`` and docs/api.md for the contract)."""
+        return render_context(self.context_items(user_id, query, max_tokens))
+
+    def context_items(self, user_id: str, query: str, max_tokens: int = 800) -> list[RecallItem]:
+        """The recalled items ``get_context`` shows, in recall order."""
         _check_k(max_tokens, "max_tokens", upper=100_000)
-        items = self.recall(user_id, query, k=30).items
-        budget = max_tokens * 4
-        lines = ["Known about the user (current facts, most relevant first):"]
-        used = len(lines[0]) + 1
-        for item in items:
-            line = f"- {item.statement} (since {item.valid_from.date().isoformat()})"
-            if used + len(line) + 1 > budget:
-                break
-            lines.append(line)
-            used += len(line) + 1
-        return "\n".join(lines) if len(lines) > 1 else ""
+        return select_context(self.recall(user_id, query, k=_CONTEXT_CANDIDATES).items, max_tokens)
 
     def history(self, user_id: str, subject: str, predicate: str | None = None) -> list[FactRecord]:
         check_user_id(user_id)
@@ -402,7 +340,7 @@ class Reader:
             before = self.graph.user_version(user_id)
             result = self.graph.forget_message(user_id, memory_id)
             after = self.graph.user_version(user_id)
-            removed = [*result.removed_fact_ids, *result.removed_entity_ids]
+            removed = [*result.removed_fact_ids, *result.removed_entity_ids, *result.removed_chunk_ids]
             self.keeper.advance(user_id, from_version=before, to_version=after, removals=removed)
             result.vectors = len(removed)
             if self.redis is not None:

@@ -1,4 +1,4 @@
-"""Recall scoring: reciprocal-rank fusion picks the candidates, the composite score orders them.
+"""Recall scoring: the composite score of one candidate (reciprocal-rank fusion is in ``fusion``).
 
 composite = alpha*similarity + beta*hop_decay**hops + gamma*strength + recency_w*recency + importance_w*importance
 where recency = 2 ** (-age_days / half_life). Weights come from settings or, once the maintenance job has
@@ -19,7 +19,7 @@ from engram_api.models import GLOBAL_SCOPE, LearnedWeights, ScoreBreakdown
 from engram_api.settings import Settings
 from engram_api.storage.base import GraphStore
 
-__all__ = ["Components", "WeightSource", "Weights", "effective_weights", "rrf", "score"]
+__all__ = ["Components", "WeightSource", "Weights", "effective_weights", "score"]
 
 
 WeightSource = Literal["configured", "learned:user", "learned:global"]
@@ -83,10 +83,6 @@ class Components:
     strength: float
     recency: float
     importance: float
-
-
-def rrf(rank: int | None, k: int) -> float:
-    return 0.0 if rank is None else 1.0 / (k + rank + 1)
 
 
 def components(

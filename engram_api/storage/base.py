@@ -7,6 +7,9 @@ Rules every backend keeps:
 - ``apply`` runs one transaction and is idempotent by (user_id, episode id);
 - the per-user ``version`` grows by one with every applied plan, forget and maintenance write that
   changes what recall can return, so readers and FAISS indexes can tell they are stale;
+- every applied message's chunks (``WritePlan.chunks``) are stored with it, carry their embedding into
+  ``vectors`` (kind "episode") and are in the user's keyword index together with fact statements;
+  ``forget`` / ``forget_user`` remove both, and keyword search is scoped to the user inside the query;
 - nothing is deleted by supersession or archival: only ``forget`` and ``forget_user`` delete, and they
   leave no orphan (an entity no fact mentions and no episode provenance keeps is removed too).
 """
@@ -19,12 +22,14 @@ from datetime import datetime
 
 from engram_api.models import (
     ApplyOutcome,
+    ChunkRecord,
     ClusterRecord,
     EntityRecord,
     FactRecord,
     FeedbackRow,
     ForgetResult,
     GraphPage,
+    KeywordHit,
     LearnedWeights,
     UserStats,
     VectorItem,
@@ -77,7 +82,8 @@ class GraphStore(ABC):
 
         Creates the episode, new entities and facts (with ``FROM`` provenance to the episode), applies
         entity and fact changes, reinforces restated facts (strength back to 1.0, provenance added),
-        links mentioned entities to the episode, adds the plan's usage to the user's totals and bumps
+        links mentioned entities to the episode, stores the episode's chunks (and their keyword entries),
+        adds the plan's usage to the user's totals and bumps
         the user's version. Returns the version after the write (or the current one when skipped).
         """
 
@@ -123,7 +129,33 @@ class GraphStore(ABC):
 
     @abstractmethod
     def vectors(self, user_id: str) -> tuple[list[VectorItem], int]:
-        """Every fact and entity embedding of the user, and the version they reflect."""
+        """Every fact, entity and episode-chunk embedding of the user, and the version they reflect."""
+
+    @abstractmethod
+    def get_chunks(
+        self, user_id: str, chunk_ids: Sequence[str] = (), *, episode_ids: Sequence[str] = ()
+    ) -> list[ChunkRecord]:
+        """Chunks by id or by episode (embeddings omitted, ``fact_ids`` filled), in conversation order."""
+
+    @abstractmethod
+    def neighbour_chunks(self, user_id: str, chunk_ids: Sequence[str], window: int) -> list[ChunkRecord]:
+        """Up to ``window`` chunks before and after each given one, in the user's conversation order
+        (event time, message id, position)."""
+
+    @abstractmethod
+    def keyword_search(
+        self,
+        user_id: str,
+        terms: Sequence[str],
+        k: int,
+        *,
+        as_of: datetime | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
+    ) -> list[KeywordHit]:
+        """BM25 over the user's chunks and fact statements, any of ``terms`` (``episodes.keyword_terms``),
+        best first: at most ``k`` chunks (event time <= as_of, >= since, < until) and ``k`` facts (valid
+        at ``as_of``, current when None, not archived). Scoped to the user inside the index query."""
 
     @abstractmethod
     def list_users(self) -> list[str]: ...

@@ -9,6 +9,7 @@ Graph shape (every node carries ``user_id``; every query filters on it):
         -[:FROM]->(:Episode)
     (:Fact {id, user_id, subject_id, predicate, object_id, statement, ..., embedding})
         -[:SUBJECT]->(:Entity)  -[:OBJECT]->(:Entity)  -[:FROM]->(:Episode)
+    (:Chunk {id, user_id, episode_id, seq, text, ...})-[:PART_OF]->(:Episode)   see neo4j_episodes
     (:Cluster {id, user_id, label, summary, centroid, signature})-[:HAS_MEMBER]->(:Fact|:Entity)
     (:Feedback {user_id, recall_id, fact_id, ..., seq})      (:Weights {scope, ...})
 
@@ -40,12 +41,14 @@ from neo4j.exceptions import (
 from engram_api.errors import ConfigError, InvalidInputError, StoreUnavailableError
 from engram_api.models import (
     ApplyOutcome,
+    ChunkRecord,
     ClusterRecord,
     EntityRecord,
     FactRecord,
     FeedbackRow,
     ForgetResult,
     GraphPage,
+    KeywordHit,
     LearnedWeights,
     Usage,
     UserStats,
@@ -55,7 +58,9 @@ from engram_api.models import (
     utcnow,
 )
 from engram_api.naming import normalize_name
+from engram_api.storage import neo4j_episodes as episodes_cypher
 from engram_api.storage.base import GraphStore, HopFact
+from engram_api.storage.episodes import user_key
 
 __all__ = ["Neo4jGraphStore"]
 
@@ -85,6 +90,7 @@ _SCHEMA = (
     "CREATE INDEX engram_cluster_user IF NOT EXISTS FOR (n:Cluster) ON (n.user_id)",
     "CREATE INDEX engram_feedback_user IF NOT EXISTS FOR (n:Feedback) ON (n.user_id)",
     "CREATE INDEX engram_feedback_created IF NOT EXISTS FOR (n:Feedback) ON (n.created_at)",
+    *episodes_cypher.SCHEMA,
 )
 # Concurrent start-ups race on IF NOT EXISTS; the loser's error means the rule is already there.
 _SCHEMA_RACE_CODES = frozenset(
@@ -280,6 +286,7 @@ RETURN u {.version, .prompt_tokens, .completion_tokens, .cost_usd, .llm_calls} A
        facts, current_facts, superseded_facts, archived_facts,
        COUNT { MATCH (e:Entity {user_id: $user_id}) } AS entities,
        COUNT { MATCH (ep:Episode {user_id: $user_id}) } AS episodes,
+       COUNT { MATCH (c:Chunk {user_id: $user_id}) } AS episode_chunks,
        COUNT { MATCH (c:Cluster {user_id: $user_id}) } AS clusters
 """
 _Q_VECTORS = """
@@ -289,6 +296,9 @@ CALL () {
   UNION ALL
   MATCH (e:Entity {user_id: $user_id}) WHERE e.embedding IS NOT NULL
   RETURN e.id AS node_id, 'entity' AS kind, e.embedding AS embedding
+  UNION ALL
+  MATCH (c:Chunk {user_id: $user_id}) WHERE c.embedding IS NOT NULL
+  RETURN c.id AS node_id, 'episode' AS kind, c.embedding AS embedding
 }
 RETURN node_id, kind, embedding ORDER BY kind, node_id
 """
@@ -350,7 +360,7 @@ RETURN COLLECT { MATCH (f:Fact {user_id: $user_id}) RETURN f.id ORDER BY f.id } 
        COUNT { MATCH (ep:Episode {user_id: $user_id}) } AS episodes
 """
 # Labels are constants of this module; one statement per label keeps each delete on an index.
-_FORGET_USER_LABELS = ("Fact", "Alias", "Entity", "Episode", "Cluster", "Feedback", "User")
+_FORGET_USER_LABELS = ("Fact", "Alias", "Entity", "Chunk", "Episode", "Cluster", "Feedback", "User")
 
 # --------------------------------------------------------------------------------- maintenance
 _Q_DECAY_BATCH = """
@@ -485,6 +495,7 @@ def _fact_props(fact: FactRecord, user_id: str) -> dict[str, Any]:
         "archived": fact.archived,
         "last_decay_at": _opt_utc(fact.last_decay_at),
         "embedding": fact.embedding,
+        "ukey": user_key(user_id),
         "created_at": _utc(fact.created_at),
         "updated_at": _utc(fact.updated_at),
     }
@@ -573,6 +584,9 @@ class Neo4jGraphStore(GraphStore):
                         if exc.code not in _SCHEMA_RACE_CODES:
                             raise
                 session.run("CALL db.awaitIndexes($timeout)", timeout=SCHEMA_WAIT_S).consume()
+                for record in session.run(episodes_cypher.Q_UNKEYED_FACT_USERS).data():
+                    uid = record["user_id"]
+                    session.run(episodes_cypher.Q_SET_FACT_UKEY, user_id=uid, ukey=user_key(uid)).consume()
             self._schema_ready = True
 
     def ping(self) -> None:
@@ -651,6 +665,23 @@ class Neo4jGraphStore(GraphStore):
             for c in plan.entity_changes
         ]
         fact_rows = [{"props": _fact_props(f, user_id)} for f in plan.new_facts]
+        chunk_rows = [
+            {
+                "id": c.id,
+                "user_id": user_id,
+                "ukey": user_key(user_id),
+                "episode_id": episode.id,
+                "seq": c.seq,
+                "text": c.text,
+                "body": c.indexed_text,
+                "speaker": c.speaker,
+                "role": c.role,
+                "event_time": _utc(c.event_time),
+                "embedding": c.embedding,
+                "created_at": _utc(c.created_at),
+            }
+            for c in plan.chunks
+        ]
         fact_change_rows = [
             {"id": c.id, "valid_until": _opt_utc(c.valid_until), "superseded_by": c.superseded_by}
             for c in plan.fact_changes
@@ -668,6 +699,8 @@ class Neo4jGraphStore(GraphStore):
                     f"{user_id!r}: {sorted(check['missing'])}"
                 )
             tx.run(_Q_APPLY_EPISODE, params, episode=episode_props).consume()
+            if chunk_rows:
+                tx.run(episodes_cypher.Q_APPLY_CHUNKS, params, chunks=chunk_rows).consume()
             for query, rows in (
                 (_Q_APPLY_ENTITIES, entity_rows),
                 (_Q_APPLY_ENTITY_CHANGES, change_rows),
@@ -776,6 +809,10 @@ class Neo4jGraphStore(GraphStore):
                 superseded_facts=record["superseded_facts"],
                 archived_facts=record["archived_facts"],
                 episodes=record["episodes"],
+                episode_chunks=record["episode_chunks"],
+                keyword_entries=tx.run(
+                    episodes_cypher.Q_KEYWORD_COUNT, user_id=user_id, lucene=f"ukey:{user_key(user_id)}"
+                ).single(strict=True)["n"],
                 clusters=record["clusters"],
                 version=user.get("version") or 0,
                 usage=Usage.model_validate(_from_db({k: v for k, v in user.items() if k != "version"})),
@@ -791,6 +828,52 @@ class Neo4jGraphStore(GraphStore):
             ]
             record = tx.run(_Q_VERSION, user_id=user_id).single()
             return items, 0 if record is None else int(record["version"])
+
+        return self._read(work)
+
+    def get_chunks(
+        self, user_id: str, chunk_ids: Sequence[str] = (), *, episode_ids: Sequence[str] = ()
+    ) -> list[ChunkRecord]:
+        if not chunk_ids and not episode_ids:
+            return []
+        rows = self._rows(episodes_cypher.Q_CHUNKS, user_id=user_id, ids=list(chunk_ids), episodes=list(episode_ids))
+        return [ChunkRecord.model_validate(r) for r in rows]
+
+    def neighbour_chunks(self, user_id: str, chunk_ids: Sequence[str], window: int) -> list[ChunkRecord]:
+        if window <= 0 or not chunk_ids:
+            return []
+        rows = self._rows(episodes_cypher.Q_NEIGHBOURS, user_id=user_id, ids=list(chunk_ids), window=int(window))
+        return [ChunkRecord.model_validate(r) for r in rows]
+
+    def keyword_search(
+        self,
+        user_id: str,
+        terms: Sequence[str],
+        k: int,
+        *,
+        as_of: datetime | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
+    ) -> list[KeywordHit]:
+        if not terms or k <= 0:
+            return []
+        ukey = user_key(user_id)
+        params = {"user_id": user_id, "k": int(k), "as_of": _opt_utc(as_of), "since": _opt_utc(since)}
+        params["until"] = _opt_utc(until)
+        fact_query = episodes_cypher.Q_KEYWORD_FACTS.replace("{valid_at}", _VALID_AT.format(v="node"))
+
+        def work(tx: ManagedTransaction) -> list[KeywordHit]:
+            hits = [
+                KeywordHit(node_id=r["node_id"], kind="episode", score=float(r["score"]))
+                for r in tx.run(
+                    episodes_cypher.Q_KEYWORD_CHUNKS, params, lucene=episodes_cypher.lucene_query(ukey, "body", terms)
+                )
+            ]
+            hits += [
+                KeywordHit(node_id=r["node_id"], kind="fact", score=float(r["score"]))
+                for r in tx.run(fact_query, params, lucene=episodes_cypher.lucene_query(ukey, "statement", terms))
+            ]
+            return sorted(hits, key=lambda h: (-h.score, h.node_id))
 
         return self._read(work)
 
@@ -818,6 +901,7 @@ class Neo4jGraphStore(GraphStore):
                 ]
                 tx.run(_Q_FORGET_RESTORE, params, rows=repairs).consume()
             facts = tx.run(_Q_FORGET_FACTS, params, doomed=doomed).data()
+            chunks = [r["id"] for r in tx.run(episodes_cypher.Q_FORGET_CHUNKS, params)]
             tx.run(_Q_FORGET_EPISODE, params).consume()
             entities = tx.run(_Q_FORGET_ORPHANS, params, candidates=candidates).data()
             tx.run(_Q_BUMP, params).consume()
@@ -826,9 +910,10 @@ class Neo4jGraphStore(GraphStore):
                 episodes=1,
                 facts=len(facts),
                 entities=len(entities),
-                vectors=sum(1 for r in facts + entities if r["has_vector"]),
+                vectors=sum(1 for r in facts + entities if r["has_vector"]) + len(chunks),
                 removed_fact_ids=sorted(r["id"] for r in facts),
                 removed_entity_ids=sorted(r["id"] for r in entities),
+                removed_chunk_ids=chunks,
             )
 
         return self._write(work)
@@ -836,6 +921,7 @@ class Neo4jGraphStore(GraphStore):
     def forget_user(self, user_id: str) -> ForgetResult:
         def work(tx: ManagedTransaction) -> ForgetResult:
             scan = tx.run(_Q_FORGET_USER_SCAN, user_id=user_id).single(strict=True)
+            chunks = [r["id"] for r in tx.run(episodes_cypher.Q_FORGET_CHUNKS, user_id=user_id, episode_id=None)]
             for label in _FORGET_USER_LABELS:
                 tx.run(f"MATCH (n:{label} {{user_id: $user_id}}) DETACH DELETE n", user_id=user_id).consume()
             tx.run("MATCH (w:Weights {scope: $user_id}) DELETE w", user_id=user_id).consume()
@@ -844,9 +930,10 @@ class Neo4jGraphStore(GraphStore):
                 episodes=scan["episodes"],
                 facts=len(scan["facts"]),
                 entities=len(scan["entities"]),
-                vectors=scan["vectors"],
+                vectors=scan["vectors"] + len(chunks),
                 removed_fact_ids=list(scan["facts"]),
                 removed_entity_ids=list(scan["entities"]),
+                removed_chunk_ids=chunks,
             )
 
         return self._write(work)

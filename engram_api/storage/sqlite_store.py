@@ -28,6 +28,7 @@ import numpy as np
 from engram_api.errors import StoreUnavailableError
 from engram_api.models import (
     ApplyOutcome,
+    ChunkRecord,
     ClusterRecord,
     EntityRecord,
     EpisodeRecord,
@@ -35,6 +36,7 @@ from engram_api.models import (
     FeedbackRow,
     ForgetResult,
     GraphPage,
+    KeywordHit,
     LearnedWeights,
     Usage,
     UserStats,
@@ -44,6 +46,7 @@ from engram_api.models import (
     utcnow,
 )
 from engram_api.naming import normalize_name
+from engram_api.storage import sqlite_episodes as episodes_sql
 from engram_api.storage.base import GraphStore, HopFact
 
 __all__ = ["SqliteGraphStore"]
@@ -52,7 +55,7 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MICROSECOND = timedelta(microseconds=1)
 _MICROS_PER_DAY = 86_400 * 1_000_000
 
-_SCHEMA = """
+_SCHEMA_TEMPLATE = """
 BEGIN IMMEDIATE;
 
 CREATE TABLE IF NOT EXISTS users (
@@ -200,8 +203,11 @@ CREATE TABLE IF NOT EXISTS weights (
     fitted_at         INTEGER NOT NULL
 );
 
+{episodes}
 COMMIT;
 """
+
+_SCHEMA = _SCHEMA_TEMPLATE.replace("{episodes}", episodes_sql.SCHEMA)
 
 # Every fact read goes through these columns so subject/object names and sources are filled alike.
 # The entity joins repeat the user filter (defence in depth) and source ids come back as a JSON list.
@@ -220,11 +226,7 @@ LEFT JOIN entities o ON o.id = f.object_id AND o.user_id = f.user_id
 """
 
 # Valid at :as_of (current when :as_of is NULL) and not archived: the only facts expansion may use.
-_VALID_AT = """
-    f.user_id = :user_id AND f.archived = 0
-    AND (CASE WHEN :as_of IS NULL THEN f.valid_until IS NULL
-              ELSE f.valid_from <= :as_of AND (f.valid_until IS NULL OR :as_of < f.valid_until) END)
-"""
+_VALID_AT = episodes_sql.FACT_VALID_AT
 
 # ONE statement: `reach` walks entities level by level through valid facts (UNION removes repeated
 # (entity, level) pairs, so the recursion is bounded by entities x (max_hops + 1)); every valid fact
@@ -587,6 +589,16 @@ def _delete_entities(conn: sqlite3.Connection, user_id: str, entity_ids: Sequenc
     return int(vectors)
 
 
+def _chunk_ids(conn: sqlite3.Connection, user_id: str, episode_ids: Sequence[str] | None) -> list[str]:
+    """The chunk ids of some episodes (of all of them when None)."""
+    rows = conn.execute(
+        """SELECT id FROM chunks WHERE user_id = :user_id
+            AND (:episodes IS NULL OR episode_id IN (SELECT value FROM json_each(:episodes))) ORDER BY id""",
+        {"user_id": user_id, "episodes": None if episode_ids is None else _ids(episode_ids)},
+    ).fetchall()
+    return [r[0] for r in rows]
+
+
 class SqliteGraphStore(GraphStore):
     """The graph-store contract over one SQLite file (the default when no Neo4j is configured)."""
 
@@ -630,6 +642,7 @@ class SqliteGraphStore(GraphStore):
         conn.execute("PRAGMA journal_mode = WAL")
         conn.execute("PRAGMA synchronous = NORMAL")
         conn.execute("PRAGMA foreign_keys = ON")
+        episodes_sql.register_functions(conn)
         return conn
 
     @contextmanager
@@ -747,6 +760,7 @@ class SqliteGraphStore(GraphStore):
                 return ApplyOutcome(applied=False, version=_version(conn, user_id))
             _insert_episode(conn, plan.episode)
             episode_id = plan.episode.id
+            episodes_sql.insert_chunks(conn, plan.chunks, _us, _blob)
             for entity in plan.new_entities:
                 _insert_entity(conn, entity)
                 _link(conn, user_id, entity.id, "entity", episode_id)
@@ -890,6 +904,7 @@ class SqliteGraphStore(GraphStore):
                 for table in ("entities", "episodes", "clusters")
             }
             user = conn.execute("SELECT * FROM users WHERE user_id = ?", (user_id,)).fetchone()
+            chunks, keyword_entries = episodes_sql.chunk_counts(conn, user_id)
         usage = Usage()
         if user is not None:
             usage = Usage(
@@ -906,6 +921,8 @@ class SqliteGraphStore(GraphStore):
             superseded_facts=facts[2],
             archived_facts=facts[3],
             episodes=counts["episodes"],
+            episode_chunks=chunks,
+            keyword_entries=keyword_entries,
             clusters=counts["clusters"],
             version=0 if user is None else user["version"],
             usage=usage,
@@ -919,12 +936,39 @@ class SqliteGraphStore(GraphStore):
                    UNION ALL
                    SELECT id, 'entity' AS kind, embedding FROM entities
                     WHERE user_id = :user_id AND embedding IS NOT NULL
+                   UNION ALL
+                   SELECT id, 'episode' AS kind, embedding FROM chunks
+                    WHERE user_id = :user_id AND embedding IS NOT NULL
                    ORDER BY kind, id""",
                 {"user_id": user_id},
             ).fetchall()
             version = _version(conn, user_id)
         items = [VectorItem(node_id=r["id"], kind=r["kind"], embedding=_vector(r["embedding"])) for r in rows]
         return items, version
+
+    def get_chunks(
+        self, user_id: str, chunk_ids: Sequence[str] = (), *, episode_ids: Sequence[str] = ()
+    ) -> list[ChunkRecord]:
+        if not chunk_ids and not episode_ids:
+            return []
+        return episodes_sql.get_chunks(self._conn(), user_id, chunk_ids=chunk_ids, episode_ids=episode_ids, dt=_dt)
+
+    def neighbour_chunks(self, user_id: str, chunk_ids: Sequence[str], window: int) -> list[ChunkRecord]:
+        return episodes_sql.neighbour_chunks(self._conn(), user_id, chunk_ids, window, _dt)
+
+    def keyword_search(
+        self,
+        user_id: str,
+        terms: Sequence[str],
+        k: int,
+        *,
+        as_of: datetime | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
+    ) -> list[KeywordHit]:
+        return episodes_sql.keyword_search(
+            self._conn(), user_id, terms, k, as_of=_us_opt(as_of), since=_us_opt(since), until=_us_opt(until)
+        )
 
     def list_users(self) -> list[str]:
         rows = self._conn().execute("SELECT user_id FROM users ORDER BY user_id").fetchall()
@@ -953,7 +997,9 @@ class SqliteGraphStore(GraphStore):
             )
             _repair_supersession(conn, user_id, doomed_facts)
             fact_vectors = _delete_facts(conn, user_id, doomed_facts)
-            # Deleting the episode cascades to every remaining FROM link to it.
+            chunk_ids = _chunk_ids(conn, user_id, [message_id])
+            # Deleting the episode cascades to every remaining FROM link to it and to its chunks (whose
+            # triggers drop their keyword entries).
             conn.execute("DELETE FROM episodes WHERE user_id = ? AND id = ?", (user_id, message_id))
             orphans = [
                 r["id"]
@@ -975,9 +1021,10 @@ class SqliteGraphStore(GraphStore):
             episodes=1,
             facts=len(doomed_facts),
             entities=len(orphans),
-            vectors=fact_vectors + entity_vectors,
+            vectors=fact_vectors + entity_vectors + len(chunk_ids),
             removed_fact_ids=doomed_facts,
             removed_entity_ids=orphans,
+            removed_chunk_ids=chunk_ids,
         )
 
     def forget_user(self, user_id: str) -> ForgetResult:
@@ -986,6 +1033,7 @@ class SqliteGraphStore(GraphStore):
             entity_ids = [
                 r[0] for r in conn.execute("SELECT id FROM entities WHERE user_id = ? ORDER BY id", (user_id,))
             ]
+            chunk_ids = _chunk_ids(conn, user_id, None)
             episodes = conn.execute("DELETE FROM episodes WHERE user_id = ?", (user_id,)).rowcount
             fact_vectors = _delete_facts(conn, user_id, fact_ids)
             entity_vectors = _delete_entities(conn, user_id, entity_ids)
@@ -997,9 +1045,10 @@ class SqliteGraphStore(GraphStore):
             episodes=episodes,
             facts=len(fact_ids),
             entities=len(entity_ids),
-            vectors=fact_vectors + entity_vectors,
+            vectors=fact_vectors + entity_vectors + len(chunk_ids),
             removed_fact_ids=fact_ids,
             removed_entity_ids=entity_ids,
+            removed_chunk_ids=chunk_ids,
         )
 
     # ------------------------------------------------------------------------------- maintenance

@@ -5,8 +5,9 @@ user cannot. Each file carries the graph version it reflects, so a reader or the
 a stale or missing index and rebuild it from the graph (the source of truth). Files are replaced
 atomically (write to a temp file, fsync, rename): a crash mid-write leaves the previous index.
 
-File layout: little-endian u64 version, u64 header length, JSON header (dim, rows), FAISS bytes; the
-version comes first so a reader can check freshness by reading 8 bytes.
+File layout: little-endian u64 version, u64 header length, JSON header (dim, rows, kinds with their
+byte lengths), then one serialized FAISS index per kind; the version comes first so a reader can check
+freshness by reading 8 bytes.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import numpy as np
 
 __all__ = ["UserIndex", "VectorHit", "VectorStore"]
 
-Kind = Literal["fact", "entity"]
+Kind = Literal["fact", "entity", "episode"]
 _HEADER = struct.Struct("<QQ")
 
 
@@ -51,20 +52,29 @@ class VectorHit:
 
 @dataclass(slots=True)
 class UserIndex:
-    """One user's vectors: a FAISS inner-product index plus the id -> (node, kind) map."""
+    """One user's vectors: one FAISS inner-product index per kind plus the id -> (node, kind) map.
+
+    One index per kind, not one filtered index: a user's hundreds of episode chunks would otherwise
+    crowd the few facts or entities out of a kind-filtered top-k (consolidation's dedup and entity
+    resolution ask for the top 3 facts / entities)."""
 
     dim: int
     version: int = 0
     rows: dict[int, tuple[str, Kind]] = field(default_factory=dict)
-    index: object = None
+    indexes: dict[str, object] = field(default_factory=dict)
 
-    def __post_init__(self) -> None:
-        if self.index is None:
+    def _index(self, kind: Kind) -> object:
+        if kind not in self.indexes:
             faiss = _faiss()
-            self.index = faiss.IndexIDMap2(faiss.IndexFlatIP(self.dim))
+            self.indexes[kind] = faiss.IndexIDMap2(faiss.IndexFlatIP(self.dim))
+        return self.indexes[kind]
 
     def __len__(self) -> int:
         return len(self.rows)
+
+    def count(self, kind: Kind) -> int:
+        index = self.indexes.get(kind)
+        return 0 if index is None else int(index.ntotal)  # type: ignore[attr-defined]
 
     def node_ids(self) -> set[str]:
         return {node for node, _ in self.rows.values()}
@@ -73,59 +83,80 @@ class UserIndex:
         items = list(items)
         if not items:
             return
-        ids = np.array([vector_id(node) for node, _, _ in items], dtype=np.int64)
-        vecs = np.ascontiguousarray(np.array([v for _, _, v in items], dtype=np.float32))
         # remove first: add_with_ids on an existing id would store a second copy (a duplicate hit).
-        self.index.remove_ids(ids)  # type: ignore[attr-defined]
-        self.index.add_with_ids(vecs, ids)  # type: ignore[attr-defined]
-        for vid, (node, kind, _) in zip(ids.tolist(), items, strict=True):
-            self.rows[vid] = (node, kind)
+        self.remove(node for node, _, _ in items)
+        for kind in dict.fromkeys(k for _, k, _ in items):
+            batch = [(node, v) for node, k, v in items if k == kind]
+            ids = np.array([vector_id(node) for node, _ in batch], dtype=np.int64)
+            vecs = np.ascontiguousarray(np.array([v for _, v in batch], dtype=np.float32))
+            self._index(kind).add_with_ids(vecs, ids)  # type: ignore[attr-defined]
+            for vid, (node, _) in zip(ids.tolist(), batch, strict=True):
+                self.rows[vid] = (node, kind)
 
     def remove(self, node_ids: Iterable[str]) -> int:
-        ids = [vid for vid in (vector_id(n) for n in node_ids) if vid in self.rows]
-        if ids:
-            self.index.remove_ids(np.array(ids, dtype=np.int64))  # type: ignore[attr-defined]
-            for vid in ids:
-                del self.rows[vid]
-        return len(ids)
+        by_kind: dict[str, list[int]] = {}
+        for vid in {vector_id(n) for n in node_ids}:
+            row = self.rows.pop(vid, None)
+            if row is not None:
+                by_kind.setdefault(row[1], []).append(vid)
+        for kind, ids in by_kind.items():
+            self.indexes[kind].remove_ids(np.array(ids, dtype=np.int64))  # type: ignore[attr-defined]
+        return sum(len(ids) for ids in by_kind.values())
 
     def search(self, query: np.ndarray, k: int, kind: Kind | None = None) -> list[VectorHit]:
-        if not self.rows or k <= 0:
+        """Top ``k`` by inner product, of one kind or of every kind."""
+        if k <= 0:
             return []
-        # Oversample when filtering by kind so the filter does not starve the top-k.
-        n = min(len(self.rows), k if kind is None else k * 3)
-        scores, ids = self.index.search(query.reshape(1, -1).astype(np.float32), n)  # type: ignore[attr-defined]
+        q = query.reshape(1, -1).astype(np.float32)
         hits = []
-        for score, vid in zip(scores[0].tolist(), ids[0].tolist(), strict=True):
-            row = self.rows.get(vid)
-            if row is None or (kind is not None and row[1] != kind):
+        for name, index in self.indexes.items():
+            n = min(int(index.ntotal), k)  # type: ignore[attr-defined]
+            if (kind is not None and name != kind) or n == 0:
                 continue
-            hits.append(VectorHit(node_id=row[0], kind=row[1], score=float(score)))
+            scores, ids = index.search(q, n)  # type: ignore[attr-defined]
+            for score, vid in zip(scores[0].tolist(), ids[0].tolist(), strict=True):
+                row = self.rows.get(vid)
+                if row is not None:
+                    hits.append(VectorHit(node_id=row[0], kind=row[1], score=float(score)))
+        hits.sort(key=lambda h: -h.score)
         return hits[:k]
 
     def vectors_for(self, node_ids: Iterable[str]) -> dict[str, np.ndarray]:
         out = {}
         for node in node_ids:
             vid = vector_id(node)
-            if vid in self.rows:
-                out[node] = self.index.reconstruct(vid)  # type: ignore[attr-defined]
+            row = self.rows.get(vid)
+            if row is not None:
+                out[node] = self.indexes[row[1]].reconstruct(vid)  # type: ignore[attr-defined]
         return out
 
     def to_bytes(self) -> bytes:
-        header = json.dumps({"dim": self.dim, "rows": [[v, n, k] for v, (n, k) in self.rows.items()]}).encode()
-        body = _faiss().serialize_index(self.index).tobytes()
-        return _HEADER.pack(self.version, len(header)) + header + body
+        faiss = _faiss()
+        bodies = {kind: faiss.serialize_index(index).tobytes() for kind, index in self.indexes.items()}
+        header = json.dumps(
+            {
+                "dim": self.dim,
+                "rows": [[v, n, k] for v, (n, k) in self.rows.items()],
+                "kinds": [[kind, len(body)] for kind, body in bodies.items()],
+            }
+        ).encode()
+        return _HEADER.pack(self.version, len(header)) + header + b"".join(bodies.values())
 
     @classmethod
     def from_bytes(cls, data: bytes) -> UserIndex:
         version, hlen = _HEADER.unpack_from(data)
         header = json.loads(data[_HEADER.size : _HEADER.size + hlen])
-        body = np.frombuffer(data[_HEADER.size + hlen :], dtype=np.uint8)
-        index = _faiss().deserialize_index(body)
+        indexes: dict[str, object] = {}
+        offset = _HEADER.size + hlen
+        # A file without "kinds" predates per-kind indexes: KeyError, so the caller rebuilds it.
+        for kind, length in header["kinds"]:
+            body = np.frombuffer(data[offset : offset + length], dtype=np.uint8)
+            indexes[str(kind)] = _faiss().deserialize_index(body)
+            offset += length
         rows = {int(v): (str(n), k) for v, n, k in header["rows"]}
-        if index.ntotal != len(rows):
+        if sum(int(i.ntotal) for i in indexes.values()) != len(rows):  # type: ignore[attr-defined]
             raise ValueError("index rows and id map disagree")
-        return cls(dim=int(header["dim"]), version=int(version), rows=rows, index=index)
+        return cls(dim=int(header["dim"]), version=int(version), rows=rows, indexes=indexes)
 
 
 class VectorStore:

@@ -77,18 +77,31 @@ def _show(client: MemoryClient, user: str, as_of: datetime) -> None:
     _section("1. Supersession: where does the user live?")
     now = client.recall(user, "where does the user live?", k=3)
     print_recall(now.items, caption=f"{sum(now.timings_ms.values()):.0f} ms, zero LLM calls")
-    if now.items:
-        out.print(f"-> [bold]{now.items[0].statement}[/bold]; the old home is superseded, not deleted:")
-    then = client.recall(user, "where does the user live?", k=1, as_of=as_of)
-    if then.items:
-        out.print(f"-> as of {as_of:%Y-%m-%d}: [bold]{then.items[0].statement}[/bold] (recall --as-of travels in time)")
+    home = next((i for i in now.items if i.kind == "fact"), None)
+    if home is not None:
+        out.print(f"-> [bold]{home.statement}[/bold]; the old home is superseded, not deleted:")
+    then = client.recall(user, "where does the user live?", k=5, as_of=as_of)
+    old = next((i for i in then.items if i.kind == "fact"), None)
+    if old is not None:
+        out.print(f"-> as of {as_of:%Y-%m-%d}: [bold]{old.statement}[/bold] (recall --as-of travels in time)")
     print_facts(client.history(user, "user", "LIVES_IN"), title="history of LIVES_IN: nothing is overwritten")
 
     _section("2. Multi-hop: what company does my brother work for?")
     hop = client.recall(user, "what company does my brother work for?", k=3)
     print_recall(hop.items)
-    if hop.items:
-        out.print(f"-> [bold]{hop.items[0].statement}[/bold] (the question names neither the brother nor the company)")
+    answer = next((i for i in hop.items if i.kind == "fact"), None)
+    if answer is not None:
+        out.print(f"-> [bold]{answer.statement}[/bold] (the question names neither the brother nor the company)")
+
+    _section("2b. The conversation itself: what happened to the sourdough starter?")
+    said = client.recall(user, "what happened to the sourdough starter?", k=3)
+    print_recall(said.items)
+    episode = next((i for i in said.items if i.kind == "episode"), None)
+    if episode is not None:
+        out.print(
+            f"-> [bold]{episode.statement}[/bold] ({episode.speaker}, {episode.event_time:%Y-%m-%d}): "
+            "the extractor made no fact of it; the message itself is a memory"
+        )
 
     _section("3. get_context: a prompt-ready block for 'plan a dinner for me'")
     out.print(client.get_context(user, "plan a dinner for me", max_tokens=200) or "(empty)", highlight=False)

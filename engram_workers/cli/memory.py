@@ -25,18 +25,26 @@ _EXPORT_PAGE = 1000  # the reader's largest page
 
 
 def _found_by(item: RecallItem) -> str:
-    if item.path == "vector":
-        return "vector"
-    reach = "adjacent" if item.hops <= 0 else f"{item.hops} hop{'s' if item.hops != 1 else ''}"
-    return f"{'vector + ' if item.path == 'both' else ''}graph ({reach})"
+    names = []
+    for channel in item.channels:
+        if channel == "graph":
+            reach = "adjacent" if item.hops <= 0 else f"{item.hops} hop{'s' if item.hops != 1 else ''}"
+            names.append(f"graph ({reach})")
+        else:
+            names.append(channel.replace("_", " "))
+    return " + ".join(names)
+
+
+def _memory(item: RecallItem) -> str:
+    return item.statement if item.kind == "fact" else f"{item.speaker}: {item.statement}"
 
 
 def print_recall(items: Sequence[RecallItem], *, title: str | None = None, caption: str | None = None) -> None:
     rows = [
-        (i, item.statement, item.memory_type, fmt_time(item.valid_from), _found_by(item), f"{item.score:.3f}")
+        (i, _memory(item), item.kind, fmt_time(item.event_time), _found_by(item), f"{item.score:.3f}")
         for i, item in enumerate(items, 1)
     ]
-    table(title, ["#", "memory", "type", "since", "found by", "score"], rows, caption=caption)
+    table(title, ["#", "memory", "kind", "when", "found by", "score"], rows, caption=caption)
 
 
 def print_facts(facts: Sequence[FactRecord], *, title: str | None = None) -> None:
@@ -59,12 +67,18 @@ def print_facts(facts: Sequence[FactRecord], *, title: str | None = None) -> Non
 @click.argument("query")
 @click.option("-k", "k", default=10, show_default=True, type=click.IntRange(1, 200), help="How many memories.")
 @click.option("--as-of", help="Recall what was true at this time (ISO 8601, e.g. 2024-05-01).")
+@click.option("--since", help="Only what happened at or after this time (event time, ISO 8601).")
+@click.option("--until", help="Only what happened before this time (event time, ISO 8601).")
 @json_option
-def recall(user_id: str, query: str, k: int, as_of: str | None, as_json: bool) -> None:
-    """Memories relevant to QUERY (vector search + graph expansion), current facts only."""
+def recall(
+    user_id: str, query: str, k: int, as_of: str | None, since: str | None, until: str | None, as_json: bool
+) -> None:
+    """Memories relevant to QUERY: current facts and conversation excerpts (vectors, keywords, graph)."""
     when = parse_time(as_of, "as_of") if as_of else None
+    start = parse_time(since, "since") if since else None
+    end = parse_time(until, "until") if until else None
     with open_client() as client:
-        result = client.recall(user_id, query, k, as_of=when)
+        result = client.recall(user_id, query, k, as_of=when, since=start, until=end)
     if as_json:
         emit_json(result)
         return

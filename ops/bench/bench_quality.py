@@ -1,12 +1,8 @@
 """Retrieval quality without an LLM judge: LoCoMo evidence recall, and engram-ltm's sample_20 cases.
 
-LoCoMo (../shared/datasets/locomo/locomo_dev5.json, CC BY-NC 4.0, read in place, never copied): every
-turn is ingested as one message (message id = the turn's dia_id, event time = the session date) through
-the real pipeline with the OFFLINE RULE EXTRACTOR (no LLM). Per question, evidence recall@k is the share
-of its evidence dia_ids among the source ids of the top-k recalled items, and MRR the reciprocal rank of
-the first item citing any evidence. Compared: Engram recall, vector-only Engram recall
-(``graph_expansion=False``) and a naive vector-RAG baseline (raw turns in one FAISS index, same MiniLM).
-The rule extractor only extracts first-person facts, so many turns yield nothing: coverage is reported.
+LoCoMo (see ``quality_locomo``): hybrid recall, each of its channels alone and naive RAG over the raw
+turns, per category, plus what a 1,000-token ``get_context`` shows. The rule extractor only extracts
+first-person facts, so many turns yield no fact: coverage is reported.
 
 sample_20 (../shared/datasets/engram_ltm_samples/sample_20.json): each case's sessions are ingested, then
 ``get_context(question)`` must contain the answer and, for knowledge updates, not the superseded value;
@@ -23,116 +19,12 @@ from typing import Any
 import numpy as np
 from benchlib import DATASETS, BenchContext, BenchResult, Table, load_json, start_workers
 from ltm_script import STALE, extraction_for
+from quality_locomo import run_locomo
 
-CATEGORIES = {1: "multi-hop", 2: "temporal", 3: "open-domain", 4: "single-hop", 5: "adversarial"}
-METHODS = ("engram", "engram vector-only", "naive RAG")
-QUICK_CONVERSATIONS = ("conv-30",)
+from engram_api.reader.context import EXCERPTS_HEADER
+
 MODES = {"rules": "offline rule extractor", "scripted": "scripted stand-in extractions"}
 _STOP = {"the", "and", "for", "with", "his", "her", "their", "its", "was", "are", "that", "from"}
-
-
-def _session_turns(conversation: dict[str, Any]) -> list[tuple[str, str, datetime]]:
-    """(dia_id, text, event time) of every turn, sessions in order, a second apart within a session."""
-    out = []
-    n = 1
-    while f"session_{n}" in conversation:
-        when = datetime.strptime(conversation[f"session_{n}_date_time"], "%I:%M %p on %d %B, %Y").replace(tzinfo=UTC)
-        for i, turn in enumerate(conversation[f"session_{n}"]):
-            out.append((turn["dia_id"], turn["text"], when + timedelta(seconds=i)))
-        n += 1
-    return out
-
-
-def _scores(ranked: list[set[str]], evidence: set[str]) -> tuple[float, float, float]:
-    """recall@5, recall@10, reciprocal rank of the first hit (0 when none in the ranking)."""
-
-    def at(k: int) -> float:
-        found = set().union(*ranked[:k]) if ranked[:k] else set()
-        return len(found & evidence) / len(evidence)
-
-    rr = next((1.0 / (i + 1) for i, sources in enumerate(ranked) if sources & evidence), 0.0)
-    return at(5), at(10), rr
-
-
-def _locomo(ctx: BenchContext, stack: Any) -> tuple[list[Table], dict[str, Any]]:
-    data = load_json(DATASETS / "locomo" / "locomo_dev5.json")
-    convs = [c for c in data if not ctx.quick or c["sample_id"] in QUICK_CONVERSATIONS]
-    client, reader = stack.client, stack.client.reader
-    sums: dict[tuple[str, Any], list[tuple[float, float, float]]] = defaultdict(list)
-    coverage = {"turns": 0, "turns_with_facts": 0, "questions": 0, "questions_with_covered_evidence": 0}
-    for conv in convs:
-        user = ctx.uid(conv["sample_id"])
-        turns = _session_turns(conv["conversation"])
-        ctx.log(f"locomo {conv['sample_id']}: ingesting {len(turns)} turns (rule extractor)")
-        receipts = []
-        for lo in range(0, len(turns), 500):
-            receipts += client.enqueue_many(
-                [
-                    {"user_id": user, "messages": text, "message_id": dia, "timestamp": when}
-                    for dia, text, when in turns[lo : lo + 500]
-                ]
-            )
-        client.wait(receipts, timeout=3600)
-        covered: set[str] = set()
-        page = 1
-        while True:
-            got = client.get_graph(user, page=page, page_size=1000)
-            covered.update(s for f in got.facts for s in f.source_ids)
-            if page * 1000 >= got.total_facts:
-                break
-            page += 1
-        coverage["turns"] += len(turns)
-        coverage["turns_with_facts"] += len(covered & {t[0] for t in turns})
-        # The baseline: raw turns, one flat inner-product index, the same model.
-        import faiss
-
-        vecs = reader.embedder.encode([text for _, text, _ in turns])
-        rag = faiss.IndexFlatIP(vecs.shape[1])
-        rag.add(np.ascontiguousarray(vecs, dtype=np.float32))
-        ctx.log(f"locomo {conv['sample_id']}: {len(conv['qa'])} questions x {len(METHODS)} methods")
-        for qa in conv["qa"]:
-            evidence = {e.strip() for e in qa.get("evidence", []) if e.strip()}
-            if not evidence:
-                continue
-            coverage["questions"] += 1
-            coverage["questions_with_covered_evidence"] += bool(evidence & covered)
-            q = str(qa["question"])
-            ranked = {
-                "engram": [set(i.source_ids) for i in reader.recall(user, q, k=10).items],
-                "engram vector-only": [
-                    set(i.source_ids) for i in reader.recall(user, q, k=10, graph_expansion=False).items
-                ],
-                "naive RAG": [{turns[j][0]} for j in rag.search(reader.embedder.encode([q]), 10)[1][0] if j >= 0],
-            }
-            for method, rows in ranked.items():
-                score = _scores(rows, evidence)
-                sums[(method, qa["category"])].append(score)
-                sums[(method, "all")].append(score)
-                if evidence & covered:
-                    sums[(method, "covered")].append(score)
-
-    table = Table(
-        f"LoCoMo evidence recall ({', '.join(c['sample_id'] for c in convs)}; offline rule extractor)",
-        ["category", "n", "method", "R@5", "R@10", "MRR"],
-        caption="covered = questions with at least one evidence turn from which the extractor made a fact",
-    )
-    summary: dict[str, Any] = {"coverage": coverage, "by_category": {}}
-    labels = {**CATEGORIES, "all": "all", "covered": "covered only"}
-    for cat in [*sorted(CATEGORIES), "all", "covered"]:
-        for method in METHODS:
-            rows = sums.get((method, cat), [])
-            if not rows:
-                continue
-            means = [float(np.mean([r[i] for r in rows])) for i in range(3)]
-            summary["by_category"].setdefault(labels[cat], {"n": len(rows)})[method] = means
-            table.add(labels[cat], len(rows), method, *means)
-    cov = Table("LoCoMo coverage of the offline rule extractor", ["measure", "value"])
-    cov.add("turns that produced >= 1 fact", f"{coverage['turns_with_facts']} / {coverage['turns']}")
-    cov.add(
-        "questions with >= 1 evidence turn that produced a fact (Engram's ceiling)",
-        f"{coverage['questions_with_covered_evidence']} / {coverage['questions']}",
-    )
-    return [table, cov], summary
 
 
 def _answer_found(answer: str, context: str) -> bool:
@@ -165,11 +57,14 @@ def _sample20(ctx: BenchContext, stack: Any, mode: str) -> list[dict[str, Any]]:
             "id": case["id"],
             "type": case["question_type"],
             "mode": MODES[mode],
-            "context_lines": max(0, len(context.splitlines()) - 1),
+            "context_lines": sum(line.startswith("- ") for line in context.splitlines()),
             "answer_found": None
             if case["question_type"] == "abstained_response"
             else _answer_found(case["answer"], context),
-            "stale_absent": None if stale is None else stale.lower() not in context.lower(),
+            # The stale value may be in a dated excerpt (what was said then), never among current facts.
+            "stale_absent": None
+            if stale is None
+            else stale.lower() not in context.partition(EXCERPTS_HEADER)[0].lower(),
         }
         row["passed"] = (
             None if row["answer_found"] is None else bool(row["answer_found"] and row["stale_absent"] is not False)
@@ -180,7 +75,7 @@ def _sample20(ctx: BenchContext, stack: Any, mode: str) -> list[dict[str, Any]]:
 
 def _sample20_table(rows: list[dict[str, Any]]) -> Table:
     table = Table(
-        "engram-ltm sample_20: get_context(question) contains the answer (and not the stale value)",
+        "engram-ltm sample_20: get_context(question) contains the answer (and no stale value as a current fact)",
         ["extraction mode", "question type", "cases", "answer found", "stale absent", "passed", "avg lines"],
         caption="abstained_response: no answer exists; without an LLM judge only the context size is reported",
     )
@@ -220,7 +115,7 @@ def run(ctx: BenchContext) -> BenchResult:
     summary: dict[str, Any] = {}
     with ctx.stack("quality-rules", llm=False) as stack:
         start_workers(stack, extract_concurrency=4)
-        locomo_tables, summary["locomo"] = _locomo(ctx, stack)
+        locomo_tables, summary["locomo"] = run_locomo(ctx, stack)
         ctx.log("sample_20 with the offline rule extractor")
         rows = _sample20(ctx, stack, "rules")
     llm = ctx.services.llm
@@ -237,10 +132,10 @@ def run(ctx: BenchContext) -> BenchResult:
         summary=summary,
         tables=[*locomo_tables, _sample20_table(rows)],
         notes=[
-            "LoCoMo rows use the OFFLINE RULE EXTRACTOR (no LLM): first-person facts only; the baseline embeds "
-            "every raw turn, so it is not limited by extraction coverage",
+            "LoCoMo rows use the OFFLINE RULE EXTRACTOR (no LLM): first-person facts only; every turn is also "
+            "kept as an episode, so hybrid recall is not limited by extraction coverage",
             "recall@k = share of a question's evidence dia_ids among the source ids of the top-k items; "
-            "MRR over the top 10",
+            "MRR over the top 10; naive RAG embeds 'Speaker: text' like Engram's episodes (the fair baseline)",
             "sample_20 'answer found' = every answer word (3+ letters, stop words aside) is in the context; "
             "stale values of the knowledge-update cases are our annotation (ltm_script.STALE)",
             "LoCoMo is CC BY-NC 4.0 and read from ../shared/datasets; nothing of it is stored in the repo",

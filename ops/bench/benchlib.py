@@ -30,7 +30,11 @@ if TYPE_CHECKING:
 REPO = Path(__file__).resolve().parents[2]
 BENCH_DIR = Path(__file__).resolve().parent
 RESULTS = REPO / "bench-results"
-DATASETS = REPO.parent / "shared" / "datasets"
+# ../shared/datasets next to the checkout (a git worktree one level deeper finds it one level up).
+DATASETS = next(
+    (p / "shared" / "datasets" for p in (REPO.parent, REPO.parent.parent) if (p / "shared" / "datasets").is_dir()),
+    REPO.parent / "shared" / "datasets",
+)
 
 
 # ----------------------------------------------------------------------------------------- statistics

@@ -458,7 +458,7 @@ def audit(client: MemoryClient, users: Sequence[str]) -> Duplicates:
             dup.samples.append(f"vectors: {user} unreadable index ({exc})")
             continue
         strangers = index.node_ids() - graph_ids.keys()
-        surplus = int(index.index.ntotal) - len(set(graph_ids))  # type: ignore[attr-defined]
+        surplus = sum(index.count(k) for k in ("fact", "entity", "episode")) - len(set(graph_ids))
         if index.version >= version:
             dup.vectors += len(strangers) + max(0, surplus)
         else:

@@ -1,0 +1,355 @@
+"""One recall: ask the recipe's channels, fuse their rankings, bring linked items, score, cut to k.
+
+Invariants:
+- every candidate passes the time window before it is ranked: a fact must hold at ``as_of`` (be current
+  when None) and its validity must overlap [since, until); an episode chunk's event time must be at or
+  before ``as_of`` and in [since, until). Vector hits are filtered on a widening top-k, so a filter never
+  starves a channel; keyword search filters inside the store's query;
+- a linked item (a fact's source episode, an episode's extracted facts, a neighbouring turn) obeys the
+  same window and only adds a share of its parent's fusion score, never more than the parent has;
+- zero LLM calls, and at most a fixed number of store round trips whatever the user's size.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Literal
+
+import numpy as np
+
+from engram_api.models import Channel as ChannelName
+from engram_api.models import ChunkRecord, FactRecord, RecallItem, ScoreBreakdown, utcnow
+from engram_api.naming import self_entity_id
+from engram_api.reader.recipe import RecallRecipe, RetrievalChannel
+from engram_api.reader.scoring import Weights, components, score
+from engram_api.settings import Settings
+from engram_api.storage.base import GraphStore
+from engram_api.storage.episodes import keyword_terms
+from engram_api.storage.vectors import UserIndex, VectorHit
+
+__all__ = ["TimeWindow", "recall_items"]
+
+_SEED_MIN_SIM = 0.25
+_EPISODE_STRENGTH = 1.0  # episodes do not decay: what was said stays said
+_EPISODE_IMPORTANCE = 0.5
+
+
+@dataclass(frozen=True, slots=True)
+class TimeWindow:
+    as_of: datetime | None = None
+    since: datetime | None = None
+    until: datetime | None = None
+
+    @property
+    def filtering(self) -> bool:
+        return self.as_of is not None or self.since is not None or self.until is not None
+
+    def chunk_ok(self, chunk: ChunkRecord) -> bool:
+        t = chunk.event_time
+        return (
+            (self.as_of is None or t <= self.as_of)
+            and (self.since is None or t >= self.since)
+            and (self.until is None or t < self.until)
+        )
+
+    def fact_ok(self, fact: FactRecord) -> bool:
+        return (
+            fact.current_at(self.as_of)
+            and (self.until is None or fact.valid_from < self.until)
+            and (self.since is None or fact.valid_until is None or fact.valid_until > self.since)
+        )
+
+
+@dataclass(slots=True)
+class _Candidate:
+    kind: Literal["fact", "episode"]
+    fact: FactRecord | None = None
+    chunk: ChunkRecord | None = None
+    fusion: float = 0.0
+    channels: list[ChannelName] = field(default_factory=list)
+
+    def add(self, channel: ChannelName, amount: float) -> None:
+        self.fusion += amount
+        if channel not in self.channels:
+            self.channels.append(channel)
+
+
+@dataclass
+class _Run:
+    graph: GraphStore
+    settings: Settings
+    index: UserIndex
+    qvec: np.ndarray
+    user_id: str
+    recipe: RecallRecipe
+    window: TimeWindow
+    graph_expansion: bool
+    facts: dict[str, FactRecord] = field(default_factory=dict)
+    chunks: dict[str, ChunkRecord] = field(default_factory=dict)
+    sims: dict[str, float] = field(default_factory=dict)
+    hops: dict[str, int] = field(default_factory=dict)
+    cands: dict[str, _Candidate] = field(default_factory=dict)
+
+    # ----------------------------------------------------------------------------------- loading
+    def _load_facts(self, ids: Iterable[str]) -> None:
+        missing = [i for i in dict.fromkeys(ids) if i not in self.facts]
+        if missing:
+            self.facts.update((f.id, f) for f in self.graph.get_facts(self.user_id, missing))
+
+    def _load_chunks(self, ids: Iterable[str]) -> None:
+        missing = [i for i in dict.fromkeys(ids) if i not in self.chunks]
+        if missing:
+            self.chunks.update((c.id, c) for c in self.graph.get_chunks(self.user_id, missing))
+
+    def _ok(self, node_id: str) -> bool:
+        if node_id in self.facts:
+            return self.window.fact_ok(self.facts[node_id])
+        return node_id in self.chunks and self.window.chunk_ok(self.chunks[node_id])
+
+    def _episode_hits(self, k: int) -> list[str]:
+        """The top ``k`` episode chunks inside the time window (widening the search until found). Without
+        a window nothing needs checking, so the chunks are loaded later with the keyword hits."""
+        total = self.index.count("episode")
+        if not self.window.filtering:
+            hits = self.index.search(self.qvec, k, kind="episode")
+            self.sims.update((h.node_id, h.score) for h in hits)
+            return [h.node_id for h in hits]
+        n = 4 * k
+        while True:
+            hits = self.index.search(self.qvec, min(n, total), kind="episode")
+            self.sims.update((h.node_id, h.score) for h in hits)
+            self._load_chunks(h.node_id for h in hits)
+            kept = [h.node_id for h in hits if self._ok(h.node_id)]
+            if len(kept) >= k or n >= total:
+                return kept[:k]
+            n *= 4
+
+    # ---------------------------------------------------------------------------------- channels
+    def _rank(self, channel: RetrievalChannel, ids: Sequence[str]) -> None:
+        weight = self.recipe.weights.get(channel, 1.0)
+        for rank, node_id in enumerate(ids):
+            kind: Literal["fact", "episode"] = "fact" if node_id in self.facts else "episode"
+            cand = self.cands.setdefault(
+                node_id, _Candidate(kind=kind, fact=self.facts.get(node_id), chunk=self.chunks.get(node_id))
+            )
+            cand.add(channel, weight / (self.recipe.rrf_k + rank + 1))
+
+    def channels(self, query: str) -> None:
+        recipe, k = self.recipe, self.recipe.k
+        fact_hits: list[VectorHit] = []
+        if recipe.uses("fact_vector") or recipe.uses("graph"):
+            fact_hits = self.index.search(self.qvec, k.get("fact_vector", 30), kind="fact")
+            self.sims.update((h.node_id, h.score) for h in fact_hits)
+        episode_ids = self._episode_hits(k.get("episode_vector", 40)) if recipe.uses("episode_vector") else []
+        keyword = []
+        if recipe.uses("keyword"):
+            w = self.window
+            keyword = self.graph.keyword_search(
+                self.user_id,
+                keyword_terms(query),
+                k.get("keyword", 40),
+                as_of=w.as_of,
+                since=w.since,
+                until=w.until,
+            )
+        # One round trip for every chunk, one for every fact (with those the top chunks were the source of).
+        self._load_chunks([*episode_ids, *(h.node_id for h in keyword if h.kind == "episode")])
+        top_chunks = [*episode_ids[: recipe.links_from], *(h.node_id for h in keyword[: recipe.links_from])]
+        self._load_facts(
+            [
+                *(h.node_id for h in fact_hits),
+                *(h.node_id for h in keyword if h.kind == "fact"),
+                *(f for cid in top_chunks if cid in self.chunks for f in self.chunks[cid].fact_ids),
+            ]
+        )
+        if recipe.uses("fact_vector"):
+            self._rank("fact_vector", [h.node_id for h in fact_hits if self._ok(h.node_id)])
+        self._rank("episode_vector", episode_ids)
+        self._rank("keyword", [h.node_id for h in keyword if self._ok(h.node_id)])
+        if recipe.uses("graph") and self.graph_expansion and self.settings.max_hops >= 0:
+            self._expand(fact_hits, episode_ids)
+
+    def _expand(self, fact_hits: list[VectorHit], episode_ids: list[str]) -> None:
+        entity_hits = self.index.search(self.qvec, 10, kind="entity")
+        seeds = [h.node_id for h in entity_hits if h.score >= _SEED_MIN_SIM][:5]
+        top_facts = [h.node_id for h in fact_hits if h.score >= _SEED_MIN_SIM][:5]
+        top_facts += [f for cid in episode_ids[:5] for f in self.chunks[cid].fact_ids]
+        self._load_facts(top_facts)
+        for fid in top_facts:
+            fact = self.facts.get(fid)
+            if fact is not None and self.window.fact_ok(fact):
+                seeds.extend(x for x in (fact.subject_id, fact.object_id) if x)
+        # The user's own node touches every fact: as a seed, or as a node paths pass through, it would
+        # put everything one hop away and flood the graph ranking.
+        hub = self_entity_id(self.user_id)
+        seeds = [s for s in dict.fromkeys(seeds) if s != hub]
+        if not seeds:
+            return
+        found = self.graph.expand(
+            self.user_id,
+            seeds,
+            max_hops=self.settings.max_hops,
+            as_of=self.window.as_of,
+            limit=self.recipe.k.get("graph", 50),
+            avoid=[hub],
+        )
+        for hf in found:
+            self.hops[hf.id] = hf.hops
+            self.facts.setdefault(hf.id, hf)
+        self._rank("graph", [hf.id for hf in found if self.window.fact_ok(self.facts[hf.id])])
+
+    # ------------------------------------------------------------------------------------- links
+    def links(self) -> None:
+        recipe = self.recipe
+        if recipe.links_from == 0 or recipe.link_share == 0:
+            return
+        top = sorted(self.cands.items(), key=lambda kv: -kv[1].fusion)[: recipe.links_from]
+        sources = {fid: c.fact.source_ids for fid, c in top if c.fact is not None}
+        extracted = {cid: c.chunk.fact_ids for cid, c in top if c.chunk is not None}
+        episode_chunks = self.graph.get_chunks(
+            self.user_id, episode_ids=sorted({e for ids in sources.values() for e in ids})
+        )
+        self.chunks.update((c.id, c) for c in episode_chunks)
+        self._load_facts(f for ids in extracted.values() for f in ids)
+        neighbours: dict[str, list[str]] = {}
+        if recipe.window > 0 and extracted:
+            anchors = list(extracted)
+            near = self.graph.neighbour_chunks(self.user_id, anchors, recipe.window)
+            self.chunks.update((c.id, c) for c in near)
+            for cid in anchors:
+                anchor = self.chunks[cid]
+                neighbours[cid] = [
+                    c.id for c in near if abs((c.event_time - anchor.event_time).total_seconds()) < 86400
+                ]
+        by_episode: dict[str, list[str]] = {}
+        for c in episode_chunks:
+            by_episode.setdefault(c.episode_id, []).append(c.id)
+        for node_id, parent in top:
+            share = recipe.link_share * parent.fusion
+            linked: list[tuple[ChannelName, str]] = []
+            if parent.fact is not None:
+                linked += [("source", cid) for e in sources[node_id] for cid in by_episode.get(e, [])]
+            else:
+                linked += [("extracted", fid) for fid in extracted[node_id]]
+                linked += [("window", cid) for cid in neighbours.get(node_id, [])]
+            for channel, other in linked:
+                if other == node_id or not self._ok(other):
+                    continue
+                kind: Literal["fact", "episode"] = "fact" if other in self.facts else "episode"
+                cand = self.cands.setdefault(
+                    other, _Candidate(kind=kind, fact=self.facts.get(other), chunk=self.chunks.get(other))
+                )
+                cand.add(channel, share)
+
+    # ----------------------------------------------------------------------------------- scoring
+    def items(self, weights: Weights, k: int) -> list[RecallItem]:
+        now = self.window.as_of or utcnow()
+        missing = [i for i in self.cands if i not in self.sims]
+        for node_id, vec in self.index.vectors_for(missing).items():
+            self.sims[node_id] = float(np.dot(vec, self.qvec))
+        unit = 1.0 / (self.recipe.rrf_k + 1)
+        rows = []
+        for node_id, cand in self.cands.items():
+            fact, chunk = cand.fact, cand.chunk
+            comp = components(
+                similarity=self.sims.get(node_id, 0.0),
+                hops=self.hops.get(node_id),
+                strength=fact.strength if fact else _EPISODE_STRENGTH,
+                importance=fact.importance if fact else _EPISODE_IMPORTANCE,
+                valid_from=fact.valid_from if fact else chunk.event_time,  # type: ignore[union-attr]
+                now=now,
+                settings=self.settings,
+            )
+            base = score(comp, weights, cand.fusion)
+            breakdown = base.model_copy(update={"total": base.total + self.recipe.fusion * cand.fusion / unit})
+            rows.append((breakdown.total, node_id, cand, breakdown))
+        rows.sort(key=lambda r: (-r[0], r[1]))
+        return [self._item(node_id, cand, breakdown) for _, node_id, cand, breakdown in rows[:k]]
+
+    def _item(self, node_id: str, cand: _Candidate, breakdown: ScoreBreakdown) -> RecallItem:
+        found = set(cand.channels)
+        vector = bool(found & {"fact_vector", "episode_vector"})
+        path = (
+            "both"
+            if vector and "graph" in found
+            else "vector"
+            if vector
+            else "graph"
+            if "graph" in found
+            else "keyword"
+            if "keyword" in found
+            else "linked"
+        )
+        common = {
+            "id": node_id,
+            "kind": cand.kind,
+            "channels": cand.channels,
+            "path": path,
+            "hops": self.hops.get(node_id, -1),
+            "score": round(breakdown.total, 6),
+            "breakdown": breakdown,
+        }
+        if cand.fact is not None:
+            fact = cand.fact
+            return RecallItem(
+                **common,
+                statement=fact.statement,
+                memory_type=fact.memory_type,
+                subject=fact.subject_name,
+                predicate=fact.predicate,
+                object=fact.object_name,
+                entities=[n for n in (fact.subject_name, fact.object_name) if n],
+                valid_from=fact.valid_from,
+                valid_until=fact.valid_until,
+                event_time=fact.valid_from,
+                current=fact.valid_until is None,
+                source_ids=fact.source_ids,
+            )
+        chunk = cand.chunk
+        assert chunk is not None
+        return RecallItem(
+            **common,
+            statement=chunk.text,
+            memory_type="episodic",
+            subject=chunk.speaker,
+            predicate="SAID",
+            object=None,
+            entities=[],
+            valid_from=chunk.event_time,
+            valid_until=None,
+            event_time=chunk.event_time,
+            current=False,
+            speaker=chunk.speaker,
+            source_ids=[chunk.episode_id],
+        )
+
+
+def recall_items(
+    *,
+    graph: GraphStore,
+    settings: Settings,
+    index: UserIndex,
+    qvec: np.ndarray,
+    user_id: str,
+    query: str,
+    k: int,
+    recipe: RecallRecipe,
+    weights: Weights,
+    window: TimeWindow,
+    graph_expansion: bool,
+) -> list[RecallItem]:
+    run = _Run(
+        graph=graph,
+        settings=settings,
+        index=index,
+        qvec=qvec,
+        user_id=user_id,
+        recipe=recipe,
+        window=window,
+        graph_expansion=graph_expansion,
+    )
+    run.channels(query)
+    run.links()
+    return run.items(weights, k)

@@ -1,0 +1,231 @@
+"""Episodes as memories: how a message becomes recallable chunks, and how keyword queries are formed.
+
+Invariants both backends rely on:
+- a chunk is at most ``MAX_CHUNK_CHARS`` of one message, cut at sentence boundaries (a sentence longer
+  than that is cut at a word boundary), so an item is never a whole session; chunk ids are derived from
+  (user, message, position), so re-planning a message gives the same ids;
+- the keyword index is scoped by a per-user token (``user_key``) that is part of every indexed row and
+  every keyword query, so a user's top-k is computed over that user's rows only (no global top-k then
+  a user filter); the token is digits after a letter, which no analyzer splits or stems;
+- keyword queries are built only from the query's words (runs of letters and digits, lower-cased, stop
+  words dropped), so user text never reaches a query parser's syntax.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+
+from engram_api.models import ChunkRecord, Envelope
+
+__all__ = ["MAX_CHUNK_CHARS", "chunk_envelope", "keyword_terms", "split_chunks", "user_key"]
+
+MAX_CHUNK_CHARS = 600
+_SENTENCE_END = re.compile(r"(?<=[.!?\u2026])\s+|\n+")
+_TERM = re.compile(r"[^\W_]+")
+MAX_TERMS = 32
+_STOP = frozenset(
+    [
+        "a",
+        "about",
+        "above",
+        "after",
+        "again",
+        "all",
+        "also",
+        "am",
+        "an",
+        "and",
+        "any",
+        "are",
+        "as",
+        "at",
+        "be",
+        "because",
+        "been",
+        "before",
+        "being",
+        "below",
+        "between",
+        "both",
+        "but",
+        "by",
+        "can",
+        "could",
+        "did",
+        "do",
+        "does",
+        "doing",
+        "down",
+        "during",
+        "each",
+        "few",
+        "for",
+        "from",
+        "further",
+        "had",
+        "has",
+        "have",
+        "having",
+        "he",
+        "her",
+        "here",
+        "hers",
+        "herself",
+        "him",
+        "himself",
+        "his",
+        "how",
+        "i",
+        "if",
+        "in",
+        "into",
+        "is",
+        "it",
+        "its",
+        "itself",
+        "just",
+        "me",
+        "more",
+        "most",
+        "my",
+        "myself",
+        "no",
+        "nor",
+        "not",
+        "now",
+        "of",
+        "off",
+        "on",
+        "once",
+        "only",
+        "or",
+        "other",
+        "our",
+        "ours",
+        "ourselves",
+        "out",
+        "over",
+        "own",
+        "same",
+        "she",
+        "should",
+        "so",
+        "some",
+        "such",
+        "than",
+        "that",
+        "the",
+        "their",
+        "theirs",
+        "them",
+        "themselves",
+        "then",
+        "there",
+        "these",
+        "they",
+        "this",
+        "those",
+        "through",
+        "to",
+        "too",
+        "under",
+        "until",
+        "up",
+        "very",
+        "was",
+        "we",
+        "were",
+        "what",
+        "when",
+        "where",
+        "which",
+        "while",
+        "who",
+        "whom",
+        "why",
+        "will",
+        "with",
+        "would",
+        "you",
+        "your",
+        "yours",
+        "yourself",
+        "yourselves",
+        "s",
+        "t",
+        "don",
+        "didn",
+        "doesn",
+        "isn",
+        "wasn",
+        "ve",
+        "ll",
+        "re",
+        "d",
+        "m",
+    ]
+)
+
+
+def user_key(user_id: str) -> str:
+    """The user's token in the keyword index: 'u' + 20 digits of a hash of the user id."""
+    return "u" + str(int.from_bytes(hashlib.blake2b(user_id.encode(), digest_size=8).digest(), "little")).zfill(20)
+
+
+def keyword_terms(text: str) -> list[str]:
+    """Distinct lower-case words (letters and digits) of ``text`` without stop words, in order (at most 32)."""
+    terms = [t for t in _TERM.findall(text.lower()) if t not in _STOP and (len(t) > 1 or t.isdigit())]
+    return list(dict.fromkeys(terms))[:MAX_TERMS]
+
+
+def split_chunks(text: str, limit: int = MAX_CHUNK_CHARS) -> list[str]:
+    """Sentences packed greedily into pieces of at most ``limit`` characters."""
+    pieces: list[str] = []
+    for sentence in (s.strip() for s in _SENTENCE_END.split(text)):
+        while len(sentence) > limit:
+            cut = sentence.rfind(" ", 0, limit)
+            cut = cut if cut > limit // 2 else limit
+            pieces.append(sentence[:cut].strip())
+            sentence = sentence[cut:].strip()
+        if sentence:
+            pieces.append(sentence)
+    out: list[str] = []
+    for piece in pieces:
+        if out and len(out[-1]) + 1 + len(piece) <= limit:
+            out[-1] = f"{out[-1]} {piece}"
+        else:
+            out.append(piece)
+    return out
+
+
+def _speaker(envelope: Envelope, message: object, role: str) -> str:
+    """A name when the message (or its metadata) carries one, else the role."""
+    name = getattr(message, "speaker", None) or envelope.metadata.get("speaker")
+    return str(name).strip()[:100] if isinstance(name, str) and name.strip() else role
+
+
+def chunk_envelope(envelope: Envelope) -> list[ChunkRecord]:
+    """The recallable chunks of one message (every chat message of the envelope, in order)."""
+    chunks: list[ChunkRecord] = []
+    for message in envelope.messages:
+        speaker = _speaker(envelope, message, message.role)
+        for text in split_chunks(message.content):
+            seq = len(chunks)
+            chunks.append(
+                ChunkRecord(
+                    id="chk_"
+                    + hashlib.blake2b(
+                        "\x1f".join((envelope.user_id, envelope.message_id, str(seq))).encode(), digest_size=12
+                    ).hexdigest(),
+                    user_id=envelope.user_id,
+                    episode_id=envelope.message_id,
+                    seq=seq,
+                    text=text,
+                    speaker=speaker,
+                    role=message.role,
+                    event_time=envelope.timestamp,
+                    created_at=envelope.timestamp,
+                )
+            )
+    return chunks

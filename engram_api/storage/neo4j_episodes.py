@@ -1,0 +1,113 @@
+"""Neo4j side of episodes as memories: chunk nodes, the Lucene full-text keyword index, their queries.
+
+Graph shape: ``(:Chunk {id, user_id, ukey, episode_id, seq, text, body, speaker, role, event_time,
+embedding, created_at})-[:PART_OF]->(:Episode)``; ``body`` is the indexed text (the speaker's name with
+the words). Facts carry ``ukey`` too. Invariants:
+- one full-text index ``engram_keyword`` over ``Chunk.body``, ``Fact.statement`` and both ``ukey``s,
+  updated at commit (not eventually consistent), so a committed apply or forget is what search sees;
+- every full-text query requires ``ukey:<the user's token>`` inside the Lucene query, so Lucene's
+  ranking runs over that user's documents only; the ``user_id`` check after it is defence in depth;
+- query terms are runs of letters and digits only (``episodes.keyword_terms``): no Lucene syntax from users.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+__all__ = [
+    "KEYWORD_INDEX",
+    "Q_APPLY_CHUNKS",
+    "Q_CHUNKS",
+    "Q_FORGET_CHUNKS",
+    "Q_KEYWORD_CHUNKS",
+    "Q_KEYWORD_COUNT",
+    "Q_KEYWORD_FACTS",
+    "Q_NEIGHBOURS",
+    "Q_SET_FACT_UKEY",
+    "Q_UNKEYED_FACT_USERS",
+    "SCHEMA",
+    "lucene_query",
+]
+
+KEYWORD_INDEX = "engram_keyword"
+
+SCHEMA = (
+    "CREATE CONSTRAINT engram_chunk_id IF NOT EXISTS FOR (n:Chunk) REQUIRE n.id IS UNIQUE",
+    "CREATE INDEX engram_chunk_user_time IF NOT EXISTS FOR (n:Chunk) ON (n.user_id, n.event_time)",
+    "CREATE INDEX engram_chunk_episode IF NOT EXISTS FOR (n:Chunk) ON (n.user_id, n.episode_id)",
+    f"CREATE FULLTEXT INDEX {KEYWORD_INDEX} IF NOT EXISTS FOR (n:Chunk|Fact) ON EACH [n.body, n.statement, n.ukey]"
+    " OPTIONS {indexConfig: {`fulltext.analyzer`: 'english', `fulltext.eventually_consistent`: false}}",
+)
+
+Q_APPLY_CHUNKS = """
+MATCH (ep:Episode {user_id: $user_id, id: $episode_id})
+UNWIND $chunks AS row
+CREATE (c:Chunk) SET c = row
+CREATE (c)-[:PART_OF]->(ep)
+"""
+
+_CHUNK = """c {.id, .user_id, .episode_id, .seq, .text, .speaker, .role, .event_time, .created_at,
+   fact_ids: COLLECT { MATCH (c)-[:PART_OF]->(:Episode)<-[:FROM]-(f:Fact) WHERE f.user_id = $user_id
+                       RETURN f.id ORDER BY f.id }}"""
+
+Q_CHUNKS = f"""
+MATCH (c:Chunk {{user_id: $user_id}}) WHERE c.id IN $ids OR c.episode_id IN $episodes
+WITH c ORDER BY c.event_time, c.episode_id, c.seq
+RETURN {_CHUNK} AS row
+"""
+
+_BEFORE = (
+    "(n.event_time < x.event_time OR (n.event_time = x.event_time AND (n.episode_id < x.episode_id"
+    " OR (n.episode_id = x.episode_id AND n.seq < x.seq))))"
+)
+_AFTER = _BEFORE.replace("n.", "@.").replace("x.", "n.").replace("@.", "x.")
+Q_NEIGHBOURS = f"""
+UNWIND $ids AS cid
+MATCH (x:Chunk {{user_id: $user_id, id: cid}})
+CALL (x) {{
+  MATCH (n:Chunk {{user_id: $user_id}}) WHERE n.event_time <= x.event_time AND {_BEFORE}
+  WITH n ORDER BY n.event_time DESC, n.episode_id DESC, n.seq DESC LIMIT $window RETURN n
+  UNION
+  MATCH (n:Chunk {{user_id: $user_id}}) WHERE n.event_time >= x.event_time AND {_AFTER}
+  WITH n ORDER BY n.event_time, n.episode_id, n.seq LIMIT $window RETURN n
+}}
+WITH DISTINCT n AS c
+RETURN {_CHUNK} AS row
+"""
+
+Q_KEYWORD_CHUNKS = f"""
+CALL db.index.fulltext.queryNodes('{KEYWORD_INDEX}', $lucene) YIELD node, score
+WHERE node:Chunk AND node.user_id = $user_id
+  AND ($as_of IS NULL OR node.event_time <= $as_of)
+  AND ($since IS NULL OR node.event_time >= $since)
+  AND ($until IS NULL OR node.event_time < $until)
+RETURN node.id AS node_id, score LIMIT $k
+"""
+
+Q_KEYWORD_FACTS = f"""
+CALL db.index.fulltext.queryNodes('{KEYWORD_INDEX}', $lucene) YIELD node, score
+WHERE node:Fact AND node.user_id = $user_id AND {{valid_at}}
+RETURN node.id AS node_id, score LIMIT $k
+"""
+
+Q_KEYWORD_COUNT = f"""
+CALL db.index.fulltext.queryNodes('{KEYWORD_INDEX}', $lucene) YIELD node
+WHERE node.user_id = $user_id
+RETURN count(node) AS n
+"""
+
+Q_FORGET_CHUNKS = """
+MATCH (c:Chunk {user_id: $user_id}) WHERE $episode_id IS NULL OR c.episode_id = $episode_id
+WITH c, c.id AS id
+DETACH DELETE c
+RETURN id ORDER BY id
+"""
+
+# Facts written before the keyword index existed get their user's token once (ensure_schema).
+Q_UNKEYED_FACT_USERS = "MATCH (f:Fact) WHERE f.ukey IS NULL RETURN DISTINCT f.user_id AS user_id"
+Q_SET_FACT_UKEY = "MATCH (f:Fact {user_id: $user_id}) WHERE f.ukey IS NULL SET f.ukey = $ukey"
+
+
+def lucene_query(ukey: str, field: str, terms: Sequence[str]) -> str:
+    """``ukey:<token> AND <field>:(t1 t2 ...)``: the user's documents matching any term."""
+    return f"ukey:{ukey} AND {field}:({' '.join(terms)})"

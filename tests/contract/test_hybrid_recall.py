@@ -1,0 +1,217 @@
+"""Episodes as memories, on both backends: what the extractor did not turn into a fact is still recalled
+(by meaning and by keyword), per user, within a time window, and forgotten without a trace.
+
+Messages go through the real consolidation (``plan_message`` with the real MiniLM embedder), the real
+store and the real per-user FAISS files; the Reader runs without Redis (its cache keys on the store's
+version instead).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import nullcontext
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from engram_api.errors import InvalidInputError
+from engram_api.models import ChatMessage, Envelope, EpisodeRecord, Extraction, Usage, WritePlan
+from engram_api.reader.context import EXCERPTS_HEADER, FACTS_HEADER
+from engram_api.reader.reader import Reader
+from engram_api.settings import Settings
+from engram_api.storage import GraphStore
+from engram_api.storage.embedder import Embedder
+from engram_api.storage.episodes import chunk_envelope, keyword_terms
+from engram_api.storage.indexes import IndexKeeper
+from engram_api.storage.vectors import VectorStore
+from engram_workers.consolidation import plan_message
+from engram_workers.maintenance.reconcile import reconcile
+from tests.support.extractions import lives_in
+
+from .factories import at, new_user
+
+FILLER = [
+    "I had pasta for lunch today.",
+    "Work was busy, lots of meetings.",
+    "My sister called me this morning.",
+    "I need to buy new running shoes.",
+    "The train was late again.",
+    "I watched a documentary about whales.",
+]
+
+
+@pytest.fixture(scope="module")
+def embedder() -> Embedder:
+    return Embedder(model=Settings().embedding_model)
+
+
+class Memory:
+    """The write path of the apply stage (plan, one transaction, FAISS delta) and a Reader over it."""
+
+    def __init__(self, graph: GraphStore, root: Path, embedder: Embedder) -> None:
+        self.graph = graph
+        self.embedder = embedder
+        self.vectors = VectorStore(root=root, dim=embedder.dim)
+        self.keeper = IndexKeeper(graph=graph, vectors=self.vectors)
+        self.reader = Reader(settings=Settings(), graph=graph, keeper=self.keeper, embedder=embedder, redis_client=None)
+
+    def say(self, user: str, mid: str, text: str, when: datetime, extraction: dict[str, Any] | None = None) -> None:
+        envelope = Envelope(
+            user_id=user, message_id=mid, messages=[ChatMessage(role="user", content=text)], timestamp=when
+        )
+        before = self.graph.user_version(user)
+        planned = plan_message(
+            envelope=envelope,
+            extraction=Extraction.model_validate(extraction or {}),
+            usage=Usage(),
+            graph=self.graph,
+            embedder=self.embedder,
+            index=self.keeper.current(user, before),
+        )
+        outcome = self.graph.apply(planned.plan)
+        self.keeper.advance(user, from_version=before, to_version=outcome.version, upserts=planned.upserts)
+
+    def say_many(self, user: str, texts: list[str], when: datetime) -> None:
+        """Many fact-less messages, embedded in one batch (the index is rebuilt from the store after)."""
+        for i, text in enumerate(texts):
+            envelope = Envelope(
+                user_id=user, message_id=f"bulk-{i}", messages=[ChatMessage(content=text)], timestamp=when
+            )
+            chunks = chunk_envelope(envelope)
+            for chunk, vec in zip(chunks, self.embedder.encode([c.indexed_text for c in chunks]), strict=True):
+                chunk.embedding = vec.tolist()
+            episode = EpisodeRecord(
+                id=envelope.message_id, user_id=user, content=envelope.text, event_time=when, created_at=when
+            )
+            self.graph.apply(WritePlan(user_id=user, episode=episode, chunks=chunks))
+        self.keeper.rebuild(user)
+
+    def sources(self, user: str, query: str, **kwargs: Any) -> list[str]:
+        return [s for item in self.reader.recall(user, query, **kwargs).items for s in item.source_ids]
+
+
+@pytest.fixture
+def memory(graph_store: GraphStore, tmp_path: Path, embedder: Embedder) -> Iterator[Memory]:
+    yield Memory(graph_store, tmp_path / "indexes", embedder)
+
+
+def _chatter(memory: Memory, user: str) -> None:
+    for i, text in enumerate(FILLER):
+        memory.say(user, f"filler-{i}", text, at(i))
+
+
+def test_a_message_with_no_fact_is_recalled_by_meaning(memory: Memory) -> None:
+    user = new_user()
+    _chatter(memory, user)
+    memory.say(user, "aurora", "We finally saw the northern lights dancing over the fjord last night!", at(10))
+    result = memory.reader.recall(user, "aurora borealis trip", k=5)
+    top = result.items[0]
+    assert memory.graph.stats(user).facts == 0
+    assert (top.kind, top.source_ids, top.speaker) == ("episode", ["aurora"], "user")
+    assert "episode_vector" in top.channels
+    assert top.event_time == at(10)
+
+
+def test_a_message_with_no_fact_is_recalled_by_a_rare_keyword(memory: Memory) -> None:
+    user = new_user()
+    _chatter(memory, user)
+    memory.say(user, "code", "The locker code at the gym is QX-4471, do not lose it.", at(10))
+    items = memory.reader.recall(user, "qx 4471", k=5).items
+    assert items[0].source_ids == ["code"]
+    assert "keyword" in items[0].channels
+    hits = memory.graph.keyword_search(user, keyword_terms("where is QX-4471?"), 5)
+    assert [h.kind for h in hits] == ["episode"]
+
+
+def test_keyword_and_vector_search_never_return_another_users_episodes(memory: Memory) -> None:
+    """B has 100x more episodes matching the query than A: A's top-k is still A's, all of them."""
+    a, b = new_user(), new_user()
+    mine = ["We hiked the Dolomites trail at dawn.", "The Dolomites were covered in snow.", "Dolomites again!"]
+    for i, text in enumerate(mine):
+        memory.say(a, f"a-{i}", text, at(i))
+    memory.say_many(b, [f"Dolomites hike number {i} with the club." for i in range(300)], at(1))
+    hits = memory.graph.keyword_search(a, keyword_terms("Dolomites hike"), 5)
+    assert len(hits) == 3
+    assert {c.episode_id for c in memory.graph.get_chunks(a, [h.node_id for h in hits])} == {"a-0", "a-1", "a-2"}
+    assert memory.graph.get_chunks(b, [h.node_id for h in hits]) == []
+    assert set(memory.sources(a, "Dolomites hike", k=10)) == {"a-0", "a-1", "a-2"}
+    assert len(memory.sources(b, "Dolomites hike", k=10)) == 10
+
+
+def test_as_of_since_and_until_filter_episodes(memory: Memory) -> None:
+    user = new_user()
+    for day in (1, 5, 9):
+        memory.say(user, f"d{day}", f"Went swimming in the lake on day {day}.", at(day))
+    assert set(memory.sources(user, "swimming in the lake")) == {"d1", "d5", "d9"}
+    assert set(memory.sources(user, "swimming in the lake", as_of=at(5))) == {"d1", "d5"}
+    assert set(memory.sources(user, "swimming in the lake", since=at(2))) == {"d5", "d9"}
+    assert set(memory.sources(user, "swimming in the lake", since=at(2), until=at(9))) == {"d5"}
+    terms = keyword_terms("swimming lake")
+    assert len(memory.graph.keyword_search(user, terms, 10, as_of=at(1))) == 1
+    assert len(memory.graph.keyword_search(user, terms, 10, since=at(5), until=at(9))) == 1
+    with pytest.raises(InvalidInputError, match="until"):
+        memory.reader.recall(user, "lake", since=at(5), until=at(5))
+
+
+def test_forget_leaves_no_episode_vector_or_keyword_entry(memory: Memory) -> None:
+    user = new_user()
+    memory.say(user, "keep", "I planted tomatoes in the garden.", at(1))
+    memory.say(user, "drop", "The zeppelin museum in Friedrichshafen was amazing.", at(2))
+    stats = memory.graph.stats(user)
+    assert (stats.episode_chunks, stats.keyword_entries) == (2, 2)
+    result = memory.reader.forget(user, "drop")
+    assert len(result.removed_chunk_ids) == 1
+    stats = memory.graph.stats(user)
+    assert (stats.episodes, stats.episode_chunks, stats.keyword_entries) == (1, 1, 1)
+    assert memory.graph.keyword_search(user, keyword_terms("zeppelin Friedrichshafen"), 5) == []
+    on_disk = memory.vectors.load(user)
+    assert on_disk is not None and on_disk.count("episode") == 1
+    assert result.removed_chunk_ids[0] not in on_disk.node_ids()
+    assert [i.kind for i in memory.graph.vectors(user)[0]] == ["episode"]
+
+    memory.reader.forget_user(user)
+    stats = memory.graph.stats(user)
+    assert (stats.episodes, stats.episode_chunks, stats.keyword_entries) == (0, 0, 0)
+    assert memory.graph.vectors(user)[0] == []
+    assert not memory.vectors.path_for(user).exists()
+
+
+def test_get_context_never_states_a_superseded_value_as_current(memory: Memory) -> None:
+    user = new_user()
+    memory.say(user, "m1", "I live in Tampa.", at(1), lives_in("Tampa"))
+    memory.say(user, "m2", "I moved, I live in Austin now.", at(30), lives_in("Austin"))
+    context = memory.reader.get_context(user, "Where does the user live? Tampa or Austin?", max_tokens=400)
+    facts_part, _, excerpts_part = context.partition(EXCERPTS_HEADER)
+    assert facts_part.startswith(FACTS_HEADER)
+    assert "Austin" in facts_part and "Tampa" not in facts_part
+    # The old value may be shown, dated, as something said back then.
+    assert f"[{at(1).date().isoformat()}] user: I live in Tampa." in excerpts_part
+    assert len(context) <= 400 * 4
+
+
+def test_episode_hits_bring_their_facts_and_fact_hits_their_episode(memory: Memory) -> None:
+    user = new_user()
+    _chatter(memory, user)
+    memory.say(user, "home", "I live in Lisbon.", at(20), lives_in("Lisbon"))
+    items = memory.reader.recall(user, "Lisbon", k=10).items
+    by_kind = {i.kind: i for i in items if "home" in i.source_ids}
+    assert set(by_kind) == {"fact", "episode"}
+    assert by_kind["fact"].current and by_kind["fact"].statement == "User lives in Lisbon"
+
+
+def test_reconcile_restores_a_lost_episode_vector(memory: Memory) -> None:
+    user = new_user()
+    memory.say(user, "m1", "The ferry to the island leaves at seven.", at(1))
+    index = memory.vectors.load(user)
+    assert index is not None and index.count("episode") == 1
+    index.remove(index.node_ids())
+    memory.vectors.save(user, index)
+    memory.keeper.forget(user)
+
+    report = reconcile(graph=memory.graph, keeper=memory.keeper, guard=lambda _: nullcontext(), user_ids=[user])
+    assert [(f.problem, f.missing_ids) for f in report.fixed] == [("ids differ", 1)]
+    repaired = memory.vectors.load(user)
+    assert repaired is not None and repaired.count("episode") == 1
+    assert memory.sources(user, "when does the boat depart?", k=1) == ["m1"]
