@@ -29,10 +29,10 @@ from engram_api.models import DeadLetter, Envelope, Extraction, GraphPage, Usage
 from engram_api.naming import LABELS, sanitize_label, sanitize_predicate, self_entity_id
 from engram_api.producer import build_envelope
 from engram_api.versions import publish_version
+from engram_testing.llm_standin import Reply
 from engram_workers.consolidation import Planned, plan_message
 from engram_workers.extraction.llm import parse_extraction
 from engram_workers.extraction.rules import extract_rules
-from engram_workers.services.llm_standin import Reply
 from tests.support.extractions import entity, fact, message_text
 from tests.support.stack import Stack, engram_stack
 

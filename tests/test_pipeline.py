@@ -10,10 +10,10 @@ from collections import Counter
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from engram_workers.services.llm_standin import Reply
 
 from engram_api import keys
 from engram_api.models import MessageState
+from engram_testing.llm_standin import Reply
 from tests.support.extractions import entity, fact, lives_in, message_text
 from tests.support.stack import engram_stack
 

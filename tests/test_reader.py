@@ -15,7 +15,7 @@ import pytest
 from engram_api import keys
 from engram_api.models import LearnedWeights
 from engram_api.settings import Settings
-from engram_workers.services.llm_standin import Reply
+from engram_testing.llm_standin import Reply
 from tests.support.extractions import entity, fact, lives_in, message_text
 from tests.support.stack import engram_stack
 

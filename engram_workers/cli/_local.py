@@ -1,8 +1,8 @@
 """The embedded/local topology ``engram up`` and ``engram demo`` run: Redis (unless REDIS_URL is set),
 workers, Beat and Flower as child processes, with logs under ENGRAM_DATA_DIR/logs.
 
-Children get absolute paths and the Redis URL in their environment: they run from the repository root,
-not from the caller's working directory, and must not depend on finding services.json.
+Children get absolute paths and the Redis URL in their environment: they run in the log directory,
+not the caller's working directory, and must not depend on finding services.json.
 """
 
 from __future__ import annotations
@@ -72,8 +72,7 @@ class LocalStack:
         """
         from engram_api.connections import write_services_file
         from engram_api.errors import ConfigError
-        from engram_workers.services import ServiceStartError
-        from engram_workers.services.redis_server import RedisServer
+        from engram_workers.services import RedisServer, ServiceStartError
 
         if self.settings.redis_url:
             self.redis_url = self.settings.redis_url
@@ -111,19 +110,16 @@ class LocalStack:
         self._ready[proc.name] = ready
 
     def start_extract_worker(self, name: str, concurrency: int) -> None:
-        from engram_api import keys
-        from engram_workers.services.celery_worker import worker_command
+        from engram_workers.services.celery_worker import EXTRACT_WORKER, worker_command
 
-        argv = worker_command(queues=[keys.EXTRACT_QUEUE], pool="threads", concurrency=concurrency, name=name)
+        argv = worker_command(**{**EXTRACT_WORKER, "concurrency": concurrency}, name=name)
         self._start(name, argv, "ready.")
 
     def start_apply_worker(self, name: str, concurrency: int) -> None:
         """Apply and maintenance share a worker here: one machine needs no separate maintenance fleet."""
-        from engram_api import keys
-        from engram_workers.services.celery_worker import worker_command
+        from engram_workers.services.celery_worker import APPLY_WORKER, worker_command
 
-        queues = [keys.APPLY_QUEUE, keys.MAINTENANCE_QUEUE]
-        argv = worker_command(queues=queues, pool="prefork", concurrency=concurrency, name=name)
+        argv = worker_command(**{**APPLY_WORKER, "concurrency": concurrency}, name=name)
         self._start(name, argv, "ready.")
 
     def start_beat(self) -> None:

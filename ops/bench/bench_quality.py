@@ -207,7 +207,7 @@ def _sample20_table(rows: list[dict[str, Any]]) -> Table:
 
 def _first_turn_responder(cases: list[dict[str, Any]]):  # type: ignore[no-untyped-def]
     """The stand-in gets the whole session (user and assistant turns): answer by the user's turn."""
-    from engram_workers.services.llm_standin import Reply
+    from engram_testing.llm_standin import Reply
     from tests.support.extractions import message_text
 
     texts = {m["content"] for c in cases for s in c["sessions"] for m in s["messages"] if m["role"] == "user"}

@@ -194,7 +194,7 @@ class Services:
     @property
     def neo4j_uri(self) -> str:
         if self._neo4j is None:
-            from engram_workers.services.neo4j_server import Neo4jServer
+            from engram_testing.neo4j_server import Neo4jServer
 
             self._neo4j = Neo4jServer(data_dir=self.workdir / "neo4j", heap="2g").start()
         return str(self._neo4j.uri)
@@ -202,7 +202,7 @@ class Services:
     @property
     def llm(self) -> Any:
         if self._llm is None:
-            from engram_workers.services.llm_standin import LLMStandin
+            from engram_testing.llm_standin import LLMStandin
 
             self._llm = LLMStandin().start()
         return self._llm

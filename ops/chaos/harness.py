@@ -40,7 +40,8 @@ from engram_api import MemoryClient  # noqa: E402
 from engram_api.errors import WaitTimeoutError  # noqa: E402
 from engram_api.models import MessageState, Receipt  # noqa: E402
 from engram_api.storage.vectors import UserIndex, VectorStore  # noqa: E402
-from engram_workers.services import LLMStandin, Neo4jServer, RedisServer, Reply  # noqa: E402
+from engram_testing import LLMStandin, Neo4jServer, Reply  # noqa: E402
+from engram_workers.services import RedisServer  # noqa: E402
 from engram_workers.services.celery_worker import APPLY_WORKER, EXTRACT_WORKER, ManagedProcess  # noqa: E402
 from tests.support.extractions import entity, fact, lives_in, message_text  # noqa: E402
 from tests.support.stack import Stack, engram_stack  # noqa: E402

@@ -17,6 +17,8 @@ from engram_api import MemoryClient
 from engram_api.settings import Settings
 from engram_workers.services.celery_worker import APPLY_WORKER, EXTRACT_WORKER, ManagedProcess, worker_command
 
+# Workers run from the source root: tests load middleware from tests.support (e.g. faults).
+SOURCE_ROOT = Path(__file__).resolve().parents[2]
 _db_numbers = itertools.count(1)
 
 
@@ -47,6 +49,7 @@ class Stack:
             ),
             env=self.env,
             log_dir=self.data_dir / "logs",
+            cwd=SOURCE_ROOT,
         ).start()
         proc.wait_for_log("ready.", timeout=90)
         self.workers.append(proc)
