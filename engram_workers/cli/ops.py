@@ -246,8 +246,8 @@ def up(with_flower: bool, flower_port: int, extract_concurrency: int, apply_conc
 def bench(args: tuple[str, ...]) -> None:
     """Run the benchmarks: python ops/bench/run.py ARGS.
 
-    ARGS: --quick (a few minutes), --only enqueue,ingest,recall,seeds,memory,quality, --keep.
-    See docs/benchmarks.md.
+    ARGS: --quick (a few minutes), --only enqueue,ingest,recall,seeds,memory,quality, --keep,
+    --datasets DIR (the quality benchmark's data; it is skipped when missing). See docs/benchmarks.md.
     """
     script = Path(__file__).resolve().parents[2] / "ops" / "bench" / "run.py"
     if not script.exists():

@@ -1,6 +1,9 @@
 """Retrieval quality without an LLM judge: LoCoMo evidence recall, and engram-ltm's sample_20 cases.
 
-LoCoMo (../shared/datasets/locomo/locomo_dev5.json, CC BY-NC 4.0, read in place, never copied): every
+Data sets are read from ``--datasets`` (default ../shared/datasets; ``run.py`` skips this benchmark,
+saying where the files go, when they are missing).
+
+LoCoMo (<datasets>/locomo/locomo_dev5.json, CC BY-NC 4.0, read in place, never copied): every
 turn is ingested as one message (message id = the turn's dia_id, event time = the session date) through
 the real pipeline with the OFFLINE RULE EXTRACTOR (no LLM). Per question, evidence recall@k is the share
 of its evidence dia_ids among the source ids of the top-k recalled items, and MRR the reciprocal rank of
@@ -8,7 +11,7 @@ the first item citing any evidence. Compared: Engram recall, vector-only Engram 
 (``graph_expansion=False``) and a naive vector-RAG baseline (raw turns in one FAISS index, same MiniLM).
 The rule extractor only extracts first-person facts, so many turns yield nothing: coverage is reported.
 
-sample_20 (../shared/datasets/engram_ltm_samples/sample_20.json): each case's sessions are ingested, then
+sample_20 (<datasets>/engram_ltm_samples/sample_20.json): each case's sessions are ingested, then
 ``get_context(question)`` must contain the answer and, for knowledge updates, not the superseded value;
 once with the offline rule extractor and once with scripted extractions served by the LLM stand-in.
 """
@@ -21,7 +24,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import numpy as np
-from benchlib import DATASETS, BenchContext, BenchResult, Table, load_json, start_workers
+from benchlib import BenchContext, BenchResult, Table, load_json, start_workers
 from ltm_script import STALE, extraction_for
 
 CATEGORIES = {1: "multi-hop", 2: "temporal", 3: "open-domain", 4: "single-hop", 5: "adversarial"}
@@ -55,7 +58,7 @@ def _scores(ranked: list[set[str]], evidence: set[str]) -> tuple[float, float, f
 
 
 def _locomo(ctx: BenchContext, stack: Any) -> tuple[list[Table], dict[str, Any]]:
-    data = load_json(DATASETS / "locomo" / "locomo_dev5.json")
+    data = load_json(ctx.datasets / "locomo" / "locomo_dev5.json")
     convs = [c for c in data if not ctx.quick or c["sample_id"] in QUICK_CONVERSATIONS]
     client, reader = stack.client, stack.client.reader
     sums: dict[tuple[str, Any], list[tuple[float, float, float]]] = defaultdict(list)
@@ -143,7 +146,7 @@ def _answer_found(answer: str, context: str) -> bool:
 
 
 def _sample20(ctx: BenchContext, stack: Any, mode: str) -> list[dict[str, Any]]:
-    cases = load_json(DATASETS / "engram_ltm_samples" / "sample_20.json")
+    cases = load_json(ctx.datasets / "engram_ltm_samples" / "sample_20.json")
     client = stack.client
     t0 = datetime(2024, 6, 1, 12, 0, tzinfo=UTC)
     out = []
@@ -225,7 +228,7 @@ def run(ctx: BenchContext) -> BenchResult:
         rows = _sample20(ctx, stack, "rules")
     llm = ctx.services.llm
     llm.reset()
-    llm.script(_first_turn_responder(load_json(DATASETS / "engram_ltm_samples" / "sample_20.json")))
+    llm.script(_first_turn_responder(load_json(ctx.datasets / "engram_ltm_samples" / "sample_20.json")))
     with ctx.stack("quality-scripted", llm=True) as stack:
         start_workers(stack, extract_concurrency=8)
         ctx.log("sample_20 with scripted stand-in extractions")
@@ -243,6 +246,6 @@ def run(ctx: BenchContext) -> BenchResult:
             "MRR over the top 10",
             "sample_20 'answer found' = every answer word (3+ letters, stop words aside) is in the context; "
             "stale values of the knowledge-update cases are our annotation (ltm_script.STALE)",
-            "LoCoMo is CC BY-NC 4.0 and read from ../shared/datasets; nothing of it is stored in the repo",
+            "LoCoMo is CC BY-NC 4.0 and read from the datasets directory (--datasets); nothing of it is stored in the repo",
         ],
     )

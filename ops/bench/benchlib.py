@@ -31,6 +31,8 @@ REPO = Path(__file__).resolve().parents[2]
 BENCH_DIR = Path(__file__).resolve().parent
 RESULTS = REPO / "bench-results"
 DATASETS = REPO.parent / "shared" / "datasets"
+# The files each benchmark reads below the datasets directory (they are not stored in the repository).
+DATASET_FILES = {"quality": ("locomo/locomo_dev5.json", "engram_ltm_samples/sample_20.json")}
 
 
 # ----------------------------------------------------------------------------------------- statistics
@@ -219,6 +221,7 @@ class BenchContext:
     services: Services
     workdir: Path
     console: Console
+    datasets: Path = DATASETS
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:6])
 
     def size(self, quick: int, full: int) -> int:
