@@ -201,7 +201,7 @@ def up(with_flower: bool, flower_port: int, extract_concurrency: int, apply_conc
     The graph is Neo4j when NEO4J_URI is set, else SQLite in ENGRAM_DATA_DIR. Logs go to
     ENGRAM_DATA_DIR/logs. Clients on this machine find the embedded Redis by themselves.
     """
-    from engram_workers.cli._local import LocalStack
+    from engram_workers.cli._local import LocalStack, describe_reaped
 
     current = settings()
     stack = LocalStack(current)
@@ -209,6 +209,9 @@ def up(with_flower: bool, flower_port: int, extract_concurrency: int, apply_conc
     previous = signal.signal(signal.SIGTERM, _raise_stop)
     try:
         with out.status("starting Engram..."):
+            reaped = stack.clean_leftovers()
+            if reaped:
+                out.print(describe_reaped(reaped))
             url = stack.start_redis(reuse=False)
             stack.start_extract_worker("extract", extract_concurrency)
             stack.start_apply_worker("apply", apply_concurrency)
@@ -241,6 +244,34 @@ def up(with_flower: bool, flower_port: int, extract_concurrency: int, apply_conc
     out.print("stopped.")
 
 
+@click.command(short_help="Stop the `engram up` (or demo) running on this data directory.")
+@click.option("--timeout", default=120.0, show_default=True, type=click.FloatRange(1), help="Seconds to wait.")
+def down(timeout: float) -> None:
+    """Stop every `engram up` and `engram demo` on ENGRAM_DATA_DIR: SIGTERM to each, which then stops
+    its workers, Beat, Flower and embedded Redis; after TIMEOUT seconds it is killed and its children
+    ended. Also ends whatever a killed `engram up` left running. Exit 0 when nothing runs afterwards.
+    """
+    from engram_workers.cli._local import describe_reaped
+    from engram_workers.services import fleet
+
+    data_dir = settings().data_dir.resolve()
+    out = err_console()
+    running = fleet.live_supervisors(data_dir)
+    for record in running:
+        out.print(f"stopping the supervisor pid {record.supervisor.pid} and {len(record.children)} children...")
+    supervisors = [record.supervisor for record in running]
+    # The supervisors stop their own children on SIGTERM; a stuck one is killed, and reaped below.
+    fleet.end_processes(supervisors, grace_s=timeout)
+    reaped = fleet.reap_leftovers(data_dir)
+    leftovers = [r for r in reaped if r.supervisor not in supervisors]
+    if leftovers:
+        out.print(describe_reaped(leftovers))
+    if not running and not reaped:
+        out.print(f"nothing runs on {data_dir}")
+        return
+    out.print("stopped.")
+
+
 @click.command("bench", context_settings={"ignore_unknown_options": True})
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def bench(args: tuple[str, ...]) -> None:
@@ -255,4 +286,4 @@ def bench(args: tuple[str, ...]) -> None:
     raise SystemExit(subprocess.call([sys.executable, str(script), *args]))
 
 
-COMMANDS = [worker, beat, flower, up, bench]
+COMMANDS = [worker, beat, flower, up, down, bench]

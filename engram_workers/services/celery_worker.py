@@ -19,6 +19,7 @@ from pathlib import Path
 
 import engram_workers
 from engram_api import keys
+from engram_workers.services.fleet import parent_death_signal
 
 __all__ = ["APPLY_WORKER", "EXTRACT_WORKER", "ManagedProcess", "worker_command"]
 
@@ -52,7 +53,14 @@ class ManagedProcess:
     """A child process with its output in a log file; stop() is graceful, kill() is SIGKILL."""
 
     def __init__(
-        self, *, name: str, argv: Sequence[str], env: Mapping[str, str], log_dir: Path, cwd: Path | None = None
+        self,
+        *,
+        name: str,
+        argv: Sequence[str],
+        env: Mapping[str, str],
+        log_dir: Path,
+        cwd: Path | None = None,
+        die_with_parent: bool = False,
     ) -> None:
         self.name = name
         self.argv = list(argv)
@@ -60,6 +68,9 @@ class ManagedProcess:
         self.log_path = Path(log_dir) / f"{name}.log"
         # Tests pass the source root: their workers load test-only middleware from it.
         self.cwd = Path(cwd) if cwd is not None else self.log_path.parent
+        # Only for a supervisor that starts children from one long-lived thread (``engram up``): the
+        # kernel's signal follows the starting thread, not the process.
+        self.die_with_parent = die_with_parent
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> ManagedProcess:
@@ -67,7 +78,13 @@ class ManagedProcess:
         log = self.log_path.open("ab")
         # A new session: chaos tests kill the whole group (main process and pool children).
         self.proc = subprocess.Popen(
-            self.argv, env=self.env, cwd=self.cwd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            self.argv,
+            env=self.env,
+            cwd=self.cwd,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=parent_death_signal() if self.die_with_parent else None,
         )
         log.close()
         return self

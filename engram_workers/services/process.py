@@ -76,8 +76,10 @@ class ServiceProcess:
     start_timeout: ClassVar[float] = 30.0
     stop_timeout: ClassVar[float] = 10.0
 
-    def __init__(self, *, data_dir: Path, port: int | None = None) -> None:
+    def __init__(self, *, data_dir: Path, port: int | None = None, die_with_parent: bool = False) -> None:
         self.data_dir = Path(data_dir).resolve()
+        # The kernel ends the server when the thread that started it dies (see fleet.parent_death_signal).
+        self.die_with_parent = die_with_parent
         self._port_may_move = port is None
         self._port = port
         self._proc: subprocess.Popen[bytes] | None = None

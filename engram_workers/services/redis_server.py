@@ -15,6 +15,7 @@ import sys
 import time
 from pathlib import Path
 
+from engram_workers.services.fleet import parent_death_signal
 from engram_workers.services.process import HOST, ServiceProcess, ServiceStartError, file_size, kill_process, log_tail
 
 __all__ = ["RedisServer", "find_redis_server"]
@@ -62,8 +63,10 @@ class RedisServer(ServiceProcess):
     ``data_dir`` holds redis.conf, the AOF files and redis.log (the server's stdout and stderr).
     """
 
-    def __init__(self, *, data_dir: Path, port: int | None = None, appendonly: bool = True) -> None:
-        super().__init__(data_dir=data_dir, port=port)
+    def __init__(
+        self, *, data_dir: Path, port: int | None = None, appendonly: bool = True, die_with_parent: bool = False
+    ) -> None:
+        super().__init__(data_dir=data_dir, port=port, die_with_parent=die_with_parent)
         self.appendonly = appendonly
         self._binary: Path | None = None
 
@@ -121,6 +124,7 @@ class RedisServer(ServiceProcess):
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
+                preexec_fn=parent_death_signal() if self.die_with_parent else None,
             )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
