@@ -49,7 +49,7 @@ class QueueDepth(Collector):
 
         from engram_api import keys
 
-        names = (keys.EXTRACT_QUEUE, keys.APPLY_QUEUE, keys.MAINTENANCE_QUEUE)
+        names = keys.QUEUES
         pipe = self._redis.pipeline(transaction=False)
         for name in names:
             pipe.llen(name)

@@ -14,9 +14,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from engram_api import keys
-from engram_api.queue import make_celery
 from engram_api.settings import load_settings
 from engram_testing.llm_standin import LLMStandin, Reply, approx_tokens
+from engram_workers.celery_config import make_celery
 from engram_workers.services.ports import free_port
 from tests.support.extractions import entity, fact, lives_in, message_text
 from tests.support.operator_processes import engram_process

@@ -40,7 +40,7 @@ def stage_defaults(stage: str) -> tuple[list[str], str, int]:
         "apply": ([keys.APPLY_QUEUE], "prefork", cpus),
         # Maintenance walks every user; one job at a time is plenty at its hourly-to-daily cadence.
         "maintenance": ([keys.MAINTENANCE_QUEUE], "prefork", 1),
-        "all": ([keys.EXTRACT_QUEUE, keys.APPLY_QUEUE, keys.MAINTENANCE_QUEUE], "prefork", cpus),
+        "all": (list(keys.QUEUES), "prefork", cpus),
     }[stage]
 
 

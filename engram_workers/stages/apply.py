@@ -33,11 +33,9 @@ __all__ = ["hand_over", "run_apply"]
 _STORE_ATTEMPTS = 40
 
 
-def hand_over(user_id: str, message_id: str) -> None:
+def hand_over(ctx: WorkerContext, user_id: str, message_id: str) -> None:
     """Publish the apply task for a message whose extraction is stored."""
-    from engram_workers.app import app
-
-    app.send_task(keys.APPLY_TASK, args=(user_id, message_id), queue=keys.APPLY_QUEUE, routing_key=keys.APPLY_QUEUE)
+    ctx.dispatch(keys.APPLY_TASK, (user_id, message_id))
 
 
 def _finish(ctx: WorkerContext, user_id: str, message_id: str, version: int) -> None:
@@ -58,12 +56,8 @@ def _apply_locked(ctx: WorkerContext, user_id: str, message_id: str) -> str:
     if envelope is None:
         return "no payload (forgotten)"
     if stored is None:
-        from engram_workers.app import app
-
         set_state(ctx, user_id, message_id, MessageState.QUEUED)
-        app.send_task(
-            keys.EXTRACT_TASK, args=(user_id, message_id), queue=keys.EXTRACT_QUEUE, routing_key=keys.EXTRACT_QUEUE
-        )
+        ctx.dispatch(keys.EXTRACT_TASK, (user_id, message_id))
         return "extraction missing: sent back to extract"
     data = json.loads(stored)
     extraction = Extraction.model_validate(data["extraction"])

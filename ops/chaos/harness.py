@@ -339,13 +339,13 @@ _SWEEP_EVERY_S = 15.0
 
 
 def _redeliver(client: MemoryClient) -> list[str]:
-    from engram_api.queue import make_celery
+    from engram_workers.celery_config import make_celery
+    from engram_workers.dispatch import celery_dispatch
     from engram_workers.maintenance import redeliver_stuck
 
-    app = make_celery(client.settings, client.redis_url)
     report = redeliver_stuck(
         client=client.redis,
-        send=lambda task, args, queue: app.send_task(task, args=args, queue=queue, routing_key=queue),
+        send=celery_dispatch(make_celery(client.settings, client.redis_url)),
         older_than_s=client.settings.visibility_timeout_s,
     )
     return report.resent

@@ -10,8 +10,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
-from engram_api.queue import make_celery
 from engram_api.settings import Settings
+from engram_workers.celery_config import make_celery
 from engram_workers.services.celery_worker import ManagedProcess
 from tests.support.stack import SOURCE_ROOT
 
