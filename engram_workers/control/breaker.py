@@ -17,8 +17,9 @@ from typing import TypeVar
 import redis
 
 from engram_api import keys
+from engram_api.errors import BreakerOpenError
 
-__all__ = ["BreakerOpenError", "LLMBreaker"]
+__all__ = ["LLMBreaker"]
 
 T = TypeVar("T")
 
@@ -39,14 +40,6 @@ if n >= tonumber(ARGV[1]) or redis.call('EXISTS', KEYS[3]) == 1 then
 end
 return 0
 """
-
-
-class BreakerOpenError(Exception):
-    """The LLM breaker is open: do not call the model now."""
-
-    def __init__(self, retry_in: float) -> None:
-        self.retry_in = retry_in
-        super().__init__(f"LLM circuit breaker open (retry in {retry_in:.1f}s)")
 
 
 class LLMBreaker:

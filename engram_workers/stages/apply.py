@@ -12,8 +12,8 @@ import json
 import random
 
 from engram_api import keys
-from engram_api.errors import StoreUnavailableError
-from engram_api.locks import UserBusyError, user_lock
+from engram_api.errors import StoreUnavailableError, UserBusyError
+from engram_api.locks import user_lock
 from engram_api.models import Extraction, MessageState, Usage
 from engram_api.versions import publish_version
 from engram_workers.consolidation import plan_message

@@ -13,11 +13,10 @@ import json
 import random
 
 from engram_api import keys
-from engram_api.errors import LLMError, StoreUnavailableError
+from engram_api.errors import BreakerOpenError, LLMError, StoreUnavailableError
 from engram_api.models import Envelope, Extraction, MessageState, Usage
 from engram_workers import metrics
 from engram_workers.context import WorkerContext
-from engram_workers.control.breaker import BreakerOpenError
 from engram_workers.extraction.llm import LLMAnswer, call_llm
 from engram_workers.extraction.prompt import SlimContext, build_messages
 from engram_workers.extraction.rules import extract_rules
