@@ -40,9 +40,9 @@ class QueueDepth(Collector):
     current, and only the serving process talks to Redis for it."""
 
     def __init__(self, redis_url: str) -> None:
-        import redis
+        from engram_api.connections import redis_client
 
-        self._redis = redis.Redis.from_url(redis_url, socket_timeout=5, socket_connect_timeout=5)
+        self._redis = redis_client(redis_url, timeout_s=5, decode_responses=False)
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         import redis

@@ -31,7 +31,7 @@ def live_embedded_redis(settings: Settings) -> str | None:
     """The URL in services.json when an embedded Redis answers there (another `engram up` runs)."""
     import redis
 
-    from engram_api.connections import SERVICES_FILE
+    from engram_api.connections import SERVICES_FILE, redis_client
 
     try:
         url = json.loads((settings.data_dir / SERVICES_FILE).read_text()).get("redis_url")
@@ -40,7 +40,7 @@ def live_embedded_redis(settings: Settings) -> str | None:
     if not url:
         return None
     try:
-        redis.Redis.from_url(url, socket_connect_timeout=1, socket_timeout=1).ping()
+        redis_client(url, timeout_s=1).ping()
     except redis.RedisError:
         return None
     return str(url)

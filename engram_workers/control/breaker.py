@@ -14,9 +14,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TypeVar
 
-import redis
-
 from engram_api import keys
+from engram_api.connections import redis_client
 from engram_api.errors import BreakerOpenError
 
 __all__ = ["LLMBreaker"]
@@ -51,7 +50,7 @@ class LLMBreaker:
         reset_timeout: float,
         is_failure: Callable[[BaseException], bool],
     ) -> None:
-        self.redis = redis.Redis.from_url(redis_url, socket_timeout=5, decode_responses=True)
+        self.redis = redis_client(redis_url, timeout_s=5)
         self.fail_max = fail_max
         self.reset_timeout = reset_timeout
         # The model answered but the answer was bad: that says nothing about the service's health.
