@@ -1,12 +1,11 @@
 """Prometheus metrics of the workers.
 
 Celery's prefork children each count on their own: with ``PROMETHEUS_MULTIPROC_DIR`` set (``engram
-worker`` sets it) prometheus_client aggregates them and ``engram worker --metrics-port`` serves the sum.
+worker --metrics-port`` sets it, to ENGRAM_METRICS_DIR or a temporary directory) prometheus_client aggregates them and ``engram worker --metrics-port`` serves the sum.
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram, start_http_server
@@ -63,10 +62,10 @@ class QueueDepth(Collector):
         yield family
 
 
-def serve(port: int, redis_url: str) -> None:
-    """Expose /metrics on ``port`` (aggregating pool children in multiprocess mode), with queue depths."""
+def serve(port: int, redis_url: str, *, multiprocess: bool) -> None:
+    """Expose /metrics on ``port`` with queue depths; ``multiprocess`` sums the pool children's files."""
     registry = REGISTRY
-    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+    if multiprocess:
         from prometheus_client import multiprocess
 
         registry = CollectorRegistry()

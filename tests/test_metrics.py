@@ -72,7 +72,7 @@ def scrape(redis_url: str, llm_server: LLMStandin, tmp_path_factory: pytest.Temp
         (metrics_dir / "counter_1.db").write_bytes(b"stale")  # a previous run's file: `engram worker` clears it
         queues = f"{keys.EXTRACT_QUEUE},{keys.APPLY_QUEUE}"
         args = ["worker", "--queues", queues, "--concurrency", "2", "--metrics-port", str(port)]
-        env = {**stack.env, "PROMETHEUS_MULTIPROC_DIR": str(metrics_dir)}
+        env = {**stack.env, "ENGRAM_METRICS_DIR": str(metrics_dir)}
         with engram_process("worker", args, env=env, log_dir=data_dir) as worker:
             worker.wait_for_log("ready.", timeout=90)
             client = stack.client

@@ -79,22 +79,20 @@ def _celery(argv: list[str]) -> None:
     raise click.exceptions.Exit(code or 0)
 
 
-def _metrics_dir() -> str:
+def _metrics_dir(chosen: Path | None) -> str:
     """prometheus_client's multiprocess directory: pool children write there, the parent serves the sum.
 
     It must be empty at start (old files would be counted again), so a caller-chosen one is cleared.
     """
-    chosen = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
-    if not chosen:
+    if chosen is None:
         made = tempfile.mkdtemp(prefix="engram-metrics-")
         # Pool children leave through os._exit, so only the parent (the owner) runs this.
         atexit.register(shutil.rmtree, made, ignore_errors=True)
         return made
-    path = Path(chosen)
-    path.mkdir(parents=True, exist_ok=True)
-    for stale in path.glob("*.db"):
+    chosen.mkdir(parents=True, exist_ok=True)
+    for stale in chosen.glob("*.db"):
         stale.unlink()
-    return chosen
+    return str(chosen)
 
 
 @click.command(short_help="Run a Celery worker for one stage (or all).")
@@ -127,12 +125,13 @@ def worker(
     if not chosen_queues:
         raise click.BadParameter("no queue given", param_hint="--queues")
     if metrics_port is not None:
-        # Before anything imports prometheus_client: it picks multiprocess mode at import.
-        os.environ["PROMETHEUS_MULTIPROC_DIR"] = _metrics_dir()
+        # Before anything imports prometheus_client: it picks multiprocess mode at import, from this variable
+        # (inherited by the pool children).
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = _metrics_dir(current.metrics_dir)
         from engram_api.connections import resolve_redis_url
         from engram_workers import metrics
 
-        metrics.serve(metrics_port, resolve_redis_url(current))
+        metrics.serve(metrics_port, resolve_redis_url(current), multiprocess=True)
     argv = [
         "worker",
         "--queues", ",".join(chosen_queues),
