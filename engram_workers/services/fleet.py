@@ -128,8 +128,11 @@ def end_processes(refs: Sequence[ProcessRef], *, grace_s: float) -> None:
         time.sleep(0.1)
     for ref in refs:
         _signal(ref, signal.SIGKILL)
-    while any(ref.alive() for ref in refs):
-        time.sleep(0.05)  # SIGKILL cannot be refused; this waits for the kernel to finish it
+    # SIGKILL cannot be refused; this waits for the kernel to finish it (bounded: a process we may not
+    # signal, or one stuck in the kernel, must not hang the caller).
+    deadline = time.monotonic() + 10.0
+    while any(ref.alive() for ref in refs) and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 def reap_leftovers(data_dir: Path, *, grace_s: float = 30.0) -> list[FleetRecord]:
