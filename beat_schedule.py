@@ -31,6 +31,6 @@ def build_schedule(settings: Settings) -> dict[str, Any]:
         schedule[f"engram-{name}"] = {
             "task": task,
             "schedule": interval,
-            "options": {"queue": keys.MAINTENANCE_QUEUE, "expires": interval},
+            "options": {"queue": keys.queue_for(task), "expires": interval},
         }
     return schedule

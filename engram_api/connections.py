@@ -47,8 +47,17 @@ def resolve_redis_url(settings: Settings) -> str:
     return str(url)
 
 
-def redis_client(url: str) -> redis.Redis:
-    # decode_responses: every value Engram keeps in Redis is text (JSON or counters).
+def redis_client(url: str, *, timeout_s: float = 10.0, decode_responses: bool = True) -> redis.Redis:
+    """Every Redis client Engram opens (producer, reader, workers, breaker, rate limiter, metrics, CLI).
+
+    ``decode_responses``: every value Engram keeps in Redis is text (JSON or counters); callers that only
+    count or run scripts returning numbers may skip decoding. ``timeout_s`` bounds each command and the
+    connect, so a Redis that is away is an error, not a hang.
+    """
     return redis.Redis.from_url(
-        url, decode_responses=True, socket_timeout=10, socket_connect_timeout=5, health_check_interval=30
+        url,
+        decode_responses=decode_responses,
+        socket_timeout=timeout_s,
+        socket_connect_timeout=min(timeout_s, 5.0),
+        health_check_interval=30,
     )

@@ -8,12 +8,14 @@ from __future__ import annotations
 
 __all__ = [
     "BackPressureError",
+    "BreakerOpenError",
     "ConfigError",
     "EngramError",
     "InvalidInputError",
     "LLMError",
     "NotFoundError",
     "StoreUnavailableError",
+    "UserBusyError",
     "WaitTimeoutError",
 ]
 
@@ -55,6 +57,22 @@ class LLMError(EngramError):
         self.transient = transient
         self.raw = raw
         super().__init__(message)
+
+
+class BreakerOpenError(EngramError):
+    """The fleet-wide LLM circuit breaker is open: the model is not called for ``retry_in`` seconds."""
+
+    def __init__(self, retry_in: float) -> None:
+        self.retry_in = retry_in
+        super().__init__(f"LLM circuit breaker open (retry in {retry_in:.1f}s)")
+
+
+class UserBusyError(EngramError):
+    """Another process holds ``user_id``'s write lock (one writer per user); try again shortly."""
+
+    def __init__(self, user_id: str) -> None:
+        self.user_id = user_id
+        super().__init__(f"user {user_id!r} is being written by another process; try again shortly")
 
 
 class WaitTimeoutError(EngramError, TimeoutError):

@@ -51,7 +51,7 @@ def check_all(client: MemoryClient) -> HealthReport:
 
     def queues() -> str:
         pipe = client.redis.pipeline(transaction=False)
-        names = (keys.EXTRACT_QUEUE, keys.APPLY_QUEUE, keys.MAINTENANCE_QUEUE)
+        names = keys.QUEUES
         for name in names:
             pipe.llen(name)
         depths = pipe.execute()

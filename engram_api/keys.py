@@ -12,7 +12,11 @@ __all__ = [
     "EXTRACT_QUEUE",
     "EXTRACT_TASK",
     "MAINTENANCE_QUEUE",
+    "MAINTENANCE_TASKS",
     "PREFIX",
+    "QUEUES",
+    "TASK_QUEUES",
+    "queue_for",
 ]
 
 PREFIX = "engram"
@@ -21,6 +25,7 @@ PREFIX = "engram"
 EXTRACT_QUEUE = "engram.extract"
 APPLY_QUEUE = "engram.apply"
 MAINTENANCE_QUEUE = "engram.maintenance"
+QUEUES = (EXTRACT_QUEUE, APPLY_QUEUE, MAINTENANCE_QUEUE)
 
 # Pipeline stages (also the task names' suffixes); per-stage keys are built from these.
 STAGES = ("extract", "apply")
@@ -32,6 +37,20 @@ HIERARCHY_TASK = "engram.maintenance.hierarchy"
 WEIGHTS_TASK = "engram.maintenance.weights"
 RECONCILE_TASK = "engram.maintenance.reconcile"
 REDELIVER_TASK = "engram.maintenance.redeliver"
+MAINTENANCE_TASKS = (DECAY_TASK, HIERARCHY_TASK, WEIGHTS_TASK, RECONCILE_TASK, REDELIVER_TASK)
+
+# Routes: the queue of every task. The Celery config, the producer's Lua enqueue, worker hand-overs,
+# redelivery and Beat all route through ``queue_for``.
+TASK_QUEUES = {
+    EXTRACT_TASK: EXTRACT_QUEUE,
+    APPLY_TASK: APPLY_QUEUE,
+    **dict.fromkeys(MAINTENANCE_TASKS, MAINTENANCE_QUEUE),
+}
+
+
+def queue_for(task: str) -> str:
+    """The queue a task is published on; KeyError for a task Engram does not have."""
+    return TASK_QUEUES[task]
 
 
 def message_payload(user_id: str, message_id: str) -> str:

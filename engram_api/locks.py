@@ -15,12 +15,9 @@ import redis
 from redis.exceptions import LockError
 
 from engram_api import keys
+from engram_api.errors import UserBusyError
 
-__all__ = ["UserBusyError", "user_lock"]
-
-
-class UserBusyError(Exception):
-    """Another process is writing this user's memory; try again shortly."""
+__all__ = ["user_lock"]
 
 
 @contextmanager

@@ -189,10 +189,11 @@ class Producer:
         """Register and publish an already-validated envelope (idempotent by message id)."""
         task_id = uuid.uuid4().hex
         uid, mid = envelope.user_id, envelope.message_id
-        message = task_message(keys.EXTRACT_TASK, task_id, (uid, mid), keys.EXTRACT_QUEUE)
+        queue = keys.queue_for(keys.EXTRACT_TASK)
+        message = task_message(keys.EXTRACT_TASK, task_id, (uid, mid), queue)
         try:
             existing = self._enqueue(
-                keys=[keys.message_payload(uid, mid), keys.status(uid, mid), keys.EXTRACT_QUEUE],
+                keys=[keys.message_payload(uid, mid), keys.status(uid, mid), queue],
                 args=[envelope.model_dump_json(), task_id, self.settings.status_ttl_s, time.time(), message],
             )
         except redis.RedisError as exc:

@@ -75,6 +75,9 @@ class Settings(BaseSettings):
         None, description="where the ONNX export of the embedding model is kept; unset: ~/.cache/engram/models"
     )
     query_cache_size: int = Field(4096, ge=0, description="recent query embeddings kept per process (0: off)")
+    torch_threads: int = Field(
+        1, ge=1, description="threads of the embedding model per process (workers already run one process per core)"
+    )
     data_dir: Path = Field(Path("engram-data"), description="FAISS indexes, embedded SQLite and Redis data")
 
     # --- LLM call discipline (fleet-wide: state lives in Redis) ---
@@ -134,6 +137,12 @@ class Settings(BaseSettings):
     flower_user: str = Field("engram", description="Flower basic-auth user")
     flower_password: str | None = Field(None, description="Flower basic-auth password; unset: no auth")
     log_format: Literal["json", "text"] = Field("text", description="worker log format (json: one object a line)")
+    metrics_dir: Path | None = Field(
+        None,
+        description="`engram worker --metrics-port`: prometheus_client's multiprocess directory (emptied at start); "
+        "unset: a temporary one",
+    )
+    debug: bool = Field(False, description="CLI: show the traceback of an unexpected error instead of one line")
 
     # --- HTTP / MCP gateway (`engram serve`) ---
     api_keys: list[ApiKeySpec] = Field(

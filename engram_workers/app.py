@@ -1,4 +1,4 @@
-"""The Celery application. Configuration comes from ``engram_api.queue`` (shared with producers) and is
+"""The Celery application. Configuration comes from ``engram_workers.celery_config`` and is
 resolved lazily, on first use, so importing this module connects to nothing.
 
 Run a worker with ``engram worker`` (or ``celery -A engram_workers.app worker``).
@@ -23,8 +23,8 @@ __all__ = ["app"]
 def _config() -> dict[str, Any]:
     from beat_schedule import build_schedule
     from engram_api.connections import resolve_redis_url
-    from engram_api.queue import celery_config
     from engram_api.settings import load_settings
+    from engram_workers.celery_config import celery_config
 
     settings = load_settings()
     config = celery_config(settings, resolve_redis_url(settings))

@@ -19,6 +19,7 @@ from engram_api.storage.embedder import Embedder, embedder_for
 from engram_api.storage.indexes import IndexKeeper
 from engram_api.storage.vectors import VectorStore
 from engram_workers.control import LLMBreaker, LLMRateLimiter
+from engram_workers.dispatch import Dispatch, send
 from engram_workers.extraction.llm import is_service_failure
 from engram_workers.middleware import Middleware, build_middleware
 
@@ -26,8 +27,10 @@ __all__ = ["WorkerContext", "get_context", "reset_context"]
 
 
 class WorkerContext:
-    def __init__(self, *, settings: Settings) -> None:
+    def __init__(self, *, settings: Settings, dispatch: Dispatch = send) -> None:
         self.settings = settings
+        # How stages publish the next task: the worker's Celery app unless a caller injects another.
+        self.dispatch = dispatch
 
     @cached_property
     def redis_url(self) -> str:

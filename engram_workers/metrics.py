@@ -1,12 +1,11 @@
 """Prometheus metrics of the workers.
 
 Celery's prefork children each count on their own: with ``PROMETHEUS_MULTIPROC_DIR`` set (``engram
-worker`` sets it) prometheus_client aggregates them and ``engram worker --metrics-port`` serves the sum.
+worker --metrics-port`` sets it, to ENGRAM_METRICS_DIR or a temporary directory) prometheus_client aggregates them and ``engram worker --metrics-port`` serves the sum.
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram, start_http_server
@@ -40,16 +39,16 @@ class QueueDepth(Collector):
     current, and only the serving process talks to Redis for it."""
 
     def __init__(self, redis_url: str) -> None:
-        import redis
+        from engram_api.connections import redis_client
 
-        self._redis = redis.Redis.from_url(redis_url, socket_timeout=5, socket_connect_timeout=5)
+        self._redis = redis_client(redis_url, timeout_s=5, decode_responses=False)
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         import redis
 
         from engram_api import keys
 
-        names = (keys.EXTRACT_QUEUE, keys.APPLY_QUEUE, keys.MAINTENANCE_QUEUE)
+        names = keys.QUEUES
         pipe = self._redis.pipeline(transaction=False)
         for name in names:
             pipe.llen(name)
@@ -63,10 +62,10 @@ class QueueDepth(Collector):
         yield family
 
 
-def serve(port: int, redis_url: str) -> None:
-    """Expose /metrics on ``port`` (aggregating pool children in multiprocess mode), with queue depths."""
+def serve(port: int, redis_url: str, *, multiprocess: bool) -> None:
+    """Expose /metrics on ``port`` with queue depths; ``multiprocess`` sums the pool children's files."""
     registry = REGISTRY
-    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+    if multiprocess:
         from prometheus_client import multiprocess
 
         registry = CollectorRegistry()

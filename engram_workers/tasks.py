@@ -175,9 +175,5 @@ def redeliver_task(older_than_s: float | None = None) -> dict[str, Any]:
     from engram_workers.maintenance import redeliver_stuck
 
     ctx = get_context()
-
-    def send(task: str, args: tuple[str, str], queue: str) -> None:
-        app.send_task(task, args=args, queue=queue, routing_key=queue)
-
     threshold = ctx.settings.visibility_timeout_s if older_than_s is None else older_than_s
-    return redeliver_stuck(client=ctx.redis, send=send, older_than_s=threshold).model_dump(mode="json")
+    return redeliver_stuck(client=ctx.redis, send=ctx.dispatch, older_than_s=threshold).model_dump(mode="json")

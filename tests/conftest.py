@@ -15,7 +15,8 @@ import pytest
 import redis
 from hypothesis import HealthCheck, settings
 
-from engram_workers.services import LLMStandin, Neo4jServer, RedisServer, ServiceStartError
+from engram_testing import LLMStandin, Neo4jServer
+from engram_workers.services import RedisServer, ServiceStartError
 
 # Module level, so it happens before any test module imports litellm (which otherwise fetches a price
 # list over the network at import) or sentence-transformers (which would try the Hugging Face Hub).

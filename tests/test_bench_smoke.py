@@ -48,3 +48,20 @@ def test_quick_enqueue_benchmark_prints_a_table_and_writes_json(tmp_path):
     latest = json.loads((tmp_path / "latest.json").read_text())
     assert latest["failed"] == {} and set(latest["results"]) == {"enqueue"}
     assert not (tmp_path / "work").exists() or not any((tmp_path / "work").iterdir())
+
+
+def test_quality_without_its_data_sets_says_where_they_go_and_exits_0(tmp_path):
+    empty = tmp_path / "no-datasets"
+    empty.mkdir()
+    done = subprocess.run(
+        [sys.executable, "-m", "engram_workers.cli", "bench", "--quick", "--only", "quality",
+         "--datasets", str(empty), "--out", str(tmp_path / "out")],
+        cwd=REPO, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    text = " ".join(done.stdout.split())  # rich wraps long paths
+    assert "quality skipped" in text and "--datasets" in text
+    for name in ("locomo_dev5.json", "sample_20.json"):
+        assert name in text
+    latest = json.loads((tmp_path / "out" / "latest.json").read_text())
+    assert latest["skipped"] == ["quality"] and latest["results"] == {} and latest["failed"] == {}

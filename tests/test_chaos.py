@@ -22,7 +22,7 @@ import poison
 import redis_restart
 import worker_kill
 
-from engram_workers.services import LLMStandin, Neo4jServer
+from engram_testing import LLMStandin, Neo4jServer
 
 # Each scenario takes one to three minutes; a lost message shows as a settle timeout of 150 s, not a hang.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]

@@ -26,11 +26,11 @@ from engram_api.deadletters import DeadLetterStore
 from engram_api.models import DeadLetter
 from engram_api.producer import build_envelope
 from engram_api.settings import Settings
+from engram_testing.llm_standin import LLMStandin, Reply
 from engram_workers import cli
 from engram_workers.cli import memory
 from engram_workers.cli.demo import load_sample
 from engram_workers.extraction.rules import extract_rules
-from engram_workers.services.llm_standin import LLMStandin, Reply
 from tests.support.gateway import free_port
 from tests.support.stack import SETTLE_S, Stack, engram_stack
 

@@ -29,11 +29,11 @@ from engram_api.errors import LLMError
 from engram_api.models import DeadLetter, Envelope, Extraction, GraphPage, Usage, UserStats
 from engram_api.naming import LABELS, sanitize_label, sanitize_predicate, self_entity_id
 from engram_api.producer import build_envelope
+from engram_testing.llm_standin import Reply
 from engram_workers.consolidation import Planned
 from engram_workers.extraction.llm import parse_extraction
 from engram_workers.extraction.rules import extract_rules
 from engram_workers.middleware import build_middleware
-from engram_workers.services.llm_standin import Reply
 from engram_workers.stages.apply import write_extraction
 from tests.support.extractions import entity, fact, message_text
 from tests.support.stack import SETTLE_S, Stack, engram_stack

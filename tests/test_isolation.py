@@ -27,8 +27,8 @@ from engram_api.locks import user_lock
 from engram_api.models import GLOBAL_SCOPE, GraphPage, LearnedWeights
 from engram_api.storage.vectors import VectorStore
 from engram_api.versions import publish_version
+from engram_testing.llm_standin import Reply
 from engram_workers.maintenance import rebuild_hierarchy
-from engram_workers.services.llm_standin import Reply
 from tests.support.extractions import entity, fact, lives_in, message_text
 from tests.support.stack import SETTLE_S, Stack, engram_stack
 from tests.test_bad_input import API_CALLS

@@ -14,9 +14,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from engram_api import keys
-from engram_api.queue import make_celery
 from engram_api.settings import load_settings
-from engram_workers.services.llm_standin import LLMStandin, Reply, approx_tokens
+from engram_testing.llm_standin import LLMStandin, Reply, approx_tokens
+from engram_workers.celery_config import make_celery
 from engram_workers.services.ports import free_port
 from tests.support.extractions import entity, fact, lives_in, message_text
 from tests.support.operator_processes import engram_process
@@ -87,7 +87,7 @@ def scrape(redis_url: str, llm_server: LLMStandin, tmp_path_factory: pytest.Temp
         (metrics_dir / "counter_1.db").write_bytes(b"stale")  # a previous run's file: `engram worker` clears it
         queues = f"{keys.EXTRACT_QUEUE},{keys.APPLY_QUEUE}"
         args = ["worker", "--queues", queues, "--concurrency", "2", "--metrics-port", str(port)]
-        env = {**stack.env, "PROMETHEUS_MULTIPROC_DIR": str(metrics_dir)}
+        env = {**stack.env, "ENGRAM_METRICS_DIR": str(metrics_dir)}
         with engram_process("worker", args, env=env, log_dir=data_dir) as worker:
             worker.wait_for_log("ready.", timeout=90)
             client = stack.client

@@ -13,7 +13,7 @@ import pytest
 
 from engram_api import keys
 from engram_api.models import MessageState
-from engram_workers.services.llm_standin import Reply
+from engram_testing.llm_standin import Reply
 from tests.support.extractions import entity, fact, lives_in, message_text
 from tests.support.stack import SETTLE_S, engram_stack
 

@@ -30,7 +30,7 @@ def _decoded(raw: str) -> dict:
 
 
 def test_task_message_matches_what_celery_itself_publishes(client):
-    from engram_api.queue import make_celery
+    from engram_workers.celery_config import make_celery
 
     app = make_celery(client.settings, client.redis_url)
     app.send_task(keys.EXTRACT_TASK, args=("u1", "m1"), task_id="tid-1", queue=keys.EXTRACT_QUEUE,

@@ -19,8 +19,8 @@ from engram_api.models import LearnedWeights, utcnow
 from engram_api.reader.context import EXCERPTS_HEADER
 from engram_api.settings import Settings
 from engram_api.versions import publish_version, read_version
+from engram_testing.llm_standin import Reply
 from engram_workers.maintenance import run_decay
-from engram_workers.services.llm_standin import Reply
 from tests.support.extractions import entity, fact, lives_in, message_text
 from tests.support.stack import SETTLE_S, engram_stack
 

@@ -12,7 +12,7 @@ import pytest
 
 from engram_api import keys
 from engram_api.models import MessageState
-from engram_api.queue import make_celery
+from engram_workers.celery_config import make_celery
 from engram_workers.maintenance import redeliver_stuck
 from engram_workers.services.celery_worker import APPLY_WORKER, EXTRACT_WORKER
 from tests.support.operator_processes import wait_until
@@ -25,16 +25,16 @@ def test_only_old_stuck_messages_are_resent_once(redis_client, user_id):
     redis_client.hset(keys.status(user_id, "old-x"), mapping={"state": "extracted", "extracted_at": now - 120})
     redis_client.hset(keys.status(user_id, "fresh"), mapping={"state": "queued", "enqueued_at": now - 5})
     redis_client.hset(keys.status(user_id, "done"), mapping={"state": "applied", "enqueued_at": now - 999})
-    sent: list[tuple[str, tuple[str, str], str]] = []
+    sent: list[tuple[str, tuple[str, ...]]] = []
 
-    def send(task, args, queue):
-        sent.append((task, args, queue))
+    def send(task, args):
+        sent.append((task, args))
 
     report = redeliver_stuck(client=redis_client, send=send, older_than_s=60, now=now)
     mine = sorted(s for s in sent if s[1][0] == user_id)
     assert mine == [
-        (keys.APPLY_TASK, (user_id, "old-x"), keys.APPLY_QUEUE),
-        (keys.EXTRACT_TASK, (user_id, "old:q"), keys.EXTRACT_QUEUE),  # message ids may contain ':'
+        (keys.APPLY_TASK, (user_id, "old-x")),
+        (keys.EXTRACT_TASK, (user_id, "old:q")),  # message ids may contain ':'
     ]
     assert {f"{user_id}:old:q", f"{user_id}:old-x"} <= set(report.resent)
 

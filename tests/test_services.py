@@ -19,8 +19,9 @@ import pytest
 import redis
 from neo4j import GraphDatabase
 
-from engram_workers.services import LLMStandin, Neo4jServer, RedisServer, Reply
-from engram_workers.services.llm_standin import approx_tokens
+from engram_testing import LLMStandin, Neo4jServer, Reply
+from engram_testing.llm_standin import approx_tokens
+from engram_workers.services import RedisServer
 from tests.support.celery_ping_app import QUEUE, make_app
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -86,7 +87,7 @@ def test_neo4j_outlives_no_parent_and_keeps_its_data(tmp_path: Path) -> None:
 import sys, time
 from pathlib import Path
 from neo4j import GraphDatabase
-from engram_workers.services import Neo4jServer
+from engram_testing import Neo4jServer
 s = Neo4jServer(data_dir=Path({str(data_dir)!r})).start()
 with GraphDatabase.driver(s.uri, auth=None) as d:
     d.execute_query("CREATE (:Survivor {{name: 'kept'}})")
@@ -297,7 +298,7 @@ def test_standin_reset_restores_every_setting(llm_standin: LLMStandin) -> None:
 
 def test_standin_runs_standalone() -> None:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "engram_workers.services.llm_standin", "--port", "0", "--latency", "60"],
+        [sys.executable, "-m", "engram_testing.llm_standin", "--port", "0", "--latency", "60"],
         cwd=REPO_ROOT,
         stdout=subprocess.PIPE,
         text=True,

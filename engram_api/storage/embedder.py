@@ -62,11 +62,6 @@ def default_model_cache_dir() -> Path:
     return Path(base) / "engram" / "models"
 
 
-def _threads() -> int:
-    # One thread per process: workers are already one process per core.
-    return max(1, int(os.environ.get("ENGRAM_TORCH_THREADS", "1")))
-
-
 @contextmanager
 def _export_lock(cache_dir: Path) -> Iterator[None]:
     cache_dir.mkdir(parents=True, exist_ok=True)
@@ -100,7 +95,7 @@ class _TorchEncoder:
 class _OnnxEncoder:
     """Tokenize with ``tokenizers``, run the exported graph (pooling + normalisation inside it)."""
 
-    def __init__(self, artifacts: OnnxArtifacts) -> None:
+    def __init__(self, artifacts: OnnxArtifacts, *, threads: int) -> None:
         import onnxruntime as ort
         from tokenizers import Tokenizer
 
@@ -110,7 +105,7 @@ class _OnnxEncoder:
         self.tokenizer.no_padding()  # we pad per batch below, to the batch's longest text
         self.tokenizer.enable_truncation(max_length=int(meta["max_seq_length"]))
         options = ort.SessionOptions()
-        options.intra_op_num_threads = _threads()
+        options.intra_op_num_threads = threads
         options.inter_op_num_threads = 1
         self.session = ort.InferenceSession(str(artifacts.model), options, providers=["CPUExecutionProvider"])
 
@@ -146,8 +141,11 @@ class Embedder:
         backend: EmbeddingBackend = "auto",
         cache_dir: Path | None = None,
         query_cache_size: int = 4096,
+        threads: int = 1,
     ) -> None:
         self.model_name = model
+        # One thread by default: workers are already one process per core (ENGRAM_TORCH_THREADS).
+        self.threads = threads
         self.requested_backend = backend
         self.cache_dir = cache_dir or default_model_cache_dir()
         self._encoder: _Encoder | None = None
@@ -165,7 +163,7 @@ class Embedder:
         from sentence_transformers import SentenceTransformer
         from transformers.utils import logging as hf_logging
 
-        torch.set_num_threads(_threads())
+        torch.set_num_threads(self.threads)
         hf_logging.disable_progress_bar()  # a worker's log is not a terminal
         return SentenceTransformer(_resolve(self.model_name), device="cpu")
 
@@ -192,7 +190,7 @@ class Embedder:
                 raise ConfigError("ENGRAM_EMBEDDING_BACKEND", f"ONNX export failed: {exc}") from exc
             log.warning("embedding on torch: ONNX export of %s failed: %s", self.model_name, exc)
             return None
-        return _OnnxEncoder(artifacts)
+        return _OnnxEncoder(artifacts, threads=self.threads)
 
     def _load(self) -> _Encoder:
         with self._lock:
@@ -233,14 +231,19 @@ _shared_lock = threading.Lock()
 
 
 def get_embedder(
-    model: str, *, backend: EmbeddingBackend = "auto", cache_dir: Path | None = None, query_cache_size: int = 4096
+    model: str,
+    *,
+    backend: EmbeddingBackend = "auto",
+    cache_dir: Path | None = None,
+    query_cache_size: int = 4096,
+    threads: int = 1,
 ) -> Embedder:
     """The process-wide embedder for ``model`` and backend (one load per process)."""
-    key = (model, backend, cache_dir, query_cache_size)
+    key = (model, backend, cache_dir, query_cache_size, threads)
     with _shared_lock:
         if key not in _shared:
             _shared[key] = Embedder(
-                model=model, backend=backend, cache_dir=cache_dir, query_cache_size=query_cache_size
+                model=model, backend=backend, cache_dir=cache_dir, query_cache_size=query_cache_size, threads=threads
             )
         return _shared[key]
 
@@ -252,4 +255,5 @@ def embedder_for(settings: Settings) -> Embedder:
         backend=settings.embedding_backend,
         cache_dir=settings.model_cache_dir,
         query_cache_size=settings.query_cache_size,
+        threads=settings.torch_threads,
     )

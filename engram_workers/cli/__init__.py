@@ -9,7 +9,6 @@ other ``EngramError``), 1 for anything unexpected. ``ENGRAM_DEBUG=1`` shows the 
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -25,6 +24,17 @@ def _is_engram_error(exc: BaseException) -> bool:
     # An EngramError can only exist once engram_api is loaded: no import on the happy path.
     errors = sys.modules.get("engram_api.errors")
     return errors is not None and isinstance(exc, errors.EngramError)
+
+
+def _debug() -> bool:
+    """ENGRAM_DEBUG, through Settings; settings too broken to load cannot ask for a traceback."""
+    from engram_api.errors import ConfigError
+    from engram_api.settings import load_settings
+
+    try:
+        return load_settings().debug
+    except ConfigError:
+        return False
 
 
 class EngramGroup(click.Group):
@@ -46,7 +56,7 @@ class EngramGroup(click.Group):
             click.echo(f"error: {exc.format_message()}{hint}", err=True)
             sys.exit(exc.exit_code)
         except Exception as exc:
-            if os.environ.get("ENGRAM_DEBUG", "") not in ("", "0"):
+            if _debug():
                 raise
             # One line, always: a driver's message may span several (Neo4j's "Couldn't connect ...:\n...").
             message = " ".join(str(exc).split())

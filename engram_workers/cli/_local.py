@@ -1,13 +1,14 @@
 """The embedded/local topology ``engram up`` and ``engram demo`` run: Redis (unless REDIS_URL is set),
 workers, Beat and Flower as child processes, with logs under ENGRAM_DATA_DIR/logs.
 
-Children get absolute paths and the Redis URL in their environment: they run from the repository root,
-not from the caller's working directory, and must not depend on finding services.json.
+Children get absolute paths and the Redis URL in their environment: they run in the log directory,
+not the caller's working directory, and must not depend on finding services.json.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,9 +19,10 @@ import click
 if TYPE_CHECKING:
     from engram_api.settings import Settings
     from engram_workers.services.celery_worker import ManagedProcess
+    from engram_workers.services.fleet import FleetRecord
     from engram_workers.services.redis_server import RedisServer
 
-__all__ = ["LocalStack", "live_embedded_redis"]
+__all__ = ["LocalStack", "describe_reaped", "live_embedded_redis"]
 
 _READY_TIMEOUT_S = 120.0  # a first start imports torch and Celery in every child
 
@@ -29,7 +31,7 @@ def live_embedded_redis(settings: Settings) -> str | None:
     """The URL in services.json when an embedded Redis answers there (another `engram up` runs)."""
     import redis
 
-    from engram_api.connections import SERVICES_FILE
+    from engram_api.connections import SERVICES_FILE, redis_client
 
     try:
         url = json.loads((settings.data_dir / SERVICES_FILE).read_text()).get("redis_url")
@@ -38,10 +40,19 @@ def live_embedded_redis(settings: Settings) -> str | None:
     if not url:
         return None
     try:
-        redis.Redis.from_url(url, socket_connect_timeout=1, socket_timeout=1).ping()
+        redis_client(url, timeout_s=1).ping()
     except redis.RedisError:
         return None
     return str(url)
+
+
+def describe_reaped(records: list[FleetRecord]) -> str:
+    """One line per dead supervisor whose leftovers were ended."""
+    return "\n".join(
+        f"ended what a killed supervisor (pid {r.supervisor.pid}) left running: "
+        + (", ".join(c.name for c in r.children) or "nothing")
+        for r in records
+    )
 
 
 @dataclass
@@ -52,9 +63,29 @@ class LocalStack:
     redis_server: RedisServer | None = field(init=False, default=None)
     children: list[ManagedProcess] = field(init=False, default_factory=list)
     _ready: dict[str, str] = field(init=False, default_factory=dict)
+    _record: FleetRecord = field(init=False)
 
     def __post_init__(self) -> None:
+        from engram_workers.services.fleet import FleetRecord, ProcessRef
+
         self.data_dir = self.settings.data_dir.resolve()
+        self._record = FleetRecord(supervisor=ProcessRef.of("supervisor", os.getpid()))
+
+    def clean_leftovers(self) -> list[FleetRecord]:
+        """End what a killed `engram up`/`demo` on this data directory left running (see services.fleet)."""
+        from engram_workers.services.fleet import reap_leftovers
+
+        return reap_leftovers(self.data_dir)
+
+    def _track(self, name: str, pid: int) -> None:
+        """Record a started child in this supervisor's fleet record (for `engram down` and reaping)."""
+        from engram_workers.services.fleet import ProcessRef, save_record
+
+        try:
+            self._record.children.append(ProcessRef.of(name, pid, leads_group=True))
+        except ProcessLookupError:
+            return  # already gone: wait_ready reports it
+        save_record(self.data_dir, self._record)
 
     @property
     def log_dir(self) -> Path:
@@ -72,8 +103,7 @@ class LocalStack:
         """
         from engram_api.connections import write_services_file
         from engram_api.errors import ConfigError
-        from engram_workers.services import ServiceStartError
-        from engram_workers.services.redis_server import RedisServer
+        from engram_workers.services import RedisServer, ServiceStartError
 
         if self.settings.redis_url:
             self.redis_url = self.settings.redis_url
@@ -84,16 +114,19 @@ class LocalStack:
                 raise ConfigError(
                     "ENGRAM_DATA_DIR",
                     f"an embedded Redis for {self.data_dir} already runs at {running} (another `engram up`?); "
-                    "stop it or use another ENGRAM_DATA_DIR",
+                    "stop it with `engram down` or use another ENGRAM_DATA_DIR",
                 )
             self.redis_url = running
             return running
-        server = RedisServer(data_dir=self.data_dir / "redis", appendonly=True)
+        server = RedisServer(data_dir=self.data_dir / "redis", appendonly=True, die_with_parent=True)
         try:
             server.start()
         except ServiceStartError as exc:
             raise click.ClickException(f"the embedded Redis did not start: {str(exc).splitlines()[0]}") from None
         self.redis_server = server
+        self._record.owns_redis = True
+        assert server.pid is not None
+        self._track("redis", server.pid)
         self.redis_url = self.redis_server.url
         write_services_file(self.settings, redis_url=self.redis_url)
         return self.redis_url
@@ -102,28 +135,26 @@ class LocalStack:
         """Start a child without waiting for it: children boot in parallel, see ``wait_ready``."""
         from engram_workers.services.celery_worker import ManagedProcess
 
-        proc = ManagedProcess(name=name, argv=argv, env=self.env, log_dir=self.log_dir)
+        proc = ManagedProcess(name=name, argv=argv, env=self.env, log_dir=self.log_dir, die_with_parent=True)
         # The log is appended to: the last run's "ready." must not pass for this run's. One old log is kept.
         if proc.log_path.exists():
             proc.log_path.replace(proc.log_path.with_suffix(".log.1"))
         proc.start()
+        self._track(name, proc.pid)
         self.children.append(proc)
         self._ready[proc.name] = ready
 
     def start_extract_worker(self, name: str, concurrency: int) -> None:
-        from engram_api import keys
-        from engram_workers.services.celery_worker import worker_command
+        from engram_workers.services.celery_worker import EXTRACT_WORKER, worker_command
 
-        argv = worker_command(queues=[keys.EXTRACT_QUEUE], pool="threads", concurrency=concurrency, name=name)
+        argv = worker_command(**{**EXTRACT_WORKER, "concurrency": concurrency}, name=name)
         self._start(name, argv, "ready.")
 
     def start_apply_worker(self, name: str, concurrency: int) -> None:
         """Apply and maintenance share a worker here: one machine needs no separate maintenance fleet."""
-        from engram_api import keys
-        from engram_workers.services.celery_worker import worker_command
+        from engram_workers.services.celery_worker import APPLY_WORKER, worker_command
 
-        queues = [keys.APPLY_QUEUE, keys.MAINTENANCE_QUEUE]
-        argv = worker_command(queues=queues, pool="prefork", concurrency=concurrency, name=name)
+        argv = worker_command(**{**APPLY_WORKER, "concurrency": concurrency}, name=name)
         self._start(name, argv, "ready.")
 
     def start_beat(self) -> None:
@@ -153,6 +184,7 @@ class LocalStack:
     def stop(self) -> None:
         """Children newest first (Flower and Beat before the workers they watch and feed), Redis last."""
         from engram_api.connections import SERVICES_FILE
+        from engram_workers.services.fleet import record_path
 
         for proc in reversed(self.children):
             proc.stop(timeout=30.0)
@@ -162,3 +194,4 @@ class LocalStack:
             # A stale services.json would send clients to a port nobody serves.
             (self.settings.data_dir / SERVICES_FILE).unlink(missing_ok=True)
             self.redis_server = None
+        record_path(self.data_dir, self._record.supervisor.pid).unlink(missing_ok=True)

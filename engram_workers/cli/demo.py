@@ -141,7 +141,7 @@ def demo(timeout: float) -> None:
     honours REDIS_URL, NEO4J_URI and LLM_MODEL when they are set.
     """
     from engram_api import MemoryClient
-    from engram_workers.cli._local import LocalStack
+    from engram_workers.cli._local import LocalStack, describe_reaped
     from engram_workers.cli.ingest import enqueue_envelopes, wait_with_progress
 
     started = time.monotonic()
@@ -160,6 +160,9 @@ def demo(timeout: float) -> None:
     client: MemoryClient | None = None
     try:
         with err.status("starting Redis, an extract worker, an apply worker and Beat..."):
+            reaped = stack.clean_leftovers()
+            if reaped:
+                err.print(describe_reaped(reaped))
             url = stack.start_redis(reuse=True)
             stack.start_extract_worker("demo-extract", 8)
             stack.start_apply_worker("demo-apply", 2)

@@ -40,7 +40,7 @@ def stage_defaults(stage: str) -> tuple[list[str], str, int]:
         "apply": ([keys.APPLY_QUEUE], "prefork", cpus),
         # Maintenance walks every user; one job at a time is plenty at its hourly-to-daily cadence.
         "maintenance": ([keys.MAINTENANCE_QUEUE], "prefork", 1),
-        "all": ([keys.EXTRACT_QUEUE, keys.APPLY_QUEUE, keys.MAINTENANCE_QUEUE], "prefork", cpus),
+        "all": (list(keys.QUEUES), "prefork", cpus),
     }[stage]
 
 
@@ -79,22 +79,20 @@ def _celery(argv: list[str]) -> None:
     raise click.exceptions.Exit(code or 0)
 
 
-def _metrics_dir() -> str:
+def _metrics_dir(chosen: Path | None) -> str:
     """prometheus_client's multiprocess directory: pool children write there, the parent serves the sum.
 
     It must be empty at start (old files would be counted again), so a caller-chosen one is cleared.
     """
-    chosen = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
-    if not chosen:
+    if chosen is None:
         made = tempfile.mkdtemp(prefix="engram-metrics-")
         # Pool children leave through os._exit, so only the parent (the owner) runs this.
         atexit.register(shutil.rmtree, made, ignore_errors=True)
         return made
-    path = Path(chosen)
-    path.mkdir(parents=True, exist_ok=True)
-    for stale in path.glob("*.db"):
+    chosen.mkdir(parents=True, exist_ok=True)
+    for stale in chosen.glob("*.db"):
         stale.unlink()
-    return chosen
+    return str(chosen)
 
 
 @click.command(short_help="Run a Celery worker for one stage (or all).")
@@ -127,12 +125,13 @@ def worker(
     if not chosen_queues:
         raise click.BadParameter("no queue given", param_hint="--queues")
     if metrics_port is not None:
-        # Before anything imports prometheus_client: it picks multiprocess mode at import.
-        os.environ["PROMETHEUS_MULTIPROC_DIR"] = _metrics_dir()
+        # Before anything imports prometheus_client: it picks multiprocess mode at import, from this variable
+        # (inherited by the pool children).
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = _metrics_dir(current.metrics_dir)
         from engram_api.connections import resolve_redis_url
         from engram_workers import metrics
 
-        metrics.serve(metrics_port, resolve_redis_url(current))
+        metrics.serve(metrics_port, resolve_redis_url(current), multiprocess=True)
     argv = [
         "worker",
         "--queues", ",".join(chosen_queues),
@@ -214,7 +213,7 @@ def up(
     The graph is Neo4j when NEO4J_URI is set, else SQLite in ENGRAM_DATA_DIR. Logs go to
     ENGRAM_DATA_DIR/logs. Clients on this machine find the embedded Redis by themselves.
     """
-    from engram_workers.cli._local import LocalStack
+    from engram_workers.cli._local import LocalStack, describe_reaped
 
     current = settings()
     stack = LocalStack(current)
@@ -222,6 +221,9 @@ def up(
     previous = signal.signal(signal.SIGTERM, _raise_stop)
     try:
         with out.status("starting Engram..."):
+            reaped = stack.clean_leftovers()
+            if reaped:
+                out.print(describe_reaped(reaped))
             url = stack.start_redis(reuse=False)
             stack.start_extract_worker("extract", extract_concurrency)
             stack.start_apply_worker("apply", apply_concurrency)
@@ -258,13 +260,41 @@ def up(
     out.print("stopped.")
 
 
+@click.command(short_help="Stop the `engram up` (or demo) running on this data directory.")
+@click.option("--timeout", default=120.0, show_default=True, type=click.FloatRange(1), help="Seconds to wait.")
+def down(timeout: float) -> None:
+    """Stop every `engram up` and `engram demo` on ENGRAM_DATA_DIR: SIGTERM to each, which then stops
+    its workers, Beat, Flower and embedded Redis; after TIMEOUT seconds it is killed and its children
+    ended. Also ends whatever a killed `engram up` left running. Exit 0 when nothing runs afterwards.
+    """
+    from engram_workers.cli._local import describe_reaped
+    from engram_workers.services import fleet
+
+    data_dir = settings().data_dir.resolve()
+    out = err_console()
+    running = fleet.live_supervisors(data_dir)
+    for record in running:
+        out.print(f"stopping the supervisor pid {record.supervisor.pid} and {len(record.children)} children...")
+    supervisors = [record.supervisor for record in running]
+    # The supervisors stop their own children on SIGTERM; a stuck one is killed, and reaped below.
+    fleet.end_processes(supervisors, grace_s=timeout)
+    reaped = fleet.reap_leftovers(data_dir)
+    leftovers = [r for r in reaped if r.supervisor not in supervisors]
+    if leftovers:
+        out.print(describe_reaped(leftovers))
+    if not running and not reaped:
+        out.print(f"nothing runs on {data_dir}")
+        return
+    out.print("stopped.")
+
+
 @click.command("bench", context_settings={"ignore_unknown_options": True})
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def bench(args: tuple[str, ...]) -> None:
     """Run the benchmarks: python ops/bench/run.py ARGS.
 
-    ARGS: --quick (a few minutes), --only enqueue,gateway,ingest,recall,seeds,memory,quality, --keep.
-    See docs/benchmarks.md.
+    ARGS: --quick (a few minutes), --only enqueue,encoder,gateway,ingest,recall,seeds,memory,quality, --keep,
+    --datasets DIR (the quality benchmark's data; it is skipped when missing). See docs/benchmarks.md.
     """
     script = Path(__file__).resolve().parents[2] / "ops" / "bench" / "run.py"
     if not script.exists():
@@ -272,4 +302,4 @@ def bench(args: tuple[str, ...]) -> None:
     raise SystemExit(subprocess.call([sys.executable, str(script), *args]))
 
 
-COMMANDS = [worker, beat, flower, up, bench]
+COMMANDS = [worker, beat, flower, up, down, bench]

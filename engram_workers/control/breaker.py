@@ -19,12 +19,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TypeVar
 
-import redis
 from pydantic import BaseModel, Field
 
 from engram_api import keys
+from engram_api.connections import redis_client
+from engram_api.errors import BreakerOpenError
 
-__all__ = ["BreakerOpenError", "BreakerStats", "LLMBreaker"]
+__all__ = ["BreakerStats", "LLMBreaker"]
 
 T = TypeVar("T")
 
@@ -78,14 +79,6 @@ class BreakerStats(BaseModel):
     opened: int = Field(0, description="times the breaker opened")
 
 
-class BreakerOpenError(Exception):
-    """The LLM breaker is open: do not call the model now."""
-
-    def __init__(self, retry_in: float) -> None:
-        self.retry_in = retry_in
-        super().__init__(f"LLM circuit breaker open (retry in {retry_in:.1f}s)")
-
-
 class LLMBreaker:
     def __init__(
         self,
@@ -95,7 +88,7 @@ class LLMBreaker:
         reset_timeout: float,
         is_failure: Callable[[BaseException], bool],
     ) -> None:
-        self.redis = redis.Redis.from_url(redis_url, socket_timeout=5, decode_responses=True)
+        self.redis = redis_client(redis_url, timeout_s=5)
         self.fail_max = fail_max
         self.reset_timeout = reset_timeout
         # The model answered but the answer was bad: that says nothing about the service's health.

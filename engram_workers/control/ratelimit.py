@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import time
 
-import redis
-
 from engram_api import keys
+from engram_api.connections import redis_client
 
 __all__ = ["LLMRateLimiter"]
 
@@ -31,7 +30,7 @@ return 0
 
 class LLMRateLimiter:
     def __init__(self, *, redis_url: str, per_second: float) -> None:
-        self.redis = redis.Redis.from_url(redis_url, socket_timeout=5)
+        self.redis = redis_client(redis_url, timeout_s=5, decode_responses=False)
         self.interval_ms = max(1, round(1000 / per_second))
         self._gcra = self.redis.register_script(_GCRA)
 

@@ -11,19 +11,19 @@ a needless re-send costs a little work, never a duplicate.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 
 import redis
 from pydantic import BaseModel, Field
 
 from engram_api import keys
 from engram_api.models import MessageState
+from engram_workers.dispatch import Dispatch
 
 __all__ = ["RedeliverReport", "redeliver_stuck"]
 
 _STAGE_FOR = {
-    MessageState.QUEUED.value: ("enqueued_at", keys.EXTRACT_TASK, keys.EXTRACT_QUEUE),
-    MessageState.EXTRACTED.value: ("extracted_at", keys.APPLY_TASK, keys.APPLY_QUEUE),
+    MessageState.QUEUED.value: ("enqueued_at", keys.EXTRACT_TASK),
+    MessageState.EXTRACTED.value: ("extracted_at", keys.APPLY_TASK),
 }
 
 
@@ -33,13 +33,10 @@ class RedeliverReport(BaseModel):
     failed: list[str] = Field(default_factory=list, description="messages whose re-send raised, with the error")
 
 
-Send = Callable[[str, tuple[str, str], str], object]
-
-
 def redeliver_stuck(
-    *, client: redis.Redis, send: Send, older_than_s: float, now: float | None = None
+    *, client: redis.Redis, send: Dispatch, older_than_s: float, now: float | None = None
 ) -> RedeliverReport:
-    """``send(task_name, args, queue)`` publishes a task (the Celery app's ``send_task`` in production)."""
+    """``send(task_name, args)`` publishes a task on its queue (the worker's dispatcher in production)."""
     now = time.time() if now is None else now
     report = RedeliverReport()
     prefix = keys.STATUS_PREFIX
@@ -49,12 +46,12 @@ def redeliver_stuck(
         state, *stamps = client.hmget(key, "state", "enqueued_at", "extracted_at")
         if state not in _STAGE_FOR:
             continue
-        field, task, queue = _STAGE_FOR[state]
+        field, task = _STAGE_FOR[state]
         since = dict(zip(("enqueued_at", "extracted_at"), stamps, strict=True))[field]
         if since is None or now - float(since) < older_than_s:
             continue
         try:
-            send(task, (user_id, message_id), queue)
+            send(task, (user_id, message_id))
         except Exception as exc:  # one bad send must not stop the sweep; the next sweep tries again
             report.failed.append(f"{user_id}:{message_id}: {type(exc).__name__}: {exc}"[:300])
             continue

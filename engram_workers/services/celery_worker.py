@@ -1,23 +1,27 @@
 """Runs Engram worker, Beat and Flower processes as children (for ``engram up``, demos, tests, chaos).
 
 Each child is a real OS process speaking to Redis like a production worker: nothing runs in eager mode.
+Children run in their log directory (never a source tree, which ``python -m`` would put first on their
+import path) and import the same engram code as this process: a checkout run without an install passes
+its root on through PYTHONPATH.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import site
 import subprocess
 import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+import engram_workers
 from engram_api import keys
+from engram_workers.services.fleet import parent_death_signal
 
 __all__ = ["APPLY_WORKER", "EXTRACT_WORKER", "ManagedProcess", "worker_command"]
-
-REPO_ROOT = Path(__file__).resolve().parents[2]
 
 # Extraction waits on the LLM: many threads in one process keep many calls in flight.
 EXTRACT_WORKER = {"queues": [keys.EXTRACT_QUEUE], "pool": "threads", "concurrency": 32}
@@ -35,14 +39,38 @@ def worker_command(
     ]  # fmt: skip
 
 
+def _same_code_env(env: Mapping[str, str]) -> dict[str, str]:
+    """``env`` with this process's engram import root first on PYTHONPATH, unless an install provides it."""
+    root = str(Path(engram_workers.__file__).resolve().parents[1])
+    installed = {str(Path(p).resolve()) for p in [*site.getsitepackages(), site.getusersitepackages()]}
+    if root in installed:
+        return dict(env)
+    paths = [root, *filter(None, env.get("PYTHONPATH", "").split(os.pathsep))]
+    return {**env, "PYTHONPATH": os.pathsep.join(dict.fromkeys(paths))}
+
+
 class ManagedProcess:
     """A child process with its output in a log file; stop() is graceful, kill() is SIGKILL."""
 
-    def __init__(self, *, name: str, argv: Sequence[str], env: Mapping[str, str], log_dir: Path) -> None:
+    def __init__(
+        self,
+        *,
+        name: str,
+        argv: Sequence[str],
+        env: Mapping[str, str],
+        log_dir: Path,
+        cwd: Path | None = None,
+        die_with_parent: bool = False,
+    ) -> None:
         self.name = name
         self.argv = list(argv)
-        self.env = {**os.environ, **env}
+        self.env = _same_code_env({**os.environ, **env})
         self.log_path = Path(log_dir) / f"{name}.log"
+        # Tests pass the source root: their workers load test-only middleware from it.
+        self.cwd = Path(cwd) if cwd is not None else self.log_path.parent
+        # Only for a supervisor that starts children from one long-lived thread (``engram up``): the
+        # kernel's signal follows the starting thread, not the process.
+        self.die_with_parent = die_with_parent
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> ManagedProcess:
@@ -50,7 +78,13 @@ class ManagedProcess:
         log = self.log_path.open("ab")
         # A new session: chaos tests kill the whole group (main process and pool children).
         self.proc = subprocess.Popen(
-            self.argv, env=self.env, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            self.argv,
+            env=self.env,
+            cwd=self.cwd,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=parent_death_signal() if self.die_with_parent else None,
         )
         log.close()
         return self

@@ -14,15 +14,11 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from types import TracebackType
 
-from engram_workers.services import ServiceStartError, file_size, kill_process, log_tail, stop_process
-from engram_workers.services.ports import start_on_port
+from engram_workers.services.fleet import parent_death_signal
+from engram_workers.services.process import HOST, ServiceProcess, ServiceStartError, file_size, kill_process, log_tail
 
 __all__ = ["RedisServer", "find_redis_server"]
-
-HOST = "127.0.0.1"
-# An automatically chosen port can be taken by someone else before Redis binds it: try a few.
 
 
 def find_redis_server() -> Path:
@@ -61,27 +57,22 @@ def _ping(port: int) -> bool:
         return False
 
 
-class RedisServer:
+class RedisServer(ServiceProcess):
     """One ``redis-server`` child process bound to 127.0.0.1.
 
     ``data_dir`` holds redis.conf, the AOF files and redis.log (the server's stdout and stderr).
     """
 
-    def __init__(self, *, data_dir: Path, port: int | None = None, appendonly: bool = True) -> None:
-        self.data_dir = Path(data_dir).resolve()
+    def __init__(
+        self, *, data_dir: Path, port: int | None = None, appendonly: bool = True, die_with_parent: bool = False
+    ) -> None:
+        super().__init__(data_dir=data_dir, port=port, die_with_parent=die_with_parent)
         self.appendonly = appendonly
-        # The port may only move while it was picked by us and never served: after the first start
-        # clients hold the URL, so restarts must come back on the same port.
-        self._port_may_move = port is None
-        self._port = port
         self._binary: Path | None = None
-        self._proc: subprocess.Popen[bytes] | None = None
 
     @property
-    def port(self) -> int:
-        if self._port is None:
-            raise RuntimeError("RedisServer has no port before start()")
-        return self._port
+    def label(self) -> str:
+        return str(self.binary)
 
     @property
     def url(self) -> str:
@@ -96,14 +87,6 @@ class RedisServer:
     @property
     def log_path(self) -> Path:
         return self.data_dir / "redis.log"
-
-    @property
-    def pid(self) -> int | None:
-        return self._proc.pid if self._proc is not None else None
-
-    @property
-    def running(self) -> bool:
-        return self._proc is not None and self._proc.poll() is None
 
     def _write_config(self, port: int) -> Path:
         lines = [
@@ -128,27 +111,6 @@ class RedisServer:
         conf.write_text("\n".join(lines) + "\n")
         return conf
 
-    def start(self, timeout: float = 30.0) -> RedisServer:
-        """Start and wait until PING answers; a no-op when already running."""
-        if self.running:
-            return self
-        self.data_dir.mkdir(parents=True, exist_ok=True)
-
-        def start_once(port: int) -> None:
-            self._port = port
-            self._start_once(timeout)
-
-        self._port = start_on_port(
-            label=str(self.binary),
-            port=self._port or 0,
-            movable=self._port_may_move,
-            start_once=start_once,
-            error=ServiceStartError,
-            host=HOST,
-        )
-        self._port_may_move = False
-        return self
-
     def _start_once(self, timeout: float) -> None:
         conf = self._write_config(self.port)
         since = file_size(self.log_path)
@@ -162,6 +124,7 @@ class RedisServer:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
+                preexec_fn=parent_death_signal() if self.die_with_parent else None,
             )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -179,30 +142,3 @@ class RedisServer:
             f"{self.binary} did not answer PING on port {self.port} within {timeout:.0f}s; "
             f"end of {self.log_path}:\n{log_tail(self.log_path, since=since)}"
         )
-
-    def stop(self, timeout: float = 10.0) -> None:
-        """SIGTERM (Redis flushes the AOF and exits), SIGKILL if it takes longer than ``timeout``."""
-        if self._proc is not None:
-            stop_process(self._proc, timeout=timeout)
-
-    def kill(self) -> None:
-        """SIGKILL, for chaos tests: with AOF on, ``start()`` brings back what was written."""
-        if self._proc is not None:
-            kill_process(self._proc)
-
-    def restart(self, timeout: float = 30.0) -> RedisServer:
-        """Graceful stop, then start on the same port and data directory."""
-        self.stop()
-        return self.start(timeout)
-
-    def __enter__(self) -> RedisServer:
-        return self.start()
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()
-
-    def __repr__(self) -> str:
-        state = "running" if self.running else "stopped"
-        return f"RedisServer(port={self._port}, data_dir={str(self.data_dir)!r}, {state})"

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 import redis
 
 from engram_api import keys
-from engram_api.errors import StoreUnavailableError
-from engram_api.locks import UserBusyError, user_lock
+from engram_api.errors import StoreUnavailableError, UserBusyError
+from engram_api.locks import user_lock
 from engram_api.models import ApplyOutcome, Envelope, Extraction, MessageState, Usage
 from engram_api.storage import GraphStore
 from engram_api.storage.embedder import Embedder
@@ -41,11 +41,9 @@ __all__ = ["Written", "hand_over", "run_apply", "write_extraction"]
 _STORE_ATTEMPTS = 40
 
 
-def hand_over(user_id: str, message_id: str) -> None:
+def hand_over(ctx: WorkerContext, user_id: str, message_id: str) -> None:
     """Publish the apply task for a message whose extraction is stored."""
-    from engram_workers.app import app
-
-    app.send_task(keys.APPLY_TASK, args=(user_id, message_id), queue=keys.APPLY_QUEUE, routing_key=keys.APPLY_QUEUE)
+    ctx.dispatch(keys.APPLY_TASK, (user_id, message_id))
 
 
 @dataclass(frozen=True)
@@ -109,12 +107,8 @@ def _apply_locked(ctx: WorkerContext, user_id: str, message_id: str) -> str:
     if envelope is None:
         return "no payload (forgotten)"
     if stored is None:
-        from engram_workers.app import app
-
         set_state(ctx, user_id, message_id, MessageState.QUEUED)
-        app.send_task(
-            keys.EXTRACT_TASK, args=(user_id, message_id), queue=keys.EXTRACT_QUEUE, routing_key=keys.EXTRACT_QUEUE
-        )
+        ctx.dispatch(keys.EXTRACT_TASK, (user_id, message_id))
         return "extraction missing: sent back to extract"
     data = json.loads(stored)
     extraction = Extraction.model_validate(data["extraction"])

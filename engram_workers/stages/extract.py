@@ -13,11 +13,10 @@ import json
 import random
 
 from engram_api import keys
-from engram_api.errors import LLMError, StoreUnavailableError
+from engram_api.errors import BreakerOpenError, LLMError, StoreUnavailableError
 from engram_api.models import Envelope, Extraction, MessageState, Usage
 from engram_workers import metrics
 from engram_workers.context import WorkerContext
-from engram_workers.control.breaker import BreakerOpenError
 from engram_workers.extraction.llm import LLMAnswer, call_llm
 from engram_workers.extraction.prompt import SlimContext, build_messages
 from engram_workers.extraction.rules import extract_rules
@@ -69,7 +68,7 @@ def _store_and_hand_over(ctx: WorkerContext, envelope: Envelope, extraction: Ext
         prompt_tokens=str(usage.prompt_tokens), completion_tokens=str(usage.completion_tokens),
         cost_usd=f"{usage.cost_usd:.8f}",
     )  # fmt: skip
-    hand_over(uid, mid)
+    hand_over(ctx, uid, mid)
 
 
 def run_extract(ctx: WorkerContext, user_id: str, message_id: str) -> str:
@@ -78,7 +77,7 @@ def run_extract(ctx: WorkerContext, user_id: str, message_id: str) -> str:
         return f"already {state}"
     if ctx.redis.exists(keys.extraction(user_id, message_id)):
         # Extracted before a crash or redelivery: just make sure apply runs (apply is idempotent).
-        hand_over(user_id, message_id)
+        hand_over(ctx, user_id, message_id)
         return "re-handed to apply"
     envelope = load_envelope(ctx, user_id, message_id)
     if envelope is None:

@@ -29,7 +29,7 @@ _FIELDS = ("enqueued_at", "applied_at", "bench_extract_s", "bench_apply_s")
 
 def scripted_responder(texts: dict[str, dict[str, Any]]):  # type: ignore[no-untyped-def]
     """The stand-in's answer for a prompt: the scripted extraction of the message text in it."""
-    from engram_workers.services.llm_standin import Reply
+    from engram_testing.llm_standin import Reply
     from tests.support.extractions import message_text
 
     def respond(request: dict[str, Any]) -> Reply:

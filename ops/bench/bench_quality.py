@@ -4,7 +4,10 @@ LoCoMo (see ``quality_locomo``): hybrid recall, each of its channels alone and n
 turns, per category, plus what a 1,000-token ``get_context`` shows. The rule extractor only extracts
 first-person facts, so many turns yield no fact: coverage is reported.
 
-sample_20 (../shared/datasets/engram_ltm_samples/sample_20.json): each case's sessions are ingested, then
+Data sets are read from ``--datasets`` (default ../shared/datasets; ``run.py`` skips this benchmark,
+saying where the files go, when they are missing).
+
+sample_20 (<datasets>/engram_ltm_samples/sample_20.json): each case's sessions are ingested, then
 ``get_context(question)`` must contain the answer and, for knowledge updates, not the superseded value;
 once with the offline rule extractor and once with scripted extractions served by the LLM stand-in.
 """
@@ -17,7 +20,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import numpy as np
-from benchlib import DATASETS, BenchContext, BenchResult, Table, load_json, start_workers
+from benchlib import BenchContext, BenchResult, Table, load_json, start_workers
 from ltm_script import STALE, extraction_for
 from quality_locomo import run_locomo
 
@@ -35,7 +38,7 @@ def _answer_found(answer: str, context: str) -> bool:
 
 
 def _sample20(ctx: BenchContext, stack: Any, mode: str) -> list[dict[str, Any]]:
-    cases = load_json(DATASETS / "engram_ltm_samples" / "sample_20.json")
+    cases = load_json(ctx.datasets / "engram_ltm_samples" / "sample_20.json")
     client = stack.client
     t0 = datetime(2024, 6, 1, 12, 0, tzinfo=UTC)
     out = []
@@ -102,7 +105,7 @@ def _sample20_table(rows: list[dict[str, Any]]) -> Table:
 
 def _first_turn_responder(cases: list[dict[str, Any]]):  # type: ignore[no-untyped-def]
     """The stand-in gets the whole session (user and assistant turns): answer by the user's turn."""
-    from engram_workers.services.llm_standin import Reply
+    from engram_testing.llm_standin import Reply
     from tests.support.extractions import message_text
 
     texts = {m["content"] for c in cases for s in c["sessions"] for m in s["messages"] if m["role"] == "user"}
@@ -120,7 +123,7 @@ def run(ctx: BenchContext) -> BenchResult:
         rows = _sample20(ctx, stack, "rules")
     llm = ctx.services.llm
     llm.reset()
-    llm.script(_first_turn_responder(load_json(DATASETS / "engram_ltm_samples" / "sample_20.json")))
+    llm.script(_first_turn_responder(load_json(ctx.datasets / "engram_ltm_samples" / "sample_20.json")))
     with ctx.stack("quality-scripted", llm=True) as stack:
         start_workers(stack, extract_concurrency=8)
         ctx.log("sample_20 with scripted stand-in extractions")
@@ -138,6 +141,6 @@ def run(ctx: BenchContext) -> BenchResult:
             "MRR over the top 10; naive RAG embeds 'Speaker: text' like Engram's episodes (the fair baseline)",
             "sample_20 'answer found' = every answer word (3+ letters, stop words aside) is in the context; "
             "stale values of the knowledge-update cases are our annotation (ltm_script.STALE)",
-            "LoCoMo is CC BY-NC 4.0 and read from ../shared/datasets; nothing of it is stored in the repo",
+            "LoCoMo is CC BY-NC 4.0 and read from the datasets directory (--datasets); nothing of it is stored in the repo",
         ],
     )

@@ -35,6 +35,8 @@ DATASETS = next(
     (p / "shared" / "datasets" for p in (REPO.parent, REPO.parent.parent) if (p / "shared" / "datasets").is_dir()),
     REPO.parent / "shared" / "datasets",
 )
+# The files each benchmark reads below the datasets directory (they are not stored in the repository).
+DATASET_FILES = {"quality": ("locomo/locomo_dev5.json", "engram_ltm_samples/sample_20.json")}
 
 
 # ----------------------------------------------------------------------------------------- statistics
@@ -198,7 +200,7 @@ class Services:
     @property
     def neo4j_uri(self) -> str:
         if self._neo4j is None:
-            from engram_workers.services.neo4j_server import Neo4jServer
+            from engram_testing.neo4j_server import Neo4jServer
 
             self._neo4j = Neo4jServer(data_dir=self.workdir / "neo4j", heap="2g").start()
         return str(self._neo4j.uri)
@@ -206,7 +208,7 @@ class Services:
     @property
     def llm(self) -> Any:
         if self._llm is None:
-            from engram_workers.services.llm_standin import LLMStandin
+            from engram_testing.llm_standin import LLMStandin
 
             self._llm = LLMStandin().start()
         return self._llm
@@ -223,6 +225,7 @@ class BenchContext:
     services: Services
     workdir: Path
     console: Console
+    datasets: Path = DATASETS
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:6])
 
     def size(self, quick: int, full: int) -> int:

@@ -1,6 +1,6 @@
 """LoCoMo evidence recall: hybrid recall against its own channels and against naive RAG over raw turns.
 
-../shared/datasets/locomo/locomo_dev5.json (CC BY-NC 4.0, read in place, never copied): every turn is
+<datasets>/locomo/locomo_dev5.json (CC BY-NC 4.0, read in place, never copied): every turn is
 ingested as one message through the real pipeline with the OFFLINE RULE EXTRACTOR (message id = the
 turn's dia_id, event time = the session date plus a second per turn, the speaker's name in the message
 metadata). Per question with evidence:
@@ -24,7 +24,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import numpy as np
-from benchlib import DATASETS, BenchContext, Table, dist, load_json
+from benchlib import BenchContext, Table, dist, load_json
 
 CATEGORIES = {1: "multi-hop", 2: "temporal", 3: "open-domain", 4: "single-hop", 5: "adversarial"}
 QUICK_CONVERSATIONS = ("conv-30",)
@@ -92,7 +92,7 @@ def _covered(client: Any, user: str) -> set[str]:
 def run_locomo(ctx: BenchContext, stack: Any) -> tuple[list[Table], dict[str, Any]]:
     import faiss
 
-    data = load_json(DATASETS / "locomo" / "locomo_dev5.json")
+    data = load_json(ctx.datasets / "locomo" / "locomo_dev5.json")
     convs = [c for c in data if not ctx.quick or c["sample_id"] in QUICK_CONVERSATIONS]
     client, reader = stack.client, stack.client.reader
     base = reader.recipe()

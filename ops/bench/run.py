@@ -16,6 +16,7 @@ import sys
 import time
 import traceback
 from pathlib import Path
+from typing import Any
 
 BENCH_DIR = Path(__file__).resolve().parent
 REPO = BENCH_DIR.parents[1]
@@ -45,6 +46,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--only", default="", help=f"comma-separated subset of: {', '.join(BENCHES)}")
     parser.add_argument("--out", type=Path, default=benchlib.RESULTS, help="where JSON results go")
     parser.add_argument("--keep", action="store_true", help="keep the run's work directory (service data, logs)")
+    parser.add_argument(
+        "--datasets", type=Path, default=benchlib.DATASETS, help="where the quality benchmark's data sets are"
+    )
     args = parser.parse_args(argv)
     chosen = [b.strip() for b in args.only.split(",") if b.strip()] or list(BENCHES)
     unknown = [b for b in chosen if b not in BENCHES]
@@ -52,6 +56,23 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error(f"unknown benchmark(s) {unknown}; choose from {list(BENCHES)}")
     args.chosen = chosen
     return args
+
+
+def without_missing_datasets(chosen: list[str], datasets: Path, console: Any) -> list[str]:
+    """``chosen`` minus the benchmarks whose data files are not in ``datasets``, each skip said with
+    where the files belong: a checkout without the data still runs everything else and exits 0."""
+    kept = []
+    for name in chosen:
+        missing = [datasets / f for f in benchlib.DATASET_FILES.get(name, ()) if not (datasets / f).is_file()]
+        if missing:
+            wanted = "\n".join(f"  {path}" for path in missing)
+            console.print(
+                f"[yellow]{name} skipped:[/yellow] its data sets are not there; put these files in place\n"
+                f"{wanted}\nor point --datasets at the directory that holds them."
+            )
+        else:
+            kept.append(name)
+    return kept
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -68,16 +89,20 @@ def main(argv: list[str] | None = None) -> int:
     mode = "quick" if args.quick else "full"
     workdir = args.out / "work" / time.strftime("%Y%m%d-%H%M%S")
     services = benchlib.Services(workdir)
-    ctx = benchlib.BenchContext(quick=args.quick, services=services, workdir=workdir, console=console)
+    ctx = benchlib.BenchContext(
+        quick=args.quick, services=services, workdir=workdir, console=console, datasets=args.datasets.resolve()
+    )
     info = benchlib.machine()
     console.print(
         f"[bold]Engram benchmarks[/bold] ({mode}): {', '.join(args.chosen)}\n"
         f"machine: {info['nproc']} cores, {info['cpu_model']}, {info['ram_gib']} GiB RAM, "
         f"load {info['loadavg_1_5_15min'][0]:.2f}; results -> {args.out}"
     )
-    combined: dict[str, object] = {"mode": mode, "machine": info, "results": {}, "failed": {}}
+    runnable = without_missing_datasets(args.chosen, args.datasets.resolve(), console)
+    skipped = [name for name in args.chosen if name not in runnable]
+    combined: dict[str, object] = {"mode": mode, "machine": info, "results": {}, "failed": {}, "skipped": skipped}
     try:
-        for name in args.chosen:
+        for name in runnable:
             console.rule(f"[bold]{name}[/bold] (load average {os.getloadavg()[0]:.1f})")
             started_at = time.strftime("%Y-%m-%dT%H:%M:%S%z")
             t0 = time.perf_counter()
@@ -97,6 +122,7 @@ def main(argv: list[str] | None = None) -> int:
         services.close()
         if not args.keep:
             benchlib.clean_dir(workdir)
+    args.out.mkdir(parents=True, exist_ok=True)  # also when every chosen benchmark was skipped
     (args.out / "latest.json").write_text(json.dumps(combined, indent=2, default=str) + "\n")
     (args.out / "latest.md").write_text(benchlib.markdown(combined["results"]))  # type: ignore[arg-type]
     return 1 if combined["failed"] else 0

@@ -40,8 +40,8 @@ from harness import (
 )
 
 from engram_api.models import DeadLetter, Receipt
+from engram_testing import Reply
 from engram_workers.control.breaker import LLMBreaker
-from engram_workers.services import Reply
 
 NAME = "flaky LLM"
 

@@ -40,7 +40,8 @@ from engram_api import MemoryClient  # noqa: E402
 from engram_api.errors import WaitTimeoutError  # noqa: E402
 from engram_api.models import MessageState, Receipt  # noqa: E402
 from engram_api.storage.vectors import UserIndex, VectorStore  # noqa: E402
-from engram_workers.services import LLMStandin, Neo4jServer, RedisServer, Reply  # noqa: E402
+from engram_testing import LLMStandin, Neo4jServer, Reply  # noqa: E402
+from engram_workers.services import RedisServer  # noqa: E402
 from engram_workers.services.celery_worker import APPLY_WORKER, EXTRACT_WORKER, ManagedProcess  # noqa: E402
 from tests.support.extractions import entity, fact, lives_in, message_text  # noqa: E402
 from tests.support.stack import Stack, engram_stack  # noqa: E402
@@ -338,13 +339,13 @@ _SWEEP_EVERY_S = 15.0
 
 
 def _redeliver(client: MemoryClient) -> list[str]:
-    from engram_api.queue import make_celery
+    from engram_workers.celery_config import make_celery
+    from engram_workers.dispatch import celery_dispatch
     from engram_workers.maintenance import redeliver_stuck
 
-    app = make_celery(client.settings, client.redis_url)
     report = redeliver_stuck(
         client=client.redis,
-        send=lambda task, args, queue: app.send_task(task, args=args, queue=queue, routing_key=queue),
+        send=celery_dispatch(make_celery(client.settings, client.redis_url)),
         older_than_s=client.settings.visibility_timeout_s,
     )
     return report.resent

@@ -10,9 +10,10 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
-from engram_api.queue import make_celery
 from engram_api.settings import Settings
+from engram_workers.celery_config import make_celery
 from engram_workers.services.celery_worker import ManagedProcess
+from tests.support.stack import SOURCE_ROOT
 
 __all__ = ["EventLog", "engram_process", "wait_until"]
 
@@ -22,7 +23,7 @@ T = TypeVar("T")
 def engram_process(name: str, args: list[str], *, env: Mapping[str, str], log_dir: Path) -> ManagedProcess:
     """`engram <args>` as a child process (not started) logging to ``log_dir/<name>.log``."""
     argv = [sys.executable, "-m", "engram_workers.cli", *args]
-    return ManagedProcess(name=name, argv=argv, env=env, log_dir=log_dir)
+    return ManagedProcess(name=name, argv=argv, env=env, log_dir=log_dir, cwd=SOURCE_ROOT)
 
 
 def wait_until(probe: Callable[[], T], *, timeout: float, what: str, interval: float = 0.25) -> T:

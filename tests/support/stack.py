@@ -27,6 +27,9 @@ SETTLE_S = 240.0
 _DATABASES = range(1, 16)
 _databases_in_use: set[int] = set()
 
+# Workers run from the source root: tests load middleware from tests.support (e.g. faults).
+SOURCE_ROOT = Path(__file__).resolve().parents[2]
+
 
 def redis_db_url(base_url: str, number: int) -> str:
     """``base_url`` (scheme, credentials, host, port and query kept) pointing at database ``number``."""
@@ -73,6 +76,7 @@ class Stack:
             ),
             env=self.env,
             log_dir=self.data_dir / "logs",
+            cwd=SOURCE_ROOT,
         ).start()
         proc.wait_for_log("ready.", timeout=90)
         self.workers.append(proc)

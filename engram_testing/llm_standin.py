@@ -8,7 +8,7 @@ answers, else ``responder``, else an empty extraction. Replies can also fail on 
 
 Standalone (benchmarks run it as its own process)::
 
-    python -m engram_workers.services.llm_standin --port 0 --latency 1.0
+    python -m engram_testing.llm_standin --port 0 --latency 1.0
 """
 
 from __future__ import annotations

@@ -1,8 +1,10 @@
-"""The Celery configuration, declared once and shared by producers, workers, Beat and Flower.
+"""The Celery configuration of workers, Beat, Flower and every other Celery client (event receivers, test
+probes), declared once. Queue names and task routes come from ``engram_api.keys``, which the producer's
+Lua enqueue uses too; nothing under ``engram_api`` imports Celery or kombu.
 
-Producers need the same broker options as the workers (the visibility timeout in particular: every client
-of the broker must agree, or the shortest one wins and tasks run twice). Celery is imported lazily so a
-process that only reads memory never imports it.
+Every Celery client of the broker must agree on the transport options (the visibility timeout in
+particular, or the shortest one wins and tasks run twice): build them with ``make_celery``. Celery is
+imported lazily so that importing this module costs nothing.
 """
 
 from __future__ import annotations
@@ -44,16 +46,8 @@ def celery_config(settings: Settings, broker_url: str) -> dict[str, Any]:
         "task_reject_on_worker_lost": True,
         "worker_prefetch_multiplier": 1,
         "task_default_queue": keys.EXTRACT_QUEUE,
-        "task_queues": [
-            Queue(keys.EXTRACT_QUEUE, routing_key=keys.EXTRACT_QUEUE),
-            Queue(keys.APPLY_QUEUE, routing_key=keys.APPLY_QUEUE),
-            Queue(keys.MAINTENANCE_QUEUE, routing_key=keys.MAINTENANCE_QUEUE),
-        ],
-        "task_routes": {
-            keys.EXTRACT_TASK: {"queue": keys.EXTRACT_QUEUE, "routing_key": keys.EXTRACT_QUEUE},
-            keys.APPLY_TASK: {"queue": keys.APPLY_QUEUE, "routing_key": keys.APPLY_QUEUE},
-            "engram.maintenance.*": {"queue": keys.MAINTENANCE_QUEUE, "routing_key": keys.MAINTENANCE_QUEUE},
-        },
+        "task_queues": [Queue(name, routing_key=name) for name in keys.QUEUES],
+        "task_routes": {task: {"queue": q, "routing_key": q} for task, q in keys.TASK_QUEUES.items()},
         # Flower needs events. "sent" events come from hand-overs to apply and from Beat; the producer's
         # Lua enqueue emits none (Flower shows those tasks from "received" on).
         "worker_send_task_events": True,

@@ -1,6 +1,7 @@
 """A real Neo4j 5.26 Community server (embedded in a small JVM launcher) speaking Bolt on 127.0.0.1.
 
-The launcher lives in ``ops/neo4j-launcher`` (Maven builds it once; ``build.sh`` is a no-op afterwards).
+Development only (tests, benchmarks, chaos): not shipped in the wheel. The launcher lives in
+``ops/neo4j-launcher`` (Maven builds it once; ``build.sh`` is a no-op afterwards).
 The JVM gets a stdin pipe and ``NEO4J_EXIT_ON_STDIN_EOF=1``: when this process dies, however it dies,
 the pipe closes and the JVM shuts itself down, so no orphaned database outlives a killed test run.
 """
@@ -13,40 +14,34 @@ import subprocess
 import threading
 import time
 from pathlib import Path
-from types import TracebackType
 from typing import IO
 
-from engram_workers.services import ServiceStartError, file_size, kill_process, log_tail, stop_process
-from engram_workers.services.ports import start_on_port
+from engram_workers.services.process import HOST, ServiceProcess, ServiceStartError, file_size, log_tail
 
 __all__ = ["LAUNCHER_DIR", "Neo4jServer"]
 
-HOST = "127.0.0.1"
-LAUNCHER_DIR = Path(__file__).resolve().parents[2] / "ops" / "neo4j-launcher"
+LAUNCHER_DIR = Path(__file__).resolve().parents[1] / "ops" / "neo4j-launcher"
 _BUILD_TIMEOUT_S = 900  # a first build downloads ~120 MB of jars from Maven Central
 
 
-class Neo4jServer:
+class Neo4jServer(ServiceProcess):
     """One launcher JVM; its Neo4j home (store files, logs/debug.log) is ``data_dir``.
 
     The launcher's stderr is appended to ``data_dir/launcher.log``.
     """
 
+    start_timeout = 180.0
+    stop_timeout = 60.0  # SIGTERM: a clean Neo4j shutdown with a checkpoint
+
     def __init__(self, *, data_dir: Path, port: int | None = None, heap: str = "1g") -> None:
-        self.data_dir = Path(data_dir).resolve()
+        super().__init__(data_dir=data_dir, port=port)
         self.heap = heap
-        # As for Redis: only a port we picked and never served on may change on a retry.
-        self._port_may_move = port is None
-        self._port = port
-        self._proc: subprocess.Popen[bytes] | None = None
         self._readers: list[threading.Thread] = []
         self._ready = threading.Event()
 
     @property
-    def port(self) -> int:
-        if self._port is None:
-            raise RuntimeError("Neo4jServer has no port before start()")
-        return self._port
+    def label(self) -> str:
+        return "Neo4j launcher"
 
     @property
     def uri(self) -> str:
@@ -56,13 +51,8 @@ class Neo4jServer:
     def log_path(self) -> Path:
         return self.data_dir / "launcher.log"
 
-    @property
-    def pid(self) -> int | None:
-        return self._proc.pid if self._proc is not None else None
-
-    @property
-    def running(self) -> bool:
-        return self._proc is not None and self._proc.poll() is None
+    def _prepare(self) -> None:
+        self.build()
 
     @staticmethod
     def build() -> None:
@@ -93,28 +83,6 @@ class Neo4jServer:
             hint = "\n`mvn` is not on PATH (apt-get install maven)" if shutil.which("mvn") is None else ""
             output = (done.stdout + done.stderr)[-3000:]
             raise ServiceStartError(f"{LAUNCHER_DIR}/build.sh failed (code {done.returncode}):\n{output}{hint}")
-
-    def start(self, timeout: float = 180.0) -> Neo4jServer:
-        """Build if needed, start, and wait for the launcher's READY line; a no-op when running."""
-        if self.running:
-            return self
-        self.build()
-        self.data_dir.mkdir(parents=True, exist_ok=True)
-
-        def start_once(port: int) -> None:
-            self._port = port
-            self._start_once(timeout)
-
-        self._port = start_on_port(
-            label="Neo4j launcher",
-            port=self._port or 0,
-            movable=self._port_may_move,
-            start_once=start_once,
-            error=ServiceStartError,
-            host=HOST,
-        )
-        self._port_may_move = False
-        return self
 
     def _start_once(self, timeout: float) -> None:
         since = file_size(self.log_path)
@@ -174,39 +142,7 @@ class Neo4jServer:
             reader.join(timeout=5)
         self._readers = []
 
-    def _close_stdin(self) -> None:
+    def _released(self) -> None:
         if self._proc is not None and self._proc.stdin is not None and not self._proc.stdin.closed:
             self._proc.stdin.close()
-
-    def stop(self, timeout: float = 60.0) -> None:
-        """SIGTERM (clean Neo4j shutdown with a checkpoint), SIGKILL after ``timeout`` seconds."""
-        if self._proc is None:
-            return
-        stop_process(self._proc, timeout=timeout)
-        self._close_stdin()
         self._join_readers()
-
-    def kill(self) -> None:
-        """SIGKILL, for chaos tests: the next start() runs Neo4j's recovery from the transaction log."""
-        if self._proc is None:
-            return
-        kill_process(self._proc)
-        self._close_stdin()
-        self._join_readers()
-
-    def restart(self, timeout: float = 180.0) -> Neo4jServer:
-        """Graceful stop, then start on the same port and data directory."""
-        self.stop()
-        return self.start(timeout)
-
-    def __enter__(self) -> Neo4jServer:
-        return self.start()
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()
-
-    def __repr__(self) -> str:
-        state = "running" if self.running else "stopped"
-        return f"Neo4jServer(port={self._port}, data_dir={str(self.data_dir)!r}, {state})"

@@ -1,0 +1,119 @@
+"""`engram up` killed hard leaves nothing behind: its children die with it (parent-death signal), the next
+`engram up` on the same data directory ends whatever is left and carries on with the queued work, and
+`engram down` stops a running fleet. Real processes throughout: embedded Redis, workers, SQLite graph.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from engram_api import MemoryClient
+from engram_api.models import MessageState, Receipt
+from engram_api.settings import Settings
+from engram_workers.services.fleet import FleetRecord, ProcessRef, record_path
+from tests.test_cli import clean_env
+
+BURST = 60
+
+
+def _start_up(env: dict[str, str], log: Path) -> subprocess.Popen[str]:
+    with log.open("a") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "engram_workers.cli", "up", "--no-beat", "--extract-concurrency", "2",
+             "--apply-concurrency", "1"],
+            env=env, cwd=log.parent, stdout=out, stderr=subprocess.STDOUT, text=True,
+        )  # fmt: skip
+
+
+def _wait_up(proc: subprocess.Popen[str], log: Path, *, runs: int) -> None:
+    """Until the log says "Engram is up" ``runs`` times (the log is shared by both runs)."""
+    deadline = time.monotonic() + 240
+    while log.read_text().count("Engram is up") < runs:
+        assert proc.poll() is None, log.read_text()[-3000:]
+        assert time.monotonic() < deadline, log.read_text()[-3000:]
+        time.sleep(0.2)
+
+
+def _client(data_dir: Path) -> MemoryClient:
+    url = json.loads((data_dir / "services.json").read_text())["redis_url"]
+    return MemoryClient(settings=Settings(data_dir=data_dir), redis_url=url)
+
+
+def _record(data_dir: Path, pid: int) -> FleetRecord:
+    return FleetRecord.model_validate_json(record_path(data_dir, pid).read_text())
+
+
+def _applied(client: MemoryClient, receipts: list[Receipt]) -> int:
+    states = client.producer.states([(r.user_id, r.message_id) for r in receipts])
+    return sum(state == MessageState.APPLIED for state in states)
+
+
+def _alive(refs: list[ProcessRef]) -> list[str]:
+    return [f"{ref.name} (pid {ref.pid})" for ref in refs if ref.alive()]
+
+
+@pytest.mark.slow
+def test_a_killed_up_leaves_no_process_and_the_next_up_applies_every_message_once(tmp_path: Path) -> None:
+    data_dir = tmp_path / "data"
+    # Tasks a dying worker held unacknowledged come back after the visibility timeout: the shortest allowed.
+    env = clean_env(ENGRAM_DATA_DIR=str(data_dir), ENGRAM_VISIBILITY_TIMEOUT_S="60")
+    log = tmp_path / "up.log"
+    first = _start_up(env, log)
+    second: subprocess.Popen[str] | None = None
+    try:
+        _wait_up(first, log, runs=1)
+        first_run = _record(data_dir, first.pid)
+        assert {c.name for c in first_run.children} == {"redis", "extract", "apply"}
+        with _client(data_dir) as client:
+            receipts = [client.enqueue(f"fleet-{os.getpid()}-{i}", "I live in Austin.") for i in range(BURST)]
+            deadline = time.monotonic() + 180
+            while not _applied(client, receipts):
+                assert time.monotonic() < deadline, "nothing applied"
+                time.sleep(0.1)
+            first.send_signal(signal.SIGKILL)  # mid-burst: some applied, the rest queued or in flight
+            applied_before = _applied(client, receipts)
+        first.wait()
+        assert applied_before < BURST, "the burst ended before the kill; make it longer"
+
+        second = _start_up(env, log)
+        _wait_up(second, log, runs=2)
+        assert not _alive(first_run.children), "processes of the killed run still run"
+        assert not record_path(data_dir, first.pid).exists()
+
+        with _client(data_dir) as client:
+            result = client.wait(receipts, timeout=240)
+            assert result.done and not result.dead_lettered, result
+            for receipt in receipts:
+                (fact,) = client.graph.page(receipt.user_id, 1, 10).facts  # applied once: one fact
+                assert fact.statement == "User lives in Austin"
+                assert fact.source_ids == [receipt.message_id]  # one provenance link, not two
+
+        second_run = _record(data_dir, second.pid)
+        down = subprocess.run(
+            [sys.executable, "-m", "engram_workers.cli", "down"], env=env, capture_output=True, text=True, timeout=180
+        )
+        assert down.returncode == 0, down.stderr
+        assert "stopped." in down.stderr
+        assert second.wait(timeout=60) == 0, log.read_text()[-3000:]
+        assert not _alive(second_run.children)
+        assert not list((data_dir / "fleet").glob("*.json"))
+        assert not (data_dir / "services.json").exists()
+    finally:
+        for proc in (first, second):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+def test_down_with_nothing_running_says_so(tmp_path: Path) -> None:
+    env = clean_env(ENGRAM_DATA_DIR=str(tmp_path / "data"))
+    down = subprocess.run([sys.executable, "-m", "engram_workers.cli", "down"], env=env, capture_output=True, text=True)
+    assert down.returncode == 0 and "nothing runs on" in down.stderr
