@@ -105,9 +105,26 @@ class MemoryClient:
         message_id: str | None = None,
         timestamp: datetime | None = None,
         metadata: Mapping[str, str | int | float | bool] | None = None,
+        owner_name: str | None = None,
+        earlier: Sequence[Mapping[str, Any]] | None = None,
+        utc_offset_minutes: int | None = None,
     ) -> Receipt:
-        """Validate and queue one message; returns at once (no LLM, no graph store)."""
-        return self.producer.enqueue(user_id, messages, message_id=message_id, timestamp=timestamp, metadata=metadata)
+        """Validate and queue one message; returns at once (no LLM, no graph store).
+
+        ``owner_name`` names the memory owner (a user turn with another ``name`` is another person);
+        ``earlier`` are preceding turns the extractor sees as context only; ``utc_offset_minutes`` is the
+        sender's offset, so relative dates are read in the sender's day.
+        """
+        return self.producer.enqueue(
+            user_id,
+            messages,
+            message_id=message_id,
+            timestamp=timestamp,
+            metadata=metadata,
+            owner_name=owner_name,
+            earlier=earlier,
+            utc_offset_minutes=utc_offset_minutes,
+        )
 
     def enqueue_many(self, items: Iterable[Mapping[str, Any]]) -> list[Receipt]:
         """Queue many messages: every item is validated before any is published."""

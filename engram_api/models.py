@@ -80,6 +80,13 @@ class _Model(BaseModel):
 class ChatMessage(_Model):
     role: Literal["user", "assistant", "system", "tool"] = "user"
     content: str
+    name: str | None = Field(
+        None,
+        min_length=1,
+        max_length=100,
+        description="the speaker's display name (a user turn whose name is not the envelope's owner_name "
+        "is another person talking)",
+    )
 
 
 class Envelope(_Model):
@@ -91,6 +98,16 @@ class Envelope(_Model):
     timestamp: datetime
     metadata: dict[str, str | int | float | bool] = Field(default_factory=dict)
     enqueued_at: datetime = Field(default_factory=utcnow)
+    # Extraction context (all optional, so envelopes queued by older producers still load).
+    owner_name: str | None = Field(None, min_length=1, max_length=100, description="the memory owner's name")
+    earlier: list[ChatMessage] = Field(
+        default_factory=list,
+        max_length=20,
+        description="earlier turns shown to the extractor to resolve references; never extracted from",
+    )
+    utc_offset_minutes: int | None = Field(
+        None, ge=-840, le=840, description="the sender's UTC offset, so 'yesterday' is the sender's yesterday"
+    )
 
     @property
     def text(self) -> str:
@@ -167,7 +184,9 @@ class ExtractedFact(_ModelOutput):
     memory_type: MemoryType = "semantic"
     importance: float = Field(0.5, ge=0.0, le=1.0)
     valid_from: datetime | None = Field(None, description="when it became true, if the text says")
-    single_valued: bool = Field(False, description="a new value replaces the old (LIVES_IN, WORKS_AT)")
+    single_valued: bool = Field(
+        False, description="a new value replaces the old; honoured only for naming.SINGLE_VALUED predicates"
+    )
     updates: str | None = Field(None, description="id of a context fact this one restates or replaces")
 
     @field_validator("valid_from")
@@ -188,6 +207,9 @@ class Extraction(_Model):
     model_config = ConfigDict(extra="ignore")
     entities: list[ExtractedEntity] = Field(default_factory=list, max_length=100)
     facts: list[ExtractedFact] = Field(default_factory=list, max_length=100)
+    ends: list[str] = Field(
+        default_factory=list, max_length=50, description="ids of context facts that stopped being true"
+    )
 
 
 # -------------------------------------------------------------------------------------------- records
@@ -272,7 +294,8 @@ class FactRecord(Record):
         if self.archived:
             return False
         if at is None:
-            return self.valid_until is None
+            # A fact dated after now (a clock-skewed message) is not current yet.
+            return self.valid_until is None and self.valid_from <= utcnow()
         return self.valid_from <= at and (self.valid_until is None or at < self.valid_until)
 
 

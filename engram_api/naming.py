@@ -13,7 +13,9 @@ import unicodedata
 
 __all__ = [
     "LABELS",
+    "PREDICATE_SYNONYMS",
     "SINGLE_VALUED",
+    "canonical_predicate",
     "normalize_name",
     "sanitize_label",
     "sanitize_predicate",
@@ -101,6 +103,32 @@ SINGLE_VALUED: frozenset[str] = frozenset(
         "PARTNER_OF",
     }
 )
+# Spellings models use for a single-valued slot: one slot per meaning, or "LIVES_IN then RESIDES_IN" would
+# leave two current homes.
+PREDICATE_SYNONYMS: dict[str, str] = {
+    "RESIDES_IN": "LIVES_IN",
+    "RESIDES_AT": "LIVES_IN",
+    "LIVES_AT": "LIVES_IN",
+    "HOME_IS": "LIVES_IN",
+    "BASED_IN": "LIVES_IN",
+    "CURRENTLY_LIVES_IN": "LIVES_IN",
+    "EMPLOYED_AT": "WORKS_AT",
+    "EMPLOYED_BY": "WORKS_AT",
+    "WORKS_FOR": "WORKS_AT",
+    "EMPLOYER": "WORKS_AT",
+    "HAS_JOB_TITLE": "JOB_TITLE",
+    "OCCUPATION": "JOB_TITLE",
+    "PROFESSION": "JOB_TITLE",
+    "HAS_SPOUSE": "MARRIED_TO",
+    "SPOUSE": "MARRIED_TO",
+    "SPOUSE_OF": "MARRIED_TO",
+    "HAS_AGE": "AGE",
+    "IS_AGED": "AGE",
+    "ATTENDS": "STUDIES_AT",
+    "ENROLLED_AT": "STUDIES_AT",
+    "DATING": "PARTNER_OF",
+    "IN_RELATIONSHIP_WITH": "PARTNER_OF",
+}
 _NON_WORD = re.compile(r"[^0-9a-z]+")
 _PRED_BAD = re.compile(r"[^A-Z0-9]+")
 
@@ -139,6 +167,12 @@ def sanitize_predicate(predicate: str) -> str:
     spaced = re.sub(r"(?<=[a-z])(?=[A-Z])", "_", _ascii_fold(predicate))
     cleaned = _PRED_BAD.sub("_", spaced.upper()).strip("_")
     return cleaned[:40].rstrip("_") or "RELATED_TO"
+
+
+def canonical_predicate(predicate: str) -> str:
+    """Sanitized, with the synonyms of single-valued slots folded in ("resides in" -> "LIVES_IN")."""
+    clean = sanitize_predicate(predicate)
+    return PREDICATE_SYNONYMS.get(clean, clean)
 
 
 def self_entity_id(user_id: str) -> str:

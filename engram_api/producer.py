@@ -100,7 +100,8 @@ def _messages(messages: object, settings: Settings) -> list[ChatMessage]:
                 role = m.get("role", "user")
                 if role not in ("user", "assistant", "system", "tool"):
                     raise InvalidInputError(f"messages[{i}].role", f"unknown role {str(role)[:20]!r}")
-                items.append(ChatMessage(role=role, content=m["content"]))
+                name = _speaker(m.get("name"), f"messages[{i}].name")
+                items.append(ChatMessage(role=role, content=m["content"], name=name))
             else:
                 raise InvalidInputError(f"messages[{i}]", "must be {'role': ..., 'content': str}")
     else:
@@ -120,7 +121,11 @@ def _messages(messages: object, settings: Settings) -> list[ChatMessage]:
     return items
 
 
-_ITEM_KEYS = {"user_id", "messages", "message_id", "timestamp", "metadata"}
+# Optional extraction context an envelope may carry (see Envelope).
+_CONTEXT_KEYS = ("owner_name", "earlier", "utc_offset_minutes")
+_ITEM_KEYS = {"user_id", "messages", "message_id", "timestamp", "metadata", *_CONTEXT_KEYS}
+_NAME_CHARS = 100
+_EARLIER_TURNS = 20
 _META_KEYS = 50
 _META_KEY_CHARS = 64
 _META_VALUE_CHARS = 1_000
@@ -157,6 +162,35 @@ def _metadata(metadata: object) -> dict[str, Any]:
     return dict(metadata)
 
 
+def _speaker(name: object, field: str) -> str | None:
+    if name is None:
+        return None
+    if not isinstance(name, str) or not name.strip() or len(name) > _NAME_CHARS:
+        raise InvalidInputError(field, f"must be a non-blank string of at most {_NAME_CHARS} characters")
+    return _utf8(name.strip(), field)
+
+
+def _utc_offset(minutes: object) -> int | None:
+    if minutes is None:
+        return None
+    if isinstance(minutes, bool) or not isinstance(minutes, int) or not -840 <= minutes <= 840:
+        raise InvalidInputError("utc_offset_minutes", "must be an integer number of minutes in -840..840")
+    return minutes
+
+
+def _earlier(turns: object, settings: Settings) -> list[ChatMessage]:
+    if turns is None:
+        return []
+    if isinstance(turns, str | bytes) or not isinstance(turns, Sequence):
+        raise InvalidInputError("earlier", "must be a list of {'role': ..., 'content': str, 'name'?: str}")
+    if len(turns) > _EARLIER_TURNS:
+        raise InvalidInputError("earlier", f"at most {_EARLIER_TURNS} turns")
+    try:
+        return _messages(list(turns), settings) if turns else []
+    except InvalidInputError as exc:
+        raise InvalidInputError("earlier" + exc.field.removeprefix("messages"), exc.problem) from None
+
+
 def build_envelope(
     settings: Settings,
     user_id: object,
@@ -165,6 +199,9 @@ def build_envelope(
     message_id: object = None,
     timestamp: object = None,
     metadata: object = None,
+    owner_name: object = None,
+    earlier: object = None,
+    utc_offset_minutes: object = None,
 ) -> Envelope:
     """Validate everything a caller passed; raises ``InvalidInputError`` naming the field."""
     uid = check_user_id(user_id)
@@ -173,7 +210,16 @@ def build_envelope(
         raise InvalidInputError("timestamp", f"must be a datetime, got {type(timestamp).__name__}")
     ts = check_aware(timestamp) or utcnow()
     meta = _metadata(metadata)
-    return Envelope(user_id=uid, message_id=mid, messages=_messages(messages, settings), timestamp=ts, metadata=meta)
+    return Envelope(
+        user_id=uid,
+        message_id=mid,
+        messages=_messages(messages, settings),
+        timestamp=ts,
+        metadata=meta,
+        owner_name=_speaker(owner_name, "owner_name"),
+        earlier=_earlier(earlier, settings),
+        utc_offset_minutes=_utc_offset(utc_offset_minutes),
+    )
 
 
 class Producer:
@@ -194,7 +240,13 @@ class Producer:
         try:
             existing = self._enqueue(
                 keys=[keys.message_payload(uid, mid), keys.status(uid, mid), queue],
-                args=[envelope.model_dump_json(), task_id, self.settings.status_ttl_s, time.time(), message],
+                args=[
+                    envelope.model_dump_json(exclude_none=True),
+                    task_id,
+                    self.settings.status_ttl_s,
+                    time.time(),
+                    message,
+                ],
             )
         except redis.RedisError as exc:
             raise StoreUnavailableError(f"Redis unavailable, nothing enqueued: {exc}") from exc
@@ -219,7 +271,7 @@ class Producer:
             unknown = set(item) - _ITEM_KEYS
             if unknown:
                 raise InvalidInputError(f"items[{i}]", f"unknown keys {sorted(map(str, unknown))[:3]}")
-            extra = {k: item.get(k) for k in ("message_id", "timestamp", "metadata")}
+            extra = {k: item.get(k) for k in ("message_id", "timestamp", "metadata", *_CONTEXT_KEYS)}
             try:
                 envelopes.append(build_envelope(self.settings, item["user_id"], item["messages"], **extra))
             except InvalidInputError as exc:

@@ -88,6 +88,12 @@ class Settings(BaseSettings):
     breaker_reset_s: float = Field(30.0, gt=0, description="seconds the breaker stays open")
     llm_input_cost_per_1k: float = Field(0.00015, ge=0, description="USD per 1K prompt tokens (estimate)")
     llm_output_cost_per_1k: float = Field(0.0006, ge=0, description="USD per 1K completion tokens")
+    llm_max_output_tokens: int = Field(
+        1500, ge=100, le=16_000, description="max_tokens of one extraction answer (a cut-off answer is an error)"
+    )
+    llm_context_turns: int = Field(
+        6, ge=0, le=20, description="the user's earlier messages shown to the extractor as context (0 = none)"
+    )
 
     # --- input limits ---
     max_message_chars: int = Field(20_000, ge=1, description="characters per enqueued message (all turns)")

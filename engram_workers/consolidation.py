@@ -1,8 +1,8 @@
 """Consolidation: turn one message's extraction into a ``WritePlan`` against the user's existing graph.
 
 Runs under the user's apply lock, so what it reads cannot change under it. Decisions, in order:
-1. entity resolution, always within the user's own graph: context id given by the model, exact and
-   normalized name or alias, then embedding similarity (same label, high threshold);
+1. entity resolution, always within the user's own graph (``engram_workers.resolution``: context id,
+   name or alias, embedding similarity; the self node is never rebound; an id never becomes an entity);
 2. fact dedup by embedding similarity, except single-valued predicates, whose template sentences
    ("lives in Tampa" / "lives in Austin") embed almost identically;
 3. temporal supersession for single-valued predicates, scoped to one subject and predicate: the slot's
@@ -12,20 +12,26 @@ Runs under the user's apply lock, so what it reads cannot change under it. Decis
 Ids are derived from (user, message, position), so re-planning the same message gives the same ids.
 The message itself is kept recallable: its chunks (``storage.episodes.chunk_envelope``) are embedded in
 the same single batch as the names and statements and go into the plan and the user's index.
+
+Model facts are mapped with these rules (docs/extraction.md):
+- a fact whose subject or object resolves to nothing (an unknown id) is skipped;
+- ``single_valued`` holds only for ``naming.SINGLE_VALUED`` predicates, after synonyms are folded in
+  (RESIDES_IN -> LIVES_IN); the model's flag is ignored, so "LIKES jazz" cannot close every other LIKES;
+- a model date later than the message's event time + ``DATE_SKEW`` is not trusted: the fact is dated at the
+  event time, and a one-value fact dated ahead is a plan (``PLANS_<PREDICATE>``, episodic), not a change;
+- ``ends`` closes the named current facts at the message's event time (kept when the slot is rebuilt).
 """
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 
 import numpy as np
 
 from engram_api.models import (
     SELF_REF,
-    EntityChange,
-    EntityRecord,
     Envelope,
     EpisodeRecord,
     Extraction,
@@ -34,35 +40,24 @@ from engram_api.models import (
     Usage,
     WritePlan,
 )
-from engram_api.naming import SINGLE_VALUED, normalize_name, sanitize_label, sanitize_predicate, self_entity_id
+from engram_api.naming import (
+    SINGLE_VALUED,
+    canonical_predicate,
+    normalize_name,
+    sanitize_predicate,
+)
 from engram_api.storage.base import GraphStore
 from engram_api.storage.embedder import Embedder
 from engram_api.storage.episodes import chunk_envelope
 from engram_api.storage.vectors import Kind, UserIndex
+from engram_workers.extraction.prompt import speaker_transcript
+from engram_workers.resolution import Resolver, Vectors, hashed_id
 
 __all__ = ["Planned", "plan_message"]
 
-ENTITY_MATCH = 0.90
 FACT_DUPLICATE = 0.93
-
-
-def _hid(prefix: str, *parts: str) -> str:
-    return prefix + hashlib.blake2b("\x1f".join(parts).encode(), digest_size=12).hexdigest()
-
-
-class _Vectors:
-    """Every text a message may need embedded, encoded in ONE batch (a model call has a fixed cost
-    that dominated the apply stage when paid per name); anything unforeseen is encoded on demand."""
-
-    def __init__(self, embedder: Embedder, texts: Sequence[str]) -> None:
-        self.embedder = embedder
-        unique = list(dict.fromkeys(t for t in texts if t))
-        self._known = dict(zip(unique, embedder.encode(unique), strict=True)) if unique else {}
-
-    def __call__(self, text: str) -> np.ndarray:
-        if text not in self._known:
-            self._known[text] = self.embedder.encode_one(text)
-        return self._known[text]
+# How far past the message's event time a model's date may lie (time zones, "tonight"); beyond, it is a plan.
+DATE_SKEW = timedelta(days=1)
 
 
 def _texts(extraction: Extraction) -> list[str]:
@@ -80,151 +75,22 @@ class Planned:
     upserts: list[tuple[str, Kind, Sequence[float]]] = field(default_factory=list)
 
 
-@dataclass
-class _Resolver:
-    """Maps the extraction's entity refs (and bare names) to entity ids in the user's graph."""
-
-    user_id: str
-    message_id: str
-    graph: GraphStore
-    vectors: _Vectors
-    index: UserIndex
-    by_ref: dict[str, str] = field(default_factory=dict)
-    by_norm: dict[str, str] = field(default_factory=dict)
-    new: dict[str, EntityRecord] = field(default_factory=dict)
-    changes: dict[str, EntityChange] = field(default_factory=dict)
-    mentioned: set[str] = field(default_factory=set)
-
-    def _existing_self(self) -> None:
-        sid = self_entity_id(self.user_id)
-        self.by_ref[SELF_REF] = sid
-        if not self.graph.get_entities(self.user_id, [sid]):
-            self.new[sid] = EntityRecord(
-                id=sid,
-                user_id=self.user_id,
-                name="User",
-                norm_name=normalize_name("User"),
-                label="Person",
-                summary="the person whose memory this is",
-            )
-
-    def _add_aliases(self, entity_id: str, names: Sequence[str], known: set[str]) -> None:
-        fresh = [n for n in names if normalize_name(n) and normalize_name(n) not in known]
-        if not fresh:
-            return
-        if entity_id in self.new:
-            rec = self.new[entity_id]
-            rec.aliases = list(dict.fromkeys([*rec.aliases, *fresh]))
-            return
-        change = self.changes.setdefault(entity_id, EntityChange(id=entity_id))
-        change.add_aliases = list(dict.fromkeys([*change.add_aliases, *fresh]))
-
-    def resolve(self, extraction: Extraction) -> None:
-        self._existing_self()
-        wanted = {normalize_name(n) for e in extraction.entities for n in [e.name, *e.aliases]} - {""}
-        existing = self.graph.find_entities(self.user_id, sorted(wanted)) if wanted else []
-        context_ids = {e.ref for e in extraction.entities if e.ref.startswith("ent_")}
-        by_id = {e.id: e for e in existing}
-        if context_ids - by_id.keys():
-            by_id.update({e.id: e for e in self.graph.get_entities(self.user_id, sorted(context_ids - by_id.keys()))})
-        for rec in by_id.values():
-            for n in [rec.name, *rec.aliases]:
-                self.by_norm.setdefault(normalize_name(n), rec.id)
-
-        unresolved = []
-        for ent in extraction.entities:
-            names = [ent.name, *ent.aliases]
-            norms = [normalize_name(n) for n in names if normalize_name(n)]
-            if not norms:
-                continue
-            target = ent.ref if ent.ref in by_id else next((self.by_norm[n] for n in norms if n in self.by_norm), None)
-            if target is None:
-                unresolved.append((ent, norms))
-                continue
-            self._link(ent.ref, target, names, by_id)
-
-        if not unresolved:
-            return
-        for ent, norms in unresolved:
-            vec = self.vectors(ent.name)
-            # A name seen earlier in this same message resolves to that new entity.
-            target = next((self.by_norm[n] for n in norms if n in self.by_norm), None)
-            if target is None:
-                label = sanitize_label(ent.label)
-                for hit in self.index.search(vec, 3, kind="entity"):
-                    if hit.score < ENTITY_MATCH:
-                        break
-                    cand = self.graph.get_entities(self.user_id, [hit.node_id])
-                    if cand and cand[0].label == label:
-                        target = cand[0].id
-                        by_id[target] = cand[0]
-                        break
-            if target is None:
-                target = _hid("ent_", self.user_id, self.message_id, ent.ref, norms[0])
-                self.new[target] = EntityRecord(
-                    id=target,
-                    user_id=self.user_id,
-                    name=ent.name.strip(),
-                    norm_name=norms[0],
-                    label=sanitize_label(ent.label),
-                    aliases=[a for a in ent.aliases if a.strip()],
-                    summary=ent.summary,
-                    embedding=vec.tolist(),
-                )
-            for n in norms:
-                self.by_norm.setdefault(n, target)
-            self._link(ent.ref, target, [ent.name, *ent.aliases], by_id)
-
-    def _link(self, ref: str, target: str, names: Sequence[str], by_id: dict[str, EntityRecord]) -> None:
-        self.by_ref[ref] = target
-        if target in by_id:
-            rec = by_id[target]
-            self.mentioned.add(target)
-            self._add_aliases(target, names, {normalize_name(n) for n in [rec.name, *rec.aliases]})
-        elif target in self.new:
-            rec = self.new[target]
-            self._add_aliases(target, names, {normalize_name(n) for n in [rec.name, *rec.aliases]})
-
-    def entity_for(self, ref: str | None) -> str | None:
-        """A fact may name a thing the model did not list as an entity: create it on the fly."""
-        if ref is None or not ref.strip():
-            return None
-        if ref in self.by_ref:
-            return self.by_ref[ref]
-        norm = normalize_name(ref)
-        if not norm:
-            return None
-        if norm in self.by_norm:
-            return self.by_norm[norm]
-        found = self.graph.find_entities(self.user_id, [norm])
-        if found:
-            self.by_norm[norm] = found[0].id
-            self.mentioned.add(found[0].id)
-            return found[0].id
-        eid = _hid("ent_", self.user_id, self.message_id, "name", norm)
-        self.new[eid] = EntityRecord(
-            id=eid,
-            user_id=self.user_id,
-            name=ref.strip()[:200],
-            norm_name=norm,
-            label="Thing",
-            embedding=self.vectors(ref.strip()[:200]).tolist(),
-        )
-        self.by_norm[norm] = eid
-        return eid
-
-
-def _chain(slot_facts: list[FactRecord]) -> dict[str, tuple[object, str | None]]:
-    """Desired (valid_until, superseded_by) for each fact of one single-valued slot."""
+def _chain(slot_facts: list[FactRecord], ended: dict[str, datetime]) -> dict[str, tuple[object, str | None]]:
+    """Desired (valid_until, superseded_by) for each fact of one single-valued slot. A fact that was ended
+    outright (``ends``, now or by an earlier message) keeps its end unless a successor starts sooner."""
     ordered = sorted(slot_facts, key=lambda f: (f.valid_from, f.created_at, f.id))
     out: dict[str, tuple[object, str | None]] = {}
     for cur, nxt in zip(ordered, [*ordered[1:], None], strict=True):
-        out[cur.id] = (nxt.valid_from, nxt.id) if nxt is not None else (None, None)
+        end = ended.get(cur.id) or (cur.valid_until if cur.superseded_by is None else None)
+        if nxt is not None and (end is None or nxt.valid_from <= end):
+            out[cur.id] = (nxt.valid_from, nxt.id)
+        else:
+            out[cur.id] = (end, None)
     return out
 
 
 def _draft_facts(
-    envelope: Envelope, extraction: Extraction, resolver: _Resolver
+    envelope: Envelope, extraction: Extraction, resolver: Resolver
 ) -> tuple[list[FactRecord], dict[str, str]]:
     """Fact records for the extraction (deduplicated within the message, embedded), and the model's
     "updates" hints by draft id."""
@@ -232,26 +98,37 @@ def _draft_facts(
     drafts: list[FactRecord] = []
     hints: dict[str, str] = {}
     seen: set[str] = set()
+    at = envelope.timestamp
     for pos, fact in enumerate(extraction.facts):
         subject_id = resolver.entity_for(fact.subject)
+        object_id = resolver.entity_for(fact.object)
         statement = " ".join(fact.statement.split())[:1000]
-        if subject_id is None or normalize_name(statement) in seen:
+        dangling = bool(fact.object and fact.object.strip()) and object_id is None
+        if subject_id is None or dangling or normalize_name(statement) in seen:
             continue
         seen.add(normalize_name(statement))
-        predicate = sanitize_predicate(fact.predicate)
+        predicate = canonical_predicate(fact.predicate)
+        single = predicate in SINGLE_VALUED  # the declared list decides, not the model's flag
+        memory_type = fact.memory_type
+        valid_from = fact.valid_from or at
+        if valid_from > at + DATE_SKEW:
+            # Dated ahead of the message: a plan ("moving to Denver next month") changes no state yet.
+            valid_from = at
+            if single:
+                predicate, single, memory_type = sanitize_predicate(f"PLANS_{predicate}"), False, "episodic"
         draft = FactRecord(
-            id=_hid("fact_", uid, mid, str(pos)),
+            id=hashed_id("fact_", uid, mid, str(pos)),
             user_id=uid,
             subject_id=subject_id,
             predicate=predicate,
-            object_id=resolver.entity_for(fact.object),
+            object_id=object_id,
             statement=statement,
-            memory_type=fact.memory_type,
+            memory_type=memory_type,
             importance=fact.importance,
-            single_valued=fact.single_valued or predicate in SINGLE_VALUED,
+            single_valued=single,
             # created_at is when Engram learned it (decay counts from there): a backfill of old chats is
             # not "forgotten" on its first decay run.
-            valid_from=fact.valid_from or envelope.timestamp,
+            valid_from=valid_from,
         )
         drafts.append(draft)
         if fact.updates:
@@ -310,6 +187,7 @@ def _supersede_single(
     uid: str,
     drafts: list[FactRecord],
     graph: GraphStore,
+    ended: dict[str, datetime],
     new_facts: list[FactRecord],
     reinforced: list[str],
     changes: list[FactChange],
@@ -334,7 +212,7 @@ def _supersede_single(
                     reinforced.append(prev.id)
                 continue
             slot_new.append(draft)
-        wanted = _chain([*slot_existing, *slot_new])
+        wanted = _chain([*slot_existing, *slot_new], ended)
         for fact in slot_existing:
             until, by = wanted[fact.id]
             if (fact.valid_until, fact.superseded_by) != (until, by):
@@ -342,6 +220,13 @@ def _supersede_single(
         for draft in slot_new:
             draft.valid_until, draft.superseded_by = wanted[draft.id]  # type: ignore[assignment]
             new_facts.append(draft)
+
+
+def _ended(uid: str, ids: Sequence[str], at: datetime, graph: GraphStore) -> list[tuple[FactRecord, datetime]]:
+    """The facts ``ends`` names that were current when the message was sent (this user's only)."""
+    wanted = sorted({i for i in ids if i.startswith("fact_")})
+    facts = graph.get_facts(uid, wanted) if wanted else []
+    return [(f, at) for f in facts if not f.archived and f.valid_until is None and f.valid_from <= at]
 
 
 def plan_message(
@@ -355,10 +240,12 @@ def plan_message(
 ) -> Planned:
     uid, mid = envelope.user_id, envelope.message_id
     chunks = chunk_envelope(envelope)
-    vectors = _Vectors(embedder, [*_texts(extraction), *(c.indexed_text for c in chunks)])
+    vectors = Vectors(embedder, [*_texts(extraction), *(c.indexed_text for c in chunks)])
     for chunk in chunks:
         chunk.embedding = vectors(chunk.indexed_text).tolist()
-    resolver = _Resolver(user_id=uid, message_id=mid, graph=graph, vectors=vectors, index=index)
+    resolver = Resolver(
+        user_id=uid, message_id=mid, graph=graph, vectors=vectors, index=index, owner_name=envelope.owner_name
+    )
     resolver.resolve(extraction)
 
     drafts, hints = _draft_facts(envelope, extraction, resolver)
@@ -367,13 +254,19 @@ def plan_message(
     changes: list[FactChange] = []
     multi = [d for d in drafts if not d.single_valued]
     single = [d for d in drafts if d.single_valued]
+    ended = _ended(uid, extraction.ends, envelope.timestamp, graph)
     _consolidate_multi(uid, multi, hints, graph, index, new_facts, reinforced, changes)
-    _supersede_single(uid, single, graph, new_facts, reinforced, changes)
+    _supersede_single(uid, single, graph, {f.id: when for f, when in ended}, new_facts, reinforced, changes)
+    changed = {c.id for c in changes}
+    changes += [FactChange(id=f.id, valid_until=when, superseded_by=None) for f, when in ended if f.id not in changed]
+    first: dict[str, FactChange] = {}
+    for change in changes:  # one change per fact: an explicit end and an "updates" may name the same one
+        first.setdefault(change.id, change)
 
     episode = EpisodeRecord(
         id=mid,
         user_id=uid,
-        content=envelope.text,
+        content=speaker_transcript(envelope),
         role=envelope.messages[-1].role,
         event_time=envelope.timestamp,
         metadata=envelope.metadata,
@@ -389,7 +282,7 @@ def plan_message(
         new_entities=new_entities,
         entity_changes=list(resolver.changes.values()),
         new_facts=new_facts,
-        fact_changes=changes,
+        fact_changes=list(first.values()),
         reinforced_fact_ids=sorted(set(reinforced)),
         mentioned_entity_ids=sorted(mentioned),
         chunks=chunks,

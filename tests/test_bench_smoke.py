@@ -3,10 +3,15 @@ table and writes valid JSON with the documented keys. No timing is asserted (tim
 
 from __future__ import annotations
 
+import importlib
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
+
+from engram_api.producer import build_envelope
+from engram_api.settings import Settings
 
 REPO = Path(__file__).resolve().parents[1]
 RESULT_KEYS = {"bench", "mode", "started_at", "seconds", "machine", "summary", "tables", "notes"}
@@ -65,3 +70,35 @@ def test_quality_without_its_data_sets_says_where_they_go_and_exits_0(tmp_path):
         assert name in text
     latest = json.loads((tmp_path / "out" / "latest.json").read_text())
     assert latest["skipped"] == ["quality"] and latest["results"] == {} and latest["failed"] == {}
+
+
+def test_llm_quality_bench_refuses_to_run_without_the_users_model(tmp_path):
+    """``--llm`` spends the user's tokens: it runs the quality bench only, and only with LLM_MODEL set."""
+    env = {k: v for k, v in os.environ.items() if k != "LLM_MODEL"}
+    for args in (["--only", "quality", "--llm"], ["--only", "enqueue", "--llm"]):
+        done = subprocess.run(
+            [sys.executable, str(REPO / "ops" / "bench" / "run.py"), *args, "--out", str(tmp_path)],
+            cwd=REPO, env=env, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert done.returncode == 2 and "--llm needs --only quality and LLM_MODEL set" in done.stderr
+
+
+def test_llm_quality_bench_sends_speakers_owner_and_earlier_turns():
+    sys.path.insert(0, str(REPO / "ops" / "bench"))
+    bench_quality = importlib.import_module("bench_quality")
+
+    conversation = {
+        "speaker_a": "Caroline",
+        "session_1_date_time": "1:56 pm on 8 May, 2023",
+        "session_1": [
+            {"speaker": "Caroline", "dia_id": f"D1:{i}", "text": f"turn {i}"} if i % 2 else
+            {"speaker": "Melanie", "dia_id": f"D1:{i}", "text": f"turn {i}"} for i in range(1, 10)
+        ],
+    }  # fmt: skip
+    turns = bench_quality._session_turns(conversation)
+    items = bench_quality._items("u1", conversation, turns, 0, "llm")
+    last = build_envelope(Settings(), **{k: v for k, v in items[-1].items()})
+    assert last.owner_name == "Caroline" and last.messages[0].name == "Caroline"
+    assert [m.content for m in last.earlier] == [f"turn {i}" for i in range(3, 9)]
+    assert last.earlier[0].name == "Caroline" and last.earlier[1].name == "Melanie"
+    assert bench_quality._items("u1", conversation, turns, 0, "rules")[0]["messages"] == "turn 1"

@@ -304,7 +304,7 @@ class _Run:
                 valid_from=fact.valid_from,
                 valid_until=fact.valid_until,
                 event_time=fact.valid_from,
-                current=fact.valid_until is None,
+                current=fact.current_at(None),
                 source_ids=fact.source_ids,
             )
         chunk = cand.chunk

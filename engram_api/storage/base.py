@@ -25,6 +25,7 @@ from engram_api.models import (
     ChunkRecord,
     ClusterRecord,
     EntityRecord,
+    EpisodeRecord,
     FactRecord,
     FeedbackRow,
     ForgetResult,
@@ -71,6 +72,11 @@ class GraphStore(ABC):
 
     @abstractmethod
     def get_entities(self, user_id: str, entity_ids: Sequence[str]) -> list[EntityRecord]: ...
+
+    @abstractmethod
+    def recent_episodes(self, user_id: str, *, before: datetime, limit: int) -> list[EpisodeRecord]:
+        """The user's last ``limit`` episodes with ``event_time < before``, oldest first (the extractor's
+        earlier turns)."""
 
     @abstractmethod
     def facts_for_slots(self, user_id: str, slots: Sequence[tuple[str, str]]) -> list[FactRecord]:

@@ -200,8 +200,8 @@ def split_chunks(text: str, limit: int = MAX_CHUNK_CHARS) -> list[str]:
 
 
 def _speaker(envelope: Envelope, message: object, role: str) -> str:
-    """A name when the message (or its metadata) carries one, else the role."""
-    name = getattr(message, "speaker", None) or envelope.metadata.get("speaker")
+    """The speaker's name when the message (ChatMessage.name) or its metadata carries one, else the role."""
+    name = getattr(message, "name", None) or envelope.metadata.get("speaker")
     return str(name).strip()[:100] if isinstance(name, str) and name.strip() else role
 
 

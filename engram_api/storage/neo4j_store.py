@@ -44,6 +44,7 @@ from engram_api.models import (
     ChunkRecord,
     ClusterRecord,
     EntityRecord,
+    EpisodeRecord,
     FactRecord,
     FeedbackRow,
     ForgetResult,
@@ -221,6 +222,11 @@ RETURN {_ENTITY_EMB} AS row ORDER BY e.norm_name, e.id
 _Q_GET_ENTITIES = f"""
 MATCH (e:Entity {{user_id: $user_id}}) WHERE e.id IN $ids
 RETURN {_ENTITY_EMB} AS row ORDER BY e.norm_name, e.id
+"""
+_Q_RECENT_EPISODES = """
+MATCH (ep:Episode {user_id: $user_id}) WHERE ep.event_time < $before
+WITH ep ORDER BY ep.event_time DESC, ep.id DESC LIMIT $limit
+RETURN ep {.id, .user_id, .content, .role, .event_time, .metadata, .created_at, .updated_at} AS row
 """
 _Q_GET_FACTS = f"""
 MATCH (f:Fact {{user_id: $user_id}}) WHERE f.id IN $ids
@@ -620,6 +626,12 @@ class Neo4jGraphStore(GraphStore):
             return []
         rows = self._rows(_Q_GET_ENTITIES, user_id=user_id, ids=list(entity_ids))
         return [EntityRecord.model_validate(r) for r in rows]
+
+    def recent_episodes(self, user_id: str, *, before: datetime, limit: int) -> list[EpisodeRecord]:
+        if limit <= 0:
+            return []
+        rows = self._rows(_Q_RECENT_EPISODES, user_id=user_id, before=_utc(before), limit=limit)
+        return [EpisodeRecord.model_validate({**r, "metadata": json.loads(r["metadata"])}) for r in reversed(rows)]
 
     def facts_for_slots(self, user_id: str, slots: Sequence[tuple[str, str]]) -> list[FactRecord]:
         pairs = [[subject_id, predicate] for subject_id, predicate in dict.fromkeys(slots)]

@@ -735,6 +735,31 @@ class SqliteGraphStore(GraphStore):
         )
         return [_entity(r) for r in rows]
 
+    def recent_episodes(self, user_id: str, *, before: datetime, limit: int) -> list[EpisodeRecord]:
+        if limit <= 0:
+            return []
+        rows = (
+            self._conn()
+            .execute(
+                "SELECT * FROM episodes WHERE user_id = ? AND event_time < ? ORDER BY event_time DESC, id DESC LIMIT ?",
+                (user_id, _us(before), limit),
+            )
+            .fetchall()
+        )
+        return [
+            EpisodeRecord(
+                id=r["id"],
+                user_id=r["user_id"],
+                content=r["content"],
+                role=r["role"],
+                event_time=_dt(r["event_time"]),
+                metadata=json.loads(r["metadata"]),
+                created_at=_dt(r["created_at"]),
+                updated_at=_dt(r["updated_at"]),
+            )
+            for r in reversed(rows)
+        ]
+
     def facts_for_slots(self, user_id: str, slots: Sequence[tuple[str, str]]) -> list[FactRecord]:
         rows = (
             self._conn()

@@ -294,7 +294,8 @@ def bench(args: tuple[str, ...]) -> None:
     """Run the benchmarks: python ops/bench/run.py ARGS.
 
     ARGS: --quick (a few minutes), --only enqueue,encoder,gateway,ingest,recall,seeds,memory,quality, --keep,
-    --datasets DIR (the quality benchmark's data; it is skipped when missing). See docs/benchmarks.md.
+    --datasets DIR (the quality benchmark's data; it is skipped when missing).
+    --llm (with --only quality: extract with your own LLM_MODEL; see docs/extraction.md). See docs/benchmarks.md.
     """
     script = Path(__file__).resolve().parents[2] / "ops" / "bench" / "run.py"
     if not script.exists():

@@ -1,27 +1,47 @@
-"""One litellm call per message, its JSON answer validated into ``Extraction``.
+"""One litellm call per message, its JSON answer read tolerantly into ``Extraction``.
 
 Errors are classified once, here: transport trouble (timeouts, 5xx, 429, connection) is transient and
-trips the circuit breaker; an answer that is not valid JSON or breaks the schema is retried too (models
-are not deterministic) but says nothing about the service's health.
+trips the circuit breaker; an answer with no usable JSON is retried once at once with the problem
+appended (a model told what was wrong usually fixes it; resending the same prompt at temperature 0 gets
+the same answer), then fails the attempt without saying anything about the service's health.
+
+Tolerance rules (what a real model's slightly-off answer still yields; each one is a test):
+- the outermost JSON object is taken from prose or code fences around it; a top-level list of facts is
+  read as ``{"facts": [...]}``;
+- entities and facts are validated one by one: a bad one is skipped, never the whole message (unless no
+  item at all is usable: then the answer is an error); lone surrogates are replaced by U+FFFD;
+- importance on a 1-10 scale is divided by 10, anything else is clamped to 0..1; memory_type is matched
+  case-insensitively (unknown -> semantic); a ``valid_from`` that is not a date is dropped ("last week").
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
 
-from pydantic import ValidationError
+from pydantic import TypeAdapter, ValidationError
 
 from engram_api.errors import LLMError
-from engram_api.models import Extraction, Usage
+from engram_api.models import ExtractedEntity, ExtractedFact, Extraction, Usage
 from engram_api.settings import Settings
+from engram_workers.extraction.prompt import RESPONSE_SCHEMA
 
-__all__ = ["LLMAnswer", "call_llm", "is_service_failure", "parse_extraction", "retry_after"]
+__all__ = ["LLMAnswer", "call_llm", "is_service_failure", "parse_extraction", "read_answer", "retry_after"]
 
-_FENCE = re.compile(r"^```(?:json)?\s*|\s*```$", re.MULTILINE)
+log = logging.getLogger(__name__)
+
+_FENCE = re.compile(r"```(?:json|JSON)?")
+_MEMORY_TYPES = ("semantic", "episodic", "procedural")
+_LIST_CAP = 100  # Extraction's own bound on entities and facts
+_SCAN_TRIES = 20  # '{' positions tried in a prose-wrapped answer (bounds the work on hostile text)
+_DATE: TypeAdapter[datetime] = TypeAdapter(datetime)
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,23 +49,134 @@ class LLMAnswer:
     extraction: Extraction
     usage: Usage
     raw: str
+    skipped: list[str] = field(default_factory=list)
+
+
+def _outermost_json(raw: str) -> Any:
+    """The answer's JSON value: the whole text, else the first complete object in it (prose, fences)."""
+    text = _FENCE.sub("", raw).strip()
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        pass
+    except (RecursionError, ValueError) as exc:
+        # Nesting too deep, or a number too long to convert: unusable, and scanning further would not help.
+        raise LLMError(f"model answer is not usable JSON: {type(exc).__name__}", transient=False, raw=raw) from None
+    decoder = json.JSONDecoder()
+    for tries, match in enumerate(re.finditer(r"\{", text)):
+        if tries >= _SCAN_TRIES:
+            break
+        try:
+            value, _ = decoder.raw_decode(text, match.start())
+        except (RecursionError, ValueError):
+            continue
+        if isinstance(value, dict):
+            return value
+    raise LLMError("model answer holds no JSON object", transient=False, raw=raw)
+
+
+def _importance(value: Any) -> float:
+    if isinstance(value, str):
+        try:
+            value = float(value.strip().rstrip("%"))
+        except ValueError:
+            return 0.5
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        return 0.5
+    if 1 < value <= 10:
+        value = value / 10  # a 1-10 scale
+    return min(1.0, max(0.0, float(value)))
+
+
+def _date_or_none(value: Any) -> datetime | None:
+    try:
+        when = _DATE.validate_python(value)
+        return when.replace(tzinfo=UTC) if when.tzinfo is None else when.astimezone(UTC)
+    except (ValidationError, OverflowError):
+        return None  # "last week", "2024-13-45": a date we cannot read is no date
+
+
+def _repaired(value: Any) -> Any:
+    """Lone surrogates (JSON escapes like "\\ud800") become U+FFFD: no store, tokenizer or Bolt takes them."""
+    if isinstance(value, str):
+        return _SURROGATE.sub("\ufffd", value)
+    if isinstance(value, list):
+        return [_repaired(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _repaired(v) for k, v in value.items()}
+    return value
+
+
+def _clean_fact(item: dict[str, Any]) -> dict[str, Any]:
+    out = dict(item)
+    if "importance" in out:
+        out["importance"] = _importance(out["importance"])
+    if out.get("memory_type") is not None:
+        kind = str(out["memory_type"]).strip().lower()
+        out["memory_type"] = kind if kind in _MEMORY_TYPES else "semantic"
+    for key in ("object", "updates", "valid_from"):
+        if isinstance(out.get(key), str) and out[key].strip().lower() in ("", "null", "none"):
+            out[key] = None
+    if out.get("valid_from") is not None:
+        out["valid_from"] = _date_or_none(out["valid_from"])
+    return out
+
+
+def _clean_entity(item: dict[str, Any]) -> dict[str, Any]:
+    out = dict(item)
+    aliases = out.get("aliases")
+    if isinstance(aliases, str):
+        out["aliases"] = [aliases]
+    elif isinstance(aliases, list):
+        out["aliases"] = [a for a in aliases if isinstance(a, str) and a.strip()][:20]
+    if isinstance(out.get("summary"), str):
+        out["summary"] = out["summary"][:1000]
+    if not isinstance(out.get("label"), str) or len(out["label"]) > 100:
+        out.pop("label", None)
+    return out
+
+
+def _items(data: dict[str, Any], key: str, raw: str) -> list[Any]:
+    value = data.get(key)
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise LLMError(f"model answer breaks the schema at {key}: must be a list", transient=False, raw=raw)
+    return value
+
+
+def read_answer(raw: str) -> tuple[Extraction, list[str]]:
+    """The answer as an ``Extraction`` and a note per skipped item; ``LLMError`` when nothing is usable."""
+    data = _outermost_json(raw)
+    if isinstance(data, list) and data and all(isinstance(x, dict) for x in data):
+        data = data[0] if len(data) == 1 and ("facts" in data[0] or "entities" in data[0]) else {"facts": data}
+    if not isinstance(data, dict):
+        raise LLMError("model answer is not a JSON object", transient=False, raw=raw)
+    if not any(k in data for k in ("facts", "entities", "ends")):
+        raise LLMError("model answer has none of entities, facts, ends", transient=False, raw=raw)
+    skipped: list[str] = []
+    kept: dict[str, list[Any]] = {"entities": [], "facts": []}
+    for kind, model, clean in (("entities", ExtractedEntity, _clean_entity), ("facts", ExtractedFact, _clean_fact)):
+        for i, item in enumerate(_items(data, kind, raw)[:_LIST_CAP]):
+            if not isinstance(item, dict):
+                skipped.append(f"{kind}.{i}: not an object")
+                continue
+            try:
+                kept[kind].append(model.model_validate(clean(_repaired(item))))
+            except ValidationError as exc:
+                first = exc.errors()[0]
+                skipped.append(f"{kind}.{i}.{'.'.join(str(p) for p in first['loc'])}: {first['msg']}")
+    ends = [str(h)[:100] for h in _items(data, "ends", raw) if isinstance(h, str | int) and not isinstance(h, bool)]
+    extraction = Extraction(entities=kept["entities"], facts=kept["facts"], ends=ends[:50])
+    if skipped and not (extraction.entities or extraction.facts or extraction.ends):
+        # Items were given and none is usable: that is a bad answer (retried once, then dead-lettered with
+        # the raw text for an operator), not "nothing worth remembering".
+        raise LLMError(f"model answer breaks the schema at {skipped[0]}", transient=False, raw=raw)
+    return extraction, skipped
 
 
 def parse_extraction(raw: str) -> Extraction:
-    text = _FENCE.sub("", raw.strip())
-    try:
-        data = json.loads(text)
-    except (RecursionError, ValueError) as exc:
-        if not isinstance(exc, json.JSONDecodeError):
-            # Nesting too deep, or a number too long to convert: unusable all the same.
-            raise LLMError(f"model answer is not usable JSON: {type(exc).__name__}", transient=False, raw=raw) from None
-        raise LLMError(f"model answer is not JSON: {exc.msg} at {exc.pos}", transient=False, raw=raw) from None
-    try:
-        return Extraction.model_validate(data)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
-        raise LLMError(f"model answer breaks the schema at {where}: {first['msg']}", transient=False, raw=raw) from None
+    return read_answer(raw)[0]
 
 
 def _litellm():  # type: ignore[no-untyped-def]
@@ -89,22 +220,38 @@ def _classify(exc: Exception) -> LLMError:
     return err
 
 
-def call_llm(settings: Settings, messages: list[dict[str, str]]) -> LLMAnswer:
+def response_format(model: str) -> dict[str, Any]:
+    """A JSON-schema constraint where litellm knows the provider takes one (it maps it to a tool call for
+    Anthropic, whose API ignores ``json_object``); plain JSON mode elsewhere."""
     litellm = _litellm()
     try:
+        schema_ok = bool(litellm.supports_response_schema(model=model))
+    except Exception:  # an unknown model name: litellm raises rather than answer "no"
+        schema_ok = False
+    if schema_ok:
+        return {"type": "json_schema", "json_schema": {"name": "extraction", "schema": RESPONSE_SCHEMA}}
+    return {"type": "json_object"}
+
+
+def _complete(settings: Settings, messages: list[dict[str, str]]) -> tuple[str, Usage]:
+    litellm = _litellm()
+    model = settings.llm_model or ""
+    try:
         response = litellm.completion(
-            model=settings.llm_model,
+            model=model,
             messages=messages,
             api_key=settings.llm_api_key,
             api_base=settings.llm_api_base,
             timeout=settings.llm_timeout_s,
             num_retries=0,  # retries are the task's job: with backoff, the breaker and the DLQ
             temperature=0,
-            response_format={"type": "json_object"},
+            max_tokens=settings.llm_max_output_tokens,
+            response_format=response_format(model),
         )
     except Exception as exc:
         raise _classify(exc) from exc
-    raw = response.choices[0].message.content or ""
+    choice = response.choices[0]
+    raw = choice.message.content or ""
     usage_in = getattr(response, "usage", None)
     prompt_tokens = int(getattr(usage_in, "prompt_tokens", 0) or 0)
     completion_tokens = int(getattr(usage_in, "completion_tokens", 0) or 0)
@@ -113,8 +260,44 @@ def call_llm(settings: Settings, messages: list[dict[str, str]]) -> LLMAnswer:
         + completion_tokens / 1000 * settings.llm_output_cost_per_1k
     )
     usage = Usage(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens, cost_usd=cost, llm_calls=1)
+    if getattr(choice, "finish_reason", None) == "length":
+        err = LLMError(f"model answer cut off at max_tokens={settings.llm_max_output_tokens}", transient=False, raw=raw)
+        err.usage = usage  # type: ignore[attr-defined]
+        raise err
+    return raw, usage
+
+
+def _add(a: Usage, b: Usage) -> Usage:
+    return Usage(
+        prompt_tokens=a.prompt_tokens + b.prompt_tokens,
+        completion_tokens=a.completion_tokens + b.completion_tokens,
+        cost_usd=a.cost_usd + b.cost_usd,
+        llm_calls=a.llm_calls + b.llm_calls,
+    )
+
+
+def call_llm(settings: Settings, messages: list[dict[str, str]]) -> LLMAnswer:
+    raw, usage = _complete(settings, messages)
     try:
-        return LLMAnswer(extraction=parse_extraction(raw), usage=usage, raw=raw)
-    except LLMError as exc:
-        exc.usage = usage  # type: ignore[attr-defined]  # tokens were spent even on a bad answer
-        raise
+        extraction, skipped = read_answer(raw)
+    except LLMError as first:
+        # Once, with the model's own answer and what is wrong with it: models fix what they are told.
+        fix = (
+            f"Your answer could not be used: {first}. Answer again with only the JSON object "
+            'with keys "entities", "facts" and "ends".'
+        )
+        retry = [*messages, {"role": "assistant", "content": raw[:4000]}, {"role": "user", "content": fix}]
+        try:
+            raw, more = _complete(settings, retry)
+        except LLMError as exc:
+            exc.usage = _add(usage, getattr(exc, "usage", None) or Usage())  # type: ignore[attr-defined]
+            raise
+        usage = _add(usage, more)
+        try:
+            extraction, skipped = read_answer(raw)
+        except LLMError as exc:
+            exc.usage = usage  # type: ignore[attr-defined]  # tokens were spent even on bad answers
+            raise
+    if skipped:
+        log.info("extraction: kept %d facts, skipped %s", len(extraction.facts), "; ".join(skipped)[:500])
+    return LLMAnswer(extraction=extraction, usage=usage, raw=raw, skipped=skipped)

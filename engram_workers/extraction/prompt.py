@@ -1,54 +1,200 @@
-"""The extraction prompt: instructions, the output schema, and slim context from the user's graph.
+"""The extraction prompt: fixed instructions first, then this message's context, earlier turns and turns.
 
-Slim context (ids, names, summaries, predicates of the most similar existing entities and facts) lets
-the model point at what it already knows ("updates": a fact id, an entity ref equal to an existing id)
-instead of minting duplicates.
+Contract (docs/extraction.md states it for operators):
+- The system part is the same text for every call (no ids, dates or user data in it), so providers'
+  prompt caching applies to it; everything per message goes in the user part after it.
+- Known entities and facts are shown under short handles (E1.., F1..), never under their 24-hex ids: a
+  handle costs one or two tokens and small models copy it reliably. ``Prompt.resolve`` maps the handles
+  in the answer back to ids; a handle the prompt did not show stays as the model wrote it.
+- Earlier turns are rendered apart from the new turns, under a header that says they are context only;
+  the new turns come last, under ``Conversation:``, one line per turn.
+- System and tool turns are never shown; assistant turns are shown as such (rules say what they may yield).
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
-from datetime import datetime
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta, timezone
 
-from pydantic import BaseModel
+from engram_api.models import SELF_REF, ChatMessage, EntityRecord, Envelope, EpisodeRecord, Extraction, FactRecord
+from engram_api.naming import SINGLE_VALUED
 
-from engram_api.models import SELF_REF, EntityRecord, Envelope, Extraction, FactRecord
+__all__ = ["SYSTEM_PROMPT", "Prompt", "SlimContext", "build_prompt", "is_owner_turn", "speaker_transcript"]
 
-__all__ = ["SlimContext", "build_messages"]
+OWNER_MARK = "(memory owner)"
 
-_SYSTEM = f"""You extract long-term memory from one chat message as a knowledge graph.
-Return ONLY a JSON object matching this JSON schema:
-{json.dumps(Extraction.model_json_schema(), separators=(",", ":"))}
-Rules:
-- The person whose memory this is is the subject "{SELF_REF}"; do not list them as an entity.
-- One entity per real-world thing, with a short label (Person, Place, Organization, Pet, Food, Activity,
-  Language, Skill, Role, Product, Event, Concept, Thing) and aliases it is also called.
-- Facts are subject-predicate-object; predicate in UPPER_SNAKE_CASE (LIVES_IN, WORKS_AT, HAS_BROTHER, LIKES);
-  "statement" restates the fact as a short sentence about "User"; single_valued=true when a new value
-  replaces the old one (where someone lives, works, their job title, spouse, age).
-- memory_type: semantic (stable facts), episodic (events at a time), procedural (how the user does things).
-- importance 0..1; valid_from only when the text says when it became true (ISO 8601 with timezone).
-- If an entity is already known (see context), use its id as the entity ref; if a fact restates or
-  replaces a known fact, set "updates" to that fact's id.
-- Nothing worth remembering: return {{"entities": [], "facts": []}}.
+SYSTEM_PROMPT = f"""You extract long-term memory about one person, the memory owner, from the newest turns of a chat.
+Answer with ONE JSON object and nothing else, in this shape:
+{{"entities":[{{"ref":"N1","name":"Lisbon","label":"Place","aliases":[],"summary":""}}],
+ "facts":[{{"subject":"{SELF_REF}","predicate":"LIVES_IN","object":"N1","statement":"User lives in Lisbon",
+ "memory_type":"semantic","importance":0.7,"valid_from":null,"updates":null}}],
+ "ends":[]}}
+
+References
+- "{SELF_REF}" is the memory owner. Never list the owner under entities.
+- Known things are shown as E1, E2 (entities) and F1, F2 (facts). Use a handle to mean that thing; do not
+  repeat it under entities. New things get refs N1, N2 in "entities". Never write any other id.
+- label: Person, Place, Organization, Pet, Food, Activity, Language, Skill, Role, Product, Media, Event, Thing.
+
+Speakers
+- Turns read "Name {OWNER_MARK}: text", "Name: text" (another person) or "assistant: text".
+- What the owner says about themself has subject "{SELF_REF}". What another person says about themself is
+  about that person: subject is that person (an entity with their name), never "{SELF_REF}".
+- Extract only from the turns under "Conversation:". Earlier turns only resolve "she", "it", "there", "then".
+- Assistant turns are never facts about the owner. A suggestion the owner takes up may be recorded as
+  "User was recommended X" (episodic, importance 0.3 at most).
+
+Facts
+- predicate: UPPER_SNAKE_CASE (LIVES_IN, WORKS_AT, HAS_SISTER, LIKES, VISITED). statement: one short sentence,
+  "User" for the owner, dates written out ("User visited Tokyo in March 2024"), never "yesterday".
+- memory_type: semantic (stable facts), episodic (an event at a time), procedural (how the owner does things).
+- One value at a time: {", ".join(sorted(SINGLE_VALUED))}. Use exactly these names for these meanings.
+- A plan, wish, question or hypothetical changes nothing: "I'm moving to Denver next month" is
+  PLANS_TO_MOVE_TO Denver (episodic), never LIVES_IN Denver.
+- updates: the handle of a known fact this one restates or corrects.
+- ends: handles of known facts that stopped being true ("I quit Acme" ends the WORKS_AT Acme fact;
+  "I don't like sushi anymore" ends the LIKES sushi fact). A new value of a one-value predicate needs no ends.
+
+Time
+- valid_from: only when the text says when it became true, as ISO 8601 with offset. Relative dates count
+  from the message time in the sender's time zone ("yesterday" = the sender's previous day); a bare date is
+  that day at 00:00; a bare year is 1 January; present tense with no date: null (= the message time).
+  Never a date after the message time.
+
+Importance (0 to 1)
+- 0.9 identity, health, family, major life events; 0.7 home, work, relationships, strong preferences;
+  0.5 ordinary preferences and habits; 0.3 passing events; 0.1 trivia.
+
+Examples
+1. Conversation: "Ana (memory owner): My sister Mia moved to Porto last year." (message time 2026-03-10)
+{{"entities":[{{"ref":"N1","name":"Mia","label":"Person","aliases":[],"summary":"Ana's sister"}},
+ {{"ref":"N2","name":"Porto","label":"Place","aliases":[],"summary":""}}],
+ "facts":[{{"subject":"{SELF_REF}","predicate":"HAS_SISTER","object":"N1","statement":"User has a sister, Mia",
+ "memory_type":"semantic","importance":0.9,"valid_from":null,"updates":null}},
+ {{"subject":"N1","predicate":"LIVES_IN","object":"N2","statement":"Mia moved to Porto in 2025",
+ "memory_type":"semantic","importance":0.6,"valid_from":"2025-01-01T00:00:00+00:00","updates":null}}],"ends":[]}}
+2. Known: F1 [WORKS_AT] User works at Acme. Conversation: "User {OWNER_MARK}: I quit Acme, taking a break."
+{{"entities":[],"facts":[],"ends":["F1"]}}
+3. Conversation: "Jo {OWNER_MARK}: How's it going?" / "Sam: Great, I just adopted a cat named Rex!"
+{{"entities":[{{"ref":"N1","name":"Sam","label":"Person","aliases":[],"summary":""}},
+ {{"ref":"N2","name":"Rex","label":"Pet","aliases":[],"summary":"Sam's cat"}}],
+ "facts":[{{"subject":"N1","predicate":"HAS_PET","object":"N2","statement":"Sam adopted a cat named Rex",
+ "memory_type":"episodic","importance":0.5,"valid_from":null,"updates":null}}],"ends":[]}}
+4. Conversation: "User {OWNER_MARK}: thanks!" -> {{"entities":[],"facts":[],"ends":[]}}
 """
 
+# The JSON Schema for providers that constrain output to one (litellm's json_schema response format).
+RESPONSE_SCHEMA = Extraction.model_json_schema()
 
-class SlimContext(BaseModel):
-    entities: list[dict[str, str]]
-    facts: list[dict[str, str]]
+
+@dataclass
+class SlimContext:
+    """The user's most relevant known entities and facts, shown to the model under short handles."""
+
+    entities: list[EntityRecord] = field(default_factory=list)
+    facts: list[FactRecord] = field(default_factory=list)
 
     @classmethod
     def from_records(cls, entities: Sequence[EntityRecord], facts: Sequence[FactRecord]) -> SlimContext:
-        return cls(
-            entities=[{"id": e.id, "name": e.name, "label": e.label, "summary": e.summary[:120]} for e in entities],
-            facts=[{"id": f.id, "predicate": f.predicate, "statement": f.statement[:160]} for f in facts],
-        )
+        return cls(entities=list(entities), facts=list(facts))
+
+    def handles(self) -> dict[str, str]:
+        out = {f"E{i}": e.id for i, e in enumerate(self.entities, 1)}
+        out.update({f"F{i}": f.id for i, f in enumerate(self.facts, 1)})
+        return out
+
+    def render(self) -> str:
+        lines = [
+            f"E{i} {e.name} ({e.label})" + (f": {e.summary[:120]}" if e.summary else "")
+            for i, e in enumerate(self.entities, 1)
+        ]
+        lines += [
+            f"F{i} [{f.predicate}] {f.statement[:160]} (since {f.valid_from.date().isoformat()})"
+            for i, f in enumerate(self.facts, 1)
+        ]
+        return "\n".join(lines) if lines else "(nothing known yet)"
 
 
-def build_messages(envelope: Envelope, context: SlimContext, now: datetime | None = None) -> list[dict[str, str]]:
-    when = (now or envelope.timestamp).isoformat()
-    conversation = "\n".join(f"{m.role}: {m.content}" for m in envelope.messages)
-    user = f"Message time: {when}\nKnown context: {context.model_dump_json()}\nConversation:\n{conversation}"
-    return [{"role": "system", "content": _SYSTEM}, {"role": "user", "content": user}]
+@dataclass(frozen=True)
+class Prompt:
+    messages: list[dict[str, str]]
+    handles: dict[str, str]
+
+    def resolve(self, extraction: Extraction) -> Extraction:
+        """The answer with every handle this prompt showed replaced by the id it stands for."""
+
+        def real(ref: str | None) -> str | None:
+            # Exact case: answers written for older prompts use "e1" as a local ref for a NEW entity.
+            return self.handles.get(ref.strip(), ref) if ref else ref
+
+        out = extraction.model_copy(deep=True)
+        for ent in out.entities:
+            ent.ref = real(ent.ref) or ent.ref
+        for fact in out.facts:
+            fact.subject = real(fact.subject) or fact.subject
+            fact.object = real(fact.object)
+            fact.updates = real(fact.updates)
+        out.ends = [r for r in (real(h) for h in out.ends) if r]
+        return out
+
+
+def is_owner_turn(message: ChatMessage, owner_name: str | None) -> bool:
+    """A user turn is the memory owner's unless it names someone other than ``owner_name``."""
+    if message.role != "user":
+        return False
+    return not (message.name and owner_name and message.name.casefold() != owner_name.casefold())
+
+
+def _speaker(message: ChatMessage, owner_name: str | None) -> str:
+    if message.role != "user":
+        return message.name or message.role
+    if not is_owner_turn(message, owner_name):
+        return message.name or "user"  # another person in the conversation
+    return f"{message.name or owner_name or 'User'} {OWNER_MARK}"
+
+
+def _shown(messages: Sequence[ChatMessage]) -> list[ChatMessage]:
+    # System prompts and tool output are the chat app's plumbing, not something anyone said.
+    return [m for m in messages if m.role in ("user", "assistant")]
+
+
+def speaker_transcript(envelope: Envelope) -> str:
+    """The message as stored in its episode: plain text, or "Name: text" lines once speakers are named."""
+    if not any(m.name for m in envelope.messages):
+        return envelope.text
+    return "\n".join(f"{m.name or m.role}: {m.content}" for m in envelope.messages)
+
+
+def _local(when: datetime, offset_minutes: int | None) -> datetime:
+    zone = timezone(timedelta(minutes=offset_minutes)) if offset_minutes is not None else UTC
+    return when.astimezone(zone)
+
+
+def _earlier_lines(envelope: Envelope, episodes: Sequence[EpisodeRecord]) -> list[str]:
+    if envelope.earlier:
+        return [f"{_speaker(m, envelope.owner_name)}: {m.content}" for m in _shown(envelope.earlier)]
+    lines = []
+    for ep in episodes:
+        stamp = _local(ep.event_time, envelope.utc_offset_minutes).strftime("%Y-%m-%d %H:%M")
+        text = ep.content if ep.role == "user" else f"{ep.role}: {ep.content}"
+        lines.append(f"[{stamp}] {text}")
+    return lines
+
+
+def build_prompt(envelope: Envelope, context: SlimContext, earlier: Sequence[EpisodeRecord] = ()) -> Prompt:
+    when = _local(envelope.timestamp, envelope.utc_offset_minutes)
+    zone = "UTC" if envelope.utc_offset_minutes is None else "the sender's local time"
+    owner = envelope.owner_name or "not given"
+    parts = [
+        f"Message time: {when.isoformat()} ({when.strftime('%A')}, {zone})",
+        f"Memory owner: {owner}",
+        f"Known context:\n{context.render()}",
+    ]
+    lines = _earlier_lines(envelope, earlier)
+    if lines:
+        parts.append("Earlier turns (context only, extract nothing from them):\n" + "\n".join(lines))
+    turns = "\n".join(f"{_speaker(m, envelope.owner_name)}: {m.content}" for m in _shown(envelope.messages))
+    parts.append(f"Conversation:\n{turns or '(nothing said)'}")
+    messages = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": "\n\n".join(parts)}]
+    return Prompt(messages=messages, handles=context.handles())

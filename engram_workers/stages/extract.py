@@ -11,14 +11,16 @@ from __future__ import annotations
 
 import json
 import random
+from dataclasses import replace
 
 from engram_api import keys
 from engram_api.errors import BreakerOpenError, LLMError, StoreUnavailableError
-from engram_api.models import Envelope, Extraction, MessageState, Usage
+from engram_api.models import Envelope, EpisodeRecord, Extraction, MessageState, Usage
+from engram_api.naming import SINGLE_VALUED, self_entity_id
 from engram_workers import metrics
 from engram_workers.context import WorkerContext
 from engram_workers.extraction.llm import LLMAnswer, call_llm
-from engram_workers.extraction.prompt import SlimContext, build_messages
+from engram_workers.extraction.prompt import SlimContext, build_prompt, is_owner_turn
 from engram_workers.extraction.rules import extract_rules
 from engram_workers.extraction.trivial import is_trivial
 from engram_workers.stages.apply import hand_over
@@ -37,25 +39,38 @@ _CONTEXT_ITEMS = 8
 
 
 def slim_context(ctx: WorkerContext, envelope: Envelope) -> SlimContext:
-    """The user's most similar existing entities and facts (ids, names, summaries, predicates)."""
-    version = ctx.graph.user_version(envelope.user_id)
+    """The user's most similar existing entities and current facts, plus the owner's current one-value
+    facts (home, employer, ...) whatever the similarity, so "I quit" can name the fact it ends."""
+    uid = envelope.user_id
+    version = ctx.graph.user_version(uid)
     if version == 0:
-        return SlimContext(entities=[], facts=[])
-    index = ctx.keeper.current(envelope.user_id, version)
+        return SlimContext()
+    index = ctx.keeper.current(uid, version)
     query = ctx.embedder.encode_one(envelope.text[:2000])
     hits = index.search(query, _CONTEXT_ITEMS * 2)
     fact_ids = [h.node_id for h in hits if h.kind == "fact"][:_CONTEXT_ITEMS]
     entity_ids = [h.node_id for h in hits if h.kind == "entity"][:_CONTEXT_ITEMS]
-    facts = [f for f in ctx.graph.get_facts(envelope.user_id, fact_ids) if f.valid_until is None]
-    return SlimContext.from_records(ctx.graph.get_entities(envelope.user_id, entity_ids), facts)
+    own_slots = [(self_entity_id(uid), p) for p in sorted(SINGLE_VALUED)]
+    own = [f for f in ctx.graph.facts_for_slots(uid, own_slots) if f.current_at(None)][:_CONTEXT_ITEMS]
+    similar = [f for f in ctx.graph.get_facts(uid, fact_ids) if f.current_at(None)]
+    facts = list({f.id: f for f in [*own, *similar]}.values())
+    return SlimContext.from_records(ctx.graph.get_entities(uid, entity_ids), facts)
+
+
+def _earlier(ctx: WorkerContext, envelope: Envelope) -> list[EpisodeRecord]:
+    if envelope.earlier or ctx.settings.llm_context_turns == 0:
+        return []  # the producer sent its own earlier turns: those are the context
+    return ctx.graph.recent_episodes(envelope.user_id, before=envelope.timestamp, limit=ctx.settings.llm_context_turns)
 
 
 def _llm_extract(ctx: WorkerContext, envelope: Envelope) -> LLMAnswer:
-    messages = build_messages(envelope, slim_context(ctx, envelope))
+    prompt = build_prompt(envelope, slim_context(ctx, envelope), _earlier(ctx, envelope))
     # The slot is taken right before the call, so the preparation above cannot bunch calls together.
     if not ctx.rate_limiter.acquire(max_wait=5.0):
         raise RetryLater(1.0, "fleet-wide LLM rate limit")
-    return ctx.breaker.call(lambda: call_llm(ctx.settings, messages))
+    answer = ctx.breaker.call(lambda: call_llm(ctx.settings, prompt.messages))
+    # Stored with ids, not handles: apply (and a replay) never needs this prompt again.
+    return replace(answer, extraction=prompt.resolve(answer.extraction))
 
 
 def _store_and_hand_over(ctx: WorkerContext, envelope: Envelope, extraction: Extraction, usage: Usage) -> None:
@@ -84,7 +99,7 @@ def run_extract(ctx: WorkerContext, user_id: str, message_id: str) -> str:
         return "no payload (forgotten or already applied)"
 
     # The user's own words: an assistant's "I love helping!" is not a fact about the user.
-    said = "\n".join(m.content for m in envelope.messages if m.role == "user")
+    said = "\n".join(m.content for m in envelope.messages if is_owner_turn(m, envelope.owner_name))
     if is_trivial(said or envelope.text):
         _store_and_hand_over(ctx, envelope, Extraction(), Usage())
         return "trivial"

@@ -26,7 +26,7 @@ from quality_locomo import run_locomo
 
 from engram_api.reader.context import EXCERPTS_HEADER
 
-MODES = {"rules": "offline rule extractor", "scripted": "scripted stand-in extractions"}
+MODES = {"rules": "offline rule extractor", "scripted": "scripted stand-in extractions", "llm": "your LLM_MODEL"}
 _STOP = {"the", "and", "for", "with", "his", "her", "their", "its", "was", "are", "that", "from"}
 
 
@@ -114,7 +114,55 @@ def _first_turn_responder(cases: list[dict[str, Any]]):  # type: ignore[no-untyp
     )
 
 
+def _cost_table(stack: Any, users: list[str], messages: int) -> tuple[Table, dict[str, float]]:
+    """Tokens and calls per message as the user's model billed them (the stand-in is never used here)."""
+    usage = [stack.client.stats(u).usage for u in users]
+    per = {
+        "messages": messages,
+        "prompt_tokens_per_message": sum(u.prompt_tokens for u in usage) / max(1, messages),
+        "completion_tokens_per_message": sum(u.completion_tokens for u in usage) / max(1, messages),
+        "llm_calls_per_message": sum(u.llm_calls for u in usage) / max(1, messages),
+        "cost_usd": sum(u.cost_usd for u in usage),
+        "dead_lettered": sum(len(stack.client.dead_letters(u)) for u in users),
+    }
+    table = Table(
+        "LLM extraction cost (your LLM_MODEL)",
+        ["measure", "value"],
+        caption="trivial messages skip the LLM; calls > 1.0 per message = answers that needed the one retry",
+    )
+    for key, value in per.items():
+        table.add(key.replace("_", " "), value)
+    return table, per
+
+
+def _run_llm(ctx: BenchContext) -> BenchResult:
+    """``--llm`` (docs/extraction.md): the same data and tables, extracted by the user's own model."""
+    summary: dict[str, Any] = {}
+    cases = load_json(ctx.datasets / "engram_ltm_samples" / "sample_20.json")
+    with ctx.stack("quality-llm", llm=True) as stack:
+        start_workers(stack, extract_concurrency=8)
+        locomo_tables, summary["locomo"] = run_locomo(ctx, stack)
+        ctx.log("sample_20 with your LLM_MODEL")
+        rows = _sample20(ctx, stack, "llm")
+        users = [*summary["locomo"]["users"], *(ctx.uid(f"llm-{c['id']}") for c in cases)]
+        messages = summary["locomo"]["coverage"]["turns"] + sum(len(c["sessions"]) for c in cases)
+        cost, summary["llm_cost"] = _cost_table(stack, users, messages)
+    summary["sample20"] = rows
+    return BenchResult(
+        bench="quality",
+        summary=summary,
+        tables=[*locomo_tables, _sample20_table(rows), cost],
+        notes=[
+            "extracted by YOUR LLM_MODEL: speaker names, owner = LoCoMo speaker_a, the preceding turns as "
+            "context; compare with the offline rows in docs/benchmarks.md",
+            "recall@k = share of a question's evidence dia_ids among the source ids of the top-k items; MRR over the top 10",
+        ],
+    )
+
+
 def run(ctx: BenchContext) -> BenchResult:
+    if ctx.user_llm:
+        return _run_llm(ctx)
     summary: dict[str, Any] = {}
     with ctx.stack("quality-rules", llm=False) as stack:
         start_workers(stack, extract_concurrency=4)

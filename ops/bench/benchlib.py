@@ -227,6 +227,7 @@ class BenchContext:
     console: Console
     datasets: Path = DATASETS
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:6])
+    user_llm: bool = False  # --llm: stacks that extract with an LLM use the user's LLM_MODEL, not the stand-in
 
     def size(self, quick: int, full: int) -> int:
         return quick if self.quick else full
@@ -253,7 +254,8 @@ class BenchContext:
             redis_url=self.services.redis_url,
             data_dir=data_dir,
             neo4j_uri=self.services.neo4j_uri if neo4j else None,
-            llm_url=self.services.llm.url if llm else None,
+            llm_url=self.services.llm.url if llm and not self.user_llm else None,
+            llm_env=os.environ if llm and self.user_llm else None,
             workers=False,
             middleware=middleware,
             **settings,

@@ -66,15 +66,37 @@ def _packed(order: list[int], turns: list[tuple[str, str, str, datetime]]) -> se
     return kept
 
 
-def _ingest(ctx: BenchContext, client: Any, user: str, turns: list[tuple[str, str, str, datetime]]) -> None:
+EARLIER_TURNS = 6  # --llm: the conversation's preceding turns each message carries as context
+
+
+def ingest_items(
+    user: str, owner: str, turns: list[tuple[str, str, str, datetime]], lo: int, llm: bool
+) -> list[dict[str, Any]]:
+    """enqueue_many items for turns[lo:lo+500]. For an LLM (``engram bench --llm``) each turn names its
+    speaker, the first speaker is the memory owner and the preceding turns go along as ``earlier``."""
+    if not llm:
+        return [
+            {"user_id": user, "messages": text, "message_id": dia, "timestamp": when, "metadata": {"speaker": who}}
+            for dia, who, text, when in turns[lo : lo + 500]
+        ]
+    return [
+        {
+            "user_id": user,
+            "messages": [{"role": "user", "name": who, "content": text}],
+            "message_id": dia,
+            "timestamp": when,
+            "metadata": {"speaker": who},
+            "owner_name": owner,
+            "earlier": [{"role": "user", "name": t[1], "content": t[2]} for t in turns[max(0, i - EARLIER_TURNS) : i]],
+        }
+        for i, (dia, who, text, when) in enumerate(turns[lo : lo + 500], start=lo)
+    ]
+
+
+def _ingest(ctx: BenchContext, client: Any, user: str, owner: str, turns: list[tuple[str, str, str, datetime]]) -> None:
     receipts = []
     for lo in range(0, len(turns), 500):
-        receipts += client.enqueue_many(
-            [
-                {"user_id": user, "messages": text, "message_id": dia, "timestamp": when, "metadata": {"speaker": who}}
-                for dia, who, text, when in turns[lo : lo + 500]
-            ]
-        )
+        receipts += client.enqueue_many(ingest_items(user, owner, turns, lo, ctx.user_llm))
     client.wait(receipts, timeout=3600)
 
 
@@ -87,6 +109,10 @@ def _covered(client: Any, user: str) -> set[str]:
         if page * 1000 >= got.total_facts:
             return covered
         page += 1
+
+
+def extractor(ctx: BenchContext) -> str:
+    return "your LLM_MODEL" if ctx.user_llm else "offline rule extractor"
 
 
 def run_locomo(ctx: BenchContext, stack: Any) -> tuple[list[Table], dict[str, Any]]:
@@ -109,8 +135,8 @@ def run_locomo(ctx: BenchContext, stack: Any) -> tuple[list[Table], dict[str, An
     for conv in convs:
         user = ctx.uid(conv["sample_id"])
         turns = session_turns(conv["conversation"])
-        ctx.log(f"locomo {conv['sample_id']}: ingesting {len(turns)} turns (rule extractor)")
-        _ingest(ctx, client, user, turns)
+        ctx.log(f"locomo {conv['sample_id']}: ingesting {len(turns)} turns ({extractor(ctx)})")
+        _ingest(ctx, client, user, conv["conversation"]["speaker_a"], turns)
         covered = _covered(client, user)
         coverage["turns"] += len(turns)
         coverage["turns_with_facts"] += len(covered & {t[0] for t in turns})
@@ -158,7 +184,9 @@ def run_locomo(ctx: BenchContext, stack: Any) -> tuple[list[Table], dict[str, An
                 share = (len(kept & evidence) / len(evidence),)
                 for cat in (qa["category"], "all"):
                     sums[(method, cat)].append(share)
-    return _tables(convs, sums, coverage, recall_ms, floor_ms)
+    tables, summary = _tables(convs, sums, coverage, recall_ms, floor_ms, extractor(ctx))
+    summary["users"] = [ctx.uid(c["sample_id"]) for c in convs]
+    return tables, summary
 
 
 def _tables(
@@ -167,10 +195,11 @@ def _tables(
     coverage: dict[str, int],
     recall_ms: list[float],
     floor_ms: list[float],
+    label: str,
 ) -> tuple[list[Table], dict[str, Any]]:
     names = ", ".join(c["sample_id"] for c in convs)
     table = Table(
-        f"LoCoMo evidence recall ({names}; offline rule extractor)",
+        f"LoCoMo evidence recall ({names}; {label})",
         ["category", "n", "method", "R@5", "R@10", "MRR"],
         caption="covered = questions with at least one evidence turn from which the extractor made a fact",
     )
@@ -193,7 +222,7 @@ def _tables(
             means = [float(np.mean([r[0] for r in rows])) for rows in shares]
             summary["context"][labels[cat]] = dict(zip(CONTEXT_METHODS, means, strict=True))
             context.add(labels[cat], len(shares[0]), *means)
-    cov = Table("LoCoMo coverage of the offline rule extractor, and recall latency", ["measure", "value"])
+    cov = Table(f"LoCoMo coverage of the {label}, and recall latency", ["measure", "value"])
     cov.add("turns that produced >= 1 fact", f"{coverage['turns_with_facts']} / {coverage['turns']}")
     cov.add(
         "questions with >= 1 evidence turn that produced a fact",

@@ -49,12 +49,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--datasets", type=Path, default=benchlib.DATASETS, help="where the quality benchmark's data sets are"
     )
+    parser.add_argument(
+        "--llm",
+        action="store_true",
+        help="quality only: extract with your own LLM_MODEL (LLM_API_KEY, LLM_API_BASE) instead of the offline "
+        "extractor and the stand-in; costs real tokens (docs/extraction.md)",
+    )
     args = parser.parse_args(argv)
     chosen = [b.strip() for b in args.only.split(",") if b.strip()] or list(BENCHES)
     unknown = [b for b in chosen if b not in BENCHES]
     if unknown:
         parser.error(f"unknown benchmark(s) {unknown}; choose from {list(BENCHES)}")
     args.chosen = chosen
+    if args.llm and (chosen != ["quality"] or not os.environ.get("LLM_MODEL")):
+        parser.error("--llm needs --only quality and LLM_MODEL set to your model (e.g. openai/gpt-4o-mini)")
     return args
 
 
@@ -90,12 +98,18 @@ def main(argv: list[str] | None = None) -> int:
     workdir = args.out / "work" / time.strftime("%Y%m%d-%H%M%S")
     services = benchlib.Services(workdir)
     ctx = benchlib.BenchContext(
-        quick=args.quick, services=services, workdir=workdir, console=console, datasets=args.datasets.resolve()
+        quick=args.quick,
+        services=services,
+        workdir=workdir,
+        console=console,
+        datasets=args.datasets.resolve(),
+        user_llm=args.llm,
     )
     info = benchlib.machine()
     console.print(
-        f"[bold]Engram benchmarks[/bold] ({mode}): {', '.join(args.chosen)}\n"
-        f"machine: {info['nproc']} cores, {info['cpu_model']}, {info['ram_gib']} GiB RAM, "
+        f"[bold]Engram benchmarks[/bold] ({mode}): {', '.join(args.chosen)}"
+        + (f" extracting with YOUR model {os.environ['LLM_MODEL']}\n" if args.llm else "\n")
+        + f"machine: {info['nproc']} cores, {info['cpu_model']}, {info['ram_gib']} GiB RAM, "
         f"load {info['loadavg_1_5_15min'][0]:.2f}; results -> {args.out}"
     )
     runnable = without_missing_datasets(args.chosen, args.datasets.resolve(), console)

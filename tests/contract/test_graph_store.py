@@ -1095,3 +1095,18 @@ def test_concurrent_applies_from_processes(store_spec: tuple[str, str], graph_st
     assert [r[5] for r in results].count(True) == 1
     stats = graph_store.stats(user)
     assert (stats.version, stats.episodes, stats.facts) == (22, 22, 21)
+
+
+def test_recent_episodes_are_the_last_before_an_instant_oldest_first(
+    graph_store: GraphStore, user: str, other_user: str
+) -> None:
+    """The extractor's earlier turns: this user's episodes strictly before the instant, newest ``limit``."""
+    for day in (3, 1, 2, 5):  # applied out of event-time order
+        graph_store.apply(plan(user, f"m{day}", at(day), content=f"day {day}"))
+    graph_store.apply(plan(other_user, "m4", at(4), content="someone else"))
+    recent = graph_store.recent_episodes(user, before=at(5), limit=2)
+    assert [(e.id, e.content, e.event_time) for e in recent] == [("m2", "day 2", at(2)), ("m3", "day 3", at(3))]
+    assert recent[0].metadata == {"source": "contract-test", "turn": 1}
+    assert [e.id for e in graph_store.recent_episodes(user, before=at(10), limit=10)] == ["m1", "m2", "m3", "m5"]
+    assert graph_store.recent_episodes(user, before=at(1), limit=5) == []
+    assert graph_store.recent_episodes(user, before=at(10), limit=0) == []

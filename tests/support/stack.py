@@ -96,11 +96,14 @@ def engram_stack(
     neo4j_uri: str | None,
     llm_url: str | None,
     workers: bool = True,
+    llm_env: Mapping[str, str] | None = None,
     **settings: object,
 ) -> Iterator[Stack]:
+    """``llm_env`` (LLM_MODEL, LLM_API_KEY, LLM_API_BASE) points the stack at a real model instead of the
+    stand-in at ``llm_url`` (``engram bench --llm``)."""
     with own_database() as database:
         yield from _stack(redis_url=redis_db_url(redis_url, database), data_dir=data_dir, neo4j_uri=neo4j_uri,
-                          llm_url=llm_url, workers=workers, settings=settings)  # fmt: skip
+                          llm_url=llm_url, workers=workers, llm_env=llm_env, settings=settings)  # fmt: skip
 
 
 def _stack(
@@ -110,6 +113,7 @@ def _stack(
     neo4j_uri: str | None,
     llm_url: str | None,
     workers: bool,
+    llm_env: Mapping[str, str] | None,
     settings: Mapping[str, object],
 ) -> Iterator[Stack]:
     env = {
@@ -130,6 +134,8 @@ def _stack(
         "ENGRAM_APPLY_LOCK_TTL_S": "10",
         "ENGRAM_CACHE_TTL_S": "30",
     }
+    if llm_env is not None:
+        env.update({k: llm_env.get(k, "") for k in ("LLM_MODEL", "LLM_API_KEY", "LLM_API_BASE")})
     env.update({f"ENGRAM_{k.upper()}": str(v) for k, v in settings.items()})
     fields = {k.lower().removeprefix("engram_"): v for k, v in env.items() if v != ""}
     fields = {k: v for k, v in fields.items() if k in Settings.model_fields}

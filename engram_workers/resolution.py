@@ -1,0 +1,224 @@
+"""Entity resolution for one message's extraction: model refs and bare names -> entity ids of the user.
+
+Always within the user's own graph, in this order: a context id the model gives, the exact normalized
+name or alias, then embedding similarity (same label, ``ENTITY_MATCH`` or higher). Rules for model output
+(docs/extraction.md):
+- the self node ("user") is never rebound: an entity the model lists as "user", or named as the envelope's
+  ``owner_name``, resolves to the self node and its names become aliases of it;
+- an id-shaped ref (``ent_..``, ``fact_..``, a handle ``E3``) that is not a known id of this user never
+  creates an entity (``entity_for`` answers None and the fact hanging on it is skipped).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from engram_api.models import SELF_REF, EntityChange, EntityRecord, Extraction
+from engram_api.naming import normalize_name, sanitize_label, self_entity_id
+from engram_api.storage.base import GraphStore
+from engram_api.storage.embedder import Embedder
+from engram_api.storage.vectors import UserIndex
+
+__all__ = ["ENTITY_MATCH", "Resolver", "Vectors", "hashed_id"]
+
+ENTITY_MATCH = 0.90
+_ID_SHAPED = re.compile(r"^(?:(?:ent|fact)_[0-9a-f]{4,}|[EF][0-9]{1,4})$", re.IGNORECASE)
+# Names a model gives the owner that say nothing: never stored as aliases.
+_GENERIC_SELF = frozenset({"user", "the user", "me", "i", "myself", "owner", "memory owner", "the memory owner"})
+
+
+def hashed_id(prefix: str, *parts: str) -> str:
+    return prefix + hashlib.blake2b("\x1f".join(parts).encode(), digest_size=12).hexdigest()
+
+
+class Vectors:
+    """Every text a message may need embedded, encoded in ONE batch (a model call has a fixed cost
+    that dominated the apply stage when paid per name); anything unforeseen is encoded on demand."""
+
+    def __init__(self, embedder: Embedder, texts: Sequence[str]) -> None:
+        self.embedder = embedder
+        unique = list(dict.fromkeys(t for t in texts if t))
+        self._known = dict(zip(unique, embedder.encode(unique), strict=True)) if unique else {}
+
+    def __call__(self, text: str) -> np.ndarray:
+        if text not in self._known:
+            self._known[text] = self.embedder.encode_one(text)
+        return self._known[text]
+
+
+@dataclass
+class Resolver:
+    """Maps the extraction's entity refs (and bare names) to entity ids in the user's graph."""
+
+    user_id: str
+    message_id: str
+    graph: GraphStore
+    vectors: Vectors
+    index: UserIndex
+    owner_name: str | None = None
+    by_ref: dict[str, str] = field(default_factory=dict)
+    by_norm: dict[str, str] = field(default_factory=dict)
+    new: dict[str, EntityRecord] = field(default_factory=dict)
+    changes: dict[str, EntityChange] = field(default_factory=dict)
+    mentioned: set[str] = field(default_factory=set)
+
+    @property
+    def self_id(self) -> str:
+        return self_entity_id(self.user_id)
+
+    def _existing_self(self) -> EntityRecord:
+        sid = self.self_id
+        self.by_ref[SELF_REF] = sid
+        found = self.graph.get_entities(self.user_id, [sid])
+        if found:
+            return found[0]
+        self.new[sid] = EntityRecord(
+            id=sid,
+            user_id=self.user_id,
+            name="User",
+            norm_name=normalize_name("User"),
+            label="Person",
+            summary="the person whose memory this is",
+        )
+        return self.new[sid]
+
+    def _is_self(self, ref: str, names: Sequence[str]) -> bool:
+        if ref.strip().lower() == SELF_REF or ref == self.self_id:
+            return True
+        owner = normalize_name(self.owner_name or "")
+        return bool(owner) and any(normalize_name(n) == owner for n in names)
+
+    def _alias_self(self, me: EntityRecord, names: Sequence[str]) -> None:
+        """The owner's names the model gave become aliases of the self node; the node itself stays."""
+        known = {normalize_name(n) for n in [me.name, *me.aliases]} | _GENERIC_SELF
+        self._add_aliases(self.self_id, [n.strip()[:200] for n in names], known)
+
+    def _add_aliases(self, entity_id: str, names: Sequence[str], known: set[str]) -> None:
+        fresh = [n for n in names if normalize_name(n) and normalize_name(n) not in known]
+        if not fresh:
+            return
+        if entity_id in self.new:
+            rec = self.new[entity_id]
+            rec.aliases = list(dict.fromkeys([*rec.aliases, *fresh]))
+            return
+        change = self.changes.setdefault(entity_id, EntityChange(id=entity_id))
+        change.add_aliases = list(dict.fromkeys([*change.add_aliases, *fresh]))
+
+    def resolve(self, extraction: Extraction) -> None:
+        me = self._existing_self()
+        for n in [me.name, *me.aliases, self.owner_name or ""]:
+            if normalize_name(n) and normalize_name(n) not in _GENERIC_SELF:
+                self.by_norm[normalize_name(n)] = self.self_id
+        if self.owner_name:
+            self._alias_self(me, [self.owner_name])
+        wanted = {normalize_name(n) for e in extraction.entities for n in [e.name, *e.aliases]} - {""}
+        existing = self.graph.find_entities(self.user_id, sorted(wanted)) if wanted else []
+        context_ids = {e.ref for e in extraction.entities if e.ref.startswith("ent_")}
+        by_id = {e.id: e for e in existing}
+        if context_ids - by_id.keys():
+            by_id.update({e.id: e for e in self.graph.get_entities(self.user_id, sorted(context_ids - by_id.keys()))})
+        for rec in by_id.values():
+            for n in [rec.name, *rec.aliases]:
+                self.by_norm.setdefault(normalize_name(n), rec.id)
+
+        unresolved = []
+        for ent in extraction.entities:
+            names = [ent.name, *ent.aliases]
+            if self._is_self(ent.ref, names):
+                self._alias_self(me, names)
+                if ent.ref.strip().lower() != SELF_REF:
+                    self.by_ref[ent.ref] = self.self_id
+                continue
+            norms = [normalize_name(n) for n in names if normalize_name(n)]
+            if not norms or _ID_SHAPED.match(ent.name.strip()):
+                continue
+            target = ent.ref if ent.ref in by_id else next((self.by_norm[n] for n in norms if n in self.by_norm), None)
+            if target is None:
+                unresolved.append((ent, norms))
+                continue
+            self._link(ent.ref, target, names, by_id)
+
+        if not unresolved:
+            return
+        for ent, norms in unresolved:
+            vec = self.vectors(ent.name)
+            # A name seen earlier in this same message resolves to that new entity.
+            target = next((self.by_norm[n] for n in norms if n in self.by_norm), None)
+            if target is None:
+                label = sanitize_label(ent.label)
+                for hit in self.index.search(vec, 3, kind="entity"):
+                    if hit.score < ENTITY_MATCH:
+                        break
+                    cand = self.graph.get_entities(self.user_id, [hit.node_id])
+                    if cand and cand[0].label == label:
+                        target = cand[0].id
+                        by_id[target] = cand[0]
+                        break
+            if target is None:
+                target = hashed_id("ent_", self.user_id, self.message_id, ent.ref, norms[0])
+                self.new[target] = EntityRecord(
+                    id=target,
+                    user_id=self.user_id,
+                    name=ent.name.strip(),
+                    norm_name=norms[0],
+                    label=sanitize_label(ent.label),
+                    aliases=[a for a in ent.aliases if a.strip()],
+                    summary=ent.summary,
+                    embedding=vec.tolist(),
+                )
+            for n in norms:
+                self.by_norm.setdefault(n, target)
+            self._link(ent.ref, target, [ent.name, *ent.aliases], by_id)
+
+    def _link(self, ref: str, target: str, names: Sequence[str], by_id: dict[str, EntityRecord]) -> None:
+        self.by_ref[ref] = target
+        if target in by_id:
+            rec = by_id[target]
+            self.mentioned.add(target)
+            self._add_aliases(target, names, {normalize_name(n) for n in [rec.name, *rec.aliases]})
+        elif target in self.new:
+            rec = self.new[target]
+            self._add_aliases(target, names, {normalize_name(n) for n in [rec.name, *rec.aliases]})
+
+    def entity_for(self, ref: str | None) -> str | None:
+        """A fact may name a thing the model did not list as an entity: create it on the fly."""
+        if ref is None or not ref.strip():
+            return None
+        if ref in self.by_ref:
+            return self.by_ref[ref]
+        if ref.strip().lower() == SELF_REF:
+            return self.self_id
+        if _ID_SHAPED.match(ref.strip()):
+            # A context id the model did not list: fine if it is one of this user's; never a new "Thing".
+            found = self.graph.get_entities(self.user_id, [ref.strip()])
+            if found:
+                self.by_ref[ref] = found[0].id
+                self.mentioned.add(found[0].id)
+                return found[0].id
+            return None
+        norm = normalize_name(ref)
+        if not norm:
+            return None
+        if norm in self.by_norm:
+            return self.by_norm[norm]
+        found = self.graph.find_entities(self.user_id, [norm])
+        if found:
+            self.by_norm[norm] = found[0].id
+            self.mentioned.add(found[0].id)
+            return found[0].id
+        eid = hashed_id("ent_", self.user_id, self.message_id, "name", norm)
+        self.new[eid] = EntityRecord(
+            id=eid,
+            user_id=self.user_id,
+            name=ref.strip()[:200],
+            norm_name=norm,
+            label="Thing",
+            embedding=self.vectors(ref.strip()[:200]).tolist(),
+        )
+        self.by_norm[norm] = eid
+        return eid
