@@ -85,20 +85,19 @@ def test_llm_quality_bench_refuses_to_run_without_the_users_model(tmp_path):
 
 def test_llm_quality_bench_sends_speakers_owner_and_earlier_turns():
     sys.path.insert(0, str(REPO / "ops" / "bench"))
-    bench_quality = importlib.import_module("bench_quality")
-
+    locomo = importlib.import_module("quality_locomo")
     conversation = {
         "speaker_a": "Caroline",
         "session_1_date_time": "1:56 pm on 8 May, 2023",
         "session_1": [
-            {"speaker": "Caroline", "dia_id": f"D1:{i}", "text": f"turn {i}"} if i % 2 else
-            {"speaker": "Melanie", "dia_id": f"D1:{i}", "text": f"turn {i}"} for i in range(1, 10)
+            {"speaker": "Caroline" if i % 2 else "Melanie", "dia_id": f"D1:{i}", "text": f"turn {i}"}
+            for i in range(1, 10)
         ],
-    }  # fmt: skip
-    turns = bench_quality._session_turns(conversation)
-    items = bench_quality._items("u1", conversation, turns, 0, "llm")
-    last = build_envelope(Settings(), **{k: v for k, v in items[-1].items()})
+    }
+    turns = locomo.session_turns(conversation)
+    items = locomo.ingest_items("u1", "Caroline", turns, 0, True)
+    last = build_envelope(Settings(), **dict(items[-1]))
     assert last.owner_name == "Caroline" and last.messages[0].name == "Caroline"
     assert [m.content for m in last.earlier] == [f"turn {i}" for i in range(3, 9)]
     assert last.earlier[0].name == "Caroline" and last.earlier[1].name == "Melanie"
-    assert bench_quality._items("u1", conversation, turns, 0, "rules")[0]["messages"] == "turn 1"
+    assert locomo.ingest_items("u1", "Caroline", turns, 0, False)[0]["messages"] == "turn 1"
