@@ -1,0 +1,54 @@
+"""What a rule's handler is, and the generic handlers every rule family builds on.
+
+A handler gets the rule's match and the clause's subject, emits facts, and returns whether it took the
+clause (False lets later rules try: "I'm a morning person" is no job, maybe something else).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from datetime import datetime
+
+from engram_api.naming import SINGLE_VALUED
+from engram_workers.extraction.rules.context import _Ctx, _Obj, _Subject
+from engram_workers.extraction.rules.objects import _things
+from engram_workers.extraction.rules.text import _possessive
+
+# A handler gets the rule's match and the clause's subject, emits facts, and returns whether it took
+# the clause (False lets later rules try: "I'm a morning person" is no job, maybe something else).
+
+_Handler = Callable[[re.Match[str], _Subject, _Ctx], bool]
+
+
+def _since(ctx: _Ctx, changed: bool) -> datetime | None:
+    """valid_from: the message time for changes stated as just happening ("I moved", "I joined")."""
+    return ctx.event_time if changed else None
+
+
+def _simple(predicate: str, template: str, parse: Callable[[str, _Ctx], _Obj | None]) -> _Handler:
+    """One object from group "o", one fact worded by ``template`` ({s} subject, {o} object)."""
+
+    def handle(m: re.Match[str], subj: _Subject, ctx: _Ctx) -> bool:
+        obj = parse(m.group("o"), ctx)
+        if obj is not None:
+            ctx.emit(subj, predicate, template.format(s=subj.name, o=obj.phrase), obj)
+        return True
+
+    return handle
+
+
+def _emit_list(subj: _Subject, ctx: _Ctx, raw: str, predicate: str, template: str, default_label: str) -> None:
+    """One fact per listed thing; ``template`` may use {s} subject, {p} its possessive, {o} the thing."""
+    for obj in _things(raw, ctx, default_label, single=predicate in SINGLE_VALUED):
+        ctx.emit(subj, predicate, template.format(s=subj.name, p=_possessive(subj.name), o=obj.phrase), obj)
+
+
+def _listing(predicate: str, template: str, default_label: str) -> _Handler:
+    """A list of things from group "o" ("I like hiking and jazz"), one fact each."""
+
+    def handle(m: re.Match[str], subj: _Subject, ctx: _Ctx) -> bool:
+        _emit_list(subj, ctx, m.group("o"), predicate, template, default_label)
+        return True
+
+    return handle
