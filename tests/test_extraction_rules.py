@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 
 from engram_api.models import SELF_REF, ExtractedEntity, ExtractedFact, Extraction
@@ -824,6 +825,45 @@ def test_never_raises_on_sentence_like_text(text: str) -> None:
 @given(st.lists(st.sampled_from(_WORDS), max_size=30).map(" ".join))
 def test_deterministic(text: str) -> None:
     assert extract_rules(text, event_time=T) == extract_rules(text, event_time=T)
+
+
+# Adversarial inputs at the message limit: long runs of what the clause splitter and the rule patterns
+# look at. Each may cost a few times a normal message of the same length, never more: no input pattern
+# may make the work grow faster than the text (it was quadratic on whitespace runs: ~25 s at 20,000).
+_LIMIT = 20_000
+_RUN_UNITS = (" ", "\t", "\u00a0", " \n", ", ", " ,", " and", " - ", "I ", "my ", "'s ", ".", " is", " and I", "a, ")
+_BUDGET_RATIO = 12  # CPU time of an adversarial message / that of a normal one of the same length
+
+
+def _cpu_seconds(text: str) -> float:
+    """Best of three CPU times (not wall clock: other processes on the machine do not count)."""
+    best = float("inf")
+    for _ in range(3):
+        started = time.process_time()
+        extract_rules(text, event_time=T)
+        best = min(best, time.process_time() - started)
+    return best
+
+
+@functools.cache
+def _normal_message_cpu() -> float:
+    chat = "We talked about the game last night and my brother said it was the best one this year. "
+    return max(_cpu_seconds((chat * (_LIMIT // len(chat) + 1))[:_LIMIT]), 1e-4)
+
+
+@settings(max_examples=12, deadline=None, phases=[Phase.explicit, Phase.generate])  # no shrinking: slow on a miss
+@given(
+    st.sampled_from(("I like", "My brother Alex", "I", "")),
+    st.one_of(st.sampled_from(_RUN_UNITS), st.text(min_size=1, max_size=3)),
+)
+@example("I like", " ")
+@example("My brother Alex", ", ")
+def test_adversarial_message_costs_a_bounded_multiple_of_a_normal_one(prefix: str, unit: str) -> None:
+    text = (prefix + unit * _LIMIT)[: _LIMIT - 1] + "x"
+    with no_logged_errors():
+        check_valid(extract_rules(text, event_time=T))
+    ratio = _cpu_seconds(text) / _normal_message_cpu()
+    assert ratio < _BUDGET_RATIO, f"{prefix!r} + {unit!r} * n costs {ratio:.1f}x a normal message"
 
 
 # ----------------------------------------------------------------------------------------- trivial filter

@@ -48,12 +48,17 @@ _CONTRACTIONS = (
     (re.compile(r"\b(you|we|they)'re\b", re.I), r"\1 are"),
 )
 _SENTENCE_BREAK = re.compile(r"(?<=[.!?…])\s+|[\r\n]+")
+# Whitespace runs collapse before any rule regex runs: patterns like ``\s+(?:and|is)`` tried at every
+# position of a long run made the work quadratic ("I like" + 4,000 spaces took seconds).
+_SPACES = re.compile(r"[^\S\n]+")
+_LINES = re.compile(r" ?\n[\n ]*")  # linear only after _SPACES: a run here is at most one space long
 _TITLE_ABBREVIATION = re.compile(r"\b(?:st|dr|mr|mrs|ms|mt|ft|prof|jr|sr)\.$", re.I)
 _WORD = re.compile(r"[^\W\d_][\w'-]*")
 
 
 def _normalize(text: str) -> str:
-    text = unicodedata.normalize("NFKC", text).translate(_QUOTES)
+    text = unicodedata.normalize("NFKC", text).translate(_QUOTES).replace("\r", "\n")
+    text = _LINES.sub("\n", _SPACES.sub(" ", text))
     for pattern, replacement in _CONTRACTIONS:
         text = pattern.sub(replacement, text)
     return text

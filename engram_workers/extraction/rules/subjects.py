@@ -62,8 +62,12 @@ def _starts_rule(text: str) -> bool:
 
 
 def _opens_clause(piece: str) -> bool:
-    """Whether a piece after a comma or conjunction stands on its own (else it continues a list)."""
-    text = _strip_lead(piece)
+    """Whether a piece after a comma or conjunction stands on its own (else it continues a list).
+
+    Only the piece's head decides (a clause longer than ``_MAX_CLAUSE`` is dropped either way), so the
+    regex work per piece is bounded whatever the sentence's length.
+    """
+    text = _strip_lead(piece[: _MAX_CLAUSE + 1])
     if _SELF.match(text) or _PRONOUN.match(text) or _MY_SELF_RE.match(text):
         return True
     if _KIN_SUBJECT.match(text) or _PET_SUBJECT.match(text):
@@ -127,6 +131,8 @@ def _predicate(subj: _Subject, rest: str, ctx: _Ctx) -> None:
 
 def _clause(clause: str, ctx: _Ctx, previous: _Subject | None) -> _Subject | None:
     """Extract from one clause; returns its subject, which a following subjectless clause inherits."""
+    if len(clause) > 2 * _MAX_CLAUSE:
+        return previous  # far too long even after stripping a lead: a paste, not a statement
     clause = _strip_lead(clause)
     if not clause or len(clause) > _MAX_CLAUSE:
         return previous
