@@ -80,8 +80,21 @@ class WaitTimeoutError(EngramError, TimeoutError):
 
 
 class BackPressureError(EngramError):
-    """The pipeline is too far behind to take more now; nothing was enqueued. Retry after ``retry_after_s``."""
+    """The pipeline (or one user's backlog: ``user_id``, ``pending``, ``limit``) is too far behind to take
+    more now; nothing was enqueued. Retry after ``retry_after_s``."""
 
-    def __init__(self, message: str, *, retry_after_s: float = 5.0) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        retry_after_s: float = 5.0,
+        user_id: str | None = None,
+        pending: int | None = None,
+        limit: int | None = None,
+    ) -> None:
         self.retry_after_s = retry_after_s
+        self.user_id = user_id
+        self.pending = pending
+        self.limit = limit
+        self.field = "user_id" if user_id is not None else None
         super().__init__(message)

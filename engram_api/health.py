@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
 from engram_api import keys
 from engram_api.models import CheckResult, HealthReport
+from engram_api.redaction import redact
 
 if TYPE_CHECKING:
     from engram_api.client import MemoryClient
@@ -17,13 +18,15 @@ if TYPE_CHECKING:
 __all__ = ["check_all", "timed"]
 
 
-def timed(fn: Callable[[], str]) -> CheckResult:
+def timed(fn: Callable[[], str], secrets: Iterable[str] = ()) -> CheckResult:
+    """Run one check; its detail (a URL, an error) is redacted: a health report is shown to operators."""
     start = time.perf_counter()
     try:
         detail = fn()
         ok = True
     except Exception as exc:
-        detail, ok = f"{type(exc).__name__}: {exc}"[:300], False
+        detail, ok = f"{type(exc).__name__}: {exc}", False
+    detail = redact(detail, secrets)[:300]
     return CheckResult(ok=ok, detail=detail, latency_ms=round((time.perf_counter() - start) * 1e3, 2))
 
 
@@ -59,10 +62,13 @@ def check_all(client: MemoryClient) -> HealthReport:
         return ", ".join(f"{n}={d}" for n, d in zip(names, depths, strict=True)) + f", dead_letters={dead}"
 
     checks = {
-        "graph_store": timed(graph),
-        "redis": timed(redis_check),
-        "embedder": timed(embedder),
-        "index_dir": timed(index_dir),
-        "queues": timed(queues),
+        name: timed(fn, settings.secrets)
+        for name, fn in (
+            ("graph_store", graph),
+            ("redis", redis_check),
+            ("embedder", embedder),
+            ("index_dir", index_dir),
+            ("queues", queues),
+        )
     }
     return HealthReport(ok=all(c.ok for c in checks.values()), checks=checks)

@@ -82,7 +82,21 @@ def dead_letters() -> str:
 
 
 def dead_letter_field(user_id: str, message_id: str) -> str:
+    """Unambiguous only for validated ids: user ids never contain ':' (message ids may), so the field
+    splits at its first ':'. ``DeadLetterStore`` validates both ids before building one."""
     return f"{user_id}:{message_id}"
+
+
+def forgotten(user_id: str, message_id: str) -> str:
+    """Tombstone of a forgotten message: while it exists no stage may write anything for the message."""
+    return f"{PREFIX}:forgotten:{user_id}:{message_id}"
+
+
+def pending(user_id: str) -> str:
+    """Sorted set message id -> enqueue time of the user's unfinished messages: the back-pressure count.
+    Removed when a message is applied, dead-lettered or forgotten; entries older than ``status_ttl_s``
+    are dropped at enqueue (a message lost to a crash cannot block its user forever)."""
+    return f"{PREFIX}:pending:{user_id}"
 
 
 def user_version(user_id: str) -> str:
@@ -102,6 +116,7 @@ def user_keys_pattern(user_id: str) -> list[str]:
         f"{PREFIX}:status:{user_id}:*",
         *(f"{PREFIX}:deliveries:{stage}:{user_id}:*" for stage in STAGES),
         f"{PREFIX}:recall:{user_id}:*",
+        pending(user_id),
     ]
 
 

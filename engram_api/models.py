@@ -168,18 +168,23 @@ class _ModelOutput(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
 
+# Model output is untrusted: every string and list in it has a bound (refs and ids are short tokens).
+_Ref = Annotated[str, Field(min_length=1, max_length=128)]
+_Alias = Annotated[str, Field(max_length=200)]
+
+
 class ExtractedEntity(_ModelOutput):
-    ref: str = Field(description="local reference used by facts, or the id of a context entity to update")
+    ref: _Ref = Field(description="local reference used by facts, or the id of a context entity to update")
     name: str = Field(min_length=1, max_length=200)
     label: str = Field("Thing", max_length=100)
-    aliases: list[str] = Field(default_factory=list, max_length=20)
+    aliases: list[_Alias] = Field(default_factory=list, max_length=20)
     summary: str = Field("", max_length=1000)
 
 
 class ExtractedFact(_ModelOutput):
-    subject: str = Field(description="entity ref, or 'user' for the speaker")
+    subject: _Ref = Field(description="entity ref, or 'user' for the speaker")
     predicate: str = Field(min_length=1, max_length=100)
-    object: str | None = Field(None, description="entity ref, or None for an attribute-only fact")
+    object: _Ref | None = Field(None, description="entity ref, or None for an attribute-only fact")
     statement: str = Field(min_length=1, max_length=1000, description="the fact as a sentence")
     memory_type: MemoryType = "semantic"
     importance: float = Field(0.5, ge=0.0, le=1.0)
@@ -187,7 +192,7 @@ class ExtractedFact(_ModelOutput):
     single_valued: bool = Field(
         False, description="a new value replaces the old; honoured only for naming.SINGLE_VALUED predicates"
     )
-    updates: str | None = Field(None, description="id of a context fact this one restates or replaces")
+    updates: _Ref | None = Field(None, description="id of a context fact this one restates or replaces")
 
     @field_validator("valid_from")
     @classmethod

@@ -18,6 +18,7 @@ import math
 import socket
 import time
 import uuid
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
@@ -26,7 +27,7 @@ import redis
 
 from engram_api import keys
 from engram_api.deadletters import DeadLetterStore
-from engram_api.errors import InvalidInputError, StoreUnavailableError, WaitTimeoutError
+from engram_api.errors import BackPressureError, InvalidInputError, StoreUnavailableError, WaitTimeoutError
 from engram_api.models import (
     ChatMessage,
     Envelope,
@@ -44,17 +45,36 @@ __all__ = ["MessageInput", "Producer", "build_envelope"]
 
 MessageInput = str | Sequence[Mapping[str, Any] | ChatMessage]
 
-# KEYS: payload, status, queue. ARGV: envelope json, task id, ttl, now, task message.
-# Returns the existing task id for a known message id, else "".
+# Enqueueing a message id again after it was forgotten is a new message: its tombstone goes.
+# KEYS: payload, status, queue, pending, tombstone. ARGV: envelope json, task id, ttl, now, task message, message id,
+# pending limit. Returns the existing task id for a known message id, {pending} when the user's backlog is
+# full (nothing written), else "".
 _ENQUEUE = """
 local existing = redis.call('HGET', KEYS[2], 'task_id')
 if existing then return existing end
+redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', tonumber(ARGV[4]) - tonumber(ARGV[3]))
+local pending = redis.call('ZCARD', KEYS[4])
+if pending >= tonumber(ARGV[7]) then return {pending} end
+redis.call('ZADD', KEYS[4], ARGV[4], ARGV[6])
+redis.call('DEL', KEYS[5])
+redis.call('EXPIRE', KEYS[4], ARGV[3])
 redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[3])
 redis.call('HSET', KEYS[2], 'state', 'queued', 'task_id', ARGV[2], 'enqueued_at', ARGV[4])
 redis.call('EXPIRE', KEYS[2], ARGV[3])
 redis.call('LPUSH', KEYS[3], ARGV[5])
 return ''
 """
+
+
+def _backlog_full(user_id: str, pending: int, limit: int) -> BackPressureError:
+    return BackPressureError(
+        f"user {user_id!r} has {pending} messages pending (limit {limit}); nothing enqueued",
+        user_id=user_id,
+        pending=pending,
+        limit=limit,
+    )
+
+
 _ORIGIN = f"engram-producer@{socket.gethostname()}"
 
 
@@ -229,7 +249,9 @@ class Producer:
         self.settings = settings
         self.redis = redis_client
         self._enqueue = self.redis.register_script(_ENQUEUE)
-        self.dead_letters = DeadLetterStore(redis_client=redis_client, status_ttl_s=settings.status_ttl_s)
+        self.dead_letters = DeadLetterStore(
+            redis_client=redis_client, status_ttl_s=settings.status_ttl_s, secrets=settings.secrets
+        )
 
     def submit(self, envelope: Envelope) -> Receipt:
         """Register and publish an already-validated envelope (idempotent by message id)."""
@@ -239,17 +261,19 @@ class Producer:
         message = task_message(keys.EXTRACT_TASK, task_id, (uid, mid), queue)
         try:
             existing = self._enqueue(
-                keys=[keys.message_payload(uid, mid), keys.status(uid, mid), queue],
-                args=[
-                    envelope.model_dump_json(exclude_none=True),
-                    task_id,
-                    self.settings.status_ttl_s,
-                    time.time(),
-                    message,
+                keys=[
+                    keys.message_payload(uid, mid), keys.status(uid, mid), queue, keys.pending(uid),
+                    keys.forgotten(uid, mid),
                 ],
-            )
+                args=[
+                    envelope.model_dump_json(exclude_none=True), task_id, self.settings.status_ttl_s, time.time(), message, mid,
+                    self.settings.max_pending_per_user,
+                ],
+            )  # fmt: skip
         except redis.RedisError as exc:
             raise StoreUnavailableError(f"Redis unavailable, nothing enqueued: {exc}") from exc
+        if isinstance(existing, list):
+            raise _backlog_full(uid, int(existing[0]), self.settings.max_pending_per_user)
         if existing:
             return Receipt(user_id=uid, message_id=mid, task_id=existing, duplicate=True)
         return Receipt(user_id=uid, message_id=mid, task_id=task_id)
@@ -276,7 +300,19 @@ class Producer:
                 envelopes.append(build_envelope(self.settings, item["user_id"], item["messages"], **extra))
             except InvalidInputError as exc:
                 raise InvalidInputError(f"items[{i}].{exc.field}", exc.problem) from None
+        self._check_backlog(Counter(env.user_id for env in envelopes))
         return [self.submit(env) for env in envelopes]
+
+    def _check_backlog(self, adding: Counter[str]) -> None:
+        """All or nothing for a batch: refuse it before publishing any item if a user's backlog would
+        overflow (``submit`` still checks each message atomically; this spares a half-published batch)."""
+        limit = self.settings.max_pending_per_user
+        pipe = self.redis.pipeline(transaction=False)
+        for user_id in adding:
+            pipe.zcard(keys.pending(user_id))
+        for (user_id, count), pending in zip(adding.items(), pipe.execute(), strict=True):
+            if pending + count > limit:
+                raise _backlog_full(user_id, int(pending), limit)
 
     def replay(self, user_id: str, message_id: str) -> Receipt:
         """Put a dead-lettered message back on the queue."""

@@ -15,7 +15,10 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from engram_api.errors import ConfigError
 
-__all__ = ["ApiKeySpec", "Settings", "load_settings", "variable_for"]
+__all__ = ["EXAMPLE_PASSWORDS", "ApiKeySpec", "Settings", "load_settings", "variable_for"]
+
+# Placeholders shipped in .env.example (and other well-known defaults): refused as real passwords.
+EXAMPLE_PASSWORDS = frozenset({"change-me-please", "change-me-too", "change-me"})
 
 Scope = Literal["read", "write", "operator"]
 
@@ -99,12 +102,24 @@ class Settings(BaseSettings):
     max_message_chars: int = Field(20_000, ge=1, description="characters per enqueued message (all turns)")
     max_messages_per_call: int = Field(100, ge=1, description="chat turns per enqueued message")
     max_batch: int = Field(1_000, ge=1, description="messages per enqueue_many call")
+    max_pending_per_user: int = Field(
+        10_000, ge=1, description="messages of one user queued but not finished; beyond: BackPressureError"
+    )
 
     # --- delivery ---
     visibility_timeout_s: int = Field(3600, ge=60, description="must exceed any task run + countdown")
     apply_lock_ttl_s: int = Field(30, ge=5, description="per-user write lock lease (a dead holder frees it after)")
     status_ttl_s: int = Field(7 * 24 * 3600, ge=60, description="how long message status and payloads are kept")
     poison_max_deliveries: int = Field(5, ge=1, description="deliveries before a crashing message is dead")
+    dead_letter_retention_days: float = Field(
+        30.0, gt=0, le=3650, description="dead letters (with the message text) are deleted after this many days"
+    )
+    task_time_limit_s: int = Field(
+        300, ge=10, description="hard limit on one extract/apply run (prefork pools; soft limit at 90%)"
+    )
+    maintenance_time_limit_s: int = Field(
+        3000, ge=60, description="hard limit on one maintenance job run (soft limit at 90%)"
+    )
 
     # --- recall scoring: alpha*similarity + beta*hop_decay**hops + gamma*strength (+ boosts) ---
     alpha: float = Field(0.6, description="recall weight of vector similarity")
@@ -128,6 +143,9 @@ class Settings(BaseSettings):
     reinforce_amount: float = Field(0.3, ge=0, le=1, description="strength regained when feedback marks a fact useful")
     maintenance_batch: int = Field(500, ge=1, description="facts per maintenance transaction")
     min_feedback: int = Field(30, ge=2, description="feedback rows needed to learn weights")
+    weights_rows_per_user: int = Field(
+        500, ge=1, description="feedback rows one user contributes at most to the global weight fit"
+    )
     decay_interval_s: float = Field(24 * 3600, gt=0, description="Beat: decay and archival")
     hierarchy_interval_s: float = Field(6 * 3600, gt=0, description="Beat: cluster hierarchy rebuild")
     weights_interval_s: float = Field(12 * 3600, gt=0, description="Beat: scoring-weight learning")
@@ -187,6 +205,15 @@ class Settings(BaseSettings):
     def _blank_is_unset(cls, v: str | None) -> str | None:
         return v or None
 
+    @field_validator("neo4j_password", "flower_password")
+    @classmethod
+    def _not_an_example(cls, v: str | None) -> str | None:
+        # Every Engram process loads settings at start-up, so a deployment that kept .env.example's
+        # placeholders refuses to start instead of running with a published password.
+        if v is not None and v.strip().casefold() in EXAMPLE_PASSWORDS:
+            raise ValueError("is the example password from .env.example: choose your own")
+        return v
+
     @property
     def embedded_graph(self) -> bool:
         return self.neo4j_uri is None
@@ -194,6 +221,11 @@ class Settings(BaseSettings):
     @property
     def offline_extractor(self) -> bool:
         return self.llm_model is None
+
+    @property
+    def secrets(self) -> tuple[str, ...]:
+        """Configured credentials: masked wherever text is shown, logged or stored (``redaction``)."""
+        return tuple(s for s in (self.llm_api_key, self.neo4j_password, self.flower_password) if s)
 
     @property
     def index_dir(self) -> Path:

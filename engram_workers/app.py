@@ -54,6 +54,18 @@ def _close_resources(**_: Any) -> None:
 
 @after_setup_logger.connect
 @after_setup_task_logger.connect
+def _redacted_logs(logger: logging.Logger, **_: Any) -> None:
+    """Credentials never reach a log line (URLs with passwords, provider errors echoing a key)."""
+    from engram_api.redaction import RedactingFilter
+    from engram_api.settings import load_settings
+
+    redacting = RedactingFilter(load_settings().secrets)
+    for handler in logger.handlers:
+        handler.addFilter(redacting)
+
+
+@after_setup_logger.connect
+@after_setup_task_logger.connect
 def _json_logs(logger: logging.Logger, **_: Any) -> None:
     """ENGRAM_LOG_FORMAT=json: one JSON object a line, with user and message ids as fields."""
     from engram_api.settings import load_settings

@@ -45,6 +45,18 @@ def celery_config(settings: Settings, broker_url: str) -> dict[str, Any]:
         "task_acks_late": True,
         "task_reject_on_worker_lost": True,
         "worker_prefetch_multiplier": 1,
+        # No single message or job may hold a pool slot forever: soft limit -> SoftTimeLimitExceeded (the
+        # stage counts an error, retries, then dead-letters), hard limit -> the pool child is killed.
+        # Celery's threads pool (extract) enforces neither; there the extractor's own input bounds hold.
+        "task_soft_time_limit": settings.task_time_limit_s * 0.9,
+        "task_time_limit": settings.task_time_limit_s,
+        "task_annotations": {
+            name: {
+                "soft_time_limit": settings.maintenance_time_limit_s * 0.9,
+                "time_limit": settings.maintenance_time_limit_s,
+            }
+            for name in keys.MAINTENANCE_TASKS
+        },
         "task_default_queue": keys.EXTRACT_QUEUE,
         "task_queues": [Queue(name, routing_key=name) for name in keys.QUEUES],
         "task_routes": {task: {"queue": q, "routing_key": q} for task, q in keys.TASK_QUEUES.items()},

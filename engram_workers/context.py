@@ -57,7 +57,9 @@ class WorkerContext:
 
     @cached_property
     def dead_letters(self) -> DeadLetterStore:
-        return DeadLetterStore(redis_client=self.redis, status_ttl_s=self.settings.status_ttl_s)
+        return DeadLetterStore(
+            redis_client=self.redis, status_ttl_s=self.settings.status_ttl_s, secrets=self.settings.secrets
+        )
 
     @cached_property
     def rate_limiter(self) -> LLMRateLimiter:

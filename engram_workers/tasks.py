@@ -9,7 +9,7 @@ import time
 import traceback
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 import redis
@@ -25,7 +25,7 @@ from engram_workers.app import app
 from engram_workers.context import WorkerContext, get_context
 from engram_workers.stages import RetryLater
 from engram_workers.stages.apply import run_apply
-from engram_workers.stages.common import dead_letter, deliveries, load_envelope
+from engram_workers.stages.common import dead_letter, deliveries, keep_alive, load_envelope
 from engram_workers.stages.extract import run_extract
 
 __all__ = ["apply", "decay_task", "extract", "hierarchy_task", "reconcile_task", "redeliver_task", "weights_task"]
@@ -83,6 +83,7 @@ def _attempt(
     try:
         outcome = fn(ctx, user_id, message_id)
     except RetryLater as later:
+        keep_alive(ctx, user_id, message_id)
         raise task.retry(countdown=later.countdown, max_retries=None) from None
     except redis.RedisError:
         raise
@@ -176,4 +177,6 @@ def redeliver_task(older_than_s: float | None = None) -> dict[str, Any]:
 
     ctx = get_context()
     threshold = ctx.settings.visibility_timeout_s if older_than_s is None else older_than_s
-    return redeliver_stuck(client=ctx.redis, send=ctx.dispatch, older_than_s=threshold).model_dump(mode="json")
+    retention = timedelta(days=ctx.settings.dead_letter_retention_days)
+    report = redeliver_stuck(client=ctx.redis, send=ctx.dispatch, older_than_s=threshold, dead_letter_retention=retention)
+    return report.model_dump(mode="json")

@@ -21,7 +21,7 @@ import numpy as np
 import redis
 
 from engram_api import keys
-from engram_api.deadletters import DeadLetterStore
+from engram_api.erasure import erase_message, erase_user
 from engram_api.errors import InvalidInputError, StoreUnavailableError
 from engram_api.locks import user_lock
 from engram_api.models import (
@@ -56,6 +56,7 @@ DetailLevel = Literal["auto", "broad", "detailed"]
 _RECALL_LOG_TTL_S = 24 * 3600
 _WEIGHTS_TTL_S = 60.0
 _CONTEXT_CANDIDATES = 40
+_WEIGHTS_CACHE_USERS = 10_000
 
 
 def _check_k(k: object, field: str = "k", upper: int = 200) -> int:
@@ -125,7 +126,7 @@ class Reader:
         self.embedder = embedder
         self.redis = redis_client
         self.cache = _Cache()
-        self._weights: dict[str, tuple[float, Weights, str]] = {}
+        self._weights = _Cache(size=_WEIGHTS_CACHE_USERS)  # bounded: a reader may serve millions of users
 
     # ------------------------------------------------------------------------------------ helpers
     def _version(self, user_id: str) -> int:
@@ -144,11 +145,11 @@ class Reader:
 
     def weights_for(self, user_id: str) -> tuple[Weights, str]:
         """Learned per-user weights, else learned global ones, else the configured ones."""
-        cached = self._weights.get(user_id)
-        if cached and cached[0] > time.monotonic():
-            return cached[1], cached[2]
+        cached = self._weights.get((user_id,), 0)
+        if cached is not None:
+            return cached
         weights, source = effective_weights(self.graph, self.settings, user_id)
-        self._weights[user_id] = (time.monotonic() + _WEIGHTS_TTL_S, weights, source)
+        self._weights.put((user_id,), 0, _WEIGHTS_TTL_S, (weights, source))
         return weights, source
 
     # ------------------------------------------------------------------------------------- recall
@@ -336,6 +337,9 @@ class Reader:
         """Forget one message: its episode, and the facts and entities only it stated (with their vectors)."""
         check_user_id(user_id)
         check_message_id(memory_id, "memory_id")
+        if self.redis is not None:
+            # First: from here on no stage can write this message back (see engram_api.erasure).
+            erase_message(self.redis, user_id, memory_id, tombstone_ttl_s=self.settings.status_ttl_s)
         with self._guard(user_id):
             before = self.graph.user_version(user_id)
             result = self.graph.forget_message(user_id, memory_id)
@@ -345,7 +349,6 @@ class Reader:
             result.vectors = len(removed)
             if self.redis is not None:
                 publish_version(self.redis, user_id, after)
-                self.redis.delete(keys.message_payload(user_id, memory_id), keys.extraction(user_id, memory_id))
         self.cache.drop_user(user_id)
         return result
 
@@ -357,12 +360,7 @@ class Reader:
             self.keeper.vectors.delete(user_id)
             self.keeper.forget(user_id)
             if self.redis is not None:
-                doomed = [keys.user_version(user_id)]
-                for pattern in keys.user_keys_pattern(user_id):
-                    doomed.extend(self.redis.scan_iter(match=pattern, count=500))
-                if doomed:
-                    self.redis.delete(*doomed)
-                DeadLetterStore(redis_client=self.redis, status_ttl_s=self.settings.status_ttl_s).remove_user(user_id)
+                erase_user(self.redis, user_id, tombstone_ttl_s=self.settings.status_ttl_s)
         self.cache.drop_user(user_id)
-        self._weights.pop(user_id, None)
+        self._weights.drop_user(user_id)
         return result

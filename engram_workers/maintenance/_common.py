@@ -9,6 +9,7 @@ from contextlib import AbstractContextManager, contextmanager
 
 from pydantic import BaseModel
 
+from engram_api.errors import InvalidInputError
 from engram_api.models import check_user_id
 from engram_api.storage.base import GraphStore
 from engram_api.storage.indexes import IndexKeeper
@@ -16,6 +17,8 @@ from engram_api.storage.indexes import IndexKeeper
 __all__ = ["Guard", "UserFailure", "isolate", "restamp", "target_users"]
 
 log = logging.getLogger("engram.maintenance")
+
+MAX_USER_IDS = 10_000  # per job call; a larger fleet is visited by passing None
 
 # The workers pass a fleet-wide per-user Redis lock so maintenance never races the apply stage.
 Guard = Callable[[str], AbstractContextManager[None]]
@@ -32,7 +35,9 @@ def target_users(graph: GraphStore, user_ids: list[str] | None) -> list[str]:
     """The users to visit: the given ones (validated, de-duplicated, in order) or every stored user."""
     if user_ids is None:
         return graph.list_users()
-    return list(dict.fromkeys(check_user_id(u) for u in user_ids))
+    if not isinstance(user_ids, list | tuple) or len(user_ids) > MAX_USER_IDS:
+        raise InvalidInputError("user_ids", f"must be a list of at most {MAX_USER_IDS} user ids (or None: everyone)")
+    return list(dict.fromkeys(check_user_id(u, "user_ids") for u in user_ids))
 
 
 @contextmanager

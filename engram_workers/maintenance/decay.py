@@ -7,12 +7,12 @@ the second time and a missed day is caught up by the next run.
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from pydantic import BaseModel, Field
 
 from engram_api.errors import InvalidInputError
-from engram_api.models import check_aware
+from engram_api.models import check_aware, utcnow
 from engram_api.settings import Settings
 from engram_api.storage.base import GraphStore
 from engram_api.storage.indexes import IndexKeeper
@@ -39,6 +39,10 @@ class DecayReport(BaseModel):
     failed: list[UserFailure] = Field(default_factory=list)
 
 
+# Hosts' clocks differ a little; a few minutes ahead is skew, not a request to age everything.
+_CLOCK_SKEW = timedelta(minutes=5)
+
+
 def run_decay(
     *,
     graph: GraphStore,
@@ -52,6 +56,9 @@ def run_decay(
     when = check_aware(now, "now")
     if when is None:
         raise InvalidInputError("now", "is required: decay is measured up to this instant")
+    if when > utcnow() + _CLOCK_SKEW:
+        # A future instant would decay (and archive) every fact by years at once: never a real run.
+        raise InvalidInputError("now", f"must not be in the future (got {when.isoformat()})")
     report = DecayReport(now=when, per_day=settings.decay_per_day, threshold=settings.archive_threshold)
     for user_id in target_users(graph, user_ids):
         with isolate("decay", user_id, report.failed), guard(user_id):

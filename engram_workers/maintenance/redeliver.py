@@ -11,11 +11,14 @@ a needless re-send costs a little work, never a duplicate.
 from __future__ import annotations
 
 import time
+from datetime import UTC, datetime, timedelta
 
 import redis
 from pydantic import BaseModel, Field
 
 from engram_api import keys
+from engram_api.deadletters import DeadLetterStore
+from engram_api.errors import InvalidInputError
 from engram_api.models import MessageState
 from engram_workers.dispatch import Dispatch
 
@@ -31,14 +34,34 @@ class RedeliverReport(BaseModel):
     scanned: int = 0
     resent: list[str] = Field(default_factory=list, description="user_id:message_id of re-sent messages")
     failed: list[str] = Field(default_factory=list, description="messages whose re-send raised, with the error")
+    pruned_dead_letters: int = Field(0, description="dead letters older than the retention deleted")
+
+
+_MAX_AGE_S = 30 * 24 * 3600  # status keys live for days, not longer: a larger threshold finds nothing
 
 
 def redeliver_stuck(
-    *, client: redis.Redis, send: Dispatch, older_than_s: float, now: float | None = None
+    *,
+    client: redis.Redis,
+    send: Dispatch,
+    older_than_s: float,
+    now: float | None = None,
+    dead_letter_retention: timedelta | None = None,
 ) -> RedeliverReport:
-    """``send(task_name, args)`` publishes a task on its queue (the worker's dispatcher in production)."""
+    """``send(task_name, args)`` publishes a task on its queue (the worker's dispatcher in production).
+
+    With ``dead_letter_retention`` the sweep also deletes dead letters older than that (they hold the
+    message text; this sweep runs every few minutes, so none outlives the retention by much).
+    """
+    if not isinstance(older_than_s, int | float) or not 0 <= older_than_s <= _MAX_AGE_S:
+        raise InvalidInputError("older_than_s", f"must be between 0 and {_MAX_AGE_S} seconds")
     now = time.time() if now is None else now
+    if now > time.time() + 300:
+        raise InvalidInputError("now", "must not be in the future")
     report = RedeliverReport()
+    if dead_letter_retention is not None:
+        store = DeadLetterStore(redis_client=client, status_ttl_s=0)
+        report.pruned_dead_letters = store.prune(older_than=dead_letter_retention, now=datetime.fromtimestamp(now, UTC))
     prefix = keys.STATUS_PREFIX
     for key in client.scan_iter(match=f"{prefix}*", count=1000):
         report.scanned += 1

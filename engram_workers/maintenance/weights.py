@@ -77,13 +77,18 @@ def learn_weights(
     global scope alone: it is everyone's data, refit by the full scheduled run."""
     configured = Weights.from_settings(settings)
     report = WeightsReport(configured=configured)
+    # The global fit moves every user's ranking, so no tenant may dominate it: each user contributes
+    # at most ``weights_rows_per_user`` of their newest rows (gathered from the per-user reads below).
+    pooled: list[FeedbackRow] = []
     for user_id in target_users(graph, user_ids):
         if user_id == GLOBAL_SCOPE:
             # User ids and "global" share LearnedWeights.scope: this user's fit would replace everyone's.
             _record(report, _kept(user_id, 0, configured, "the user id is the global scope's name"))
             continue
         with isolate("weights", user_id, report.failed):
-            outcome, fitted = _learn_scope(user_id, graph.feedback(user_id, MAX_ROWS), configured, settings)
+            rows = graph.feedback(user_id, MAX_ROWS)
+            pooled.extend(rows[: settings.weights_rows_per_user])
+            outcome, fitted = _learn_scope(user_id, rows, configured, settings)
             if fitted is not None:
                 with guard(user_id):
                     graph.save_weights(fitted)
@@ -92,7 +97,8 @@ def learn_weights(
         return report
     # The global row is no user's data, so there is no user lock to take: apply never writes weights.
     with isolate("weights", GLOBAL_SCOPE, report.failed):
-        outcome, fitted = _learn_scope(GLOBAL_SCOPE, graph.feedback(None, MAX_ROWS), configured, settings)
+        newest_first = sorted(pooled, key=lambda r: r.created_at, reverse=True)[:MAX_ROWS]
+        outcome, fitted = _learn_scope(GLOBAL_SCOPE, newest_first, configured, settings)
         if fitted is not None:
             graph.save_weights(fitted)
         _record(report, outcome)

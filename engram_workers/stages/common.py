@@ -11,16 +11,41 @@ import redis
 
 from engram_api import keys
 from engram_api.models import DeadLetter, Envelope, MessageState
+from engram_api.redaction import redact
 from engram_workers.context import WorkerContext
 
-__all__ = ["RetryLater", "backoff", "dead_letter", "deliveries", "load_envelope", "set_state"]
+__all__ = [
+    "RetryLater",
+    "backoff",
+    "dead_letter",
+    "deliveries",
+    "is_forgotten",
+    "keep_alive",
+    "load_envelope",
+    "set_state",
+]
+
+# Stage writes check the message's tombstone in the same script (see engram_api.erasure): a stage that
+# was running when the message was forgotten writes nothing back.
+# A finished message also leaves its user's backlog (keys.pending).
+# KEYS: tombstone, status, extraction, pending. ARGV: ttl, extraction json ('' = none), finished ('1'/'0'),
+# message id, field, value, ...
+_STAGE_WRITE = """
+if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+if ARGV[2] ~= '' then redis.call('SET', KEYS[3], ARGV[2], 'EX', ARGV[1]) end
+if ARGV[3] == '1' then redis.call('ZREM', KEYS[4], ARGV[4]) end
+redis.call('HSET', KEYS[2], unpack(ARGV, 5))
+redis.call('EXPIRE', KEYS[2], ARGV[1])
+return 1
+"""
 
 
 class RetryLater(Exception):
-    """Run this task again after ``countdown`` seconds."""
+    """Run this task again after ``countdown`` seconds (the reason is logged by Celery: redacted)."""
 
     def __init__(self, countdown: float, reason: str) -> None:
         self.countdown = countdown
+        reason = redact(reason)
         self.reason = reason
         super().__init__(f"retry in {countdown:.2f}s: {reason}")
 
@@ -49,12 +74,45 @@ def deliveries(ctx: WorkerContext, user_id: str, message_id: str, stage: str) ->
             ctx.redis.decr(key)
 
 
-def set_state(ctx: WorkerContext, user_id: str, message_id: str, state: MessageState, **fields: str) -> None:
-    key = keys.status(user_id, message_id)
-    pipe = ctx.redis.pipeline()
-    pipe.hset(key, mapping={"state": state.value, f"{state.value}_at": str(time.time()), **fields})
-    pipe.expire(key, ctx.settings.status_ttl_s)
+def set_state(
+    ctx: WorkerContext,
+    user_id: str,
+    message_id: str,
+    state: MessageState,
+    *,
+    extraction: str = "",
+    **fields: str,
+) -> bool:
+    """Record the state (and store ``extraction`` JSON if given); False if the message was forgotten."""
+    mapping = {"state": state.value, f"{state.value}_at": str(time.time()), **fields}
+    script = ctx.redis.register_script(_STAGE_WRITE)
+    finished = "1" if state in (MessageState.APPLIED, MessageState.DEAD) else "0"
+    written = script(
+        keys=[
+            keys.forgotten(user_id, message_id),
+            keys.status(user_id, message_id),
+            keys.extraction(user_id, message_id),
+            keys.pending(user_id),
+        ],
+        args=[
+            ctx.settings.status_ttl_s, extraction, finished, message_id, *(x for pair in mapping.items() for x in pair)
+        ],
+    )  # fmt: skip
+    return bool(written)
+
+
+def keep_alive(ctx: WorkerContext, user_id: str, message_id: str) -> None:
+    """A message about to be retried keeps its payload, extraction and status for another ``status_ttl_s``:
+    however long the retries take (a breaker open for days), the payload outlives them."""
+    pipe = ctx.redis.pipeline(transaction=False)
+    for key in (keys.message_payload(user_id, message_id), keys.extraction(user_id, message_id)):
+        pipe.expire(key, ctx.settings.status_ttl_s)
+    pipe.expire(keys.status(user_id, message_id), ctx.settings.status_ttl_s)
     pipe.execute()
+
+
+def is_forgotten(ctx: WorkerContext, user_id: str, message_id: str) -> bool:
+    return bool(ctx.redis.exists(keys.forgotten(user_id, message_id)))
 
 
 def state_of(ctx: WorkerContext, user_id: str, message_id: str) -> str | None:
@@ -86,7 +144,8 @@ def dead_letter(
         attempts=attempts,
         envelope=envelope,
     )
-    ctx.dead_letters.put(letter)
+    if not ctx.dead_letters.put(letter):
+        return "forgotten"
     for m in ctx.middleware:
         m.on_dead_letter(letter)
-    return f"dead-lettered: {reason.splitlines()[0][:200]}"
+    return f"dead-lettered: {redact(reason, ctx.settings.secrets).splitlines()[0][:200]}"

@@ -28,6 +28,7 @@ from engram_workers.stages.common import (
     RetryLater,
     backoff,
     dead_letter,
+    is_forgotten,
     load_envelope,
     set_state,
     state_of,
@@ -73,20 +74,24 @@ def _llm_extract(ctx: WorkerContext, envelope: Envelope) -> LLMAnswer:
     return replace(answer, extraction=prompt.resolve(answer.extraction))
 
 
-def _store_and_hand_over(ctx: WorkerContext, envelope: Envelope, extraction: Extraction, usage: Usage) -> None:
+def _store_and_hand_over(ctx: WorkerContext, envelope: Envelope, extraction: Extraction, usage: Usage) -> bool:
+    """Store the extraction and hand over; False (nothing stored) when the message was forgotten meanwhile."""
     uid, mid = envelope.user_id, envelope.message_id
     payload = {"extraction": extraction.model_dump(mode="json"), "usage": usage.model_dump()}
-    ctx.redis.set(keys.extraction(uid, mid), json.dumps(payload), ex=ctx.settings.status_ttl_s)
     # Per-message spend stays on the status hash; per-user totals accumulate in the graph on apply.
-    set_state(
-        ctx, uid, mid, MessageState.EXTRACTED,
+    stored = set_state(
+        ctx, uid, mid, MessageState.EXTRACTED, extraction=json.dumps(payload),
         prompt_tokens=str(usage.prompt_tokens), completion_tokens=str(usage.completion_tokens),
         cost_usd=f"{usage.cost_usd:.8f}",
     )  # fmt: skip
-    hand_over(ctx, uid, mid)
+    if stored:
+        hand_over(ctx, uid, mid)
+    return stored
 
 
 def run_extract(ctx: WorkerContext, user_id: str, message_id: str) -> str:
+    if is_forgotten(ctx, user_id, message_id):
+        return "forgotten"
     state = state_of(ctx, user_id, message_id)
     if state in (MessageState.APPLIED, MessageState.DEAD):
         return f"already {state}"
@@ -96,16 +101,15 @@ def run_extract(ctx: WorkerContext, user_id: str, message_id: str) -> str:
         return "re-handed to apply"
     envelope = load_envelope(ctx, user_id, message_id)
     if envelope is None:
-        return "no payload (forgotten or already applied)"
+        return _payload_gone(ctx, user_id, message_id)
 
     # The user's own words: an assistant's "I love helping!" is not a fact about the user.
     said = "\n".join(m.content for m in envelope.messages if is_owner_turn(m, envelope.owner_name))
     if is_trivial(said or envelope.text):
-        _store_and_hand_over(ctx, envelope, Extraction(), Usage())
-        return "trivial"
+        return "trivial" if _store_and_hand_over(ctx, envelope, Extraction(), Usage()) else "forgotten"
     if ctx.settings.offline_extractor:
-        _store_and_hand_over(ctx, envelope, extract_rules(said, event_time=envelope.timestamp), Usage())
-        return "rules"
+        extraction = extract_rules(said, event_time=envelope.timestamp)
+        return "rules" if _store_and_hand_over(ctx, envelope, extraction, Usage()) else "forgotten"
     try:
         answer = _llm_extract(ctx, envelope)
     except StoreUnavailableError as exc:
@@ -116,8 +120,28 @@ def run_extract(ctx: WorkerContext, user_id: str, message_id: str) -> str:
     except LLMError as exc:
         return _failed(ctx, envelope, exc)
     _count_usage(answer.usage)
-    _store_and_hand_over(ctx, envelope, answer.extraction, answer.usage)
+    if not _store_and_hand_over(ctx, envelope, answer.extraction, answer.usage):
+        return "forgotten"
     return f"llm: {len(answer.extraction.facts)} facts"
+
+
+def _payload_gone(ctx: WorkerContext, user_id: str, message_id: str) -> str:
+    """No payload: forgotten, applied long ago, or expired while it waited. Only the last is a failure,
+    and it must not pass silently: it is dead-lettered with that reason (the text is gone, so the letter
+    cannot be replayed; the producer has to send the message again)."""
+    if is_forgotten(ctx, user_id, message_id):
+        return "forgotten"
+    if ctx.graph.is_applied(user_id, message_id):
+        return "already applied"
+    return dead_letter(
+        ctx,
+        None,
+        user_id=user_id,
+        message_id=message_id,
+        stage="extract",
+        reason=f"payload expired: the message waited longer than status_ttl_s ({ctx.settings.status_ttl_s} s)",
+        attempts=0,
+    )
 
 
 def _count_usage(usage: Usage) -> None:
@@ -128,6 +152,8 @@ def _count_usage(usage: Usage) -> None:
 
 def _failed(ctx: WorkerContext, envelope: Envelope, exc: LLMError) -> str:
     uid, mid = envelope.user_id, envelope.message_id
+    if is_forgotten(ctx, uid, mid):
+        return "forgotten"
     key = keys.status(uid, mid)
     attempts = int(ctx.redis.hincrby(key, "llm_attempts", 1))
     # Tokens spent on failed answers are real spend too.

@@ -148,6 +148,25 @@ def test_the_global_scope_learns_from_every_users_feedback(
     assert source == "learned:global" and weights.beta > CONFIGURED.beta
 
 
+# SQLite only, like the test above: the global scope sees every user of the database.
+@pytest.mark.parametrize("backend", ["sqlite"])
+def test_one_tenant_contributes_at_most_its_share_to_the_global_fit(
+    backend: str, store: GraphStore, graph: GraphStore, guard: GuardSpy
+) -> None:
+    settings = SETTINGS.model_copy(update={"weights_rows_per_user": 40})
+    flooder, quiet = new_user(), [new_user(), new_user()]
+    for seed, user in enumerate([flooder, *quiet]):
+        UserGraph(store, user).say([("Alex", "PLAYS", "chess", "Alex plays chess")])
+        count = 50 if user == flooder else 3  # 400 rows against 24 + 24
+        store.add_feedback(_rows(user, _recalls(seed=20 + seed, count=count), f"d{seed}"))
+
+    report = learn_weights(graph=graph, settings=settings, guard=guard)
+
+    [global_outcome] = [s for s in report.scopes if s.scope == GLOBAL_SCOPE]
+    assert global_outcome.samples == 40 + 24 + 24
+    assert Settings().weights_rows_per_user == 500
+
+
 def test_feedback_with_one_outcome_only_teaches_nothing(
     store: GraphStore, graph: GraphStore, guard: GuardSpy, user: str
 ) -> None:

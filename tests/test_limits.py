@@ -1,0 +1,161 @@
+"""Abuse limits and the operators' surface (issue 12: findings 8, 9, 12, 14 and part of 13).
+
+Real Redis for the back-pressure check, real Neo4j for the maintenance guards; the rest reads the
+configuration every process loads (settings, Celery config, docker-compose.yml).
+"""
+
+from __future__ import annotations
+
+import logging
+from contextlib import nullcontext
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+import yaml
+from pydantic import ValidationError
+
+from engram_api import keys
+from engram_api.errors import BackPressureError, ConfigError, InvalidInputError
+from engram_api.models import Extraction, utcnow
+from engram_workers.celery_config import celery_config
+from engram_api.redaction import RedactingFilter
+from engram_api.settings import EXAMPLE_PASSWORDS, Settings, load_settings
+from engram_api.storage import open_graph_store
+from engram_api.storage.indexes import IndexKeeper
+from engram_api.storage.vectors import VectorStore
+from engram_workers.maintenance import redeliver_stuck, run_decay
+from tests.maintenance.builders import DIM, UserGraph, new_user
+from tests.support.stack import engram_stack
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+# ------------------------------------------------------------------------------------------ finding 8
+def test_every_task_has_a_soft_and_a_hard_time_limit_below_the_visibility_timeout(redis_url, monkeypatch) -> None:
+    monkeypatch.setenv("REDIS_URL", redis_url)  # the app reads its configuration when first used
+    from engram_workers.app import app
+    from engram_workers.tasks import extract  # noqa: F401  (registers every task on the app)
+
+    settings = Settings(redis_url="redis://127.0.0.1:1/0")
+    config = celery_config(settings, "redis://127.0.0.1:1/0")
+    names = sorted(n for n in app.tasks if n.startswith("engram."))
+    assert set(keys.MAINTENANCE_TASKS) < set(names) and {keys.EXTRACT_TASK, keys.APPLY_TASK} < set(names)
+    for name in names:
+        limits = config["task_annotations"].get(name, {})
+        soft = limits.get("soft_time_limit", config["task_soft_time_limit"])
+        hard = limits.get("time_limit", config["task_time_limit"])
+        assert 0 < soft < hard < settings.visibility_timeout_s, name
+
+
+# ------------------------------------------------------------------------------------------ finding 9
+def test_a_full_backlog_refuses_more_messages_and_enqueues_nothing(redis_url, tmp_path) -> None:
+    with engram_stack(
+        redis_url=redis_url, data_dir=tmp_path, neo4j_uri=None, llm_url=None, workers=False, max_pending_per_user=3
+    ) as stack:
+        client, user = stack.client, new_user()
+        for i in range(3):
+            client.enqueue(user, f"I live in town {i}", message_id=f"m{i}")
+        queued = client.redis.llen(keys.EXTRACT_QUEUE)
+
+        with pytest.raises(BackPressureError) as err:
+            client.enqueue(user, "one too many", message_id="m3")
+        with pytest.raises(BackPressureError):
+            client.enqueue_many([{"user_id": user, "messages": "batch", "message_id": "m4"}])
+
+        assert err.value.field == "user_id" and err.value.pending == 3 and err.value.limit == 3
+        assert client.redis.llen(keys.EXTRACT_QUEUE) == queued
+        assert not client.redis.exists(keys.message_payload(user, "m3"), keys.status(user, "m3"))
+        client.enqueue(new_user(), "another tenant is not affected")
+        client.forget(user, "m0")  # a finished (here: forgotten) message frees its slot
+        client.enqueue(user, "fits again", message_id="m5")
+
+
+def test_model_output_has_bounded_refs_aliases_and_updates() -> None:
+    huge = "x" * 10_000
+    for bad in (
+        {"entities": [{"ref": huge, "name": "Alex"}]},
+        {"entities": [{"ref": "e1", "name": "Alex", "aliases": [huge]}]},
+        {"facts": [{"subject": huge, "predicate": "LIKES", "statement": "s"}]},
+        {"facts": [{"subject": "user", "object": huge, "predicate": "LIKES", "statement": "s"}]},
+        {"facts": [{"subject": "user", "predicate": "LIKES", "statement": "s", "updates": huge}]},
+    ):
+        with pytest.raises(ValidationError):
+            Extraction.model_validate(bad)
+    with pytest.raises(ValidationError, match="llm_max_output_tokens"):  # the completion bound is bounded too
+        Settings(llm_max_output_tokens=1_000_000)
+
+
+# ----------------------------------------------------------------------------------------- finding 12
+def test_flower_and_every_other_port_is_published_on_loopback_only() -> None:
+    compose = yaml.safe_load((REPO / "docker-compose.yml").read_text())
+    published = {name: svc.get("ports", []) for name, svc in compose["services"].items()}
+    assert published["flower"], "Flower is still reachable from the host (through the tunnel)"
+    for name, ports in published.items():
+        for port in ports:
+            assert str(port).startswith("127.0.0.1:"), f"{name} publishes {port} beyond the host"
+
+
+def test_the_example_passwords_are_refused_at_start_up() -> None:
+    example = dict(
+        line.split("=", 1)
+        for line in (REPO / ".env.example").read_text().splitlines()
+        if line and not line.startswith("#")
+    )
+    for variable in ("NEO4J_PASSWORD", "ENGRAM_FLOWER_PASSWORD"):
+        assert example[variable].casefold() in EXAMPLE_PASSWORDS
+        with pytest.raises(ConfigError) as err:
+            load_settings(**{variable.lower().removeprefix("engram_"): example[variable]})
+        assert err.value.variable == variable
+    assert load_settings(neo4j_password="a-real-one-42").neo4j_password == "a-real-one-42"
+
+
+def test_maintenance_refuses_a_future_now_and_out_of_range_arguments(neo4j_uri, tmp_path) -> None:
+    settings = Settings(neo4j_uri=neo4j_uri, data_dir=tmp_path)
+    graph = open_graph_store(settings)
+    graph.ensure_schema()
+    user = new_user()
+    try:
+        UserGraph(graph, user).say([("Alex", "WORKS_AT", "Dell", "Alex works at Dell")])
+        keeper = IndexKeeper(graph=graph, vectors=VectorStore(root=settings.index_dir, dim=DIM))
+        before = graph.stats(user)
+
+        def decay(**overrides: object) -> object:
+            args = {"now": utcnow(), "user_ids": [user], **overrides}
+            return run_decay(graph=graph, keeper=keeper, settings=settings, guard=lambda u: nullcontext(), **args)
+
+        for field, overrides in (
+            ("now", {"now": utcnow() + timedelta(days=365 * 900)}),
+            ("user_ids", {"user_ids": user}),  # a string, not a list: would visit one user per character
+            ("user_ids", {"user_ids": ["bad id"]}),
+        ):
+            with pytest.raises(InvalidInputError) as err:
+                decay(**overrides)
+            assert err.value.field == field
+        for older_than_s in (-1, 10**9):
+            with pytest.raises(InvalidInputError) as err:
+                redeliver_stuck(client=None, send=lambda *a: None, older_than_s=older_than_s)  # type: ignore[arg-type]
+            assert err.value.field == "older_than_s"
+        assert graph.stats(user) == before  # nothing decayed, nothing archived
+        assert decay().failed == []  # the present is fine
+    finally:
+        graph.forget_user(user)
+        graph.close()
+
+
+# ----------------------------------------------------------------------------------------- finding 13
+def test_log_lines_are_redacted(caplog) -> None:
+    log = logging.getLogger("engram.test.redaction")
+    redacting = RedactingFilter(["configured-secret-value"])
+    log.addFilter(redacting)
+    try:
+        with caplog.at_level(logging.INFO, logger=log.name):
+            log.info("connecting to %s", "redis://default:pw-in-url-123@redis:6379/0")
+            log.info("provider said: Incorrect API key provided: sk-abcdefghijklmnopqrstuv")
+            log.info("the key is configured-secret-value")
+    finally:
+        log.removeFilter(redacting)
+    text = caplog.text
+    for secret in ("pw-in-url-123", "sk-abcdefghijklmnopqrstuv", "configured-secret-value"):
+        assert secret not in text
+    assert text.count("***") == 3
