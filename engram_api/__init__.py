@@ -9,6 +9,7 @@ client.recall("alice", "where does the user live?")
 
 from engram_api.client import AsyncMemoryClient, MemoryClient
 from engram_api.errors import (
+    BackPressureError,
     ConfigError,
     EngramError,
     InvalidInputError,
@@ -37,6 +38,7 @@ from engram_api.settings import Settings, load_settings
 
 __all__ = [
     "AsyncMemoryClient",
+    "BackPressureError",
     "ChatMessage",
     "ConfigError",
     "DeadLetter",

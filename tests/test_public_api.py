@@ -9,7 +9,7 @@ import sys
 import engram_api
 
 EXPECTED = {
-    "AsyncMemoryClient", "ChatMessage", "ConfigError", "DeadLetter", "EngramError", "EntityRecord",
+    "AsyncMemoryClient", "BackPressureError", "ChatMessage", "ConfigError", "DeadLetter", "EngramError", "EntityRecord",
     "Extraction", "FactRecord", "ForgetResult", "GraphPage", "HealthReport", "InvalidInputError", "LLMError",
     "MemoryClient", "NotFoundError", "RecallItem", "RecallResult", "Receipt", "SearchResult", "Settings",
     "StoreUnavailableError", "UserStats", "WaitResult", "WaitTimeoutError", "load_settings",

@@ -40,6 +40,12 @@ return 1
 """
 
 
+_DECR_IF_EXISTS = """
+if redis.call('EXISTS', KEYS[1]) == 1 then return redis.call('DECR', KEYS[1]) end
+return 0
+"""
+
+
 class RetryLater(Exception):
     """Run this task again after ``countdown`` seconds (the reason is logged by Celery: redacted)."""
 
@@ -71,7 +77,8 @@ def deliveries(ctx: WorkerContext, user_id: str, message_id: str, stage: str) ->
     finally:
         # Redis may be the thing that failed: never let the bookkeeping mask the original error.
         with suppress(redis.RedisError):
-            ctx.redis.decr(key)
+            # Only an existing counter: one erased meanwhile (the message was forgotten) stays gone.
+            ctx.redis.register_script(_DECR_IF_EXISTS)(keys=[key])
 
 
 def set_state(
