@@ -43,7 +43,11 @@ def scripted(request: dict) -> Reply:
 def stack(redis_url, neo4j_uri, llm_server, tmp_path_factory):
     llm_server.script(scripted)
     with engram_stack(
-        redis_url=redis_url, data_dir=tmp_path_factory.mktemp("erasure"), neo4j_uri=neo4j_uri, llm_url=llm_server.url
+        redis_url=redis_url,
+        data_dir=tmp_path_factory.mktemp("hardening"),
+        neo4j_uri=neo4j_uri,
+        llm_url=llm_server.url,
+        llm_timeout_s=60,  # a model answer can be held back until forget has finished
     ) as s:
         yield s
 
@@ -102,7 +106,7 @@ def test_an_extraction_in_flight_during_forget_writes_nothing_back(stack, llm_se
     def slow(request: dict) -> Reply:
         if message_text(request).startswith("in-flight"):
             entered.set()
-            release.wait(2.0)  # under the workers' 3 s LLM timeout
+            release.wait(30)  # the answer comes only once forget has returned (LLM timeout: 60 s)
         return Reply.json(lives_in("Lisbon"))
 
     llm_server.script(slow)
@@ -170,7 +174,7 @@ def test_a_retried_message_keeps_its_payload_for_another_full_ttl(stack):
 def test_dead_letter_methods_reject_ids_that_would_reach_another_users_letter(stack):
     client, user = stack.client, uid()
     letter = DeadLetter(user_id=user, message_id="b:c", stage="extract", reason="test", envelope=None)
-    assert client.producer.dead_letters.put(letter)
+    client.producer.dead_letters.put(letter)
 
     for call in (client.replay, client.drop_dead_letter):
         with pytest.raises(InvalidInputError) as err:
