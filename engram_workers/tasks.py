@@ -178,5 +178,7 @@ def redeliver_task(older_than_s: float | None = None) -> dict[str, Any]:
     ctx = get_context()
     threshold = ctx.settings.visibility_timeout_s if older_than_s is None else older_than_s
     retention = timedelta(days=ctx.settings.dead_letter_retention_days)
-    report = redeliver_stuck(client=ctx.redis, send=ctx.dispatch, older_than_s=threshold, dead_letter_retention=retention)
+    report = redeliver_stuck(
+        client=ctx.redis, send=ctx.dispatch, older_than_s=threshold, dead_letter_retention=retention
+    )
     return report.model_dump(mode="json")

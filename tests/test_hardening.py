@@ -16,9 +16,9 @@ from engram_api import MemoryClient, keys
 from engram_api.errors import InvalidInputError
 from engram_api.models import DeadLetter, utcnow
 from engram_api.settings import Settings
+from engram_testing.llm_standin import Reply
 from engram_workers.context import WorkerContext
 from engram_workers.maintenance import redeliver_stuck
-from engram_testing.llm_standin import Reply
 from engram_workers.stages.common import keep_alive
 from engram_workers.stages.extract import run_extract
 from tests.support.extractions import lives_in, message_text

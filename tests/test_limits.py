@@ -19,12 +19,12 @@ from pydantic import ValidationError
 from engram_api import keys
 from engram_api.errors import BackPressureError, ConfigError, InvalidInputError
 from engram_api.models import Extraction, utcnow
-from engram_workers.celery_config import celery_config
 from engram_api.redaction import RedactingFilter
 from engram_api.settings import EXAMPLE_PASSWORDS, Settings, load_settings
 from engram_api.storage import open_graph_store
 from engram_api.storage.indexes import IndexKeeper
 from engram_api.storage.vectors import VectorStore
+from engram_workers.celery_config import celery_config
 from engram_workers.maintenance import redeliver_stuck, run_decay
 from tests.maintenance.builders import DIM, UserGraph, new_user
 from tests.support.stack import engram_stack
