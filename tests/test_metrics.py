@@ -151,8 +151,9 @@ def test_stage_seconds_has_one_observation_per_message_in_cumulative_buckets(
 
 
 def test_llm_tokens_and_cost_are_the_stand_ins_usage(scrape: Scrape) -> None:
-    # Every call is paid for, the three non-JSON answers of the dead-lettered message included.
-    assert scrape.llm_calls == 2 + 3
+    # Every call is paid for, the non-JSON answers of the dead-lettered message included: each of its three
+    # attempts asks once more with the parse error appended.
+    assert scrape.llm_calls == 2 + 3 * 2
     assert scrape.value("engram_llm_tokens_total", kind="prompt") == scrape.prompt_tokens
     assert scrape.value("engram_llm_tokens_total", kind="completion") == scrape.completion_tokens
     worker = load_settings()  # the worker's prices: it read this process's environment plus the stack's

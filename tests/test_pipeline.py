@@ -169,7 +169,7 @@ def test_message_delivered_twice_after_a_crash_leaves_no_duplicates(stack):
     assert all(f.source_ids == ["crash-after-write-1"] for f in page.facts)
     vectors, version = client.graph.vectors(user)
     index = client.reader.keeper.vectors.load(user)
-    assert index.version == version and len(index) == len(vectors) == 5
+    assert index.version == version and len(index) == len(vectors) == 6  # 2 facts, 3 entities, 1 episode chunk
     assert Counter(client.graph.vectors(user)[0][i].node_id for i in range(len(vectors))).most_common(1)[0][1] == 1
 
 
