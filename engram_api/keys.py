@@ -86,7 +86,7 @@ def dead_letter_field(user_id: str, message_id: str) -> str:
 
 
 def user_version(user_id: str) -> str:
-    """The per-user version the apply stage bumps; readers compare it with their cache and index."""
+    """The per-user stamp ("epoch:version") writers publish; readers compare it with their cache and index."""
     return f"{PREFIX}:version:{user_id}"
 
 

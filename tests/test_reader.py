@@ -9,7 +9,6 @@ import re
 import subprocess
 import sys
 import uuid
-from contextlib import nullcontext
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -18,7 +17,7 @@ from engram_api import keys
 from engram_api.models import LearnedWeights, utcnow
 from engram_api.reader.context import EXCERPTS_HEADER
 from engram_api.settings import Settings
-from engram_api.versions import publish_version, read_version
+from engram_api.versions import read_stamp
 from engram_testing.llm_standin import Reply
 from engram_workers.maintenance import run_decay
 from tests.support.extractions import entity, fact, lives_in, message_text
@@ -169,10 +168,11 @@ def test_feedback_is_stored_reinforces_the_useful_fact_and_moves_the_version(sta
     ingest(client, user, ["I live in Austin.", "I enjoy chess.", "I have a dog named Rex."])
     # Decay the facts as if 60 days had passed since they were stored, so a reinforcement has room to show
     # (a new fact is at full strength).
-    decayed = run_decay(graph=client.graph, keeper=client.reader.keeper, settings=client.settings,
-                        guard=lambda _: nullcontext(), now=utcnow() + timedelta(days=60), user_ids=[user])  # fmt: skip
+    decayed = run_decay(graph=client.graph, settings=client.settings,
+                        guard=lambda u: client.reader.writes.open(u, wait=30.0),
+                        now=utcnow() + timedelta(days=60), user_ids=[user])  # fmt: skip
     assert decayed.decayed == 3 and decayed.archived == 0
-    publish_version(client.redis, user, client.graph.user_version(user))
+    assert read_stamp(client.redis, user) == client.graph.user_stamp(user)  # the job published what it changed
 
     recall = client.recall(user, "does the user have a dog?", k=3)
     (rex,) = [i for i in recall.items if "Rex" in i.statement]
@@ -189,7 +189,7 @@ def test_feedback_is_stored_reinforces_the_useful_fact_and_moves_the_version(sta
     assert after[rex.id] == pytest.approx(min(1.0, strength[rex.id] + reinforce))
     assert {i: after[i] for i in ids if i != rex.id} == {i: strength[i] for i in ids if i != rex.id}
     assert client.graph.user_version(user) > version
-    assert read_version(client.redis, user) == client.graph.user_version(user)
+    assert read_stamp(client.redis, user) == client.graph.user_stamp(user)
     again = client.recall(user, "does the user have a dog?", k=3)
     assert not again.cached  # the reader's cache saw the new version
 

@@ -15,6 +15,7 @@ import random
 from engram_api import keys
 from engram_api.errors import BreakerOpenError, LLMError, StoreUnavailableError
 from engram_api.models import Envelope, Extraction, MessageState, Usage
+from engram_api.versions import ABSENT
 from engram_workers import metrics
 from engram_workers.context import WorkerContext
 from engram_workers.extraction.llm import LLMAnswer, call_llm
@@ -38,10 +39,10 @@ _CONTEXT_ITEMS = 8
 
 def slim_context(ctx: WorkerContext, envelope: Envelope) -> SlimContext:
     """The user's most similar existing entities and facts (ids, names, summaries, predicates)."""
-    version = ctx.graph.user_version(envelope.user_id)
-    if version == 0:
+    stamp = ctx.graph.user_stamp(envelope.user_id)
+    if stamp == ABSENT:
         return SlimContext(entities=[], facts=[])
-    index = ctx.keeper.current(envelope.user_id, version)
+    index = ctx.keeper.current(envelope.user_id, stamp)
     query = ctx.embedder.encode_one(envelope.text[:2000])
     hits = index.search(query, _CONTEXT_ITEMS * 2)
     fact_ids = [h.node_id for h in hits if h.kind == "fact"][:_CONTEXT_ITEMS]
