@@ -228,7 +228,7 @@ def _read_everything(world: World, user: str, found: Violations) -> int:
     index = VectorStore(root=world.stack.settings.index_dir, dim=client.reader.embedder.dim).load(user)
     found.check(index is not None and len(index) > 0, f"no FAISS index for {user}")
     if index is not None:
-        found.check(index.node_ids() <= facts | entities, f"FAISS index of {user} holds foreign node ids")
+        found.check(index.node_ids() <= facts | entities | set(chunks), f"FAISS index of {user} holds foreign ids")
     return seen
 
 

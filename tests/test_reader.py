@@ -175,19 +175,20 @@ def test_feedback_is_stored_reinforces_the_useful_fact_and_moves_the_version(sta
     assert read_stamp(client.redis, user) == client.graph.user_stamp(user)  # the job published what it changed
 
     recall = client.recall(user, "does the user have a dog?", k=3)
-    (rex,) = [i for i in recall.items if "Rex" in i.statement]
-    ids = [i.id for i in recall.items]
-    strength = {f.id: f.strength for f in client.graph.get_facts(user, ids)}
+    (rex,) = [i for i in recall.items if i.kind == "fact" and "Rex" in i.statement]
+    ids = [i.id for i in recall.items]  # facts and excerpts: feedback covers every item of the recall
+    fact_ids = [i.id for i in recall.items if i.kind == "fact"]
+    strength = {f.id: f.strength for f in client.graph.get_facts(user, fact_ids)}
     version = client.graph.user_version(user)
 
     assert client.feedback(user, recall.recall_id, [rex.id]) == len(ids)
 
     rows = [r for r in client.graph.feedback(user, 100) if r.recall_id == recall.recall_id]
     assert sorted((r.fact_id, r.useful) for r in rows) == sorted((i, i == rex.id) for i in ids)
-    after = {f.id: f.strength for f in client.graph.get_facts(user, ids)}
+    after = {f.id: f.strength for f in client.graph.get_facts(user, fact_ids)}
     reinforce = client.settings.reinforce_amount
     assert after[rex.id] == pytest.approx(min(1.0, strength[rex.id] + reinforce))
-    assert {i: after[i] for i in ids if i != rex.id} == {i: strength[i] for i in ids if i != rex.id}
+    assert {i: after[i] for i in fact_ids if i != rex.id} == {i: strength[i] for i in fact_ids if i != rex.id}
     assert client.graph.user_version(user) > version
     assert read_stamp(client.redis, user) == client.graph.user_stamp(user)
     again = client.recall(user, "does the user have a dog?", k=3)
