@@ -8,10 +8,18 @@ import threading
 import pytest
 
 from engram_api.errors import StaleWriteError
+from engram_api.models import ChatMessage, Envelope, WritePlan
 from engram_api.storage import GraphStore
+from engram_api.storage.episodes import chunk_envelope, keyword_terms
 from engram_api.versions import ABSENT, Stamp, new_epoch
 
-from .factories import plan
+from .factories import T0, plan
+
+
+def _chatty(user: str, message_id: str, text: str) -> WritePlan:
+    """A plan carrying the message's episode chunks (as the apply stage writes them)."""
+    envelope = Envelope(user_id=user, message_id=message_id, messages=[ChatMessage(content=text)], timestamp=T0)
+    return plan(user, message_id, content=text).model_copy(update={"chunks": chunk_envelope(envelope)})
 
 
 def test_a_new_lifetime_gets_a_new_epoch_and_never_an_old_stamp(graph_store: GraphStore, user: str) -> None:
@@ -76,3 +84,23 @@ def test_two_writers_creating_one_user_cannot_both_commit(graph_store: GraphStor
         t.join()
     assert sorted(outcomes) == ["committed", "refused"]
     assert graph_store.user_stamp(user).version == 1
+
+
+def test_the_fence_covers_episode_chunks_and_the_keyword_index(graph_store: GraphStore, user: str) -> None:
+    """Chunks (and their keyword entries) are written and deleted in the fenced transaction: a refused
+    write adds none and removes none."""
+    graph_store.apply(_chatty(user, "m1", "The ferry to the island leaves at seven."))
+    planned_on = graph_store.user_stamp(user)
+    graph_store.apply(plan(user, "m2"))  # another writer got in
+
+    with graph_store.fenced(user, planned_on, planned_on.epoch), pytest.raises(StaleWriteError):
+        graph_store.apply(_chatty(user, "m3", "The lighthouse keeper plays the violin."))
+    with graph_store.fenced(user, planned_on, planned_on.epoch), pytest.raises(StaleWriteError):
+        graph_store.forget_message(user, "m1")
+
+    assert graph_store.get_chunks(user, episode_ids=["m3"]) == []
+    assert not graph_store.keyword_search(user, keyword_terms("lighthouse violin"), 5)
+    assert [c.episode_id for c in graph_store.get_chunks(user, episode_ids=["m1"])] == ["m1"]
+    assert [h.node_id for h in graph_store.keyword_search(user, keyword_terms("ferry island"), 5)] == [
+        c.id for c in graph_store.get_chunks(user, episode_ids=["m1"])
+    ]
