@@ -14,6 +14,7 @@ __all__ = [
     "InvalidInputError",
     "LLMError",
     "NotFoundError",
+    "StaleWriteError",
     "StoreUnavailableError",
     "UserBusyError",
     "WaitTimeoutError",
@@ -44,6 +45,17 @@ class ConfigError(EngramError):
 
 class StoreUnavailableError(EngramError):
     """A backing service (Redis, Neo4j, the embedded store) cannot be reached right now."""
+
+
+class StaleWriteError(EngramError):
+    """A write was refused: the user's stamp moved since the write was planned (another writer got in
+    after this one's lease lapsed). Nothing was written; plan again from fresh reads."""
+
+    def __init__(self, user_id: str, expected: object, found: object) -> None:
+        self.user_id = user_id
+        self.expected = expected
+        self.found = found
+        super().__init__(f"user {user_id!r} moved from {expected} to {found} since the write was planned")
 
 
 class NotFoundError(EngramError, LookupError):

@@ -100,7 +100,7 @@ def pending(user_id: str) -> str:
 
 
 def user_version(user_id: str) -> str:
-    """The per-user version the apply stage bumps; readers compare it with their cache and index."""
+    """The per-user stamp ("epoch:version") writers publish; readers compare it with their cache and index."""
     return f"{PREFIX}:version:{user_id}"
 
 

@@ -108,7 +108,9 @@ class Settings(BaseSettings):
 
     # --- delivery ---
     visibility_timeout_s: int = Field(3600, ge=60, description="must exceed any task run + countdown")
-    apply_lock_ttl_s: int = Field(30, ge=5, description="per-user write lock lease (a dead holder frees it after)")
+    apply_lock_ttl_s: int = Field(
+        30, ge=5, description="per-user write lease, renewed while held (frees when a holder dies)"
+    )
     status_ttl_s: int = Field(7 * 24 * 3600, ge=60, description="how long message status and payloads are kept")
     poison_max_deliveries: int = Field(5, ge=1, description="deliveries before a crashing message is dead")
     dead_letter_retention_days: float = Field(

@@ -17,6 +17,7 @@ from engram_api.settings import Settings, load_settings
 from engram_api.storage import GraphStore, open_graph_store
 from engram_api.storage.embedder import Embedder, embedder_for
 from engram_api.storage.indexes import IndexKeeper
+from engram_api.storage.userwrite import UserWrites
 from engram_api.storage.vectors import VectorStore
 from engram_workers.control import LLMBreaker, LLMRateLimiter
 from engram_workers.dispatch import Dispatch, send
@@ -31,6 +32,15 @@ class WorkerContext:
         self.settings = settings
         # How stages publish the next task: the worker's Celery app unless a caller injects another.
         self.dispatch = dispatch
+        self._warm = False
+
+    def warm_up(self) -> None:
+        """Load and run the embedding model once and import FAISS: tens of seconds in a cold process on a
+        busy host, which the apply stage must not spend holding a user's (renewed) lease."""
+        if not self._warm:
+            self.embedder.encode(["warm-up"])
+            self.keeper.vectors.warm_up()
+            self._warm = True
 
     @cached_property
     def redis_url(self) -> str:
@@ -54,6 +64,12 @@ class WorkerContext:
     def keeper(self) -> IndexKeeper:
         vectors = VectorStore(root=self.settings.index_dir, dim=self.embedder.dim)
         return IndexKeeper(graph=self.graph, vectors=vectors)
+
+    @cached_property
+    def writes(self) -> UserWrites:
+        return UserWrites(
+            graph=self.graph, keeper=self.keeper, redis_client=self.redis, lease_ttl_s=self.settings.apply_lock_ttl_s
+        )
 
     @cached_property
     def dead_letters(self) -> DeadLetterStore:

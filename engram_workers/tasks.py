@@ -15,12 +15,10 @@ from typing import Any
 import redis
 from celery import Task
 from celery.exceptions import Reject
-from pydantic import BaseModel
 
 from engram_api import keys
-from engram_api.locks import user_lock
 from engram_api.models import utcnow
-from engram_api.versions import publish_version
+from engram_api.storage.userwrite import UserWrite
 from engram_workers.app import app
 from engram_workers.context import WorkerContext, get_context
 from engram_workers.stages import RetryLater
@@ -117,16 +115,10 @@ def apply(self: Task, user_id: str, message_id: str) -> str:
 
 
 # ------------------------------------------------------------------------------------- maintenance
-def _guard(ctx: WorkerContext) -> Callable[[str], AbstractContextManager[None]]:
-    """Maintenance writes a user's memory under the same fleet-wide lock as the apply stage."""
-    return lambda user_id: user_lock(ctx.redis, user_id, ttl=ctx.settings.apply_lock_ttl_s, wait=60.0)
-
-
-def _publish_versions(ctx: WorkerContext, report: BaseModel) -> dict[str, Any]:
-    """Readers' caches key on the Redis version: publish the graph's after a maintenance write."""
-    for user_id in ctx.graph.list_users():
-        publish_version(ctx.redis, user_id, ctx.graph.user_version(user_id))
-    return report.model_dump(mode="json")
+def _guard(ctx: WorkerContext) -> Callable[[str], AbstractContextManager[UserWrite]]:
+    """Maintenance writes a user's memory as a ``UserWrite``, like the apply stage: same lease, same
+    fence, and it publishes only the users it changed."""
+    return lambda user_id: ctx.writes.open(user_id, wait=60.0)
 
 
 @app.task(name=keys.DECAY_TASK)
@@ -135,10 +127,8 @@ def decay_task(user_ids: list[str] | None = None, now: str | None = None) -> dic
 
     ctx = get_context()
     when = datetime.fromisoformat(now) if now else utcnow()
-    report = run_decay(
-        graph=ctx.graph, keeper=ctx.keeper, settings=ctx.settings, guard=_guard(ctx), now=when, user_ids=user_ids
-    )
-    return _publish_versions(ctx, report)
+    report = run_decay(graph=ctx.graph, settings=ctx.settings, guard=_guard(ctx), now=when, user_ids=user_ids)
+    return report.model_dump(mode="json")
 
 
 @app.task(name=keys.HIERARCHY_TASK)
@@ -150,7 +140,7 @@ def hierarchy_task(user_ids: list[str] | None = None) -> dict[str, Any]:
         graph=ctx.graph, keeper=ctx.keeper, embedder=ctx.embedder, settings=ctx.settings, guard=_guard(ctx),
         user_ids=user_ids,
     )  # fmt: skip
-    return _publish_versions(ctx, report)
+    return report.model_dump(mode="json")
 
 
 @app.task(name=keys.WEIGHTS_TASK)
@@ -167,7 +157,7 @@ def reconcile_task(user_ids: list[str] | None = None) -> dict[str, Any]:
     from engram_workers.maintenance import reconcile
 
     ctx = get_context()
-    report = reconcile(graph=ctx.graph, keeper=ctx.keeper, guard=_guard(ctx), user_ids=user_ids)
+    report = reconcile(graph=ctx.graph, keeper=ctx.keeper, guard=_guard(ctx), user_ids=user_ids, redis_client=ctx.redis)
     return report.model_dump(mode="json")
 
 

@@ -1,5 +1,5 @@
 """Chaos scenarios at test size: worker processes SIGKILLed, Redis and Neo4j taken down, a flaky LLM, a poison
-message. The scenarios live in ops/chaos (``run_all.py`` runs them at full size); these tests run the same
+message, per-user leases expiring mid-apply. The scenarios live in ops/chaos (``run_all.py`` runs them at full size); these tests run the same
 code on the session's services and assert what each scenario guarantees.
 
 Slow by nature (visibility timeouts, restarts, model loads in respawned pool children): a few minutes in all.
@@ -17,6 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "ops" / "chaos"))
 
 import flaky_llm
 import harness
+import lease_expiry
 import neo4j_outage
 import poison
 import redis_restart
@@ -95,3 +96,10 @@ def test_poison_message_is_dead_lettered_after_bounded_deaths(services: harness.
     assert result.dead_lettered == params.poisoned_users, held(result)
     assert result.applied == result.sent - params.poisoned_users, held(result)
     assert result.metrics["apply_child_deaths"] == params.max_deliveries * params.poisoned_users, held(result)
+
+
+def test_lease_expiry_under_load_loses_nothing_duplicates_nothing_and_keeps_order(services: harness.Services) -> None:
+    result = lease_expiry.run(services, lease_expiry.QUICK)
+    assert_held(result)
+    assert result.applied == result.sent, held(result)
+    assert result.checks["leases were stolen mid-apply"] and result.checks["every index equals its graph"]

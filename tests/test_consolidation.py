@@ -13,8 +13,9 @@ from engram_api.settings import Settings
 from engram_api.storage.embedder import get_embedder
 from engram_api.storage.indexes import IndexKeeper
 from engram_api.storage.sqlite_store import SqliteGraphStore
+from engram_api.storage.userwrite import UserWrites
 from engram_api.storage.vectors import VectorStore
-from engram_api.versions import read_version
+from engram_api.versions import read_stamp
 from engram_workers.middleware import build_middleware
 from engram_workers.stages.apply import write_extraction
 from tests.support.extractions import entity, fact, lives_in
@@ -30,17 +31,23 @@ def world(tmp_path, redis_client):
     keeper = IndexKeeper(graph=graph, vectors=VectorStore(root=tmp_path / "idx", dim=embedder.dim))
     user = f"c_{uuid.uuid4().hex[:8]}"
     middleware = build_middleware(Settings(data_dir=tmp_path))
+    writes = UserWrites(graph=graph, keeper=keeper, redis_client=redis_client, lease_ttl_s=30)
 
     def say(message_id: str, extraction: dict, when: datetime, *, again: bool = False):
-        """What the apply stage does with one message (its own write function, minus Celery and the lock);
+        """What the apply stage does with one message (its own write function inside a UserWrite, minus Celery);
         ``again``: the message was written before, so the graph must say "already applied"."""
         envelope = Envelope(user_id=user, message_id=message_id, messages=[{"content": "x"}], timestamp=when)
-        written = write_extraction(
-            graph=graph, keeper=keeper, embedder=embedder, redis_client=redis_client, middleware=middleware,
-            envelope=envelope, extraction=Extraction.model_validate(extraction), usage=Usage(),
+        written = writes.run(
+            user,
+            lambda write: write_extraction(
+                write=write, graph=graph, embedder=embedder, middleware=middleware,
+                envelope=envelope, extraction=Extraction.model_validate(extraction), usage=Usage(),
+            ),
+            wait=30.0,
         )  # fmt: skip
         assert written.outcome.applied is not again
-        assert read_version(redis_client, user) == written.outcome.version == graph.user_version(user)
+        assert read_stamp(redis_client, user) == graph.user_stamp(user)
+        assert written.outcome.version == graph.user_version(user)
         return written.planned.plan
 
     yield graph, user, say

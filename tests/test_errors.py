@@ -1,5 +1,5 @@
 """Errors a caller or a stage acts on are typed members of the ``EngramError`` tree, with their facts as
-attributes: a held user lock (``UserBusyError.user_id``) and an open LLM breaker
+attributes: a held user lease (``UserBusyError.user_id``) and an open LLM breaker
 (``BreakerOpenError.retry_in``), raised by the real lock and breaker on the real Redis."""
 
 from __future__ import annotations
@@ -11,13 +11,13 @@ import redis
 
 from engram_api import keys
 from engram_api.errors import BreakerOpenError, EngramError, UserBusyError
-from engram_api.locks import user_lock
+from engram_api.locks import Lease
 from engram_workers.control import LLMBreaker
 
 
 def test_a_held_user_lock_is_a_user_busy_error_naming_the_user(redis_client: redis.Redis, user_id: str) -> None:
-    with user_lock(redis_client, user_id, ttl=10), pytest.raises(UserBusyError) as caught:  # noqa: SIM117
-        with user_lock(redis_client, user_id, ttl=10, wait=0.1):
+    with Lease(redis_client, user_id, ttl=10, wait=0), pytest.raises(UserBusyError) as caught:  # noqa: SIM117
+        with Lease(redis_client, user_id, ttl=10, wait=0.1):
             pass
     assert isinstance(caught.value, EngramError)
     assert caught.value.user_id == user_id and user_id in str(caught.value)

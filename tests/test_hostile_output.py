@@ -122,10 +122,14 @@ def with_unknown_fields(answer: Mapping[str, Any]) -> dict[str, Any]:
 
 def apply_extraction(client: MemoryClient, envelope: Envelope, extraction: Extraction) -> Planned:
     """What the apply stage does with one message, in this process: the stage's own write function (plan,
-    idempotent graph write, hooks, FAISS index, Redis version), minus Celery and the lock."""
-    written = write_extraction(
-        graph=client.graph, keeper=client.reader.keeper, embedder=client.reader.embedder, redis_client=client.redis,
-        middleware=build_middleware(client.settings), envelope=envelope, extraction=extraction, usage=Usage(),
+    idempotent graph write, hooks, FAISS index, Redis stamp) inside a UserWrite, minus Celery."""
+    written = client.reader.writes.run(
+        envelope.user_id,
+        lambda write: write_extraction(
+            write=write, graph=client.graph, embedder=client.reader.embedder,
+            middleware=build_middleware(client.settings), envelope=envelope, extraction=extraction, usage=Usage(),
+        ),
+        wait=30.0,
     )  # fmt: skip
     assert written.outcome.applied, f"{envelope.message_id} of {envelope.user_id} was written before"
     return written.planned

@@ -23,10 +23,8 @@ from neo4j import GraphDatabase
 
 from engram_api import MemoryClient, keys
 from engram_api.errors import InvalidInputError
-from engram_api.locks import user_lock
 from engram_api.models import GLOBAL_SCOPE, GraphPage, LearnedWeights
 from engram_api.storage.vectors import VectorStore
-from engram_api.versions import publish_version
 from engram_testing.llm_standin import Reply
 from engram_workers.maintenance import rebuild_hierarchy
 from tests.support.extractions import entity, fact, lives_in, message_text
@@ -138,12 +136,10 @@ def _cluster(client: MemoryClient, users: list[str]) -> None:
         keeper=client.reader.keeper,
         embedder=client.reader.embedder,
         settings=settings,
-        guard=lambda user: user_lock(client.redis, user, ttl=settings.apply_lock_ttl_s, wait=30.0),
+        guard=lambda user: client.reader.writes.open(user, wait=30.0),
         user_ids=users,
     )
     assert not report.failed, report.failed
-    for user in users:
-        publish_version(client.redis, user, client.graph.user_version(user))
 
 
 @pytest.fixture(scope="module")

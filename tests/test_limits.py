@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import logging
 import re
-from contextlib import nullcontext
 from datetime import timedelta
 from pathlib import Path
 
@@ -23,6 +22,7 @@ from engram_api.redaction import RedactingFilter
 from engram_api.settings import EXAMPLE_PASSWORDS, Settings, load_settings
 from engram_api.storage import open_graph_store
 from engram_api.storage.indexes import IndexKeeper
+from engram_api.storage.userwrite import UserWrites
 from engram_api.storage.vectors import VectorStore
 from engram_workers.celery_config import celery_config
 from engram_workers.maintenance import redeliver_stuck, run_decay
@@ -119,12 +119,15 @@ def test_maintenance_refuses_a_future_now_and_out_of_range_arguments(neo4j_uri, 
     user = new_user()
     try:
         UserGraph(graph, user).say([("Alex", "WORKS_AT", "Dell", "Alex works at Dell")])
-        keeper = IndexKeeper(graph=graph, vectors=VectorStore(root=settings.index_dir, dim=DIM))
+        writes = UserWrites(
+            graph=graph, keeper=IndexKeeper(graph=graph, vectors=VectorStore(root=settings.index_dir, dim=DIM)),
+            redis_client=None, lease_ttl_s=30,
+        )  # fmt: skip
         before = graph.stats(user)
 
         def decay(**overrides: object) -> object:
             args = {"now": utcnow(), "user_ids": [user], **overrides}
-            return run_decay(graph=graph, keeper=keeper, settings=settings, guard=lambda u: nullcontext(), **args)
+            return run_decay(graph=graph, settings=settings, guard=lambda u: writes.open(u, wait=30.0), **args)
 
         for field, overrides in (
             ("now", {"now": utcnow() + timedelta(days=365 * 900)}),

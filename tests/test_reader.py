@@ -9,7 +9,6 @@ import re
 import subprocess
 import sys
 import uuid
-from contextlib import nullcontext
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -18,7 +17,7 @@ from engram_api import keys
 from engram_api.models import LearnedWeights, utcnow
 from engram_api.reader.context import EXCERPTS_HEADER
 from engram_api.settings import Settings
-from engram_api.versions import publish_version, read_version
+from engram_api.versions import read_stamp
 from engram_testing.llm_standin import Reply
 from engram_workers.maintenance import run_decay
 from tests.support.extractions import entity, fact, lives_in, message_text
@@ -167,12 +166,14 @@ print(json.dumps({{"top": next(i for i in r.items if i.kind == "fact").object, "
 def test_feedback_is_stored_reinforces_the_useful_fact_and_moves_the_version(stack):
     client, user = stack.client, uid()
     ingest(client, user, ["I live in Austin.", "I enjoy chess.", "I have a dog named Rex."])
-    # Decay the facts as if 60 days had passed since they were stored, so a reinforcement has room to show
-    # (a new fact is at full strength).
-    decayed = run_decay(graph=client.graph, keeper=client.reader.keeper, settings=client.settings,
-                        guard=lambda _: nullcontext(), now=utcnow() + timedelta(days=60), user_ids=[user])  # fmt: skip
+    # Decay the facts hard (decay refuses a future instant, so the rate does the work) to give a
+    # reinforcement room to show: a new fact is at full strength.
+    steep = client.settings.model_copy(update={"decay_per_day": 1e-6})
+    decayed = run_decay(graph=client.graph, settings=steep,
+                        guard=lambda u: client.reader.writes.open(u, wait=30.0),
+                        now=utcnow(), user_ids=[user])  # fmt: skip
     assert decayed.decayed == 3 and decayed.archived == 0
-    publish_version(client.redis, user, client.graph.user_version(user))
+    assert read_stamp(client.redis, user) == client.graph.user_stamp(user)  # the job published what it changed
 
     recall = client.recall(user, "does the user have a dog?", k=3)
     (rex,) = [i for i in recall.items if i.kind == "fact" and "Rex" in i.statement]
@@ -190,7 +191,7 @@ def test_feedback_is_stored_reinforces_the_useful_fact_and_moves_the_version(sta
     assert after[rex.id] == pytest.approx(min(1.0, strength[rex.id] + reinforce))
     assert {i: after[i] for i in fact_ids if i != rex.id} == {i: strength[i] for i in fact_ids if i != rex.id}
     assert client.graph.user_version(user) > version
-    assert read_version(client.redis, user) == client.graph.user_version(user)
+    assert read_stamp(client.redis, user) == client.graph.user_stamp(user)
     again = client.recall(user, "does the user have a dog?", k=3)
     assert not again.cached  # the reader's cache saw the new version
 

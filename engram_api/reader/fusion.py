@@ -164,6 +164,8 @@ class _Run:
                 *(f for cid in top_chunks if cid in self.chunks for f in self.chunks[cid].fact_ids),
             ]
         )
+        # The index is the one of the stamp read first; a forget committed since removes chunks it still holds.
+        episode_ids = [cid for cid in episode_ids if self._ok(cid)]
         if recipe.uses("fact_vector"):
             self._rank("fact_vector", [h.node_id for h in fact_hits if self._ok(h.node_id)])
         self._rank("episode_vector", episode_ids)

@@ -2,7 +2,10 @@
 
 Zero LLM calls and no Celery: it embeds the query locally, searches the user's own FAISS index, expands
 through the graph in one query, fuses and scores. Results are cached per user and keyed by the per-user
-version the workers bump in Redis, so a cache entry can never outlive a write.
+stamp (epoch, version) the workers publish in Redis, so a cache entry can never outlive a write nor
+survive into another lifetime of the user. Writes (forget, forget_user, feedback) go through
+``UserWrites`` like every other writer. Safe to share between threads: caches are locked, and indexes
+handed out are never mutated (``IndexKeeper`` swaps copies).
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Sequence
-from contextlib import AbstractContextManager, nullcontext, suppress
+from contextlib import suppress
 from datetime import datetime
 from typing import Any, Literal
 
@@ -23,7 +26,6 @@ import redis
 from engram_api import keys
 from engram_api.erasure import erase_message, erase_user
 from engram_api.errors import InvalidInputError, StoreUnavailableError
-from engram_api.locks import user_lock
 from engram_api.models import (
     ClusterHit,
     FactRecord,
@@ -48,7 +50,8 @@ from engram_api.settings import Settings
 from engram_api.storage.base import GraphStore
 from engram_api.storage.embedder import Embedder
 from engram_api.storage.indexes import IndexKeeper
-from engram_api.versions import publish_version, read_version
+from engram_api.storage.userwrite import UserWrite, UserWrites
+from engram_api.versions import Stamp, read_stamp
 
 __all__ = ["Reader"]
 
@@ -57,6 +60,7 @@ _RECALL_LOG_TTL_S = 24 * 3600
 _WEIGHTS_TTL_S = 60.0
 _CONTEXT_CANDIDATES = 40
 _WEIGHTS_CACHE_USERS = 10_000
+_WRITE_WAIT_S = 30.0  # a caller's forget/feedback waits this long for a worker's write of the user
 
 
 def _check_k(k: object, field: str = "k", upper: int = 200) -> int:
@@ -78,14 +82,14 @@ def _check_text(text: object, field: str) -> str:
 
 
 class _Cache:
-    """Small LRU of results, each tagged with the user version it was computed at."""
+    """Small LRU of results, each tagged with the user stamp it was computed at."""
 
     def __init__(self, size: int = 2048) -> None:
         self.size = size
-        self._data: OrderedDict[tuple[Any, ...], tuple[int, float, Any]] = OrderedDict()
+        self._data: OrderedDict[tuple[Any, ...], tuple[Stamp, float, Any]] = OrderedDict()
         self._lock = threading.Lock()
 
-    def get(self, key: tuple[Any, ...], version: int) -> Any | None:
+    def get(self, key: tuple[Any, ...], version: Stamp) -> Any | None:
         with self._lock:
             entry = self._data.get(key)
             if entry is None or entry[0] != version or entry[1] < time.monotonic():
@@ -93,7 +97,7 @@ class _Cache:
             self._data.move_to_end(key)
             return entry[2]
 
-    def put(self, key: tuple[Any, ...], version: int, ttl: float, value: Any) -> None:
+    def put(self, key: tuple[Any, ...], version: Stamp, ttl: float, value: Any) -> None:
         with self._lock:
             self._data[key] = (version, time.monotonic() + ttl, value)
             self._data.move_to_end(key)
@@ -127,21 +131,23 @@ class Reader:
         self.redis = redis_client
         self.cache = _Cache()
         self._weights = _Cache(size=_WEIGHTS_CACHE_USERS)  # bounded: a reader may serve millions of users
+        self.writes = UserWrites(
+            graph=graph,
+            keeper=keeper,
+            redis_client=redis_client,
+            lease_ttl_s=settings.apply_lock_ttl_s,
+            on_change=[self.cache.drop_user],
+        )
 
     # ------------------------------------------------------------------------------------ helpers
-    def _version(self, user_id: str) -> int:
+    def _version(self, user_id: str) -> Stamp:
         if self.redis is not None:
             # On a Redis error fall back to the graph: slower, never wrong.
             with suppress(redis.RedisError):
-                version = read_version(self.redis, user_id)
-                if version is not None:
-                    return version
-        return self.graph.user_version(user_id)
-
-    def _guard(self, user_id: str) -> AbstractContextManager[None]:
-        if self.redis is None:
-            return nullcontext()
-        return user_lock(self.redis, user_id, ttl=self.settings.apply_lock_ttl_s, wait=30.0)
+                stamp = read_stamp(self.redis, user_id)
+                if stamp is not None:
+                    return stamp
+        return self.graph.user_stamp(user_id)
 
     def weights_for(self, user_id: str) -> tuple[Weights, str]:
         """Learned per-user weights, else learned global ones, else the configured ones."""
@@ -324,13 +330,12 @@ class Reader:
         ]
         self.graph.add_feedback(rows)
         if useful:
-            with self._guard(user_id):
-                before = self.graph.user_version(user_id)
-                if self.graph.reinforce(user_id, sorted(useful), amount=self.settings.reinforce_amount, now=utcnow()):
-                    after = self.graph.user_version(user_id)
-                    self.keeper.advance(user_id, from_version=before, to_version=after)
-                    if self.redis is not None:
-                        publish_version(self.redis, user_id, after)
+
+            def reinforce(write: UserWrite) -> None:
+                self.graph.reinforce(user_id, sorted(useful), amount=self.settings.reinforce_amount, now=utcnow())
+                write.finish()
+
+            self.writes.run(user_id, reinforce, wait=_WRITE_WAIT_S)
         return len(rows)
 
     def forget(self, user_id: str, memory_id: str) -> ForgetResult:
@@ -340,27 +345,27 @@ class Reader:
         if self.redis is not None:
             # First: from here on no stage can write this message back (see engram_api.erasure).
             erase_message(self.redis, user_id, memory_id, tombstone_ttl_s=self.settings.status_ttl_s)
-        with self._guard(user_id):
-            before = self.graph.user_version(user_id)
+
+        def forget(write: UserWrite) -> ForgetResult:
             result = self.graph.forget_message(user_id, memory_id)
-            after = self.graph.user_version(user_id)
             removed = [*result.removed_fact_ids, *result.removed_entity_ids, *result.removed_chunk_ids]
-            self.keeper.advance(user_id, from_version=before, to_version=after, removals=removed)
+            write.finish(removals=removed)
             result.vectors = len(removed)
-            if self.redis is not None:
-                publish_version(self.redis, user_id, after)
-        self.cache.drop_user(user_id)
-        return result
+            return result
+
+        return self.writes.run(user_id, forget, wait=_WRITE_WAIT_S)
 
     def forget_user(self, user_id: str) -> ForgetResult:
         """Everything of one user: graph, vectors, caches, queued payloads, dead letters."""
         check_user_id(user_id)
-        with self._guard(user_id):
+
+        def forget_user(write: UserWrite) -> ForgetResult:
             result = self.graph.forget_user(user_id)
-            self.keeper.vectors.delete(user_id)
-            self.keeper.forget(user_id)
+            write.finish()  # the stamp is ABSENT now: the index file, cache and published stamp go
             if self.redis is not None:
                 erase_user(self.redis, user_id, tombstone_ttl_s=self.settings.status_ttl_s)
-        self.cache.drop_user(user_id)
+            return result
+
+        result = self.writes.run(user_id, forget_user, wait=_WRITE_WAIT_S)
         self._weights.drop_user(user_id)
         return result

@@ -11,15 +11,25 @@ Rules every backend keeps:
   ``vectors`` (kind "episode") and are in the user's keyword index together with fact statements;
   ``forget`` / ``forget_user`` remove both, and keyword search is scoped to the user inside the query;
 - nothing is deleted by supersession or archival: only ``forget`` and ``forget_user`` delete, and they
-  leave no orphan (an entity no fact mentions and no episode provenance keeps is removed too).
+  leave no orphan (an entity no fact mentions and no episode provenance keeps is removed too);
+- the user record carries an ``epoch`` (``engram_api.versions``) chosen when the write that creates the
+  user runs, so a user's (epoch, version) stamp is never reused across lifetimes;
+- inside ``fenced(user_id, stamp, epoch)`` every write transaction of that thread first checks (under the
+  user's row/node lock) that the user's stamp is still the fence's, else raises ``StaleWriteError`` and
+  writes nothing; after commit the fence follows the new stamp. ``engram_api.storage.userwrite`` is the
+  one caller.
 """
 
 from __future__ import annotations
 
+import threading
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import datetime
 
+from engram_api.errors import StaleWriteError
 from engram_api.models import (
     ApplyOutcome,
     ChunkRecord,
@@ -36,8 +46,31 @@ from engram_api.models import (
     VectorItem,
     WritePlan,
 )
+from engram_api.versions import ABSENT, Stamp, new_epoch
 
-__all__ = ["GraphStore", "HopFact"]
+__all__ = ["Fence", "GraphStore", "HopFact"]
+
+_active = threading.local()
+
+
+@dataclass(slots=True)
+class Fence:
+    """What the next write of ``user_id`` in this thread must find: ``expected``; a write that creates
+    the user (``expected`` is ``ABSENT``) creates it with ``epoch``."""
+
+    user_id: str
+    expected: Stamp
+    epoch: int
+
+    def check_before(self, found: Stamp) -> None:
+        if found != self.expected:
+            raise StaleWriteError(self.user_id, self.expected, found)
+
+    def check_after(self, found: Stamp) -> None:
+        # A store cannot lock a user that does not exist yet: two writers may both see ABSENT. Each
+        # creates with its own epoch, so the one that finds another epoch after its write lost the race.
+        if self.expected == ABSENT and found != ABSENT and found.epoch != self.epoch:
+            raise StaleWriteError(self.user_id, self.expected, found)
 
 
 class HopFact(FactRecord):
@@ -48,6 +81,39 @@ class HopFact(FactRecord):
 
 class GraphStore(ABC):
     """Small, domain-shaped interface over one graph backend."""
+
+    # ------------------------------------------------------------------------------------ fencing
+    @contextmanager
+    def fenced(self, user_id: str, expected: Stamp, epoch: int) -> Iterator[Fence]:
+        """Fence this thread's writes of ``user_id`` (see the module docstring)."""
+        fence, previous = Fence(user_id, expected, epoch), getattr(_active, "fence", None)
+        _active.fence = fence
+        try:
+            yield fence
+        finally:
+            _active.fence = previous
+
+    @staticmethod
+    def _fence() -> Fence | None:
+        """The fence the backends' write transactions enforce, if this thread is inside one."""
+        return getattr(_active, "fence", None)
+
+    def _creation_epoch(self) -> int:
+        fence = self._fence()
+        return fence.epoch if fence is not None else new_epoch()
+
+    def user_version(self, user_id: str) -> int:
+        """0 for a user the store has never seen."""
+        return self.user_stamp(user_id).version
+
+    def stamped_vectors(self, user_id: str) -> tuple[list[VectorItem], Stamp]:
+        """``vectors`` with the full stamp they reflect (the stamp read before and after must agree,
+        so the items cannot come from another lifetime than the stamp)."""
+        while True:
+            before = self.user_stamp(user_id)
+            items, version = self.vectors(user_id)
+            if version == before.version and self.user_stamp(user_id) == before:
+                return items, before
 
     # ----------------------------------------------------------------------------------- lifecycle
     @abstractmethod
@@ -95,8 +161,8 @@ class GraphStore(ABC):
 
     # ---------------------------------------------------------------------------------------- read
     @abstractmethod
-    def user_version(self, user_id: str) -> int:
-        """0 for a user the store has never seen."""
+    def user_stamp(self, user_id: str) -> Stamp:
+        """(epoch, version); ``ABSENT`` for a user the store does not hold."""
 
     @abstractmethod
     def get_facts(self, user_id: str, fact_ids: Sequence[str]) -> list[FactRecord]:

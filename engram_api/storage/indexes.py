@@ -1,9 +1,13 @@
 """Keeps each user's FAISS index in step with the graph store (the source of truth).
 
-Writers (the apply stage, forget, maintenance) call ``advance`` after a graph write with the versions
-before and after: when the file is exactly at the version before, the change is applied as a delta;
-otherwise (missing, older, corrupt) the index is rebuilt from the graph. Readers call ``current`` with the
-version they expect; an index behind it is rebuilt before answering, never used stale.
+Every index carries the graph stamp (epoch, version) it reflects. Writers (through ``UserWrite``) call
+``advance`` after a graph write with the stamps before and after: when the file is exactly at the stamp
+before, the change is applied as a delta; otherwise (missing, older, corrupt, another lifetime of the
+user) the index is rebuilt from the graph. Readers call ``current`` with the stamp they expect; an index
+of another epoch or behind it is rebuilt before answering, never used stale.
+
+Thread safety: an index handed out (cached, or returned to a reader) is never mutated; ``advance``
+changes a copy and swaps it into the cache, so concurrent searches always see one whole version.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from collections.abc import Iterable, Sequence
 
 from engram_api.storage.base import GraphStore
 from engram_api.storage.vectors import Kind, UserIndex, VectorStore
+from engram_api.versions import ABSENT, Stamp
 
 __all__ = ["IndexKeeper"]
 
@@ -38,12 +43,13 @@ class IndexKeeper:
 
     def rebuild(self, user_id: str) -> UserIndex:
         """Rebuild from the graph's embeddings and save; returns the fresh index."""
-        items, version = self.graph.vectors(user_id)
+        items, stamp = self.graph.stamped_vectors(user_id)
         index = self.vectors.new()
         index.upsert((item.node_id, item.kind, item.embedding) for item in items)
-        index.version = version
-        if version == 0 and not items:
-            # A user the graph has never seen: answer empty, but do not let read traffic create files.
+        index.stamp = stamp
+        if stamp == ABSENT:
+            # A user the graph does not hold: answer empty, but never let read traffic create files.
+            self.forget(user_id)
             return index
         with self.vectors.lock(user_id):
             self.vectors.save(user_id, index)
@@ -53,36 +59,41 @@ class IndexKeeper:
     def _loaded(self, user_id: str) -> UserIndex | None:
         with self._lock:
             cached = self._cache.get(user_id)
-        disk_version = self.vectors.file_version(user_id)
-        if cached is not None and disk_version == cached.version:
+        disk = self.vectors.file_stamp(user_id)
+        if cached is not None and disk == cached.stamp:
             return cached
-        return self.vectors.load(user_id)
+        return self.vectors.load(user_id) if disk is not None else None
 
     def advance(
         self,
         user_id: str,
         *,
-        from_version: int,
-        to_version: int,
+        from_stamp: Stamp,
+        to_stamp: Stamp,
         upserts: Iterable[tuple[str, Kind, Sequence[float]]] = (),
         removals: Iterable[str] = (),
     ) -> UserIndex:
-        """Move the index from ``from_version`` to ``to_version`` (delta if possible, else rebuild)."""
+        """Move the index from ``from_stamp`` to ``to_stamp`` (delta if possible, else rebuild)."""
+        if to_stamp == ABSENT:
+            self.forget(user_id)
+            self.vectors.delete(user_id)
+            return self.vectors.new()
         index = self._loaded(user_id)
-        if index is None or index.version != from_version:
+        if index is None or index.stamp != from_stamp:
             return self.rebuild(user_id)
-        if index.version >= to_version:
+        if index.stamp == to_stamp:
             return self._remember(user_id, index)
+        index = index.copy()
         index.remove(removals)
         index.upsert(upserts)
-        index.version = to_version
+        index.stamp = to_stamp
         with self.vectors.lock(user_id):
             self.vectors.save(user_id, index)
         return self._remember(user_id, index)
 
-    def current(self, user_id: str, expected_version: int) -> UserIndex:
-        """The index at ``expected_version`` or newer; rebuilt from the graph when behind or missing."""
+    def current(self, user_id: str, expected: Stamp) -> UserIndex:
+        """The index of ``expected``'s lifetime at its version or newer; rebuilt when behind or missing."""
         index = self._loaded(user_id)
-        if index is not None and index.version >= expected_version:
+        if index is not None and index.epoch == expected.epoch and index.version >= expected.version:
             return self._remember(user_id, index)
         return self.rebuild(user_id)

@@ -2,7 +2,7 @@
 
 Graph shape (every node carries ``user_id``; every query filters on it):
 
-    (:User {user_id, version, prompt_tokens, completion_tokens, cost_usd, llm_calls})
+    (:User {user_id, epoch, version, prompt_tokens, completion_tokens, cost_usd, llm_calls})
     (:Episode {id, user_id, content, role, event_time, metadata})           id = message id
     (:Entity {id, user_id, name, norm_name, label, aliases, summary, embedding})
         -[:HAS_ALIAS]->(:Alias {user_id, norm})    one per normalized alias, so lookups hit an index
@@ -60,8 +60,9 @@ from engram_api.models import (
 )
 from engram_api.naming import normalize_name
 from engram_api.storage import neo4j_episodes as episodes_cypher
-from engram_api.storage.base import GraphStore, HopFact
+from engram_api.storage.base import Fence, GraphStore, HopFact
 from engram_api.storage.episodes import user_key
+from engram_api.versions import ABSENT, Stamp
 
 __all__ = ["Neo4jGraphStore"]
 
@@ -141,7 +142,7 @@ _VALID_AT = (
 # below cannot race with a concurrent apply of the same message.
 _Q_APPLY_LOCK = """
 MERGE (u:User {user_id: $user_id})
-ON CREATE SET u.version = 0, u.prompt_tokens = 0, u.completion_tokens = 0, u.cost_usd = 0.0,
+ON CREATE SET u.version = 0, u.epoch = $epoch, u.prompt_tokens = 0, u.completion_tokens = 0, u.cost_usd = 0.0,
               u.llm_calls = 0, u.created_at = $now
 SET u.version = u.version + 1,
     u.prompt_tokens = u.prompt_tokens + $usage.prompt_tokens,
@@ -208,6 +209,14 @@ CALL (ep) {
 
 # ---------------------------------------------------------------------------------------- read
 _Q_VERSION = "MATCH (u:User {user_id: $user_id}) RETURN u.version AS version"
+_Q_STAMP = "MATCH (u:User {user_id: $user_id}) RETURN coalesce(u.epoch, 0) AS epoch, u.version AS version"
+# The fence's check: take the user node's write lock first (the documented dummy-property idiom), so
+# no other writer can move the stamp between this check and our commit.
+_Q_FENCE = """
+OPTIONAL MATCH (u:User {user_id: $user_id})
+FOREACH (_ IN CASE WHEN u IS NULL THEN [] ELSE [1] END | SET u._lock = true REMOVE u._lock)
+RETURN coalesce(u.epoch, 0) AS epoch, coalesce(u.version, 0) AS version
+"""
 _Q_BUMP = "MATCH (u:User {user_id: $user_id}) SET u.version = u.version + 1, u.updated_at = $now"
 _Q_IS_APPLIED = "RETURN EXISTS { MATCH (:Episode {user_id: $user_id, id: $episode_id}) } AS applied"
 _Q_FIND_ENTITIES = f"""
@@ -437,6 +446,17 @@ class _AlreadyApplied(Exception):
         self.version = version
 
 
+def _fenced(tx: ManagedTransaction, fence: Fence, work: Callable[..., _T], *args: Any) -> tuple[_T, Stamp]:
+    """Run ``work`` only if the user's stamp is the fence's; return its result and the stamp after."""
+    found = tx.run(_Q_FENCE, user_id=fence.user_id).single(strict=True)
+    fence.check_before(Stamp(int(found["epoch"]), int(found["version"])))
+    result = work(tx, *args)
+    after = tx.run(_Q_STAMP, user_id=fence.user_id).single()
+    stamp = ABSENT if after is None else Stamp(int(after["epoch"]), int(after["version"]))
+    fence.check_after(stamp)
+    return result, stamp
+
+
 def _utc(value: datetime) -> datetime:
     # A naive datetime would be stored as a LocalDateTime, which never compares with a DateTime.
     return cast(datetime, check_aware(value))
@@ -560,8 +580,12 @@ class Neo4jGraphStore(GraphStore):
 
     def _write(self, work: Callable[..., _T], *args: Any) -> _T:
         driver = self._ready()
+        fence = self._fence()
         with self._mapped_errors(), driver.session(database=self._database) as session:
-            return session.execute_write(work, *args)
+            if fence is None:
+                return session.execute_write(work, *args)
+            result, fence.expected = session.execute_write(_fenced, fence, work, *args)
+        return result
 
     def _read(self, work: Callable[..., _T], *args: Any) -> _T:
         driver = self._ready()
@@ -653,6 +677,7 @@ class Neo4jGraphStore(GraphStore):
         params: dict[str, Any] = {
             "user_id": user_id,
             "episode_id": episode.id,
+            "epoch": self._creation_epoch(),
             "now": utcnow(),
         }
         episode_props = {
@@ -736,10 +761,10 @@ class Neo4jGraphStore(GraphStore):
             return ApplyOutcome(applied=False, version=skipped.version)
 
     # --------------------------------------------------------------------------------- read
-    def user_version(self, user_id: str) -> int:
-        def work(tx: ManagedTransaction) -> int:
-            record = tx.run(_Q_VERSION, user_id=user_id).single()
-            return 0 if record is None else int(record["version"])
+    def user_stamp(self, user_id: str) -> Stamp:
+        def work(tx: ManagedTransaction) -> Stamp:
+            record = tx.run(_Q_STAMP, user_id=user_id).single()
+            return ABSENT if record is None else Stamp(int(record["epoch"]), int(record["version"]))
 
         return self._read(work)
 

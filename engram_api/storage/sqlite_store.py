@@ -48,6 +48,7 @@ from engram_api.models import (
 from engram_api.naming import normalize_name
 from engram_api.storage import sqlite_episodes as episodes_sql
 from engram_api.storage.base import GraphStore, HopFact
+from engram_api.versions import ABSENT, Stamp, new_epoch
 
 __all__ = ["SqliteGraphStore"]
 
@@ -61,6 +62,7 @@ BEGIN IMMEDIATE;
 CREATE TABLE IF NOT EXISTS users (
     user_id           TEXT PRIMARY KEY,
     version           INTEGER NOT NULL DEFAULT 0,
+    epoch             INTEGER NOT NULL DEFAULT 0,
     prompt_tokens     INTEGER NOT NULL DEFAULT 0,
     completion_tokens INTEGER NOT NULL DEFAULT 0,
     cost_usd          REAL    NOT NULL DEFAULT 0,
@@ -346,18 +348,23 @@ def _same_user(plan: WritePlan) -> None:
         raise ValueError(f"plan for {plan.user_id!r} carries records of another user: {strangers}")
 
 
+def _stamp(conn: sqlite3.Connection, user_id: str) -> Stamp:
+    row = conn.execute("SELECT epoch, version FROM users WHERE user_id = ?", (user_id,)).fetchone()
+    return ABSENT if row is None else Stamp(row["epoch"], row["version"])
+
+
 def _version(conn: sqlite3.Connection, user_id: str) -> int:
-    row = conn.execute("SELECT version FROM users WHERE user_id = ?", (user_id,)).fetchone()
-    return 0 if row is None else row["version"]
+    return _stamp(conn, user_id).version
 
 
-def _bump(conn: sqlite3.Connection, user_id: str, usage: Usage | None) -> int:
+def _bump(conn: sqlite3.Connection, user_id: str, usage: Usage | None, epoch: int | None = None) -> int:
+    """Bump the version; creates the user (with ``epoch``, else a fresh one) when absent."""
     usage = usage or Usage()
     now = _us(utcnow())
     row = conn.execute(
-        """INSERT INTO users (user_id, version, prompt_tokens, completion_tokens, cost_usd, llm_calls,
+        """INSERT INTO users (user_id, version, epoch, prompt_tokens, completion_tokens, cost_usd, llm_calls,
                               created_at, updated_at)
-           VALUES (:user_id, 1, :prompt, :completion, :cost, :calls, :now, :now)
+           VALUES (:user_id, 1, :epoch, :prompt, :completion, :cost, :calls, :now, :now)
            ON CONFLICT (user_id) DO UPDATE SET
                version = version + 1,
                prompt_tokens = prompt_tokens + :prompt,
@@ -368,6 +375,7 @@ def _bump(conn: sqlite3.Connection, user_id: str, usage: Usage | None) -> int:
            RETURNING version""",
         {
             "user_id": user_id,
+            "epoch": new_epoch() if epoch is None else epoch,
             "prompt": usage.prompt_tokens,
             "completion": usage.completion_tokens,
             "cost": usage.cost_usd,
@@ -649,14 +657,21 @@ class SqliteGraphStore(GraphStore):
     def _write(self) -> Iterator[sqlite3.Connection]:
         conn = self._conn()
         conn.execute("BEGIN IMMEDIATE")
+        fence = self._fence()
         try:
+            # The fence check: BEGIN IMMEDIATE holds the database write lock, so nothing moves after it.
+            if fence is not None:
+                fence.check_before(_stamp(conn, fence.user_id))
             yield conn
+            after = None if fence is None else _stamp(conn, fence.user_id)
         except BaseException:
             # SQLite may already have rolled back on its own (e.g. SQLITE_FULL); don't mask the cause.
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
             raise
         conn.execute("COMMIT")
+        if fence is not None and after is not None:
+            fence.expected = after
 
     @contextmanager
     def _read(self) -> Iterator[sqlite3.Connection]:
@@ -678,6 +693,13 @@ class SqliteGraphStore(GraphStore):
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
             raise
+        # Files created before user epochs existed: add the column (its users read as epoch 0).
+        if "epoch" not in {r["name"] for r in conn.execute("PRAGMA table_info(users)")}:
+            try:
+                conn.execute("ALTER TABLE users ADD COLUMN epoch INTEGER NOT NULL DEFAULT 0")
+            except sqlite3.OperationalError as exc:
+                if "duplicate column" not in str(exc):  # another process added it first
+                    raise
 
     def ping(self) -> None:
         try:
@@ -819,12 +841,12 @@ class SqliteGraphStore(GraphStore):
             for entity_id in dict.fromkeys(plan.mentioned_entity_ids):
                 if _entity_exists(conn, user_id, entity_id):
                     _link(conn, user_id, entity_id, "entity", episode_id)
-            version = _bump(conn, user_id, plan.usage)
+            version = _bump(conn, user_id, plan.usage, self._creation_epoch())
         return ApplyOutcome(applied=True, version=version)
 
     # -------------------------------------------------------------------------------------- read
-    def user_version(self, user_id: str) -> int:
-        return _version(self._conn(), user_id)
+    def user_stamp(self, user_id: str) -> Stamp:
+        return _stamp(self._conn(), user_id)
 
     def get_facts(self, user_id: str, fact_ids: Sequence[str]) -> list[FactRecord]:
         rows = (

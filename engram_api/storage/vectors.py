@@ -1,13 +1,15 @@
 """Per-user FAISS indexes: one file per user, derived from the graph store and rebuildable from it.
 
 A global index filtered after top-k lets one user's results shrink as others add data; one index per
-user cannot. Each file carries the graph version it reflects, so a reader or the reconcile job can tell
-a stale or missing index and rebuild it from the graph (the source of truth). Files are replaced
-atomically (write to a temp file, fsync, rename): a crash mid-write leaves the previous index.
+user cannot. Each file carries the graph stamp (epoch, version) it reflects, so a reader or the reconcile
+job can tell a stale, missing or other-lifetime index and rebuild it from the graph (the source of
+truth). Files are replaced atomically (write to a temp file, fsync, rename): a crash mid-write leaves
+the previous index. A ``UserIndex`` another thread may hold is never mutated: ``copy`` first.
 
-File layout: little-endian u64 version, u64 header length, JSON header (dim, rows, kinds with their
-byte lengths), then one serialized FAISS index per kind; the version comes first so a reader can check
-freshness by reading 8 bytes.
+File layout: magic ``EGI3``, little-endian u64 epoch, u64 version, u64 header length, JSON header (dim,
+rows, kinds with their byte lengths), then one serialized FAISS index per kind; the stamp comes first so a
+reader can check freshness by reading 28 bytes. A file without the magic (an older layout) reads as
+missing and is rebuilt.
 """
 
 from __future__ import annotations
@@ -24,10 +26,13 @@ from typing import Literal
 
 import numpy as np
 
+from engram_api.versions import Stamp
+
 __all__ = ["UserIndex", "VectorHit", "VectorStore"]
 
 Kind = Literal["fact", "entity", "episode"]
-_HEADER = struct.Struct("<QQ")
+_MAGIC = b"EGI3"
+_HEADER = struct.Struct("<4sQQQ")
 
 
 def _faiss():  # type: ignore[no-untyped-def]
@@ -60,6 +65,7 @@ class UserIndex:
 
     dim: int
     version: int = 0
+    epoch: int = 0
     rows: dict[int, tuple[str, Kind]] = field(default_factory=dict)
     indexes: dict[str, object] = field(default_factory=dict)
 
@@ -75,6 +81,25 @@ class UserIndex:
     def count(self, kind: Kind) -> int:
         index = self.indexes.get(kind)
         return 0 if index is None else int(index.ntotal)  # type: ignore[attr-defined]
+
+    @property
+    def stamp(self) -> Stamp:
+        return Stamp(self.epoch, self.version)
+
+    @stamp.setter
+    def stamp(self, value: Stamp) -> None:
+        self.epoch, self.version = value
+
+    def copy(self) -> UserIndex:
+        """An independent copy (every kind's index cloned) to change while readers keep searching this one."""
+        faiss = _faiss()
+        return UserIndex(
+            dim=self.dim,
+            version=self.version,
+            epoch=self.epoch,
+            rows=dict(self.rows),
+            indexes={kind: faiss.clone_index(index) for kind, index in self.indexes.items()},
+        )
 
     def node_ids(self) -> set[str]:
         return {node for node, _ in self.rows.values()}
@@ -140,15 +165,16 @@ class UserIndex:
                 "kinds": [[kind, len(body)] for kind, body in bodies.items()],
             }
         ).encode()
-        return _HEADER.pack(self.version, len(header)) + header + b"".join(bodies.values())
+        return _HEADER.pack(_MAGIC, self.epoch, self.version, len(header)) + header + b"".join(bodies.values())
 
     @classmethod
     def from_bytes(cls, data: bytes) -> UserIndex:
-        version, hlen = _HEADER.unpack_from(data)
+        magic, epoch, version, hlen = _HEADER.unpack_from(data)
+        if magic != _MAGIC:
+            raise ValueError("not an index file of this layout")
         header = json.loads(data[_HEADER.size : _HEADER.size + hlen])
         indexes: dict[str, object] = {}
         offset = _HEADER.size + hlen
-        # A file without "kinds" predates per-kind indexes: KeyError, so the caller rebuilds it.
         for kind, length in header["kinds"]:
             body = np.frombuffer(data[offset : offset + length], dtype=np.uint8)
             indexes[str(kind)] = _faiss().deserialize_index(body)
@@ -156,7 +182,7 @@ class UserIndex:
         rows = {int(v): (str(n), k) for v, n, k in header["rows"]}
         if sum(int(i.ntotal) for i in indexes.values()) != len(rows):  # type: ignore[attr-defined]
             raise ValueError("index rows and id map disagree")
-        return cls(dim=int(header["dim"]), version=int(version), rows=rows, indexes=indexes)
+        return cls(dim=int(header["dim"]), version=int(version), epoch=int(epoch), rows=rows, indexes=indexes)
 
 
 class VectorStore:
@@ -177,13 +203,18 @@ class VectorStore:
         with self._guard:
             return self._locks.setdefault(user_id, threading.Lock())
 
-    def file_version(self, user_id: str) -> int | None:
+    def file_stamp(self, user_id: str) -> Stamp | None:
         path = self.path_for(user_id)
         try:
             with path.open("rb") as fh:
-                return int(_HEADER.unpack(fh.read(_HEADER.size))[0])
+                magic, epoch, version, _ = _HEADER.unpack(fh.read(_HEADER.size))
         except (OSError, struct.error):
             return None
+        return Stamp(int(epoch), int(version)) if magic == _MAGIC else None
+
+    def files(self) -> list[Path]:
+        """Every index file under the root (reconcile matches them against the graph's users)."""
+        return sorted(self.root.glob("*.faiss")) if self.root.is_dir() else []
 
     def load(self, user_id: str) -> UserIndex | None:
         """The stored index, or None when it is missing or unreadable (the caller rebuilds)."""
@@ -195,6 +226,10 @@ class VectorStore:
 
     def new(self) -> UserIndex:
         return UserIndex(dim=self.dim)
+
+    def warm_up(self) -> None:
+        """Import FAISS now: seconds in a cold process, better spent before a user's write than inside it."""
+        _faiss()
 
     def save(self, user_id: str, index: UserIndex) -> None:
         self.root.mkdir(parents=True, exist_ok=True)

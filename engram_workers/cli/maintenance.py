@@ -69,16 +69,15 @@ for _job, (_task, _summary) in _JOBS.items():
 @json_option
 def reindex(user_ids: tuple[str, ...], as_json: bool) -> None:
     """Rebuild FAISS indexes from the graph store (the source of truth), every user unless --user."""
-    from engram_api.locks import user_lock
-
     with open_client() as client:
         keeper = client.reader.keeper
         users = list(user_ids) or client.graph.list_users()
         rows = []
         for user_id in users:
-            # Under the apply lock: a message applied mid-rebuild would otherwise be missing from the file.
-            with user_lock(client.redis, user_id, ttl=client.settings.apply_lock_ttl_s, wait=60.0):
+            # As a user write: a message applied mid-rebuild would otherwise be missing from the file.
+            with client.reader.writes.open(user_id, wait=60.0) as write:
                 index = keeper.rebuild(user_id)
+                write.finish()
             rows.append({"user_id": user_id, "vectors": len(index), "version": index.version})
     if as_json:
         emit_json(rows)

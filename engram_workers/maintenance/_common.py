@@ -1,27 +1,32 @@
 """What every maintenance job shares: the guard type, which users to visit, per-user failure isolation
-and re-stamping the FAISS index after a write that bumped the graph version."""
+and running one user's write as a fenced, re-planned ``UserWrite``."""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
+from typing import TypeVar
 
 from pydantic import BaseModel
 
-from engram_api.errors import InvalidInputError
+from engram_api.errors import InvalidInputError, StaleWriteError, UserBusyError
 from engram_api.models import check_user_id
 from engram_api.storage.base import GraphStore
-from engram_api.storage.indexes import IndexKeeper
+from engram_api.storage.userwrite import UserWrite
 
-__all__ = ["Guard", "UserFailure", "isolate", "restamp", "target_users"]
+__all__ = ["Guard", "UserFailure", "guarded", "isolate", "target_users"]
 
 log = logging.getLogger("engram.maintenance")
 
 MAX_USER_IDS = 10_000  # per job call; a larger fleet is visited by passing None
 
-# The workers pass a fleet-wide per-user Redis lock so maintenance never races the apply stage.
-Guard = Callable[[str], AbstractContextManager[None]]
+# The workers pass ``UserWrites.open``: the fleet-wide per-user lease plus the fence, so maintenance
+# never races the apply stage and publishes only the users it changed.
+Guard = Callable[[str], AbstractContextManager[UserWrite]]
+_T = TypeVar("_T")
+# A refused (fenced) write means another writer got in after our lease lapsed: plan again this often.
+_ATTEMPTS = 3
 
 
 class UserFailure(BaseModel):
@@ -51,8 +56,12 @@ def isolate(job: str, user_id: str, failures: list[UserFailure]) -> Iterator[Non
         failures.append(UserFailure(user_id=user_id, error=f"{type(exc).__name__}: {exc}"))
 
 
-def restamp(keeper: IndexKeeper, user_id: str, *, before: int, after: int) -> None:
-    """Move the FAISS index to the new graph version without a rebuild: maintenance writes change
-    strengths, flags or clusters, never an embedding, so the delta is empty."""
-    if after != before:
-        keeper.advance(user_id, from_version=before, to_version=after)
+def guarded(guard: Guard, user_id: str, body: Callable[[UserWrite], _T]) -> _T:
+    """``body`` inside the user's guard; planned again from fresh reads when a fenced write is refused."""
+    for _ in range(_ATTEMPTS):
+        try:
+            with guard(user_id) as write:
+                return body(write)
+        except StaleWriteError:
+            log.info("maintenance write for %s refused by the fence; planning again", user_id)
+    raise UserBusyError(user_id)

@@ -15,8 +15,8 @@ from engram_api.errors import InvalidInputError
 from engram_api.models import check_aware, utcnow
 from engram_api.settings import Settings
 from engram_api.storage.base import GraphStore
-from engram_api.storage.indexes import IndexKeeper
-from engram_workers.maintenance._common import Guard, UserFailure, isolate, restamp, target_users
+from engram_api.storage.userwrite import UserWrite
+from engram_workers.maintenance._common import Guard, UserFailure, guarded, isolate, target_users
 
 __all__ = ["DecayReport", "DecayUser", "run_decay"]
 
@@ -46,7 +46,6 @@ _CLOCK_SKEW = timedelta(minutes=5)
 def run_decay(
     *,
     graph: GraphStore,
-    keeper: IndexKeeper,
     settings: Settings,
     guard: Guard,
     now: datetime,
@@ -61,17 +60,20 @@ def run_decay(
         raise InvalidInputError("now", f"must not be in the future (got {when.isoformat()})")
     report = DecayReport(now=when, per_day=settings.decay_per_day, threshold=settings.archive_threshold)
     for user_id in target_users(graph, user_ids):
-        with isolate("decay", user_id, report.failed), guard(user_id):
-            before = graph.user_version(user_id)
+
+        def decay(write: UserWrite) -> tuple[int, int, int]:
             decayed, archived = graph.decay(
-                user_id,
+                write.user_id,
                 now=when,
                 per_day=settings.decay_per_day,
                 threshold=settings.archive_threshold,
                 batch=settings.maintenance_batch,
             )
-            after = graph.user_version(user_id)
-            restamp(keeper, user_id, before=before, after=after)
+            # Decay changes strengths, never an embedding: the index moves to the new stamp by an empty delta.
+            return decayed, archived, write.finish().version
+
+        with isolate("decay", user_id, report.failed):
+            decayed, archived, after = guarded(guard, user_id, decay)
             report.users += 1
             report.decayed += decayed
             report.archived += archived

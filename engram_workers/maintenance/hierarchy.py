@@ -32,7 +32,9 @@ from engram_api.settings import Settings
 from engram_api.storage.base import GraphStore
 from engram_api.storage.embedder import Embedder
 from engram_api.storage.indexes import IndexKeeper
-from engram_workers.maintenance._common import Guard, UserFailure, isolate, restamp, target_users
+from engram_api.storage.userwrite import UserWrite
+from engram_api.versions import Stamp
+from engram_workers.maintenance._common import Guard, UserFailure, guarded, isolate, target_users
 
 __all__ = [
     "HierarchyReport",
@@ -168,18 +170,22 @@ def _rebuild_user(
 ) -> HierarchyUser:
     facts: list[FactRecord] = []
     for _ in range(MAX_ATTEMPTS):
-        version = graph.user_version(user_id)
-        facts, vectors = _current_facts(graph, keeper, user_id, version, settings.maintenance_batch)
+        stamp = graph.user_stamp(user_id)
+        facts, vectors = _current_facts(graph, keeper, user_id, stamp, settings.maintenance_batch)
         stored = graph.clusters(user_id)
         if _unchanged(stored, facts):
             return HierarchyUser(user_id=user_id, status="skipped", facts=len(facts), clusters=len(stored))
         clusters = _build_clusters(user_id, facts, vectors, embedder, now)
-        with guard(user_id):
-            before = graph.user_version(user_id)
-            if before != version:
-                continue  # an apply or forget landed meanwhile: recluster the new state
+
+        def store(write: UserWrite, clusters: list[ClusterRecord] = clusters, stamp: Stamp = stamp) -> bool:
+            if write.before != stamp:
+                return False  # an apply or forget landed meanwhile: recluster the new state
             graph.replace_clusters(user_id, clusters)
-            restamp(keeper, user_id, before=before, after=graph.user_version(user_id))
+            write.finish()  # clusters change no embedding: an empty delta to the new stamp
+            return True
+
+        if not guarded(guard, user_id, store):
+            continue
         return HierarchyUser(user_id=user_id, status="rebuilt", facts=len(facts), clusters=len(clusters))
     return HierarchyUser(
         user_id=user_id,
@@ -191,12 +197,12 @@ def _rebuild_user(
 
 
 def _current_facts(
-    graph: GraphStore, keeper: IndexKeeper, user_id: str, version: int, batch: int
+    graph: GraphStore, keeper: IndexKeeper, user_id: str, stamp: Stamp, batch: int
 ) -> tuple[list[FactRecord], np.ndarray]:
     """Current (valid, not archived) facts and their index vectors row for row, ordered by statement:
     k-means starts from rows picked by position, so content order (not random ids) makes the same facts
     give the same clusters on every run and every store."""
-    index = keeper.current(user_id, version)
+    index = keeper.current(user_id, stamp)
     fact_ids = sorted(node for node, kind in index.rows.values() if kind == "fact")
     facts: list[FactRecord] = []
     for start in range(0, len(fact_ids), batch):

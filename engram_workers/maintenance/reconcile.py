@@ -3,22 +3,32 @@
 The graph is the source of truth and the index is derived from it. Writers keep the two in step
 (``IndexKeeper.advance``), but a crash between the graph commit and the file write, a lost or damaged
 disk file, or a bug can leave them apart; readers only catch an index that is behind. This job compares
-each user's file with ``graph.vectors()`` and rebuilds what disagrees.
+each user's file with the graph's vectors and stamp (epoch, version), rebuilds what disagrees and
+publishes the fixed users' stamps. It also removes the artefacts of users the graph does not know: index
+files (a reader's rebuild racing ``forget_user`` can leave one) and published stamps in Redis. Those are
+listed *before* the graph's users, and every writer commits the graph before it writes a file or a
+stamp, so an artefact of a user being created right now is never mistaken for an orphan.
 """
 
 from __future__ import annotations
 
+import time
 from typing import Literal
 
+import redis
 from pydantic import BaseModel, Field
 
+from engram_api import keys
 from engram_api.storage.base import GraphStore
 from engram_api.storage.indexes import IndexKeeper
-from engram_workers.maintenance._common import Guard, UserFailure, isolate, target_users
+from engram_api.storage.userwrite import UserWrite
+from engram_workers.maintenance._common import Guard, UserFailure, guarded, isolate, target_users
 
 __all__ = ["ReconcileReport", "ReconcileUser", "reconcile"]
 
-Problem = Literal["missing", "unreadable", "behind", "ahead", "ids differ"]
+Problem = Literal["missing", "unreadable", "another lifetime", "behind", "ahead", "ids differ"]
+# A temp file this old is a crashed writer's leftover (a save takes milliseconds to seconds).
+_STALE_TMP_S = 3600.0
 
 
 class ReconcileUser(BaseModel):
@@ -38,6 +48,8 @@ class ReconcileReport(BaseModel):
     users: int = 0
     ok: int = 0
     rebuilt: int = 0
+    orphan_files: int = Field(default=0, description="index files of users the graph does not know, removed")
+    orphan_stamps: int = Field(default=0, description="published stamps of users the graph does not know, removed")
     fixed: list[ReconcileUser] = Field(default_factory=list)
     failed: list[UserFailure] = Field(default_factory=list)
 
@@ -48,25 +60,59 @@ def reconcile(
     keeper: IndexKeeper,
     guard: Guard,
     user_ids: list[str] | None = None,
+    redis_client: redis.Redis | None = None,
 ) -> ReconcileReport:
-    """Rebuild every index that is missing, unreadable, at another version or holds other node ids."""
+    """Rebuild every index that is missing, unreadable, of another lifetime or version or holds other
+    node ids, and remove the artefacts of users the graph does not know (see the module docstring)."""
     report = ReconcileReport()
+    _remove_orphans(report, graph, keeper, redis_client)
+
+    def check(write: UserWrite) -> ReconcileUser | None:
+        # Under the guard no writer moves the graph or the file between the comparison and the fix.
+        fault = _diagnose(graph, keeper, write.user_id)
+        if fault is not None:
+            fault.rebuilt_rows = len(keeper.rebuild(write.user_id))
+            write.finish()  # publish the graph's stamp: a writer that lost its lease may not have
+        return fault
+
     for user_id in target_users(graph, user_ids):
-        with isolate("reconcile", user_id, report.failed), guard(user_id):
-            # Under the guard no apply moves the graph or the file between the comparison and the fix.
-            fault = _diagnose(graph, keeper, user_id)
+        with isolate("reconcile", user_id, report.failed):
+            fault = guarded(guard, user_id, check)
             report.users += 1
             if fault is None:
                 report.ok += 1
                 continue
-            fault.rebuilt_rows = len(keeper.rebuild(user_id))
             report.rebuilt += 1
             report.fixed.append(fault)
     return report
 
 
+def _remove_orphans(
+    report: ReconcileReport, graph: GraphStore, keeper: IndexKeeper, redis_client: redis.Redis | None
+) -> None:
+    # Artefacts first, the graph's users second (see the module docstring for why this order is safe).
+    files = keeper.vectors.files()
+    stamps = [] if redis_client is None else list(redis_client.scan_iter(match=keys.user_version("*"), count=500))
+    known = set(graph.list_users())
+    owned = {keeper.vectors.path_for(user_id).name for user_id in known}
+    for path in files:
+        if path.name not in owned:
+            path.unlink(missing_ok=True)
+            report.orphan_files += 1
+    for tmp in keeper.vectors.root.glob("*.tmp") if keeper.vectors.root.is_dir() else []:
+        if time.time() - tmp.stat().st_mtime > _STALE_TMP_S:
+            tmp.unlink(missing_ok=True)
+    if redis_client is None:
+        return
+    prefix = keys.user_version("")
+    doomed = [k for k in stamps if k[len(prefix) :] not in known]
+    if doomed:
+        report.orphan_stamps += int(redis_client.delete(*doomed))
+
+
 def _diagnose(graph: GraphStore, keeper: IndexKeeper, user_id: str) -> ReconcileUser | None:
-    items, version = graph.vectors(user_id)
+    items, stamp = graph.stamped_vectors(user_id)
+    version = stamp.version
 
     def fault(
         problem: Problem, detail: str, index_version: int | None = None, missing: int = 0, extra: int = 0
@@ -86,6 +132,9 @@ def _diagnose(graph: GraphStore, keeper: IndexKeeper, user_id: str) -> Reconcile
     index = keeper.vectors.load(user_id)
     if index is None:
         return fault("unreadable", "index file cannot be read (damaged, truncated or another dimension)")
+    if index.epoch != stamp.epoch:
+        # e.g. a file a forgotten lifetime of this user left behind: its contents are not this user's now.
+        return fault("another lifetime", f"index of epoch {index.epoch}, graph at {stamp.epoch}", index.version)
     if index.version < version:
         return fault("behind", f"index at v{index.version}, graph at v{version}", index_version=index.version)
     if index.version > version:

@@ -1,9 +1,10 @@
 """Apply stage (its own queue): one message's extraction -> consolidated graph write + FAISS update.
 
-One writer per user across the fleet (``user_lock``); the graph write is one transaction, idempotent by
-message id; the FAISS index follows the graph's version; the per-user version in Redis is bumped last so
-readers' caches see the change. A crash between any two steps is repaired by redelivery: the graph says
-the message is applied, and the rest is finished from there.
+One writer per user across the fleet (a ``UserWrite``: renewed lease, and a graph write fenced on the
+stamp the plan was built on, re-planned when refused); the graph write is one transaction, idempotent by
+message id; the FAISS index follows the graph's stamp; the stamp in Redis is published last so readers'
+caches see the change. A crash between any two steps is repaired by redelivery: the graph says the
+message is applied, and the rest is finished from there.
 """
 
 from __future__ import annotations
@@ -13,16 +14,12 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import redis
-
 from engram_api import keys
 from engram_api.errors import StoreUnavailableError, UserBusyError
-from engram_api.locks import user_lock
 from engram_api.models import ApplyOutcome, Envelope, Extraction, MessageState, Usage
 from engram_api.storage import GraphStore
 from engram_api.storage.embedder import Embedder
-from engram_api.storage.indexes import IndexKeeper
-from engram_api.versions import publish_version
+from engram_api.storage.userwrite import UserWrite
 from engram_workers.consolidation import Planned, plan_message
 from engram_workers.context import WorkerContext
 from engram_workers.middleware import Middleware
@@ -56,10 +53,9 @@ class Written:
 
 def write_extraction(
     *,
+    write: UserWrite,
     graph: GraphStore,
-    keeper: IndexKeeper,
     embedder: Embedder,
-    redis_client: redis.Redis,
     middleware: Sequence[Middleware],
     envelope: Envelope,
     extraction: Extraction,
@@ -67,25 +63,20 @@ def write_extraction(
 ) -> Written:
     """One message's extraction into the user's memory: plan against the graph, one graph transaction
     (idempotent by message id: ``outcome.applied`` is False when the graph already had it), the
-    ``after_write`` hooks, the FAISS index moved to the graph's version, that version published.
+    ``after_write`` hooks, then ``write.finish`` (FAISS index, published stamp, caches).
 
-    The caller holds the user's apply lock. The stage runs it; tests that write memory without a fleet run
-    it too, so they follow the stage step by step.
+    Runs inside the user's ``UserWrite`` (its fence refuses the graph write with ``StaleWriteError`` when
+    another writer moved the user since ``write`` opened; ``UserWrites.run`` then plans again). The stage
+    runs it; tests that write memory without a fleet run it too, so they follow the stage step by step.
     """
     user_id, message_id = envelope.user_id, envelope.message_id
-    before = graph.user_version(user_id)
     planned = plan_message(
-        envelope=envelope, extraction=extraction, usage=usage, graph=graph, embedder=embedder,
-        index=keeper.current(user_id, before),
-    )  # fmt: skip
+        envelope=envelope, extraction=extraction, usage=usage, graph=graph, embedder=embedder, index=write.index()
+    )
     outcome = graph.apply(planned.plan)
     for m in middleware:
         m.after_write(user_id, message_id, outcome)
-    if outcome.applied:
-        keeper.advance(user_id, from_version=before, to_version=outcome.version, upserts=planned.upserts)
-    else:
-        keeper.current(user_id, outcome.version)
-    publish_version(redis_client, user_id, outcome.version)
+    write.finish(upserts=planned.upserts if outcome.applied else ())
     return Written(outcome=outcome, planned=planned)
 
 
@@ -94,13 +85,10 @@ def _finish(ctx: WorkerContext, user_id: str, message_id: str, version: int) -> 
     ctx.redis.delete(keys.message_payload(user_id, message_id), keys.extraction(user_id, message_id))
 
 
-def _apply_locked(ctx: WorkerContext, user_id: str, message_id: str) -> str:
-    graph = ctx.graph
+def _apply_locked(ctx: WorkerContext, write: UserWrite, message_id: str) -> str:
+    graph, user_id = ctx.graph, write.user_id
     if graph.is_applied(user_id, message_id):
-        version = graph.user_version(user_id)
-        ctx.keeper.current(user_id, version)
-        publish_version(ctx.redis, user_id, version)
-        _finish(ctx, user_id, message_id, version)
+        _finish(ctx, user_id, message_id, write.finish().version)
         return "already applied (finished bookkeeping)"
     envelope = load_envelope(ctx, user_id, message_id)
     stored = ctx.redis.get(keys.extraction(user_id, message_id))
@@ -115,10 +103,10 @@ def _apply_locked(ctx: WorkerContext, user_id: str, message_id: str) -> str:
     usage = Usage.model_validate(data["usage"])
 
     written = write_extraction(
-        graph=graph, keeper=ctx.keeper, embedder=ctx.embedder, redis_client=ctx.redis, middleware=ctx.middleware,
+        write=write, graph=graph, embedder=ctx.embedder, middleware=ctx.middleware,
         envelope=envelope, extraction=extraction, usage=usage,
     )  # fmt: skip
-    _finish(ctx, user_id, message_id, written.outcome.version)
+    _finish(ctx, user_id, message_id, write.stamp.version)
     plan = written.planned.plan
     return (
         f"applied v{written.outcome.version}: +{len(plan.new_entities)} entities, +{len(plan.new_facts)} facts, "
@@ -131,8 +119,8 @@ def run_apply(ctx: WorkerContext, user_id: str, message_id: str) -> str:
     if state in (MessageState.APPLIED, MessageState.DEAD):
         return f"already {state}"
     try:
-        with user_lock(ctx.redis, user_id, ttl=ctx.settings.apply_lock_ttl_s, wait=0.2):
-            return _apply_locked(ctx, user_id, message_id)
+        ctx.warm_up()
+        return ctx.writes.run(user_id, lambda write: _apply_locked(ctx, write, message_id), wait=0.2)
     except UserBusyError:
         raise RetryLater(random.uniform(0.05, 0.4), "another worker is applying this user's messages") from None
     except StoreUnavailableError as exc:

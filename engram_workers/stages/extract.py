@@ -17,6 +17,7 @@ from engram_api import keys
 from engram_api.errors import BreakerOpenError, LLMError, StoreUnavailableError
 from engram_api.models import Envelope, EpisodeRecord, Extraction, MessageState, Usage
 from engram_api.naming import SINGLE_VALUED, self_entity_id
+from engram_api.versions import ABSENT
 from engram_workers import metrics
 from engram_workers.context import WorkerContext
 from engram_workers.extraction.llm import LLMAnswer, call_llm
@@ -43,10 +44,10 @@ def slim_context(ctx: WorkerContext, envelope: Envelope) -> SlimContext:
     """The user's most similar existing entities and current facts, plus the owner's current one-value
     facts (home, employer, ...) whatever the similarity, so "I quit" can name the fact it ends."""
     uid = envelope.user_id
-    version = ctx.graph.user_version(uid)
-    if version == 0:
+    stamp = ctx.graph.user_stamp(uid)
+    if stamp == ABSENT:
         return SlimContext()
-    index = ctx.keeper.current(uid, version)
+    index = ctx.keeper.current(uid, stamp)
     query = ctx.embedder.encode_one(envelope.text[:2000])
     hits = index.search(query, _CONTEXT_ITEMS * 2)
     fact_ids = [h.node_id for h in hits if h.kind == "fact"][:_CONTEXT_ITEMS]

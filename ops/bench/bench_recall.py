@@ -24,7 +24,7 @@ _PARTS = ("embed", "faiss", "graph", "fusion")
 
 def measure(reader: Any, user_id: str, qs: list[str], *, graph_expansion: bool = True) -> dict[str, Any]:
     """Recall each query once (distinct queries: the result cache never answers), and the floor."""
-    index = reader.keeper.current(user_id, reader.graph.user_version(user_id))
+    index = reader.keeper.current(user_id, reader.graph.user_stamp(user_id))
     reader.cache.drop_user(user_id)  # an earlier measurement's results must not answer these queries
     for q in qs[:3]:  # warm: index load, driver pool, weights lookup
         reader.recall(user_id, f"warm-up {q}", k=10, graph_expansion=graph_expansion)

@@ -89,7 +89,7 @@ def bulk_load(graph: Any, keeper: Any, embedder: Any, redis_client: Any, user_id
     """
     from engram_api.models import EntityRecord, EpisodeRecord, FactRecord, WritePlan
     from engram_api.naming import normalize_name, self_entity_id
-    from engram_api.versions import publish_version
+    from engram_api.versions import publish_stamp
 
     vocab = [(label, name) for label, names in vocabulary().items() for name in names]
     facts = statements(seed, n)
@@ -136,6 +136,5 @@ def bulk_load(graph: Any, keeper: Any, embedder: Any, redis_client: Any, user_id
             user_id=user_id, episode=episode, new_entities=entities if batch == 0 else [], new_facts=new_facts
         )
         version = graph.apply(plan).version
-    keeper.rebuild(user_id)
-    publish_version(redis_client, user_id, version)
+    publish_stamp(redis_client, user_id, keeper.rebuild(user_id).stamp)
     return version

@@ -149,7 +149,7 @@ def run_locomo(ctx: BenchContext, stack: Any) -> tuple[list[Table], dict[str, An
             vecs = reader.embedder.encode(texts)
             rag[name] = faiss.IndexFlatIP(vecs.shape[1])
             rag[name].add(np.ascontiguousarray(vecs, dtype=np.float32))
-        index = reader.keeper.current(user, reader.graph.user_version(user))
+        index = reader.keeper.current(user, reader.graph.user_stamp(user))
         ctx.log(f"locomo {conv['sample_id']}: {len(conv['qa'])} questions")
         for qa in conv["qa"]:
             evidence = {e.strip() for e in qa.get("evidence", []) if e.strip()}

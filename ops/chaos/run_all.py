@@ -22,6 +22,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import flaky_llm
+import lease_expiry
 import neo4j_outage
 import poison
 import redis_restart
@@ -34,6 +35,7 @@ SCENARIOS = {
     "neo4j_outage": neo4j_outage,
     "flaky_llm": flaky_llm,
     "poison": poison,
+    "lease_expiry": lease_expiry,
 }
 
 

@@ -9,7 +9,6 @@ version instead).
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import nullcontext
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -25,6 +24,7 @@ from engram_api.storage import GraphStore
 from engram_api.storage.embedder import Embedder
 from engram_api.storage.episodes import chunk_envelope, keyword_terms
 from engram_api.storage.indexes import IndexKeeper
+from engram_api.storage.userwrite import UserWrite, UserWrites
 from engram_api.storage.vectors import VectorStore
 from engram_workers.consolidation import plan_message
 from engram_workers.maintenance.reconcile import reconcile
@@ -56,22 +56,26 @@ class Memory:
         self.vectors = VectorStore(root=root, dim=embedder.dim)
         self.keeper = IndexKeeper(graph=graph, vectors=self.vectors)
         self.reader = Reader(settings=Settings(), graph=graph, keeper=self.keeper, embedder=embedder, redis_client=None)
+        self.writes = UserWrites(graph=graph, keeper=self.keeper, redis_client=None, lease_ttl_s=30)
 
     def say(self, user: str, mid: str, text: str, when: datetime, extraction: dict[str, Any] | None = None) -> None:
         envelope = Envelope(
             user_id=user, message_id=mid, messages=[ChatMessage(role="user", content=text)], timestamp=when
         )
-        before = self.graph.user_version(user)
-        planned = plan_message(
-            envelope=envelope,
-            extraction=Extraction.model_validate(extraction or {}),
-            usage=Usage(),
-            graph=self.graph,
-            embedder=self.embedder,
-            index=self.keeper.current(user, before),
-        )
-        outcome = self.graph.apply(planned.plan)
-        self.keeper.advance(user, from_version=before, to_version=outcome.version, upserts=planned.upserts)
+
+        def write(w: UserWrite) -> None:
+            planned = plan_message(
+                envelope=envelope,
+                extraction=Extraction.model_validate(extraction or {}),
+                usage=Usage(),
+                graph=self.graph,
+                embedder=self.embedder,
+                index=w.index(),
+            )
+            self.graph.apply(planned.plan)
+            w.finish(upserts=planned.upserts)
+
+        self.writes.run(user, write, wait=0)
 
     def say_many(self, user: str, texts: list[str], when: datetime) -> None:
         """Many fact-less messages, embedded in one batch (the index is rebuilt from the store after)."""
@@ -210,7 +214,9 @@ def test_reconcile_restores_a_lost_episode_vector(memory: Memory) -> None:
     memory.vectors.save(user, index)
     memory.keeper.forget(user)
 
-    report = reconcile(graph=memory.graph, keeper=memory.keeper, guard=lambda _: nullcontext(), user_ids=[user])
+    report = reconcile(
+        graph=memory.graph, keeper=memory.keeper, guard=lambda u: memory.writes.open(u, wait=0), user_ids=[user]
+    )
     assert [(f.problem, f.missing_ids) for f in report.fixed] == [("ids differ", 1)]
     repaired = memory.vectors.load(user)
     assert repaired is not None and repaired.count("episode") == 1

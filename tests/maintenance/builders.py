@@ -16,6 +16,7 @@ import numpy as np
 from engram_api.models import EntityRecord, EpisodeRecord, FactRecord, WritePlan
 from engram_api.naming import normalize_name
 from engram_api.storage.base import GraphStore
+from engram_api.storage.userwrite import UserWrite, UserWrites
 
 T0 = datetime(2024, 1, 1, tzinfo=UTC)
 DIM = 384  # MiniLM's dimension, used for synthetic vectors too so every backend sees one index shape
@@ -118,9 +119,11 @@ class UserGraph:
 
 
 class GuardSpy:
-    """A guard that records which user it is held for, so tests can check writes happen under it."""
+    """The jobs' real guard (``UserWrites.open``, without Redis) that also records which user it is held
+    for, so tests can check writes happen under it."""
 
-    def __init__(self) -> None:
+    def __init__(self, writes: UserWrites) -> None:
+        self.writes = writes
         self.held: str | None = None
         self.entered: list[str] = []
         # Jobs record a user's exception and carry on, so a violation is also kept here for the fixture.
@@ -132,12 +135,13 @@ class GuardSpy:
             raise AssertionError(self.violations[-1])
 
     @contextmanager
-    def __call__(self, user_id: str) -> Iterator[None]:
+    def __call__(self, user_id: str) -> Iterator[UserWrite]:
         assert self.held is None, "guards must not nest"
         self.held = user_id
         self.entered.append(user_id)
         try:
-            yield
+            with self.writes.open(user_id, wait=0) as write:
+                yield write
         finally:
             self.held = None
 

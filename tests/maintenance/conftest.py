@@ -16,6 +16,7 @@ from engram_api.settings import Settings
 from engram_api.storage import GraphStore, open_graph_store
 from engram_api.storage.indexes import IndexKeeper
 from engram_api.storage.sqlite_store import SqliteGraphStore
+from engram_api.storage.userwrite import UserWrites
 from engram_api.storage.vectors import VectorStore
 
 from .builders import DIM, GuardedGraph, GuardSpy, new_user
@@ -39,8 +40,8 @@ def store(backend: str, request: pytest.FixtureRequest, tmp_path: Path) -> Itera
 
 
 @pytest.fixture
-def guard() -> Iterator[GuardSpy]:
-    spy = GuardSpy()
+def guard(store: GraphStore, keeper: IndexKeeper) -> Iterator[GuardSpy]:
+    spy = GuardSpy(UserWrites(graph=store, keeper=keeper, redis_client=None, lease_ttl_s=30))
     yield spy
     assert not spy.violations, spy.violations
 

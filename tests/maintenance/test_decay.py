@@ -9,6 +9,7 @@ import pytest
 from engram_api.settings import Settings
 from engram_api.storage.base import GraphStore
 from engram_api.storage.indexes import IndexKeeper
+from engram_api.storage.userwrite import UserWrite
 from engram_workers.maintenance import DecayReport, run_decay
 
 from .builders import T0, GuardSpy, UserGraph, at, new_user
@@ -37,8 +38,8 @@ def test_decay_after_n_days_is_the_closed_form_whatever_the_schedule(
     }
     days = 5
     for day in range(1, days + 1):
-        run_decay(graph=graph, keeper=keeper, settings=SETTINGS, guard=guard, now=at(day), user_ids=[daily])
-    report = run_decay(graph=graph, keeper=keeper, settings=SETTINGS, guard=guard, now=at(days), user_ids=[once])
+        run_decay(graph=graph, settings=SETTINGS, guard=guard, now=at(day), user_ids=[daily])
+    report = run_decay(graph=graph, settings=SETTINGS, guard=guard, now=at(days), user_ids=[once])
 
     expected = PER_DAY**days  # 0.59: the strong facts stay, 0.5 * 0.59 = 0.295 < 0.3 is archived
     for u in (daily, once):
@@ -58,11 +59,11 @@ def test_a_second_run_at_the_same_instant_changes_nothing(
     store: GraphStore, graph: GraphStore, keeper: IndexKeeper, guard: GuardSpy, user: str
 ) -> None:
     facts = UserGraph(store, user).say(FACTS, when=T0)
-    first = run_decay(graph=graph, keeper=keeper, settings=SETTINGS, guard=guard, now=at(3), user_ids=[user])
+    first = run_decay(graph=graph, settings=SETTINGS, guard=guard, now=at(3), user_ids=[user])
     before = (_strengths(store, user, [f.id for f in facts]), store.user_version(user))
 
-    second = run_decay(graph=graph, keeper=keeper, settings=SETTINGS, guard=guard, now=at(3), user_ids=[user])
-    earlier = run_decay(graph=graph, keeper=keeper, settings=SETTINGS, guard=guard, now=at(1), user_ids=[user])
+    second = run_decay(graph=graph, settings=SETTINGS, guard=guard, now=at(3), user_ids=[user])
+    earlier = run_decay(graph=graph, settings=SETTINGS, guard=guard, now=at(1), user_ids=[user])
 
     assert first.decayed == 3
     assert (second.decayed, second.archived, earlier.decayed) == (0, 0, 0)
@@ -77,10 +78,11 @@ def test_the_index_is_restamped_not_rebuilt(
     keeper.rebuilds = 0
     version = store.user_version(user)
 
-    report = run_decay(graph=graph, keeper=keeper, settings=SETTINGS, guard=guard, now=at(2), user_ids=[user])
+    report = run_decay(graph=graph, settings=SETTINGS, guard=guard, now=at(2), user_ids=[user])
 
     assert store.user_version(user) > version, "decay changes what recall returns: the version moves"
-    assert keeper.vectors.file_version(user) == store.user_version(user) == report.per_user[0].version
+    assert keeper.vectors.file_stamp(user) == store.user_stamp(user)
+    assert store.user_version(user) == report.per_user[0].version
     assert keeper.rebuilds == 0
     assert len(keeper.vectors.load(user) or []) == len(store.vectors(user)[0])
 
@@ -94,7 +96,7 @@ def test_every_stored_user_is_visited_and_the_report_serializes(
     UserGraph(store, user).say(FACTS[:1])
     UserGraph(store, other).say(FACTS[1:])
 
-    report = run_decay(graph=graph, keeper=keeper, settings=SETTINGS, guard=guard, now=at(1))
+    report = run_decay(graph=graph, settings=SETTINGS, guard=guard, now=at(1))
 
     assert report.users == 2 and report.decayed == 3
     assert DecayReport.model_validate_json(report.model_dump_json()) == report
@@ -106,12 +108,12 @@ def test_a_failing_user_is_reported_and_the_others_still_decay(
     UserGraph(store, user).say(FACTS)
     busy = new_user()
 
-    def locking(user_id: str) -> AbstractContextManager[None]:
+    def locking(user_id: str) -> AbstractContextManager[UserWrite]:
         if user_id == busy:
             raise TimeoutError("lock busy")
         return guard(user_id)
 
-    report = run_decay(graph=graph, keeper=keeper, settings=SETTINGS, guard=locking, now=at(1), user_ids=[busy, user])
+    report = run_decay(graph=graph, settings=SETTINGS, guard=locking, now=at(1), user_ids=[busy, user])
 
     assert [f.user_id for f in report.failed] == [busy]
     assert "lock busy" in report.failed[0].error

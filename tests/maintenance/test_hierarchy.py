@@ -98,7 +98,7 @@ def test_work_hobby_and_family_facts_fall_into_pure_topics(
         assert set(cluster.member_entity_ids) == {eid for f in members for eid in (f.subject_id, f.object_id) if eid}
         assert {entity_names[eid] for eid in cluster.member_entity_ids} >= {ME}
     # Clusters are not in the FAISS index: the write only re-stamps it.
-    assert keeper.vectors.file_version(user) == store.user_version(user)
+    assert keeper.vectors.file_stamp(user) == store.user_stamp(user)
     assert keeper.rebuilds == 0
 
 

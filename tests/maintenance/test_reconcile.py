@@ -5,7 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import pytest
+import redis
 
+from engram_api import keys
 from engram_api.storage.base import GraphStore
 from engram_api.storage.indexes import IndexKeeper
 from engram_workers.maintenance import ReconcileReport, reconcile
@@ -101,7 +103,7 @@ def test_an_index_ahead_of_the_graph_is_rebuilt(
     report = reconcile(graph=store, keeper=keeper, guard=guard, user_ids=[user])
 
     assert report.fixed[0].problem == "ahead"
-    assert keeper.vectors.file_version(user) == store.user_version(user)
+    assert keeper.vectors.file_stamp(user) == store.user_stamp(user)
 
 
 # Runs on SQLite only: on the shared Neo4j database every test's users and feedback are visible.
@@ -119,3 +121,27 @@ def test_a_full_run_visits_every_user_and_the_report_serializes(
     assert (report.users, report.ok, report.rebuilt) == (2, 1, 1)
     assert report.fixed[0].user_id == other and report.fixed[0].problem == "missing"
     assert ReconcileReport.model_validate_json(report.model_dump_json()) == report
+
+
+def test_artefacts_of_users_the_graph_does_not_know_are_removed(
+    store: GraphStore, keeper: IndexKeeper, guard: GuardSpy, user: str, redis_client: redis.Redis
+) -> None:
+    """A reader's rebuild that raced ``forget_user`` wrote the forgotten user's file again, and a late
+    publish left its stamp in Redis: reconcile removes both and keeps every known user's."""
+    gone = new_user()
+    for u in (user, gone):
+        UserGraph(store, u).say(FACTS)
+        redis_client.set(keys.user_version(u), str(store.user_stamp(u)))
+    racing_rebuild = keeper.rebuild(gone)
+    store.forget_user(gone)
+    keeper.vectors.save(gone, racing_rebuild)
+    keeper.rebuild(user)
+
+    report = reconcile(graph=store, keeper=keeper, guard=guard, user_ids=[user], redis_client=redis_client)
+
+    assert report.orphan_files == 1 and report.orphan_stamps >= 1, report
+    assert not keeper.vectors.path_for(gone).exists()
+    assert redis_client.get(keys.user_version(gone)) is None
+    assert keeper.vectors.path_for(user).exists()
+    assert redis_client.get(keys.user_version(user)) == str(store.user_stamp(user))
+    assert (report.ok, report.rebuilt) == (1, 0)

@@ -1,0 +1,204 @@
+"""One writer per user, really: versions never reused across a user's lifetimes, the write fenced on
+the stamp its plan was built on, the lease renewed, and readers never see an index change under them.
+
+The pipeline runs in this process with the real stage functions (``run_extract`` with the offline rule
+extractor, ``run_apply``) on real Redis and a real graph store (Neo4j and SQLite); each ``WorkerContext``
+stands for one worker process (its own index cache, its own store connections). One "process"'s store
+is wrapped with a gate that holds its commit after planning, the way a commit stuck in retries does.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from engram_api import keys
+from engram_api.locks import Lease
+from engram_api.models import MessageState
+from engram_api.storage.vectors import VectorStore
+from engram_workers.context import WorkerContext
+from engram_workers.stages.apply import run_apply
+from engram_workers.stages.extract import run_extract
+from tests.support.stack import Stack, engram_stack
+
+T0 = datetime(2024, 3, 1, tzinfo=UTC)
+
+
+@pytest.fixture(params=["neo4j", "sqlite"])
+def stack(
+    request: pytest.FixtureRequest,
+    redis_url: str,
+    tmp_path_factory: pytest.TempPathFactory,
+    monkeypatch: pytest.MonkeyPatch,
+) -> Iterator[Stack]:
+    neo4j_uri = request.getfixturevalue("neo4j_uri") if request.param == "neo4j" else None
+    data_dir = tmp_path_factory.mktemp(f"fencing-{request.param}")
+    with engram_stack(redis_url=redis_url, data_dir=data_dir, neo4j_uri=neo4j_uri, llm_url=None, workers=False) as s:
+        # The stages hand messages on through the Celery app, which configures itself from the environment.
+        for name, value in s.env.items():
+            monkeypatch.setenv(name, value)
+        yield s
+
+
+def process(stack: Stack) -> WorkerContext:
+    """A worker process's resources, in this process."""
+    return WorkerContext(settings=stack.settings)
+
+
+def deliver(ctx: WorkerContext, stack: Stack, user: str, text: str, day: int) -> str:
+    """Enqueue one message and run its extract and apply stages in ``ctx`` (no Celery worker)."""
+    receipt = stack.client.enqueue(user, text, timestamp=T0 + timedelta(days=day))
+    run_extract(ctx, user, receipt.message_id)
+    outcome = run_apply(ctx, user, receipt.message_id)
+    assert ctx.redis.hget(keys.status(user, receipt.message_id), "state") == MessageState.APPLIED, outcome
+    return receipt.message_id
+
+
+def index_ids(stack: Stack, user: str) -> set[str]:
+    index = VectorStore(root=stack.settings.index_dir, dim=stack.client.reader.embedder.dim).load(user)
+    assert index is not None
+    return index.node_ids()
+
+
+def graph_ids(stack: Stack, user: str) -> set[str]:
+    return {item.node_id for item in stack.client.graph.vectors(user)[0]}
+
+
+def new_user() -> str:
+    return f"fence_{uuid.uuid4().hex[:10]}"
+
+
+# ------------------------------------------------------------------------------------------ finding 1
+def test_a_forgotten_lifetime_never_comes_back_through_another_process_cache(stack: Stack) -> None:
+    """Process 2 caches alice at v1, forget_user, process 1 applies a new message (v1 again), process 2
+    applies the next: its stale v1 must not be taken for the new lifetime's v1."""
+    one, two, user = process(stack), process(stack), new_user()
+    deliver(two, stack, user, "I live in Paris.", 0)
+    forgotten = graph_ids(stack, user)
+    stack.client.forget_user(user)
+
+    deliver(one, stack, user, "I work at Acme.", 1)
+    deliver(two, stack, user, "I have a dog named Rex.", 2)
+
+    on_disk, in_graph = index_ids(stack, user), graph_ids(stack, user)
+    assert on_disk == in_graph
+    # The user's own node has a stable id and comes back legitimately; nothing else of the old life may.
+    assert not (on_disk & forgotten) - {i for i in in_graph if i in forgotten and i.startswith("ent_")}
+    hits = stack.client.recall(user, "where does the user live?", k=10).items
+    assert not [h for h in hits if "Paris" in h.statement]
+
+
+# ------------------------------------------------------------------------------------------ finding 5
+class StalledGraph:
+    """The real graph store; while closed, ``apply`` (the commit of a fully planned write) waits, the way
+    a commit stuck in Neo4j retries or behind a slow disk does. Everything else passes straight through."""
+
+    def __init__(self, real: Any) -> None:
+        self._real = real
+        self._gate = threading.Event()
+        self._gate.set()
+        self.waiting = threading.Event()
+
+    def close(self) -> None:
+        self._gate.clear()
+
+    def open(self) -> None:
+        self._gate.set()
+
+    def apply(self, plan: Any) -> Any:
+        if not self._gate.is_set():
+            self.waiting.set()
+            self._gate.wait(timeout=120)
+        return self._real.apply(plan)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._real, name)
+
+
+def _chain(stack: Stack, user: str) -> list[tuple[str | None, datetime, datetime | None]]:
+    return [(f.object_name, f.valid_from, f.valid_until) for f in stack.client.graph.history(user, "user", "LIVES_IN")]
+
+
+def _shape(stack: Stack, user: str) -> tuple[Any, ...]:
+    stats = stack.client.graph.stats(user)
+    return (_chain(stack, user), stats.entities, stats.facts, stats.current_facts, stats.episodes)
+
+
+def test_two_appliers_whose_leases_overlap_end_as_a_sequential_run(stack: Stack) -> None:
+    """Applier A plans, stalls before its commit and loses its lease; B applies another message of the
+    same user meanwhile. A's write must be refused and planned again: the state equals a sequential run."""
+    a, b = process(stack), process(stack)
+    gate = StalledGraph(a.graph)
+    a.__dict__["graph"] = gate
+    user, sequential = new_user(), new_user()
+    for u in (user, sequential):
+        deliver(b, stack, u, "I have a dog named Rex.", 0)
+
+    first = stack.client.enqueue(user, "I live in Paris.", timestamp=T0 + timedelta(days=1))
+    run_extract(a, user, first.message_id)
+    gate.close()
+    stalled = threading.Thread(target=run_apply, args=(a, user, first.message_id))
+    stalled.start()
+    assert gate.waiting.wait(timeout=120), "A never reached its commit"
+    # A's lease expires while it is stalled (what a TTL lapse looks like to the holder).
+    assert stack.client.redis.delete(keys.apply_lock(user)) == 1
+    deliver(b, stack, user, "I moved to Berlin.", 2)
+    gate.open()
+    stalled.join(timeout=120)
+    assert stack.client.redis.hget(keys.status(user, first.message_id), "state") == MessageState.APPLIED
+
+    deliver(b, stack, sequential, "I moved to Berlin.", 2)
+    deliver(b, stack, sequential, "I live in Paris.", 1)
+
+    assert _shape(stack, user) == _shape(stack, sequential)
+    assert [until is None for _, _, until in _chain(stack, user)].count(True) == 1
+    assert index_ids(stack, user) == graph_ids(stack, user)
+
+
+def test_the_lease_is_renewed_while_its_holder_works(stack: Stack) -> None:
+    user = new_user()
+    with Lease(stack.client.redis, user, ttl=0.6, wait=0) as lease:
+        threading.Event().wait(1.5)  # more than twice the TTL
+        assert lease.held() and lease.renewals >= 2
+    assert not stack.client.redis.exists(keys.apply_lock(user))
+
+
+# ------------------------------------------------------------------------------------------ finding 6
+def test_concurrent_recalls_and_writes_in_one_process_never_see_an_index_change(stack: Stack) -> None:
+    """Readers hold the index they search; a write (forget, feedback) in the same process swaps in a new
+    one instead of changing the held one, so every search sees one whole version."""
+    worker, reader, user = process(stack), stack.client.reader, new_user()
+    texts = ["I live in Paris.", "I work at Acme.", "I have a dog named Rex.", "I like jazz.", "I play chess."]
+    ids = [deliver(worker, stack, user, text, day) for day, text in enumerate(texts)]
+    held = reader.keeper.current(user, reader.graph.user_stamp(user))
+    held_rows, held_stamp = dict(held.rows), held.stamp
+
+    errors: list[BaseException] = []
+    stop = threading.Event()
+
+    def recall_loop() -> None:
+        while not stop.is_set():
+            try:
+                result = reader.recall(user, "what does the user do?", k=5)
+                assert all(item.id for item in result.items)
+            except BaseException as exc:  # collected, asserted empty below
+                errors.append(exc)
+                return
+
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        loops = [pool.submit(recall_loop) for _ in range(3)]
+        for message_id in ids[:3]:
+            reader.forget(user, message_id)
+        stop.set()
+        for loop in loops:
+            loop.result()
+
+    assert not errors, errors
+    assert (dict(held.rows), held.stamp) == (held_rows, held_stamp)
+    assert index_ids(stack, user) == graph_ids(stack, user)
