@@ -266,6 +266,14 @@ class KeywordHit(_Model):
     score: float
 
 
+class StoredEpisode(EpisodeRecord):
+    """An episode as stored, with the facts and entities it is a source of (what export writes, import
+    restores)."""
+
+    fact_ids: list[str] = Field(default_factory=list)
+    entity_ids: list[str] = Field(default_factory=list)
+
+
 class EntityRecord(Record):
     name: str
     norm_name: str
@@ -334,6 +342,9 @@ class WritePlan(_Model):
     reinforced_fact_ids: list[str] = Field(default_factory=list)
     mentioned_entity_ids: list[str] = Field(default_factory=list, description="provenance links")
     chunks: list[ChunkRecord] = Field(default_factory=list, description="the episode's recallable pieces")
+    linked_fact_ids: list[str] = Field(
+        default_factory=list, description="provenance links to stored facts without reinforcing them (restore)"
+    )
     usage: Usage = Field(default_factory=Usage)
 
 

@@ -32,6 +32,7 @@ from engram_api.models import (
     GraphPage,
     KeywordHit,
     LearnedWeights,
+    StoredEpisode,
     UserStats,
     VectorItem,
     WritePlan,
@@ -88,8 +89,8 @@ class GraphStore(ABC):
 
         Creates the episode, new entities and facts (with ``FROM`` provenance to the episode), applies
         entity and fact changes, reinforces restated facts (strength back to 1.0, provenance added),
-        links mentioned entities to the episode, stores the episode's chunks (and their keyword entries),
-        adds the plan's usage to the user's totals and bumps
+        links mentioned entities and ``linked_fact_ids`` to the episode (no reinforcement), stores the
+        episode's chunks (and their keyword entries), adds the plan's usage to the user's totals and bumps
         the user's version. Returns the version after the write (or the current one when skipped).
         """
 
@@ -165,6 +166,11 @@ class GraphStore(ABC):
 
     @abstractmethod
     def list_users(self) -> list[str]: ...
+
+    @abstractmethod
+    def episodes(self, user_id: str) -> list[StoredEpisode]:
+        """Every stored episode of the user with its provenance links (sorted fact and entity ids),
+        ordered by (event_time, id)."""
 
     # -------------------------------------------------------------------------------------- delete
     @abstractmethod

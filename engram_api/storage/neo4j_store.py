@@ -51,6 +51,7 @@ from engram_api.models import (
     GraphPage,
     KeywordHit,
     LearnedWeights,
+    StoredEpisode,
     Usage,
     UserStats,
     VectorItem,
@@ -204,11 +205,22 @@ CALL (ep) {
   MATCH (e:Entity {user_id: $user_id, id: eid})
   MERGE (e)-[:FROM]->(ep)
 }
+CALL (ep) {
+  UNWIND $linked AS fid
+  MATCH (f:Fact {user_id: $user_id, id: fid})
+  MERGE (f)-[:FROM]->(ep)
+}
 """
 
 # ---------------------------------------------------------------------------------------- read
 _Q_VERSION = "MATCH (u:User {user_id: $user_id}) RETURN u.version AS version"
 _Q_BUMP = "MATCH (u:User {user_id: $user_id}) SET u.version = u.version + 1, u.updated_at = $now"
+_Q_EPISODES = """
+MATCH (ep:Episode {user_id: $user_id})
+RETURN ep {.*, fact_ids: COLLECT { MATCH (f:Fact {user_id: $user_id})-[:FROM]->(ep) RETURN f.id ORDER BY f.id },
+        entity_ids: COLLECT { MATCH (e:Entity {user_id: $user_id})-[:FROM]->(ep) RETURN e.id ORDER BY e.id }} AS row
+ORDER BY ep.event_time, ep.id
+"""
 _Q_IS_APPLIED = "RETURN EXISTS { MATCH (:Episode {user_id: $user_id, id: $episode_id}) } AS applied"
 _Q_FIND_ENTITIES = f"""
 CALL () {{
@@ -721,12 +733,13 @@ class Neo4jGraphStore(GraphStore):
             ):
                 if rows:
                     tx.run(query, params, rows=rows).consume()
-            if plan.reinforced_fact_ids or plan.mentioned_entity_ids:
+            if plan.reinforced_fact_ids or plan.mentioned_entity_ids or plan.linked_fact_ids:
                 tx.run(
                     _Q_APPLY_LINKS,
                     params,
                     reinforced=list(dict.fromkeys(plan.reinforced_fact_ids)),
                     mentioned=list(dict.fromkeys(plan.mentioned_entity_ids)),
+                    linked=list(dict.fromkeys(plan.linked_fact_ids)),
                 ).consume()
             return ApplyOutcome(applied=True, version=version)
 
@@ -896,6 +909,10 @@ class Neo4jGraphStore(GraphStore):
         return self._read(work)
 
     # ------------------------------------------------------------------------------- delete
+    def episodes(self, user_id: str) -> list[StoredEpisode]:
+        rows = self._rows(_Q_EPISODES, user_id=user_id)
+        return [StoredEpisode(**{**r, "metadata": json.loads(r.get("metadata") or "{}")}) for r in rows]
+
     def forget_message(self, user_id: str, message_id: str) -> ForgetResult:
         params = {"user_id": user_id, "episode_id": message_id, "now": utcnow()}
 

@@ -38,6 +38,7 @@ from engram_api.models import (
     GraphPage,
     KeywordHit,
     LearnedWeights,
+    StoredEpisode,
     Usage,
     UserStats,
     VectorItem,
@@ -819,6 +820,9 @@ class SqliteGraphStore(GraphStore):
             for entity_id in dict.fromkeys(plan.mentioned_entity_ids):
                 if _entity_exists(conn, user_id, entity_id):
                     _link(conn, user_id, entity_id, "entity", episode_id)
+            for fact_id in dict.fromkeys(plan.linked_fact_ids):
+                if conn.execute("SELECT 1 FROM facts WHERE user_id = ? AND id = ?", (user_id, fact_id)).fetchone():
+                    _link(conn, user_id, fact_id, "fact", episode_id)
             version = _bump(conn, user_id, plan.usage)
         return ApplyOutcome(applied=True, version=version)
 
@@ -998,6 +1002,34 @@ class SqliteGraphStore(GraphStore):
     def list_users(self) -> list[str]:
         rows = self._conn().execute("SELECT user_id FROM users ORDER BY user_id").fetchall()
         return [r["user_id"] for r in rows]
+
+    def episodes(self, user_id: str) -> list[StoredEpisode]:
+        with self._read() as conn:
+            rows = conn.execute(
+                "SELECT * FROM episodes WHERE user_id = ? ORDER BY event_time, id", (user_id,)
+            ).fetchall()
+            links = conn.execute(
+                "SELECT episode_id, node_id, node_kind FROM provenance WHERE user_id = ? ORDER BY node_id",
+                (user_id,),
+            ).fetchall()
+        linked: dict[tuple[str, str], list[str]] = {}
+        for link in links:
+            linked.setdefault((link["episode_id"], link["node_kind"]), []).append(link["node_id"])
+        return [
+            StoredEpisode(
+                id=r["id"],
+                user_id=user_id,
+                content=r["content"],
+                role=r["role"],
+                event_time=_dt(r["event_time"]),
+                metadata=json.loads(r["metadata"]),
+                created_at=_dt(r["created_at"]),
+                updated_at=_dt(r["updated_at"]),
+                fact_ids=linked.get((r["id"], "fact"), []),
+                entity_ids=linked.get((r["id"], "entity"), []),
+            )
+            for r in rows
+        ]
 
     # ------------------------------------------------------------------------------------ delete
     def forget_message(self, user_id: str, message_id: str) -> ForgetResult:

@@ -395,6 +395,34 @@ def test_reinforced_facts_regain_strength_and_provenance(graph_store: GraphStore
     assert graph_store.stats(user).archived_facts == 0
 
 
+def test_linked_facts_gain_provenance_but_keep_their_strength(graph_store: GraphStore, user: str) -> None:
+    ana, jazz = make_entity(user, "Ana"), make_entity(user, "Jazz")
+    likes = make_fact(user, ana, "LIKES", jazz, valid_from=at(0), strength=0.4).model_copy(update={"archived": True})
+    graph_store.apply(plan(user, "m-1", entities=[ana, jazz], facts=[likes]))
+    graph_store.apply(plan(user, "m-2", at(1), linked=[likes.id, "fact-unknown"], mentioned=[ana.id]))
+
+    got = one_fact(graph_store, user, likes.id)
+    assert (got.strength, got.archived, got.source_ids) == (pytest.approx(0.4), True, ["m-1", "m-2"])
+
+
+def test_episodes_list_every_episode_with_its_provenance(graph_store: GraphStore, user: str, other_user: str) -> None:
+    ana, jazz = make_entity(user, "Ana"), make_entity(user, "Jazz")
+    likes = make_fact(user, ana, "LIKES", jazz, valid_from=at(0))
+    graph_store.apply(plan(user, "m-late", at(2), entities=[ana, jazz], facts=[likes], content="late"))
+    graph_store.apply(plan(user, "m-early", at(1), linked=[likes.id], mentioned=[jazz.id], content="early"))
+    graph_store.apply(plan(other_user, "m-other", at(0)))
+
+    episodes = graph_store.episodes(user)
+    assert [(e.id, e.content, e.event_time) for e in episodes] == [
+        ("m-early", "early", at(1)),
+        ("m-late", "late", at(2)),
+    ]
+    assert (episodes[0].fact_ids, episodes[0].entity_ids) == ([likes.id], [jazz.id])
+    assert (episodes[1].fact_ids, episodes[1].entity_ids) == ([likes.id], sorted([ana.id, jazz.id]))
+    assert episodes[1].metadata == {"source": "contract-test", "turn": 1}
+    assert graph_store.episodes("nobody-" + user) == []
+
+
 def test_get_facts_fills_names_and_sorted_sources_and_is_scoped(
     graph_store: GraphStore, user: str, other_user: str
 ) -> None:
