@@ -27,7 +27,13 @@ import redis
 
 from engram_api import keys
 from engram_api.deadletters import DeadLetterStore
-from engram_api.errors import BackPressureError, InvalidInputError, StoreUnavailableError, WaitTimeoutError
+from engram_api.errors import (
+    BackPressureError,
+    InvalidInputError,
+    NotFoundError,
+    StoreUnavailableError,
+    WaitTimeoutError,
+)
 from engram_api.models import (
     ChatMessage,
     Envelope,
@@ -316,9 +322,12 @@ class Producer:
 
     def replay(self, user_id: str, message_id: str) -> Receipt:
         """Put a dead-lettered message back on the queue."""
-        letter = self.dead_letters.get(user_id, message_id)
-        if letter is None or letter.envelope is None:
-            raise InvalidInputError("message_id", f"no replayable dead letter {message_id!r} for {user_id!r}")
+        letter = self.dead_letters.get(check_user_id(user_id), check_message_id(message_id))
+        if letter is None:
+            raise NotFoundError(f"no dead letter {message_id!r} for {user_id!r}")
+        if letter.envelope is None:
+            # Dead-lettered after its payload was gone (e.g. a hook failed after the message was applied).
+            raise InvalidInputError("message_id", f"dead letter {message_id!r} keeps no message to replay")
         for stage in ("extract", "apply"):
             self.redis.delete(keys.deliveries(user_id, message_id, stage))
         self.redis.delete(keys.status(user_id, message_id))

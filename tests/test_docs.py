@@ -16,6 +16,13 @@ def test_configuration_reference_is_up_to_date():
     assert (ROOT / "docs" / "configuration.md").read_text() == render(), "run: python ops/gen_config_docs.py"
 
 
+def test_api_reference_model_tables_are_up_to_date():
+    sys.path.insert(0, str(ROOT / "ops"))
+    from gen_api_docs import API_DOC, render
+
+    assert API_DOC.read_text() == render(API_DOC.read_text()), "run: python ops/gen_api_docs.py"
+
+
 def test_readme_links_point_at_existing_files():
     links = re.findall(r"\]\(([^)#]+)\)", (ROOT / "README.md").read_text())
     assert links

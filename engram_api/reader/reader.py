@@ -22,7 +22,7 @@ import redis
 
 from engram_api import keys
 from engram_api.erasure import erase_message, erase_user
-from engram_api.errors import InvalidInputError, StoreUnavailableError
+from engram_api.errors import InvalidInputError, NotFoundError, StoreUnavailableError
 from engram_api.locks import user_lock
 from engram_api.models import (
     ClusterHit,
@@ -138,7 +138,8 @@ class Reader:
                     return version
         return self.graph.user_version(user_id)
 
-    def _guard(self, user_id: str) -> AbstractContextManager[None]:
+    def write_guard(self, user_id: str) -> AbstractContextManager[None]:
+        """The fleet-wide per-user write lock (none without Redis: then no worker is writing)."""
         if self.redis is None:
             return nullcontext()
         return user_lock(self.redis, user_id, ttl=self.settings.apply_lock_ttl_s, wait=30.0)
@@ -324,7 +325,7 @@ class Reader:
         ]
         self.graph.add_feedback(rows)
         if useful:
-            with self._guard(user_id):
+            with self.write_guard(user_id):
                 before = self.graph.user_version(user_id)
                 if self.graph.reinforce(user_id, sorted(useful), amount=self.settings.reinforce_amount, now=utcnow()):
                     after = self.graph.user_version(user_id)
@@ -334,15 +335,25 @@ class Reader:
         return len(rows)
 
     def forget(self, user_id: str, memory_id: str) -> ForgetResult:
-        """Forget one message: its episode, and the facts and entities only it stated (with their vectors)."""
+        """Forget a message (its episode, the facts and entities only it stated, and every Redis trace of it)
+        or, given a fact id (a recall item's ``id``), that one fact. ``NotFoundError`` when the user has
+        neither, and then nothing is written (no tombstone: the id may still be enqueued later)."""
         check_user_id(user_id)
         check_message_id(memory_id, "memory_id")
-        if self.redis is not None:
+        is_message = self._knows_message(user_id, memory_id)
+        if not is_message and not self.graph.get_facts(user_id, [memory_id]):
+            raise NotFoundError(f"{user_id!r} has no message or fact {memory_id[:80]!r}")
+        if is_message and self.redis is not None:
             # First: from here on no stage can write this message back (see engram_api.erasure).
             erase_message(self.redis, user_id, memory_id, tombstone_ttl_s=self.settings.status_ttl_s)
-        with self._guard(user_id):
+        with self.write_guard(user_id):
             before = self.graph.user_version(user_id)
-            result = self.graph.forget_message(user_id, memory_id)
+            if not is_message:
+                result = self.graph.forget_fact(user_id, memory_id)
+            elif self.graph.is_applied(user_id, memory_id):
+                result = self.graph.forget_message(user_id, memory_id)
+            else:
+                return ForgetResult(user_id=user_id, episodes=1)  # not applied yet: the tombstone keeps it so
             after = self.graph.user_version(user_id)
             removed = [*result.removed_fact_ids, *result.removed_entity_ids, *result.removed_chunk_ids]
             self.keeper.advance(user_id, from_version=before, to_version=after, removals=removed)
@@ -352,10 +363,21 @@ class Reader:
         self.cache.drop_user(user_id)
         return result
 
+    def _knows_message(self, user_id: str, message_id: str) -> bool:
+        """Applied, or still known to Redis (queued, in a stage, finished recently, or dead-lettered)."""
+        if self.graph.is_applied(user_id, message_id):
+            return True
+        if self.redis is None:
+            return False
+        traces = (keys.message_payload, keys.extraction, keys.status)
+        return bool(self.redis.exists(*(key(user_id, message_id) for key in traces))) or bool(
+            self.redis.hexists(keys.dead_letters(), keys.dead_letter_field(user_id, message_id))
+        )
+
     def forget_user(self, user_id: str) -> ForgetResult:
         """Everything of one user: graph, vectors, caches, queued payloads, dead letters."""
         check_user_id(user_id)
-        with self._guard(user_id):
+        with self.write_guard(user_id):
             result = self.graph.forget_user(user_id)
             self.keeper.vectors.delete(user_id)
             self.keeper.forget(user_id)

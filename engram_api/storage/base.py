@@ -179,6 +179,11 @@ class GraphStore(ABC):
         facts that other messages also stated only lose that provenance link."""
 
     @abstractmethod
+    def forget_fact(self, user_id: str, fact_id: str) -> ForgetResult:
+        """Delete one fact (older facts it superseded are repaired as in ``forget_message``) and the
+        entities it leaves orphaned; episodes stay. Unknown ids change nothing and return zeros."""
+
+    @abstractmethod
     def forget_user(self, user_id: str) -> ForgetResult: ...
 
     # --------------------------------------------------------------------------------- maintenance

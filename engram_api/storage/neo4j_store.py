@@ -337,6 +337,10 @@ RETURN doomed, COLLECT {
   WHERE f.id IN doomed RETURN e.id AS id
 } AS candidates
 """
+_Q_FORGET_FACT_PLAN = """
+MATCH (f:Fact {user_id: $user_id, id: $fact_id})
+RETURN [f.id] AS doomed, COLLECT { MATCH (f)-[:SUBJECT|OBJECT]->(e:Entity {user_id: $user_id}) RETURN e.id } AS candidates
+"""
 _Q_FORGET_CHAINS = """
 RETURN COLLECT { MATCH (f:Fact {user_id: $user_id}) WHERE f.id IN $doomed AND f.superseded_by IS NOT NULL
                  RETURN [f.id, f.superseded_by] } AS doomed_links,
@@ -914,10 +918,18 @@ class Neo4jGraphStore(GraphStore):
         return [StoredEpisode(**{**r, "metadata": json.loads(r.get("metadata") or "{}")}) for r in rows]
 
     def forget_message(self, user_id: str, message_id: str) -> ForgetResult:
-        params = {"user_id": user_id, "episode_id": message_id, "now": utcnow()}
+        return self._forget(_Q_FORGET_PLAN, {"user_id": user_id, "episode_id": message_id, "now": utcnow()})
+
+    def forget_fact(self, user_id: str, fact_id: str) -> ForgetResult:
+        return self._forget(_Q_FORGET_FACT_PLAN, {"user_id": user_id, "fact_id": fact_id, "now": utcnow()})
+
+    def _forget(self, plan_query: str, params: dict[str, Any]) -> ForgetResult:
+        """Delete the facts ``plan_query`` dooms (supersession repaired), the episode and its chunks when one
+        is being forgotten, then the candidate entities left orphaned; one transaction."""
+        user_id = params["user_id"]
 
         def work(tx: ManagedTransaction) -> ForgetResult:
-            plan = tx.run(_Q_FORGET_PLAN, params).single()
+            plan = tx.run(plan_query, params).single()
             if plan is None:
                 return ForgetResult(user_id=user_id)
             doomed, candidates = list(plan["doomed"]), list(plan["candidates"])
@@ -930,13 +942,17 @@ class Neo4jGraphStore(GraphStore):
                 ]
                 tx.run(_Q_FORGET_RESTORE, params, rows=repairs).consume()
             facts = tx.run(_Q_FORGET_FACTS, params, doomed=doomed).data()
-            chunks = [r["id"] for r in tx.run(episodes_cypher.Q_FORGET_CHUNKS, params)]
-            tx.run(_Q_FORGET_EPISODE, params).consume()
+            episodes, chunks = 0, []
+            if "episode_id" in params:
+                # Only a message's forget touches chunks: with no episode id the query would take them all.
+                chunks = [r["id"] for r in tx.run(episodes_cypher.Q_FORGET_CHUNKS, params)]
+                tx.run(_Q_FORGET_EPISODE, params).consume()
+                episodes = 1
             entities = tx.run(_Q_FORGET_ORPHANS, params, candidates=candidates).data()
             tx.run(_Q_BUMP, params).consume()
             return ForgetResult(
                 user_id=user_id,
-                episodes=1,
+                episodes=episodes,
                 facts=len(facts),
                 entities=len(entities),
                 vectors=sum(1 for r in facts + entities if r["has_vector"]) + len(chunks),

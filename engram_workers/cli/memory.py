@@ -1,4 +1,4 @@
-"""Read memory back (recall, search, context, history, graph, stats), forget it, export it, check health.
+"""Read memory back (recall, search, context, history, graph, stats), forget it, export and import it, check health.
 
 All of it goes through ``MemoryClient``: zero LLM calls (``health`` pings the LLM only when asked to
 check a configured one).
@@ -13,15 +13,13 @@ from typing import IO, TYPE_CHECKING
 import click
 
 from engram_workers.cli._common import open_client, parse_time, user_id_argument
-from engram_workers.cli._output import console, emit_json, fmt_time, json_option, table, to_jsonable
+from engram_workers.cli._output import console, emit_json, fmt_time, json_option, table
 
 if TYPE_CHECKING:
     from engram_api import MemoryClient
     from engram_api.models import CheckResult, FactRecord, RecallItem
 
 __all__ = ["COMMANDS", "print_facts", "print_recall"]
-
-_EXPORT_PAGE = 1000  # the reader's largest page
 
 
 def _found_by(item: RecallItem) -> str:
@@ -193,19 +191,21 @@ def stats(user_id: str, as_json: bool) -> None:
     table(f"memory of {user_id}", ["", "value"], rows)
 
 
-@click.command(short_help="Forget one message and the facts only it stated.")
+@click.command(short_help="Forget one message, or one fact.")
 @user_id_argument
 @click.argument("memory_id")
 @json_option
 def forget(user_id: str, memory_id: str, as_json: bool) -> None:
-    """Forget one message (MEMORY_ID is its message id) and the facts only it stated."""
+    """Forget MEMORY_ID: a message id (the message and the facts only it stated) or a fact id (the `id`
+    of a recall item in --json output: that fact). Exits 2 when the user has neither."""
     with open_client() as client:
         result = client.forget(user_id, memory_id)
     if as_json:
         emit_json(result)
     else:
+        kind = "message" if result.episodes else "fact"
         click.echo(
-            f"forgot message {memory_id}: {result.facts} facts, {result.entities} entities, {result.vectors} vectors"
+            f"forgot {kind} {memory_id}: {result.facts} facts, {result.entities} entities, {result.vectors} vectors"
         )
 
 
@@ -272,36 +272,42 @@ def health(as_json: bool) -> None:
 @user_id_argument
 @click.option("--output", "-o", type=click.File("w"), default="-", help="File to write (default: stdout).")
 def export(user_id: str, output: IO[str]) -> None:
-    """Back up one user's memory as JSON lines: a header, then every entity and fact.
+    """Back up one user's memory as JSON lines: a header, then every message (episode), entity and fact.
 
     Superseded and archived facts are included (history survives); embeddings are not (they are
-    recomputed from the text).
+    recomputed from the text on import). Works with the embedded fleet stopped. Restore with `engram import`.
     """
-    from engram_api.models import utcnow
-
     with open_client() as client:
-        first = client.get_graph(user_id, 1, _EXPORT_PAGE)
-        header = {
-            "type": "header",
-            "format": "engram-export",
-            "version": 1,
-            "user_id": user_id,
-            "exported_at": utcnow().isoformat(),
-            "facts": first.total_facts,
-        }
-        output.write(json.dumps(header) + "\n")
-        seen: set[str] = set()
-        page, facts = first, 0
-        while page.facts:
-            for entity in page.entities:
-                if entity.id not in seen:
-                    seen.add(entity.id)
-                    output.write(json.dumps({"type": "entity", **to_jsonable(entity)}) + "\n")
-            for fact in page.facts:
-                output.write(json.dumps({"type": "fact", **to_jsonable(fact)}) + "\n")
-            facts += len(page.facts)
-            page = client.get_graph(user_id, page.page + 1, _EXPORT_PAGE)
-    click.echo(f"exported {facts} facts and {len(seen)} entities of {user_id}", err=True)
+        lines = client.export_memory(user_id)
+        first = next(lines)  # the header: always there, even for a user with no memory
+        header = json.loads(first)
+        output.writelines(f"{line}\n" for line in (first, *lines))
+    click.echo(
+        f"exported {header['episodes']} messages, {header['facts']} facts and {header['entities']} entities "
+        f"of {user_id}",
+        err=True,
+    )
 
 
-COMMANDS = [recall, search, context, history, graph, stats, forget, forget_user, health, export]
+@click.command("import", short_help="Restore a user's memory from an export.")
+@click.argument("file", type=click.File("r"))
+@json_option
+def import_(file: IO[str], as_json: bool) -> None:
+    """Restore the memory in FILE (written by `engram export`; - reads stdin) into its user.
+
+    The user must hold no other messages (run `engram forget-user` first to replace them). Every line is
+    checked before anything is written; an interrupted import is finished by running it again.
+    """
+    with open_client() as client:
+        result = client.import_memory(file)
+    if as_json:
+        emit_json(result)
+    else:
+        skipped = f" ({result.skipped} already there)" if result.skipped else ""
+        click.echo(
+            f"imported {result.user_id}: {result.episodes} messages{skipped}, {result.facts} facts, "
+            f"{result.entities} entities (graph version {result.version})"
+        )
+
+
+COMMANDS = [recall, search, context, history, graph, stats, forget, forget_user, health, export, import_]

@@ -874,6 +874,33 @@ def test_forget_unknown_message_changes_nothing(graph_store: GraphStore, user: s
     assert graph_store.stats(user).entities == 1
 
 
+def test_forget_fact_deletes_that_fact_repairs_its_chain_and_keeps_episodes(
+    graph_store: GraphStore, user: str, other_user: str
+) -> None:
+    ana, paris, rome, jazz = (make_entity(user, n) for n in ("Ana", "Paris", "Rome", "Jazz"))
+    in_paris = make_fact(user, ana, "LIVES_IN", paris, valid_from=at(0), single_valued=True)
+    in_rome = make_fact(user, ana, "LIVES_IN", rome, valid_from=at(20), single_valued=True)
+    likes = make_fact(user, ana, "LIKES", jazz, valid_from=at(20))
+    graph_store.apply(plan(user, "m1", entities=[ana, paris], facts=[in_paris]))
+    graph_store.apply(
+        plan(user, "m2", entities=[rome, jazz], facts=[in_rome, likes], fact_changes=[supersede(in_paris, in_rome)])
+    )
+    version = graph_store.user_version(user)
+    assert graph_store.forget_fact(other_user, in_rome.id) == ForgetResult(user_id=other_user)
+    assert graph_store.forget_fact(user, "fact-unknown") == ForgetResult(user_id=user)
+    assert graph_store.user_version(user) == version
+
+    result = graph_store.forget_fact(user, in_rome.id)
+    assert (result.episodes, result.removed_fact_ids) == (0, [in_rome.id])
+    # Rome keeps its provenance link to m2, so it is not an orphan.
+    assert result.removed_entity_ids == []
+    assert graph_store.user_version(user) == version + 1
+    old = one_fact(graph_store, user, in_paris.id)
+    assert (old.valid_until, old.superseded_by) == (None, None)
+    assert graph_store.stats(user).episodes == 2
+    assert ids(graph_store.get_facts(user, [likes.id, in_rome.id])) == {likes.id}
+
+
 def test_forget_user_removes_everything_of_that_user_only(graph_store: GraphStore, user: str, other_user: str) -> None:
     twins = {u: build_twin(graph_store, u) for u in (user, other_user)}
     for u in (user, other_user):

@@ -1,0 +1,235 @@
+"""Export and import of one user's memory as JSON lines (``engram export`` / ``engram import``).
+
+Format (version 2): a header line, then every episode (with the ids of the facts and entities it is a
+source of), every entity and every fact, superseded and archived ones included. Embeddings are not
+written: import recomputes them from the same text the pipeline embeds (entity name, fact statement).
+
+Import replays the export through the normal write path: one ``WritePlan`` per episode, in episode order,
+each idempotent by message id. A fact is created (with its exported validity, strength and archival) by
+its first source episode; later sources only gain a provenance link (``linked_fact_ids``), so nothing is
+reinforced. An interrupted import is resumed by running it again. Invariants: every line is validated
+before anything is written (bad input raises ``InvalidInputError`` naming the line and changes nothing),
+and a user that holds messages the file does not have is refused, never merged into. Topic clusters are
+not exported: the hierarchy job rebuilds them.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import AbstractContextManager
+from typing import Any, Literal
+
+import redis
+from pydantic import BaseModel, Field, ValidationError
+
+from engram_api.errors import InvalidInputError
+from engram_api.models import (
+    EntityRecord,
+    EpisodeRecord,
+    FactRecord,
+    ImportResult,
+    LearnedWeights,
+    StoredEpisode,
+    Usage,
+    WritePlan,
+    utcnow,
+)
+from engram_api.storage.base import GraphStore
+from engram_api.storage.embedder import Embedder
+from engram_api.storage.indexes import IndexKeeper
+from engram_api.versions import publish_version
+
+__all__ = ["FORMAT", "VERSION", "ExportHeader", "export_lines", "read_export", "restore"]
+
+FORMAT = "engram-export"
+VERSION = 2
+_PAGE = 1000  # the store's largest graph page
+_EMBED_BATCH = 256
+
+
+class ExportHeader(BaseModel):
+    type: Literal["header"] = "header"
+    format: Literal["engram-export"] = FORMAT
+    version: int = VERSION
+    user_id: str
+    exported_at: str
+    episodes: int
+    entities: int
+    facts: int
+    usage: Usage = Field(default_factory=Usage)
+    weights: LearnedWeights | None = None
+
+
+class Snapshot(BaseModel):
+    header: ExportHeader
+    episodes: list[StoredEpisode]
+    entities: list[EntityRecord]
+    facts: list[FactRecord]
+
+
+def _line(kind: str, record: BaseModel) -> str:
+    return json.dumps({"type": kind, **record.model_dump(mode="json", exclude={"embedding", "hops"})})
+
+
+def export_lines(graph: GraphStore, user_id: str) -> Iterator[str]:
+    """The user's memory as JSON lines (no trailing newlines), header first."""
+    episodes = graph.episodes(user_id)
+    facts: list[FactRecord] = []
+    entities: dict[str, EntityRecord] = {}
+    page = graph.page(user_id, 1, _PAGE)
+    while page.facts:
+        facts.extend(page.facts)
+        entities.update({e.id: e for e in page.entities})
+        page = graph.page(user_id, page.page + 1, _PAGE)
+    # Entities no fact mentions any more, kept by an episode's provenance.
+    kept = sorted({eid for ep in episodes for eid in ep.entity_ids} - entities.keys())
+    entities.update({e.id: e for e in graph.get_entities(user_id, kept)})
+    header = ExportHeader(
+        user_id=user_id,
+        exported_at=utcnow().isoformat(),
+        episodes=len(episodes),
+        entities=len(entities),
+        facts=len(facts),
+        usage=graph.stats(user_id).usage,
+        weights=graph.load_weights(user_id),
+    )
+    yield json.dumps(header.model_dump(mode="json"))
+    yield from (_line("episode", ep) for ep in episodes)
+    yield from (_line("entity", entities[eid]) for eid in sorted(entities))
+    yield from (_line("fact", fact) for fact in facts)
+
+
+_KINDS: dict[str, type[BaseModel]] = {"episode": StoredEpisode, "entity": EntityRecord, "fact": FactRecord}
+
+
+def read_export(lines: Iterable[str]) -> Snapshot:
+    """Parse and check a whole export; raises ``InvalidInputError`` naming the first bad line."""
+    header: ExportHeader | None = None
+    records: dict[str, list[Any]] = {kind: [] for kind in _KINDS}
+    for number, raw in enumerate(lines, 1):
+        if not raw.strip():
+            continue
+        field = f"line {number}"
+        try:
+            data = json.loads(raw)
+        except ValueError:
+            raise InvalidInputError(field, "is not JSON") from None
+        kind = data.get("type") if isinstance(data, dict) else None
+        try:
+            if header is None:
+                if kind != "header" or data.get("format") != FORMAT:
+                    raise InvalidInputError(field, f"expected the {FORMAT} header line first")
+                if data.get("version") != VERSION:
+                    raise InvalidInputError(
+                        field, f"export version {data.get('version')!r} is not {VERSION} (re-export with this Engram)"
+                    )
+                header = ExportHeader.model_validate(data)
+            elif kind in _KINDS:
+                records[kind].append(_KINDS[kind].model_validate(data))
+            else:
+                raise InvalidInputError(field, f"unknown line type {str(kind)[:20]!r}")
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(p) for p in first["loc"])
+            raise InvalidInputError(f"{field}.{where}", first["msg"]) from None
+    if header is None:
+        raise InvalidInputError("file", "is empty")
+    snapshot = Snapshot(header=header, episodes=records["episode"], entities=records["entity"], facts=records["fact"])
+    _check(snapshot)
+    return snapshot
+
+
+def _check(snapshot: Snapshot) -> None:
+    user = snapshot.header.user_id
+    for record in (*snapshot.episodes, *snapshot.entities, *snapshot.facts):
+        if record.user_id != user:
+            raise InvalidInputError(f"record {record.id}", f"belongs to {record.user_id!r}, not {user!r}")
+    entity_ids = {e.id for e in snapshot.entities}
+    fact_ids = {f.id for f in snapshot.facts}
+    for fact in snapshot.facts:
+        missing = {fact.subject_id, fact.object_id or fact.subject_id} - entity_ids
+        if missing:
+            raise InvalidInputError(f"fact {fact.id}", f"mentions entities not in the file: {sorted(missing)}")
+    for ep in snapshot.episodes:
+        if set(ep.fact_ids) - fact_ids or set(ep.entity_ids) - entity_ids:
+            raise InvalidInputError(f"episode {ep.id}", "is the source of facts or entities not in the file")
+    sourced = {fid for ep in snapshot.episodes for fid in ep.fact_ids}
+    if fact_ids - sourced:
+        raise InvalidInputError("facts", f"{len(fact_ids - sourced)} facts have no episode in the file")
+
+
+def _plans(snapshot: Snapshot) -> list[WritePlan]:
+    """One plan per episode; each fact and entity is created by the first episode that needs it."""
+    facts = {f.id: f for f in snapshot.facts}
+    entities = {e.id: e for e in snapshot.entities}
+    created: set[str] = set()
+    plans = []
+    for n, ep in enumerate(snapshot.episodes):
+        new_facts = [facts[fid] for fid in ep.fact_ids if fid not in created]
+        needed = [*ep.entity_ids, *(eid for f in new_facts for eid in (f.subject_id, f.object_id) if eid)]
+        new_entities = [entities[eid] for eid in dict.fromkeys(needed) if eid not in created]
+        linked = [fid for fid in ep.fact_ids if fid in created]
+        mentioned = [eid for eid in ep.entity_ids if eid in created]
+        created.update(f.id for f in new_facts)
+        created.update(e.id for e in new_entities)
+        plans.append(
+            WritePlan(
+                user_id=ep.user_id,
+                episode=EpisodeRecord.model_validate(ep.model_dump(exclude={"fact_ids", "entity_ids"})),
+                new_entities=new_entities,
+                new_facts=new_facts,
+                linked_fact_ids=linked,
+                mentioned_entity_ids=mentioned,
+                # The user's LLM spend rides on the first episode, so a resumed import counts it once.
+                usage=snapshot.header.usage if n == 0 else Usage(),
+            )
+        )
+    return plans
+
+
+def _embed(embedder: Embedder, plans: list[WritePlan]) -> None:
+    records: list[EntityRecord | FactRecord] = [r for p in plans for r in (*p.new_entities, *p.new_facts)]
+    texts = [r.name if isinstance(r, EntityRecord) else r.statement for r in records]
+    for start in range(0, len(records), _EMBED_BATCH):
+        vectors = embedder.encode(texts[start : start + _EMBED_BATCH])
+        for record, vector in zip(records[start : start + _EMBED_BATCH], vectors, strict=True):
+            record.embedding = vector.tolist()
+
+
+def restore(
+    snapshot: Snapshot,
+    *,
+    graph: GraphStore,
+    keeper: IndexKeeper,
+    embedder: Embedder,
+    redis_client: redis.Redis | None,
+    guard: Callable[[str], AbstractContextManager[None]],
+) -> ImportResult:
+    """Write a snapshot back; ``guard`` is the per-user write lock the pipeline's apply stage takes."""
+    user = snapshot.header.user_id
+    plans = _plans(snapshot)
+    pending = [p for p in plans if not graph.is_applied(user, p.episode.id)]
+    stored = graph.stats(user).episodes
+    if stored > len(plans) - len(pending):
+        raise InvalidInputError(
+            "user_id", f"{user!r} already has {stored} messages, not all from this file: run forget-user first"
+        )
+    _embed(embedder, pending)
+    for plan in pending:
+        with guard(user):
+            graph.apply(plan)
+    if snapshot.header.weights is not None:
+        graph.save_weights(snapshot.header.weights)
+    keeper.rebuild(user)
+    version = graph.user_version(user)
+    if redis_client is not None:
+        publish_version(redis_client, user, version)
+    return ImportResult(
+        user_id=user,
+        episodes=len(pending),
+        skipped=len(plans) - len(pending),
+        entities=len(snapshot.entities),
+        facts=len(snapshot.facts),
+        version=version,
+    )
