@@ -47,7 +47,7 @@ from engram_api.models import (
 )
 from engram_api.settings import Settings
 
-__all__ = ["MessageInput", "Producer", "build_envelope"]
+__all__ = ["MessageInput", "Producer", "build_envelope", "still_pending"]
 
 MessageInput = str | Sequence[Mapping[str, Any] | ChatMessage]
 
@@ -341,27 +341,36 @@ class Producer:
             pipe.hget(keys.status(uid, mid), "state")
         return pipe.execute()
 
+    def verdict(self, pairs: Sequence[tuple[str, str]]) -> WaitResult:
+        """Where each (user_id, message_id) stands now: applied, dead-lettered or pending."""
+        result = WaitResult()
+        for (_, mid), state in zip(pairs, self.states(pairs), strict=True):
+            if state == MessageState.APPLIED:
+                result.applied.append(mid)
+            elif state == MessageState.DEAD:
+                result.dead_lettered.append(mid)
+            else:
+                result.pending.append(mid)
+        return result
+
     def wait(self, receipts: Sequence[Receipt | tuple[str, str]], timeout: float = 60.0) -> WaitResult:
         """Block until every message is applied or dead-lettered; raises ``WaitTimeoutError`` otherwise."""
         pairs = [(r.user_id, r.message_id) if isinstance(r, Receipt) else (r[0], r[1]) for r in receipts]
-        deadline = time.monotonic() + timeout
+        started = time.monotonic()
         delay = 0.02
         while True:
-            states = self.states(pairs)
-            result = WaitResult()
-            for (_, mid), state in zip(pairs, states, strict=True):
-                if state == MessageState.APPLIED:
-                    result.applied.append(mid)
-                elif state == MessageState.DEAD:
-                    result.dead_lettered.append(mid)
-                else:
-                    result.pending.append(mid)
+            result = self.verdict(pairs)
             if result.done:
                 return result
-            if time.monotonic() >= deadline:
-                raise WaitTimeoutError(
-                    f"{len(result.pending)} of {len(pairs)} messages still pending after {timeout}s "
-                    f"(first: {result.pending[:3]})"
-                )
-            time.sleep(delay)
+            waited = time.monotonic() - started
+            if waited >= timeout:
+                raise still_pending(result, len(pairs), waited)
+            time.sleep(min(delay, max(0.0, timeout - waited)))
             delay = min(delay * 1.5, 0.25)
+
+
+def still_pending(result: WaitResult, total: int, waited: float) -> WaitTimeoutError:
+    """The error for messages not finished after ``waited`` seconds (the real time spent waiting)."""
+    return WaitTimeoutError(
+        f"{len(result.pending)} of {total} messages still pending after {waited:.1f}s (first: {result.pending[:3]})"
+    )

@@ -12,7 +12,7 @@ from typing import IO, TYPE_CHECKING
 
 import click
 
-from engram_workers.cli._common import open_client, parse_time, user_id_argument
+from engram_workers.cli._common import TIME_HELP, open_client, parse_time, user_id_argument
 from engram_workers.cli._output import console, emit_json, fmt_time, json_option, table
 
 if TYPE_CHECKING:
@@ -64,9 +64,9 @@ def print_facts(facts: Sequence[FactRecord], *, title: str | None = None) -> Non
 @user_id_argument
 @click.argument("query")
 @click.option("-k", "k", default=10, show_default=True, type=click.IntRange(1, 200), help="How many memories.")
-@click.option("--as-of", help="Recall what was true at this time (ISO 8601, e.g. 2024-05-01).")
-@click.option("--since", help="Only what happened at or after this time (event time, ISO 8601).")
-@click.option("--until", help="Only what happened before this time (event time, ISO 8601).")
+@click.option("--as-of", help=f"Recall what was true at this time: {TIME_HELP}")
+@click.option("--since", help=f"Only what happened at or after this time (event time): {TIME_HELP}")
+@click.option("--until", help=f"Only what happened before this time (event time): {TIME_HELP}")
 @json_option
 def recall(
     user_id: str, query: str, k: int, as_of: str | None, since: str | None, until: str | None, as_json: bool
