@@ -114,3 +114,13 @@ def test_dates_and_naive_times_on_the_command_line_are_local_time(stack, given):
     assert done.exit_code == 0, done.output
     stored = Envelope.model_validate_json(stack.client.redis.get(keys.message_payload("dater", mid)))
     assert stored.timestamp == datetime(2025, 1, 2).astimezone()
+
+
+def test_the_default_data_directory_is_per_user_whatever_the_folder(tmp_path):
+    elsewhere = tmp_path / "some" / "project"
+    elsewhere.mkdir(parents=True)
+    env = {k: v for k, v in _base_env().items() if k != "XDG_DATA_HOME"} | {"HOME": str(tmp_path)}
+    code = "from engram_api.settings import Settings; print(Settings().data_dir)"
+    for cwd in (tmp_path, elsewhere):
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=cwd, env=env, check=True)
+        assert Path(out.stdout.strip()) == tmp_path / ".local" / "share" / "engram"

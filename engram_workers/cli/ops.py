@@ -245,8 +245,12 @@ def up(
             out.print(f"gateway    http://127.0.0.1:{gateway_port}/v1 (OpenAPI: /docs, MCP: /mcp)")
         graph = current.neo4j_uri or f"SQLite {stack.data_dir / 'graph.sqlite3'}"
         extractor = current.llm_model or "offline rules (LLM_MODEL unset)"
-        out.print(f"graph      {graph}\nextractor  {extractor}\nlogs       {stack.log_dir}")
-        out.print('[green]Engram is up.[/green] Try `engram enqueue alice "I live in Austin" --wait`. Ctrl-C stops.')
+        out.print(
+            f"graph      {graph}\nextractor  {extractor}\ndata       {stack.data_dir}\nlogs       {stack.log_dir}"
+        )
+        out.print(
+            '[green]Engram is up.[/green] Try `engram enqueue alice "I live in Austin" --wait`. Ctrl-C (or SIGTERM) stops.'
+        )
         while True:
             dead = stack.dead_child()
             if dead is not None:
