@@ -467,6 +467,7 @@ class SearchResult(_Model):
     level: Literal["broad", "detailed"]
     clusters: list[ClusterHit] = Field(default_factory=list)
     facts: list[RecallItem] = Field(default_factory=list)
+    note: str = Field("", description="why the level differs from the one asked for, if it does")
 
 
 class GraphPage(_Model):

@@ -124,3 +124,25 @@ def test_the_default_data_directory_is_per_user_whatever_the_folder(tmp_path):
     for cwd in (tmp_path, elsewhere):
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=cwd, env=env, check=True)
         assert Path(out.stdout.strip()) == tmp_path / ".local" / "share" / "engram"
+
+
+def test_search_broad_without_clusters_falls_back_to_facts_with_a_note(stack):
+    result = stack.client.search(stack.user, "where does the user live?", detail_level="broad")
+    assert result.level == "detailed" and result.facts and "no topic clusters" in result.note
+    env = {k: v for k, v in stack.env.items() if v}
+    shown = CliRunner().invoke(cli.main, ["search", stack.user, "hiking", "--detail", "broad"], env=env)
+    text = " ".join(shown.stdout.split())  # however the table wraps
+    assert shown.exit_code == 0 and "hiking" in text and "no topic clusters" in text
+
+
+def test_context_with_too_small_a_budget_says_how_much_the_best_fact_needs(stack):
+    env = {k: v for k, v in stack.env.items() if v}
+    runner = CliRunner()
+    small = runner.invoke(cli.main, ["context", stack.user, "where does the user live?", "--max-tokens", "5"], env=env)
+    assert small.exit_code == 0
+    needed = re.search(r"no fact fits in --max-tokens 5; the most relevant needs about (\d+)", small.stdout)
+    assert needed is not None, small.stdout
+    enough = runner.invoke(
+        cli.main, ["context", stack.user, "where does the user live?", "--max-tokens", needed.group(1)], env=env
+    )
+    assert "User lives in Tampa" in enough.stdout

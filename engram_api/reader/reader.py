@@ -261,10 +261,16 @@ class Reader:
                     )
                 )
             hits.sort(key=lambda h: -h.score)
-            if detail_level == "broad" or (hits and hits[0].score >= self.settings.broad_min_score):
+            if hits and (detail_level == "broad" or hits[0].score >= self.settings.broad_min_score):
                 return SearchResult(user_id=user_id, query=query, level="broad", clusters=hits[:k])
+        note = ""
+        if detail_level == "broad":
+            note = (
+                "no topic clusters for this user yet (the hierarchy job builds them; "
+                "`engram maintenance hierarchy` does it now): showing individual facts"
+            )
         facts = self.recall(user_id, query, k).items
-        return SearchResult(user_id=user_id, query=query, level="detailed", facts=facts)
+        return SearchResult(user_id=user_id, query=query, level="detailed", facts=facts, note=note)
 
     def get_context(self, user_id: str, query: str, max_tokens: int = 800) -> str:
         """A prompt-ready block within ``max_tokens``: current facts, then dated conversation excerpts

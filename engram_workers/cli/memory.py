@@ -23,10 +23,12 @@ __all__ = ["COMMANDS", "print_facts", "print_recall"]
 
 
 def _found_by(item: RecallItem) -> str:
+    """Which channels reached an item; the graph says how far (on a matched entity itself at hop 0, else
+    that many entity steps away)."""
     names = []
     for channel in item.channels:
         if channel == "graph":
-            reach = "adjacent" if item.hops <= 0 else f"{item.hops} hop{'s' if item.hops != 1 else ''}"
+            reach = "on a matched entity" if item.hops <= 0 else f"{item.hops} hop{'s' if item.hops != 1 else ''} away"
             names.append(f"graph ({reach})")
         else:
             names.append(channel.replace("_", " "))
@@ -109,7 +111,7 @@ def search(user_id: str, query: str, k: int, detail: str, as_json: bool) -> None
         rows = [(c.label, c.summary, len(c.member_fact_ids), f"{c.score:.3f}") for c in result.clusters]
         table(f"search (broad): {query!r}", ["topic", "summary", "facts", "score"], rows)
     else:
-        print_recall(result.facts, title=f"search (detailed): {query!r}")
+        print_recall(result.facts, title=f"search (detailed): {query!r}", caption=result.note or None)
 
 
 @click.command(short_help="A prompt-ready block of facts for a query.")
@@ -121,10 +123,19 @@ def context(user_id: str, query: str, max_tokens: int, as_json: bool) -> None:
     """A prompt-ready block of current facts for QUERY, within a token budget."""
     with open_client() as client:
         text = client.get_context(user_id, query, max_tokens)
+        needed = 0
+        if not text and not as_json:
+            # "Nothing known" and "nothing fits" both give an empty block: tell them apart for a person.
+            header_and_best = client.get_context(user_id, query, 100_000).splitlines()[:2]
+            needed = -(-(len("\n".join(header_and_best)) + 1) // 4) if len(header_and_best) == 2 else 0
     if as_json:
         emit_json({"user_id": user_id, "query": query, "context": text})
+    elif text:
+        click.echo(text)
+    elif needed:
+        click.echo(f"(no fact fits in --max-tokens {max_tokens}; the most relevant needs about {needed})")
     else:
-        click.echo(text or "(nothing known for this query)")
+        click.echo("(nothing known for this query)")
 
 
 @click.command(short_help="How facts about a subject changed over time.")
