@@ -244,6 +244,10 @@ class AsyncMemoryClient:
     async def __aexit__(self, *exc: object) -> None:
         await asyncio.to_thread(self.sync.close)
 
+    async def export_memory(self, user_id: str) -> list[str]:
+        """The export's lines, read in a worker thread (the sync method returns a lazy iterator)."""
+        return await asyncio.to_thread(lambda: list(self.sync.export_memory(user_id)))
+
     for _name in (
         "enqueue", "enqueue_many", "wait", "dead_letters", "replay", "drop_dead_letter", "recall", "search",
         "get_context", "history", "get_graph", "stats", "feedback", "forget", "forget_user", "import_memory",

@@ -66,7 +66,7 @@ c.stats({stack.user!r}); c.history({stack.user!r}, "user"); c.get_graph({stack.u
 report = c.health()
 done = CliRunner().invoke(cli.main, ["reindex", "--user", {stack.user!r}, "--json"])
 print(json.dumps({{"reindex": done.exit_code, "embedder": report.checks["embedder"].model_dump(),
-                   "mods": sorted(m for m in ("torch", "sentence_transformers") if m in sys.modules)}}))
+                   "mods": sorted(m for m in ("torch", "sentence_transformers", "onnxruntime") if m in sys.modules)}}))
 """
     env = {k: v for k, v in stack.env.items() if v}
     out = subprocess.run(

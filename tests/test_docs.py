@@ -124,6 +124,7 @@ def fleet(redis_url, tmp_path_factory):
         yield stack
 
 
+@pytest.mark.timeout(1200)  # a dozen processes that each load the encoder, on a shared 2-core machine
 def test_the_documented_examples_and_commands_run_on_a_real_fleet(fleet, tmp_path):
     """Every docs/examples/*.py, then every runnable documented command line (no placeholders, nothing that
     starts a fleet) in document order, as a user would type them, against real workers."""
