@@ -20,6 +20,9 @@ from engram_workers import cli
 from tests.support.memory import apply_in_process
 from tests.support.stack import engram_stack
 
+# The Neo4j half starts the session's Neo4j in its first test's setup; on a loaded shared machine that plus
+# the writes can pass the default 300 s hang guard.
+pytestmark = pytest.mark.timeout(900)
 T0 = datetime(2024, 2, 1, 9, 0, tzinfo=UTC)
 MESSAGES = ["I live in Tampa.", "I like hiking.", "I moved to Austin.", "I really like hiking.", "I work at Acme."]
 
