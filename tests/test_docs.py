@@ -43,7 +43,7 @@ def test_readme_links_point_at_existing_files():
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 EXAMPLES = sorted((ROOT / "docs" / "examples").glob("*.py"))
 # Long-running or fleet-starting commands: checked against the command tree, never run here.
-_NOT_RUN = {"up", "worker", "beat", "flower", "demo", "bench"}
+_NOT_RUN = {"up", "worker", "beat", "flower", "demo", "bench", "serve"}
 
 
 def code_blocks(lang: str) -> list[tuple[str, str]]:
