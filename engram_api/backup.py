@@ -1,8 +1,11 @@
 """Export and import of one user's memory as JSON lines (``engram export`` / ``engram import``).
 
-Format (version 2): a header line, then every episode (with the ids of the facts and entities it is a
-source of), every entity and every fact, superseded and archived ones included. Embeddings are not
-written: import recomputes them from the same text the pipeline embeds (entity name, fact statement).
+Format (version 3): a header line, then every episode (with the ids of the facts and entities it is a
+source of), every episode chunk (the recallable pieces of a message, as stored: cut, speaker and ids are
+kept, not recomputed), every entity and every fact, superseded and archived ones included. Embeddings are
+not written: import recomputes them from the same text the pipeline embeds (entity name, fact statement,
+a chunk's speaker and words), and the index keeper rebuilds the user's vector indexes from them; the
+stores rebuild a chunk's keyword entry as they write it.
 
 Import replays the export through the normal write path: one ``WritePlan`` per episode, in episode order,
 each idempotent by message id. A fact is created (with its exported validity, strength and archival) by
@@ -25,6 +28,7 @@ from pydantic import BaseModel, Field, ValidationError
 
 from engram_api.errors import InvalidInputError
 from engram_api.models import (
+    ChunkRecord,
     EntityRecord,
     EpisodeRecord,
     FactRecord,
@@ -43,7 +47,7 @@ from engram_api.versions import publish_version
 __all__ = ["FORMAT", "VERSION", "ExportHeader", "export_lines", "read_export", "restore"]
 
 FORMAT = "engram-export"
-VERSION = 2
+VERSION = 3
 _PAGE = 1000  # the store's largest graph page
 _EMBED_BATCH = 256
 
@@ -55,6 +59,7 @@ class ExportHeader(BaseModel):
     user_id: str
     exported_at: str
     episodes: int
+    chunks: int
     entities: int
     facts: int
     usage: Usage = Field(default_factory=Usage)
@@ -64,17 +69,21 @@ class ExportHeader(BaseModel):
 class Snapshot(BaseModel):
     header: ExportHeader
     episodes: list[StoredEpisode]
+    chunks: list[ChunkRecord]
     entities: list[EntityRecord]
     facts: list[FactRecord]
 
 
 def _line(kind: str, record: BaseModel) -> str:
-    return json.dumps({"type": kind, **record.model_dump(mode="json", exclude={"embedding", "hops"})})
+    # A chunk's fact_ids are read from the episode's provenance, which the episode line already carries.
+    exclude = {"embedding", "hops", *(("fact_ids",) if kind == "chunk" else ())}
+    return json.dumps({"type": kind, **record.model_dump(mode="json", exclude=exclude)})
 
 
 def export_lines(graph: GraphStore, user_id: str) -> Iterator[str]:
     """The user's memory as JSON lines (no trailing newlines), header first."""
     episodes = graph.episodes(user_id)
+    chunks = graph.get_chunks(user_id, episode_ids=[ep.id for ep in episodes])
     facts: list[FactRecord] = []
     entities: dict[str, EntityRecord] = {}
     page = graph.page(user_id, 1, _PAGE)
@@ -89,6 +98,7 @@ def export_lines(graph: GraphStore, user_id: str) -> Iterator[str]:
         user_id=user_id,
         exported_at=utcnow().isoformat(),
         episodes=len(episodes),
+        chunks=len(chunks),
         entities=len(entities),
         facts=len(facts),
         usage=graph.stats(user_id).usage,
@@ -96,11 +106,17 @@ def export_lines(graph: GraphStore, user_id: str) -> Iterator[str]:
     )
     yield json.dumps(header.model_dump(mode="json"))
     yield from (_line("episode", ep) for ep in episodes)
+    yield from (_line("chunk", chunk) for chunk in chunks)
     yield from (_line("entity", entities[eid]) for eid in sorted(entities))
     yield from (_line("fact", fact) for fact in facts)
 
 
-_KINDS: dict[str, type[BaseModel]] = {"episode": StoredEpisode, "entity": EntityRecord, "fact": FactRecord}
+_KINDS: dict[str, type[BaseModel]] = {
+    "episode": StoredEpisode,
+    "chunk": ChunkRecord,
+    "entity": EntityRecord,
+    "fact": FactRecord,
+}
 
 
 def read_export(lines: Iterable[str]) -> Snapshot:
@@ -135,14 +151,20 @@ def read_export(lines: Iterable[str]) -> Snapshot:
             raise InvalidInputError(f"{field}.{where}", first["msg"]) from None
     if header is None:
         raise InvalidInputError("file", "is empty")
-    snapshot = Snapshot(header=header, episodes=records["episode"], entities=records["entity"], facts=records["fact"])
+    snapshot = Snapshot(
+        header=header,
+        episodes=records["episode"],
+        chunks=records["chunk"],
+        entities=records["entity"],
+        facts=records["fact"],
+    )
     _check(snapshot)
     return snapshot
 
 
 def _check(snapshot: Snapshot) -> None:
     user = snapshot.header.user_id
-    for record in (*snapshot.episodes, *snapshot.entities, *snapshot.facts):
+    for record in (*snapshot.episodes, *snapshot.chunks, *snapshot.entities, *snapshot.facts):
         if record.user_id != user:
             raise InvalidInputError(f"record {record.id}", f"belongs to {record.user_id!r}, not {user!r}")
     entity_ids = {e.id for e in snapshot.entities}
@@ -154,14 +176,22 @@ def _check(snapshot: Snapshot) -> None:
     for ep in snapshot.episodes:
         if set(ep.fact_ids) - fact_ids or set(ep.entity_ids) - entity_ids:
             raise InvalidInputError(f"episode {ep.id}", "is the source of facts or entities not in the file")
+    episode_ids = {ep.id for ep in snapshot.episodes}
+    for chunk in snapshot.chunks:
+        if chunk.episode_id not in episode_ids:
+            raise InvalidInputError(f"chunk {chunk.id}", f"belongs to message {chunk.episode_id!r}, not in the file")
     sourced = {fid for ep in snapshot.episodes for fid in ep.fact_ids}
     if fact_ids - sourced:
         raise InvalidInputError("facts", f"{len(fact_ids - sourced)} facts have no episode in the file")
 
 
 def _plans(snapshot: Snapshot) -> list[WritePlan]:
-    """One plan per episode; each fact and entity is created by the first episode that needs it."""
+    """One plan per episode (with its chunks); each fact and entity is created by the first episode that
+    needs it."""
     facts = {f.id: f for f in snapshot.facts}
+    chunks: dict[str, list[ChunkRecord]] = {}
+    for chunk in snapshot.chunks:
+        chunks.setdefault(chunk.episode_id, []).append(chunk)
     entities = {e.id: e for e in snapshot.entities}
     created: set[str] = set()
     plans = []
@@ -181,6 +211,7 @@ def _plans(snapshot: Snapshot) -> list[WritePlan]:
                 new_facts=new_facts,
                 linked_fact_ids=linked,
                 mentioned_entity_ids=mentioned,
+                chunks=chunks.get(ep.id, []),
                 # The user's LLM spend rides on the first episode, so a resumed import counts it once.
                 usage=snapshot.header.usage if n == 0 else Usage(),
             )
@@ -189,8 +220,11 @@ def _plans(snapshot: Snapshot) -> list[WritePlan]:
 
 
 def _embed(embedder: Embedder, plans: list[WritePlan]) -> None:
-    records: list[EntityRecord | FactRecord] = [r for p in plans for r in (*p.new_entities, *p.new_facts)]
-    texts = [r.name if isinstance(r, EntityRecord) else r.statement for r in records]
+    records = [r for p in plans for r in (*p.new_entities, *p.new_facts, *p.chunks)]
+    texts = [
+        r.name if isinstance(r, EntityRecord) else r.statement if isinstance(r, FactRecord) else r.indexed_text
+        for r in records
+    ]
     for start in range(0, len(records), _EMBED_BATCH):
         vectors = embedder.encode(texts[start : start + _EMBED_BATCH])
         for record, vector in zip(records[start : start + _EMBED_BATCH], vectors, strict=True):

@@ -200,7 +200,8 @@ class MemoryClient:
 
     # ---------------------------------------------------------------------------- backup, restore
     def export_memory(self, user_id: str) -> Iterator[str]:
-        """One user's memory as JSON lines (header, episodes, entities, facts); see ``engram_api.backup``."""
+        """One user's memory as JSON lines (header, episodes, their chunks, entities, facts); see
+        ``engram_api.backup``."""
         from engram_api.backup import export_lines
 
         check_user_id(user_id)

@@ -52,8 +52,9 @@ def _default(field: Any) -> str:
 def render_tables() -> str:
     parts = []
     for model in RESULTS:
-        doc = (model.__doc__ or "").strip().splitlines()
-        summary = f"{doc[0]}\n\n" if doc else ""
+        # The docstring's first paragraph, as written (it may wrap over several lines).
+        paragraph = (model.__doc__ or "").strip().split("\n\n")[0]
+        summary = "\n".join(line.strip() for line in paragraph.splitlines()) + "\n\n" if paragraph else ""
         rows = [
             f"| `{name}` | `{_type(field.annotation)}` | {_default(field)} | {field.description or ''} |"
             for name, field in model.model_fields.items()

@@ -60,7 +60,7 @@ def snapshot(client, user: str) -> dict:
     return {
         "export": lines,
         "stats": stats,
-        "recall": [(i.id, i.statement, round(i.score, 5)) for i in recall.items],
+        "recall": [(i.id, i.kind, i.statement, round(i.score, 5)) for i in recall.items],
         "weights": recall.weights,
     }
 
@@ -73,6 +73,9 @@ def test_export_forget_user_import_gives_the_same_memory(stack):
     assert len(hiking) == 1 and len(hiking[0]["source_ids"]) == 2, "premise: one fact stated by two messages"
     assert any(f["type"] == "fact" and f["valid_until"] for f in before["export"]), "premise: a superseded fact"
     assert before["stats"]["episodes"] == len(MESSAGES)
+    chunks = [c for c in before["export"] if c["type"] == "chunk"]
+    assert len(chunks) == before["stats"]["episode_chunks"] == len(MESSAGES), "premise: every message is a chunk"
+    assert any(kind == "episode" for _, kind, _, _ in before["recall"]), "premise: recall returns excerpts"
 
     exported = list(client.export_memory(user))
     client.forget_user(user)
@@ -96,13 +99,15 @@ def test_import_refuses_bad_files_and_a_user_with_other_messages_and_changes_not
     remember(client, user)
     exported = list(client.export_memory(user))
     client.forget_user(user)
+    episode_line = next(line for line in exported if '"type": "episode"' in line)
     fact_at = next(n for n, line in enumerate(exported) if '"type": "fact"' in line)
     no_statement = json.loads(exported[fact_at])
     del no_statement["statement"]
     cases = [
         ([*exported[:fact_at], json.dumps(no_statement), *exported[fact_at + 1 :]], f"line {fact_at + 1}.statement"),
-        ([exported[0].replace('"version": 2', '"version": 1'), *exported[1:]], "line 1"),
+        ([exported[0].replace('"version": 3', '"version": 2'), *exported[1:]], "line 1"),
         (exported[:fact_at], "episode "),  # episodes name facts the file lacks
+        ([line for line in exported if line != episode_line], "chunk "),  # a chunk of a message not in the file
         ([line for line in exported if '"type":"episode"' not in line.replace(" ", "")], "facts"),
         ([], "file"),
     ]

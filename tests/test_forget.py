@@ -1,5 +1,5 @@
-"""forget(user, id) takes a message id or a fact id and refuses unknown ids; replay of an unknown dead letter
-is NotFoundError too. Real SQLite, FAISS and Redis; memory built through the apply stage's planner."""
+"""forget(user, id) takes a message id, a fact id or an excerpt (chunk) id and refuses unknown ids; replay of
+an unknown dead letter is NotFoundError too. Real SQLite, FAISS and Redis; memory built through the apply stage's planner."""
 
 from __future__ import annotations
 
@@ -38,9 +38,18 @@ def lives_in(client, user) -> list[tuple[str | None, bool]]:
     return [(f.object_name, f.valid_until is None) for f in client.history(user, "user", "LIVES_IN")]
 
 
+def first_fact(client, user, query):
+    return next(i for i in client.recall(user, query, k=10).items if i.kind == "fact")
+
+
+def excerpt_of(client, user, query, message_id):
+    items = client.recall(user, query, k=10).items
+    return next(i for i in items if i.kind == "episode" and i.source_ids == [message_id])
+
+
 def test_a_recall_items_id_forgets_that_fact_and_only_it(stack, user):
     client = stack.client
-    top = client.recall(user, "where does the user live?", k=3).items[0]
+    top = first_fact(client, user, "where does the user live?")
     assert top.statement == "User lives in Austin"
 
     result = client.forget(user, top.id)
@@ -52,20 +61,38 @@ def test_a_recall_items_id_forgets_that_fact_and_only_it(stack, user):
 
 
 def test_a_message_id_forgets_the_message_and_what_only_it_stated(stack, user):
-    result = stack.client.forget(user, f"{user}-m1")
-    assert (result.episodes, result.facts) == (1, 1)
-    assert stack.client.history(user, "user", "LIKES") == []
-    assert stack.client.stats(user).episodes == 2
+    client = stack.client
+    chunks = [c.id for c in client.graph.get_chunks(user, episode_ids=[f"{user}-m1"])]
+    assert chunks, "premise: the message is stored as excerpts"
+    result = client.forget(user, f"{user}-m1")
+    assert (result.episodes, result.facts, result.removed_chunk_ids) == (1, 1, chunks)
+    assert client.history(user, "user", "LIKES") == []
+    stats = client.stats(user)
+    assert (stats.episodes, stats.episode_chunks) == (2, 2)
+    # Gone from every channel: the excerpt's vector and its keyword entry went with it.
+    assert client.graph.keyword_search(user, ["hiking"], k=5) == []
+    assert "hiking" not in " ".join(i.statement for i in client.recall(user, "hiking", k=10).items).lower()
+
+
+def test_an_excerpts_id_forgets_the_message_it_comes_from(stack, user):
+    client = stack.client
+    excerpt = excerpt_of(client, user, "hiking", f"{user}-m1")
+    result = client.forget(user, excerpt.id)
+    assert (result.episodes, result.facts, result.removed_chunk_ids) == (1, 1, [excerpt.id])
+    assert not client.graph.is_applied(user, f"{user}-m1")
+    assert client.history(user, "user", "LIKES") == []
+    with pytest.raises(NotFoundError, match="has no message, fact or excerpt"):
+        client.forget(user, excerpt.id)  # forgotten ids are unknown
 
 
 def test_unknown_ids_raise_not_found_and_change_nothing(stack, user):
     client = stack.client
     version = client.graph.user_version(user)
     for unknown in ("no-such-message", f"{user}-m9"):
-        with pytest.raises(NotFoundError, match="has no message or fact"):
+        with pytest.raises(NotFoundError, match="has no message, fact or excerpt"):
             client.forget(user, unknown)
     stranger = f"f_{uuid.uuid4().hex[:10]}"
-    fact_id = client.recall(user, "hiking", k=1).items[0].id
+    fact_id = first_fact(client, user, "hiking").id
     with pytest.raises(NotFoundError):
         client.forget(stranger, fact_id)  # another user's fact is unknown to this one
     assert client.graph.user_version(user) == version
@@ -76,11 +103,15 @@ def test_unknown_ids_raise_not_found_and_change_nothing(stack, user):
 def test_the_cli_forgets_a_fact_and_exits_2_for_an_unknown_id(stack, user):
     env = {k: v for k, v in stack.env.items() if v}
     runner = CliRunner()
-    fact_id = stack.client.recall(user, "hiking", k=1).items[0].id
+    fact_id = first_fact(stack.client, user, "hiking").id
     done = runner.invoke(cli.main, ["forget", user, fact_id], env=env)
     assert done.exit_code == 0 and done.stdout.startswith(f"forgot fact {fact_id}: 1 facts")
+    excerpt = excerpt_of(stack.client, user, "Tampa", f"{user}-m0")
+    done = runner.invoke(cli.main, ["forget", user, excerpt.id], env=env)
+    assert done.exit_code == 0 and done.stdout.startswith(f"forgot the message of excerpt {excerpt.id}:")
     missing = runner.invoke(cli.main, ["forget", user, "nope", "--json"], env=env)
-    assert missing.exit_code == 2 and "has no message or fact 'nope'" in missing.stderr
+    assert missing.exit_code == 2 and "has no message, fact or excerpt 'nope'" in missing.stderr
     replay = runner.invoke(cli.main, ["dlq", "replay", user, "nope"], env=env)
     assert replay.exit_code == 2 and "no dead letter 'nope'" in replay.stderr
-    assert json.loads(runner.invoke(cli.main, ["stats", user, "--json"], env=env).stdout)["facts"] == 2  # hiking gone
+    # The hiking fact, and the Tampa fact with the message it came from, are gone.
+    assert json.loads(runner.invoke(cli.main, ["stats", user, "--json"], env=env).stdout)["facts"] == 1

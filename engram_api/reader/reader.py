@@ -341,23 +341,28 @@ class Reader:
         return len(rows)
 
     def forget(self, user_id: str, memory_id: str) -> ForgetResult:
-        """Forget a message (its episode, the facts and entities only it stated, and every Redis trace of it)
-        or, given a fact id (a recall item's ``id``), that one fact. ``NotFoundError`` when the user has
-        neither, and then nothing is written (no tombstone: the id may still be enqueued later)."""
+        """Forget a message (its episode and chunks, the facts and entities only it stated, and every Redis
+        trace of it), or given a recall item's ``id``: a fact id forgets that one fact, an excerpt (chunk)
+        id forgets the message it is a piece of. ``NotFoundError`` when the user has none of them, and then
+        nothing is written (no tombstone: the id may still be enqueued later)."""
         check_user_id(user_id)
         check_message_id(memory_id, "memory_id")
-        is_message = self._knows_message(user_id, memory_id)
-        if not is_message and not self.graph.get_facts(user_id, [memory_id]):
-            raise NotFoundError(f"{user_id!r} has no message or fact {memory_id[:80]!r}")
-        if is_message and self.redis is not None:
+        message_id = memory_id if self._knows_message(user_id, memory_id) else None
+        if message_id is None and not self.graph.get_facts(user_id, [memory_id]):
+            # An excerpt is verbatim text of its message: forgetting it alone would leave the message.
+            excerpt = self.graph.get_chunks(user_id, [memory_id])
+            if not excerpt:
+                raise NotFoundError(f"{user_id!r} has no message, fact or excerpt {memory_id[:80]!r}")
+            message_id = excerpt[0].episode_id
+        if message_id is not None and self.redis is not None:
             # First: from here on no stage can write this message back (see engram_api.erasure).
-            erase_message(self.redis, user_id, memory_id, tombstone_ttl_s=self.settings.status_ttl_s)
+            erase_message(self.redis, user_id, message_id, tombstone_ttl_s=self.settings.status_ttl_s)
         with self.write_guard(user_id):
             before = self.graph.user_version(user_id)
-            if not is_message:
+            if message_id is None:
                 result = self.graph.forget_fact(user_id, memory_id)
-            elif self.graph.is_applied(user_id, memory_id):
-                result = self.graph.forget_message(user_id, memory_id)
+            elif self.graph.is_applied(user_id, message_id):
+                result = self.graph.forget_message(user_id, message_id)
             else:
                 return ForgetResult(user_id=user_id, episodes=1)  # not applied yet: the tombstone keeps it so
             after = self.graph.user_version(user_id)

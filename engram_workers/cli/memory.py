@@ -207,17 +207,20 @@ def stats(user_id: str, as_json: bool) -> None:
 @click.argument("memory_id")
 @json_option
 def forget(user_id: str, memory_id: str, as_json: bool) -> None:
-    """Forget MEMORY_ID: a message id (the message and the facts only it stated) or a fact id (the `id`
-    of a recall item in --json output: that fact). Exits 2 when the user has neither."""
+    """Forget MEMORY_ID: a message id (the message and the facts only it stated), or the `id` of a recall
+    item in --json output: a fact's (that fact) or an excerpt's (the message it comes from). Exits 2 when
+    the user has none of them."""
     with open_client() as client:
         result = client.forget(user_id, memory_id)
     if as_json:
         emit_json(result)
     else:
-        kind = "message" if result.episodes else "fact"
-        click.echo(
-            f"forgot {kind} {memory_id}: {result.facts} facts, {result.entities} entities, {result.vectors} vectors"
-        )
+        what = f"fact {memory_id}"
+        if memory_id in result.removed_chunk_ids:
+            what = f"the message of excerpt {memory_id}"
+        elif result.episodes:
+            what = f"message {memory_id}"
+        click.echo(f"forgot {what}: {result.facts} facts, {result.entities} entities, {result.vectors} vectors")
 
 
 @click.command("forget-user", short_help="Erase everything of one user.")
