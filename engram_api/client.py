@@ -9,24 +9,27 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
 import redis
 
 from engram_api.connections import redis_client, resolve_redis_url
+from engram_api.errors import ConfigError
 from engram_api.models import (
     DeadLetter,
     FactRecord,
     ForgetResult,
     GraphPage,
     HealthReport,
+    ImportResult,
     RecallResult,
     Receipt,
     SearchResult,
     UserStats,
     WaitResult,
+    check_user_id,
 )
 from engram_api.producer import Producer
 from engram_api.reader import Reader
@@ -74,14 +77,28 @@ class MemoryClient:
             self._graph.ensure_schema()
         return self._graph
 
+    def _reader_redis(self) -> redis.Redis | None:
+        """Redis for the read side. With the embedded default and the fleet stopped there is none, and none
+        is needed: SQLite and the FAISS files are local and no worker is writing."""
+        if self.settings.redis_url or self._redis_url:
+            return self.redis
+        try:
+            self.redis.ping()
+        except (ConfigError, redis.RedisError):
+            self._redis_url = None
+            self._redis = None
+            return None
+        return self.redis
+
     @property
     def reader(self) -> Reader:
         if self._reader is None:
             embedder = embedder_for(self.settings)
             keeper = IndexKeeper(graph=self.graph, vectors=VectorStore(root=self.settings.index_dir, dim=embedder.dim))
             self._reader = Reader(
-                settings=self.settings, graph=self.graph, keeper=keeper, embedder=embedder, redis_client=self.redis
-            )
+                settings=self.settings, graph=self.graph, keeper=keeper, embedder=embedder,
+                redis_client=self._reader_redis(),
+            )  # fmt: skip
         return self._reader
 
     def close(self) -> None:
@@ -181,6 +198,23 @@ class MemoryClient:
     def forget_user(self, user_id: str) -> ForgetResult:
         return self.reader.forget_user(user_id)
 
+    # ---------------------------------------------------------------------------- backup, restore
+    def export_memory(self, user_id: str) -> Iterator[str]:
+        """One user's memory as JSON lines (header, episodes, their chunks, entities, facts); see
+        ``engram_api.backup``."""
+        from engram_api.backup import export_lines
+
+        check_user_id(user_id)
+        return export_lines(self.graph, user_id)
+
+    def import_memory(self, lines: Iterable[str]) -> ImportResult:
+        """Restore an ``export_memory`` file into its user (who must hold no other messages)."""
+        from engram_api.backup import read_export, restore
+
+        snapshot = read_export(lines)
+        reader = self.reader
+        return restore(snapshot, graph=self.graph, embedder=reader.embedder, writes=reader.writes)
+
     def health(self) -> HealthReport:
         """Graph store, Redis, embedder, index directory and queue depths."""
         from engram_api.health import check_all
@@ -208,9 +242,14 @@ class AsyncMemoryClient:
     async def __aexit__(self, *exc: object) -> None:
         await asyncio.to_thread(self.sync.close)
 
+    async def export_memory(self, user_id: str) -> list[str]:
+        """The export's lines, read in a worker thread (the sync method returns a lazy iterator)."""
+        return await asyncio.to_thread(lambda: list(self.sync.export_memory(user_id)))
+
     for _name in (
         "enqueue", "enqueue_many", "wait", "dead_letters", "replay", "drop_dead_letter", "recall", "search",
-        "get_context", "history", "get_graph", "stats", "feedback", "forget", "forget_user", "health", "close",
+        "get_context", "history", "get_graph", "stats", "feedback", "forget", "forget_user", "import_memory",
+        "health", "close",
     ):  # fmt: skip
         locals()[_name] = _in_thread(_name)
     del _name

@@ -1,5 +1,5 @@
 """Health checks behind ``MemoryClient.health()`` and ``engram health``: each check is timed and
-reported on its own, so an operator sees which part is down."""
+reported on its own, and touches only its own dependency, so each failing row names its own cause."""
 
 from __future__ import annotations
 
@@ -42,8 +42,12 @@ def check_all(client: MemoryClient) -> HealthReport:
         return client.redis_url
 
     def embedder() -> str:
-        vec = client.reader.embedder.encode_one("health check")
-        return f"{settings.embedding_model} dim={vec.shape[0]}"
+        # Its own check, not the reader's: a Redis outage must not show up as an embedder failure, and
+        # finding the model's files must not cost loading it.
+        from engram_api.storage.embedder import embedder_for
+
+        model = embedder_for(settings)
+        return f"{settings.embedding_model} dim={model.dim} ({'loaded' if model.loaded else 'loads on first use'})"
 
     def index_dir() -> str:
         root = settings.index_dir

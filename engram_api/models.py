@@ -266,6 +266,14 @@ class KeywordHit(_Model):
     score: float
 
 
+class StoredEpisode(EpisodeRecord):
+    """An episode as stored, with the facts and entities it is a source of (what export writes, import
+    restores)."""
+
+    fact_ids: list[str] = Field(default_factory=list)
+    entity_ids: list[str] = Field(default_factory=list)
+
+
 class EntityRecord(Record):
     name: str
     norm_name: str
@@ -334,6 +342,9 @@ class WritePlan(_Model):
     reinforced_fact_ids: list[str] = Field(default_factory=list)
     mentioned_entity_ids: list[str] = Field(default_factory=list, description="provenance links")
     chunks: list[ChunkRecord] = Field(default_factory=list, description="the episode's recallable pieces")
+    linked_fact_ids: list[str] = Field(
+        default_factory=list, description="provenance links to stored facts without reinforcing them (restore)"
+    )
     usage: Usage = Field(default_factory=Usage)
 
 
@@ -407,36 +418,39 @@ class RecallItem(_Model):
     what found it: a retrieval channel, or ``source`` / ``extracted`` / ``window`` when it came along
     with a hit (a fact's source episode, an episode's facts, a neighbouring turn)."""
 
-    id: str
-    kind: Literal["fact", "episode", "cluster"] = "fact"
-    statement: str
+    id: str = Field(
+        description="the fact or excerpt id: pass it to `feedback(useful_ids=...)` or `forget` "
+        "(an excerpt's id forgets the message it comes from)"
+    )
+    kind: Literal["fact", "episode", "cluster"] = Field(default="fact", description="what the item is")
+    statement: str = Field(description="the fact as a sentence, or the excerpt's words")
     memory_type: MemoryType
-    subject: str
-    predicate: str
-    object: str | None
-    entities: list[str]
+    subject: str = Field(description="subject entity name")
+    predicate: str = Field(description="relation, e.g. LIVES_IN")
+    object: str | None = Field(description="object entity name, if any")
+    entities: list[str] = Field(description="names of the entities the fact mentions")
     valid_from: datetime
-    valid_until: datetime | None
-    event_time: datetime
-    current: bool
-    speaker: str | None = None
-    source_ids: list[str]
-    channels: list[Channel] = Field(default_factory=list)
-    path: Literal["vector", "graph", "both", "keyword", "linked"]
-    hops: int
-    score: float
-    breakdown: ScoreBreakdown
+    valid_until: datetime | None = Field(description="None while the fact holds")
+    event_time: datetime = Field(description="when it was said (the source message's time)")
+    current: bool = Field(description="true when the fact holds now (or at `as_of`)")
+    speaker: str | None = Field(default=None, description="who said an excerpt (None for facts)")
+    source_ids: list[str] = Field(description="ids of the messages that stated it")
+    channels: list[Channel] = Field(default_factory=list, description="what found it (see above)")
+    path: Literal["vector", "graph", "both", "keyword", "linked"] = Field(description="how it was found")
+    hops: int = Field(description="graph steps from a seed entity (0 = a fact on the seed itself)")
+    score: float = Field(description="final score (higher is better)")
+    breakdown: ScoreBreakdown = Field(description="the score's components")
 
 
 class RecallResult(_Model):
-    recall_id: str
+    recall_id: str = Field(description="pass to `feedback`")
     user_id: str
     query: str
-    as_of: datetime | None = None
-    items: list[RecallItem]
+    as_of: datetime | None = Field(None, description="the time recalled at (None = now)")
+    items: list[RecallItem] = Field(description="best first")
     weights: str = Field("configured", description="configured | learned:<scope>")
-    cached: bool = False
-    timings_ms: dict[str, float] = Field(default_factory=dict)
+    cached: bool = Field(False, description="served from the reader's cache")
+    timings_ms: dict[str, float] = Field(default_factory=dict, description="per step, in milliseconds")
 
 
 class ClusterHit(_Model):
@@ -453,6 +467,7 @@ class SearchResult(_Model):
     level: Literal["broad", "detailed"]
     clusters: list[ClusterHit] = Field(default_factory=list)
     facts: list[RecallItem] = Field(default_factory=list)
+    note: str = Field("", description="why the level differs from the one asked for, if it does")
 
 
 class GraphPage(_Model):
@@ -488,6 +503,17 @@ class ForgetResult(_Model):
     removed_fact_ids: list[str] = Field(default_factory=list)
     removed_entity_ids: list[str] = Field(default_factory=list)
     removed_chunk_ids: list[str] = Field(default_factory=list)
+
+
+class ImportResult(_Model):
+    """What ``engram import`` / ``MemoryClient.import_memory`` restored."""
+
+    user_id: str
+    episodes: int = Field(description="messages restored now")
+    skipped: int = Field(description="messages already stored (a resumed import)")
+    entities: int
+    facts: int
+    version: int
 
 
 class CheckResult(_Model):

@@ -27,7 +27,13 @@ import redis
 
 from engram_api import keys
 from engram_api.deadletters import DeadLetterStore
-from engram_api.errors import BackPressureError, InvalidInputError, StoreUnavailableError, WaitTimeoutError
+from engram_api.errors import (
+    BackPressureError,
+    InvalidInputError,
+    NotFoundError,
+    StoreUnavailableError,
+    WaitTimeoutError,
+)
 from engram_api.models import (
     ChatMessage,
     Envelope,
@@ -41,7 +47,7 @@ from engram_api.models import (
 )
 from engram_api.settings import Settings
 
-__all__ = ["MessageInput", "Producer", "build_envelope"]
+__all__ = ["MessageInput", "Producer", "build_envelope", "still_pending"]
 
 MessageInput = str | Sequence[Mapping[str, Any] | ChatMessage]
 
@@ -316,9 +322,12 @@ class Producer:
 
     def replay(self, user_id: str, message_id: str) -> Receipt:
         """Put a dead-lettered message back on the queue."""
-        letter = self.dead_letters.get(user_id, message_id)
-        if letter is None or letter.envelope is None:
-            raise InvalidInputError("message_id", f"no replayable dead letter {message_id!r} for {user_id!r}")
+        letter = self.dead_letters.get(check_user_id(user_id), check_message_id(message_id))
+        if letter is None:
+            raise NotFoundError(f"no dead letter {message_id!r} for {user_id!r}")
+        if letter.envelope is None:
+            # Dead-lettered after its payload was gone (e.g. a hook failed after the message was applied).
+            raise InvalidInputError("message_id", f"dead letter {message_id!r} keeps no message to replay")
         for stage in ("extract", "apply"):
             self.redis.delete(keys.deliveries(user_id, message_id, stage))
         self.redis.delete(keys.status(user_id, message_id))
@@ -332,27 +341,36 @@ class Producer:
             pipe.hget(keys.status(uid, mid), "state")
         return pipe.execute()
 
+    def verdict(self, pairs: Sequence[tuple[str, str]]) -> WaitResult:
+        """Where each (user_id, message_id) stands now: applied, dead-lettered or pending."""
+        result = WaitResult()
+        for (_, mid), state in zip(pairs, self.states(pairs), strict=True):
+            if state == MessageState.APPLIED:
+                result.applied.append(mid)
+            elif state == MessageState.DEAD:
+                result.dead_lettered.append(mid)
+            else:
+                result.pending.append(mid)
+        return result
+
     def wait(self, receipts: Sequence[Receipt | tuple[str, str]], timeout: float = 60.0) -> WaitResult:
         """Block until every message is applied or dead-lettered; raises ``WaitTimeoutError`` otherwise."""
         pairs = [(r.user_id, r.message_id) if isinstance(r, Receipt) else (r[0], r[1]) for r in receipts]
-        deadline = time.monotonic() + timeout
+        started = time.monotonic()
         delay = 0.02
         while True:
-            states = self.states(pairs)
-            result = WaitResult()
-            for (_, mid), state in zip(pairs, states, strict=True):
-                if state == MessageState.APPLIED:
-                    result.applied.append(mid)
-                elif state == MessageState.DEAD:
-                    result.dead_lettered.append(mid)
-                else:
-                    result.pending.append(mid)
+            result = self.verdict(pairs)
             if result.done:
                 return result
-            if time.monotonic() >= deadline:
-                raise WaitTimeoutError(
-                    f"{len(result.pending)} of {len(pairs)} messages still pending after {timeout}s "
-                    f"(first: {result.pending[:3]})"
-                )
-            time.sleep(delay)
+            waited = time.monotonic() - started
+            if waited >= timeout:
+                raise still_pending(result, len(pairs), waited)
+            time.sleep(min(delay, max(0.0, timeout - waited)))
             delay = min(delay * 1.5, 0.25)
+
+
+def still_pending(result: WaitResult, total: int, waited: float) -> WaitTimeoutError:
+    """The error for messages not finished after ``waited`` seconds (the real time spent waiting)."""
+    return WaitTimeoutError(
+        f"{len(result.pending)} of {total} messages still pending after {waited:.1f}s (first: {result.pending[:3]})"
+    )

@@ -42,6 +42,13 @@ def _env(name: str) -> AliasChoices:
     return AliasChoices(name, name.lower())
 
 
+def _user_data_dir() -> Path:
+    """One default per user, whatever the working directory: scripts and `engram up` find the same data."""
+    import platformdirs
+
+    return Path(platformdirs.user_data_dir("engram", appauthor=False))
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="ENGRAM_", extra="ignore", populate_by_name=True, frozen=True, env_file=None
@@ -81,7 +88,11 @@ class Settings(BaseSettings):
     torch_threads: int = Field(
         1, ge=1, description="threads of the embedding model per process (workers already run one process per core)"
     )
-    data_dir: Path = Field(Path("engram-data"), description="FAISS indexes, embedded SQLite and Redis data")
+    data_dir: Path = Field(
+        default_factory=_user_data_dir,
+        description="FAISS indexes, embedded SQLite and Redis data; default: this user's data directory "
+        "(~/.local/share/engram on Linux, ~/Library/Application Support/engram on macOS), the same from any folder",
+    )
 
     # --- LLM call discipline (fleet-wide: state lives in Redis) ---
     llm_timeout_s: float = Field(60.0, gt=0, description="seconds one LLM call may take")

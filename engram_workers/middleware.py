@@ -1,8 +1,10 @@
 """Hooks around the pipeline, as small middleware classes in one explicit, ordered list.
 
 Built-ins log and count; deployments add their own with ``ENGRAM_MIDDLEWARE=pkg.mod:Class,...`` (audit
-trails, notifications, fault injection in chaos tests). A middleware that raises fails the stage like any
-other error would, so hooks cannot silently swallow work.
+trails, notifications, fault injection in chaos tests). A ``before_stage``, ``after_stage`` or ``after_write``
+hook that raises fails the stage like any other unexpected error (retried, then dead-lettered with the
+traceback), so hooks cannot silently swallow work; an ``on_dead_letter`` hook that raises has its error added
+to the stored letter.
 """
 
 from __future__ import annotations

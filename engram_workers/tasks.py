@@ -23,7 +23,7 @@ from engram_workers.app import app
 from engram_workers.context import WorkerContext, get_context
 from engram_workers.stages import RetryLater
 from engram_workers.stages.apply import run_apply
-from engram_workers.stages.common import dead_letter, deliveries, keep_alive, load_envelope
+from engram_workers.stages.common import dead_letter, deliveries, envelope_or_none, keep_alive
 from engram_workers.stages.extract import run_extract
 
 __all__ = ["apply", "decay_task", "extract", "hierarchy_task", "reconcile_task", "redeliver_task", "weights_task"]
@@ -57,7 +57,7 @@ def _deliver(
         if crashed >= ctx.settings.poison_max_deliveries:
             return dead_letter(
                 ctx,
-                load_envelope(ctx, user_id, message_id),
+                envelope_or_none(ctx, user_id, message_id),
                 user_id=user_id,
                 message_id=message_id,
                 stage=stage,
@@ -75,14 +75,11 @@ def _attempt(
     user_id: str,
     message_id: str,
 ) -> str:
-    started = time.perf_counter()
-    for m in ctx.middleware:
-        m.before_stage(stage, user_id, message_id)
     try:
-        outcome = fn(ctx, user_id, message_id)
+        return _hooked(ctx, stage, fn, user_id, message_id)
     except RetryLater as later:
         keep_alive(ctx, user_id, message_id)
-        raise task.retry(countdown=later.countdown, max_retries=None) from None
+        raise _retry(task, later.countdown) from None
     except redis.RedisError:
         raise
     except Exception as exc:
@@ -91,17 +88,37 @@ def _attempt(
             reason = f"{type(exc).__name__}: {exc}"[:500]
             return dead_letter(
                 ctx,
-                load_envelope(ctx, user_id, message_id),
+                envelope_or_none(ctx, user_id, message_id),
                 user_id=user_id,
                 message_id=message_id,
                 stage=stage,
                 reason=reason + "\n" + traceback.format_exc(limit=5)[-1500:],
                 attempts=attempts,
             )
-        raise task.retry(countdown=2.0 * attempts, max_retries=None) from exc
+        raise _retry(task, 2.0 * attempts) from exc
+
+
+def _hooked(
+    ctx: WorkerContext, stage: str, fn: Callable[[WorkerContext, str, str], str], user_id: str, message_id: str
+) -> str:
+    """The stage between its middleware hooks. Everything here runs inside ``_attempt``'s handlers: a hook
+    that raises (or cannot even be loaded) fails the stage exactly like the stage's own error would."""
+    started = time.perf_counter()
+    for m in ctx.middleware:
+        m.before_stage(stage, user_id, message_id)
+    outcome = fn(ctx, user_id, message_id)
     for m in ctx.middleware:
         m.after_stage(stage, user_id, message_id, outcome, time.perf_counter() - started)
     return outcome
+
+
+def _retry(task: Task, countdown: float) -> Exception:
+    """Celery's ``Retry`` to raise. If the retry cannot be published, Celery raises ``Reject(requeue=False)``,
+    which would drop the message: put it back on the queue instead."""
+    try:
+        return task.retry(countdown=countdown, max_retries=None, throw=False)
+    except Reject as exc:
+        return Reject(f"could not schedule the retry: {exc.reason}", requeue=True)
 
 
 @app.task(name=keys.EXTRACT_TASK, bind=True, max_retries=None)

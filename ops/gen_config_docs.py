@@ -29,7 +29,10 @@ the offline rule-based extractor, and the bundled MiniLM embeddings.
 def render() -> str:
     rows = []
     for name, field in Settings.model_fields.items():
-        default = "" if field.default is None else f"`{field.default}`"
+        if field.default_factory is not None:
+            default = "(per user)"
+        else:
+            default = "" if field.default is None else f"`{field.default}`"
         rows.append(f"| `{variable_for(name)}` | {default} | {field.description or ''} |")
     return HEADER + "\n".join(rows) + "\n"
 

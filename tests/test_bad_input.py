@@ -415,7 +415,7 @@ CLI_CASES = [
     (["enqueue", "writer", "\ud800"], None, "messages"),
     (["enqueue", "writer", "x" * (MAX_CHARS + 1)], None, "messages"),
     (["enqueue", "writer", "-"], "a\x00b", "messages"),
-    (["enqueue", "writer", "hi", "--timestamp", "2024-01-01T00:00:00"], None, "timestamp"),
+    (["enqueue", "writer", "hi", "--timestamp", "2024-13-01T00:00:00"], None, "timestamp"),
     (["enqueue", "writer", "hi", "--timestamp", "yesterday"], None, "timestamp"),
     (["enqueue", "writer", "hi", "--message-id", "../m"], None, "message_id"),
     (["enqueue", "--file", "-"], '{"user_id": "writer", "text": "ok"}\n{"user_id": "../x", "text": "hi"}\n', "line 2"),

@@ -13,7 +13,7 @@ from datetime import timedelta
 import pytest
 
 from engram_api import MemoryClient, keys
-from engram_api.errors import InvalidInputError
+from engram_api.errors import InvalidInputError, NotFoundError
 from engram_api.models import DeadLetter, utcnow
 from engram_api.settings import Settings
 from engram_testing.llm_standin import Reply
@@ -92,7 +92,7 @@ def test_forget_removes_the_dead_letter_and_status_and_replay_cannot_bring_it_ba
     assert traces(client, user, "m-dead") == NOTHING
     assert traces(client, user, "m-ok") == NOTHING
     assert client.dead_letters(user) == []
-    with pytest.raises(InvalidInputError):
+    with pytest.raises(NotFoundError):  # its dead letter is gone with it
         client.replay(user, "m-dead")
     assert client.stats(user).facts == 0
 

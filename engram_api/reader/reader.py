@@ -25,7 +25,7 @@ import redis
 
 from engram_api import keys
 from engram_api.erasure import erase_message, erase_user
-from engram_api.errors import InvalidInputError, StoreUnavailableError
+from engram_api.errors import InvalidInputError, NotFoundError, StoreUnavailableError
 from engram_api.models import (
     ClusterHit,
     FactRecord,
@@ -266,10 +266,16 @@ class Reader:
                     )
                 )
             hits.sort(key=lambda h: -h.score)
-            if detail_level == "broad" or (hits and hits[0].score >= self.settings.broad_min_score):
+            if hits and (detail_level == "broad" or hits[0].score >= self.settings.broad_min_score):
                 return SearchResult(user_id=user_id, query=query, level="broad", clusters=hits[:k])
+        note = ""
+        if detail_level == "broad":
+            note = (
+                "no topic clusters for this user yet (the hierarchy job builds them; "
+                "`engram maintenance hierarchy` does it now): showing individual facts"
+            )
         facts = self.recall(user_id, query, k).items
-        return SearchResult(user_id=user_id, query=query, level="detailed", facts=facts)
+        return SearchResult(user_id=user_id, query=query, level="detailed", facts=facts, note=note)
 
     def get_context(self, user_id: str, query: str, max_tokens: int = 800) -> str:
         """A prompt-ready block within ``max_tokens``: current facts, then dated conversation excerpts
@@ -339,21 +345,47 @@ class Reader:
         return len(rows)
 
     def forget(self, user_id: str, memory_id: str) -> ForgetResult:
-        """Forget one message: its episode, and the facts and entities only it stated (with their vectors)."""
+        """Forget a message (its episode and chunks, the facts and entities only it stated, and every Redis
+        trace of it), or given a recall item's ``id``: a fact id forgets that one fact, an excerpt (chunk)
+        id forgets the message it is a piece of. ``NotFoundError`` when the user has none of them, and then
+        nothing is written (no tombstone: the id may still be enqueued later)."""
         check_user_id(user_id)
         check_message_id(memory_id, "memory_id")
-        if self.redis is not None:
+        message_id = memory_id if self._knows_message(user_id, memory_id) else None
+        if message_id is None and not self.graph.get_facts(user_id, [memory_id]):
+            # An excerpt is verbatim text of its message: forgetting it alone would leave the message.
+            excerpt = self.graph.get_chunks(user_id, [memory_id])
+            if not excerpt:
+                raise NotFoundError(f"{user_id!r} has no message, fact or excerpt {memory_id[:80]!r}")
+            message_id = excerpt[0].episode_id
+        if message_id is not None and self.redis is not None:
             # First: from here on no stage can write this message back (see engram_api.erasure).
-            erase_message(self.redis, user_id, memory_id, tombstone_ttl_s=self.settings.status_ttl_s)
+            erase_message(self.redis, user_id, message_id, tombstone_ttl_s=self.settings.status_ttl_s)
 
         def forget(write: UserWrite) -> ForgetResult:
-            result = self.graph.forget_message(user_id, memory_id)
+            if message_id is None:
+                result = self.graph.forget_fact(user_id, memory_id)
+            elif self.graph.is_applied(user_id, message_id):
+                result = self.graph.forget_message(user_id, message_id)
+            else:
+                return ForgetResult(user_id=user_id, episodes=1)  # not applied yet: the tombstone keeps it so
             removed = [*result.removed_fact_ids, *result.removed_entity_ids, *result.removed_chunk_ids]
             write.finish(removals=removed)
             result.vectors = len(removed)
             return result
 
         return self.writes.run(user_id, forget, wait=_WRITE_WAIT_S)
+
+    def _knows_message(self, user_id: str, message_id: str) -> bool:
+        """Applied, or still known to Redis (queued, in a stage, finished recently, or dead-lettered)."""
+        if self.graph.is_applied(user_id, message_id):
+            return True
+        if self.redis is None:
+            return False
+        traces = (keys.message_payload, keys.extraction, keys.status)
+        return bool(self.redis.exists(*(key(user_id, message_id) for key in traces))) or bool(
+            self.redis.hexists(keys.dead_letters(), keys.dead_letter_field(user_id, message_id))
+        )
 
     def forget_user(self, user_id: str) -> ForgetResult:
         """Everything of one user: graph, vectors, caches, queued payloads, dead letters."""

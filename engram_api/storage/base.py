@@ -42,6 +42,7 @@ from engram_api.models import (
     GraphPage,
     KeywordHit,
     LearnedWeights,
+    StoredEpisode,
     UserStats,
     VectorItem,
     WritePlan,
@@ -154,8 +155,8 @@ class GraphStore(ABC):
 
         Creates the episode, new entities and facts (with ``FROM`` provenance to the episode), applies
         entity and fact changes, reinforces restated facts (strength back to 1.0, provenance added),
-        links mentioned entities to the episode, stores the episode's chunks (and their keyword entries),
-        adds the plan's usage to the user's totals and bumps
+        links mentioned entities and ``linked_fact_ids`` to the episode (no reinforcement), stores the
+        episode's chunks (and their keyword entries), adds the plan's usage to the user's totals and bumps
         the user's version. Returns the version after the write (or the current one when skipped).
         """
 
@@ -232,11 +233,21 @@ class GraphStore(ABC):
     @abstractmethod
     def list_users(self) -> list[str]: ...
 
+    @abstractmethod
+    def episodes(self, user_id: str) -> list[StoredEpisode]:
+        """Every stored episode of the user with its provenance links (sorted fact and entity ids),
+        ordered by (event_time, id)."""
+
     # -------------------------------------------------------------------------------------- delete
     @abstractmethod
     def forget_message(self, user_id: str, message_id: str) -> ForgetResult:
         """Delete the episode; facts and entities whose only source it was go too (no orphans);
         facts that other messages also stated only lose that provenance link."""
+
+    @abstractmethod
+    def forget_fact(self, user_id: str, fact_id: str) -> ForgetResult:
+        """Delete one fact (older facts it superseded are repaired as in ``forget_message``) and the
+        entities it leaves orphaned; episodes stay. Unknown ids change nothing and return zeros."""
 
     @abstractmethod
     def forget_user(self, user_id: str) -> ForgetResult: ...

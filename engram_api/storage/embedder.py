@@ -12,11 +12,14 @@ Backends (``ENGRAM_EMBEDDING_BACKEND``):
 Both give the same vectors (the export is rejected below cosine 0.9999 on a fixed probe set).
 
 ``encode_one`` (the query path) keeps an LRU cache of recent texts: repeated queries skip the encoder.
+Only encoding loads a model: ``dim`` is read from the model's files when they declare it, so calls that
+never embed (stats, history, export, reindex, forget, health) stay cheap.
 """
 
 from __future__ import annotations
 
 import fcntl
+import json
 import logging
 import os
 import threading
@@ -71,6 +74,22 @@ def _export_lock(cache_dir: Path) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _declared_dim(path: Path) -> int | None:
+    """The output size a local sentence-transformers model declares in its files, when that is unambiguous
+    (transformer, one pooling mode, optional normalize): reading it costs a file read, not a model load.
+    None means the model must be loaded to know."""
+    try:
+        modules = json.loads((path / "modules.json").read_text())
+        kinds = [m["type"].rsplit(".", 1)[-1] for m in modules]
+        if kinds not in (["Transformer", "Pooling", "Normalize"], ["Transformer", "Pooling"]):
+            return None
+        pooling = json.loads((path / modules[1]["path"] / "config.json").read_text())
+    except (OSError, ValueError, KeyError, IndexError, TypeError, AttributeError):
+        return None
+    modes = [k for k, v in pooling.items() if k.startswith("pooling_mode_") and v is True]
+    return int(pooling["word_embedding_dimension"]) if len(modes) == 1 else None
 
 
 class _Encoder(Protocol):
@@ -201,7 +220,15 @@ class Embedder:
             return self._encoder
 
     @property
+    def loaded(self) -> bool:
+        return self._encoder is not None
+
+    @property
     def dim(self) -> int:
+        if self._encoder is None:
+            declared = _declared_dim(Path(_resolve(self.model_name)))
+            if declared is not None:
+                return declared
         return self._load().dim
 
     def encode(self, texts: list[str]) -> np.ndarray:

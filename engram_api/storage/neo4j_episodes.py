@@ -46,7 +46,9 @@ CREATE (c:Chunk) SET c = row
 CREATE (c)-[:PART_OF]->(ep)
 """
 
+# A chunk is never updated after it is written: updated_at is created_at (as SQLite reads it).
 _CHUNK = """c {.id, .user_id, .episode_id, .seq, .text, .speaker, .role, .event_time, .created_at,
+   updated_at: c.created_at,
    fact_ids: COLLECT { MATCH (c)-[:PART_OF]->(:Episode)<-[:FROM]-(f:Fact) WHERE f.user_id = $user_id
                        RETURN f.id ORDER BY f.id }}"""
 

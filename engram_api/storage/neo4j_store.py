@@ -51,6 +51,7 @@ from engram_api.models import (
     GraphPage,
     KeywordHit,
     LearnedWeights,
+    StoredEpisode,
     Usage,
     UserStats,
     VectorItem,
@@ -205,6 +206,11 @@ CALL (ep) {
   MATCH (e:Entity {user_id: $user_id, id: eid})
   MERGE (e)-[:FROM]->(ep)
 }
+CALL (ep) {
+  UNWIND $linked AS fid
+  MATCH (f:Fact {user_id: $user_id, id: fid})
+  MERGE (f)-[:FROM]->(ep)
+}
 """
 
 # ---------------------------------------------------------------------------------------- read
@@ -218,6 +224,12 @@ FOREACH (_ IN CASE WHEN u IS NULL THEN [] ELSE [1] END | SET u._lock = true REMO
 RETURN coalesce(u.epoch, 0) AS epoch, coalesce(u.version, 0) AS version
 """
 _Q_BUMP = "MATCH (u:User {user_id: $user_id}) SET u.version = u.version + 1, u.updated_at = $now"
+_Q_EPISODES = """
+MATCH (ep:Episode {user_id: $user_id})
+RETURN ep {.*, fact_ids: COLLECT { MATCH (f:Fact {user_id: $user_id})-[:FROM]->(ep) RETURN f.id ORDER BY f.id },
+        entity_ids: COLLECT { MATCH (e:Entity {user_id: $user_id})-[:FROM]->(ep) RETURN e.id ORDER BY e.id }} AS row
+ORDER BY ep.event_time, ep.id
+"""
 _Q_IS_APPLIED = "RETURN EXISTS { MATCH (:Episode {user_id: $user_id, id: $episode_id}) } AS applied"
 _Q_FIND_ENTITIES = f"""
 CALL () {{
@@ -333,6 +345,10 @@ RETURN doomed, COLLECT {
   MATCH (f:Fact {user_id: $user_id})-[:SUBJECT|OBJECT]->(e:Entity {user_id: $user_id})
   WHERE f.id IN doomed RETURN e.id AS id
 } AS candidates
+"""
+_Q_FORGET_FACT_PLAN = """
+MATCH (f:Fact {user_id: $user_id, id: $fact_id})
+RETURN [f.id] AS doomed, COLLECT { MATCH (f)-[:SUBJECT|OBJECT]->(e:Entity {user_id: $user_id}) RETURN e.id } AS candidates
 """
 _Q_FORGET_CHAINS = """
 RETURN COLLECT { MATCH (f:Fact {user_id: $user_id}) WHERE f.id IN $doomed AND f.superseded_by IS NOT NULL
@@ -746,12 +762,13 @@ class Neo4jGraphStore(GraphStore):
             ):
                 if rows:
                     tx.run(query, params, rows=rows).consume()
-            if plan.reinforced_fact_ids or plan.mentioned_entity_ids:
+            if plan.reinforced_fact_ids or plan.mentioned_entity_ids or plan.linked_fact_ids:
                 tx.run(
                     _Q_APPLY_LINKS,
                     params,
                     reinforced=list(dict.fromkeys(plan.reinforced_fact_ids)),
                     mentioned=list(dict.fromkeys(plan.mentioned_entity_ids)),
+                    linked=list(dict.fromkeys(plan.linked_fact_ids)),
                 ).consume()
             return ApplyOutcome(applied=True, version=version)
 
@@ -921,11 +938,23 @@ class Neo4jGraphStore(GraphStore):
         return self._read(work)
 
     # ------------------------------------------------------------------------------- delete
+    def episodes(self, user_id: str) -> list[StoredEpisode]:
+        rows = self._rows(_Q_EPISODES, user_id=user_id)
+        return [StoredEpisode(**{**r, "metadata": json.loads(r.get("metadata") or "{}")}) for r in rows]
+
     def forget_message(self, user_id: str, message_id: str) -> ForgetResult:
-        params = {"user_id": user_id, "episode_id": message_id, "now": utcnow()}
+        return self._forget(_Q_FORGET_PLAN, {"user_id": user_id, "episode_id": message_id, "now": utcnow()})
+
+    def forget_fact(self, user_id: str, fact_id: str) -> ForgetResult:
+        return self._forget(_Q_FORGET_FACT_PLAN, {"user_id": user_id, "fact_id": fact_id, "now": utcnow()})
+
+    def _forget(self, plan_query: str, params: dict[str, Any]) -> ForgetResult:
+        """Delete the facts ``plan_query`` dooms (supersession repaired), the episode and its chunks when one
+        is being forgotten, then the candidate entities left orphaned; one transaction."""
+        user_id = params["user_id"]
 
         def work(tx: ManagedTransaction) -> ForgetResult:
-            plan = tx.run(_Q_FORGET_PLAN, params).single()
+            plan = tx.run(plan_query, params).single()
             if plan is None:
                 return ForgetResult(user_id=user_id)
             doomed, candidates = list(plan["doomed"]), list(plan["candidates"])
@@ -938,13 +967,17 @@ class Neo4jGraphStore(GraphStore):
                 ]
                 tx.run(_Q_FORGET_RESTORE, params, rows=repairs).consume()
             facts = tx.run(_Q_FORGET_FACTS, params, doomed=doomed).data()
-            chunks = [r["id"] for r in tx.run(episodes_cypher.Q_FORGET_CHUNKS, params)]
-            tx.run(_Q_FORGET_EPISODE, params).consume()
+            episodes, chunks = 0, []
+            if "episode_id" in params:
+                # Only a message's forget touches chunks: with no episode id the query would take them all.
+                chunks = [r["id"] for r in tx.run(episodes_cypher.Q_FORGET_CHUNKS, params)]
+                tx.run(_Q_FORGET_EPISODE, params).consume()
+                episodes = 1
             entities = tx.run(_Q_FORGET_ORPHANS, params, candidates=candidates).data()
             tx.run(_Q_BUMP, params).consume()
             return ForgetResult(
                 user_id=user_id,
-                episodes=1,
+                episodes=episodes,
                 facts=len(facts),
                 entities=len(entities),
                 vectors=sum(1 for r in facts + entities if r["has_vector"]) + len(chunks),

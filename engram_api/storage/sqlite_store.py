@@ -38,6 +38,7 @@ from engram_api.models import (
     GraphPage,
     KeywordHit,
     LearnedWeights,
+    StoredEpisode,
     Usage,
     UserStats,
     VectorItem,
@@ -607,6 +608,36 @@ def _chunk_ids(conn: sqlite3.Connection, user_id: str, episode_ids: Sequence[str
     return [r[0] for r in rows]
 
 
+def _forget_facts(conn: sqlite3.Connection, user_id: str, doomed: list[str], candidates: set[str]) -> ForgetResult:
+    """Delete facts (supersession repaired) and the ``candidates`` entities left with no provenance and no
+    mention; bumps the version. The caller has already deleted any episode being forgotten."""
+    _repair_supersession(conn, user_id, doomed)
+    fact_vectors = _delete_facts(conn, user_id, doomed)
+    orphans = [
+        r["id"]
+        for r in conn.execute(
+            """SELECT e.id FROM entities e
+                WHERE e.user_id = :user_id AND e.id IN (SELECT value FROM json_each(:ids))
+                  AND NOT EXISTS (SELECT 1 FROM provenance p
+                                   WHERE p.user_id = :user_id AND p.node_id = e.id)
+                  AND NOT EXISTS (SELECT 1 FROM mentions m
+                                   WHERE m.user_id = :user_id AND m.entity_id = e.id)
+                ORDER BY e.id""",
+            {"user_id": user_id, "ids": _ids(sorted(candidates))},
+        )
+    ]
+    entity_vectors = _delete_entities(conn, user_id, orphans)
+    _bump(conn, user_id, None)
+    return ForgetResult(
+        user_id=user_id,
+        facts=len(doomed),
+        entities=len(orphans),
+        vectors=fact_vectors + entity_vectors,
+        removed_fact_ids=sorted(doomed),
+        removed_entity_ids=orphans,
+    )
+
+
 class SqliteGraphStore(GraphStore):
     """The graph-store contract over one SQLite file (the default when no Neo4j is configured)."""
 
@@ -841,6 +872,9 @@ class SqliteGraphStore(GraphStore):
             for entity_id in dict.fromkeys(plan.mentioned_entity_ids):
                 if _entity_exists(conn, user_id, entity_id):
                     _link(conn, user_id, entity_id, "entity", episode_id)
+            for fact_id in dict.fromkeys(plan.linked_fact_ids):
+                if conn.execute("SELECT 1 FROM facts WHERE user_id = ? AND id = ?", (user_id, fact_id)).fetchone():
+                    _link(conn, user_id, fact_id, "fact", episode_id)
             version = _bump(conn, user_id, plan.usage, self._creation_epoch())
         return ApplyOutcome(applied=True, version=version)
 
@@ -1021,6 +1055,34 @@ class SqliteGraphStore(GraphStore):
         rows = self._conn().execute("SELECT user_id FROM users ORDER BY user_id").fetchall()
         return [r["user_id"] for r in rows]
 
+    def episodes(self, user_id: str) -> list[StoredEpisode]:
+        with self._read() as conn:
+            rows = conn.execute(
+                "SELECT * FROM episodes WHERE user_id = ? ORDER BY event_time, id", (user_id,)
+            ).fetchall()
+            links = conn.execute(
+                "SELECT episode_id, node_id, node_kind FROM provenance WHERE user_id = ? ORDER BY node_id",
+                (user_id,),
+            ).fetchall()
+        linked: dict[tuple[str, str], list[str]] = {}
+        for link in links:
+            linked.setdefault((link["episode_id"], link["node_kind"]), []).append(link["node_id"])
+        return [
+            StoredEpisode(
+                id=r["id"],
+                user_id=user_id,
+                content=r["content"],
+                role=r["role"],
+                event_time=_dt(r["event_time"]),
+                metadata=json.loads(r["metadata"]),
+                created_at=_dt(r["created_at"]),
+                updated_at=_dt(r["updated_at"]),
+                fact_ids=linked.get((r["id"], "fact"), []),
+                entity_ids=linked.get((r["id"], "entity"), []),
+            )
+            for r in rows
+        ]
+
     # ------------------------------------------------------------------------------------ delete
     def forget_message(self, user_id: str, message_id: str) -> ForgetResult:
         with self._write() as conn:
@@ -1042,37 +1104,26 @@ class SqliteGraphStore(GraphStore):
                     (user_id, _ids(doomed_facts)),
                 )
             )
-            _repair_supersession(conn, user_id, doomed_facts)
-            fact_vectors = _delete_facts(conn, user_id, doomed_facts)
             chunk_ids = _chunk_ids(conn, user_id, [message_id])
             # Deleting the episode cascades to every remaining FROM link to it and to its chunks (whose
             # triggers drop their keyword entries).
             conn.execute("DELETE FROM episodes WHERE user_id = ? AND id = ?", (user_id, message_id))
-            orphans = [
-                r["id"]
-                for r in conn.execute(
-                    """SELECT e.id FROM entities e
-                        WHERE e.user_id = :user_id AND e.id IN (SELECT value FROM json_each(:ids))
-                          AND NOT EXISTS (SELECT 1 FROM provenance p
-                                           WHERE p.user_id = :user_id AND p.node_id = e.id)
-                          AND NOT EXISTS (SELECT 1 FROM mentions m
-                                           WHERE m.user_id = :user_id AND m.entity_id = e.id)
-                        ORDER BY e.id""",
-                    {"user_id": user_id, "ids": _ids(sorted(candidates))},
-                )
-            ]
-            entity_vectors = _delete_entities(conn, user_id, orphans)
-            _bump(conn, user_id, None)
-        return ForgetResult(
-            user_id=user_id,
-            episodes=1,
-            facts=len(doomed_facts),
-            entities=len(orphans),
-            vectors=fact_vectors + entity_vectors + len(chunk_ids),
-            removed_fact_ids=doomed_facts,
-            removed_entity_ids=orphans,
-            removed_chunk_ids=chunk_ids,
+            result = _forget_facts(conn, user_id, doomed_facts, candidates)
+        return result.model_copy(
+            update={"episodes": 1, "vectors": result.vectors + len(chunk_ids), "removed_chunk_ids": chunk_ids}
         )
+
+    def forget_fact(self, user_id: str, fact_id: str) -> ForgetResult:
+        with self._write() as conn:
+            if not conn.execute("SELECT 1 FROM facts WHERE user_id = ? AND id = ?", (user_id, fact_id)).fetchone():
+                return ForgetResult(user_id=user_id)
+            candidates = {
+                r[0]
+                for r in conn.execute(
+                    "SELECT entity_id FROM mentions WHERE user_id = ? AND fact_id = ?", (user_id, fact_id)
+                )
+            }
+            return _forget_facts(conn, user_id, [fact_id], candidates)
 
     def forget_user(self, user_id: str) -> ForgetResult:
         with self._write() as conn:

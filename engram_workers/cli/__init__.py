@@ -74,7 +74,7 @@ def main() -> None:
     """Engram: durable memory ingestion for AI chat apps.
 
     Start with `engram demo`. With nothing configured everything is embedded (Redis, SQLite graph,
-    offline extractor, data in ./engram-data); set REDIS_URL, NEO4J_URI and LLM_MODEL to use real services.
+    offline extractor, data in your user data directory; ENGRAM_DATA_DIR to choose); set REDIS_URL, NEO4J_URI and LLM_MODEL to use real services.
     """
 
 

@@ -7,7 +7,7 @@ engram_api is imported inside the functions: importing it pulls in numpy and the
 from __future__ import annotations
 
 from collections.abc import Callable
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from engram_api import MemoryClient
     from engram_api.settings import Settings
 
-__all__ = ["open_client", "parse_time", "settings", "user_id_argument", "user_option"]
+__all__ = ["TIME_HELP", "open_client", "parse_time", "settings", "user_id_argument", "user_option"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -53,14 +53,19 @@ def user_option(help_text: str) -> Callable[[F], F]:
     return click.option("--user", "user_ids", multiple=True, callback=_check_user, metavar="USER_ID", help=help_text)
 
 
+TIME_HELP = (
+    "an ISO 8601 date or time (2024-05-01, 2024-05-01T14:30, 2024-05-01T14:30+02:00); without a zone it is local time."
+)
+
+
 def parse_time(value: str, field: str) -> datetime:
-    """ISO 8601 date or date-time; without a zone it is taken as UTC."""
+    """The one rule for every CLI date option: an ISO 8601 date or date-time; a date means its local midnight
+    and a time without a zone is local time (as a person typing it means it)."""
     from engram_api.errors import InvalidInputError
 
     try:
-        parsed = datetime.fromisoformat(value)
+        parsed = datetime.fromisoformat(value.strip())
     except ValueError:
-        raise InvalidInputError(
-            field, f"expected an ISO 8601 date or time such as 2024-05-01 (got {value[:40]!r})"
-        ) from None
-    return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=UTC)
+        raise InvalidInputError(field, f"expected {TIME_HELP.split(';')[0]} (got {value[:40]!r})") from None
+    # astimezone() on a naive datetime reads it in the machine's local zone.
+    return parsed if parsed.tzinfo is not None else parsed.astimezone()

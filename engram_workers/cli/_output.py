@@ -74,7 +74,11 @@ def table(
 ) -> None:
     from rich.table import Table
 
-    grid = Table(title=title, caption=caption, title_justify="left", caption_justify="left", header_style="bold")
+    # On a narrow terminal long cells fold onto several lines: rules between rows keep them one row each.
+    grid = Table(
+        title=title, caption=caption, title_justify="left", caption_justify="left", header_style="bold",
+        show_lines=console().width < 120,
+    )  # fmt: skip
     for column in columns:
         grid.add_column(column, overflow="fold")
     empty = True

@@ -91,7 +91,10 @@ def _show(client: MemoryClient, user: str, as_of: datetime) -> None:
     print_recall(hop.items)
     answer = next((i for i in hop.items if i.kind == "fact"), None)
     if answer is not None:
-        out.print(f"-> [bold]{answer.statement}[/bold] (the question names neither the brother nor the company)")
+        out.print(
+            f"-> [bold]{answer.statement}[/bold] "
+            "(the question names neither Alex nor Amazon: the graph links brother -> Alex -> Amazon)"
+        )
 
     _section("2b. The conversation itself: what happened to the sourdough starter?")
     said = client.recall(user, "what happened to the sourdough starter?", k=3)

@@ -6,12 +6,11 @@ import json
 import sys
 import time
 from collections.abc import Sequence
-from datetime import datetime
 from typing import IO, TYPE_CHECKING, Any
 
 import click
 
-from engram_workers.cli._common import open_client
+from engram_workers.cli._common import TIME_HELP, open_client, parse_time
 from engram_workers.cli._output import emit_json, err_console, table
 
 if TYPE_CHECKING:
@@ -50,10 +49,7 @@ def read_jsonl(stream: IO[str], client: MemoryClient) -> list[Envelope]:
             raise InvalidInputError(f"line {number}", 'needs exactly one of "text" or "messages"')
         timestamp: Any = item.get("timestamp")
         if isinstance(timestamp, str):
-            try:
-                timestamp = datetime.fromisoformat(timestamp)
-            except ValueError:
-                raise InvalidInputError(f"line {number}.timestamp", f"not ISO 8601: {timestamp[:40]!r}") from None
+            timestamp = parse_time(timestamp, f"line {number}.timestamp")
         try:
             envelopes.append(
                 build_envelope(
@@ -94,22 +90,22 @@ def enqueue_envelopes(client: MemoryClient, envelopes: Sequence[Envelope]) -> li
 
 
 def wait_with_progress(client: MemoryClient, receipts: Sequence[Receipt], timeout: float) -> WaitResult:
-    """A bar of applied (or dead-lettered) messages, then ``client.wait`` for the verdict."""
-    from engram_api.models import MessageState
+    """A bar of applied (or dead-lettered) messages; raises ``WaitTimeoutError`` (exit 2) naming the real
+    time waited when messages are still pending after ``timeout`` seconds."""
+    from engram_api.producer import still_pending
 
-    finished = {MessageState.APPLIED.value, MessageState.DEAD.value}
     pairs = [(r.user_id, r.message_id) for r in receipts]
-    deadline = time.monotonic() + timeout
+    started = time.monotonic()
     with _progress() as progress:
         task = progress.add_task("apply", total=len(pairs))
-        while time.monotonic() < deadline:
-            done = sum(state in finished for state in client.producer.states(pairs))
-            progress.update(task, completed=done)
-            if done == len(pairs):
-                break
+        while True:
+            result = client.producer.verdict(pairs)
+            progress.update(task, completed=len(pairs) - len(result.pending))
+            if result.done:
+                return result
+            if time.monotonic() - started >= timeout:
+                raise still_pending(result, len(pairs), time.monotonic() - started)
             time.sleep(0.2)
-    # Raises WaitTimeoutError (exit 2) when messages are still pending at the deadline.
-    return client.wait(list(receipts), timeout=max(0.0, deadline - time.monotonic()))
 
 
 @click.command(short_help="Queue messages: text, a JSON lines file or stdin.")
@@ -120,11 +116,11 @@ def wait_with_progress(client: MemoryClient, receipts: Sequence[Receipt], timeou
     "-f",
     "source",
     type=click.File("r"),
-    help='JSON lines, one message each: {"user_id", "text" or "messages", "message_id"?, "timestamp"?}. '
-    '"-" reads stdin.',
+    help='JSON lines, one message each: {"user_id", "text" or "messages", "message_id"?, "timestamp"?, '
+    '"metadata"?} (metadata: an object of str/number/bool values). "-" reads stdin.',
 )
 @click.option("--message-id", help="Idempotency key of the message (default: random).")
-@click.option("--timestamp", help="When the message was said (ISO 8601 with a zone; default: now).")
+@click.option("--timestamp", help=f"When the message was said: {TIME_HELP} Default: now.")
 @click.option("--wait", "wait_", is_flag=True, help="Block until every message is applied or dead-lettered.")
 @click.option("--timeout", default=300.0, show_default=True, type=click.FloatRange(min=0), help="Seconds --wait waits.")
 @click.option("--json", "as_json", is_flag=True, help="Print the receipts (and the wait result) as JSON.")
@@ -158,12 +154,7 @@ def enqueue(
         else:
             if text is None:
                 raise click.UsageError("missing TEXT (or use --file)")
-            when = None
-            if timestamp:
-                try:
-                    when = datetime.fromisoformat(timestamp)
-                except ValueError:
-                    raise InvalidInputError("timestamp", f"not ISO 8601: {timestamp[:40]!r}") from None
+            when = parse_time(timestamp, "timestamp") if timestamp else None
             body = sys.stdin.read() if text == "-" else text
             envelopes = [build_envelope(client.settings, user_id, body, message_id=message_id, timestamp=when)]
         receipts = (

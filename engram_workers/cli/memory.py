@@ -1,4 +1,4 @@
-"""Read memory back (recall, search, context, history, graph, stats), forget it, export it, check health.
+"""Read memory back (recall, search, context, history, graph, stats), forget it, export and import it, check health.
 
 All of it goes through ``MemoryClient``: zero LLM calls (``health`` pings the LLM only when asked to
 check a configured one).
@@ -12,8 +12,8 @@ from typing import IO, TYPE_CHECKING
 
 import click
 
-from engram_workers.cli._common import open_client, parse_time, user_id_argument
-from engram_workers.cli._output import console, emit_json, fmt_time, json_option, table, to_jsonable
+from engram_workers.cli._common import TIME_HELP, open_client, parse_time, user_id_argument
+from engram_workers.cli._output import console, emit_json, fmt_time, json_option, table
 
 if TYPE_CHECKING:
     from engram_api import MemoryClient
@@ -21,14 +21,14 @@ if TYPE_CHECKING:
 
 __all__ = ["COMMANDS", "print_facts", "print_recall"]
 
-_EXPORT_PAGE = 1000  # the reader's largest page
-
 
 def _found_by(item: RecallItem) -> str:
+    """Which channels reached an item; the graph says how far (on a matched entity itself at hop 0, else
+    that many entity steps away)."""
     names = []
     for channel in item.channels:
         if channel == "graph":
-            reach = "adjacent" if item.hops <= 0 else f"{item.hops} hop{'s' if item.hops != 1 else ''}"
+            reach = "on a matched entity" if item.hops <= 0 else f"{item.hops} hop{'s' if item.hops != 1 else ''} away"
             names.append(f"graph ({reach})")
         else:
             names.append(channel.replace("_", " "))
@@ -66,9 +66,9 @@ def print_facts(facts: Sequence[FactRecord], *, title: str | None = None) -> Non
 @user_id_argument
 @click.argument("query")
 @click.option("-k", "k", default=10, show_default=True, type=click.IntRange(1, 200), help="How many memories.")
-@click.option("--as-of", help="Recall what was true at this time (ISO 8601, e.g. 2024-05-01).")
-@click.option("--since", help="Only what happened at or after this time (event time, ISO 8601).")
-@click.option("--until", help="Only what happened before this time (event time, ISO 8601).")
+@click.option("--as-of", help=f"Recall what was true at this time: {TIME_HELP}")
+@click.option("--since", help=f"Only what happened at or after this time (event time): {TIME_HELP}")
+@click.option("--until", help=f"Only what happened before this time (event time): {TIME_HELP}")
 @json_option
 def recall(
     user_id: str, query: str, k: int, as_of: str | None, since: str | None, until: str | None, as_json: bool
@@ -111,7 +111,7 @@ def search(user_id: str, query: str, k: int, detail: str, as_json: bool) -> None
         rows = [(c.label, c.summary, len(c.member_fact_ids), f"{c.score:.3f}") for c in result.clusters]
         table(f"search (broad): {query!r}", ["topic", "summary", "facts", "score"], rows)
     else:
-        print_recall(result.facts, title=f"search (detailed): {query!r}")
+        print_recall(result.facts, title=f"search (detailed): {query!r}", caption=result.note or None)
 
 
 @click.command(short_help="A prompt-ready block of facts for a query.")
@@ -123,10 +123,19 @@ def context(user_id: str, query: str, max_tokens: int, as_json: bool) -> None:
     """A prompt-ready block of current facts for QUERY, within a token budget."""
     with open_client() as client:
         text = client.get_context(user_id, query, max_tokens)
+        needed = 0
+        if not text and not as_json:
+            # "Nothing known" and "nothing fits" both give an empty block: tell them apart for a person.
+            header_and_best = client.get_context(user_id, query, 100_000).splitlines()[:2]
+            needed = -(-(len("\n".join(header_and_best)) + 1) // 4) if len(header_and_best) == 2 else 0
     if as_json:
         emit_json({"user_id": user_id, "query": query, "context": text})
+    elif text:
+        click.echo(text)
+    elif needed:
+        click.echo(f"(no fact fits in --max-tokens {max_tokens}; the most relevant needs about {needed})")
     else:
-        click.echo(text or "(nothing known for this query)")
+        click.echo("(nothing known for this query)")
 
 
 @click.command(short_help="How facts about a subject changed over time.")
@@ -193,20 +202,25 @@ def stats(user_id: str, as_json: bool) -> None:
     table(f"memory of {user_id}", ["", "value"], rows)
 
 
-@click.command(short_help="Forget one message and the facts only it stated.")
+@click.command(short_help="Forget one message, or one fact.")
 @user_id_argument
 @click.argument("memory_id")
 @json_option
 def forget(user_id: str, memory_id: str, as_json: bool) -> None:
-    """Forget one message (MEMORY_ID is its message id) and the facts only it stated."""
+    """Forget MEMORY_ID: a message id (the message and the facts only it stated), or the `id` of a recall
+    item in --json output: a fact's (that fact) or an excerpt's (the message it comes from). Exits 2 when
+    the user has none of them."""
     with open_client() as client:
         result = client.forget(user_id, memory_id)
     if as_json:
         emit_json(result)
     else:
-        click.echo(
-            f"forgot message {memory_id}: {result.facts} facts, {result.entities} entities, {result.vectors} vectors"
-        )
+        what = f"fact {memory_id}"
+        if memory_id in result.removed_chunk_ids:
+            what = f"the message of excerpt {memory_id}"
+        elif result.episodes:
+            what = f"message {memory_id}"
+        click.echo(f"forgot {what}: {result.facts} facts, {result.entities} entities, {result.vectors} vectors")
 
 
 @click.command("forget-user", short_help="Erase everything of one user.")
@@ -272,36 +286,42 @@ def health(as_json: bool) -> None:
 @user_id_argument
 @click.option("--output", "-o", type=click.File("w"), default="-", help="File to write (default: stdout).")
 def export(user_id: str, output: IO[str]) -> None:
-    """Back up one user's memory as JSON lines: a header, then every entity and fact.
+    """Back up one user's memory as JSON lines: a header, then every message (episode), entity and fact.
 
     Superseded and archived facts are included (history survives); embeddings are not (they are
-    recomputed from the text).
+    recomputed from the text on import). Works with the embedded fleet stopped. Restore with `engram import`.
     """
-    from engram_api.models import utcnow
-
     with open_client() as client:
-        first = client.get_graph(user_id, 1, _EXPORT_PAGE)
-        header = {
-            "type": "header",
-            "format": "engram-export",
-            "version": 1,
-            "user_id": user_id,
-            "exported_at": utcnow().isoformat(),
-            "facts": first.total_facts,
-        }
-        output.write(json.dumps(header) + "\n")
-        seen: set[str] = set()
-        page, facts = first, 0
-        while page.facts:
-            for entity in page.entities:
-                if entity.id not in seen:
-                    seen.add(entity.id)
-                    output.write(json.dumps({"type": "entity", **to_jsonable(entity)}) + "\n")
-            for fact in page.facts:
-                output.write(json.dumps({"type": "fact", **to_jsonable(fact)}) + "\n")
-            facts += len(page.facts)
-            page = client.get_graph(user_id, page.page + 1, _EXPORT_PAGE)
-    click.echo(f"exported {facts} facts and {len(seen)} entities of {user_id}", err=True)
+        lines = client.export_memory(user_id)
+        first = next(lines)  # the header: always there, even for a user with no memory
+        header = json.loads(first)
+        output.writelines(f"{line}\n" for line in (first, *lines))
+    click.echo(
+        f"exported {header['episodes']} messages, {header['facts']} facts and {header['entities']} entities "
+        f"of {user_id}",
+        err=True,
+    )
 
 
-COMMANDS = [recall, search, context, history, graph, stats, forget, forget_user, health, export]
+@click.command("import", short_help="Restore a user's memory from an export.")
+@click.argument("file", type=click.File("r"))
+@json_option
+def import_(file: IO[str], as_json: bool) -> None:
+    """Restore the memory in FILE (written by `engram export`; - reads stdin) into its user.
+
+    The user must hold no other messages (run `engram forget-user` first to replace them). Every line is
+    checked before anything is written; an interrupted import is finished by running it again.
+    """
+    with open_client() as client:
+        result = client.import_memory(file)
+    if as_json:
+        emit_json(result)
+    else:
+        skipped = f" ({result.skipped} already there)" if result.skipped else ""
+        click.echo(
+            f"imported {result.user_id}: {result.episodes} messages{skipped}, {result.facts} facts, "
+            f"{result.entities} entities (graph version {result.version})"
+        )
+
+
+COMMANDS = [recall, search, context, history, graph, stats, forget, forget_user, health, export, import_]

@@ -245,8 +245,12 @@ def up(
             out.print(f"gateway    http://127.0.0.1:{gateway_port}/v1 (OpenAPI: /docs, MCP: /mcp)")
         graph = current.neo4j_uri or f"SQLite {stack.data_dir / 'graph.sqlite3'}"
         extractor = current.llm_model or "offline rules (LLM_MODEL unset)"
-        out.print(f"graph      {graph}\nextractor  {extractor}\nlogs       {stack.log_dir}")
-        out.print('[green]Engram is up.[/green] Try `engram enqueue alice "I live in Austin" --wait`. Ctrl-C stops.')
+        out.print(
+            f"graph      {graph}\nextractor  {extractor}\ndata       {stack.data_dir}\nlogs       {stack.log_dir}"
+        )
+        out.print(
+            '[green]Engram is up.[/green] Try `engram enqueue alice "I live in Austin" --wait`. Ctrl-C (or SIGTERM) stops.'
+        )
         while True:
             dead = stack.dead_child()
             if dead is not None:
@@ -288,15 +292,24 @@ def down(timeout: float) -> None:
     out.print("stopped.")
 
 
-@click.command("bench", context_settings={"ignore_unknown_options": True})
+@click.command("bench", context_settings={"ignore_unknown_options": True}, add_help_option=False)
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def bench(args: tuple[str, ...]) -> None:
-    """Run the benchmarks: python ops/bench/run.py ARGS.
+    """Run the benchmarks (from a source checkout): python ops/bench/run.py ARGS.
 
-    ARGS: --quick (a few minutes), --only enqueue,encoder,gateway,ingest,recall,seeds,memory,quality, --keep,
-    --datasets DIR (the quality benchmark's data; it is skipped when missing).
-    --llm (with --only quality: extract with your own LLM_MODEL; see docs/extraction.md). See docs/benchmarks.md.
+    \b
+    ARGS (all optional):
+      --quick          small sizes (a few minutes in all)
+      --only LIST      comma-separated subset of enqueue,encoder,gateway,ingest,recall,seeds,memory,quality
+      --out DIR        where results, caches and the seeds' venv go (default: bench-results/)
+      --datasets DIR   the quality benchmark's data (it is skipped when missing)
+      --keep           keep the run's work directory (service data, logs)
+      --llm            with --only quality: extract with your own LLM_MODEL (see docs/extraction.md)
+    See docs/benchmarks.md.
     """
+    if args[:1] in (("--help",), ("-h",)):
+        click.echo(click.get_current_context().get_help())
+        return
     script = Path(__file__).resolve().parents[2] / "ops" / "bench" / "run.py"
     if not script.exists():
         raise click.ClickException(f"{script} not found: benchmarks run from a source checkout")

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 
 import redis
+from pydantic import ValidationError
 
 from engram_api import keys
 from engram_api.models import DeadLetter, Envelope, MessageState
@@ -19,6 +20,7 @@ __all__ = [
     "backoff",
     "dead_letter",
     "deliveries",
+    "envelope_or_none",
     "is_forgotten",
     "keep_alive",
     "load_envelope",
@@ -131,6 +133,15 @@ def load_envelope(ctx: WorkerContext, user_id: str, message_id: str) -> Envelope
     return Envelope.model_validate_json(raw) if raw else None
 
 
+def envelope_or_none(ctx: WorkerContext, user_id: str, message_id: str) -> Envelope | None:
+    """The envelope to keep in a dead letter: a corrupt payload must not stop the message being dead-lettered
+    (the letter's reason says what went wrong; the raw payload stays unreadable either way)."""
+    try:
+        return load_envelope(ctx, user_id, message_id)
+    except ValidationError:
+        return None
+
+
 def dead_letter(
     ctx: WorkerContext,
     envelope: Envelope | None,
@@ -153,6 +164,12 @@ def dead_letter(
     )
     if not ctx.dead_letters.put(letter):
         return "forgotten"
-    for m in ctx.middleware:
-        m.on_dead_letter(letter)
+    try:
+        for m in ctx.middleware:
+            m.on_dead_letter(letter)
+    except Exception as exc:
+        # The letter is stored and the stage must not fail again over a notification: the hook's error
+        # goes into the stored letter, where the operator looks.
+        note = f"\non_dead_letter hook failed: {type(exc).__name__}: {exc}"[:500]
+        ctx.dead_letters.put(letter.model_copy(update={"reason": letter.reason + note}))
     return f"dead-lettered: {redact(reason, ctx.settings.secrets).splitlines()[0][:200]}"

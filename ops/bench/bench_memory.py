@@ -64,7 +64,9 @@ def run(ctx: BenchContext) -> BenchResult:
         ctx.log(f"memory: bulk-loading a {big}-fact user for the reader")
         big_user = ctx.uid("mem-big")
         reader = stack.client.reader
-        bulk_load(stack.client.graph, reader.keeper, reader.embedder, stack.client.redis, big_user, big, str(big))
+        bulk_load(
+            stack.client.graph, reader.keeper, reader.embedder, stack.client.redis, big_user, big, str(big), out=ctx.out
+        )
         floor = _probe(stack, "none", "--model-only")["final"]
         summary["model_only"] = floor
         table.add("model only (baseline)", floor["peak_rss_mib"], floor["rss_mib"], floor["uss_mib"], 1.0)

@@ -195,11 +195,15 @@ def run(ctx: BenchContext) -> BenchResult:
         for size in big_sizes:
             uid = ctx.uid(f"recall-{size}")
             ctx.log(f"recall: bulk-loading {size} facts")
-            bulk_load(client.graph, reader.keeper, reader.embedder, client.redis, uid, size, seed=str(size))
+            bulk_load(
+                client.graph, reader.keeper, reader.embedder, client.redis, uid, size, seed=str(size), out=ctx.out
+            )
             big_users.append((uid, size))
         ctx.log(f"recall: bulk-loading {neighbours} more users of 1K facts each")
         for i in range(neighbours):
-            bulk_load(client.graph, reader.keeper, reader.embedder, client.redis, ctx.uid(f"nb{i}"), 1_000, "nb")
+            bulk_load(
+                client.graph, reader.keeper, reader.embedder, client.redis, ctx.uid(f"nb{i}"), 1_000, "nb", out=ctx.out
+            )
         total = small_stats.facts + sum(s for _, s in big_users) + neighbours * 1_000
         again = add_row(f"pipeline user, +{len(big_users) + neighbours} users", small, small_stats.facts)
         for uid, size in big_users:
@@ -230,7 +234,7 @@ def run(ctx: BenchContext) -> BenchResult:
             ["vectors", "index", "build s", "MiB", "search p50 ms", "search p95 ms", "recall@10 vs flat"],
         )
         for size in big_sizes:
-            vectors = embed_cached(reader.embedder, [s for s, _, _ in statements(str(size), size)])
+            vectors = embed_cached(reader.embedder, [s for s, _, _ in statements(str(size), size)], ctx.out)
             for row in faiss_micro(np.ascontiguousarray(vectors, dtype=np.float32), qvecs):
                 micro.add(
                     row["n"],

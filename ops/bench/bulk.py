@@ -2,7 +2,7 @@
 
 Used for users too large to ingest message by message on this machine (10K, 100K facts). The plans go
 through the real ``GraphStore.apply`` and ``IndexKeeper.rebuild``; only consolidation is skipped (the
-facts are distinct by construction). Statement embeddings are cached on disk by text, since encoding
+facts are distinct by construction). Statement embeddings are cached on disk (under the run's --out) by text, since encoding
 100K sentences takes minutes on two cores and the same corpus is reloaded by every run.
 """
 
@@ -12,10 +12,10 @@ import hashlib
 import random
 from collections.abc import Sequence
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import numpy as np
-from benchlib import RESULTS
 from corpus import T0, vocabulary
 
 __all__ = ["bulk_load", "embed_cached", "statements"]
@@ -70,10 +70,10 @@ def statements(seed: str, n: int) -> list[tuple[str, int, int | None]]:
     return out
 
 
-def embed_cached(embedder: Any, texts: Sequence[str]) -> np.ndarray:
-    """Embeddings of ``texts`` (model output), cached under bench-results/cache by content hash."""
+def embed_cached(embedder: Any, texts: Sequence[str], out: Path) -> np.ndarray:
+    """Embeddings of ``texts`` (model output), cached under ``out``/cache (the run's --out) by content hash."""
     digest = hashlib.sha256(f"{embedder.model_name}\n".encode() + "\n".join(texts).encode()).hexdigest()[:20]
-    path = RESULTS / "cache" / f"emb-{digest}.npy"
+    path = out / "cache" / f"emb-{digest}.npy"
     if path.exists():
         return np.load(path)
     vecs = embedder.encode(list(texts))
@@ -82,7 +82,9 @@ def embed_cached(embedder: Any, texts: Sequence[str]) -> np.ndarray:
     return vecs
 
 
-def bulk_load(graph: Any, keeper: Any, embedder: Any, redis_client: Any, user_id: str, n: int, seed: str) -> int:
+def bulk_load(
+    graph: Any, keeper: Any, embedder: Any, redis_client: Any, user_id: str, n: int, seed: str, *, out: Path
+) -> int:
     """Write ``n`` facts about ``user_id`` (and the vocabulary entities) and rebuild the user's index.
 
     Returns the user's version after the load (also published to Redis, as the apply stage does).
@@ -93,8 +95,8 @@ def bulk_load(graph: Any, keeper: Any, embedder: Any, redis_client: Any, user_id
 
     vocab = [(label, name) for label, names in vocabulary().items() for name in names]
     facts = statements(seed, n)
-    fact_vecs = embed_cached(embedder, [s for s, _, _ in facts])
-    entity_vecs = embed_cached(embedder, ["User", *[name for _, name in vocab]])
+    fact_vecs = embed_cached(embedder, [s for s, _, _ in facts], out)
+    entity_vecs = embed_cached(embedder, ["User", *[name for _, name in vocab]], out)
     me = self_entity_id(user_id)
     ids = [f"ent_{hashlib.blake2b(f'{user_id}:{name}'.encode(), digest_size=10).hexdigest()}" for _, name in vocab]
     entities = [

@@ -44,7 +44,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="small sizes (a few minutes in all)")
     parser.add_argument("--only", default="", help=f"comma-separated subset of: {', '.join(BENCHES)}")
-    parser.add_argument("--out", type=Path, default=benchlib.RESULTS, help="where JSON results go")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=benchlib.RESULTS,
+        help="where results, caches and the seeds' venv go (default: bench-results/)",
+    )
     parser.add_argument("--keep", action="store_true", help="keep the run's work directory (service data, logs)")
     parser.add_argument(
         "--datasets", type=Path, default=benchlib.DATASETS, help="where the quality benchmark's data sets are"
@@ -104,6 +109,7 @@ def main(argv: list[str] | None = None) -> int:
         console=console,
         datasets=args.datasets.resolve(),
         user_llm=args.llm,
+        out=args.out,
     )
     info = benchlib.machine()
     console.print(

@@ -134,6 +134,7 @@ def plan(
     fact_changes: Iterable[FactChange] = (),
     reinforced: Iterable[str] = (),
     mentioned: Iterable[str] = (),
+    linked: Iterable[str] = (),
     usage: Usage | None = None,
     content: str | None = None,
 ) -> WritePlan:
@@ -155,6 +156,7 @@ def plan(
         fact_changes=list(fact_changes),
         reinforced_fact_ids=list(reinforced),
         mentioned_entity_ids=list(mentioned),
+        linked_fact_ids=list(linked),
         usage=usage or Usage(),
     )
 

@@ -395,6 +395,34 @@ def test_reinforced_facts_regain_strength_and_provenance(graph_store: GraphStore
     assert graph_store.stats(user).archived_facts == 0
 
 
+def test_linked_facts_gain_provenance_but_keep_their_strength(graph_store: GraphStore, user: str) -> None:
+    ana, jazz = make_entity(user, "Ana"), make_entity(user, "Jazz")
+    likes = make_fact(user, ana, "LIKES", jazz, valid_from=at(0), strength=0.4).model_copy(update={"archived": True})
+    graph_store.apply(plan(user, "m-1", entities=[ana, jazz], facts=[likes]))
+    graph_store.apply(plan(user, "m-2", at(1), linked=[likes.id, "fact-unknown"], mentioned=[ana.id]))
+
+    got = one_fact(graph_store, user, likes.id)
+    assert (got.strength, got.archived, got.source_ids) == (pytest.approx(0.4), True, ["m-1", "m-2"])
+
+
+def test_episodes_list_every_episode_with_its_provenance(graph_store: GraphStore, user: str, other_user: str) -> None:
+    ana, jazz = make_entity(user, "Ana"), make_entity(user, "Jazz")
+    likes = make_fact(user, ana, "LIKES", jazz, valid_from=at(0))
+    graph_store.apply(plan(user, "m-late", at(2), entities=[ana, jazz], facts=[likes], content="late"))
+    graph_store.apply(plan(user, "m-early", at(1), linked=[likes.id], mentioned=[jazz.id], content="early"))
+    graph_store.apply(plan(other_user, "m-other", at(0)))
+
+    episodes = graph_store.episodes(user)
+    assert [(e.id, e.content, e.event_time) for e in episodes] == [
+        ("m-early", "early", at(1)),
+        ("m-late", "late", at(2)),
+    ]
+    assert (episodes[0].fact_ids, episodes[0].entity_ids) == ([likes.id], [jazz.id])
+    assert (episodes[1].fact_ids, episodes[1].entity_ids) == ([likes.id], sorted([ana.id, jazz.id]))
+    assert episodes[1].metadata == {"source": "contract-test", "turn": 1}
+    assert graph_store.episodes("nobody-" + user) == []
+
+
 def test_get_facts_fills_names_and_sorted_sources_and_is_scoped(
     graph_store: GraphStore, user: str, other_user: str
 ) -> None:
@@ -844,6 +872,33 @@ def test_forget_unknown_message_changes_nothing(graph_store: GraphStore, user: s
     assert graph_store.forget_message(user, "m-unknown") == ForgetResult(user_id=user)
     assert graph_store.user_version(user) == 1
     assert graph_store.stats(user).entities == 1
+
+
+def test_forget_fact_deletes_that_fact_repairs_its_chain_and_keeps_episodes(
+    graph_store: GraphStore, user: str, other_user: str
+) -> None:
+    ana, paris, rome, jazz = (make_entity(user, n) for n in ("Ana", "Paris", "Rome", "Jazz"))
+    in_paris = make_fact(user, ana, "LIVES_IN", paris, valid_from=at(0), single_valued=True)
+    in_rome = make_fact(user, ana, "LIVES_IN", rome, valid_from=at(20), single_valued=True)
+    likes = make_fact(user, ana, "LIKES", jazz, valid_from=at(20))
+    graph_store.apply(plan(user, "m1", entities=[ana, paris], facts=[in_paris]))
+    graph_store.apply(
+        plan(user, "m2", entities=[rome, jazz], facts=[in_rome, likes], fact_changes=[supersede(in_paris, in_rome)])
+    )
+    version = graph_store.user_version(user)
+    assert graph_store.forget_fact(other_user, in_rome.id) == ForgetResult(user_id=other_user)
+    assert graph_store.forget_fact(user, "fact-unknown") == ForgetResult(user_id=user)
+    assert graph_store.user_version(user) == version
+
+    result = graph_store.forget_fact(user, in_rome.id)
+    assert (result.episodes, result.removed_fact_ids) == (0, [in_rome.id])
+    # Rome keeps its provenance link to m2, so it is not an orphan.
+    assert result.removed_entity_ids == []
+    assert graph_store.user_version(user) == version + 1
+    old = one_fact(graph_store, user, in_paris.id)
+    assert (old.valid_until, old.superseded_by) == (None, None)
+    assert graph_store.stats(user).episodes == 2
+    assert ids(graph_store.get_facts(user, [likes.id, in_rome.id])) == {likes.id}
 
 
 def test_forget_user_removes_everything_of_that_user_only(graph_store: GraphStore, user: str, other_user: str) -> None:

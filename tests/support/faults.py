@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from engram_api.models import ApplyOutcome
+from engram_api.models import ApplyOutcome, DeadLetter
 from engram_api.settings import load_settings
 from engram_workers.middleware import Middleware
 
@@ -31,3 +31,32 @@ class CrashAlways(Middleware):
     def before_stage(self, stage: str, user_id: str, message_id: str) -> None:
         if message_id.startswith("poison-") and stage == "apply":
             os._exit(1)
+
+
+class RaisingHook(Middleware):
+    """A hook that raises, chosen by the message id: ``hook-<before|after>-<extract|apply>-<once|always>-...``.
+
+    ``once`` raises on the first call only (a marker file remembers it across processes and retries); an id
+    containing ``-notify-`` also makes ``on_dead_letter`` raise."""
+
+    def _maybe_raise(self, hook: str, stage: str, message_id: str) -> None:
+        parts = message_id.split("-")
+        if parts[0] != "hook" or parts[1:3] != [hook, stage]:
+            return
+        if parts[3] == "once":
+            marker = Path(load_settings().data_dir) / "faults" / f"raised-{message_id}"
+            if marker.exists():
+                return
+            marker.parent.mkdir(parents=True, exist_ok=True)
+            marker.touch()
+        raise RuntimeError(f"injected {hook}_stage failure ({stage})")
+
+    def before_stage(self, stage: str, user_id: str, message_id: str) -> None:
+        self._maybe_raise("before", stage, message_id)
+
+    def after_stage(self, stage: str, user_id: str, message_id: str, outcome: str, seconds: float) -> None:
+        self._maybe_raise("after", stage, message_id)
+
+    def on_dead_letter(self, letter: DeadLetter) -> None:
+        if "-notify-" in letter.message_id:
+            raise RuntimeError("injected on_dead_letter failure")
