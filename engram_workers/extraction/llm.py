@@ -21,6 +21,7 @@ import logging
 import math
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -32,7 +33,7 @@ from engram_api.models import ExtractedEntity, ExtractedFact, Extraction, Usage
 from engram_api.settings import Settings
 from engram_workers.extraction.prompt import RESPONSE_SCHEMA
 
-__all__ = ["LLMAnswer", "call_llm", "is_service_failure", "parse_extraction", "read_answer", "retry_after"]
+__all__ = ["Completion", "LLMAnswer", "call_llm", "is_service_failure", "parse_extraction", "read_answer", "retry_after"]
 
 log = logging.getLogger(__name__)
 
@@ -276,8 +277,23 @@ def _add(a: Usage, b: Usage) -> Usage:
     )
 
 
-def call_llm(settings: Settings, messages: list[dict[str, str]]) -> LLMAnswer:
-    raw, usage = _complete(settings, messages)
+Completion = tuple[str, Usage]
+
+
+def _direct(call: Callable[[], Completion]) -> Completion:
+    return call()
+
+
+def call_llm(
+    settings: Settings,
+    messages: list[dict[str, str]],
+    *,
+    admit: Callable[[Callable[[], Completion]], Completion] = _direct,
+) -> LLMAnswer:
+    """The model's extraction: one call, and once more with the error appended when its answer is unusable.
+    ``admit`` wraps every model call (the stage passes its rate limit and circuit breaker), so the retry
+    is admitted like the first call and no call reaches the model while the breaker is open."""
+    raw, usage = admit(lambda: _complete(settings, messages))
     try:
         extraction, skipped = read_answer(raw)
     except LLMError as first:
@@ -288,7 +304,7 @@ def call_llm(settings: Settings, messages: list[dict[str, str]]) -> LLMAnswer:
         )
         retry = [*messages, {"role": "assistant", "content": raw[:4000]}, {"role": "user", "content": fix}]
         try:
-            raw, more = _complete(settings, retry)
+            raw, more = admit(lambda: _complete(settings, retry))
         except LLMError as exc:
             exc.usage = _add(usage, getattr(exc, "usage", None) or Usage())  # type: ignore[attr-defined]
             raise

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Callable
 from dataclasses import replace
 
 from engram_api import keys
@@ -20,7 +21,7 @@ from engram_api.naming import SINGLE_VALUED, self_entity_id
 from engram_api.versions import ABSENT
 from engram_workers import metrics
 from engram_workers.context import WorkerContext
-from engram_workers.extraction.llm import LLMAnswer, call_llm
+from engram_workers.extraction.llm import Completion, LLMAnswer, call_llm
 from engram_workers.extraction.prompt import SlimContext, build_prompt, is_owner_turn
 from engram_workers.extraction.rules import extract_rules
 from engram_workers.extraction.trivial import is_trivial
@@ -67,10 +68,15 @@ def _earlier(ctx: WorkerContext, envelope: Envelope) -> list[EpisodeRecord]:
 
 def _llm_extract(ctx: WorkerContext, envelope: Envelope) -> LLMAnswer:
     prompt = build_prompt(envelope, slim_context(ctx, envelope), _earlier(ctx, envelope))
-    # The slot is taken right before the call, so the preparation above cannot bunch calls together.
-    if not ctx.rate_limiter.acquire(max_wait=5.0):
-        raise RetryLater(1.0, "fleet-wide LLM rate limit")
-    answer = ctx.breaker.call(lambda: call_llm(ctx.settings, prompt.messages))
+
+    def admit(call: Callable[[], Completion]) -> Completion:
+        # The slot is taken right before each call (the first and a parse-error retry), so the preparation
+        # above cannot bunch calls together; the breaker sees every call the model gets.
+        if not ctx.rate_limiter.acquire(max_wait=5.0):
+            raise RetryLater(1.0, "fleet-wide LLM rate limit")
+        return ctx.breaker.call(call)
+
+    answer = call_llm(ctx.settings, prompt.messages, admit=admit)
     # Stored with ids, not handles: apply (and a replay) never needs this prompt again.
     return replace(answer, extraction=prompt.resolve(answer.extraction))
 
