@@ -153,6 +153,12 @@ class Settings(BaseSettings):
     # --- maintenance ---
     decay_per_day: float = Field(0.98, gt=0, le=1, description="strength factor per elapsed day")
     archive_threshold: float = Field(0.05, ge=0, lt=1, description="strength below which a fact is archived")
+    decay_episodes: bool = Field(
+        False, description="decay also takes episode chunks older than episode_max_age_days out of recall"
+    )
+    episode_max_age_days: float = Field(
+        365.0, gt=0, description="with decay_episodes: event-time age past which a chunk leaves recall"
+    )
     reinforce_amount: float = Field(0.3, ge=0, le=1, description="strength regained when feedback marks a fact useful")
     maintenance_batch: int = Field(500, ge=1, description="facts per maintenance transaction")
     min_feedback: int = Field(30, ge=2, description="feedback rows needed to learn weights")

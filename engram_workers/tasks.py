@@ -174,7 +174,10 @@ def reconcile_task(user_ids: list[str] | None = None) -> dict[str, Any]:
     from engram_workers.maintenance import reconcile
 
     ctx = get_context()
-    report = reconcile(graph=ctx.graph, keeper=ctx.keeper, guard=_guard(ctx), user_ids=user_ids, redis_client=ctx.redis)
+    report = reconcile(
+        graph=ctx.graph, keeper=ctx.keeper, guard=_guard(ctx), user_ids=user_ids, redis_client=ctx.redis,
+        embedder=ctx.embedder, settings=ctx.settings,
+    )  # fmt: skip
     return report.model_dump(mode="json")
 
 

@@ -115,6 +115,15 @@ def test_after_a_move_recall_and_context_say_austin_and_history_says_tampa(stack
     assert all("Austin" not in i.statement for i in before_move.items)
 
 
+def test_context_shows_what_a_relative_expression_meant_when_it_was_said(stack):
+    client, user = stack.client, uid()
+    ingest(client, user, ["We went hiking in Yosemite last month with my cousin yesterday."])
+    context = client.get_context(user, "hiking in Yosemite")
+    # T0 is 2024-03-01: the excerpt keeps its words and says what they meant then.
+    assert "last month (= 2024-02)" in context and "yesterday (= 2024-02-29)" in context
+    assert "[2024-03-01]" in context
+
+
 def test_multi_hop_finds_the_brothers_company_through_the_graph(stack):
     client, user = stack.client, uid()
     # Three facts about relatives' companies match the question's words better than "Alex was hired by

@@ -7,7 +7,10 @@ The contract (also in docs/api.md):
   its date lets the reader see that a later fact replaced it;
 - lines are chosen in recall order (most relevant first) while they fit in ``max_tokens`` (about four
   characters a token, headers included); a line that does not fit is skipped, not cut;
-- within each part, lines keep recall order.
+- within each part, lines keep recall order;
+- relative expressions ("last month", "yesterday") are followed by what they meant when the source
+  message was sent (``relative_dates.annotate`` against the item's event time), e.g.
+  "User visited Tokyo last month (= 2026-10) (since 2026-11-27)".
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from engram_api.models import RecallItem
+from engram_api.relative_dates import annotate
 
 __all__ = ["CHARS_PER_TOKEN", "EXCERPTS_HEADER", "FACTS_HEADER", "render_context", "select_context"]
 
@@ -25,8 +29,8 @@ EXCERPTS_HEADER = "Conversation excerpts (most relevant first; dated, with the s
 
 def _line(item: RecallItem) -> str:
     if item.kind == "fact":
-        return f"- {item.statement} (since {item.valid_from.date().isoformat()})"
-    text = " ".join(item.statement.split())
+        return f"- {annotate(item.statement, item.event_time)} (since {item.valid_from.date().isoformat()})"
+    text = annotate(" ".join(item.statement.split()), item.event_time)
     return f"- [{item.event_time.date().isoformat()}] {item.speaker or 'user'}: {text}"
 
 

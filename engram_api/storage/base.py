@@ -211,6 +211,17 @@ class GraphStore(ABC):
         """Chunks by id or by episode (embeddings omitted, ``fact_ids`` filled), in conversation order."""
 
     @abstractmethod
+    def add_chunks(self, user_id: str, chunks: Sequence[ChunkRecord]) -> int:
+        """Store chunks (with their keyword entries) for stored episodes that have none yet; chunks of an
+        unknown episode or of one that already has chunks are skipped. Bumps the version when any is
+        stored; returns how many were."""
+
+    @abstractmethod
+    def remove_chunks(self, user_id: str, chunk_ids: Sequence[str]) -> list[str]:
+        """Delete the user's chunks (and their keyword entries) by id, episodes stay; returns the ids
+        removed, sorted. Bumps the version when any is removed."""
+
+    @abstractmethod
     def neighbour_chunks(self, user_id: str, chunk_ids: Sequence[str], window: int) -> list[ChunkRecord]:
         """Up to ``window`` chunks before and after each given one, in the user's conversation order
         (event time, message id, position)."""

@@ -16,9 +16,17 @@ from __future__ import annotations
 import hashlib
 import re
 
-from engram_api.models import ChunkRecord, Envelope
+from engram_api.models import ChunkRecord, Envelope, EpisodeRecord
 
-__all__ = ["MAX_CHUNK_CHARS", "chunk_envelope", "keyword_terms", "split_chunks", "user_key"]
+__all__ = [
+    "MAX_CHUNK_CHARS",
+    "chunk_envelope",
+    "chunk_episode",
+    "chunk_id",
+    "keyword_terms",
+    "split_chunks",
+    "user_key",
+]
 
 MAX_CHUNK_CHARS = 600
 _SENTENCE_END = re.compile(r"(?<=[.!?\u2026])\s+|\n+")
@@ -205,6 +213,34 @@ def _speaker(envelope: Envelope, message: object, role: str) -> str:
     return str(name).strip()[:100] if isinstance(name, str) and name.strip() else role
 
 
+def chunk_id(user_id: str, message_id: str, seq: int) -> str:
+    """A chunk's id, derived from (user, message, position): re-planning or backfilling gives the same."""
+    return "chk_" + hashlib.blake2b("\x1f".join((user_id, message_id, str(seq))).encode(), digest_size=12).hexdigest()
+
+
+def chunk_episode(episode: EpisodeRecord) -> list[ChunkRecord]:
+    """The chunks of a stored episode (the backfill of messages applied before chunks existed).
+
+    Built from the stored text: a message whose speakers were named was stored as "Name: text" lines,
+    which stay in the chunk text; the speaker is the metadata's ``speaker`` or the episode's role."""
+    name = episode.metadata.get("speaker")
+    speaker = name.strip()[:100] if isinstance(name, str) and name.strip() else episode.role
+    return [
+        ChunkRecord(
+            id=chunk_id(episode.user_id, episode.id, seq),
+            user_id=episode.user_id,
+            episode_id=episode.id,
+            seq=seq,
+            text=text,
+            speaker=speaker,
+            role=episode.role,
+            event_time=episode.event_time,
+            created_at=episode.event_time,
+        )
+        for seq, text in enumerate(split_chunks(episode.content))
+    ]
+
+
 def chunk_envelope(envelope: Envelope) -> list[ChunkRecord]:
     """The recallable chunks of one message (every chat message of the envelope, in order)."""
     chunks: list[ChunkRecord] = []
@@ -214,10 +250,7 @@ def chunk_envelope(envelope: Envelope) -> list[ChunkRecord]:
             seq = len(chunks)
             chunks.append(
                 ChunkRecord(
-                    id="chk_"
-                    + hashlib.blake2b(
-                        "\x1f".join((envelope.user_id, envelope.message_id, str(seq))).encode(), digest_size=12
-                    ).hexdigest(),
+                    id=chunk_id(envelope.user_id, envelope.message_id, seq),
                     user_id=envelope.user_id,
                     episode_id=envelope.message_id,
                     seq=seq,

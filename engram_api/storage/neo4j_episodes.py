@@ -46,6 +46,25 @@ CREATE (c:Chunk) SET c = row
 CREATE (c)-[:PART_OF]->(ep)
 """
 
+# Backfill: only episodes with no chunk get the given ones (episode ids are distinct in $episodes).
+Q_ADD_CHUNKS = """
+UNWIND $episodes AS e
+OPTIONAL MATCH (ep:Episode {user_id: $user_id, id: e.episode_id})
+WHERE NOT EXISTS { MATCH (:Chunk)-[:PART_OF]->(ep) }
+WITH ep, e WHERE ep IS NOT NULL
+UNWIND e.chunks AS row
+CREATE (c:Chunk) SET c = row
+CREATE (c)-[:PART_OF]->(ep)
+RETURN count(c) AS n
+"""
+
+Q_REMOVE_CHUNKS = """
+MATCH (c:Chunk {user_id: $user_id}) WHERE c.id IN $ids
+WITH c, c.id AS id
+DETACH DELETE c
+RETURN id ORDER BY id
+"""
+
 # A chunk is never updated after it is written: updated_at is created_at (as SQLite reads it).
 _CHUNK = """c {.id, .user_id, .episode_id, .seq, .text, .speaker, .role, .event_time, .created_at,
    updated_at: c.created_at,

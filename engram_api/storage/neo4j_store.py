@@ -718,23 +718,7 @@ class Neo4jGraphStore(GraphStore):
             for c in plan.entity_changes
         ]
         fact_rows = [{"props": _fact_props(f, user_id)} for f in plan.new_facts]
-        chunk_rows = [
-            {
-                "id": c.id,
-                "user_id": user_id,
-                "ukey": user_key(user_id),
-                "episode_id": episode.id,
-                "seq": c.seq,
-                "text": c.text,
-                "body": c.indexed_text,
-                "speaker": c.speaker,
-                "role": c.role,
-                "event_time": _utc(c.event_time),
-                "embedding": c.embedding,
-                "created_at": _utc(c.created_at),
-            }
-            for c in plan.chunks
-        ]
+        chunk_rows = [_chunk_row(c, user_id, episode.id) for c in plan.chunks]
         fact_change_rows = [
             {"id": c.id, "valid_until": _opt_utc(c.valid_until), "superseded_by": c.superseded_by}
             for c in plan.fact_changes
@@ -892,6 +876,35 @@ class Neo4jGraphStore(GraphStore):
             return []
         rows = self._rows(episodes_cypher.Q_CHUNKS, user_id=user_id, ids=list(chunk_ids), episodes=list(episode_ids))
         return [ChunkRecord.model_validate(r) for r in rows]
+
+    def add_chunks(self, user_id: str, chunks: Sequence[ChunkRecord]) -> int:
+        by_episode: dict[str, list[dict[str, Any]]] = {}
+        for c in chunks:
+            if c.user_id == user_id:
+                by_episode.setdefault(c.episode_id, []).append(_chunk_row(c, user_id, c.episode_id))
+        if not by_episode:
+            return 0
+        rows = [{"episode_id": e, "chunks": cs} for e, cs in by_episode.items()]
+
+        def work(tx: ManagedTransaction) -> int:
+            added = int(tx.run(episodes_cypher.Q_ADD_CHUNKS, user_id=user_id, episodes=rows).single(strict=True)["n"])
+            if added:
+                tx.run(_Q_BUMP, user_id=user_id, now=_utc(utcnow())).consume()
+            return added
+
+        return self._write(work)
+
+    def remove_chunks(self, user_id: str, chunk_ids: Sequence[str]) -> list[str]:
+        if not chunk_ids:
+            return []
+
+        def work(tx: ManagedTransaction) -> list[str]:
+            removed = [r["id"] for r in tx.run(episodes_cypher.Q_REMOVE_CHUNKS, user_id=user_id, ids=list(chunk_ids))]
+            if removed:
+                tx.run(_Q_BUMP, user_id=user_id, now=_utc(utcnow())).consume()
+            return removed
+
+        return self._write(work)
 
     def neighbour_chunks(self, user_id: str, chunk_ids: Sequence[str], window: int) -> list[ChunkRecord]:
         if window <= 0 or not chunk_ids:
@@ -1128,3 +1141,21 @@ class Neo4jGraphStore(GraphStore):
     def load_weights(self, scope: str) -> LearnedWeights | None:
         rows = self._rows(_Q_WEIGHTS_LOAD, scope=scope)
         return LearnedWeights.model_validate(rows[0]) if rows else None
+
+
+def _chunk_row(c: ChunkRecord, user_id: str, episode_id: str) -> dict[str, Any]:
+    """A chunk's node properties: ``body`` (speaker and words) and ``ukey`` feed the keyword index."""
+    return {
+        "id": c.id,
+        "user_id": user_id,
+        "ukey": user_key(user_id),
+        "episode_id": episode_id,
+        "seq": c.seq,
+        "text": c.text,
+        "body": c.indexed_text,
+        "speaker": c.speaker,
+        "role": c.role,
+        "event_time": _utc(c.event_time),
+        "embedding": c.embedding,
+        "created_at": _utc(c.created_at),
+    }

@@ -23,7 +23,9 @@ from engram_api.storage.episodes import user_key
 __all__ = [
     "FACT_VALID_AT",
     "SCHEMA",
+    "add_chunks",
     "chunk_counts",
+    "delete_chunks",
     "get_chunks",
     "insert_chunks",
     "keyword_search",
@@ -137,6 +139,31 @@ def insert_chunks(conn: sqlite3.Connection, chunks: Sequence[ChunkRecord], us: A
             for c in chunks
         ],
     )  # fmt: skip
+
+
+def add_chunks(conn: sqlite3.Connection, user_id: str, chunks: Sequence[ChunkRecord], us: Any, blob: Any) -> int:
+    """Insert the chunks of stored episodes of the user that have no chunk yet (see ``GraphStore.add_chunks``)."""
+    wanted = sorted({c.episode_id for c in chunks if c.user_id == user_id})
+    open_ids = {
+        r[0]
+        for r in conn.execute(
+            """SELECT e.id FROM episodes e WHERE e.user_id = :user_id AND e.id IN (SELECT value FROM json_each(:ids))
+                  AND NOT EXISTS (SELECT 1 FROM chunks c WHERE c.user_id = e.user_id AND c.episode_id = e.id)""",
+            {"user_id": user_id, "ids": json.dumps(wanted)},
+        )
+    }
+    rows = [c for c in chunks if c.user_id == user_id and c.episode_id in open_ids]
+    insert_chunks(conn, rows, us, blob)
+    return len(rows)
+
+
+def delete_chunks(conn: sqlite3.Connection, user_id: str, chunk_ids: Sequence[str]) -> list[str]:
+    """Delete chunks by id (the FTS trigger removes their keyword entries); the ids removed, sorted."""
+    rows = conn.execute(
+        """DELETE FROM chunks WHERE user_id = :user_id AND id IN (SELECT value FROM json_each(:ids)) RETURNING id""",
+        {"user_id": user_id, "ids": json.dumps(list(chunk_ids))},
+    ).fetchall()
+    return sorted(r[0] for r in rows)
 
 
 def _chunk(row: sqlite3.Row, dt: Any) -> ChunkRecord:

@@ -1034,6 +1034,24 @@ class SqliteGraphStore(GraphStore):
             return []
         return episodes_sql.get_chunks(self._conn(), user_id, chunk_ids=chunk_ids, episode_ids=episode_ids, dt=_dt)
 
+    def add_chunks(self, user_id: str, chunks: Sequence[ChunkRecord]) -> int:
+        if not chunks:
+            return 0
+        with self._write() as conn:
+            added = episodes_sql.add_chunks(conn, user_id, chunks, _us, _blob)
+            if added:
+                _bump(conn, user_id, None)
+        return added
+
+    def remove_chunks(self, user_id: str, chunk_ids: Sequence[str]) -> list[str]:
+        if not chunk_ids:
+            return []
+        with self._write() as conn:
+            removed = episodes_sql.delete_chunks(conn, user_id, chunk_ids)
+            if removed:
+                _bump(conn, user_id, None)
+        return removed
+
     def neighbour_chunks(self, user_id: str, chunk_ids: Sequence[str], window: int) -> list[ChunkRecord]:
         return episodes_sql.neighbour_chunks(self._conn(), user_id, chunk_ids, window, _dt)
 

@@ -20,7 +20,10 @@ _JOBS = {
     "decay": ("decay_task", "Weaken facts not reinforced lately; archive those below ENGRAM_ARCHIVE_THRESHOLD."),
     "hierarchy": ("hierarchy_task", "Rebuild the topic clusters that `search --detail broad` returns."),
     "weights": ("weights_task", "Learn recall scoring weights from feedback (needs ENGRAM_MIN_FEEDBACK rows)."),
-    "reconcile": ("reconcile_task", "Check every FAISS index against the graph; rebuild those that drifted."),
+    "reconcile": (
+        "reconcile_task",
+        "Check every FAISS index against the graph; rebuild what drifted; backfill episode chunks.",
+    ),
 }
 
 

@@ -5,7 +5,7 @@ caller's per-user guard, and returns a pydantic report (printed by the CLI, retu
 from engram_workers.maintenance._common import Guard, UserFailure
 from engram_workers.maintenance.decay import DecayReport, DecayUser, run_decay
 from engram_workers.maintenance.hierarchy import HierarchyReport, HierarchyUser, rebuild_hierarchy
-from engram_workers.maintenance.reconcile import ReconcileReport, ReconcileUser, reconcile
+from engram_workers.maintenance.reconcile import BackfillUser, ReconcileReport, ReconcileUser, reconcile
 from engram_workers.maintenance.redeliver import RedeliverReport, redeliver_stuck
 from engram_workers.maintenance.weights import (
     ScopeOutcome,
@@ -16,6 +16,7 @@ from engram_workers.maintenance.weights import (
 )
 
 __all__ = [
+    "BackfillUser",
     "DecayReport",
     "DecayUser",
     "Guard",

@@ -8,23 +8,35 @@ publishes the fixed users' stamps. It also removes the artefacts of users the gr
 files (a reader's rebuild racing ``forget_user`` can leave one) and published stamps in Redis. Those are
 listed *before* the graph's users, and every writer commits the graph before it writes a file or a
 stamp, so an artefact of a user being created right now is never mistaken for an orphan.
+
+Backfill: given an embedder, it also gives chunks (vectors and keyword entries) to every episode that
+has none (messages applied before hybrid memory existed), built from the stored text by
+``episodes.chunk_episode`` with the same derived ids, in the user's ``UserWrite`` like any other write.
+Episodes past ``episode_max_age_days`` are left alone while ``decay_episodes`` is on: decay removed their
+chunks on purpose (``decay.episode_cutoff``).
 """
 
 from __future__ import annotations
 
 import time
+from datetime import datetime
 from typing import Literal
 
 import redis
 from pydantic import BaseModel, Field
 
 from engram_api import keys
+from engram_api.models import utcnow
+from engram_api.settings import Settings
 from engram_api.storage.base import GraphStore
+from engram_api.storage.embedder import Embedder
+from engram_api.storage.episodes import chunk_episode
 from engram_api.storage.indexes import IndexKeeper
 from engram_api.storage.userwrite import UserWrite
 from engram_workers.maintenance._common import Guard, UserFailure, guarded, isolate, target_users
+from engram_workers.maintenance.decay import episode_cutoff
 
-__all__ = ["ReconcileReport", "ReconcileUser", "reconcile"]
+__all__ = ["BackfillUser", "ReconcileReport", "ReconcileUser", "reconcile"]
 
 Problem = Literal["missing", "unreadable", "another lifetime", "behind", "ahead", "ids differ"]
 # A temp file this old is a crashed writer's leftover (a save takes milliseconds to seconds).
@@ -44,6 +56,14 @@ class ReconcileUser(BaseModel):
     rebuilt_rows: int = 0
 
 
+class BackfillUser(BaseModel):
+    """A user whose episodes without chunks got them."""
+
+    user_id: str
+    episodes: int
+    chunks: int
+
+
 class ReconcileReport(BaseModel):
     users: int = 0
     ok: int = 0
@@ -51,6 +71,7 @@ class ReconcileReport(BaseModel):
     orphan_files: int = Field(default=0, description="index files of users the graph does not know, removed")
     orphan_stamps: int = Field(default=0, description="published stamps of users the graph does not know, removed")
     fixed: list[ReconcileUser] = Field(default_factory=list)
+    backfilled: list[BackfillUser] = Field(default_factory=list, description="episodes given chunks")
     failed: list[UserFailure] = Field(default_factory=list)
 
 
@@ -61,24 +82,31 @@ def reconcile(
     guard: Guard,
     user_ids: list[str] | None = None,
     redis_client: redis.Redis | None = None,
+    embedder: Embedder | None = None,
+    settings: Settings | None = None,
 ) -> ReconcileReport:
     """Rebuild every index that is missing, unreadable, of another lifetime or version or holds other
-    node ids, and remove the artefacts of users the graph does not know (see the module docstring)."""
+    node ids, remove the artefacts of users the graph does not know and, given an ``embedder``, backfill
+    the chunks of episodes that have none (see the module docstring)."""
     report = ReconcileReport()
     _remove_orphans(report, graph, keeper, redis_client)
+    cutoff = episode_cutoff(settings or Settings(), utcnow())
 
-    def check(write: UserWrite) -> ReconcileUser | None:
+    def check(write: UserWrite) -> tuple[ReconcileUser | None, BackfillUser | None]:
         # Under the guard no writer moves the graph or the file between the comparison and the fix.
         fault = _diagnose(graph, keeper, write.user_id)
         if fault is not None:
             fault.rebuilt_rows = len(keeper.rebuild(write.user_id))
             write.finish()  # publish the graph's stamp: a writer that lost its lease may not have
-        return fault
+        filled = None if embedder is None else _backfill(graph, embedder, write, cutoff)
+        return fault, filled
 
     for user_id in target_users(graph, user_ids):
         with isolate("reconcile", user_id, report.failed):
-            fault = guarded(guard, user_id, check)
+            fault, filled = guarded(guard, user_id, check)
             report.users += 1
+            if filled is not None:
+                report.backfilled.append(filled)
             if fault is None:
                 report.ok += 1
                 continue
@@ -108,6 +136,23 @@ def _remove_orphans(
     doomed = [k for k in stamps if k[len(prefix) :] not in known]
     if doomed:
         report.orphan_stamps += int(redis_client.delete(*doomed))
+
+
+def _backfill(graph: GraphStore, embedder: Embedder, write: UserWrite, cutoff: datetime | None) -> BackfillUser | None:
+    """Chunk, embed and store the episodes of the user that have no chunk; the index gets their vectors."""
+    user_id = write.user_id
+    stored = [e for e in graph.episodes(user_id) if cutoff is None or e.event_time >= cutoff]
+    have = {c.episode_id for c in graph.get_chunks(user_id, episode_ids=[e.id for e in stored])} if stored else set()
+    chunks = [c for e in stored if e.id not in have for c in chunk_episode(e)]
+    if not chunks:
+        return None
+    vectors = embedder.encode([c.indexed_text for c in chunks])
+    for chunk, vector in zip(chunks, vectors, strict=True):
+        chunk.embedding = vector.tolist()
+    # Planned from reads under the fence: a writer in between makes this write refused and re-planned.
+    added = graph.add_chunks(user_id, chunks)
+    write.finish(upserts=[(c.id, "episode", c.embedding or []) for c in chunks])
+    return BackfillUser(user_id=user_id, episodes=len({c.episode_id for c in chunks}), chunks=added)
 
 
 def _diagnose(graph: GraphStore, keeper: IndexKeeper, user_id: str) -> ReconcileUser | None:

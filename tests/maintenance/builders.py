@@ -16,6 +16,7 @@ import numpy as np
 from engram_api.models import EntityRecord, EpisodeRecord, FactRecord, WritePlan
 from engram_api.naming import normalize_name
 from engram_api.storage.base import GraphStore
+from engram_api.storage.episodes import chunk_episode
 from engram_api.storage.userwrite import UserWrite, UserWrites
 
 T0 = datetime(2024, 1, 1, tzinfo=UTC)
@@ -73,8 +74,10 @@ class UserGraph:
         *,
         when: datetime = T0,
         strength: float = 1.0,
+        chunked: bool = False,
     ) -> list[FactRecord]:
-        """Apply one message stating ``facts`` as (subject, PREDICATE, object or None, statement)."""
+        """Apply one message stating ``facts`` as (subject, PREDICATE, object or None, statement); with
+        ``chunked`` it is stored with its chunks, as the apply stage does, else as before hybrid memory."""
         new_entities: list[EntityRecord] = []
         records = []
         vectors = self.encode([statement for *_, statement in facts])
@@ -99,19 +102,24 @@ class UserGraph:
                 )
             )
         message_id = f"m-{uuid.uuid4().hex}"
+        episode = EpisodeRecord(
+            id=message_id,
+            user_id=self.user_id,
+            content="; ".join(statement for *_, statement in facts),
+            event_time=when,
+            created_at=when,
+            updated_at=when,
+        )
+        chunks = chunk_episode(episode) if chunked else []
+        for chunk in chunks:
+            chunk.embedding = self.encode([chunk.indexed_text])[0].tolist()
         outcome = self.graph.apply(
             WritePlan(
                 user_id=self.user_id,
-                episode=EpisodeRecord(
-                    id=message_id,
-                    user_id=self.user_id,
-                    content="; ".join(statement for *_, statement in facts),
-                    event_time=when,
-                    created_at=when,
-                    updated_at=when,
-                ),
+                episode=episode,
                 new_entities=new_entities,
                 new_facts=records,
+                chunks=chunks,
             )
         )
         assert outcome.applied
@@ -149,7 +157,9 @@ class GuardSpy:
 class GuardedGraph:
     """Passes everything to the real store but fails a per-user write made outside that user's guard."""
 
-    WRITES = frozenset({"decay", "reinforce", "replace_clusters", "apply", "forget_message"})
+    WRITES = frozenset(
+        {"decay", "reinforce", "replace_clusters", "apply", "forget_message", "add_chunks", "remove_chunks"}
+    )
 
     def __init__(self, graph: GraphStore, spy: GuardSpy) -> None:
         self._graph = graph
