@@ -17,8 +17,9 @@ import yaml
 from pydantic import ValidationError
 
 from engram_api import keys
-from engram_api.errors import BackPressureError, ConfigError, InvalidInputError
+from engram_api.errors import BackPressureError, ConfigError, InvalidInputError, StoreUnavailableError
 from engram_api.models import Extraction, utcnow
+from engram_api.naming import normalize_name
 from engram_api.redaction import RedactingFilter
 from engram_api.settings import EXAMPLE_PASSWORDS, Settings, load_settings
 from engram_api.storage import open_graph_store
@@ -173,6 +174,28 @@ def test_the_index_cache_keeps_the_most_recent_users_and_answers_the_same(tmp_pa
         assert all(hits for hits in first.values())
     finally:
         graph.close()
+
+
+def test_a_runaway_graph_expansion_on_neo4j_ends_at_the_transaction_timeout(neo4j_uri, tmp_path) -> None:
+    user = new_user()
+    names = [f"P{i}" for i in range(40)]
+    facts = [(a, "KNOWS", b, f"{a} knows {b}") for i, a in enumerate(names) for b in names[i + 1 :]]
+    graph = open_graph_store(Settings(neo4j_uri=neo4j_uri, data_dir=tmp_path))
+    # 1 ms (the driver's smallest) against a clique of 780 facts explored from every node four hops deep.
+    hasty = open_graph_store(Settings(neo4j_uri=neo4j_uri, data_dir=tmp_path, neo4j_query_timeout_s=0.001))
+    try:
+        graph.ensure_schema()
+        people = UserGraph(graph, user)
+        people.say(facts)
+        seeds = [people.entities[normalize_name(n)].id for n in names]
+        expand = {"max_hops": 4, "as_of": None, "limit": 10_000, "per_seed": 10_000}
+        assert len(graph.expand(user, seeds, **expand)) == len(facts)  # the default timeout lets it finish
+        with pytest.raises(StoreUnavailableError, match="transaction timeout"):
+            hasty.expand(user, seeds, **expand)
+    finally:
+        graph.forget_user(user)
+        graph.close()
+        hasty.close()
 
 
 def test_index_file_locks_are_a_fixed_set_and_one_per_user(tmp_path) -> None:
