@@ -18,6 +18,7 @@ import redis
 from engram_api.connections import redis_client, resolve_redis_url
 from engram_api.errors import ConfigError
 from engram_api.models import (
+    HISTORY_LIMIT,
     DeadLetter,
     FactRecord,
     ForgetResult,
@@ -94,7 +95,11 @@ class MemoryClient:
     def reader(self) -> Reader:
         if self._reader is None:
             embedder = embedder_for(self.settings)
-            keeper = IndexKeeper(graph=self.graph, vectors=VectorStore(root=self.settings.index_dir, dim=embedder.dim))
+            keeper = IndexKeeper(
+                graph=self.graph,
+                vectors=VectorStore(root=self.settings.index_dir, dim=embedder.dim),
+                cache_size=self.settings.index_cache_users,
+            )
             self._reader = Reader(
                 settings=self.settings, graph=self.graph, keeper=keeper, embedder=embedder,
                 redis_client=self._reader_redis(),
@@ -180,8 +185,10 @@ class MemoryClient:
     def get_context(self, user_id: str, query: str, max_tokens: int = 800) -> str:
         return self.reader.get_context(user_id, query, max_tokens)
 
-    def history(self, user_id: str, subject: str, predicate: str | None = None) -> list[FactRecord]:
-        return self.reader.history(user_id, subject, predicate)
+    def history(
+        self, user_id: str, subject: str, predicate: str | None = None, limit: int = HISTORY_LIMIT
+    ) -> list[FactRecord]:
+        return self.reader.history(user_id, subject, predicate, limit)
 
     def get_graph(self, user_id: str, page: int = 1, page_size: int = 50) -> GraphPage:
         return self.reader.get_graph(user_id, page, page_size)

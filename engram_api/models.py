@@ -22,6 +22,11 @@ USER_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,127}$")
 MESSAGE_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:@-]{0,127}$")
 
 
+# history() answers the latest HISTORY_LIMIT facts unless asked for more; at most HISTORY_MAX_LIMIT, so
+# one call never materializes a long-lived subject's whole past.
+HISTORY_LIMIT = 100
+HISTORY_MAX_LIMIT = 1000
+
 # The scope name of fleet-wide learned weights; no user may be called this.
 GLOBAL_SCOPE = "global"
 

@@ -142,6 +142,15 @@ class Settings(BaseSettings):
     importance_weight: float = Field(0.1, description="recall boost for important facts")
     hop_decay: float = Field(0.5, gt=0, le=1, description="graph score factor per hop")
     max_hops: int = Field(2, ge=0, le=4, description="graph expansion depth in recall")
+    graph_facts_per_seed: int = Field(
+        25, ge=1, le=1000, description="graph expansion: facts one seed entity contributes at most (its nearest)"
+    )
+    neo4j_query_timeout_s: float = Field(
+        10.0, gt=0, description="Neo4j: transaction timeout of recall's graph expansion (runaway traversals end)"
+    )
+    index_cache_users: int = Field(
+        256, ge=1, description="per-process LRU of users' loaded FAISS indexes (older ones are reloaded from disk)"
+    )
     rrf_k: int = Field(5, ge=1, description="reciprocal-rank fusion constant of recall's channels")
     recall_window: int = Field(
         0, ge=0, le=5, description="neighbouring conversation turns an episode hit brings along, on each side"

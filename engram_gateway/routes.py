@@ -19,6 +19,7 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
 
 from engram_api.models import (
+    HISTORY_LIMIT,
     ChatMessage,
     DeadLetter,
     FactRecord,
@@ -201,10 +202,15 @@ def context(user_id: str, body: ContextRequest, gw: Gw, who: Who) -> ContextResp
 
 @router.get("/users/{user_id}/history", response_model=list[FactRecord])
 def history(
-    user_id: str, gw: Gw, who: Who, subject: Annotated[str, Query()], predicate: Annotated[str | None, Query()] = None
+    user_id: str,
+    gw: Gw,
+    who: Who,
+    subject: Annotated[str, Query()],
+    predicate: Annotated[str | None, Query()] = None,
+    limit: Annotated[int, Query()] = HISTORY_LIMIT,
 ) -> list[FactRecord]:
     reader, uid = gw.reader_for(who, user_id)
-    return reader.history(uid, subject, predicate)  # type: ignore[no-any-return]
+    return reader.history(uid, subject, predicate, limit)  # type: ignore[no-any-return]
 
 
 @router.get("/users/{user_id}/graph", response_model=GraphPage)

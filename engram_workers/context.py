@@ -63,7 +63,7 @@ class WorkerContext:
     @cached_property
     def keeper(self) -> IndexKeeper:
         vectors = VectorStore(root=self.settings.index_dir, dim=self.embedder.dim)
-        return IndexKeeper(graph=self.graph, vectors=vectors)
+        return IndexKeeper(graph=self.graph, vectors=vectors, cache_size=self.settings.index_cache_users)
 
     @cached_property
     def writes(self) -> UserWrites:

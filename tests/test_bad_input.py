@@ -204,6 +204,7 @@ READER_CASES: list[tuple[str, Callable[[Reading, Any], object], str, list[Any]]]
     ("get_context", lambda r, x: r.client.get_context(VICTIM, "home", x), "max_tokens", [0, -1, 100_001, 1.5, "800", True, None]),
     ("history", lambda r, x: r.client.history(VICTIM, x), "subject", BAD_TEXTS),
     ("history", lambda r, x: r.client.history(VICTIM, "user", x), "predicate", [5, b"LIVES_IN", ["LIVES_IN"], {"p": 1}, "\ud800"]),
+    ("history", lambda r, x: r.client.history(VICTIM, "user", limit=x), "limit", [0, -1, 1001, 1.5, "100", True, None]),
     ("get_graph", lambda r, x: r.client.get_graph(VICTIM, page=x), "page", [0, -1, 1.5, "1", True, None]),
     ("get_graph", lambda r, x: r.client.get_graph(VICTIM, page_size=x), "page_size", [0, 1001, 1.5, "50", None]),
     ("forget", lambda r, x: r.client.forget(VICTIM, x), "memory_id", BAD_MESSAGE_IDS),

@@ -365,6 +365,8 @@ def test_read_commands_print_tables_for_people(moved_user: str, stack: Stack) ->
     result = invoke(["history", moved_user, "user", "--predicate", "LIVES_IN"], runner_env(**stack.env))
     assert result.exit_code == 0
     assert "Tampa" in result.stdout and "Austin" in result.stdout and "current" in result.stdout
+    latest = invoke(["history", moved_user, "user", "-p", "LIVES_IN", "--limit", "1"], runner_env(**stack.env))
+    assert latest.exit_code == 0 and "Austin" in latest.stdout and "Tampa" not in latest.stdout  # the latest one
 
 
 def test_export_writes_json_lines_of_every_fact(moved_user: str, stack: Stack, tmp_path: Path) -> None:

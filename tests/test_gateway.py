@@ -98,6 +98,8 @@ def test_every_endpoint(fleet: tuple[Stack, GatewayProcess, dict], http: httpx.C
     assert ctx.status_code == 200 and "Austin" in ctx.json()["context"]
     hist = http.get(f"/v1/users/{uid}/history", headers=a, params={"subject": "user"})
     assert hist.status_code == 200 and any("Austin" in f["statement"] for f in hist.json())
+    latest = http.get(f"/v1/users/{uid}/history", headers=a, params={"subject": "user", "limit": 1})
+    assert latest.status_code == 200 and latest.json() == hist.json()[-1:]
     graph = http.get(f"/v1/users/{uid}/graph", headers=a, params={"page": 1, "page_size": 10})
     assert graph.status_code == 200 and graph.json()["total_facts"] >= 2
     stats = http.get(f"/v1/users/{uid}/stats", headers=a)
@@ -190,6 +192,7 @@ def _bad_requests(secrets: dict[str, str], uid: str) -> list[tuple[str, str, dic
         ("POST", f"/v1/users/{uid}/feedback", {"json": {"recall_id": "nope", "useful_ids": []}}, 400, "recall_id"),
         ("GET", f"/v1/users/{uid}/graph", {"params": {"page": "x"}}, 400, "page"),
         ("GET", f"/v1/users/{uid}/history", {}, 400, "subject"),
+        ("GET", f"/v1/users/{uid}/history", {"params": {"subject": "user", "limit": 1001}}, 400, "limit"),
         ("DELETE", f"/v1/users/{uid}/memories/bad%20id", {}, 400, "memory_id"),
         ("GET", f"/v1/users/{uid}/messages/nope", {}, 404, None),
         ("DELETE", f"/v1/dead-letters/{uid}/nope", {"headers": auth(secrets, "a_op")}, 404, None),

@@ -11,13 +11,15 @@ import re
 from datetime import timedelta
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 from pydantic import ValidationError
 
 from engram_api import keys
-from engram_api.errors import BackPressureError, ConfigError, InvalidInputError
+from engram_api.errors import BackPressureError, ConfigError, InvalidInputError, StoreUnavailableError
 from engram_api.models import Extraction, utcnow
+from engram_api.naming import normalize_name
 from engram_api.redaction import RedactingFilter
 from engram_api.settings import EXAMPLE_PASSWORDS, Settings, load_settings
 from engram_api.storage import open_graph_store
@@ -146,6 +148,62 @@ def test_maintenance_refuses_a_future_now_and_out_of_range_arguments(neo4j_uri, 
     finally:
         graph.forget_user(user)
         graph.close()
+
+
+def test_the_index_cache_keeps_the_most_recent_users_and_answers_the_same(tmp_path) -> None:
+    settings = Settings(data_dir=tmp_path)
+    graph = open_graph_store(settings)
+    graph.ensure_schema()
+    users = [new_user() for _ in range(5)]
+    for user in users:
+        UserGraph(graph, user).say([("Alex", "WORKS_AT", "Dell", "Alex works at Dell")])
+    vectors = VectorStore(root=settings.index_dir, dim=DIM)
+    capped = IndexKeeper(graph=graph, vectors=vectors, cache_size=2)
+    stamps = {user: graph.stamped_vectors(user)[1] for user in users}
+    query = np.ones(DIM, dtype=np.float32)
+    try:
+        first = {user: capped.current(user, stamps[user]).search(query, 5) for user in users}
+        assert list(capped._cache) == users[-2:]  # the bound holds: least recently used dropped first
+        capped.current(users[3], stamps[users[3]])
+        capped.current(users[0], stamps[users[0]])
+        assert list(capped._cache) == [users[3], users[0]]
+        # A dropped index is only a miss: it is read back from its file, not rebuilt, and answers the same.
+        again = {user: capped.current(user, stamps[user]).search(query, 5) for user in users}
+        assert again == first
+        assert capped.rebuilds == len(users)
+        assert all(hits for hits in first.values())
+    finally:
+        graph.close()
+
+
+def test_a_runaway_graph_expansion_on_neo4j_ends_at_the_transaction_timeout(neo4j_uri, tmp_path) -> None:
+    user = new_user()
+    names = [f"P{i}" for i in range(40)]
+    facts = [(a, "KNOWS", b, f"{a} knows {b}") for i, a in enumerate(names) for b in names[i + 1 :]]
+    graph = open_graph_store(Settings(neo4j_uri=neo4j_uri, data_dir=tmp_path))
+    # 1 ms (the driver's smallest) against a clique of 780 facts explored from every node four hops deep.
+    hasty = open_graph_store(Settings(neo4j_uri=neo4j_uri, data_dir=tmp_path, neo4j_query_timeout_s=0.001))
+    try:
+        graph.ensure_schema()
+        people = UserGraph(graph, user)
+        people.say(facts)
+        seeds = [people.entities[normalize_name(n)].id for n in names]
+        expand = {"max_hops": 4, "as_of": None, "limit": 10_000, "per_seed": 10_000}
+        assert len(graph.expand(user, seeds, **expand)) == len(facts)  # the default timeout lets it finish
+        with pytest.raises(StoreUnavailableError, match="transaction timeout"):
+            hasty.expand(user, seeds, **expand)
+    finally:
+        graph.forget_user(user)
+        graph.close()
+        hasty.close()
+
+
+def test_index_file_locks_are_a_fixed_set_and_one_per_user(tmp_path) -> None:
+    vectors = VectorStore(root=tmp_path, dim=DIM)
+    users = [f"user-{i}" for i in range(5000)]
+    locks = {id(vectors.lock(user)) for user in users}
+    assert len(locks) <= 64  # bounded however many users one process serves
+    assert all(vectors.lock(user) is vectors.lock(user) for user in users[:100])  # a user's writers still exclude
 
 
 # ----------------------------------------------------------------------------------------- finding 13

@@ -195,6 +195,7 @@ class _Run:
             max_hops=self.settings.max_hops,
             as_of=self.window.as_of,
             limit=self.recipe.k.get("graph", 50),
+            per_seed=self.settings.graph_facts_per_seed,
             avoid=[hub],
         )
         for hf in found:

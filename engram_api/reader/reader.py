@@ -27,6 +27,8 @@ from engram_api import keys
 from engram_api.erasure import erase_message, erase_user
 from engram_api.errors import InvalidInputError, NotFoundError, StoreUnavailableError
 from engram_api.models import (
+    HISTORY_LIMIT,
+    HISTORY_MAX_LIMIT,
     ClusterHit,
     FactRecord,
     FeedbackRow,
@@ -287,12 +289,16 @@ class Reader:
         _check_k(max_tokens, "max_tokens", upper=100_000)
         return select_context(self.recall(user_id, query, k=_CONTEXT_CANDIDATES).items, max_tokens)
 
-    def history(self, user_id: str, subject: str, predicate: str | None = None) -> list[FactRecord]:
+    def history(
+        self, user_id: str, subject: str, predicate: str | None = None, limit: int = HISTORY_LIMIT
+    ) -> list[FactRecord]:
+        """The latest ``limit`` facts about ``subject``, superseded ones included, oldest first."""
         check_user_id(user_id)
         _check_text(subject, "subject")
         if predicate is not None:
             _check_text(predicate, "predicate")
-        return self.graph.history(user_id, subject, sanitize_predicate(predicate) if predicate else None)
+        _check_k(limit, "limit", upper=HISTORY_MAX_LIMIT)
+        return self.graph.history(user_id, subject, sanitize_predicate(predicate) if predicate else None, limit)
 
     def get_graph(self, user_id: str, page: int = 1, page_size: int = 50) -> GraphPage:
         check_user_id(user_id)

@@ -25,6 +25,7 @@ def open_graph_store(settings: Settings) -> GraphStore:
             user=settings.neo4j_user,
             password=settings.neo4j_password,
             database=settings.neo4j_database,
+            query_timeout_s=settings.neo4j_query_timeout_s,
         )
     from engram_api.storage.sqlite_store import SqliteGraphStore
 

@@ -31,6 +31,7 @@ from datetime import datetime
 
 from engram_api.errors import StaleWriteError
 from engram_api.models import (
+    HISTORY_LIMIT,
     ApplyOutcome,
     ChunkRecord,
     ClusterRecord,
@@ -178,9 +179,14 @@ class GraphStore(ABC):
         max_hops: int,
         as_of: datetime | None,
         limit: int,
+        per_seed: int,
         avoid: Sequence[str] = (),
     ) -> list[HopFact]:
-        """Facts reachable from the seed entities in ONE query, nearest first.
+        """Facts reachable from the seed entities in ONE query, nearest first, at most ``limit``.
+
+        Each seed contributes at most its ``per_seed`` nearest facts (ordered by hops, importance
+        descending, id), so one hub-like seed cannot crowd out the others; a fact's hops is its
+        minimum over the seeds that kept it.
 
         A fact mentioning a seed entity is at hop 0; a fact mentioning an entity that a hop-0 fact
         connects to is at hop 1, and so on up to ``max_hops``. Traversal and results use only facts
@@ -190,9 +196,12 @@ class GraphStore(ABC):
         """
 
     @abstractmethod
-    def history(self, user_id: str, subject: str, predicate: str | None) -> list[FactRecord]:
-        """Every fact (current and superseded) whose subject's name or alias matches ``subject``
-        (normalized), optionally one predicate, ordered by valid_from."""
+    def history(
+        self, user_id: str, subject: str, predicate: str | None, limit: int = HISTORY_LIMIT
+    ) -> list[FactRecord]:
+        """The latest ``limit`` facts (current and superseded) whose subject's name or alias matches
+        ``subject`` (normalized), optionally one predicate, in chronological order (valid_from,
+        created_at, id)."""
 
     @abstractmethod
     def page(self, user_id: str, page: int, page_size: int) -> GraphPage: ...

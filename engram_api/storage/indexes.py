@@ -8,11 +8,15 @@ of another epoch or behind it is rebuilt before answering, never used stale.
 
 Thread safety: an index handed out (cached, or returned to a reader) is never mutated; ``advance``
 changes a copy and swaps it into the cache, so concurrent searches always see one whole version.
+
+Memory: the cache holds at most ``cache_size`` users' indexes, least recently used dropped first. A
+dropped index is only a cache miss: the next call loads it from its file (the file is the truth).
 """
 
 from __future__ import annotations
 
 import threading
+from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 
 from engram_api.storage.base import GraphStore
@@ -23,11 +27,12 @@ __all__ = ["IndexKeeper"]
 
 
 class IndexKeeper:
-    def __init__(self, *, graph: GraphStore, vectors: VectorStore, cache: bool = True) -> None:
+    def __init__(self, *, graph: GraphStore, vectors: VectorStore, cache: bool = True, cache_size: int = 256) -> None:
         self.graph = graph
         self.vectors = vectors
         self._cache_enabled = cache
-        self._cache: dict[str, UserIndex] = {}
+        self._cache_size = cache_size
+        self._cache: OrderedDict[str, UserIndex] = OrderedDict()
         self._lock = threading.Lock()
         self.rebuilds = 0  # observable by tests and health checks
 
@@ -35,6 +40,9 @@ class IndexKeeper:
         if self._cache_enabled:
             with self._lock:
                 self._cache[user_id] = index
+                self._cache.move_to_end(user_id)
+                while len(self._cache) > self._cache_size:
+                    self._cache.popitem(last=False)
         return index
 
     def forget(self, user_id: str) -> None:

@@ -28,7 +28,7 @@ from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any, TypeVar, cast
 
-from neo4j import Driver, GraphDatabase, ManagedTransaction, NotificationDisabledClassification
+from neo4j import Driver, GraphDatabase, ManagedTransaction, NotificationDisabledClassification, unit_of_work
 from neo4j import time as neo4j_time
 from neo4j.exceptions import (
     ClientError,
@@ -40,6 +40,7 @@ from neo4j.exceptions import (
 
 from engram_api.errors import ConfigError, InvalidInputError, StoreUnavailableError
 from engram_api.models import (
+    HISTORY_LIMIT,
     ApplyOutcome,
     ChunkRecord,
     ClusterRecord,
@@ -269,7 +270,7 @@ CALL () {{
 }}
 MATCH (f:Fact {{user_id: $user_id}})-[:SUBJECT]->(e)
 WHERE $predicate IS NULL OR f.predicate = $predicate
-WITH DISTINCT f ORDER BY f.valid_from, f.created_at, f.id
+WITH DISTINCT f ORDER BY f.valid_from DESC, f.created_at DESC, f.id DESC LIMIT $limit
 RETURN {_FACT} AS row
 """
 # Neo4j plans `min(length(p))` per (start, end) pair as a pruning breadth-first expand that visits
@@ -283,7 +284,10 @@ MATCH p = (s)-[:SUBJECT|OBJECT*1..{{max_len}}]-(f:Fact)
 WHERE all(n IN nodes(p) WHERE n.user_id = $user_id AND (NOT n:Fact OR {_VALID_AT.format(v="n")})
                                AND (n:Fact OR NOT n.id IN $avoid))
 WITH s, f, min(length(p)) AS depth
-WITH f, (min(depth) - 1) / 2 AS hops
+ORDER BY depth, f.importance DESC, f.id
+WITH s, collect({{f: f, depth: depth}})[..$per_seed] AS nearest
+UNWIND nearest AS near
+WITH near.f AS f, (min(near.depth) - 1) / 2 AS hops
 ORDER BY hops, f.importance DESC, f.id
 LIMIT $limit
 RETURN {_FACT} AS row, hops
@@ -551,8 +555,11 @@ def _norms(names: Sequence[str]) -> list[str]:
 class Neo4jGraphStore(GraphStore):
     """Graph store on a Neo4j 5 server over Bolt; safe to share between threads."""
 
-    def __init__(self, *, uri: str, user: str, password: str | None, database: str) -> None:
+    def __init__(
+        self, *, uri: str, user: str, password: str | None, database: str, query_timeout_s: float | None = None
+    ) -> None:
         self._uri = uri
+        self._query_timeout_s = query_timeout_s
         self._auth = None if password is None else (user, password)
         self._database = database
         self._lock = threading.Lock()
@@ -587,6 +594,10 @@ class Neo4jGraphStore(GraphStore):
             yield
         except (ServiceUnavailable, SessionExpired, DatabaseUnavailable) as exc:
             raise StoreUnavailableError(f"Neo4j at {self._uri} is unavailable: {exc}") from exc
+        except ClientError as exc:
+            if "TransactionTimedOut" not in (exc.code or ""):
+                raise
+            raise StoreUnavailableError(f"Neo4j ended a query at its transaction timeout: {exc.message}") from exc
 
     def _ready(self) -> Driver:
         driver = self._get_driver()
@@ -783,6 +794,7 @@ class Neo4jGraphStore(GraphStore):
         max_hops: int,
         as_of: datetime | None,
         limit: int,
+        per_seed: int,
         avoid: Sequence[str] = (),
     ) -> list[HopFact]:
         if not entity_ids or limit <= 0 or max_hops < 0:
@@ -793,20 +805,25 @@ class Neo4jGraphStore(GraphStore):
             "seeds": list(dict.fromkeys(entity_ids)),
             "as_of": _opt_utc(as_of),
             "limit": int(limit),
+            "per_seed": int(per_seed),
             "avoid": list(avoid),
         }
 
+        # A variable-length match can explode on a dense graph: the server ends it at the timeout.
+        @unit_of_work(timeout=self._query_timeout_s)
         def work(tx: ManagedTransaction) -> list[HopFact]:
             return [HopFact.model_validate({**_from_db(r["row"]), "hops": r["hops"]}) for r in tx.run(query, params)]
 
         return self._read(work)
 
-    def history(self, user_id: str, subject: str, predicate: str | None) -> list[FactRecord]:
+    def history(
+        self, user_id: str, subject: str, predicate: str | None, limit: int = HISTORY_LIMIT
+    ) -> list[FactRecord]:
         norm = normalize_name(subject)
         if not norm:
             return []
-        rows = self._rows(_Q_HISTORY, user_id=user_id, norm=norm, predicate=predicate)
-        return [FactRecord.model_validate(r) for r in rows]
+        rows = self._rows(_Q_HISTORY, user_id=user_id, norm=norm, predicate=predicate, limit=int(limit))
+        return [FactRecord.model_validate(r) for r in reversed(rows)]  # the latest `limit`, told oldest first
 
     def page(self, user_id: str, page: int, page_size: int) -> GraphPage:
         if page < 1:

@@ -27,6 +27,7 @@ import numpy as np
 
 from engram_api.errors import StoreUnavailableError
 from engram_api.models import (
+    HISTORY_LIMIT,
     ApplyOutcome,
     ChunkRecord,
     ClusterRecord,
@@ -238,13 +239,13 @@ _VALID_AT = episodes_sql.FACT_VALID_AT
 # through the (user_id, entity_id) and primary-key indexes, never a scan of the user's facts.
 _EXPAND = f"""
 WITH RECURSIVE
-reach(entity_id, level) AS (
-    SELECT e.id, 0
+reach(seed_id, entity_id, level) AS (
+    SELECT e.id, e.id, 0
       FROM json_each(:seeds) seed
       CROSS JOIN entities e ON e.id = seed.value AND e.user_id = :user_id
      WHERE e.id NOT IN (SELECT value FROM json_each(:avoid))
     UNION
-    SELECT far.entity_id, r.level + 1
+    SELECT r.seed_id, far.entity_id, r.level + 1
       FROM reach r
       CROSS JOIN mentions near ON near.user_id = :user_id AND near.entity_id = r.entity_id
       CROSS JOIN facts f ON f.id = near.fact_id AND {_VALID_AT}
@@ -252,12 +253,22 @@ reach(entity_id, level) AS (
      WHERE r.level < :max_hops
        AND far.entity_id NOT IN (SELECT value FROM json_each(:avoid))
 ),
-hop(fact_id, hops) AS (
-    SELECT m.fact_id, MIN(r.level)
+seed_hop(seed_id, fact_id, level, importance) AS (
+    SELECT r.seed_id, m.fact_id, MIN(r.level), f.importance
       FROM reach r
       CROSS JOIN mentions m ON m.user_id = :user_id AND m.entity_id = r.entity_id
       CROSS JOIN facts f ON f.id = m.fact_id AND {_VALID_AT}
-     GROUP BY m.fact_id
+     GROUP BY r.seed_id, m.fact_id
+),
+kept(fact_id, level) AS (
+    SELECT fact_id, level FROM (
+        SELECT fact_id, level, ROW_NUMBER() OVER (
+                   PARTITION BY seed_id ORDER BY level, importance DESC, fact_id) AS nth
+          FROM seed_hop)
+     WHERE nth <= :per_seed
+),
+hop(fact_id, hops) AS (
+    SELECT fact_id, MIN(level) FROM kept GROUP BY fact_id
 )
 {_FACT_SELECT}, hop.hops AS hops
 FROM hop
@@ -903,6 +914,7 @@ class SqliteGraphStore(GraphStore):
         max_hops: int,
         as_of: datetime | None,
         limit: int,
+        per_seed: int,
         avoid: Sequence[str] = (),
     ) -> list[HopFact]:
         rows = (
@@ -915,6 +927,7 @@ class SqliteGraphStore(GraphStore):
                     "max_hops": max_hops,
                     "as_of": _us_opt(as_of),
                     "limit": limit,
+                    "per_seed": per_seed,
                     "avoid": _ids(avoid),
                 },
             )
@@ -922,7 +935,9 @@ class SqliteGraphStore(GraphStore):
         )
         return [HopFact(**_fact_fields(r), hops=r["hops"]) for r in rows]
 
-    def history(self, user_id: str, subject: str, predicate: str | None) -> list[FactRecord]:
+    def history(
+        self, user_id: str, subject: str, predicate: str | None, limit: int = HISTORY_LIMIT
+    ) -> list[FactRecord]:
         rows = (
             self._conn()
             .execute(
@@ -934,12 +949,12 @@ class SqliteGraphStore(GraphStore):
                       UNION
                       SELECT a.entity_id FROM entity_aliases a
                        WHERE a.user_id = :user_id AND a.norm_alias = :name)
-                ORDER BY f.valid_from, f.created_at, f.id""",
-                {"user_id": user_id, "predicate": predicate, "name": normalize_name(subject)},
+                ORDER BY f.valid_from DESC, f.created_at DESC, f.id DESC LIMIT :limit""",
+                {"user_id": user_id, "predicate": predicate, "name": normalize_name(subject), "limit": limit},
             )
             .fetchall()
         )
-        return [_fact(r) for r in rows]
+        return [_fact(r) for r in reversed(rows)]  # the latest `limit`, told oldest first
 
     def page(self, user_id: str, page: int, page_size: int) -> GraphPage:
         if page < 1 or page_size < 1:

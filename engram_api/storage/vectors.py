@@ -33,6 +33,7 @@ __all__ = ["UserIndex", "VectorHit", "VectorStore"]
 Kind = Literal["fact", "entity", "episode"]
 _MAGIC = b"EGI3"
 _HEADER = struct.Struct("<4sQQQ")
+_LOCK_STRIPES = 64  # in-process file-lock stripes: ample for 2-8 worker threads, bounded for any user count
 
 
 def _faiss():  # type: ignore[no-untyped-def]
@@ -191,17 +192,20 @@ class VectorStore:
     def __init__(self, *, root: Path, dim: int) -> None:
         self.root = Path(root)
         self.dim = dim
-        self._locks: dict[str, threading.Lock] = {}
-        self._guard = threading.Lock()
+        # A fixed set of lock stripes, not a lock per user: the set stays bounded however many users one
+        # process serves, and a user always maps to the same stripe, so its writers still exclude each
+        # other (evicting a per-user lock could hand two writers different locks). Two users sharing a
+        # stripe only wait for one short file save; no caller holds two users' locks at once.
+        self._locks = tuple(threading.Lock() for _ in range(_LOCK_STRIPES))
 
     def path_for(self, user_id: str) -> Path:
         # Hashed file names: a user id never becomes a path (no traversal, no odd characters).
         return self.root / f"{hashlib.sha256(user_id.encode()).hexdigest()[:32]}.faiss"
 
     def lock(self, user_id: str) -> threading.Lock:
-        """In-process lock per user (cross-process writers are serialized by the apply lock)."""
-        with self._guard:
-            return self._locks.setdefault(user_id, threading.Lock())
+        """The in-process lock of the user's file (cross-process writers are serialized by the apply lock)."""
+        digest = hashlib.sha256(user_id.encode()).digest()
+        return self._locks[int.from_bytes(digest[:8], "big") % _LOCK_STRIPES]
 
     def file_stamp(self, user_id: str) -> Stamp | None:
         path = self.path_for(user_id)

@@ -19,6 +19,7 @@ import pytest
 
 from engram_api.errors import StoreUnavailableError
 from engram_api.models import (
+    HISTORY_LIMIT,
     ApplyOutcome,
     EntityChange,
     EntityRecord,
@@ -170,9 +171,11 @@ def test_datetimes_come_back_as_utc_instants(graph_store: GraphStore, user: str)
     assert_utc(got.valid_from)
     assert_utc(got.created_at)
     # The instant is what counts: expand at 10:00 UTC sees the fact, one second earlier does not.
-    assert ids(graph_store.expand(user, [me.id], max_hops=0, as_of=got.valid_from, limit=FAR)) == {fact.id}
+    assert ids(graph_store.expand(user, [me.id], max_hops=0, as_of=got.valid_from, limit=FAR, per_seed=FAR)) == {
+        fact.id
+    }
     before = got.valid_from - timedelta(seconds=1)
-    assert graph_store.expand(user, [me.id], max_hops=0, as_of=before, limit=FAR) == []
+    assert graph_store.expand(user, [me.id], max_hops=0, as_of=before, limit=FAR, per_seed=FAR) == []
 
 
 def test_apply_is_idempotent_by_episode(graph_store: GraphStore, user: str) -> None:
@@ -479,7 +482,7 @@ def test_expand_hops_are_bounded_by_max_hops(graph_store: GraphStore, user: str)
     g = build_chain(graph_store, user)
 
     def walk(max_hops: int) -> list[tuple[str, int]]:
-        return hops(graph_store.expand(user, [g.a.id], max_hops=max_hops, as_of=None, limit=FAR))
+        return hops(graph_store.expand(user, [g.a.id], max_hops=max_hops, as_of=None, limit=FAR, per_seed=FAR))
 
     assert walk(0) == [(g.fa.id, 0), (g.f0.id, 0)]  # same hop: importance desc
     assert walk(1) == [(g.fa.id, 0), (g.f0.id, 0), (g.f1.id, 1)]
@@ -491,34 +494,48 @@ def test_expand_hops_are_bounded_by_max_hops(graph_store: GraphStore, user: str)
 def test_expand_never_visits_an_avoided_hub(graph_store: GraphStore, user: str) -> None:
     g = build_chain(graph_store, user)
     # From b, c is the only way on to d; avoiding c stops there, but facts mentioning c are still found.
-    result = graph_store.expand(user, [g.b.id], max_hops=4, as_of=None, limit=FAR, avoid=[g.c.id])
+    result = graph_store.expand(user, [g.b.id], max_hops=4, as_of=None, limit=FAR, per_seed=FAR, avoid=[g.c.id])
     assert hops(result) == [(g.f0.id, 0), (g.f1.id, 0), (g.fa.id, 1)]
     # An avoided entity is not a seed either.
-    assert graph_store.expand(user, [g.c.id], max_hops=1, as_of=None, limit=FAR, avoid=[g.c.id]) == []
+    assert graph_store.expand(user, [g.c.id], max_hops=1, as_of=None, limit=FAR, per_seed=FAR, avoid=[g.c.id]) == []
 
 
 def test_expand_returns_each_fact_once_at_its_minimum_hop(graph_store: GraphStore, user: str) -> None:
     g = build_chain(graph_store, user)
-    result = graph_store.expand(user, [g.a.id, g.c.id], max_hops=1, as_of=None, limit=FAR)
+    result = graph_store.expand(user, [g.a.id, g.c.id], max_hops=1, as_of=None, limit=FAR, per_seed=FAR)
     assert hops(result) == [(g.fa.id, 0), (g.f0.id, 0), (g.f1.id, 0), (g.f2.id, 0), (g.f3.id, 1)]
     # From b, f0 and f1 are both hop 0 even though each is also one hop away through the other.
-    result = graph_store.expand(user, [g.b.id], max_hops=4, as_of=None, limit=FAR)
+    result = graph_store.expand(user, [g.b.id], max_hops=4, as_of=None, limit=FAR, per_seed=FAR)
     assert hops(result) == [(g.f0.id, 0), (g.f1.id, 0), (g.fa.id, 1), (g.f2.id, 1), (g.f3.id, 2)]
 
 
 def test_expand_limit_keeps_the_nearest(graph_store: GraphStore, user: str) -> None:
     g = build_chain(graph_store, user)
-    assert hops(graph_store.expand(user, [g.a.id], max_hops=3, as_of=None, limit=3)) == [
+    assert hops(graph_store.expand(user, [g.a.id], max_hops=3, as_of=None, limit=3, per_seed=FAR)) == [
         (g.fa.id, 0),
         (g.f0.id, 0),
         (g.f1.id, 1),
     ]
 
 
+def test_expand_caps_each_seeds_fan_out(graph_store: GraphStore, user: str) -> None:
+    g = build_chain(graph_store, user)
+    seeds = [g.a.id, g.c.id]
+    # Uncapped, c's hop-1 fact f3 comes too; each seed keeps only its nearest per_seed facts.
+    uncapped = graph_store.expand(user, seeds, max_hops=1, as_of=None, limit=FAR, per_seed=FAR)
+    assert (g.f3.id, 1) in hops(uncapped)
+    two = graph_store.expand(user, seeds, max_hops=1, as_of=None, limit=FAR, per_seed=2)
+    assert hops(two) == [(g.fa.id, 0), (g.f0.id, 0), (g.f1.id, 0), (g.f2.id, 0)]  # a: fa, f0; c: f1, f2
+    one = graph_store.expand(user, seeds, max_hops=1, as_of=None, limit=FAR, per_seed=1)
+    assert hops(one) == [(g.fa.id, 0), (g.f1.id, 0)]
+    # The total limit still applies over the seeds' union.
+    assert hops(graph_store.expand(user, seeds, max_hops=1, as_of=None, limit=3, per_seed=2)) == hops(two)[:3]
+
+
 def test_expand_returns_read_shaped_facts(graph_store: GraphStore, user: str) -> None:
     g = build_chain(graph_store, user)
     graph_store.apply(plan(user, "m3", reinforced=[g.f1.id]))
-    result = by_id(graph_store.expand(user, [g.a.id], max_hops=1, as_of=None, limit=FAR))
+    result = by_id(graph_store.expand(user, [g.a.id], max_hops=1, as_of=None, limit=FAR, per_seed=FAR))
     assert all(isinstance(f, HopFact) for f in result.values())
     assert_fact(result[g.f0.id], g.f0, source_ids=["m1"])
     assert_fact(result[g.f1.id], g.f1, source_ids=["m1", "m3"])
@@ -527,9 +544,9 @@ def test_expand_returns_read_shaped_facts(graph_store: GraphStore, user: str) ->
 
 def test_expand_with_no_or_unknown_seeds_is_empty(graph_store: GraphStore, user: str, other_user: str) -> None:
     g = build_chain(graph_store, user)
-    assert graph_store.expand(user, [], max_hops=2, as_of=None, limit=FAR) == []
-    assert graph_store.expand(user, ["ent-missing"], max_hops=2, as_of=None, limit=FAR) == []
-    assert graph_store.expand(other_user, [g.a.id], max_hops=2, as_of=None, limit=FAR) == []
+    assert graph_store.expand(user, [], max_hops=2, as_of=None, limit=FAR, per_seed=FAR) == []
+    assert graph_store.expand(user, ["ent-missing"], max_hops=2, as_of=None, limit=FAR, per_seed=FAR) == []
+    assert graph_store.expand(other_user, [g.a.id], max_hops=2, as_of=None, limit=FAR, per_seed=FAR) == []
 
 
 def test_expand_as_of_uses_facts_valid_then(graph_store: GraphStore, user: str) -> None:
@@ -543,7 +560,7 @@ def test_expand_as_of_uses_facts_valid_then(graph_store: GraphStore, user: str) 
     )
 
     def walk(as_of: datetime | None, max_hops: int = 0) -> list[tuple[str, int]]:
-        return hops(graph_store.expand(user, [ana.id], max_hops=max_hops, as_of=as_of, limit=FAR))
+        return hops(graph_store.expand(user, [ana.id], max_hops=max_hops, as_of=as_of, limit=FAR, per_seed=FAR))
 
     assert walk(None) == [(in_berlin.id, 0)]
     assert walk(at(5)) == [(in_paris.id, 0)]  # superseded now, but valid then
@@ -554,7 +571,9 @@ def test_expand_as_of_uses_facts_valid_then(graph_store: GraphStore, user: str) 
     # lived there.
     assert walk(at(5), max_hops=1) == [(in_paris.id, 0), (paris_in_france.id, 1)]
     assert walk(None, max_hops=1) == [(in_berlin.id, 0)]
-    assert ids(graph_store.expand(user, [paris.id], max_hops=0, as_of=None, limit=FAR)) == {paris_in_france.id}
+    assert ids(graph_store.expand(user, [paris.id], max_hops=0, as_of=None, limit=FAR, per_seed=FAR)) == {
+        paris_in_france.id
+    }
 
 
 def test_expand_never_uses_archived_facts(graph_store: GraphStore, user: str) -> None:
@@ -565,9 +584,9 @@ def test_expand_never_uses_archived_facts(graph_store: GraphStore, user: str) ->
     graph_store.apply(plan(user, "m1", entities=[a, b, c, x], facts=[old, b_c, a_x]))
     assert graph_store.decay(user, now=at(30), per_day=0.5, threshold=0.01, batch=10) == (1, 1)
 
-    assert hops(graph_store.expand(user, [a.id], max_hops=2, as_of=None, limit=FAR)) == [(a_x.id, 0)]
-    assert hops(graph_store.expand(user, [a.id], max_hops=2, as_of=at(31), limit=FAR)) == [(a_x.id, 0)]
-    assert hops(graph_store.expand(user, [b.id], max_hops=2, as_of=None, limit=FAR)) == [(b_c.id, 0)]
+    assert hops(graph_store.expand(user, [a.id], max_hops=2, as_of=None, limit=FAR, per_seed=FAR)) == [(a_x.id, 0)]
+    assert hops(graph_store.expand(user, [a.id], max_hops=2, as_of=at(31), limit=FAR, per_seed=FAR)) == [(a_x.id, 0)]
+    assert hops(graph_store.expand(user, [b.id], max_hops=2, as_of=None, limit=FAR, per_seed=FAR)) == [(b_c.id, 0)]
 
 
 # ----------------------------------------------------------------------------------------- history
@@ -597,6 +616,18 @@ def test_history_lists_every_fact_of_the_subject_by_valid_from(graph_store: Grap
     assert lives == [in_paris.id, in_berlin.id, in_rome.id]
     assert graph_store.history(user, "Ana", "WORKS_AT") == []
     assert graph_store.history(user, "nobody", None) == []
+    # A limit keeps the latest facts, still told oldest first.
+    assert [f.id for f in graph_store.history(user, "Ana", None, limit=2)] == [in_berlin.id, in_rome.id]
+    assert [f.id for f in graph_store.history(user, "Annie", "LIVES_IN", limit=1)] == [in_rome.id]
+    assert graph_store.history(user, "Ana", None, limit=4) == everything
+
+
+def test_history_is_bounded_by_default(graph_store: GraphStore, user: str) -> None:
+    ana, paris = make_entity(user, "Ana"), make_entity(user, "Paris")
+    facts = [make_fact(user, ana, f"VISITED_{i}", paris, valid_from=at(i)) for i in range(HISTORY_LIMIT + 5)]
+    graph_store.apply(plan(user, "m1", entities=[ana, paris], facts=facts))
+    got = graph_store.history(user, "Ana", None)
+    assert [f.id for f in got] == [f.id for f in facts[-HISTORY_LIMIT:]]
 
 
 # ----------------------------------------------------------------------------------- page and stats
@@ -718,9 +749,9 @@ def test_no_read_ever_shows_another_users_data(graph_store: GraphStore, user: st
         assert ids(graph_store.get_facts(owner, everything)) == me.fact_ids
         assert ids(graph_store.get_entities(owner, sorted(me.entity_ids | them.entity_ids))) == me.entity_ids
         seeds = [me.seed, them.seed]
-        assert ids(graph_store.expand(owner, seeds, max_hops=3, as_of=at(5), limit=FAR)) == {me.then}
-        assert ids(graph_store.expand(owner, seeds, max_hops=3, as_of=None, limit=FAR)) == {me.now}
-        assert graph_store.expand(owner, [them.seed], max_hops=3, as_of=None, limit=FAR) == []
+        assert ids(graph_store.expand(owner, seeds, max_hops=3, as_of=at(5), limit=FAR, per_seed=FAR)) == {me.then}
+        assert ids(graph_store.expand(owner, seeds, max_hops=3, as_of=None, limit=FAR, per_seed=FAR)) == {me.now}
+        assert graph_store.expand(owner, [them.seed], max_hops=3, as_of=None, limit=FAR, per_seed=FAR) == []
         assert ids(graph_store.history(owner, "Annie", None)) == me.fact_ids
         assert ids(graph_store.find_entities(owner, ["ana", "annie", "paris", "berlin"])) == me.entity_ids
         page = graph_store.page(owner, 1, 100)
@@ -799,7 +830,7 @@ def test_forget_message_cascades_and_leaves_nothing_behind(graph_store: GraphSto
     assert {i.node_id for i in graph_store.vectors(user)[0]} == remaining_facts | remaining_entities
     page = graph_store.page(user, 1, 100)
     assert (ids(page.facts), ids(page.entities)) == (remaining_facts, remaining_entities)
-    assert ids(graph_store.expand(user, [ana.id], max_hops=2, as_of=None, limit=FAR)) == remaining_facts
+    assert ids(graph_store.expand(user, [ana.id], max_hops=2, as_of=None, limit=FAR, per_seed=FAR)) == remaining_facts
     # Member links to removed nodes go with them (whether a cluster left empty stays is not asserted).
     (cluster,) = graph_store.clusters(user)
     assert (cluster.member_fact_ids, cluster.member_entity_ids) == ([likes.id], [ana.id])
@@ -862,7 +893,9 @@ def test_forget_message_reconnects_a_supersession_chain(graph_store: GraphStore,
     graph_store.forget_message(user, "m3")
     old = one_fact(graph_store, user, in_paris.id)
     assert (old.valid_until, old.superseded_by) == (None, None)
-    assert hops(graph_store.expand(user, [ana.id], max_hops=0, as_of=None, limit=FAR)) == [(in_paris.id, 0)]
+    assert hops(graph_store.expand(user, [ana.id], max_hops=0, as_of=None, limit=FAR, per_seed=FAR)) == [
+        (in_paris.id, 0)
+    ]
 
 
 def test_forget_unknown_message_changes_nothing(graph_store: GraphStore, user: str) -> None:
