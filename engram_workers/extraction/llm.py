@@ -33,7 +33,15 @@ from engram_api.models import ExtractedEntity, ExtractedFact, Extraction, Usage
 from engram_api.settings import Settings
 from engram_workers.extraction.prompt import RESPONSE_SCHEMA
 
-__all__ = ["Completion", "LLMAnswer", "call_llm", "is_service_failure", "parse_extraction", "read_answer", "retry_after"]
+__all__ = [
+    "Completion",
+    "LLMAnswer",
+    "call_llm",
+    "is_service_failure",
+    "parse_extraction",
+    "read_answer",
+    "retry_after",
+]
 
 log = logging.getLogger(__name__)
 
