@@ -552,6 +552,12 @@ def _norms(names: Sequence[str]) -> list[str]:
     return list(dict.fromkeys(n for n in (normalize_name(a) for a in names) if n))
 
 
+def _live_chunks(rows: Sequence[dict[str, Any]]) -> list[ChunkRecord]:
+    """Chunk rows minus those a concurrent forget deleted mid-read: under read committed, a node matched
+    before another transaction's delete committed reads back with null properties."""
+    return [ChunkRecord.model_validate(r) for r in rows if r.get("text") is not None]
+
+
 class Neo4jGraphStore(GraphStore):
     """Graph store on a Neo4j 5 server over Bolt; safe to share between threads."""
 
@@ -892,7 +898,7 @@ class Neo4jGraphStore(GraphStore):
         if not chunk_ids and not episode_ids:
             return []
         rows = self._rows(episodes_cypher.Q_CHUNKS, user_id=user_id, ids=list(chunk_ids), episodes=list(episode_ids))
-        return [ChunkRecord.model_validate(r) for r in rows]
+        return _live_chunks(rows)
 
     def add_chunks(self, user_id: str, chunks: Sequence[ChunkRecord]) -> int:
         by_episode: dict[str, list[dict[str, Any]]] = {}
@@ -927,7 +933,7 @@ class Neo4jGraphStore(GraphStore):
         if window <= 0 or not chunk_ids:
             return []
         rows = self._rows(episodes_cypher.Q_NEIGHBOURS, user_id=user_id, ids=list(chunk_ids), window=int(window))
-        return [ChunkRecord.model_validate(r) for r in rows]
+        return _live_chunks(rows)
 
     def keyword_search(
         self,
