@@ -12,7 +12,6 @@ from typing import IO, TYPE_CHECKING
 
 import click
 
-from engram_api.models import HISTORY_LIMIT, HISTORY_MAX_LIMIT
 from engram_workers.cli._common import TIME_HELP, open_client, parse_time, user_id_argument
 from engram_workers.cli._output import console, emit_json, fmt_time, json_option, table
 
@@ -144,16 +143,18 @@ def context(user_id: str, query: str, max_tokens: int, as_json: bool) -> None:
 @click.argument("subject", default="user")
 @click.option("--predicate", "-p", help="Only this relation, e.g. LIVES_IN or WORKS_AT.")
 @click.option(
-    "--limit", "-n", default=HISTORY_LIMIT, show_default=True, help=f"Show the latest N facts (1-{HISTORY_MAX_LIMIT})."
-)
+    "--limit", "-n", type=int, default=None,
+    help="Show only the latest N facts (unset: the library's default, engram_api.models.HISTORY_LIMIT).",
+)  # fmt: skip
 @json_option
-def history(user_id: str, subject: str, predicate: str | None, limit: int, as_json: bool) -> None:
+def history(user_id: str, subject: str, predicate: str | None, limit: int | None, as_json: bool) -> None:
     """How facts about SUBJECT changed over time, superseded ones included, oldest first.
 
     SUBJECT is an entity name or alias; "user" (the default) is the user themself.
     """
     with open_client() as client:
-        facts = client.history(user_id, subject, predicate, limit)
+        # No engram_api import at CLI import time, so the default lives in the library only.
+        facts = client.history(user_id, subject, predicate, *([] if limit is None else [limit]))
     if as_json:
         emit_json(facts)
     else:
