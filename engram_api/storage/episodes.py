@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from datetime import datetime
 
 from engram_api.models import ChunkRecord, Envelope, EpisodeRecord
 
@@ -226,19 +227,19 @@ def chunk_episode(episode: EpisodeRecord) -> list[ChunkRecord]:
     name = episode.metadata.get("speaker")
     speaker = name.strip()[:100] if isinstance(name, str) and name.strip() else episode.role
     return [
-        ChunkRecord(
-            id=chunk_id(episode.user_id, episode.id, seq),
-            user_id=episode.user_id,
-            episode_id=episode.id,
-            seq=seq,
-            text=text,
-            speaker=speaker,
-            role=episode.role,
-            event_time=episode.event_time,
-            created_at=episode.event_time,
-        )
+        _chunk(episode.user_id, episode.id, seq, text, speaker, episode.role, episode.event_time)
         for seq, text in enumerate(split_chunks(episode.content))
     ]
+
+
+def _chunk(
+    user_id: str, episode_id: str, seq: int, text: str, speaker: str | None, role: str, when: datetime
+) -> ChunkRecord:
+    """One chunk; its id derives from (user, message, seq), so a backfill and the apply stage agree."""
+    return ChunkRecord(
+        id=chunk_id(user_id, episode_id, seq), user_id=user_id, episode_id=episode_id, seq=seq, text=text,
+        speaker=speaker, role=role, event_time=when, created_at=when,
+    )  # fmt: skip
 
 
 def chunk_envelope(envelope: Envelope) -> list[ChunkRecord]:
@@ -249,16 +250,6 @@ def chunk_envelope(envelope: Envelope) -> list[ChunkRecord]:
         for text in split_chunks(message.content):
             seq = len(chunks)
             chunks.append(
-                ChunkRecord(
-                    id=chunk_id(envelope.user_id, envelope.message_id, seq),
-                    user_id=envelope.user_id,
-                    episode_id=envelope.message_id,
-                    seq=seq,
-                    text=text,
-                    speaker=speaker,
-                    role=message.role,
-                    event_time=envelope.timestamp,
-                    created_at=envelope.timestamp,
-                )
+                _chunk(envelope.user_id, envelope.message_id, seq, text, speaker, message.role, envelope.timestamp)
             )
     return chunks
