@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import threading
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import IO
 
@@ -33,9 +34,12 @@ class Neo4jServer(ServiceProcess):
     start_timeout = 180.0
     stop_timeout = 60.0  # SIGTERM: a clean Neo4j shutdown with a checkpoint
 
-    def __init__(self, *, data_dir: Path, port: int | None = None, heap: str = "1g") -> None:
+    def __init__(
+        self, *, data_dir: Path, port: int | None = None, heap: str = "1g", conf: Mapping[str, str] | None = None
+    ) -> None:
         super().__init__(data_dir=data_dir, port=port)
         self.heap = heap
+        self.conf = dict(conf or {})  # extra neo4j.conf settings (the launcher validates the keys)
         self._readers: list[threading.Thread] = []
         self._ready = threading.Event()
 
@@ -87,6 +91,8 @@ class Neo4jServer(ServiceProcess):
     def _start_once(self, timeout: float) -> None:
         since = file_size(self.log_path)
         env = {**os.environ, "NEO4J_EXIT_ON_STDIN_EOF": "1", "NEO4J_HEAP": self.heap}
+        if self.conf:
+            env["NEO4J_RAW_CONF"] = ";".join(f"{key}={value}" for key, value in self.conf.items())
         self._ready.clear()
         self._proc = subprocess.Popen(
             [str(LAUNCHER_DIR / "run.sh"), str(self.data_dir), str(self.port)],

@@ -73,7 +73,10 @@ _neo4j_servers: list[Neo4jServer] = []
 @pytest.fixture(scope="session")
 def neo4j_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Neo4jServer]:
     """A Neo4j owned by this test run (ops/neo4j-launcher), even when NEO4J_URI is set."""
-    server = Neo4jServer(data_dir=tmp_path_factory.mktemp("neo4j"))
+    # The timeout monitor's default 2 s tick lets a short query outrun a 1 ms timeout by luck; 50 ms makes the
+    # transaction-timeout test deterministic (test_limits) at the cost of a thread waking 20 times a second.
+    conf = {"db.transaction.monitor.check.interval": "50ms"}
+    server = Neo4jServer(data_dir=tmp_path_factory.mktemp("neo4j"), conf=conf)
     try:
         server.start()
     except ServiceStartError as exc:
