@@ -4,6 +4,8 @@ its own, then the real Beat task on a real fleet bringing lost messages home."""
 from __future__ import annotations
 
 import ast
+import base64
+import json
 import re
 import time
 from pathlib import Path
@@ -41,6 +43,38 @@ def test_only_old_stuck_messages_are_resent_once(redis_client, user_id):
     sent.clear()
     redeliver_stuck(client=redis_client, send=send, older_than_s=60, now=now + 1)
     assert [s for s in sent if s[1][0] == user_id] == []  # re-stamped: not sent again at once
+
+
+def test_old_messages_still_waiting_in_the_broker_are_left_alone(redis_url: str, tmp_path: Path) -> None:
+    """A backlog older than the threshold is not lost: re-sending it would double the queue at every sweep.
+    Only a task that is in no queue and not reserved (kombu's ``unacked`` hash) is re-sent."""
+    with engram_stack(redis_url=redis_url, data_dir=tmp_path, neo4j_uri=None, llm_url=None, workers=False) as stack:
+        client = stack.client
+        ids = [client.enqueue("bl_user", f"I like topic {i}.", message_id=f"m{i}").message_id for i in range(3)]
+        stale = str(time.time() - 600)
+        for message_id in ids:
+            client.redis.hset(keys.status("bl_user", message_id), "enqueued_at", stale)
+        sent: list[tuple[str, tuple[str, ...]]] = []
+
+        def sweep() -> tuple[list[tuple[str, tuple[str, ...]]], int]:
+            sent.clear()
+            report = redeliver_stuck(client=client.redis, send=lambda t, a: sent.append((t, a)), older_than_s=300)
+            return sorted(sent), report.waiting
+
+        assert sweep() == ([], 3)  # all three wait in the extract queue
+        # A worker reserves one the way kombu does: off the list, into the unacked hash.
+        reserved = client.redis.rpop(keys.EXTRACT_QUEUE)
+        client.redis.hset("unacked", "tag-1", json.dumps([json.loads(reserved), "", keys.EXTRACT_QUEUE]))
+        assert sweep() == ([], 3)
+        # The worker dies between kombu's two round trips: the task is in neither place, so it is re-sent.
+        client.redis.hdel("unacked", "tag-1")
+        assert sweep() == ([(keys.EXTRACT_TASK, ("bl_user", _message_id_of(reserved)))], 2)
+        assert sweep() == ([], 2)  # re-stamped: the next sweep waits a full period before sending it again
+
+
+def _message_id_of(message: str) -> str:
+    body = json.loads(base64.b64decode(json.loads(message)["body"]))
+    return body[0][1]
 
 
 def _task_results(log: Path, task: str) -> list[str]:
