@@ -38,9 +38,8 @@ from neo4j.exceptions import (
     SessionExpired,
 )
 
-from engram_api.errors import ConfigError, InvalidInputError, StoreUnavailableError
+from engram_api.errors import ConfigError, StoreUnavailableError
 from engram_api.models import (
-    HISTORY_LIMIT,
     ApplyOutcome,
     ChunkRecord,
     ClusterRecord,
@@ -49,7 +48,6 @@ from engram_api.models import (
     FactRecord,
     FeedbackRow,
     ForgetResult,
-    GraphPage,
     KeywordHit,
     LearnedWeights,
     StoredEpisode,
@@ -64,6 +62,7 @@ from engram_api.naming import normalize_name
 from engram_api.storage import neo4j_episodes as episodes_cypher
 from engram_api.storage.base import Fence, GraphStore, HopFact
 from engram_api.storage.episodes import user_key
+from engram_api.storage.forgetting import ForgetPlan, ForgetScope
 from engram_api.versions import ABSENT, Stamp
 
 __all__ = ["Neo4jGraphStore"]
@@ -348,23 +347,26 @@ RETURN doomed, COLLECT {
   UNION
   MATCH (f:Fact {user_id: $user_id})-[:SUBJECT|OBJECT]->(e:Entity {user_id: $user_id})
   WHERE f.id IN doomed RETURN e.id AS id
-} AS candidates
+} AS candidates, COLLECT { MATCH (c:Chunk {user_id: $user_id}) WHERE c.episode_id = ep.id RETURN c.id } AS chunks
 """
 _Q_FORGET_FACT_PLAN = """
 MATCH (f:Fact {user_id: $user_id, id: $fact_id})
-RETURN [f.id] AS doomed, COLLECT { MATCH (f)-[:SUBJECT|OBJECT]->(e:Entity {user_id: $user_id}) RETURN e.id } AS candidates
+RETURN [f.id] AS doomed, COLLECT { MATCH (f)-[:SUBJECT|OBJECT]->(e:Entity {user_id: $user_id}) RETURN e.id } AS candidates,
+       [] AS chunks
 """
-_Q_FORGET_CHAINS = """
+_Q_FORGET_LINKS = """
 RETURN COLLECT { MATCH (f:Fact {user_id: $user_id}) WHERE f.id IN $doomed AND f.superseded_by IS NOT NULL
                  RETURN [f.id, f.superseded_by] } AS doomed_links,
        COLLECT { MATCH (g:Fact {user_id: $user_id}) WHERE g.superseded_by IN $doomed AND NOT g.id IN $doomed
-                 RETURN [g.id, g.superseded_by] } AS older
+                 RETURN [g.id, g.superseded_by] } AS older,
+       COLLECT { UNWIND $doomed AS fid MATCH (f:Fact {user_id: $user_id, id: fid})
+                 WHERE f.embedding IS NOT NULL RETURN f.id }
+       + COLLECT { UNWIND $candidates AS eid MATCH (e:Entity {user_id: $user_id, id: eid})
+                   WHERE e.embedding IS NOT NULL RETURN e.id } AS vectored
 """
-# An older fact whose successor is deleted points at the next surviving one; with none left it
-# becomes current again (the deleted value never was).
 _Q_FORGET_RESTORE = """
 UNWIND $rows AS r
-MATCH (g:Fact {user_id: $user_id, id: r.id})
+MATCH (g:Fact {user_id: $user_id, id: r.fact_id})
 SET g.superseded_by = r.successor,
     g.valid_until = CASE WHEN r.successor IS NULL THEN null ELSE g.valid_until END,
     g.updated_at = $now
@@ -372,20 +374,17 @@ SET g.superseded_by = r.successor,
 _Q_FORGET_FACTS = """
 UNWIND $doomed AS fid
 MATCH (f:Fact {user_id: $user_id, id: fid})
-WITH f, f.id AS id, f.embedding IS NOT NULL AS has_vector
 DETACH DELETE f
-RETURN id, has_vector
 """
 _Q_FORGET_EPISODE = "MATCH (ep:Episode {user_id: $user_id, id: $episode_id}) DETACH DELETE ep"
 _Q_FORGET_ORPHANS = """
 UNWIND $candidates AS eid
 MATCH (e:Entity {user_id: $user_id, id: eid})
 WHERE NOT EXISTS { MATCH (e)-[:FROM]->(:Episode) } AND NOT EXISTS { MATCH (e)<-[:SUBJECT|OBJECT]-(:Fact) }
-WITH e, e.id AS id, e.embedding IS NOT NULL AS has_vector,
-     COLLECT { MATCH (e)-[:HAS_ALIAS]->(a:Alias) RETURN a } AS aliases
+WITH e, e.id AS id, COLLECT { MATCH (e)-[:HAS_ALIAS]->(a:Alias) RETURN a } AS aliases
 FOREACH (a IN aliases | DETACH DELETE a)
 DETACH DELETE e
-RETURN id, has_vector
+RETURN id
 """
 _Q_FORGET_USER_SCAN = """
 RETURN COLLECT { MATCH (f:Fact {user_id: $user_id}) RETURN f.id ORDER BY f.id } AS facts,
@@ -402,11 +401,12 @@ _Q_DECAY_BATCH = """
 MATCH (f:Fact {user_id: $user_id})
 WHERE f.archived = false AND coalesce(f.last_decay_at, f.created_at) < $now
 WITH f ORDER BY f.id LIMIT $batch
-WITH f, duration.inSeconds(coalesce(f.last_decay_at, f.created_at), $now) AS age
-WITH f, f.strength * ($per_day ^ ((age.seconds + age.nanosecondsOfSecond / 1e9) / 86400.0)) AS strength
-SET f.strength = strength, f.archived = strength < $threshold, f.last_decay_at = $now,
-    f.updated_at = $now
-RETURN count(f) AS decayed, count(CASE WHEN strength < $threshold THEN 1 END) AS archived
+RETURN f.id AS id, f.strength AS strength, coalesce(f.last_decay_at, f.created_at) AS since
+"""
+_Q_DECAY_SET = """
+UNWIND $rows AS r
+MATCH (f:Fact {user_id: $user_id, id: r.id})
+SET f.strength = r.strength, f.archived = r.archived, f.last_decay_at = $now, f.updated_at = $now
 """
 _Q_REINFORCE = """
 UNWIND $ids AS fid
@@ -484,15 +484,6 @@ def _utc(value: datetime) -> datetime:
 
 def _opt_utc(value: datetime | None) -> datetime | None:
     return check_aware(value)
-
-
-def _surviving_successor(successor: str | None, successor_of: dict[str, str], gone: set[str]) -> str | None:
-    """Follow ``superseded_by`` through facts being deleted to the first one that stays, if any."""
-    seen: set[str] = set()
-    while successor in gone and successor not in seen:
-        seen.add(successor)
-        successor = successor_of.get(successor)
-    return None if successor in gone else successor
 
 
 def _from_db(row: dict[str, Any]) -> dict[str, Any]:
@@ -671,37 +662,24 @@ class Neo4jGraphStore(GraphStore):
 
         return self._read(work)
 
-    def find_entities(self, user_id: str, norm_names: Sequence[str]) -> list[EntityRecord]:
-        names = list(dict.fromkeys(norm_names))
-        if not names:
-            return []
-        rows = self._rows(_Q_FIND_ENTITIES, user_id=user_id, names=names)
+    def _find_entities(self, user_id: str, norm_names: list[str]) -> list[EntityRecord]:
+        rows = self._rows(_Q_FIND_ENTITIES, user_id=user_id, names=norm_names)
         return [EntityRecord.model_validate(r) for r in rows]
 
-    def get_entities(self, user_id: str, entity_ids: Sequence[str]) -> list[EntityRecord]:
-        if not entity_ids:
-            return []
-        rows = self._rows(_Q_GET_ENTITIES, user_id=user_id, ids=list(entity_ids))
+    def _get_entities(self, user_id: str, entity_ids: list[str]) -> list[EntityRecord]:
+        rows = self._rows(_Q_GET_ENTITIES, user_id=user_id, ids=entity_ids)
         return [EntityRecord.model_validate(r) for r in rows]
 
-    def recent_episodes(self, user_id: str, *, before: datetime, limit: int) -> list[EpisodeRecord]:
-        if limit <= 0:
-            return []
+    def _recent_episodes(self, user_id: str, *, before: datetime, limit: int) -> list[EpisodeRecord]:
         rows = self._rows(_Q_RECENT_EPISODES, user_id=user_id, before=_utc(before), limit=limit)
         return [EpisodeRecord.model_validate({**r, "metadata": json.loads(r["metadata"])}) for r in reversed(rows)]
 
-    def facts_for_slots(self, user_id: str, slots: Sequence[tuple[str, str]]) -> list[FactRecord]:
-        pairs = [[subject_id, predicate] for subject_id, predicate in dict.fromkeys(slots)]
-        if not pairs:
-            return []
-        rows = self._rows(_Q_SLOTS, user_id=user_id, slots=pairs)
+    def _facts_for_slots(self, user_id: str, slots: list[tuple[str, str]]) -> list[FactRecord]:
+        rows = self._rows(_Q_SLOTS, user_id=user_id, slots=[list(slot) for slot in slots])
         return [FactRecord.model_validate(r) for r in rows]
 
-    def apply(self, plan: WritePlan) -> ApplyOutcome:
+    def _apply(self, plan: WritePlan) -> ApplyOutcome:
         user_id = plan.user_id
-        strangers = sorted({r.id for r in (plan.episode, *plan.new_entities, *plan.new_facts) if r.user_id != user_id})
-        if strangers:
-            raise ValueError(f"plan for {user_id!r} carries records of another user: {strangers}")
         episode = plan.episode
         new_entity_ids = {e.id for e in plan.new_entities}
         referenced = {f.subject_id for f in plan.new_facts} | {
@@ -786,33 +764,29 @@ class Neo4jGraphStore(GraphStore):
 
         return self._read(work)
 
-    def get_facts(self, user_id: str, fact_ids: Sequence[str]) -> list[FactRecord]:
-        if not fact_ids:
-            return []
-        rows = self._rows(_Q_GET_FACTS, user_id=user_id, ids=list(fact_ids))
+    def _get_facts(self, user_id: str, fact_ids: list[str]) -> list[FactRecord]:
+        rows = self._rows(_Q_GET_FACTS, user_id=user_id, ids=fact_ids)
         return [FactRecord.model_validate(r) for r in rows]
 
-    def expand(
+    def _expand(
         self,
         user_id: str,
-        entity_ids: Sequence[str],
+        entity_ids: list[str],
         *,
         max_hops: int,
         as_of: datetime | None,
         limit: int,
         per_seed: int,
-        avoid: Sequence[str] = (),
+        avoid: list[str],
     ) -> list[HopFact]:
-        if not entity_ids or limit <= 0 or max_hops < 0:
-            return []
         query = _Q_EXPAND.replace("{max_len}", str(2 * int(max_hops) + 1))
         params = {
             "user_id": user_id,
-            "seeds": list(dict.fromkeys(entity_ids)),
+            "seeds": entity_ids,
             "as_of": _opt_utc(as_of),
             "limit": int(limit),
             "per_seed": int(per_seed),
-            "avoid": list(avoid),
+            "avoid": avoid,
         }
 
         # A variable-length match can explode on a dense graph: the server ends it at the timeout.
@@ -822,39 +796,22 @@ class Neo4jGraphStore(GraphStore):
 
         return self._read(work)
 
-    def history(
-        self, user_id: str, subject: str, predicate: str | None, limit: int = HISTORY_LIMIT
-    ) -> list[FactRecord]:
-        norm = normalize_name(subject)
-        if not norm:
-            return []
+    def _history(self, user_id: str, norm: str, predicate: str | None, limit: int) -> list[FactRecord]:
         rows = self._rows(_Q_HISTORY, user_id=user_id, norm=norm, predicate=predicate, limit=int(limit))
-        return [FactRecord.model_validate(r) for r in reversed(rows)]  # the latest `limit`, told oldest first
+        return [FactRecord.model_validate(r) for r in rows]
 
-    def page(self, user_id: str, page: int, page_size: int) -> GraphPage:
-        if page < 1:
-            raise InvalidInputError("page", f"must be >= 1 (got {page})")
-        if page_size < 1:
-            raise InvalidInputError("page_size", f"must be >= 1 (got {page_size})")
-
-        def work(tx: ManagedTransaction) -> GraphPage:
+    def _page(self, user_id: str, *, skip: int, limit: int) -> tuple[int, list[FactRecord], list[EntityRecord]]:
+        def work(tx: ManagedTransaction) -> tuple[int, list[FactRecord], list[EntityRecord]]:
             total = tx.run(_Q_COUNT_FACTS, user_id=user_id).single(strict=True)["n"]
             facts = [
                 FactRecord.model_validate(_from_db(r["row"]))
-                for r in tx.run(_Q_PAGE_FACTS, user_id=user_id, skip=(page - 1) * page_size, limit=page_size)
+                for r in tx.run(_Q_PAGE_FACTS, user_id=user_id, skip=skip, limit=limit)
             ]
             entities = [
                 EntityRecord.model_validate(_from_db(r["row"]))
                 for r in tx.run(_Q_PAGE_ENTITIES, user_id=user_id, fact_ids=[f.id for f in facts])
             ]
-            return GraphPage(
-                user_id=user_id,
-                page=page,
-                page_size=page_size,
-                total_facts=total,
-                facts=facts,
-                entities=entities,
-            )
+            return total, facts, entities
 
         return self._read(work)
 
@@ -892,21 +849,14 @@ class Neo4jGraphStore(GraphStore):
 
         return self._read(work)
 
-    def get_chunks(
-        self, user_id: str, chunk_ids: Sequence[str] = (), *, episode_ids: Sequence[str] = ()
-    ) -> list[ChunkRecord]:
-        if not chunk_ids and not episode_ids:
-            return []
-        rows = self._rows(episodes_cypher.Q_CHUNKS, user_id=user_id, ids=list(chunk_ids), episodes=list(episode_ids))
+    def _get_chunks(self, user_id: str, chunk_ids: list[str], episode_ids: list[str]) -> list[ChunkRecord]:
+        rows = self._rows(episodes_cypher.Q_CHUNKS, user_id=user_id, ids=chunk_ids, episodes=episode_ids)
         return _live_chunks(rows)
 
-    def add_chunks(self, user_id: str, chunks: Sequence[ChunkRecord]) -> int:
+    def _add_chunks(self, user_id: str, chunks: list[ChunkRecord]) -> int:
         by_episode: dict[str, list[dict[str, Any]]] = {}
         for c in chunks:
-            if c.user_id == user_id:
-                by_episode.setdefault(c.episode_id, []).append(_chunk_row(c, user_id, c.episode_id))
-        if not by_episode:
-            return 0
+            by_episode.setdefault(c.episode_id, []).append(_chunk_row(c, user_id, c.episode_id))
         rows = [{"episode_id": e, "chunks": cs} for e, cs in by_episode.items()]
 
         def work(tx: ManagedTransaction) -> int:
@@ -917,36 +867,29 @@ class Neo4jGraphStore(GraphStore):
 
         return self._write(work)
 
-    def remove_chunks(self, user_id: str, chunk_ids: Sequence[str]) -> list[str]:
-        if not chunk_ids:
-            return []
-
+    def _remove_chunks(self, user_id: str, chunk_ids: list[str]) -> list[str]:
         def work(tx: ManagedTransaction) -> list[str]:
-            removed = [r["id"] for r in tx.run(episodes_cypher.Q_REMOVE_CHUNKS, user_id=user_id, ids=list(chunk_ids))]
+            removed = [r["id"] for r in tx.run(episodes_cypher.Q_REMOVE_CHUNKS, user_id=user_id, ids=chunk_ids)]
             if removed:
                 tx.run(_Q_BUMP, user_id=user_id, now=_utc(utcnow())).consume()
             return removed
 
         return self._write(work)
 
-    def neighbour_chunks(self, user_id: str, chunk_ids: Sequence[str], window: int) -> list[ChunkRecord]:
-        if window <= 0 or not chunk_ids:
-            return []
-        rows = self._rows(episodes_cypher.Q_NEIGHBOURS, user_id=user_id, ids=list(chunk_ids), window=int(window))
+    def _neighbour_chunks(self, user_id: str, chunk_ids: list[str], window: int) -> list[ChunkRecord]:
+        rows = self._rows(episodes_cypher.Q_NEIGHBOURS, user_id=user_id, ids=chunk_ids, window=int(window))
         return _live_chunks(rows)
 
-    def keyword_search(
+    def _keyword_search(
         self,
         user_id: str,
-        terms: Sequence[str],
+        terms: list[str],
         k: int,
         *,
-        as_of: datetime | None = None,
-        since: datetime | None = None,
-        until: datetime | None = None,
+        as_of: datetime | None,
+        since: datetime | None,
+        until: datetime | None,
     ) -> list[KeywordHit]:
-        if not terms or k <= 0:
-            return []
         ukey = user_key(user_id)
         params = {"user_id": user_id, "k": int(k), "as_of": _opt_utc(as_of), "since": _opt_utc(since)}
         params["until"] = _opt_utc(until)
@@ -978,49 +921,43 @@ class Neo4jGraphStore(GraphStore):
         rows = self._rows(_Q_EPISODES, user_id=user_id)
         return [StoredEpisode(**{**r, "metadata": json.loads(r.get("metadata") or "{}")}) for r in rows]
 
-    def forget_message(self, user_id: str, message_id: str) -> ForgetResult:
-        return self._forget(_Q_FORGET_PLAN, {"user_id": user_id, "episode_id": message_id, "now": utcnow()})
+    def _forget_scope(
+        self, user_id: str, *, episode_id: str | None = None, fact_id: str | None = None
+    ) -> ForgetScope | None:
+        query = _Q_FORGET_PLAN if episode_id is not None else _Q_FORGET_FACT_PLAN
+        params = {"user_id": user_id, "episode_id": episode_id, "fact_id": fact_id}
 
-    def forget_fact(self, user_id: str, fact_id: str) -> ForgetResult:
-        return self._forget(_Q_FORGET_FACT_PLAN, {"user_id": user_id, "fact_id": fact_id, "now": utcnow()})
-
-    def _forget(self, plan_query: str, params: dict[str, Any]) -> ForgetResult:
-        """Delete the facts ``plan_query`` dooms (supersession repaired), the episode and its chunks when one
-        is being forgotten, then the candidate entities left orphaned; one transaction."""
-        user_id = params["user_id"]
-
-        def work(tx: ManagedTransaction) -> ForgetResult:
-            plan = tx.run(plan_query, params).single()
-            if plan is None:
-                return ForgetResult(user_id=user_id)
-            doomed, candidates = list(plan["doomed"]), list(plan["candidates"])
-            if doomed:
-                chains = tx.run(_Q_FORGET_CHAINS, params, doomed=doomed).single(strict=True)
-                successor_of = dict(chains["doomed_links"])
-                repairs = [
-                    {"id": older, "successor": _surviving_successor(successor, successor_of, set(doomed))}
-                    for older, successor in chains["older"]
-                ]
-                tx.run(_Q_FORGET_RESTORE, params, rows=repairs).consume()
-            facts = tx.run(_Q_FORGET_FACTS, params, doomed=doomed).data()
-            episodes, chunks = 0, []
-            if "episode_id" in params:
-                # Only a message's forget touches chunks: with no episode id the query would take them all.
-                chunks = [r["id"] for r in tx.run(episodes_cypher.Q_FORGET_CHUNKS, params)]
-                tx.run(_Q_FORGET_EPISODE, params).consume()
-                episodes = 1
-            entities = tx.run(_Q_FORGET_ORPHANS, params, candidates=candidates).data()
-            tx.run(_Q_BUMP, params).consume()
-            return ForgetResult(
-                user_id=user_id,
-                episodes=episodes,
-                facts=len(facts),
-                entities=len(entities),
-                vectors=sum(1 for r in facts + entities if r["has_vector"]) + len(chunks),
-                removed_fact_ids=sorted(r["id"] for r in facts),
-                removed_entity_ids=sorted(r["id"] for r in entities),
-                removed_chunk_ids=chunks,
+        def work(tx: ManagedTransaction) -> ForgetScope | None:
+            found = tx.run(query, params).single()
+            if found is None:
+                return None
+            doomed, candidates = list(found["doomed"]), list(found["candidates"])
+            links = tx.run(_Q_FORGET_LINKS, params, doomed=doomed, candidates=candidates).single(strict=True)
+            return ForgetScope(
+                doomed_fact_ids=doomed,
+                entity_candidates=candidates,
+                chunk_ids=list(found["chunks"]),
+                vectored=list(links["vectored"]),
+                successor_of=dict(links["doomed_links"]),
+                older=[tuple(pair) for pair in links["older"]],
             )
+
+        return self._read(work)
+
+    def _apply_forget(self, plan: ForgetPlan) -> list[str]:
+        params = {"user_id": plan.user_id, "episode_id": plan.episode_id, "now": utcnow()}
+
+        def work(tx: ManagedTransaction) -> list[str]:
+            if plan.repairs:
+                tx.run(_Q_FORGET_RESTORE, params, rows=[r.model_dump() for r in plan.repairs]).consume()
+            tx.run(_Q_FORGET_FACTS, params, doomed=plan.fact_ids).consume()
+            if plan.episode_id is not None:
+                # Only a message's forget touches chunks: with no episode id the query would take them all.
+                tx.run(episodes_cypher.Q_FORGET_CHUNKS, params).consume()
+                tx.run(_Q_FORGET_EPISODE, params).consume()
+            orphans = [r["id"] for r in tx.run(_Q_FORGET_ORPHANS, params, candidates=plan.entity_candidates)]
+            tx.run(_Q_BUMP, params).consume()
+            return orphans
 
         return self._write(work)
 
@@ -1045,39 +982,27 @@ class Neo4jGraphStore(GraphStore):
         return self._write(work)
 
     # -------------------------------------------------------------------------- maintenance
-    def decay(self, user_id: str, *, now: datetime, per_day: float, threshold: float, batch: int) -> tuple[int, int]:
-        if batch < 1:
-            raise InvalidInputError("batch", f"must be >= 1 (got {batch})")
-        params = {
-            "user_id": user_id,
-            "now": _utc(now),
-            "per_day": float(per_day),
-            "threshold": float(threshold),
-            "batch": int(batch),
-        }
-        decayed = archived = 0
+    def _decay_batch(
+        self, user_id: str, *, now: datetime, batch: int, fade: Callable[[float, datetime], tuple[float, bool]]
+    ) -> list[bool]:
+        params = {"user_id": user_id, "now": _utc(now), "batch": int(batch)}
 
-        def work(tx: ManagedTransaction) -> tuple[int, int]:
-            record = tx.run(_Q_DECAY_BATCH, params).single(strict=True)
-            n, a = int(record["decayed"]), int(record["archived"])
-            # Every committed batch changes strengths recall ranks by, so each one bumps the version.
-            if n:
+        def work(tx: ManagedTransaction) -> list[bool]:
+            rows = []
+            for r in tx.run(_Q_DECAY_BATCH, params):
+                strength, archived = fade(float(r["strength"]), r["since"].to_native().astimezone(UTC))
+                rows.append({"id": r["id"], "strength": strength, "archived": archived})
+            if rows:
+                tx.run(_Q_DECAY_SET, params, rows=rows).consume()
                 tx.run(_Q_BUMP, params).consume()
-            return n, a
+            return [r["archived"] for r in rows]
 
-        while True:
-            n, a = self._write(work)
-            decayed += n
-            archived += a
-            if n < batch:
-                return decayed, archived
+        return self._write(work)
 
-    def reinforce(self, user_id: str, fact_ids: Sequence[str], *, amount: float, now: datetime) -> int:
-        if not fact_ids:
-            return 0
+    def _reinforce(self, user_id: str, fact_ids: list[str], *, amount: float, now: datetime) -> int:
         params = {
             "user_id": user_id,
-            "ids": list(fact_ids),
+            "ids": fact_ids,
             "amount": float(amount),
             "now": _utc(now),
         }
@@ -1090,10 +1015,7 @@ class Neo4jGraphStore(GraphStore):
 
         return self._write(work)
 
-    def replace_clusters(self, user_id: str, clusters: Sequence[ClusterRecord]) -> None:
-        strangers = sorted(c.id for c in clusters if c.user_id != user_id)
-        if strangers:
-            raise ValueError(f"clusters of another user cannot be stored for {user_id!r}: {strangers}")
+    def _replace_clusters(self, user_id: str, clusters: list[ClusterRecord]) -> None:
         now = utcnow()
         rows = [
             {
@@ -1131,9 +1053,7 @@ class Neo4jGraphStore(GraphStore):
     def clusters(self, user_id: str) -> list[ClusterRecord]:
         return [ClusterRecord.model_validate(r) for r in self._rows(_Q_CLUSTERS, user_id=user_id)]
 
-    def add_feedback(self, rows: Sequence[FeedbackRow]) -> None:
-        if not rows:
-            return
+    def _add_feedback(self, rows: list[FeedbackRow]) -> None:
         first = time.time_ns()
         props = [
             {**row.model_dump(), "created_at": _utc(row.created_at), "seq": first + i} for i, row in enumerate(rows)
@@ -1144,9 +1064,7 @@ class Neo4jGraphStore(GraphStore):
 
         self._write(work)
 
-    def feedback(self, user_id: str | None, limit: int) -> list[FeedbackRow]:
-        if limit <= 0:
-            return []
+    def _feedback(self, user_id: str | None, limit: int) -> list[FeedbackRow]:
         if user_id is None:
             rows = self._rows(_Q_FEEDBACK_ALL, limit=int(limit))
         else:

@@ -18,7 +18,7 @@ import os
 import pathlib
 import sqlite3
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -27,7 +27,6 @@ import numpy as np
 
 from engram_api.errors import StoreUnavailableError
 from engram_api.models import (
-    HISTORY_LIMIT,
     ApplyOutcome,
     ChunkRecord,
     ClusterRecord,
@@ -36,7 +35,6 @@ from engram_api.models import (
     FactRecord,
     FeedbackRow,
     ForgetResult,
-    GraphPage,
     KeywordHit,
     LearnedWeights,
     StoredEpisode,
@@ -50,13 +48,13 @@ from engram_api.models import (
 from engram_api.naming import normalize_name
 from engram_api.storage import sqlite_episodes as episodes_sql
 from engram_api.storage.base import GraphStore, HopFact
+from engram_api.storage.forgetting import ForgetPlan, ForgetScope
 from engram_api.versions import ABSENT, Stamp, new_epoch
 
 __all__ = ["SqliteGraphStore"]
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MICROSECOND = timedelta(microseconds=1)
-_MICROS_PER_DAY = 86_400 * 1_000_000
 
 _SCHEMA_TEMPLATE = """
 BEGIN IMMEDIATE;
@@ -353,13 +351,6 @@ def _entity(row: sqlite3.Row) -> EntityRecord:
     )
 
 
-def _same_user(plan: WritePlan) -> None:
-    records = [plan.episode, *plan.new_entities, *plan.new_facts]
-    strangers = sorted({r.id for r in records if r.user_id != plan.user_id})
-    if strangers:
-        raise ValueError(f"plan for {plan.user_id!r} carries records of another user: {strangers}")
-
-
 def _stamp(conn: sqlite3.Connection, user_id: str) -> Stamp:
     row = conn.execute("SELECT epoch, version FROM users WHERE user_id = ?", (user_id,)).fetchone()
     return ABSENT if row is None else Stamp(row["epoch"], row["version"])
@@ -534,76 +525,19 @@ def _link(conn: sqlite3.Connection, user_id: str, node_id: str, kind: str, episo
     )
 
 
-def _repair_supersession(conn: sqlite3.Connection, user_id: str, doomed: Sequence[str]) -> None:
-    """Older facts that pointed at a deleted fact move on to its first surviving successor, or,
-    when none survives, become current again (the deleted value never was)."""
-    if not doomed:
-        return
-    gone = set(doomed)
-    successor_of = {
-        r["id"]: r["superseded_by"]
-        for r in conn.execute(
-            "SELECT id, superseded_by FROM facts WHERE user_id = ? AND id IN (SELECT value FROM json_each(?))",
-            (user_id, _ids(doomed)),
-        )
-    }
-    older = conn.execute(
-        "SELECT id, superseded_by FROM facts WHERE user_id = ? AND superseded_by IN (SELECT value FROM json_each(?))",
-        (user_id, _ids(doomed)),
-    ).fetchall()
-    now = _us(utcnow())
-    for row in older:
-        if row["id"] in gone:
-            continue
-        successor: str | None = row["superseded_by"]
-        seen: set[str] = set()
-        while successor in gone and successor not in seen:
-            seen.add(successor)
-            successor = successor_of.get(successor)
-        if successor in gone:
-            successor = None
-        if successor is None:
-            conn.execute(
-                "UPDATE facts SET superseded_by = NULL, valid_until = NULL, updated_at = ?"
-                " WHERE user_id = ? AND id = ?",
-                (now, user_id, row["id"]),
-            )
-        else:
-            conn.execute(
-                "UPDATE facts SET superseded_by = ?, updated_at = ? WHERE user_id = ? AND id = ?",
-                (successor, now, user_id, row["id"]),
-            )
-
-
-def _delete_facts(conn: sqlite3.Connection, user_id: str, fact_ids: Sequence[str]) -> int:
-    """Delete facts with their edges, FROM links and cluster memberships; returns the vectors dropped."""
-    ids = _ids(fact_ids)
+def _delete_nodes(conn: sqlite3.Connection, user_id: str, table: str, node_ids: Sequence[str]) -> int:
+    """Delete facts or entities (``table``, a constant) with their FROM links and cluster memberships
+    (a fact's mentions cascade); returns how many of them carried an embedding."""
+    ids = _ids(node_ids)
     vectors = conn.execute(
-        "SELECT COUNT(*) FROM facts WHERE user_id = ? AND embedding IS NOT NULL"
+        f"SELECT COUNT(*) FROM {table} WHERE user_id = ? AND embedding IS NOT NULL"
         " AND id IN (SELECT value FROM json_each(?))",
         (user_id, ids),
     ).fetchone()[0]
     for statement in (
         "DELETE FROM provenance WHERE user_id = ? AND node_id IN (SELECT value FROM json_each(?))",
         "DELETE FROM cluster_members WHERE user_id = ? AND member_id IN (SELECT value FROM json_each(?))",
-        "DELETE FROM facts WHERE user_id = ? AND id IN (SELECT value FROM json_each(?))",
-    ):
-        conn.execute(statement, (user_id, ids))
-    return int(vectors)
-
-
-def _delete_entities(conn: sqlite3.Connection, user_id: str, entity_ids: Sequence[str]) -> int:
-    """Delete entities nothing mentions any more; returns the vectors dropped."""
-    ids = _ids(entity_ids)
-    vectors = conn.execute(
-        "SELECT COUNT(*) FROM entities WHERE user_id = ? AND embedding IS NOT NULL"
-        " AND id IN (SELECT value FROM json_each(?))",
-        (user_id, ids),
-    ).fetchone()[0]
-    for statement in (
-        "DELETE FROM provenance WHERE user_id = ? AND node_id IN (SELECT value FROM json_each(?))",
-        "DELETE FROM cluster_members WHERE user_id = ? AND member_id IN (SELECT value FROM json_each(?))",
-        "DELETE FROM entities WHERE user_id = ? AND id IN (SELECT value FROM json_each(?))",
+        f"DELETE FROM {table} WHERE user_id = ? AND id IN (SELECT value FROM json_each(?))",
     ):
         conn.execute(statement, (user_id, ids))
     return int(vectors)
@@ -617,36 +551,6 @@ def _chunk_ids(conn: sqlite3.Connection, user_id: str, episode_ids: Sequence[str
         {"user_id": user_id, "episodes": None if episode_ids is None else _ids(episode_ids)},
     ).fetchall()
     return [r[0] for r in rows]
-
-
-def _forget_facts(conn: sqlite3.Connection, user_id: str, doomed: list[str], candidates: set[str]) -> ForgetResult:
-    """Delete facts (supersession repaired) and the ``candidates`` entities left with no provenance and no
-    mention; bumps the version. The caller has already deleted any episode being forgotten."""
-    _repair_supersession(conn, user_id, doomed)
-    fact_vectors = _delete_facts(conn, user_id, doomed)
-    orphans = [
-        r["id"]
-        for r in conn.execute(
-            """SELECT e.id FROM entities e
-                WHERE e.user_id = :user_id AND e.id IN (SELECT value FROM json_each(:ids))
-                  AND NOT EXISTS (SELECT 1 FROM provenance p
-                                   WHERE p.user_id = :user_id AND p.node_id = e.id)
-                  AND NOT EXISTS (SELECT 1 FROM mentions m
-                                   WHERE m.user_id = :user_id AND m.entity_id = e.id)
-                ORDER BY e.id""",
-            {"user_id": user_id, "ids": _ids(sorted(candidates))},
-        )
-    ]
-    entity_vectors = _delete_entities(conn, user_id, orphans)
-    _bump(conn, user_id, None)
-    return ForgetResult(
-        user_id=user_id,
-        facts=len(doomed),
-        entities=len(orphans),
-        vectors=fact_vectors + entity_vectors,
-        removed_fact_ids=sorted(doomed),
-        removed_entity_ids=orphans,
-    )
 
 
 class SqliteGraphStore(GraphStore):
@@ -768,7 +672,7 @@ class SqliteGraphStore(GraphStore):
         )
         return row is not None
 
-    def find_entities(self, user_id: str, norm_names: Sequence[str]) -> list[EntityRecord]:
+    def _find_entities(self, user_id: str, norm_names: list[str]) -> list[EntityRecord]:
         rows = (
             self._conn()
             .execute(
@@ -787,7 +691,7 @@ class SqliteGraphStore(GraphStore):
         )
         return [_entity(r) for r in rows]
 
-    def get_entities(self, user_id: str, entity_ids: Sequence[str]) -> list[EntityRecord]:
+    def _get_entities(self, user_id: str, entity_ids: list[str]) -> list[EntityRecord]:
         rows = (
             self._conn()
             .execute(
@@ -799,9 +703,7 @@ class SqliteGraphStore(GraphStore):
         )
         return [_entity(r) for r in rows]
 
-    def recent_episodes(self, user_id: str, *, before: datetime, limit: int) -> list[EpisodeRecord]:
-        if limit <= 0:
-            return []
+    def _recent_episodes(self, user_id: str, *, before: datetime, limit: int) -> list[EpisodeRecord]:
         rows = (
             self._conn()
             .execute(
@@ -824,7 +726,7 @@ class SqliteGraphStore(GraphStore):
             for r in reversed(rows)
         ]
 
-    def facts_for_slots(self, user_id: str, slots: Sequence[tuple[str, str]]) -> list[FactRecord]:
+    def _facts_for_slots(self, user_id: str, slots: list[tuple[str, str]]) -> list[FactRecord]:
         rows = (
             self._conn()
             .execute(
@@ -841,8 +743,7 @@ class SqliteGraphStore(GraphStore):
         )
         return [_fact(r) for r in rows]
 
-    def apply(self, plan: WritePlan) -> ApplyOutcome:
-        _same_user(plan)
+    def _apply(self, plan: WritePlan) -> ApplyOutcome:
         user_id = plan.user_id
         with self._write() as conn:
             if _episode_exists(conn, user_id, plan.episode.id):
@@ -893,7 +794,7 @@ class SqliteGraphStore(GraphStore):
     def user_stamp(self, user_id: str) -> Stamp:
         return _stamp(self._conn(), user_id)
 
-    def get_facts(self, user_id: str, fact_ids: Sequence[str]) -> list[FactRecord]:
+    def _get_facts(self, user_id: str, fact_ids: list[str]) -> list[FactRecord]:
         rows = (
             self._conn()
             .execute(
@@ -906,16 +807,16 @@ class SqliteGraphStore(GraphStore):
         )
         return [_fact(r) for r in rows]
 
-    def expand(
+    def _expand(
         self,
         user_id: str,
-        entity_ids: Sequence[str],
+        entity_ids: list[str],
         *,
         max_hops: int,
         as_of: datetime | None,
         limit: int,
         per_seed: int,
-        avoid: Sequence[str] = (),
+        avoid: list[str],
     ) -> list[HopFact]:
         rows = (
             self._conn()
@@ -935,9 +836,7 @@ class SqliteGraphStore(GraphStore):
         )
         return [HopFact(**_fact_fields(r), hops=r["hops"]) for r in rows]
 
-    def history(
-        self, user_id: str, subject: str, predicate: str | None, limit: int = HISTORY_LIMIT
-    ) -> list[FactRecord]:
+    def _history(self, user_id: str, norm: str, predicate: str | None, limit: int) -> list[FactRecord]:
         rows = (
             self._conn()
             .execute(
@@ -950,21 +849,19 @@ class SqliteGraphStore(GraphStore):
                       SELECT a.entity_id FROM entity_aliases a
                        WHERE a.user_id = :user_id AND a.norm_alias = :name)
                 ORDER BY f.valid_from DESC, f.created_at DESC, f.id DESC LIMIT :limit""",
-                {"user_id": user_id, "predicate": predicate, "name": normalize_name(subject), "limit": limit},
+                {"user_id": user_id, "predicate": predicate, "name": norm, "limit": limit},
             )
             .fetchall()
         )
-        return [_fact(r) for r in reversed(rows)]  # the latest `limit`, told oldest first
+        return [_fact(r) for r in rows]
 
-    def page(self, user_id: str, page: int, page_size: int) -> GraphPage:
-        if page < 1 or page_size < 1:
-            raise ValueError(f"page and page_size start at 1 (got page={page}, page_size={page_size})")
+    def _page(self, user_id: str, *, skip: int, limit: int) -> tuple[int, list[FactRecord], list[EntityRecord]]:
         with self._read() as conn:
             total = conn.execute("SELECT COUNT(*) FROM facts WHERE user_id = ?", (user_id,)).fetchone()[0]
             fact_rows = conn.execute(
                 f"""{_FACT_SELECT} {_FACT_FROM}
                 WHERE f.user_id = ? ORDER BY f.created_at, f.id LIMIT ? OFFSET ?""",
-                (user_id, page_size, (page - 1) * page_size),
+                (user_id, limit, skip),
             ).fetchall()
             facts = [_fact(r) for r in fact_rows]
             entity_rows = conn.execute(
@@ -976,14 +873,7 @@ class SqliteGraphStore(GraphStore):
                     ORDER BY e.norm_name, e.id""",
                 (user_id, _ids([f.id for f in facts])),
             ).fetchall()
-        return GraphPage(
-            user_id=user_id,
-            page=page,
-            page_size=page_size,
-            total_facts=total,
-            facts=facts,
-            entities=[_entity(r) for r in entity_rows],
-        )
+        return total, facts, [_entity(r) for r in entity_rows]
 
     def stats(self, user_id: str) -> UserStats:
         with self._read() as conn:
@@ -1042,43 +932,35 @@ class SqliteGraphStore(GraphStore):
         items = [VectorItem(node_id=r["id"], kind=r["kind"], embedding=_vector(r["embedding"])) for r in rows]
         return items, version
 
-    def get_chunks(
-        self, user_id: str, chunk_ids: Sequence[str] = (), *, episode_ids: Sequence[str] = ()
-    ) -> list[ChunkRecord]:
-        if not chunk_ids and not episode_ids:
-            return []
+    def _get_chunks(self, user_id: str, chunk_ids: list[str], episode_ids: list[str]) -> list[ChunkRecord]:
         return episodes_sql.get_chunks(self._conn(), user_id, chunk_ids=chunk_ids, episode_ids=episode_ids, dt=_dt)
 
-    def add_chunks(self, user_id: str, chunks: Sequence[ChunkRecord]) -> int:
-        if not chunks:
-            return 0
+    def _add_chunks(self, user_id: str, chunks: list[ChunkRecord]) -> int:
         with self._write() as conn:
             added = episodes_sql.add_chunks(conn, user_id, chunks, _us, _blob)
             if added:
                 _bump(conn, user_id, None)
         return added
 
-    def remove_chunks(self, user_id: str, chunk_ids: Sequence[str]) -> list[str]:
-        if not chunk_ids:
-            return []
+    def _remove_chunks(self, user_id: str, chunk_ids: list[str]) -> list[str]:
         with self._write() as conn:
             removed = episodes_sql.delete_chunks(conn, user_id, chunk_ids)
             if removed:
                 _bump(conn, user_id, None)
         return removed
 
-    def neighbour_chunks(self, user_id: str, chunk_ids: Sequence[str], window: int) -> list[ChunkRecord]:
+    def _neighbour_chunks(self, user_id: str, chunk_ids: list[str], window: int) -> list[ChunkRecord]:
         return episodes_sql.neighbour_chunks(self._conn(), user_id, chunk_ids, window, _dt)
 
-    def keyword_search(
+    def _keyword_search(
         self,
         user_id: str,
-        terms: Sequence[str],
+        terms: list[str],
         k: int,
         *,
-        as_of: datetime | None = None,
-        since: datetime | None = None,
-        until: datetime | None = None,
+        as_of: datetime | None,
+        since: datetime | None,
+        until: datetime | None,
     ) -> list[KeywordHit]:
         return episodes_sql.keyword_search(
             self._conn(), user_id, terms, k, as_of=_us_opt(as_of), since=_us_opt(since), until=_us_opt(until)
@@ -1117,46 +999,93 @@ class SqliteGraphStore(GraphStore):
         ]
 
     # ------------------------------------------------------------------------------------ delete
-    def forget_message(self, user_id: str, message_id: str) -> ForgetResult:
-        with self._write() as conn:
-            if not _episode_exists(conn, user_id, message_id):
-                return ForgetResult(user_id=user_id)
-            sourced = conn.execute(
-                """SELECT p.node_id, p.node_kind,
-                          (SELECT COUNT(*) FROM provenance q
-                            WHERE q.user_id = p.user_id AND q.node_id = p.node_id) AS sources
-                     FROM provenance p WHERE p.user_id = ? AND p.episode_id = ?""",
-                (user_id, message_id),
-            ).fetchall()
-            doomed_facts = sorted(r["node_id"] for r in sourced if r["node_kind"] == "fact" and r["sources"] == 1)
-            candidates = {r["node_id"] for r in sourced if r["node_kind"] == "entity"}
+    def _forget_scope(
+        self, user_id: str, *, episode_id: str | None = None, fact_id: str | None = None
+    ) -> ForgetScope | None:
+        with self._read() as conn:
+            if episode_id is not None:
+                if not _episode_exists(conn, user_id, episode_id):
+                    return None
+                sourced = conn.execute(
+                    """SELECT p.node_id, p.node_kind,
+                              (SELECT COUNT(*) FROM provenance q
+                                WHERE q.user_id = p.user_id AND q.node_id = p.node_id) AS sources
+                         FROM provenance p WHERE p.user_id = ? AND p.episode_id = ?""",
+                    (user_id, episode_id),
+                ).fetchall()
+                doomed = [r["node_id"] for r in sourced if r["node_kind"] == "fact" and r["sources"] == 1]
+                candidates = {r["node_id"] for r in sourced if r["node_kind"] == "entity"}
+                chunk_ids = _chunk_ids(conn, user_id, [episode_id])
+            else:
+                if not conn.execute("SELECT 1 FROM facts WHERE user_id = ? AND id = ?", (user_id, fact_id)).fetchone():
+                    return None
+                doomed, candidates, chunk_ids = [str(fact_id)], set(), []
+            params = {"user_id": user_id, "doomed": _ids(doomed)}
             candidates.update(
-                r["entity_id"]
-                for r in conn.execute(
-                    "SELECT entity_id FROM mentions WHERE user_id = ? AND fact_id IN (SELECT value FROM json_each(?))",
-                    (user_id, _ids(doomed_facts)),
-                )
-            )
-            chunk_ids = _chunk_ids(conn, user_id, [message_id])
-            # Deleting the episode cascades to every remaining FROM link to it and to its chunks (whose
-            # triggers drop their keyword entries).
-            conn.execute("DELETE FROM episodes WHERE user_id = ? AND id = ?", (user_id, message_id))
-            result = _forget_facts(conn, user_id, doomed_facts, candidates)
-        return result.model_copy(
-            update={"episodes": 1, "vectors": result.vectors + len(chunk_ids), "removed_chunk_ids": chunk_ids}
-        )
-
-    def forget_fact(self, user_id: str, fact_id: str) -> ForgetResult:
-        with self._write() as conn:
-            if not conn.execute("SELECT 1 FROM facts WHERE user_id = ? AND id = ?", (user_id, fact_id)).fetchone():
-                return ForgetResult(user_id=user_id)
-            candidates = {
                 r[0]
                 for r in conn.execute(
-                    "SELECT entity_id FROM mentions WHERE user_id = ? AND fact_id = ?", (user_id, fact_id)
+                    "SELECT entity_id FROM mentions WHERE user_id = :user_id"
+                    " AND fact_id IN (SELECT value FROM json_each(:doomed))",
+                    params,
                 )
-            }
-            return _forget_facts(conn, user_id, [fact_id], candidates)
+            )
+            params["candidates"] = _ids(sorted(candidates))
+            links = conn.execute(
+                """SELECT id, superseded_by, 1 AS doomed FROM facts
+                    WHERE user_id = :user_id AND superseded_by IS NOT NULL
+                      AND id IN (SELECT value FROM json_each(:doomed))
+                   UNION ALL
+                   SELECT id, superseded_by, 0 FROM facts
+                    WHERE user_id = :user_id AND superseded_by IN (SELECT value FROM json_each(:doomed))""",
+                params,
+            ).fetchall()
+            vectored = conn.execute(
+                """SELECT id FROM facts WHERE user_id = :user_id AND embedding IS NOT NULL
+                      AND id IN (SELECT value FROM json_each(:doomed))
+                   UNION ALL
+                   SELECT id FROM entities WHERE user_id = :user_id AND embedding IS NOT NULL
+                      AND id IN (SELECT value FROM json_each(:candidates))""",
+                params,
+            ).fetchall()
+        return ForgetScope(
+            doomed_fact_ids=doomed,
+            entity_candidates=sorted(candidates),
+            chunk_ids=chunk_ids,
+            vectored=[r[0] for r in vectored],
+            successor_of={r["id"]: r["superseded_by"] for r in links if r["doomed"]},
+            older=[(r["id"], r["superseded_by"]) for r in links if not r["doomed"]],
+        )
+
+    def _apply_forget(self, plan: ForgetPlan) -> list[str]:
+        user_id = plan.user_id
+        with self._write() as conn:
+            if plan.episode_id is not None:
+                # Cascades to every remaining FROM link to the episode and to its chunks (whose triggers
+                # drop their keyword entries).
+                conn.execute("DELETE FROM episodes WHERE user_id = ? AND id = ?", (user_id, plan.episode_id))
+            now = _us(utcnow())
+            conn.executemany(
+                """UPDATE facts SET superseded_by = :successor, updated_at = :now,
+                          valid_until = CASE WHEN :successor IS NULL THEN NULL ELSE valid_until END
+                    WHERE user_id = :user_id AND id = :id""",
+                [{"successor": r.successor, "now": now, "user_id": user_id, "id": r.fact_id} for r in plan.repairs],
+            )
+            _delete_nodes(conn, user_id, "facts", plan.fact_ids)
+            orphans = [
+                r[0]
+                for r in conn.execute(
+                    """SELECT e.id FROM entities e
+                        WHERE e.user_id = :user_id AND e.id IN (SELECT value FROM json_each(:ids))
+                          AND NOT EXISTS (SELECT 1 FROM provenance p
+                                           WHERE p.user_id = :user_id AND p.node_id = e.id)
+                          AND NOT EXISTS (SELECT 1 FROM mentions m
+                                           WHERE m.user_id = :user_id AND m.entity_id = e.id)""",
+                    {"user_id": user_id, "ids": _ids(plan.entity_candidates)},
+                )
+            ]
+            _delete_nodes(conn, user_id, "entities", orphans)
+            _bump(conn, user_id, None)
+        return orphans
 
     def forget_user(self, user_id: str) -> ForgetResult:
         with self._write() as conn:
@@ -1166,8 +1095,8 @@ class SqliteGraphStore(GraphStore):
             ]
             chunk_ids = _chunk_ids(conn, user_id, None)
             episodes = conn.execute("DELETE FROM episodes WHERE user_id = ?", (user_id,)).rowcount
-            fact_vectors = _delete_facts(conn, user_id, fact_ids)
-            entity_vectors = _delete_entities(conn, user_id, entity_ids)
+            fact_vectors = _delete_nodes(conn, user_id, "facts", fact_ids)
+            entity_vectors = _delete_nodes(conn, user_id, "entities", entity_ids)
             for table in ("provenance", "cluster_members", "clusters", "feedback", "users"):
                 conn.execute(f"DELETE FROM {table} WHERE user_id = ?", (user_id,))
             conn.execute("DELETE FROM weights WHERE scope = ?", (user_id,))
@@ -1183,36 +1112,28 @@ class SqliteGraphStore(GraphStore):
         )
 
     # ------------------------------------------------------------------------------- maintenance
-    def decay(self, user_id: str, *, now: datetime, per_day: float, threshold: float, batch: int) -> tuple[int, int]:
+    def _decay_batch(
+        self, user_id: str, *, now: datetime, batch: int, fade: Callable[[float, datetime], tuple[float, bool]]
+    ) -> list[bool]:
         now_us = _us(now)
-        decayed = archived = 0
-        while True:
-            with self._write() as conn:
-                # Each batch stamps last_decay_at = now, so the next SELECT moves on to the rest.
-                rows = conn.execute(
-                    """SELECT id, strength, COALESCE(last_decay_at, created_at) AS since FROM facts
-                        WHERE user_id = ? AND archived = 0 AND COALESCE(last_decay_at, created_at) < ?
-                        ORDER BY id LIMIT ?""",
-                    (user_id, now_us, batch),
-                ).fetchall()
-                if not rows:
-                    break
-                updates = []
-                for row in rows:
-                    strength = row["strength"] * per_day ** ((now_us - row["since"]) / _MICROS_PER_DAY)
-                    drop = strength < threshold
-                    archived += drop
-                    updates.append((strength, int(drop), now_us, now_us, user_id, row["id"]))
-                conn.executemany(
-                    "UPDATE facts SET strength = ?, archived = ?, last_decay_at = ?, updated_at = ?"
-                    " WHERE user_id = ? AND id = ?",
-                    updates,
-                )
-                decayed += len(rows)
+        with self._write() as conn:
+            rows = conn.execute(
+                """SELECT id, strength, COALESCE(last_decay_at, created_at) AS since FROM facts
+                    WHERE user_id = ? AND archived = 0 AND COALESCE(last_decay_at, created_at) < ?
+                    ORDER BY id LIMIT ?""",
+                (user_id, now_us, batch),
+            ).fetchall()
+            faded = [(r["id"], *fade(r["strength"], _dt(r["since"]))) for r in rows]
+            conn.executemany(
+                "UPDATE facts SET strength = ?, archived = ?, last_decay_at = ?, updated_at = ?"
+                " WHERE user_id = ? AND id = ?",
+                [(strength, int(drop), now_us, now_us, user_id, fid) for fid, strength, drop in faded],
+            )
+            if faded:
                 _bump(conn, user_id, None)
-        return decayed, archived
+        return [drop for _, _, drop in faded]
 
-    def reinforce(self, user_id: str, fact_ids: Sequence[str], *, amount: float, now: datetime) -> int:
+    def _reinforce(self, user_id: str, fact_ids: list[str], *, amount: float, now: datetime) -> int:
         with self._write() as conn:
             changed = conn.execute(
                 """UPDATE facts SET strength = MIN(1.0, strength + :amount), archived = 0, updated_at = :now
@@ -1224,12 +1145,10 @@ class SqliteGraphStore(GraphStore):
                 _bump(conn, user_id, None)
         return changed
 
-    def replace_clusters(self, user_id: str, clusters: Sequence[ClusterRecord]) -> None:
+    def _replace_clusters(self, user_id: str, clusters: list[ClusterRecord]) -> None:
         with self._write() as conn:
             conn.execute("DELETE FROM clusters WHERE user_id = ?", (user_id,))
             for cluster in clusters:
-                if cluster.user_id != user_id:
-                    raise ValueError(f"cluster {cluster.id!r} belongs to {cluster.user_id!r}, not {user_id!r}")
                 conn.execute(
                     "INSERT INTO clusters (id, user_id, label, summary, centroid, signature, created_at,"
                     " updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
@@ -1284,7 +1203,7 @@ class SqliteGraphStore(GraphStore):
             for r in rows
         ]
 
-    def add_feedback(self, rows: Sequence[FeedbackRow]) -> None:
+    def _add_feedback(self, rows: list[FeedbackRow]) -> None:
         with self._write() as conn:
             conn.executemany(
                 "INSERT INTO feedback (user_id, recall_id, fact_id, useful, similarity, graph, strength,"
@@ -1306,7 +1225,7 @@ class SqliteGraphStore(GraphStore):
                 ],
             )
 
-    def feedback(self, user_id: str | None, limit: int) -> list[FeedbackRow]:
+    def _feedback(self, user_id: str | None, limit: int) -> list[FeedbackRow]:
         # Two statements rather than "user_id IS NULL OR ...", which would keep one user's read from
         # using the (user_id, created_at) index.
         conn = self._conn()
