@@ -2,6 +2,12 @@
 ``tests/contract/``. Storage logic lives behind this interface only: models stay plain data, the
 pipeline and the reader never write a query.
 
+Policy lives here once: the public methods are concrete; they check sizes and ownership (a negative
+limit, window, k or hop count, a page below 1, a batch below 1 or another user's record raise
+``InvalidInputError`` naming the field), drop duplicate ids, answer empty requests without a query,
+hold the decay formula and plan forgetting (``forgetting``). Backends implement the ``_``-prefixed
+hooks: queries and transactions only.
+
 Rules every backend keeps:
 - every read and write is scoped by ``user_id``; nothing ever crosses users;
 - ``apply`` runs one transaction and is idempotent by (user_id, episode id);
