@@ -2,6 +2,12 @@
 ``tests/contract/``. Storage logic lives behind this interface only: models stay plain data, the
 pipeline and the reader never write a query.
 
+Policy lives here once: the public methods are concrete; they check sizes and ownership (a negative
+limit, window, k or hop count, a page below 1, a batch below 1 or another user's record raise
+``InvalidInputError`` naming the field), drop duplicate ids, answer empty requests without a query,
+hold the decay formula and plan forgetting (``forgetting``). Backends implement the ``_``-prefixed
+hooks: queries and transactions only.
+
 Rules every backend keeps:
 - every read and write is scoped by ``user_id``; nothing ever crosses users;
 - ``apply`` runs one transaction and is idempotent by (user_id, episode id);
@@ -24,12 +30,13 @@ from __future__ import annotations
 
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
+from typing import TypeVar
 
-from engram_api.errors import StaleWriteError
+from engram_api.errors import InvalidInputError, StaleWriteError
 from engram_api.models import (
     HISTORY_LIMIT,
     ApplyOutcome,
@@ -43,16 +50,21 @@ from engram_api.models import (
     GraphPage,
     KeywordHit,
     LearnedWeights,
+    Record,
     StoredEpisode,
     UserStats,
     VectorItem,
     WritePlan,
 )
+from engram_api.naming import normalize_name
+from engram_api.storage.forgetting import ForgetPlan, ForgetScope, plan_forget
 from engram_api.versions import ABSENT, Stamp, new_epoch
 
 __all__ = ["Fence", "GraphStore", "HopFact"]
 
 _active = threading.local()
+_DAY = timedelta(days=1)
+_H = TypeVar("_H", bound=Hashable)
 
 
 @dataclass(slots=True)
@@ -134,23 +146,25 @@ class GraphStore(ABC):
     def is_applied(self, user_id: str, message_id: str) -> bool:
         """True when the episode ``message_id`` is already stored for ``user_id``."""
 
-    @abstractmethod
     def find_entities(self, user_id: str, norm_names: Sequence[str]) -> list[EntityRecord]:
         """Entities whose ``norm_name`` or any normalized alias is in ``norm_names`` (with embeddings)."""
+        names = _distinct(norm_names)
+        return self._find_entities(user_id, names) if names else []
 
-    @abstractmethod
-    def get_entities(self, user_id: str, entity_ids: Sequence[str]) -> list[EntityRecord]: ...
+    def get_entities(self, user_id: str, entity_ids: Sequence[str]) -> list[EntityRecord]:
+        ids = _distinct(entity_ids)
+        return self._get_entities(user_id, ids) if ids else []
 
-    @abstractmethod
     def recent_episodes(self, user_id: str, *, before: datetime, limit: int) -> list[EpisodeRecord]:
         """The user's last ``limit`` episodes with ``event_time < before``, oldest first (the extractor's
         earlier turns)."""
+        return self._recent_episodes(user_id, before=before, limit=limit) if _count("limit", limit) else []
 
-    @abstractmethod
     def facts_for_slots(self, user_id: str, slots: Sequence[tuple[str, str]]) -> list[FactRecord]:
         """All facts (current, superseded and archived) for the (subject_id, predicate) pairs."""
+        pairs = _distinct([(subject_id, predicate) for subject_id, predicate in slots])
+        return self._facts_for_slots(user_id, pairs) if pairs else []
 
-    @abstractmethod
     def apply(self, plan: WritePlan) -> ApplyOutcome:
         """Write one message's plan in one transaction; a stored episode makes it a no-op.
 
@@ -160,17 +174,40 @@ class GraphStore(ABC):
         episode's chunks (and their keyword entries), adds the plan's usage to the user's totals and bumps
         the user's version. Returns the version after the write (or the current one when skipped).
         """
+        _owned("plan", plan.user_id, [plan.episode, *plan.new_entities, *plan.new_facts])
+        return self._apply(plan)
+
+    @abstractmethod
+    def _find_entities(self, user_id: str, norm_names: list[str]) -> list[EntityRecord]:
+        """``find_entities`` for distinct, non-empty ``norm_names``."""
+
+    @abstractmethod
+    def _get_entities(self, user_id: str, entity_ids: list[str]) -> list[EntityRecord]: ...
+
+    @abstractmethod
+    def _recent_episodes(self, user_id: str, *, before: datetime, limit: int) -> list[EpisodeRecord]:
+        """``recent_episodes`` for ``limit`` >= 1."""
+
+    @abstractmethod
+    def _facts_for_slots(self, user_id: str, slots: list[tuple[str, str]]) -> list[FactRecord]: ...
+
+    @abstractmethod
+    def _apply(self, plan: WritePlan) -> ApplyOutcome:
+        """``apply`` for a plan whose records all belong to ``plan.user_id``."""
 
     # ---------------------------------------------------------------------------------------- read
     @abstractmethod
     def user_stamp(self, user_id: str) -> Stamp:
         """(epoch, version); ``ABSENT`` for a user the store does not hold."""
 
-    @abstractmethod
     def get_facts(self, user_id: str, fact_ids: Sequence[str]) -> list[FactRecord]:
         """Facts by id with subject/object names and ``source_ids`` filled, embeddings omitted."""
+        ids = _distinct(fact_ids)
+        return self._get_facts(user_id, ids) if ids else []
 
     @abstractmethod
+    def _get_facts(self, user_id: str, fact_ids: list[str]) -> list[FactRecord]: ...
+
     def expand(
         self,
         user_id: str,
@@ -194,17 +231,59 @@ class GraphStore(ABC):
         in ``avoid`` (a hub such as the user's own node, which every fact touches), not even as a seed;
         facts that mention it are still returned when reached another way.
         """
+        _count("max_hops", max_hops)
+        seeds = _distinct(entity_ids)
+        if not seeds or not _count("limit", limit) or not _count("per_seed", per_seed):
+            return []
+        return self._expand(
+            user_id, seeds, max_hops=max_hops, as_of=as_of, limit=limit, per_seed=per_seed, avoid=_distinct(avoid)
+        )
 
     @abstractmethod
+    def _expand(
+        self,
+        user_id: str,
+        entity_ids: list[str],
+        *,
+        max_hops: int,
+        as_of: datetime | None,
+        limit: int,
+        per_seed: int,
+        avoid: list[str],
+    ) -> list[HopFact]:
+        """``expand`` for distinct seeds, ``max_hops`` >= 0, ``limit`` and ``per_seed`` >= 1."""
+
     def history(
         self, user_id: str, subject: str, predicate: str | None, limit: int = HISTORY_LIMIT
     ) -> list[FactRecord]:
         """The latest ``limit`` facts (current and superseded) whose subject's name or alias matches
         ``subject`` (normalized), optionally one predicate, in chronological order (valid_from,
         created_at, id)."""
+        norm = normalize_name(subject)
+        if not norm or not _count("limit", limit):
+            return []
+        return list(reversed(self._history(user_id, norm, predicate, limit)))
 
     @abstractmethod
-    def page(self, user_id: str, page: int, page_size: int) -> GraphPage: ...
+    def _history(self, user_id: str, norm: str, predicate: str | None, limit: int) -> list[FactRecord]:
+        """The latest ``limit`` (>= 1) facts of subjects named or aliased ``norm``, latest first."""
+
+    def page(self, user_id: str, page: int, page_size: int) -> GraphPage:
+        """The user's facts in creation order, ``page_size`` a page (pages start at 1), with the
+        entities they mention."""
+        if page < 1:
+            raise InvalidInputError("page", f"must be >= 1 (got {page})")
+        if page_size < 1:
+            raise InvalidInputError("page_size", f"must be >= 1 (got {page_size})")
+        total, facts, entities = self._page(user_id, skip=(page - 1) * page_size, limit=page_size)
+        return GraphPage(
+            user_id=user_id, page=page, page_size=page_size, total_facts=total, facts=facts, entities=entities
+        )
+
+    @abstractmethod
+    def _page(self, user_id: str, *, skip: int, limit: int) -> tuple[int, list[FactRecord], list[EntityRecord]]:
+        """One snapshot: the user's fact count, ``limit`` facts after ``skip`` in (created_at, id) order,
+        and the entities those facts mention, ordered by (norm_name, id), each once."""
 
     @abstractmethod
     def stats(self, user_id: str) -> UserStats: ...
@@ -213,29 +292,44 @@ class GraphStore(ABC):
     def vectors(self, user_id: str) -> tuple[list[VectorItem], int]:
         """Every fact, entity and episode-chunk embedding of the user, and the version they reflect."""
 
-    @abstractmethod
     def get_chunks(
         self, user_id: str, chunk_ids: Sequence[str] = (), *, episode_ids: Sequence[str] = ()
     ) -> list[ChunkRecord]:
         """Chunks by id or by episode (embeddings omitted, ``fact_ids`` filled), in conversation order."""
+        ids, episodes = _distinct(chunk_ids), _distinct(episode_ids)
+        return self._get_chunks(user_id, ids, episodes) if ids or episodes else []
 
-    @abstractmethod
     def add_chunks(self, user_id: str, chunks: Sequence[ChunkRecord]) -> int:
         """Store chunks (with their keyword entries) for stored episodes that have none yet; chunks of an
-        unknown episode or of one that already has chunks are skipped. Bumps the version when any is
-        stored; returns how many were."""
+        unknown episode, of one that already has chunks, or of another user are skipped. Bumps the
+        version when any is stored; returns how many were."""
+        own = [c for c in chunks if c.user_id == user_id]
+        return self._add_chunks(user_id, own) if own else 0
 
-    @abstractmethod
     def remove_chunks(self, user_id: str, chunk_ids: Sequence[str]) -> list[str]:
         """Delete the user's chunks (and their keyword entries) by id, episodes stay; returns the ids
         removed, sorted. Bumps the version when any is removed."""
+        ids = _distinct(chunk_ids)
+        return self._remove_chunks(user_id, ids) if ids else []
 
-    @abstractmethod
     def neighbour_chunks(self, user_id: str, chunk_ids: Sequence[str], window: int) -> list[ChunkRecord]:
         """Up to ``window`` chunks before and after each given one, in the user's conversation order
         (event time, message id, position)."""
+        ids = _distinct(chunk_ids)
+        return self._neighbour_chunks(user_id, ids, window) if ids and _count("window", window) else []
 
     @abstractmethod
+    def _get_chunks(self, user_id: str, chunk_ids: list[str], episode_ids: list[str]) -> list[ChunkRecord]: ...
+
+    @abstractmethod
+    def _add_chunks(self, user_id: str, chunks: list[ChunkRecord]) -> int: ...
+
+    @abstractmethod
+    def _remove_chunks(self, user_id: str, chunk_ids: list[str]) -> list[str]: ...
+
+    @abstractmethod
+    def _neighbour_chunks(self, user_id: str, chunk_ids: list[str], window: int) -> list[ChunkRecord]: ...
+
     def keyword_search(
         self,
         user_id: str,
@@ -249,6 +343,23 @@ class GraphStore(ABC):
         """BM25 over the user's chunks and fact statements, any of ``terms`` (``episodes.keyword_terms``),
         best first: at most ``k`` chunks (event time <= as_of, >= since, < until) and ``k`` facts (valid
         at ``as_of``, current when None, not archived). Scoped to the user inside the index query."""
+        words = _distinct(terms)
+        if not words or not _count("k", k):
+            return []
+        return self._keyword_search(user_id, words, k, as_of=as_of, since=since, until=until)
+
+    @abstractmethod
+    def _keyword_search(
+        self,
+        user_id: str,
+        terms: list[str],
+        k: int,
+        *,
+        as_of: datetime | None,
+        since: datetime | None,
+        until: datetime | None,
+    ) -> list[KeywordHit]:
+        """``keyword_search`` for distinct ``terms`` and ``k`` >= 1."""
 
     @abstractmethod
     def list_users(self) -> list[str]: ...
@@ -259,47 +370,132 @@ class GraphStore(ABC):
         ordered by (event_time, id)."""
 
     # -------------------------------------------------------------------------------------- delete
-    @abstractmethod
     def forget_message(self, user_id: str, message_id: str) -> ForgetResult:
         """Delete the episode; facts and entities whose only source it was go too (no orphans);
         facts that other messages also stated only lose that provenance link."""
+        return self._forget(user_id, episode_id=message_id)
 
-    @abstractmethod
     def forget_fact(self, user_id: str, fact_id: str) -> ForgetResult:
         """Delete one fact (older facts it superseded are repaired as in ``forget_message``) and the
         entities it leaves orphaned; episodes stay. Unknown ids change nothing and return zeros."""
+        return self._forget(user_id, fact_id=fact_id)
+
+    def _forget(self, user_id: str, *, episode_id: str | None = None, fact_id: str | None = None) -> ForgetResult:
+        """Plan from reads (``_forget_scope``), apply under a fence on the stamp read before them; a write
+        that moved the stamp meanwhile refuses the apply and the forget is planned again. Inside a caller's
+        fence on this user (``UserWrites``) that fence already guards the plan, and the caller re-plans."""
+        outer = self._fence()
+        while True:
+            stamp = None if outer is not None and outer.user_id == user_id else self.user_stamp(user_id)
+            scope = self._forget_scope(user_id, episode_id=episode_id, fact_id=fact_id)
+            if scope is None:
+                return ForgetResult(user_id=user_id)
+            plan = plan_forget(user_id, scope, episode_id=episode_id)
+            if stamp is None:
+                return plan.result(self._apply_forget(plan))
+            try:
+                with self.fenced(user_id, stamp, stamp.epoch):
+                    return plan.result(self._apply_forget(plan))
+            except StaleWriteError:
+                continue
+
+    @abstractmethod
+    def _forget_scope(
+        self, user_id: str, *, episode_id: str | None = None, fact_id: str | None = None
+    ) -> ForgetScope | None:
+        """The reads of one forget (one snapshot): of the episode ``episode_id`` or the fact ``fact_id``;
+        None when the user has no such episode or fact."""
+
+    @abstractmethod
+    def _apply_forget(self, plan: ForgetPlan) -> list[str]:
+        """Apply ``plan`` in one transaction (repairs, fact deletes, the episode and its chunks, orphaned
+        candidates) and bump the version; returns the ids of the orphaned entities it removed."""
 
     @abstractmethod
     def forget_user(self, user_id: str) -> ForgetResult: ...
 
     # --------------------------------------------------------------------------------- maintenance
-    @abstractmethod
     def decay(self, user_id: str, *, now: datetime, per_day: float, threshold: float, batch: int) -> tuple[int, int]:
         """strength *= per_day ** (days since the fact's ``last_decay_at`` or ``created_at``), set
         ``last_decay_at = now``; facts below ``threshold`` become archived. Facts whose last decay is
         at or after ``now`` are untouched, so a repeated run changes nothing. Works in transactions of
         at most ``batch`` facts. Returns (decayed, archived)."""
+        if batch < 1:
+            raise InvalidInputError("batch", f"must be >= 1 (got {batch})")
+
+        def fade(strength: float, since: datetime) -> tuple[float, bool]:
+            faded = strength * per_day ** ((now - since) / _DAY)
+            return faded, faded < threshold
+
+        decayed = archived = 0
+        while True:
+            flags = self._decay_batch(user_id, now=now, batch=batch, fade=fade)
+            decayed, archived = decayed + len(flags), archived + sum(flags)
+            if len(flags) < batch:
+                return decayed, archived
 
     @abstractmethod
+    def _decay_batch(
+        self, user_id: str, *, now: datetime, batch: int, fade: Callable[[float, datetime], tuple[float, bool]]
+    ) -> list[bool]:
+        """One transaction: the first ``batch`` (by id) unarchived facts last decayed (or created) before
+        ``now`` get ``fade(strength, since)`` (new strength, archived) and ``last_decay_at = now``; bumps
+        the version when any changed. Returns their archived flags."""
+
     def reinforce(self, user_id: str, fact_ids: Sequence[str], *, amount: float, now: datetime) -> int:
         """strength = min(1, strength + amount); un-archives. Returns how many facts changed."""
+        ids = _distinct(fact_ids)
+        return self._reinforce(user_id, ids, amount=amount, now=now) if ids else 0
 
     @abstractmethod
+    def _reinforce(self, user_id: str, fact_ids: list[str], *, amount: float, now: datetime) -> int: ...
+
     def replace_clusters(self, user_id: str, clusters: Sequence[ClusterRecord]) -> None:
         """Replace the user's cluster nodes and their member links in one transaction."""
+        _owned("clusters", user_id, clusters)
+        self._replace_clusters(user_id, list(clusters))
+
+    @abstractmethod
+    def _replace_clusters(self, user_id: str, clusters: list[ClusterRecord]) -> None: ...
 
     @abstractmethod
     def clusters(self, user_id: str) -> list[ClusterRecord]: ...
 
-    @abstractmethod
-    def add_feedback(self, rows: Sequence[FeedbackRow]) -> None: ...
+    def add_feedback(self, rows: Sequence[FeedbackRow]) -> None:
+        if rows:
+            self._add_feedback(list(rows))
 
     @abstractmethod
+    def _add_feedback(self, rows: list[FeedbackRow]) -> None: ...
+
     def feedback(self, user_id: str | None, limit: int) -> list[FeedbackRow]:
         """Newest first; ``user_id=None`` means every user."""
+        return self._feedback(user_id, limit) if _count("limit", limit) else []
+
+    @abstractmethod
+    def _feedback(self, user_id: str | None, limit: int) -> list[FeedbackRow]: ...
 
     @abstractmethod
     def save_weights(self, weights: LearnedWeights) -> None: ...
 
     @abstractmethod
     def load_weights(self, scope: str) -> LearnedWeights | None: ...
+
+
+def _distinct(values: Iterable[_H]) -> list[_H]:
+    """Each value once, in first-seen order: backends get no duplicate ids, names or terms."""
+    return list(dict.fromkeys(values))
+
+
+def _count(field: str, value: int) -> int:
+    """A size asked for (a limit, a window, hops): 0 asks for nothing; a negative one is refused."""
+    if value < 0:
+        raise InvalidInputError(field, f"must be >= 0 (got {value})")
+    return value
+
+
+def _owned(field: str, user_id: str, records: Iterable[Record]) -> None:
+    """Every record must be ``user_id``'s: a store never writes one user's record under another."""
+    strangers = sorted({r.id for r in records if r.user_id != user_id})
+    if strangers:
+        raise InvalidInputError(field, f"records of another user than {user_id!r}: {strangers}")

@@ -1,0 +1,449 @@
+"""The Cypher of the Neo4j backend (``neo4j_store``): schema statements and every query, as constants.
+
+Invariants: every query filters on ``$user_id`` (or a ``Weights`` scope); model-provided text is only
+ever a parameter, never part of a query string; the only text formatted in is a constant of this
+module (projections, the valid-at predicate) or a validated int (``Q_EXPAND``'s length bound).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from engram_api.storage import neo4j_episodes as episodes_cypher
+
+__all__ = [
+    "FORGET_USER_LABELS",
+    "Q_APPLY_CHECK",
+    "Q_APPLY_ENTITIES",
+    "Q_APPLY_ENTITY_CHANGES",
+    "Q_APPLY_EPISODE",
+    "Q_APPLY_FACTS",
+    "Q_APPLY_FACT_CHANGES",
+    "Q_APPLY_LINKS",
+    "Q_APPLY_LOCK",
+    "Q_BUMP",
+    "Q_CLUSTERS",
+    "Q_CLUSTERS_CREATE",
+    "Q_CLUSTERS_DELETE",
+    "Q_CLUSTERS_LINK_ENTITIES",
+    "Q_CLUSTERS_LINK_FACTS",
+    "Q_COUNT_FACTS",
+    "Q_DECAY_BATCH",
+    "Q_DECAY_SET",
+    "Q_EPISODES",
+    "Q_EXPAND",
+    "Q_FEEDBACK_ADD",
+    "Q_FEEDBACK_ALL",
+    "Q_FEEDBACK_USER",
+    "Q_FENCE",
+    "Q_FIND_ENTITIES",
+    "Q_FORGET_EPISODE",
+    "Q_FORGET_FACTS",
+    "Q_FORGET_FACT_PLAN",
+    "Q_FORGET_LINKS",
+    "Q_FORGET_ORPHANS",
+    "Q_FORGET_PLAN",
+    "Q_FORGET_RESTORE",
+    "Q_FORGET_USER_SCAN",
+    "Q_GET_ENTITIES",
+    "Q_GET_FACTS",
+    "Q_HISTORY",
+    "Q_IS_APPLIED",
+    "Q_PAGE_ENTITIES",
+    "Q_PAGE_FACTS",
+    "Q_RECENT_EPISODES",
+    "Q_REINFORCE",
+    "Q_SLOTS",
+    "Q_STAMP",
+    "Q_STATS",
+    "Q_USERS",
+    "Q_VECTORS",
+    "Q_VERSION",
+    "Q_WEIGHTS_LOAD",
+    "Q_WEIGHTS_SAVE",
+    "SCHEMA",
+    "SCHEMA_RACE_CODES",
+    "VALID_AT",
+]
+
+SCHEMA = (
+    "CREATE CONSTRAINT engram_user_id IF NOT EXISTS FOR (n:User) REQUIRE n.user_id IS UNIQUE",
+    # Message ids are only unique per user, so the episode key is (user_id, id).
+    "CREATE CONSTRAINT engram_episode_key IF NOT EXISTS FOR (n:Episode) REQUIRE (n.user_id, n.id) IS UNIQUE",
+    "CREATE CONSTRAINT engram_entity_id IF NOT EXISTS FOR (n:Entity) REQUIRE n.id IS UNIQUE",
+    "CREATE CONSTRAINT engram_fact_id IF NOT EXISTS FOR (n:Fact) REQUIRE n.id IS UNIQUE",
+    "CREATE CONSTRAINT engram_cluster_id IF NOT EXISTS FOR (n:Cluster) REQUIRE n.id IS UNIQUE",
+    "CREATE CONSTRAINT engram_weights_scope IF NOT EXISTS FOR (n:Weights) REQUIRE n.scope IS UNIQUE",
+    "CREATE INDEX engram_episode_user IF NOT EXISTS FOR (n:Episode) ON (n.user_id)",
+    "CREATE INDEX engram_entity_user IF NOT EXISTS FOR (n:Entity) ON (n.user_id)",
+    "CREATE INDEX engram_entity_norm_name IF NOT EXISTS FOR (n:Entity) ON (n.norm_name)",
+    "CREATE INDEX engram_alias_norm IF NOT EXISTS FOR (n:Alias) ON (n.norm)",
+    "CREATE INDEX engram_alias_user IF NOT EXISTS FOR (n:Alias) ON (n.user_id)",
+    "CREATE INDEX engram_fact_user IF NOT EXISTS FOR (n:Fact) ON (n.user_id)",
+    "CREATE INDEX engram_fact_slot IF NOT EXISTS FOR (n:Fact) ON (n.subject_id, n.predicate)",
+    "CREATE INDEX engram_cluster_user IF NOT EXISTS FOR (n:Cluster) ON (n.user_id)",
+    "CREATE INDEX engram_feedback_user IF NOT EXISTS FOR (n:Feedback) ON (n.user_id)",
+    "CREATE INDEX engram_feedback_created IF NOT EXISTS FOR (n:Feedback) ON (n.created_at)",
+    *episodes_cypher.SCHEMA,
+)
+# Concurrent start-ups race on IF NOT EXISTS; the loser's error means the rule is already there.
+SCHEMA_RACE_CODES = frozenset(
+    {
+        "Neo.ClientError.Schema.EquivalentSchemaRuleAlreadyExists",
+        "Neo.ClientError.Schema.ConstraintAlreadyExists",
+        "Neo.ClientError.Schema.IndexAlreadyExists",
+    }
+)
+
+_FACT_FIELDS = (
+    "id", "user_id", "subject_id", "predicate", "object_id", "statement", "memory_type", "importance",
+    "strength", "single_valued", "valid_from", "valid_until", "superseded_by", "archived",
+    "last_decay_at", "created_at", "updated_at",
+)  # fmt: skip
+_ENTITY_FIELDS = (
+    "id", "user_id", "name", "norm_name", "label", "aliases", "summary", "created_at", "updated_at",
+)  # fmt: skip
+
+
+def _projection(var: str, fields: Sequence[str], extra: str) -> str:
+    props = ", ".join(f".{name}" for name in fields)
+    return f"{var} {{{props}{extra}}}"
+
+
+_FACT_JOINS = (
+    ", subject_name: COLLECT { MATCH (f)-[:SUBJECT]->(x:Entity) WHERE x.user_id = $user_id "
+    "RETURN x.name }[0]"
+    ", object_name: COLLECT { MATCH (f)-[:OBJECT]->(x:Entity) WHERE x.user_id = $user_id "
+    "RETURN x.name }[0]"
+    ", source_ids: COLLECT { MATCH (f)-[:FROM]->(ep:Episode) WHERE ep.user_id = $user_id "
+    "RETURN ep.id ORDER BY ep.id }"
+)
+# Cypher map projections of a fact `f` (never with its embedding) and an entity `e`.
+_FACT = _projection("f", _FACT_FIELDS, _FACT_JOINS)
+_ENTITY = _projection("e", _ENTITY_FIELDS, "")
+_ENTITY_EMB = _projection("e", _ENTITY_FIELDS, ", .embedding")
+
+# A fact usable by recall at $as_of (the current state when $as_of is null), never an archived one.
+VALID_AT = (
+    "({v}.archived = false AND CASE WHEN $as_of IS NULL THEN {v}.valid_until IS NULL "
+    "ELSE {v}.valid_from <= $as_of AND ({v}.valid_until IS NULL OR $as_of < {v}.valid_until) END)"
+)
+
+# --------------------------------------------------------------------------------------- apply
+# Taking the user's write lock first serializes every writer of one user, so the episode check
+# below cannot race with a concurrent apply of the same message.
+Q_APPLY_LOCK = """
+MERGE (u:User {user_id: $user_id})
+ON CREATE SET u.version = 0, u.epoch = $epoch, u.prompt_tokens = 0, u.completion_tokens = 0, u.cost_usd = 0.0,
+              u.llm_calls = 0, u.created_at = $now
+SET u.version = u.version + 1,
+    u.prompt_tokens = u.prompt_tokens + $usage.prompt_tokens,
+    u.completion_tokens = u.completion_tokens + $usage.completion_tokens,
+    u.cost_usd = u.cost_usd + $usage.cost_usd,
+    u.llm_calls = u.llm_calls + $usage.llm_calls,
+    u.updated_at = $now
+RETURN u.version AS version
+"""
+Q_APPLY_CHECK = """
+RETURN EXISTS { MATCH (:Episode {user_id: $user_id, id: $episode_id}) } AS applied,
+       COLLECT { UNWIND $entity_ids AS rid
+                 WITH rid WHERE NOT EXISTS { MATCH (:Entity {user_id: $user_id, id: rid}) }
+                 RETURN rid } AS missing
+"""
+Q_APPLY_EPISODE = "CREATE (ep:Episode) SET ep = $episode"
+Q_APPLY_ENTITIES = """
+MATCH (ep:Episode {user_id: $user_id, id: $episode_id})
+UNWIND $rows AS row
+CREATE (e:Entity) SET e = row.props
+CREATE (e)-[:FROM]->(ep)
+FOREACH (norm IN row.norms | CREATE (e)-[:HAS_ALIAS]->(:Alias {user_id: $user_id, norm: norm}))
+"""
+Q_APPLY_ENTITY_CHANGES = """
+UNWIND $rows AS c
+MATCH (e:Entity {user_id: $user_id, id: c.id})
+SET e.aliases = reduce(acc = coalesce(e.aliases, []), a IN c.add_aliases |
+                       CASE WHEN a IN acc THEN acc ELSE acc + a END),
+    e.summary = coalesce(c.summary, e.summary),
+    e.label = coalesce(c.label, e.label),
+    e.updated_at = $now
+FOREACH (norm IN c.norms | MERGE (e)-[:HAS_ALIAS]->(:Alias {user_id: $user_id, norm: norm}))
+"""
+Q_APPLY_FACTS = """
+MATCH (ep:Episode {user_id: $user_id, id: $episode_id})
+UNWIND $rows AS row
+MATCH (s:Entity {user_id: $user_id, id: row.props.subject_id})
+CREATE (f:Fact) SET f = row.props
+CREATE (f)-[:SUBJECT]->(s)
+CREATE (f)-[:FROM]->(ep)
+WITH f, row
+OPTIONAL MATCH (o:Entity {user_id: $user_id, id: row.props.object_id})
+FOREACH (_ IN CASE WHEN o IS NULL THEN [] ELSE [1] END | CREATE (f)-[:OBJECT]->(o))
+"""
+Q_APPLY_FACT_CHANGES = """
+UNWIND $rows AS c
+MATCH (f:Fact {user_id: $user_id, id: c.id})
+SET f.valid_until = c.valid_until, f.superseded_by = c.superseded_by, f.updated_at = $now
+"""
+Q_APPLY_LINKS = """
+MATCH (ep:Episode {user_id: $user_id, id: $episode_id})
+CALL (ep) {
+  UNWIND $reinforced AS fid
+  MATCH (f:Fact {user_id: $user_id, id: fid})
+  SET f.strength = 1.0, f.archived = false, f.updated_at = $now
+  MERGE (f)-[:FROM]->(ep)
+}
+CALL (ep) {
+  UNWIND $mentioned AS eid
+  MATCH (e:Entity {user_id: $user_id, id: eid})
+  MERGE (e)-[:FROM]->(ep)
+}
+CALL (ep) {
+  UNWIND $linked AS fid
+  MATCH (f:Fact {user_id: $user_id, id: fid})
+  MERGE (f)-[:FROM]->(ep)
+}
+"""
+
+# ---------------------------------------------------------------------------------------- read
+Q_VERSION = "MATCH (u:User {user_id: $user_id}) RETURN u.version AS version"
+Q_STAMP = "MATCH (u:User {user_id: $user_id}) RETURN coalesce(u.epoch, 0) AS epoch, u.version AS version"
+# The fence's check: take the user node's write lock first (the documented dummy-property idiom), so
+# no other writer can move the stamp between this check and our commit.
+Q_FENCE = """
+OPTIONAL MATCH (u:User {user_id: $user_id})
+FOREACH (_ IN CASE WHEN u IS NULL THEN [] ELSE [1] END | SET u._lock = true REMOVE u._lock)
+RETURN coalesce(u.epoch, 0) AS epoch, coalesce(u.version, 0) AS version
+"""
+Q_BUMP = "MATCH (u:User {user_id: $user_id}) SET u.version = u.version + 1, u.updated_at = $now"
+Q_EPISODES = """
+MATCH (ep:Episode {user_id: $user_id})
+RETURN ep {.*, fact_ids: COLLECT { MATCH (f:Fact {user_id: $user_id})-[:FROM]->(ep) RETURN f.id ORDER BY f.id },
+        entity_ids: COLLECT { MATCH (e:Entity {user_id: $user_id})-[:FROM]->(ep) RETURN e.id ORDER BY e.id }} AS row
+ORDER BY ep.event_time, ep.id
+"""
+Q_IS_APPLIED = "RETURN EXISTS { MATCH (:Episode {user_id: $user_id, id: $episode_id}) } AS applied"
+Q_FIND_ENTITIES = f"""
+CALL () {{
+  MATCH (e:Entity {{user_id: $user_id}}) WHERE e.norm_name IN $names RETURN e
+  UNION
+  MATCH (a:Alias {{user_id: $user_id}})<-[:HAS_ALIAS]-(e:Entity {{user_id: $user_id}})
+  WHERE a.norm IN $names RETURN e
+}}
+RETURN {_ENTITY_EMB} AS row ORDER BY e.norm_name, e.id
+"""
+Q_GET_ENTITIES = f"""
+MATCH (e:Entity {{user_id: $user_id}}) WHERE e.id IN $ids
+RETURN {_ENTITY_EMB} AS row ORDER BY e.norm_name, e.id
+"""
+Q_RECENT_EPISODES = """
+MATCH (ep:Episode {user_id: $user_id}) WHERE ep.event_time < $before
+WITH ep ORDER BY ep.event_time DESC, ep.id DESC LIMIT $limit
+RETURN ep {.id, .user_id, .content, .role, .event_time, .metadata, .created_at, .updated_at} AS row
+"""
+Q_GET_FACTS = f"""
+MATCH (f:Fact {{user_id: $user_id}}) WHERE f.id IN $ids
+WITH f ORDER BY f.created_at, f.id
+RETURN {_FACT} AS row
+"""
+Q_SLOTS = f"""
+UNWIND $slots AS slot
+MATCH (f:Fact {{subject_id: slot[0], predicate: slot[1]}}) WHERE f.user_id = $user_id
+WITH DISTINCT f ORDER BY f.valid_from, f.created_at, f.id
+RETURN {_FACT} AS row
+"""
+Q_HISTORY = f"""
+CALL () {{
+  MATCH (e:Entity {{user_id: $user_id, norm_name: $norm}}) RETURN e
+  UNION
+  MATCH (:Alias {{user_id: $user_id, norm: $norm}})<-[:HAS_ALIAS]-(e:Entity {{user_id: $user_id}})
+  RETURN e
+}}
+MATCH (f:Fact {{user_id: $user_id}})-[:SUBJECT]->(e)
+WHERE $predicate IS NULL OR f.predicate = $predicate
+WITH DISTINCT f ORDER BY f.valid_from DESC, f.created_at DESC, f.id DESC LIMIT $limit
+RETURN {_FACT} AS row
+"""
+# Neo4j plans `min(length(p))` per (start, end) pair as a pruning breadth-first expand that visits
+# each node once, at its shallowest depth; a path may only pass through the user's nodes and facts
+# valid at $as_of, so that depth is the fact's hop count. The per-seed minimum is taken first
+# because Neo4j 5.26 folds a minimum grouped by `f` alone into the per-seed search and returns one
+# row per (seed, fact). The length bound must be a literal: it is formatted in from a validated int.
+Q_EXPAND = f"""
+MATCH (s:Entity {{user_id: $user_id}}) WHERE s.id IN $seeds
+MATCH p = (s)-[:SUBJECT|OBJECT*1..{{max_len}}]-(f:Fact)
+WHERE all(n IN nodes(p) WHERE n.user_id = $user_id AND (NOT n:Fact OR {VALID_AT.format(v="n")})
+                               AND (n:Fact OR NOT n.id IN $avoid))
+WITH s, f, min(length(p)) AS depth
+ORDER BY depth, f.importance DESC, f.id
+WITH s, collect({{f: f, depth: depth}})[..$per_seed] AS nearest
+UNWIND nearest AS near
+WITH near.f AS f, (min(near.depth) - 1) / 2 AS hops
+ORDER BY hops, f.importance DESC, f.id
+LIMIT $limit
+RETURN {_FACT} AS row, hops
+"""
+Q_PAGE_FACTS = f"""
+MATCH (f:Fact {{user_id: $user_id}})
+WITH f ORDER BY f.created_at, f.id SKIP $skip LIMIT $limit
+RETURN {_FACT} AS row
+"""
+Q_PAGE_ENTITIES = f"""
+UNWIND $fact_ids AS fid
+MATCH (:Fact {{user_id: $user_id, id: fid}})-[:SUBJECT|OBJECT]->(e:Entity {{user_id: $user_id}})
+WITH DISTINCT e ORDER BY e.norm_name, e.id
+RETURN {_ENTITY} AS row
+"""
+Q_COUNT_FACTS = "MATCH (f:Fact {user_id: $user_id}) RETURN count(f) AS n"
+Q_STATS = """
+OPTIONAL MATCH (u:User {user_id: $user_id})
+CALL () {
+  MATCH (f:Fact {user_id: $user_id})
+  RETURN count(f) AS facts,
+         count(CASE WHEN f.valid_until IS NULL AND f.archived = false THEN 1 END) AS current_facts,
+         count(CASE WHEN f.valid_until IS NOT NULL THEN 1 END) AS superseded_facts,
+         count(CASE WHEN f.archived THEN 1 END) AS archived_facts
+}
+RETURN u {.version, .prompt_tokens, .completion_tokens, .cost_usd, .llm_calls} AS user,
+       facts, current_facts, superseded_facts, archived_facts,
+       COUNT { MATCH (e:Entity {user_id: $user_id}) } AS entities,
+       COUNT { MATCH (ep:Episode {user_id: $user_id}) } AS episodes,
+       COUNT { MATCH (c:Chunk {user_id: $user_id}) } AS episode_chunks,
+       COUNT { MATCH (c:Cluster {user_id: $user_id}) } AS clusters
+"""
+Q_VECTORS = """
+CALL () {
+  MATCH (f:Fact {user_id: $user_id}) WHERE f.embedding IS NOT NULL
+  RETURN f.id AS node_id, 'fact' AS kind, f.embedding AS embedding
+  UNION ALL
+  MATCH (e:Entity {user_id: $user_id}) WHERE e.embedding IS NOT NULL
+  RETURN e.id AS node_id, 'entity' AS kind, e.embedding AS embedding
+  UNION ALL
+  MATCH (c:Chunk {user_id: $user_id}) WHERE c.embedding IS NOT NULL
+  RETURN c.id AS node_id, 'episode' AS kind, c.embedding AS embedding
+}
+RETURN node_id, kind, embedding ORDER BY kind, node_id
+"""
+Q_USERS = "MATCH (u:User) RETURN u.user_id AS user_id ORDER BY user_id"
+
+# -------------------------------------------------------------------------------------- forget
+Q_FORGET_PLAN = """
+MATCH (ep:Episode {user_id: $user_id, id: $episode_id})
+WITH ep, COLLECT {
+  MATCH (ep)<-[:FROM]-(f:Fact {user_id: $user_id})
+  WHERE NOT EXISTS { MATCH (f)-[:FROM]->(other:Episode) WHERE other <> ep }
+  RETURN f.id
+} AS doomed
+RETURN doomed, COLLECT {
+  MATCH (ep)<-[:FROM]-(e:Entity {user_id: $user_id}) RETURN e.id AS id
+  UNION
+  MATCH (f:Fact {user_id: $user_id})-[:SUBJECT|OBJECT]->(e:Entity {user_id: $user_id})
+  WHERE f.id IN doomed RETURN e.id AS id
+} AS candidates, COLLECT { MATCH (c:Chunk {user_id: $user_id}) WHERE c.episode_id = ep.id RETURN c.id } AS chunks
+"""
+Q_FORGET_FACT_PLAN = """
+MATCH (f:Fact {user_id: $user_id, id: $fact_id})
+RETURN [f.id] AS doomed, COLLECT { MATCH (f)-[:SUBJECT|OBJECT]->(e:Entity {user_id: $user_id}) RETURN e.id } AS candidates,
+       [] AS chunks
+"""
+Q_FORGET_LINKS = """
+RETURN COLLECT { MATCH (f:Fact {user_id: $user_id}) WHERE f.id IN $doomed AND f.superseded_by IS NOT NULL
+                 RETURN [f.id, f.superseded_by] } AS doomed_links,
+       COLLECT { MATCH (g:Fact {user_id: $user_id}) WHERE g.superseded_by IN $doomed AND NOT g.id IN $doomed
+                 RETURN [g.id, g.superseded_by] } AS older,
+       COLLECT { UNWIND $doomed AS fid MATCH (f:Fact {user_id: $user_id, id: fid})
+                 WHERE f.embedding IS NOT NULL RETURN f.id }
+       + COLLECT { UNWIND $candidates AS eid MATCH (e:Entity {user_id: $user_id, id: eid})
+                   WHERE e.embedding IS NOT NULL RETURN e.id } AS vectored
+"""
+Q_FORGET_RESTORE = """
+UNWIND $rows AS r
+MATCH (g:Fact {user_id: $user_id, id: r.fact_id})
+SET g.superseded_by = r.successor,
+    g.valid_until = CASE WHEN r.successor IS NULL THEN null ELSE g.valid_until END,
+    g.updated_at = $now
+"""
+Q_FORGET_FACTS = """
+UNWIND $doomed AS fid
+MATCH (f:Fact {user_id: $user_id, id: fid})
+DETACH DELETE f
+"""
+Q_FORGET_EPISODE = "MATCH (ep:Episode {user_id: $user_id, id: $episode_id}) DETACH DELETE ep"
+Q_FORGET_ORPHANS = """
+UNWIND $candidates AS eid
+MATCH (e:Entity {user_id: $user_id, id: eid})
+WHERE NOT EXISTS { MATCH (e)-[:FROM]->(:Episode) } AND NOT EXISTS { MATCH (e)<-[:SUBJECT|OBJECT]-(:Fact) }
+WITH e, e.id AS id, COLLECT { MATCH (e)-[:HAS_ALIAS]->(a:Alias) RETURN a } AS aliases
+FOREACH (a IN aliases | DETACH DELETE a)
+DETACH DELETE e
+RETURN id
+"""
+Q_FORGET_USER_SCAN = """
+RETURN COLLECT { MATCH (f:Fact {user_id: $user_id}) RETURN f.id ORDER BY f.id } AS facts,
+       COLLECT { MATCH (e:Entity {user_id: $user_id}) RETURN e.id ORDER BY e.id } AS entities,
+       COUNT { MATCH (f:Fact {user_id: $user_id}) WHERE f.embedding IS NOT NULL }
+       + COUNT { MATCH (e:Entity {user_id: $user_id}) WHERE e.embedding IS NOT NULL } AS vectors,
+       COUNT { MATCH (ep:Episode {user_id: $user_id}) } AS episodes
+"""
+# Labels are constants of this module; one statement per label keeps each delete on an index.
+FORGET_USER_LABELS = ("Fact", "Alias", "Entity", "Chunk", "Episode", "Cluster", "Feedback", "User")
+
+# --------------------------------------------------------------------------------- maintenance
+Q_DECAY_BATCH = """
+MATCH (f:Fact {user_id: $user_id})
+WHERE f.archived = false AND coalesce(f.last_decay_at, f.created_at) < $now
+WITH f ORDER BY f.id LIMIT $batch
+RETURN f.id AS id, f.strength AS strength, coalesce(f.last_decay_at, f.created_at) AS since
+"""
+Q_DECAY_SET = """
+UNWIND $rows AS r
+MATCH (f:Fact {user_id: $user_id, id: r.id})
+SET f.strength = r.strength, f.archived = r.archived, f.last_decay_at = $now, f.updated_at = $now
+"""
+Q_REINFORCE = """
+UNWIND $ids AS fid
+MATCH (f:Fact {user_id: $user_id, id: fid})
+WITH DISTINCT f
+WITH f, CASE WHEN f.strength + $amount > 1.0 THEN 1.0 ELSE f.strength + $amount END AS strength
+WHERE strength <> f.strength OR f.archived
+SET f.strength = strength, f.archived = false, f.updated_at = $now
+RETURN count(f) AS changed
+"""
+Q_CLUSTERS_DELETE = "MATCH (c:Cluster {user_id: $user_id}) DETACH DELETE c"
+Q_CLUSTERS_CREATE = "UNWIND $rows AS row CREATE (c:Cluster) SET c = row"
+Q_CLUSTERS_LINK_FACTS = """
+UNWIND $links AS l
+MATCH (c:Cluster {user_id: $user_id, id: l.cluster_id})
+MATCH (f:Fact {user_id: $user_id, id: l.node_id})
+CREATE (c)-[:HAS_MEMBER]->(f)
+"""
+Q_CLUSTERS_LINK_ENTITIES = """
+UNWIND $links AS l
+MATCH (c:Cluster {user_id: $user_id, id: l.cluster_id})
+MATCH (e:Entity {user_id: $user_id, id: l.node_id})
+CREATE (c)-[:HAS_MEMBER]->(e)
+"""
+Q_CLUSTERS = """
+MATCH (c:Cluster {user_id: $user_id})
+RETURN c {.*,
+  member_fact_ids: COLLECT { MATCH (c)-[:HAS_MEMBER]->(f:Fact {user_id: $user_id}) RETURN f.id ORDER BY f.id },
+  member_entity_ids: COLLECT { MATCH (c)-[:HAS_MEMBER]->(e:Entity {user_id: $user_id}) RETURN e.id ORDER BY e.id }
+} AS row
+ORDER BY c.id
+"""
+Q_FEEDBACK_ADD = "UNWIND $rows AS row CREATE (fb:Feedback) SET fb = row"
+_FEEDBACK_FIELDS = (
+    "user_id", "recall_id", "fact_id", "useful", "similarity", "graph", "strength", "recency", "importance",
+    "created_at",
+)  # fmt: skip
+_FEEDBACK = _projection("fb", _FEEDBACK_FIELDS, "")
+# `seq` (insertion order) breaks ties between rows stored with the same created_at: later first.
+Q_FEEDBACK_USER = f"""
+MATCH (fb:Feedback {{user_id: $user_id}})
+RETURN {_FEEDBACK} AS row ORDER BY fb.created_at DESC, fb.seq DESC LIMIT $limit
+"""
+Q_FEEDBACK_ALL = f"""
+MATCH (fb:Feedback)
+RETURN {_FEEDBACK} AS row ORDER BY fb.created_at DESC, fb.seq DESC LIMIT $limit
+"""
+Q_WEIGHTS_SAVE = "MERGE (w:Weights {scope: $row.scope}) SET w = $row"
+Q_WEIGHTS_LOAD = "MATCH (w:Weights {scope: $scope}) RETURN w {.*} AS row"

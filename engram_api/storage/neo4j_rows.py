@@ -1,0 +1,112 @@
+"""Row shaping of the Neo4j backend (``neo4j_store``): model -> node properties and driver values -> model
+input.
+
+Invariants: datetimes go in as aware UTC ``DateTime`` values (a naive one is refused: it would be
+stored as a LocalDateTime that never compares with a DateTime) and come back as aware UTC
+``datetime``; nulls read back are dropped so the models' defaults apply; node properties always carry
+the user they are written for, never the record's own claim.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Any, cast
+
+from neo4j import time as neo4j_time
+
+from engram_api.models import ChunkRecord, EntityRecord, FactRecord, check_aware
+from engram_api.naming import normalize_name
+from engram_api.storage.episodes import user_key
+
+__all__ = ["chunk_props", "entity_props", "fact_props", "from_db", "live_chunks", "norms", "opt_utc", "utc"]
+
+
+def utc(value: datetime) -> datetime:
+    # A naive datetime would be stored as a LocalDateTime, which never compares with a DateTime.
+    return cast(datetime, check_aware(value))
+
+
+def opt_utc(value: datetime | None) -> datetime | None:
+    return check_aware(value)
+
+
+def from_db(row: dict[str, Any]) -> dict[str, Any]:
+    """Driver values -> model input: temporal types become aware UTC datetimes; nulls are dropped
+    so the model's defaults (empty aliases, no embedding, ...) apply."""
+    out: dict[str, Any] = {}
+    for key, value in row.items():
+        if value is None:
+            continue
+        if isinstance(value, neo4j_time.DateTime):
+            value = value.to_native().astimezone(UTC)
+        out[key] = value
+    return out
+
+
+def entity_props(entity: EntityRecord, user_id: str) -> dict[str, Any]:
+    return {
+        "id": entity.id,
+        "user_id": user_id,
+        "name": entity.name,
+        "norm_name": entity.norm_name,
+        "label": entity.label,
+        "aliases": list(dict.fromkeys(entity.aliases)),
+        "summary": entity.summary,
+        "embedding": entity.embedding,
+        "created_at": utc(entity.created_at),
+        "updated_at": utc(entity.updated_at),
+    }
+
+
+def fact_props(fact: FactRecord, user_id: str) -> dict[str, Any]:
+    return {
+        "id": fact.id,
+        "user_id": user_id,
+        "subject_id": fact.subject_id,
+        "predicate": fact.predicate,
+        "object_id": fact.object_id,
+        "statement": fact.statement,
+        "memory_type": fact.memory_type,
+        "importance": float(fact.importance),
+        "strength": float(fact.strength),
+        "single_valued": fact.single_valued,
+        "valid_from": utc(fact.valid_from),
+        "valid_until": opt_utc(fact.valid_until),
+        "superseded_by": fact.superseded_by,
+        "archived": fact.archived,
+        "last_decay_at": opt_utc(fact.last_decay_at),
+        "embedding": fact.embedding,
+        "ukey": user_key(user_id),
+        "created_at": utc(fact.created_at),
+        "updated_at": utc(fact.updated_at),
+    }
+
+
+def norms(names: Sequence[str]) -> list[str]:
+    """Distinct, non-empty normalized forms, in first-seen order."""
+    return list(dict.fromkeys(n for n in (normalize_name(a) for a in names) if n))
+
+
+def live_chunks(rows: Sequence[dict[str, Any]]) -> list[ChunkRecord]:
+    """Chunk rows minus those a concurrent forget deleted mid-read: under read committed, a node matched
+    before another transaction's delete committed reads back with null properties."""
+    return [ChunkRecord.model_validate(r) for r in rows if r.get("text") is not None]
+
+
+def chunk_props(c: ChunkRecord, user_id: str, episode_id: str) -> dict[str, Any]:
+    """A chunk's node properties: ``body`` (speaker and words) and ``ukey`` feed the keyword index."""
+    return {
+        "id": c.id,
+        "user_id": user_id,
+        "ukey": user_key(user_id),
+        "episode_id": episode_id,
+        "seq": c.seq,
+        "text": c.text,
+        "body": c.indexed_text,
+        "speaker": c.speaker,
+        "role": c.role,
+        "event_time": utc(c.event_time),
+        "embedding": c.embedding,
+        "created_at": utc(c.created_at),
+    }

@@ -1,0 +1,233 @@
+"""The SQL of the embedded SQLite backend (``sqlite_store``): the schema script and the shared fact
+reads, as constants.
+
+Invariants: every statement filters on the user (joins repeat it as defence in depth); values travel
+as parameters (lists as one JSON parameter read with ``json_each``), never as SQL text.
+"""
+
+from __future__ import annotations
+
+from engram_api.storage import sqlite_episodes as episodes_sql
+
+__all__ = ["EXPAND", "FACT_FROM", "FACT_SELECT", "SCHEMA"]
+
+_SCHEMA_TEMPLATE = """
+BEGIN IMMEDIATE;
+
+CREATE TABLE IF NOT EXISTS users (
+    user_id           TEXT PRIMARY KEY,
+    version           INTEGER NOT NULL DEFAULT 0,
+    epoch             INTEGER NOT NULL DEFAULT 0,
+    prompt_tokens     INTEGER NOT NULL DEFAULT 0,
+    completion_tokens INTEGER NOT NULL DEFAULT 0,
+    cost_usd          REAL    NOT NULL DEFAULT 0,
+    llm_calls         INTEGER NOT NULL DEFAULT 0,
+    created_at        INTEGER NOT NULL,
+    updated_at        INTEGER NOT NULL
+);
+
+-- Message ids are chosen by callers, so an episode is unique per user, not globally.
+CREATE TABLE IF NOT EXISTS episodes (
+    user_id    TEXT    NOT NULL,
+    id         TEXT    NOT NULL,
+    content    TEXT    NOT NULL,
+    role       TEXT    NOT NULL,
+    event_time INTEGER NOT NULL,
+    metadata   TEXT    NOT NULL,
+    created_at INTEGER NOT NULL,
+    updated_at INTEGER NOT NULL,
+    PRIMARY KEY (user_id, id)
+);
+
+CREATE TABLE IF NOT EXISTS entities (
+    id         TEXT PRIMARY KEY,
+    user_id    TEXT    NOT NULL,
+    name       TEXT    NOT NULL,
+    norm_name  TEXT    NOT NULL,
+    label      TEXT    NOT NULL,
+    aliases    TEXT    NOT NULL,  -- JSON list, as given (display order)
+    summary    TEXT    NOT NULL,
+    embedding  BLOB,
+    created_at INTEGER NOT NULL,
+    updated_at INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS ix_entities_user_norm ON entities (user_id, norm_name);
+
+-- Normalized aliases, so alias lookups use an index instead of scanning JSON.
+CREATE TABLE IF NOT EXISTS entity_aliases (
+    entity_id  TEXT NOT NULL REFERENCES entities (id) ON DELETE CASCADE,
+    user_id    TEXT NOT NULL,
+    norm_alias TEXT NOT NULL,
+    PRIMARY KEY (entity_id, norm_alias)
+);
+CREATE INDEX IF NOT EXISTS ix_entity_aliases_user_norm ON entity_aliases (user_id, norm_alias);
+
+CREATE TABLE IF NOT EXISTS facts (
+    id            TEXT PRIMARY KEY,
+    user_id       TEXT    NOT NULL,
+    subject_id    TEXT    NOT NULL REFERENCES entities (id),
+    predicate     TEXT    NOT NULL,
+    object_id     TEXT REFERENCES entities (id),
+    statement     TEXT    NOT NULL,
+    memory_type   TEXT    NOT NULL,
+    importance    REAL    NOT NULL,
+    strength      REAL    NOT NULL,
+    single_valued INTEGER NOT NULL,
+    valid_from    INTEGER NOT NULL,
+    valid_until   INTEGER,
+    superseded_by TEXT,
+    archived      INTEGER NOT NULL,
+    last_decay_at INTEGER,
+    embedding     BLOB,
+    created_at    INTEGER NOT NULL,
+    updated_at    INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS ix_facts_user_slot ON facts (user_id, subject_id, predicate);
+CREATE INDEX IF NOT EXISTS ix_facts_user_object ON facts (user_id, object_id);
+CREATE INDEX IF NOT EXISTS ix_facts_user_created ON facts (user_id, created_at, id);
+CREATE INDEX IF NOT EXISTS ix_facts_user_superseded_by ON facts (user_id, superseded_by);
+CREATE INDEX IF NOT EXISTS ix_facts_user_archived ON facts (user_id, archived);
+
+-- The fact->entity edges (role 'subject' or 'object') that expansion walks in both directions.
+CREATE TABLE IF NOT EXISTS mentions (
+    fact_id   TEXT NOT NULL REFERENCES facts (id) ON DELETE CASCADE,
+    entity_id TEXT NOT NULL REFERENCES entities (id),
+    role      TEXT NOT NULL,
+    user_id   TEXT NOT NULL,
+    PRIMARY KEY (fact_id, entity_id, role)
+);
+CREATE INDEX IF NOT EXISTS ix_mentions_user_entity ON mentions (user_id, entity_id);
+CREATE INDEX IF NOT EXISTS ix_mentions_user_fact ON mentions (user_id, fact_id);
+
+-- FROM links: which episodes stated a fact or mentioned an entity.
+CREATE TABLE IF NOT EXISTS provenance (
+    node_id    TEXT NOT NULL,
+    node_kind  TEXT NOT NULL,
+    episode_id TEXT NOT NULL,
+    user_id    TEXT NOT NULL,
+    PRIMARY KEY (node_id, episode_id),
+    FOREIGN KEY (user_id, episode_id) REFERENCES episodes (user_id, id) ON DELETE CASCADE
+);
+CREATE INDEX IF NOT EXISTS ix_provenance_user_episode ON provenance (user_id, episode_id);
+CREATE INDEX IF NOT EXISTS ix_provenance_user_node ON provenance (user_id, node_id);
+
+CREATE TABLE IF NOT EXISTS clusters (
+    id         TEXT PRIMARY KEY,
+    user_id    TEXT    NOT NULL,
+    label      TEXT    NOT NULL,
+    summary    TEXT    NOT NULL,
+    centroid   BLOB    NOT NULL,
+    signature  TEXT    NOT NULL,
+    created_at INTEGER NOT NULL,
+    updated_at INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS ix_clusters_user ON clusters (user_id);
+
+CREATE TABLE IF NOT EXISTS cluster_members (
+    cluster_id  TEXT NOT NULL REFERENCES clusters (id) ON DELETE CASCADE,
+    member_id   TEXT NOT NULL,
+    member_kind TEXT NOT NULL,
+    user_id     TEXT NOT NULL,
+    PRIMARY KEY (cluster_id, member_id)
+);
+CREATE INDEX IF NOT EXISTS ix_cluster_members_user_member ON cluster_members (user_id, member_id);
+
+CREATE TABLE IF NOT EXISTS feedback (
+    seq        INTEGER PRIMARY KEY AUTOINCREMENT,
+    user_id    TEXT    NOT NULL,
+    recall_id  TEXT    NOT NULL,
+    fact_id    TEXT    NOT NULL,
+    useful     INTEGER NOT NULL,
+    similarity REAL    NOT NULL,
+    graph      REAL    NOT NULL,
+    strength   REAL    NOT NULL,
+    recency    REAL    NOT NULL,
+    importance REAL    NOT NULL,
+    created_at INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS ix_feedback_user_created ON feedback (user_id, created_at);
+CREATE INDEX IF NOT EXISTS ix_feedback_created ON feedback (created_at);
+
+CREATE TABLE IF NOT EXISTS weights (
+    scope             TEXT PRIMARY KEY,
+    alpha             REAL    NOT NULL,
+    beta              REAL    NOT NULL,
+    gamma             REAL    NOT NULL,
+    recency_weight    REAL    NOT NULL,
+    importance_weight REAL    NOT NULL,
+    samples           INTEGER NOT NULL,
+    quality           REAL    NOT NULL,
+    fitted_at         INTEGER NOT NULL
+);
+
+{episodes}
+COMMIT;
+"""
+
+SCHEMA = _SCHEMA_TEMPLATE.replace("{episodes}", episodes_sql.SCHEMA)
+
+# Every fact read goes through these columns so subject/object names and sources are filled alike.
+# The entity joins repeat the user filter (defence in depth) and source ids come back as a JSON list.
+FACT_SELECT = """
+SELECT f.id, f.user_id, f.created_at, f.updated_at, f.subject_id, s.name AS subject_name,
+       f.predicate, f.object_id, o.name AS object_name, f.statement, f.memory_type, f.importance,
+       f.strength, f.single_valued, f.valid_from, f.valid_until, f.superseded_by, f.archived,
+       f.last_decay_at,
+       (SELECT json_group_array(p.episode_id) FROM provenance p
+         WHERE p.node_id = f.id AND p.user_id = f.user_id) AS source_ids
+"""
+FACT_FROM = """
+FROM facts f
+JOIN entities s ON s.id = f.subject_id AND s.user_id = f.user_id
+LEFT JOIN entities o ON o.id = f.object_id AND o.user_id = f.user_id
+"""
+
+# Valid at :as_of (current when :as_of is NULL) and not archived: the only facts expansion may use.
+_VALID_AT = episodes_sql.FACT_VALID_AT
+
+# ONE statement: `reach` walks entities level by level through valid facts (UNION removes repeated
+# (entity, level) pairs, so the recursion is bounded by entities x (max_hops + 1)); every valid fact
+# mentioning a reached entity is returned once, at the lowest level it was reached from.
+# CROSS JOIN pins the join order (SQLite never reorders it): always from the reached entity outwards
+# through the (user_id, entity_id) and primary-key indexes, never a scan of the user's facts.
+EXPAND = f"""
+WITH RECURSIVE
+reach(seed_id, entity_id, level) AS (
+    SELECT e.id, e.id, 0
+      FROM json_each(:seeds) seed
+      CROSS JOIN entities e ON e.id = seed.value AND e.user_id = :user_id
+     WHERE e.id NOT IN (SELECT value FROM json_each(:avoid))
+    UNION
+    SELECT r.seed_id, far.entity_id, r.level + 1
+      FROM reach r
+      CROSS JOIN mentions near ON near.user_id = :user_id AND near.entity_id = r.entity_id
+      CROSS JOIN facts f ON f.id = near.fact_id AND {_VALID_AT}
+      CROSS JOIN mentions far ON far.fact_id = near.fact_id AND far.user_id = :user_id
+     WHERE r.level < :max_hops
+       AND far.entity_id NOT IN (SELECT value FROM json_each(:avoid))
+),
+seed_hop(seed_id, fact_id, level, importance) AS (
+    SELECT r.seed_id, m.fact_id, MIN(r.level), f.importance
+      FROM reach r
+      CROSS JOIN mentions m ON m.user_id = :user_id AND m.entity_id = r.entity_id
+      CROSS JOIN facts f ON f.id = m.fact_id AND {_VALID_AT}
+     GROUP BY r.seed_id, m.fact_id
+),
+kept(fact_id, level) AS (
+    SELECT fact_id, level FROM (
+        SELECT fact_id, level, ROW_NUMBER() OVER (
+                   PARTITION BY seed_id ORDER BY level, importance DESC, fact_id) AS nth
+          FROM seed_hop)
+     WHERE nth <= :per_seed
+),
+hop(fact_id, hops) AS (
+    SELECT fact_id, MIN(level) FROM kept GROUP BY fact_id
+)
+{FACT_SELECT}, hop.hops AS hops
+FROM hop
+CROSS JOIN facts f ON f.id = hop.fact_id AND f.user_id = :user_id
+JOIN entities s ON s.id = f.subject_id AND s.user_id = f.user_id
+LEFT JOIN entities o ON o.id = f.object_id AND o.user_id = f.user_id
+ORDER BY hop.hops, f.importance DESC, f.id
+LIMIT :limit
+"""
