@@ -29,6 +29,7 @@ import benchlib  # noqa: E402
 
 # Order matters only for the console: cheap benchmarks first.
 BENCHES = {
+    "llm": "bench_llm",
     "enqueue": "bench_enqueue",
     "encoder": "bench_encoder",
     "gateway": "bench_gateway",
