@@ -49,7 +49,7 @@ def slim_context(ctx: WorkerContext, envelope: Envelope) -> SlimContext:
     if stamp == ABSENT:
         return SlimContext()
     index = ctx.keeper.current(uid, stamp)
-    query = ctx.embedder.encode_one(envelope.text[:2000])
+    query = ctx.queries.encode_one(envelope.text[:2000])
     hits = index.search(query, _CONTEXT_ITEMS * 2)
     fact_ids = [h.node_id for h in hits if h.kind == "fact"][:_CONTEXT_ITEMS]
     entity_ids = [h.node_id for h in hits if h.kind == "entity"][:_CONTEXT_ITEMS]

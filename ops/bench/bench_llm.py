@@ -8,9 +8,10 @@ times but hardly CPU:
    can do) against our litellm call (``engram_workers.extraction.llm``), alternating blocks.
 2. Many calls in flight (the stand-in answering after a delay): a thread pool calling ``litellm.completion``
    (what the extract worker does) against one event loop with ``litellm.acompletion``, same calls.
-3. The extract stage in process (``run_extract`` on real Redis and SQLite, stand-in at 0 latency) on a
-   user with memory, so the slim context does its real work: CPU per message, and what is left beyond
-   the LLM call of measurement 1.
+3. The extract stage in process (``run_extract`` on a thread pool, real Redis and SQLite, stand-in at 0
+   latency) on a user with memory, so the slim context does its real work: CPU per message with the
+   query vectors encoded one by one (the baseline) and batched across the threads (``QueryBatcher``),
+   and what is left beyond the LLM call of measurement 1.
 """
 
 from __future__ import annotations
@@ -90,8 +91,9 @@ def _cpu_ms_per_call(fn: Callable[[], None], calls: int) -> float:
 
 def _one_by_one(ctx: BenchContext, url: str) -> dict[str, float]:
     import httpx
+    import litellm
 
-    from engram_workers.extraction.llm import complete, completion_kwargs
+    from engram_workers.extraction.llm import complete, completion_kwargs, response_format
     from engram_workers.extraction.prompt import SYSTEM_PROMPT
 
     settings = _settings(url)
@@ -108,16 +110,26 @@ def _one_by_one(ctx: BenchContext, url: str) -> dict[str, float]:
     def ours() -> None:
         json.loads(complete(settings, messages)[0])
 
-    for fn in (bare, ours):
+    def unpriced() -> None:
+        # The call as it was before: no prices given, the response format looked up on every call.
+        kwargs = {k: v for k, v in completion_kwargs(settings, messages).items() if not k.endswith("_per_token")}
+        kwargs["response_format"] = response_format.__wrapped__(kwargs["model"])
+        json.loads(litellm.completion(**kwargs).choices[0].message.content)
+
+    calls = {"bare": bare, "unpriced": unpriced, "ours": ours}
+    for fn in calls.values():
         _cpu_ms_per_call(fn, 5)  # imports, connection pools, litellm's first-call set-up
     block, rounds = 20, ctx.size(8, 40)
-    bare_ms, ours_ms = [], []
-    for _ in range(rounds):  # alternating blocks: machine drift hits both alike
-        bare_ms.append(_cpu_ms_per_call(bare, block))
-        ours_ms.append(_cpu_ms_per_call(ours, block))
+    ms: dict[str, list[float]] = {name: [] for name in calls}
+    for _ in range(rounds):  # alternating blocks: machine drift hits all alike
+        for name, fn in calls.items():
+            ms[name].append(_cpu_ms_per_call(fn, block))
     client.close()
-    b, o = sorted(bare_ms)[len(bare_ms) // 2], sorted(ours_ms)[len(ours_ms) // 2]
-    return {"bare_httpx_ms": b, "litellm_ms": o, "ratio": ratio(o, b), "calls": 2 * block * rounds}
+    b, u, o = (sorted(ms[n])[rounds // 2] for n in ("bare", "unpriced", "ours"))
+    return {
+        "bare_httpx_ms": b, "litellm_before_ms": u, "litellm_ms": o, "ratio": ratio(o, b),
+        "ratio_before": ratio(u, b), "calls": 3 * block * rounds,
+    }  # fmt: skip
 
 
 def _in_flight(ctx: BenchContext, url: str, *, in_flight: int, calls: int) -> dict[str, float]:
@@ -159,40 +171,62 @@ def _in_flight(ctx: BenchContext, url: str, *, in_flight: int, calls: int) -> di
     return {"thread_pool_ms": p, "event_loop_ms": a, "ratio": ratio(a, p), "in_flight": in_flight, "calls": calls}
 
 
-def _extract_stage(ctx: BenchContext, url: str, *, primed: int, measured: int) -> dict[str, float]:
+def _extract_stage(ctx: BenchContext, url: str, *, primed: int, measured: int, threads: int) -> dict[str, Any]:
+    """CPU per message of ``run_extract`` on ``threads`` threads (as an extract worker runs it), with the
+    slim-context query vectors encoded one by one (``max_batch=1``, the baseline) and batched."""
     from engram_api import MemoryClient
     from engram_workers.context import WorkerContext
+    from engram_workers.extraction.query_batch import QueryBatcher
     from engram_workers.stages.apply import run_apply
     from engram_workers.stages.extract import run_extract
 
     settings = _settings(url, redis_url=ctx.services.redis_url, data_dir=ctx.workdir / "llm-extract")
-    handed: list[tuple[str, ...]] = []
-    worker = WorkerContext(settings=settings, dispatch=lambda _task, args: handed.append(tuple(args)))
+    worker = WorkerContext(settings=settings, dispatch=lambda _task, _args: None)
     client = MemoryClient(settings=settings)
     worker.warm_up()
     user = ctx.uid("llm-extract")
     start = datetime(2026, 1, 5, 9, tzinfo=UTC)
+    sent = 0
 
-    def send(n: int, offset: int) -> list[str]:
-        return [
+    def send(n: int) -> list[str]:
+        nonlocal sent
+        ids = [
             client.enqueue(
                 user, f"{_TEXTS[i % len(_TEXTS)]} (note {i})", timestamp=start + timedelta(hours=i)
             ).message_id
-            for i in range(offset, offset + n)
+            for i in range(sent, sent + n)
         ]
+        sent += n
+        return ids
 
-    for mid in send(primed, 0):  # a user with memory: the slim context has hits to read
+    for mid in send(primed):  # a user with memory: the slim context has hits to read
         run_extract(worker, user, mid)
         run_apply(worker, user, mid)
-    ids = send(measured, primed)
-    t, w = time.process_time(), time.perf_counter()
-    outcomes = [run_extract(worker, user, mid) for mid in ids]
-    cpu_ms = (time.process_time() - t) * 1e3 / measured
-    wall_ms = (time.perf_counter() - w) * 1e3 / measured
+    cpu: dict[str, list[float]] = {"one by one": [], "batched": []}
+    batching: list[float] = []
+    block = max(1, measured // 3)
+    with ThreadPoolExecutor(max_workers=threads) as pool:
+        for _ in range(3):  # alternating blocks: machine drift hits both alike
+            for mode, max_batch in (("one by one", 1), ("batched", 32)):
+                worker.queries = QueryBatcher(worker.embedder, max_batch=max_batch)  # type: ignore[misc]
+                ids = send(block)
+                t = time.process_time()
+                outcomes = list(pool.map(lambda mid: str(run_extract(worker, user, mid)), ids))
+                cpu[mode].append((time.process_time() - t) * 1e3 / block)
+                assert all(o.startswith("llm") for o in outcomes), outcomes[:3]
+                if max_batch > 1:
+                    batching.append(worker.queries.texts / max(1, worker.queries.batches))
     client.close()
     worker.close()
-    llm_ok = sum(str(o).startswith("llm") for o in outcomes)
-    return {"cpu_ms": cpu_ms, "wall_ms": wall_ms, "messages": measured, "llm_outcomes": llm_ok}
+    one, batched = sorted(cpu["one by one"])[1], sorted(cpu["batched"])[1]
+    return {
+        "cpu_ms_one_by_one": one,
+        "cpu_ms_batched": batched,
+        "ratio": ratio(batched, one),
+        "texts_per_encode": sum(batching) / len(batching),
+        "messages": 6 * block,
+        "threads": threads,
+    }
 
 
 def run(ctx: BenchContext) -> BenchResult:
@@ -201,24 +235,31 @@ def run(ctx: BenchContext) -> BenchResult:
         ctx.log("one call after another: bare httpx vs litellm")
         single = _one_by_one(ctx, url)
         ctx.log("extract stage in process")
-        stage = _extract_stage(ctx, url, primed=ctx.size(30, 100), measured=ctx.size(60, 300))
+        stage = _extract_stage(ctx, url, primed=ctx.size(30, 100), measured=ctx.size(96, 480), threads=16)
     with _standin(0.2) as url:
         ctx.log("many calls in flight: thread pool vs event loop")
         flight = _in_flight(ctx, url, in_flight=64, calls=ctx.size(256, 1024))
-    beyond = stage["cpu_ms"] - single["litellm_ms"]
+    beyond = {k: stage[f"cpu_ms_{k}"] - single["litellm_ms"] for k in ("one_by_one", "batched")}
 
     calls = Table("LLM call, CPU ms per call (median of alternating blocks)", ["client", "CPU ms/call", "ratio"])
     calls.add("bare httpx POST (baseline)", single["bare_httpx_ms"], 1.0)
+    calls.add("litellm.completion, as before (no prices, format per call)", single["litellm_before_ms"],
+              single["ratio_before"])  # fmt: skip
     calls.add("litellm.completion (ours)", single["litellm_ms"], single["ratio"])
     pool = Table(
         f"{flight['in_flight']} calls in flight, stand-in 0.2 s, CPU ms per call", ["client", "CPU ms/call", "ratio"]
     )
     pool.add("thread pool + litellm.completion (baseline)", flight["thread_pool_ms"], 1.0)
     pool.add("event loop + litellm.acompletion", flight["event_loop_ms"], flight["ratio"])
-    extract = Table("extract stage in process, stand-in 0 s", ["measure", "ms per message"])
-    extract.add("CPU, whole stage", stage["cpu_ms"])
-    extract.add("CPU beyond the LLM call (stage - litellm call)", beyond)
-    extract.add("wall", stage["wall_ms"])
+    extract = Table(
+        f"extract stage in process, {stage['threads']} threads, stand-in 0 s, CPU ms per message",
+        ["slim-context query vectors", "whole stage", "beyond the LLM call", "ratio"],
+    )
+    extract.add("one encode per message (baseline)", stage["cpu_ms_one_by_one"], beyond["one_by_one"], 1.0)
+    extract.add(
+        f"batched ({stage['texts_per_encode']:.1f} texts per encode)", stage["cpu_ms_batched"], beyond["batched"],
+        stage["ratio"],
+    )  # fmt: skip
     load = os.getloadavg()[0]
     return BenchResult(
         bench="llm",
