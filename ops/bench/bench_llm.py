@@ -175,6 +175,7 @@ def _extract_stage(ctx: BenchContext, url: str, *, primed: int, measured: int, t
     """CPU per message of ``run_extract`` on ``threads`` threads (as an extract worker runs it), with the
     slim-context query vectors encoded one by one (``max_batch=1``, the baseline) and batched."""
     from engram_api import MemoryClient
+    from engram_api.models import StageOutcome
     from engram_workers.context import WorkerContext
     from engram_workers.extraction.query_batch import QueryBatcher
     from engram_workers.stages.apply import run_apply
@@ -211,9 +212,9 @@ def _extract_stage(ctx: BenchContext, url: str, *, primed: int, measured: int, t
                 worker.queries = QueryBatcher(worker.embedder, max_batch=max_batch)  # type: ignore[misc]
                 ids = send(block)
                 t = time.process_time()
-                outcomes = list(pool.map(lambda mid: str(run_extract(worker, user, mid)), ids))
+                outcomes = list(pool.map(lambda mid: run_extract(worker, user, mid), ids))
                 cpu[mode].append((time.process_time() - t) * 1e3 / block)
-                assert all(o.startswith("llm") for o in outcomes), outcomes[:3]
+                assert all(o.outcome is StageOutcome.LLM for o in outcomes), [str(o) for o in outcomes[:3]]
                 if max_batch > 1:
                     batching.append(worker.queries.texts / max(1, worker.queries.batches))
     client.close()
