@@ -12,6 +12,15 @@ Tolerance rules (what a real model's slightly-off answer still yields; each one 
   item at all is usable: then the answer is an error); lone surrogates are replaced by U+FFFD;
 - importance on a 1-10 scale is divided by 10, anything else is clamped to 0..1; memory_type is matched
   case-insensitively (unknown -> semantic); a ``valid_from`` that is not a date is dropped ("last week").
+
+The call's own CPU (``ops/bench/run.py --only llm`` measures it against a bare httpx POST in the same run):
+litellm costs ~5x a bare HTTP call (~10 ms against ~2 ms), spread thin over its request building, response
+objects and the success logging it runs in a background thread; none of that can be switched off through
+its API. What is avoidable is cut here: litellm is set up once per process, the response format is looked
+up once per model, and our own prices are passed with every call (litellm prices each answer for its
+logging, and an unknown model name, a self-hosted one, otherwise sends it through a cost-map search).
+Calls stay synchronous on the extract worker's thread pool: one event loop with ``litellm.acompletion``
+and the same calls in flight measured ~1.1-1.25x the pool's CPU per call, so it would not pay for itself.
 """
 
 from __future__ import annotations
