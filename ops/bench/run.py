@@ -29,9 +29,9 @@ import benchlib  # noqa: E402
 
 # Order matters only for the console: cheap benchmarks first.
 BENCHES = {
-    "llm": "bench_llm",
     "enqueue": "bench_enqueue",
     "encoder": "bench_encoder",
+    "llm": "bench_llm",
     "gateway": "bench_gateway",
     "ingest": "bench_ingest",
     "recall": "bench_recall",
