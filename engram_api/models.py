@@ -10,6 +10,7 @@ Three families live here:
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Annotated, Literal
@@ -131,6 +132,32 @@ class MessageState(StrEnum):
     EXTRACTED = "extracted"
     APPLIED = "applied"
     DEAD = "dead"
+
+
+class StageOutcome(StrEnum):
+    """How one run of a pipeline stage ended: the ``outcome`` label of ``engram_messages_total`` and of
+    the stage's log line. Metrics count these values; the free text is in ``StageResult.detail``."""
+
+    LLM = "llm"  # extract: the model's extraction stored and handed to apply
+    RULES = "rules"  # extract: the offline rule extractor's, stored and handed over
+    TRIVIAL = "trivial"  # extract: nothing worth remembering (no model call), handed over empty
+    RE_HANDED = "re-handed"  # extract: an extraction was already stored, apply asked again
+    APPLIED = "applied"  # apply: written to the graph and the index
+    SENT_BACK = "sent-back"  # apply: the stored extraction is gone, the message goes back to extract
+    ALREADY = "already"  # the message was finished (applied or dead) before this run
+    FORGOTTEN = "forgotten"  # forgotten meanwhile: this run wrote nothing
+    DEAD_LETTERED = "dead-lettered"  # given up on: the dead letter holds the reason
+
+
+@dataclass(frozen=True, slots=True)
+class StageResult:
+    """What a stage returns: the outcome, and a detail for people (facts kept, the dead letter's reason)."""
+
+    outcome: StageOutcome
+    detail: str = ""
+
+    def __str__(self) -> str:
+        return f"{self.outcome.value}: {self.detail}" if self.detail else self.outcome.value
 
 
 class WaitResult(_Model):

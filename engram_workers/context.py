@@ -22,6 +22,7 @@ from engram_api.storage.vectors import VectorStore
 from engram_workers.control import LLMBreaker, LLMRateLimiter
 from engram_workers.dispatch import Dispatch, send
 from engram_workers.extraction.llm import is_service_failure
+from engram_workers.extraction.query_batch import QueryBatcher
 from engram_workers.middleware import Middleware, build_middleware
 
 __all__ = ["WorkerContext", "get_context", "reset_context"]
@@ -59,6 +60,11 @@ class WorkerContext:
     @cached_property
     def embedder(self) -> Embedder:
         return embedder_for(self.settings)
+
+    @cached_property
+    def queries(self) -> QueryBatcher:
+        """Query vectors of this process's extract threads, encoded in batches when they coincide."""
+        return QueryBatcher(self.embedder)
 
     @cached_property
     def keeper(self) -> IndexKeeper:

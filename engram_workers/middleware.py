@@ -13,7 +13,7 @@ import importlib
 import logging
 from typing import Any
 
-from engram_api.models import ApplyOutcome, DeadLetter
+from engram_api.models import ApplyOutcome, DeadLetter, StageResult
 from engram_api.settings import Settings
 from engram_workers import metrics
 
@@ -27,7 +27,7 @@ class Middleware:
 
     def before_stage(self, stage: str, user_id: str, message_id: str) -> None: ...
 
-    def after_stage(self, stage: str, user_id: str, message_id: str, outcome: str, seconds: float) -> None: ...
+    def after_stage(self, stage: str, user_id: str, message_id: str, outcome: StageResult, seconds: float) -> None: ...
 
     def after_write(self, user_id: str, message_id: str, outcome: ApplyOutcome) -> None:
         """Runs after the graph transaction committed, before FAISS and the Redis bookkeeping."""
@@ -36,10 +36,13 @@ class Middleware:
 
 
 class LoggingMiddleware(Middleware):
-    def after_stage(self, stage: str, user_id: str, message_id: str, outcome: str, seconds: float) -> None:
+    def after_stage(self, stage: str, user_id: str, message_id: str, outcome: StageResult, seconds: float) -> None:
         log.info(
             "%s %s", stage, outcome,
-            extra={"stage": stage, "user_id": user_id, "message_id": message_id, "seconds": round(seconds, 4)},
+            extra={
+                "stage": stage, "user_id": user_id, "message_id": message_id, "outcome": outcome.outcome.value,
+                "seconds": round(seconds, 4),
+            },
         )  # fmt: skip
 
     def on_dead_letter(self, letter: DeadLetter) -> None:
@@ -50,9 +53,9 @@ class LoggingMiddleware(Middleware):
 
 
 class MetricsMiddleware(Middleware):
-    def after_stage(self, stage: str, user_id: str, message_id: str, outcome: str, seconds: float) -> None:
+    def after_stage(self, stage: str, user_id: str, message_id: str, outcome: StageResult, seconds: float) -> None:
         metrics.STAGE_SECONDS.labels(stage=stage).observe(seconds)
-        metrics.MESSAGES.labels(stage=stage, outcome=outcome.split(":")[0].split(" ")[0]).inc()
+        metrics.MESSAGES.labels(stage=stage, outcome=outcome.outcome.value).inc()
 
     def on_dead_letter(self, letter: DeadLetter) -> None:
         metrics.DEAD_LETTERS.labels(stage=letter.stage).inc()

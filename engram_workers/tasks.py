@@ -17,7 +17,7 @@ from celery import Task
 from celery.exceptions import Reject
 
 from engram_api import keys
-from engram_api.models import utcnow
+from engram_api.models import StageResult, utcnow
 from engram_api.storage.userwrite import UserWrite
 from engram_workers.app import app
 from engram_workers.context import WorkerContext, get_context
@@ -34,8 +34,8 @@ _UNEXPECTED_ATTEMPTS = 3
 
 
 def _run_stage(
-    task: Task, stage: str, fn: Callable[[WorkerContext, str, str], str], user_id: str, message_id: str
-) -> str:
+    task: Task, stage: str, fn: Callable[[WorkerContext, str, str], StageResult], user_id: str, message_id: str
+) -> StageResult:
     ctx = get_context()
     try:
         return _deliver(ctx, task, stage, fn, user_id, message_id)
@@ -49,10 +49,10 @@ def _deliver(
     ctx: WorkerContext,
     task: Task,
     stage: str,
-    fn: Callable[[WorkerContext, str, str], str],
+    fn: Callable[[WorkerContext, str, str], StageResult],
     user_id: str,
     message_id: str,
-) -> str:
+) -> StageResult:
     with deliveries(ctx, user_id, message_id, stage) as crashed:
         if crashed >= ctx.settings.poison_max_deliveries:
             return dead_letter(
@@ -71,10 +71,10 @@ def _attempt(
     ctx: WorkerContext,
     task: Task,
     stage: str,
-    fn: Callable[[WorkerContext, str, str], str],
+    fn: Callable[[WorkerContext, str, str], StageResult],
     user_id: str,
     message_id: str,
-) -> str:
+) -> StageResult:
     try:
         return _hooked(ctx, stage, fn, user_id, message_id)
     except RetryLater as later:
@@ -99,8 +99,8 @@ def _attempt(
 
 
 def _hooked(
-    ctx: WorkerContext, stage: str, fn: Callable[[WorkerContext, str, str], str], user_id: str, message_id: str
-) -> str:
+    ctx: WorkerContext, stage: str, fn: Callable[[WorkerContext, str, str], StageResult], user_id: str, message_id: str
+) -> StageResult:
     """The stage between its middleware hooks. Everything here runs inside ``_attempt``'s handlers: a hook
     that raises (or cannot even be loaded) fails the stage exactly like the stage's own error would."""
     started = time.perf_counter()
@@ -123,12 +123,12 @@ def _retry(task: Task, countdown: float) -> Exception:
 
 @app.task(name=keys.EXTRACT_TASK, bind=True, max_retries=None)
 def extract(self: Task, user_id: str, message_id: str) -> str:
-    return _run_stage(self, "extract", run_extract, user_id, message_id)
+    return str(_run_stage(self, "extract", run_extract, user_id, message_id))
 
 
 @app.task(name=keys.APPLY_TASK, bind=True, max_retries=None)
 def apply(self: Task, user_id: str, message_id: str) -> str:
-    return _run_stage(self, "apply", run_apply, user_id, message_id)
+    return str(_run_stage(self, "apply", run_apply, user_id, message_id))
 
 
 # ------------------------------------------------------------------------------------- maintenance

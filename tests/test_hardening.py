@@ -14,7 +14,7 @@ import pytest
 
 from engram_api import MemoryClient, keys
 from engram_api.errors import InvalidInputError, NotFoundError
-from engram_api.models import DeadLetter, utcnow
+from engram_api.models import DeadLetter, StageOutcome, utcnow
 from engram_api.settings import Settings
 from engram_testing.llm_standin import Reply
 from engram_workers.context import WorkerContext
@@ -150,7 +150,7 @@ def test_a_payload_that_expired_while_waiting_is_dead_lettered_with_that_reason(
 
     outcome = run_extract(ctx, user, "m-expired")
 
-    assert outcome.startswith("dead-lettered")
+    assert outcome.outcome is StageOutcome.DEAD_LETTERED
     [letter] = client.dead_letters(user)
     assert letter.message_id == "m-expired" and "payload expired" in letter.reason
     assert client.producer.states([(user, "m-expired")]) == ["dead"]

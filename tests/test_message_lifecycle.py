@@ -107,7 +107,7 @@ def test_forgetting_a_queued_or_in_flight_message_stores_nothing(stack: Stack) -
     )
     extracted, applied = stage_outcomes(stack, "extract"), stage_outcomes(stack, "apply")
     assert extracted[(queued_user, "m1")] == extracted[(queued_msg, "m1")] == "forgotten"  # the tombstone's word
-    assert applied[(flight_user, "m1")] == applied[(flight_msg, "m1")] == "no payload (forgotten)"
+    assert applied[(flight_user, "m1")] == applied[(flight_msg, "m1")] == "forgotten: no payload"
     for user in (queued_user, queued_msg, flight_user, flight_msg):
         stats = client.stats(user)
         assert (stats.facts, stats.entities, stats.episodes) == (0, 0, 0), user

@@ -14,6 +14,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from engram_api import keys
+from engram_api.models import StageOutcome
 from engram_api.settings import load_settings
 from engram_testing.llm_standin import LLMStandin, Reply, approx_tokens
 from engram_workers.celery_config import make_celery
@@ -132,6 +133,9 @@ def test_messages_are_counted_per_stage_and_outcome(scrape: Scrape) -> None:
     assert scrape.value("engram_dead_letters_total", stage="extract") == 1
     # A labelled counter has a sample only once a label value was counted: none for apply.
     assert not scrape.has("engram_dead_letters_total", stage="apply")
+    # Every outcome label is a StageOutcome value (no free text split into labels).
+    labels = {dict(labels)["outcome"] for name, labels in scrape.samples if name == "engram_messages_total"}
+    assert labels == {"llm", "trivial", "dead-lettered", "applied"} <= {o.value for o in StageOutcome}
 
 
 @pytest.mark.parametrize(("stage", "messages"), [("extract", 4), ("apply", 3)])
@@ -177,6 +181,8 @@ def test_json_logs_carry_ids_never_message_text(scrape: Scrape) -> None:
     records = [json.loads(line) for line in lines if line.startswith("{")]
     pipeline = [r for r in records if r["name"] == "engram.pipeline"]
     seen = {(r["stage"], r["user_id"], r["message_id"]) for r in pipeline if r["levelname"] == "INFO"}
+    outcomes = {r["outcome"] for r in pipeline if r["levelname"] == "INFO"}
+    assert outcomes == {"llm", "trivial", "dead-lettered", "applied"}
     for message_id, user_id in scrape.applied.items():
         assert {("extract", user_id, message_id), ("apply", user_id, message_id)} <= seen
     user_id, message_id = scrape.dead

@@ -117,4 +117,4 @@ def test_the_sweep_task_brings_lost_messages_home(redis_url: str, tmp_path: Path
         resent = ast.literal_eval(report)["resent"]  # Celery logs the returned dict's repr
         assert sorted(resent) == ["rd_user:lost-extracted", "rd_user:lost-queued"]
         applies = _task_results(apply.log_path, keys.APPLY_TASK)
-        assert "'extraction missing: sent back to extract'" in applies, applies
+        assert "'sent-back: extraction missing'" in applies, applies

@@ -300,7 +300,7 @@ def bench(args: tuple[str, ...]) -> None:
     \b
     ARGS (all optional):
       --quick          small sizes (a few minutes in all)
-      --only LIST      comma-separated subset of enqueue,encoder,gateway,ingest,recall,seeds,memory,quality
+      --only LIST      comma-separated subset of enqueue,encoder,llm,gateway,ingest,recall,seeds,memory,quality
       --out DIR        where results, caches and the seeds' venv go (default: bench-results/)
       --datasets DIR   the quality benchmark's data (it is skipped when missing)
       --keep           keep the run's work directory (service data, logs)

@@ -12,10 +12,20 @@ Tolerance rules (what a real model's slightly-off answer still yields; each one 
   item at all is usable: then the answer is an error); lone surrogates are replaced by U+FFFD;
 - importance on a 1-10 scale is divided by 10, anything else is clamped to 0..1; memory_type is matched
   case-insensitively (unknown -> semantic); a ``valid_from`` that is not a date is dropped ("last week").
+
+The call's own CPU (``ops/bench/run.py --only llm`` measures it against a bare httpx POST in the same run):
+litellm costs ~5x a bare HTTP call (~10 ms against ~2 ms), spread thin over its request building, response
+objects and the success logging it runs in a background thread; none of that can be switched off through
+its API. What is avoidable is cut here: litellm is set up once per process, the response format is looked
+up once per model, and our own prices are passed with every call (litellm prices each answer for its
+logging, and an unknown model name, a self-hosted one, otherwise sends it through a cost-map search).
+Calls stay synchronous on the extract worker's thread pool: one event loop with ``litellm.acompletion``
+and the same calls in flight measured ~1.1-1.25x the pool's CPU per call, so it would not pay for itself.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import math
@@ -37,6 +47,8 @@ __all__ = [
     "Completion",
     "LLMAnswer",
     "call_llm",
+    "complete",
+    "completion_kwargs",
     "is_service_failure",
     "parse_extraction",
     "read_answer",
@@ -51,6 +63,8 @@ _LIST_CAP = 100  # Extraction's own bound on entities and facts
 _SCAN_TRIES = 20  # '{' positions tried in a prose-wrapped answer (bounds the work on hostile text)
 _DATE: TypeAdapter[datetime] = TypeAdapter(datetime)
 _SURROGATE = re.compile("[\ud800-\udfff]")
+
+Completion = tuple[str, Usage]
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,7 +202,9 @@ def parse_extraction(raw: str) -> Extraction:
     return read_answer(raw)[0]
 
 
+@functools.cache
 def _litellm():  # type: ignore[no-untyped-def]
+    """litellm, set up once per process (the import and these settings are not per-call work)."""
     # litellm fetches a price list at import unless told to use its bundled copy: stay offline.
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
     import litellm
@@ -229,9 +245,11 @@ def _classify(exc: Exception) -> LLMError:
     return err
 
 
+@functools.lru_cache(maxsize=64)
 def response_format(model: str) -> dict[str, Any]:
     """A JSON-schema constraint where litellm knows the provider takes one (it maps it to a tool call for
-    Anthropic, whose API ignores ``json_object``); plain JSON mode elsewhere."""
+    Anthropic, whose API ignores ``json_object``); plain JSON mode elsewhere. Looked up once per model
+    name (litellm's model-info lookup walks its cost map); callers must not mutate the answer."""
     litellm = _litellm()
     try:
         schema_ok = bool(litellm.supports_response_schema(model=model))
@@ -242,21 +260,32 @@ def response_format(model: str) -> dict[str, Any]:
     return {"type": "json_object"}
 
 
-def _complete(settings: Settings, messages: list[dict[str, str]]) -> tuple[str, Usage]:
-    litellm = _litellm()
+def completion_kwargs(settings: Settings, messages: list[dict[str, str]]) -> dict[str, Any]:
+    """The arguments of every model call (``litellm.completion`` and ``acompletion`` take the same)."""
     model = settings.llm_model or ""
+    return {
+        "model": model,
+        "messages": messages,
+        "api_key": settings.llm_api_key,
+        "api_base": settings.llm_api_base,
+        "timeout": settings.llm_timeout_s,
+        "num_retries": 0,  # retries are the task's job: with backoff, the breaker and the DLQ
+        "temperature": 0,
+        "max_tokens": settings.llm_max_output_tokens,
+        "response_format": response_format(model),
+        # Our own prices: litellm prices every answer itself (for its logging), and an unknown model name
+        # (a self-hosted one, the stand-in) sends it through a cost-map search on every call; given the
+        # prices, it reads them from here. Its figure then also agrees with ours (Usage.cost_usd).
+        "input_cost_per_token": settings.llm_input_cost_per_1k / 1000,
+        "output_cost_per_token": settings.llm_output_cost_per_1k / 1000,
+    }
+
+
+def complete(settings: Settings, messages: list[dict[str, str]]) -> Completion:
+    """One model call: the answer's text and what it cost; ``LLMError`` (classified) when it fails."""
+    litellm = _litellm()
     try:
-        response = litellm.completion(
-            model=model,
-            messages=messages,
-            api_key=settings.llm_api_key,
-            api_base=settings.llm_api_base,
-            timeout=settings.llm_timeout_s,
-            num_retries=0,  # retries are the task's job: with backoff, the breaker and the DLQ
-            temperature=0,
-            max_tokens=settings.llm_max_output_tokens,
-            response_format=response_format(model),
-        )
+        response = litellm.completion(**completion_kwargs(settings, messages))
     except Exception as exc:
         raise _classify(exc) from exc
     choice = response.choices[0]
@@ -285,9 +314,6 @@ def _add(a: Usage, b: Usage) -> Usage:
     )
 
 
-Completion = tuple[str, Usage]
-
-
 def _direct(call: Callable[[], Completion]) -> Completion:
     return call()
 
@@ -301,7 +327,7 @@ def call_llm(
     """The model's extraction: one call, and once more with the error appended when its answer is unusable.
     ``admit`` wraps every model call (the stage passes its rate limit and circuit breaker), so the retry
     is admitted like the first call and no call reaches the model while the breaker is open."""
-    raw, usage = admit(lambda: _complete(settings, messages))
+    raw, usage = admit(lambda: complete(settings, messages))
     try:
         extraction, skipped = read_answer(raw)
     except LLMError as first:
@@ -312,7 +338,7 @@ def call_llm(
         )
         retry = [*messages, {"role": "assistant", "content": raw[:4000]}, {"role": "user", "content": fix}]
         try:
-            raw, more = admit(lambda: _complete(settings, retry))
+            raw, more = admit(lambda: complete(settings, retry))
         except LLMError as exc:
             exc.usage = _add(usage, getattr(exc, "usage", None) or Usage())  # type: ignore[attr-defined]
             raise

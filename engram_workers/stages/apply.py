@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from engram_api import keys
 from engram_api.errors import StoreUnavailableError, UserBusyError
-from engram_api.models import ApplyOutcome, Envelope, Extraction, MessageState, Usage
+from engram_api.models import ApplyOutcome, Envelope, Extraction, MessageState, StageOutcome, StageResult, Usage
 from engram_api.storage import GraphStore
 from engram_api.storage.embedder import Embedder
 from engram_api.storage.userwrite import UserWrite
@@ -85,19 +85,19 @@ def _finish(ctx: WorkerContext, user_id: str, message_id: str, version: int) -> 
     ctx.redis.delete(keys.message_payload(user_id, message_id), keys.extraction(user_id, message_id))
 
 
-def _apply_locked(ctx: WorkerContext, write: UserWrite, message_id: str) -> str:
+def _apply_locked(ctx: WorkerContext, write: UserWrite, message_id: str) -> StageResult:
     graph, user_id = ctx.graph, write.user_id
     if graph.is_applied(user_id, message_id):
         _finish(ctx, user_id, message_id, write.finish().version)
-        return "already applied (finished bookkeeping)"
+        return StageResult(StageOutcome.ALREADY, "applied (finished bookkeeping)")
     envelope = load_envelope(ctx, user_id, message_id)
     stored = ctx.redis.get(keys.extraction(user_id, message_id))
     if envelope is None:
-        return "no payload (forgotten)"
+        return StageResult(StageOutcome.FORGOTTEN, "no payload")
     if stored is None:
         set_state(ctx, user_id, message_id, MessageState.QUEUED)
         ctx.dispatch(keys.EXTRACT_TASK, (user_id, message_id))
-        return "extraction missing: sent back to extract"
+        return StageResult(StageOutcome.SENT_BACK, "extraction missing")
     data = json.loads(stored)
     extraction = Extraction.model_validate(data["extraction"])
     usage = Usage.model_validate(data["usage"])
@@ -108,16 +108,17 @@ def _apply_locked(ctx: WorkerContext, write: UserWrite, message_id: str) -> str:
     )  # fmt: skip
     _finish(ctx, user_id, message_id, write.stamp.version)
     plan = written.planned.plan
-    return (
-        f"applied v{written.outcome.version}: +{len(plan.new_entities)} entities, +{len(plan.new_facts)} facts, "
-        f"{len(plan.fact_changes)} superseded, {len(plan.reinforced_fact_ids)} reinforced"
+    return StageResult(
+        StageOutcome.APPLIED,
+        f"v{written.outcome.version}, +{len(plan.new_entities)} entities, +{len(plan.new_facts)} facts, "
+        f"{len(plan.fact_changes)} superseded, {len(plan.reinforced_fact_ids)} reinforced",
     )
 
 
-def run_apply(ctx: WorkerContext, user_id: str, message_id: str) -> str:
+def run_apply(ctx: WorkerContext, user_id: str, message_id: str) -> StageResult:
     state = state_of(ctx, user_id, message_id)
     if state in (MessageState.APPLIED, MessageState.DEAD):
-        return f"already {state}"
+        return StageResult(StageOutcome.ALREADY, state)
     try:
         ctx.warm_up()
         return ctx.writes.run(user_id, lambda write: _apply_locked(ctx, write, message_id), wait=0.2)

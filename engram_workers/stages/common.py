@@ -11,7 +11,7 @@ import redis
 from pydantic import ValidationError
 
 from engram_api import keys
-from engram_api.models import DeadLetter, Envelope, MessageState
+from engram_api.models import DeadLetter, Envelope, MessageState, StageOutcome, StageResult
 from engram_api.redaction import redact
 from engram_workers.context import WorkerContext
 
@@ -152,7 +152,7 @@ def dead_letter(
     reason: str,
     attempts: int,
     raw_llm: str | None = None,
-) -> str:
+) -> StageResult:
     letter = DeadLetter(
         user_id=user_id,
         message_id=message_id,
@@ -163,7 +163,7 @@ def dead_letter(
         envelope=envelope,
     )
     if not ctx.dead_letters.put(letter):
-        return "forgotten"
+        return StageResult(StageOutcome.FORGOTTEN)
     try:
         for m in ctx.middleware:
             m.on_dead_letter(letter)
@@ -172,4 +172,4 @@ def dead_letter(
         # goes into the stored letter, where the operator looks.
         note = f"\non_dead_letter hook failed: {type(exc).__name__}: {exc}"[:500]
         ctx.dead_letters.put(letter.model_copy(update={"reason": letter.reason + note}))
-    return f"dead-lettered: {redact(reason, ctx.settings.secrets).splitlines()[0][:200]}"
+    return StageResult(StageOutcome.DEAD_LETTERED, redact(reason, ctx.settings.secrets).splitlines()[0][:200])

@@ -9,10 +9,11 @@ scraping a metrics port. Kept apart from benchlib so a worker imports nothing el
 from __future__ import annotations
 
 from engram_api import keys
+from engram_api.models import StageResult
 from engram_workers.context import get_context
 from engram_workers.middleware import Middleware
 
 
 class StageTimer(Middleware):
-    def after_stage(self, stage: str, user_id: str, message_id: str, outcome: str, seconds: float) -> None:
+    def after_stage(self, stage: str, user_id: str, message_id: str, outcome: StageResult, seconds: float) -> None:
         get_context().redis.hset(keys.status(user_id, message_id), f"bench_{stage}_s", repr(seconds))

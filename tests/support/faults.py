@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from engram_api.models import ApplyOutcome, DeadLetter
+from engram_api.models import ApplyOutcome, DeadLetter, StageResult
 from engram_api.settings import load_settings
 from engram_workers.middleware import Middleware
 
@@ -54,7 +54,7 @@ class RaisingHook(Middleware):
     def before_stage(self, stage: str, user_id: str, message_id: str) -> None:
         self._maybe_raise("before", stage, message_id)
 
-    def after_stage(self, stage: str, user_id: str, message_id: str, outcome: str, seconds: float) -> None:
+    def after_stage(self, stage: str, user_id: str, message_id: str, outcome: StageResult, seconds: float) -> None:
         self._maybe_raise("after", stage, message_id)
 
     def on_dead_letter(self, letter: DeadLetter) -> None:
