@@ -122,7 +122,7 @@ def _remove_orphans(
     files = keeper.vectors.files()
     stamps = [] if redis_client is None else list(redis_client.scan_iter(match=keys.user_version("*"), count=500))
     known = set(graph.list_users())
-    owned = {keeper.vectors.path_for(user_id).name for user_id in known}
+    owned = {name for user_id in known for name in keeper.vectors.owned_names(user_id)}
     for path in files:
         if path.name not in owned:
             path.unlink(missing_ok=True)
