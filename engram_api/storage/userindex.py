@@ -13,8 +13,8 @@ every index kind, so compaction never compounds quantisation error.
 
 Index kind per base, chosen when the base is built (rebuild or compaction): exact inner product
 (``IndexFlatIP``) up to ``flat_max`` vectors of a kind, above it IVF with 8-bit scalar-quantised codes
-re-ranked exactly (``IndexRefineFlat`` over ``IndexIVFScalarQuantizer``): search scans ``1/8`` of the
-lists' compact codes and re-ranks ``4k`` candidates on the exact vectors, recall@10 >= 0.98 of flat
+re-ranked exactly (``IndexRefineFlat`` over ``IndexIVFScalarQuantizer``, ``2 sqrt(n)`` lists): search scans
+``1/8`` of the lists (at least 32) of compact codes and re-ranks ``4k`` candidates on the exact vectors, recall@10 >= 0.98 of flat
 (tests/test_vector_kinds.py, ops/bench ``vectors``).
 """
 
@@ -38,7 +38,8 @@ Kind = Literal["fact", "entity", "episode"]
 # Base file header: magic, epoch, version, token (pairs the file with its delta log), JSON header length.
 BASE_HEADER = struct.Struct("<4sQQQQ")
 BASE_MAGIC = b"EGI4"
-_PROBE_FRACTION = 8  # IVF: lists scanned = nlist / this
+_PROBE_FRACTION = 8  # IVF: lists scanned = nlist / this, at least _MIN_PROBE (recall at a few thousand rows)
+_MIN_PROBE = 32
 _REFINE = 4  # IVF: candidates re-ranked exactly = this * k
 _MIN_PER_LIST = 39  # FAISS k-means wants >= 39 training points per centroid
 
@@ -73,7 +74,7 @@ def build_index(dim: int, ids: np.ndarray, vectors: np.ndarray, flat_max: int) -
             faiss.IndexFlatIP(dim), dim, nlist, faiss.ScalarQuantizer.QT_8bit, faiss.METRIC_INNER_PRODUCT
         )
         ivf.cp.niter = 10
-        ivf.nprobe = max(1, math.ceil(nlist / _PROBE_FRACTION))
+        ivf.nprobe = min(nlist, max(_MIN_PROBE, math.ceil(nlist / _PROBE_FRACTION)))
         refine = faiss.IndexRefineFlat(ivf)
         refine.k_factor = _REFINE
         index = faiss.IndexIDMap2(refine)
