@@ -31,6 +31,7 @@ import benchlib  # noqa: E402
 BENCHES = {
     "enqueue": "bench_enqueue",
     "encoder": "bench_encoder",
+    "vectors": "bench_vectors",
     "gateway": "bench_gateway",
     "ingest": "bench_ingest",
     "recall": "bench_recall",
