@@ -158,6 +158,23 @@ def test_an_erased_vector_never_comes_back(tmp_path: Path) -> None:
     gone()
 
 
+def test_a_reader_reads_only_the_records_another_writer_appended(tmp_path: Path) -> None:
+    graph = SqliteGraphStore(path=tmp_path / "g.db")  # empty: a rebuild would answer no vectors at all
+    graph.ensure_schema()
+    writer, user = _store(tmp_path / "idx", compact_min_bytes=1 << 40), new_user()
+    index = _write_history(writer, user, 4)
+    reader = IndexKeeper(graph=graph, vectors=_store(tmp_path / "idx"))
+    seen = reader.current(user, Stamp(EPOCH, 5))
+    index = _write_history(writer, user, 2, start=index)
+    caught_up = reader.current(user, Stamp(EPOCH, 7))
+    _same(caught_up, index)
+    assert caught_up.base is seen.base and seen.stamp == Stamp(EPOCH, 5)  # a copy moved on; the base is shared
+    index = _write_history(writer, user, 1, start=writer.save(user, index))  # compacted, then one more record
+    _same(reader.current(user, Stamp(EPOCH, 8)), index)
+    assert reader.rebuilds == 0
+    graph.close()
+
+
 def _graph_ids(graph: SqliteGraphStore, user: str) -> tuple[set[str], Stamp]:
     items, stamp = graph.stamped_vectors(user)
     return {i.node_id for i in items}, stamp

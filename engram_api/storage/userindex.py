@@ -44,7 +44,7 @@ _REFINE = 4  # IVF: candidates re-ranked exactly = this * k
 _MIN_PER_LIST = 39  # FAISS k-means wants >= 39 training points per centroid
 
 
-def _faiss():  # type: ignore[no-untyped-def]
+def load_faiss():  # type: ignore[no-untyped-def]
     import faiss
 
     # Searches are small and per user; OpenMP threads only contend with torch's and the other workers'.
@@ -58,13 +58,13 @@ def vector_id(node_id: str) -> int:
 
 
 def _flat(dim: int) -> object:
-    faiss = _faiss()
+    faiss = load_faiss()
     return faiss.IndexIDMap2(faiss.IndexFlatIP(dim))
 
 
 def build_index(dim: int, ids: np.ndarray, vectors: np.ndarray, flat_max: int) -> object:
     """A kind's base index over exact ``vectors``: flat up to ``flat_max`` rows, IVF-SQ8 + exact re-rank above."""
-    faiss = _faiss()
+    faiss = load_faiss()
     n = len(ids)
     if n <= flat_max:
         index = _flat(dim)
@@ -86,13 +86,13 @@ def build_index(dim: int, ids: np.ndarray, vectors: np.ndarray, flat_max: int) -
 
 def index_kind(index: object) -> str:
     """``flat`` or ``ivf-sq8`` (for reports and tests)."""
-    inner = _faiss().downcast_index(index.index)  # type: ignore[attr-defined]
+    inner = load_faiss().downcast_index(index.index)  # type: ignore[attr-defined]
     return "flat" if type(inner).__name__ == "IndexFlatIP" else "ivf-sq8"
 
 
 def _contents(index: object) -> tuple[np.ndarray, np.ndarray]:
     """(ids, exact vectors) of a base index, in insertion order."""
-    faiss = _faiss()
+    faiss = load_faiss()
     n = int(index.ntotal)  # type: ignore[attr-defined]
     ids = faiss.vector_to_array(index.id_map).astype(np.int64)  # type: ignore[attr-defined]
     vectors = index.index.reconstruct_n(0, n) if n else np.zeros((0, 0), dtype=np.float32)  # type: ignore[attr-defined]
@@ -155,7 +155,7 @@ class UserIndex:
 
     def copy(self) -> UserIndex:
         """An independent copy to change while readers keep searching this one (the base is shared)."""
-        faiss = _faiss()
+        faiss = load_faiss()
         return UserIndex(
             dim=self.dim,
             version=self.version,
@@ -274,7 +274,7 @@ class UserIndex:
         """The base file's bytes (the overlay must be empty: save a ``compacted`` index)."""
         if self.overlay_size:
             raise ValueError("an index with an overlay is saved compacted")
-        faiss = _faiss()
+        faiss = load_faiss()
         bodies = {kind: faiss.serialize_index(index).tobytes() for kind, index in self.base.items()}
         header = json.dumps(
             {
@@ -298,7 +298,7 @@ class UserIndex:
             if offset + length > len(data):
                 raise ValueError("index file truncated")
             body = np.frombuffer(data[offset : offset + length], dtype=np.uint8)
-            base[str(kind)] = _faiss().deserialize_index(body)
+            base[str(kind)] = load_faiss().deserialize_index(body)
             offset += length
         rows = {int(v): (str(n), k) for v, n, k in header["rows"]}
         if sum(int(i.ntotal) for i in base.values()) != len(rows):  # type: ignore[attr-defined]

@@ -34,7 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from engram_api.settings import Settings
-from engram_api.storage.userindex import BASE_HEADER, BASE_MAGIC, Kind, UserIndex, VectorHit, _faiss, vector_id
+from engram_api.storage.userindex import BASE_HEADER, BASE_MAGIC, Kind, UserIndex, VectorHit, load_faiss, vector_id
 from engram_api.storage.vectorlog import LOG_HEADER, Delta, encode_record, log_header, log_token, read_records
 from engram_api.versions import Stamp
 
@@ -44,11 +44,9 @@ _LOCK_STRIPES = 64  # in-process file-lock stripes: ample for 2-8 worker threads
 _READ_ATTEMPTS = 3  # a compaction can swap base and log between a reader's two opens: read the pair again
 
 
-def _read(path: Path, offset: int = 0) -> bytes | None:
+def _read(path: Path) -> bytes | None:
     try:
-        with path.open("rb") as fh:
-            fh.seek(offset)
-            return fh.read()
+        return path.read_bytes()
     except FileNotFoundError:
         return None
 
@@ -158,8 +156,16 @@ class VectorStore:
         """``index`` moved on by the log records appended since it was read (same base); a new copy."""
         if index.log_end == 0:
             return index  # its base has no log (only a new base gets a new log): nothing can follow
-        tail = _read(self.log_path_for(user_id), index.log_end)
-        return index if tail is None else self._replay(index, tail, index.log_end)
+        try:
+            with self.log_path_for(user_id).open("rb") as fh:
+                # One open file: the token read is the log the tail comes from (a compaction may swap it).
+                if log_token(fh.read(LOG_HEADER.size)) != index.token:
+                    return self.load(user_id) or index
+                fh.seek(index.log_end)
+                tail = fh.read()
+        except FileNotFoundError:
+            return index
+        return self._replay(index, tail, index.log_end)
 
     def _replay(self, index: UserIndex, tail: bytes, start: int) -> UserIndex:
         """``index`` moved on by the chained records of ``tail`` (the log's bytes from offset ``start``)."""
@@ -178,7 +184,7 @@ class VectorStore:
 
     def warm_up(self) -> None:
         """Import FAISS now: seconds in a cold process, better spent before a user's write than inside it."""
-        _faiss()
+        load_faiss()
 
     def save(self, user_id: str, index: UserIndex) -> UserIndex:
         """Write ``index`` whole (compacted: a new base and an empty log); returns the saved index."""
