@@ -176,8 +176,10 @@ class UserIndex:
             row = self.base_rows.get(vid)
         return row
 
-    def node_ids(self) -> set[str]:
-        return {n for v, (n, _) in self.base_rows.items() if v not in self.masked} | {n for n, _ in self.rows.values()}
+    def node_ids(self, kind: Kind | None = None) -> set[str]:
+        """The visible nodes (of one kind, or of every kind)."""
+        base = {n for v, (n, k) in self.base_rows.items() if v not in self.masked and kind in (None, k)}
+        return base | {n for n, k in self.rows.values() if kind in (None, k)}
 
     def upsert(self, items: Iterable[tuple[str, Kind, Sequence[float]]]) -> None:
         items = list(items)
