@@ -97,7 +97,7 @@ class MemoryClient:
             embedder = embedder_for(self.settings)
             keeper = IndexKeeper(
                 graph=self.graph,
-                vectors=VectorStore(root=self.settings.index_dir, dim=embedder.dim),
+                vectors=VectorStore.from_settings(self.settings, embedder.dim),
                 cache_size=self.settings.index_cache_users,
             )
             self._reader = Reader(

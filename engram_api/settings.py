@@ -151,6 +151,24 @@ class Settings(BaseSettings):
     index_cache_users: int = Field(
         256, ge=1, description="per-process LRU of users' loaded FAISS indexes (older ones are reloaded from disk)"
     )
+    index_flat_max: int = Field(
+        20_000,
+        ge=1,
+        description="vectors of one kind up to which a user's FAISS index is exact (flat); above it IVF-SQ8 "
+        "with exact re-rank (recall@10 >= 0.98 of flat), chosen at rebuild and compaction",
+    )
+    index_log_compact_bytes: int = Field(
+        1 << 20,
+        ge=0,
+        description="a user's FAISS delta log is compacted into its index file once it passes this size "
+        "and index_log_compact_ratio of the file",
+    )
+    index_log_compact_ratio: float = Field(
+        0.25,
+        ge=0,
+        description="delta log size, as a fraction of the index file, past which it is compacted (with "
+        "index_log_compact_bytes: the rewrite cost per write stays independent of the user's size)",
+    )
     rrf_k: int = Field(5, ge=1, description="reciprocal-rank fusion constant of recall's channels")
     recall_window: int = Field(
         0, ge=0, le=5, description="neighbouring conversation turns an episode hit brings along, on each side"

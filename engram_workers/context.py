@@ -68,7 +68,7 @@ class WorkerContext:
 
     @cached_property
     def keeper(self) -> IndexKeeper:
-        vectors = VectorStore(root=self.settings.index_dir, dim=self.embedder.dim)
+        vectors = VectorStore.from_settings(self.settings, self.embedder.dim)
         return IndexKeeper(graph=self.graph, vectors=vectors, cache_size=self.settings.index_cache_users)
 
     @cached_property

@@ -1,13 +1,18 @@
 """Keeps each user's FAISS index in step with the graph store (the source of truth).
 
 Every index carries the graph stamp (epoch, version) it reflects. Writers (through ``UserWrite``) call
-``advance`` after a graph write with the stamps before and after: when the file is exactly at the stamp
-before, the change is applied as a delta; otherwise (missing, older, corrupt, another lifetime of the
-user) the index is rebuilt from the graph. Readers call ``current`` with the stamp they expect; an index
+``advance`` after a graph write with the stamps before and after and the batch's upserts and removals:
+when the stored index is exactly at the stamp before, the batch is appended to its delta log as one
+record (``VectorStore.append``; the file is not rewritten); otherwise (missing, older, corrupt, another
+lifetime of the user) the index is rebuilt from the graph. Readers call ``current`` with the stamp they expect; an index
 of another epoch or behind it is rebuilt before answering, never used stale.
 
 Thread safety: an index handed out (cached, or returned to a reader) is never mutated; ``advance``
 changes a copy and swaps it into the cache, so concurrent searches always see one whole version.
+
+Freshness: a cached index is current while its base file's token and its log's size are unchanged (one
+header read and one stat); when only the log grew (another process wrote), just the new records are
+read and applied to a copy.
 
 Memory: the cache holds at most ``cache_size`` users' indexes, least recently used dropped first. A
 dropped index is only a cache miss: the next call loads it from its file (the file is the truth).
@@ -60,17 +65,23 @@ class IndexKeeper:
             self.forget(user_id)
             return index
         with self.vectors.lock(user_id):
-            self.vectors.save(user_id, index)
+            index = self.vectors.save(user_id, index)
         self.rebuilds += 1
         return self._remember(user_id, index)
 
     def _loaded(self, user_id: str) -> UserIndex | None:
         with self._lock:
             cached = self._cache.get(user_id)
-        disk = self.vectors.file_stamp(user_id)
-        if cached is not None and disk == cached.stamp:
-            return cached
-        return self.vectors.load(user_id) if disk is not None else None
+        probe = self.vectors.probe(user_id)
+        if probe is None:
+            return None
+        token, log_size = probe
+        if cached is not None and cached.token == token:
+            if cached.log_end in (0, log_size):
+                return cached
+            if log_size > cached.log_end:
+                return self.vectors.catch_up(user_id, cached)
+        return self.vectors.load(user_id)
 
     def advance(
         self,
@@ -81,7 +92,8 @@ class IndexKeeper:
         upserts: Iterable[tuple[str, Kind, Sequence[float]]] = (),
         removals: Iterable[str] = (),
     ) -> UserIndex:
-        """Move the index from ``from_stamp`` to ``to_stamp`` (delta if possible, else rebuild)."""
+        """Move the index from ``from_stamp`` to ``to_stamp``: one delta record for the whole batch of
+        ``upserts`` and ``removals`` when the stored index is at ``from_stamp``, else a rebuild."""
         if to_stamp == ABSENT:
             self.forget(user_id)
             self.vectors.delete(user_id)
@@ -91,12 +103,8 @@ class IndexKeeper:
             return self.rebuild(user_id)
         if index.stamp == to_stamp:
             return self._remember(user_id, index)
-        index = index.copy()
-        index.remove(removals)
-        index.upsert(upserts)
-        index.stamp = to_stamp
         with self.vectors.lock(user_id):
-            self.vectors.save(user_id, index)
+            index = self.vectors.append(user_id, index, to_stamp=to_stamp, upserts=upserts, removals=removals)
         return self._remember(user_id, index)
 
     def current(self, user_id: str, expected: Stamp) -> UserIndex:

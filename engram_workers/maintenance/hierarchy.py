@@ -203,7 +203,7 @@ def _current_facts(
     k-means starts from rows picked by position, so content order (not random ids) makes the same facts
     give the same clusters on every run and every store."""
     index = keeper.current(user_id, stamp)
-    fact_ids = sorted(node for node, kind in index.rows.values() if kind == "fact")
+    fact_ids = sorted(index.node_ids("fact"))
     facts: list[FactRecord] = []
     for start in range(0, len(fact_ids), batch):
         facts.extend(f for f in graph.get_facts(user_id, fact_ids[start : start + batch]) if f.current_at(None))

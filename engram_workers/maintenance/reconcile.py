@@ -122,11 +122,12 @@ def _remove_orphans(
     files = keeper.vectors.files()
     stamps = [] if redis_client is None else list(redis_client.scan_iter(match=keys.user_version("*"), count=500))
     known = set(graph.list_users())
-    owned = {keeper.vectors.path_for(user_id).name for user_id in known}
-    for path in files:
-        if path.name not in owned:
-            path.unlink(missing_ok=True)
-            report.orphan_files += 1
+    owned = {name for user_id in known for name in keeper.vectors.owned_names(user_id)}
+    orphans = [path for path in files if path.name not in owned]
+    for path in orphans:
+        path.unlink(missing_ok=True)
+    # One orphan per index (its base file and delta log count once).
+    report.orphan_files += len({path.name.removesuffix(".log") for path in orphans})
     for tmp in keeper.vectors.root.glob("*.tmp") if keeper.vectors.root.is_dir() else []:
         if time.time() - tmp.stat().st_mtime > _STALE_TMP_S:
             tmp.unlink(missing_ok=True)

@@ -32,6 +32,7 @@ BENCHES = {
     "enqueue": "bench_enqueue",
     "encoder": "bench_encoder",
     "llm": "bench_llm",
+    "vectors": "bench_vectors",
     "gateway": "bench_gateway",
     "ingest": "bench_ingest",
     "recall": "bench_recall",

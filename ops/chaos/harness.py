@@ -39,7 +39,6 @@ if str(REPO_ROOT) not in sys.path:
 from engram_api import MemoryClient  # noqa: E402
 from engram_api.errors import WaitTimeoutError  # noqa: E402
 from engram_api.models import MessageState, Receipt  # noqa: E402
-from engram_api.storage.vectors import UserIndex, VectorStore  # noqa: E402
 from engram_testing import LLMStandin, Neo4jServer, Reply  # noqa: E402
 from engram_workers.services import RedisServer  # noqa: E402
 from engram_workers.services.celery_worker import APPLY_WORKER, EXTRACT_WORKER, ManagedProcess  # noqa: E402
@@ -435,8 +434,8 @@ def audit(client: MemoryClient, users: Sequence[str]) -> Duplicates:
             setattr(dup, kind, sum(r["c"] - 1 for r in records))
             dup.samples += [f"{kind}: {r['u']} {r['key']} x{r['c']}" for r in records[:2]]
 
-    # dim is unused here: the files are parsed directly so that an unreadable index is counted, not skipped.
-    files = VectorStore(root=client.settings.index_dir, dim=0)
+    # ``read``, not ``load``: an unreadable index (base + delta log) is counted, not skipped as missing.
+    files = client.reader.keeper.vectors
     for user in users:
         page, facts = 1, []
         while True:
@@ -453,7 +452,7 @@ def audit(client: MemoryClient, users: Sequence[str]) -> Duplicates:
         if not path.exists():
             continue  # no index yet: the reader builds it from the graph, nothing can be duplicated
         try:
-            index = UserIndex.from_bytes(path.read_bytes())
+            index = files.read(user)
         except ValueError as exc:  # FAISS rows and id map disagree: rows were added twice
             dup.vectors += 1
             dup.samples.append(f"vectors: {user} unreadable index ({exc})")

@@ -1,0 +1,60 @@
+"""A writer process for the FAISS delta-log crash tests: ``python -m tests.support.index_writer DB ROOT USER``.
+
+Writes one user's memory forever through the real path (``UserWrites`` over a SQLite graph, the
+``IndexKeeper`` appending one delta record per write, compacting often with the tiny thresholds below):
+each message adds two facts, every third one also forgets an earlier message (removals in the log).
+Prints ``<epoch>:<version>`` after each finished write, so the test can SIGKILL it at any point after N.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from engram_api.storage.indexes import IndexKeeper
+from engram_api.storage.sqlite_store import SqliteGraphStore
+from engram_api.storage.userwrite import UserWrite, UserWrites
+from engram_api.storage.vectors import VectorStore
+from tests.maintenance.builders import DIM, UserGraph, at
+
+# Compact whenever the log passes half the base: many compactions in a short run, so kills land in them.
+COMPACT = {"compact_min_bytes": 0, "compact_ratio": 0.5}
+
+
+def vector_store(root: Path) -> VectorStore:
+    return VectorStore(root=root, dim=DIM, **COMPACT)  # type: ignore[arg-type]
+
+
+def main(db: str, root: str, user: str) -> None:
+    graph = SqliteGraphStore(path=Path(db))
+    graph.ensure_schema()
+    writes = UserWrites(
+        graph=graph,
+        keeper=IndexKeeper(graph=graph, vectors=vector_store(Path(root))),
+        redis_client=None,
+        lease_ttl_s=30,
+    )
+    said = UserGraph(graph, user)
+    messages: list[str] = [e.id for e in graph.episodes(user)]
+    step = len(messages)
+
+    def body(write: UserWrite) -> None:
+        before = set(said.entities)
+        records = said.say([("Alex", "LIKES", f"thing {step}", f"Alex likes thing {step}")], when=at(step))
+        records += said.say([("Alex", "SAW", f"place {step}", f"Alex saw place {step}")], when=at(step))
+        upserts = [(r.id, "fact", r.embedding or []) for r in records]
+        upserts += [(e.id, "entity", e.embedding or []) for k, e in said.entities.items() if k not in before]
+        removals: list[str] = []
+        if step % 3 == 2 and messages:
+            gone = graph.forget_message(user, messages.pop(0))
+            removals = [*gone.removed_fact_ids, *gone.removed_entity_ids, *gone.removed_chunk_ids]
+        print(write.finish(upserts=upserts, removals=removals), flush=True)
+
+    while True:
+        writes.run(user, body, wait=0)
+        messages += [e.id for e in graph.episodes(user) if e.id not in messages]
+        step += 1
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:4])
