@@ -22,7 +22,7 @@ from engram_api.models import Extraction, utcnow
 from engram_api.naming import normalize_name
 from engram_api.redaction import RedactingFilter
 from engram_api.settings import EXAMPLE_PASSWORDS, Settings, load_settings
-from engram_api.storage import open_graph_store
+from engram_api.storage import GraphStepQuery, open_graph_store
 from engram_api.storage.indexes import IndexKeeper
 from engram_api.storage.userwrite import UserWrites
 from engram_api.storage.vectors import VectorStore
@@ -191,10 +191,15 @@ def test_a_runaway_graph_expansion_on_neo4j_ends_at_the_transaction_timeout(neo4
         people = UserGraph(graph, user)
         people.say(facts)
         seeds = [people.entities[normalize_name(n)].id for n in names]
-        expand = {"max_hops": 4, "as_of": None, "limit": 10_000, "per_seed": 10_000}
-        assert len(graph.expand(user, seeds, **expand)) == len(facts)  # the default timeout lets it finish
+        expand = GraphStepQuery(seeds=seeds, max_hops=4, limit=10_000, per_seed=10_000)
+        assert len(graph.graph_step(user, expand).hops) == len(facts)  # the default timeout lets it finish
+        runaway = expand.model_copy(update={"max_hops": 6})
+        # A store's first run of a query shape (length bound, list sizes) has a planning allowance: spend it
+        # on as many seeds that reach nothing.
+        missing = [f"ent-missing-{i}" for i in range(len(seeds))]
+        assert hasty.graph_step(user, runaway.model_copy(update={"seeds": missing})).hops == []
         with pytest.raises(StoreUnavailableError, match="transaction timeout"):
-            hasty.expand(user, seeds, **{**expand, "max_hops": 6})
+            hasty.graph_step(user, runaway)
     finally:
         graph.forget_user(user)
         graph.close()

@@ -7,7 +7,9 @@ Invariants:
   starves a channel; keyword search filters inside the store's query;
 - a linked item (a fact's source episode, an episode's extracted facts, a neighbouring turn) obeys the
   same window and only adds a share of its parent's fusion score, never more than the parent has;
-- zero LLM calls, and at most a fixed number of store round trips whatever the user's size.
+- zero LLM calls, and at most a fixed number of store round trips whatever the user's size: the graph
+  step (hydrate the fact hits, expand from the seeds) is one of them, and fact records come from the
+  per-user cache when the user's stamp has not moved (``reader.facts``).
 """
 
 from __future__ import annotations
@@ -22,10 +24,11 @@ import numpy as np
 from engram_api.models import Channel as ChannelName
 from engram_api.models import ChunkRecord, FactRecord, RecallItem, ScoreBreakdown, utcnow
 from engram_api.naming import self_entity_id
+from engram_api.reader.facts import UserFacts
 from engram_api.reader.recipe import RecallRecipe, RetrievalChannel
 from engram_api.reader.scoring import Weights, components, score
 from engram_api.settings import Settings
-from engram_api.storage.base import GraphStore
+from engram_api.storage.base import GraphStepQuery, GraphStore
 from engram_api.storage.episodes import keyword_terms
 from engram_api.storage.vectors import UserIndex, VectorHit
 
@@ -79,6 +82,7 @@ class _Candidate:
 @dataclass
 class _Run:
     graph: GraphStore
+    user_facts: UserFacts
     settings: Settings
     index: UserIndex
     qvec: np.ndarray
@@ -96,7 +100,7 @@ class _Run:
     def _load_facts(self, ids: Iterable[str]) -> None:
         missing = [i for i in dict.fromkeys(ids) if i not in self.facts]
         if missing:
-            self.facts.update((f.id, f) for f in self.graph.get_facts(self.user_id, missing))
+            self.facts.update(self.user_facts.load(missing))
 
     def _load_chunks(self, ids: Iterable[str]) -> None:
         missing = [i for i in dict.fromkeys(ids) if i not in self.chunks]
@@ -154,54 +158,60 @@ class _Run:
                 since=w.since,
                 until=w.until,
             )
-        # One round trip for every chunk, one for every fact (with those the top chunks were the source of).
+        # One round trip for every chunk, one for every fact (with those the top chunks were the source of)
+        # and the graph expansion from them.
         self._load_chunks([*episode_ids, *(h.node_id for h in keyword if h.kind == "episode")])
         top_chunks = [*episode_ids[: recipe.links_from], *(h.node_id for h in keyword[: recipe.links_from])]
-        self._load_facts(
+        # The index is the one of the stamp read first; a forget committed since removes chunks it still holds.
+        episode_ids = [cid for cid in episode_ids if self._ok(cid)]
+        expanding = recipe.uses("graph") and self.graph_expansion and self.settings.max_hops >= 0
+        self._graph_step(
             [
                 *(h.node_id for h in fact_hits),
                 *(h.node_id for h in keyword if h.kind == "fact"),
                 *(f for cid in top_chunks if cid in self.chunks for f in self.chunks[cid].fact_ids),
-            ]
+            ],
+            fact_hits if expanding else None,
+            episode_ids,
         )
-        # The index is the one of the stamp read first; a forget committed since removes chunks it still holds.
-        episode_ids = [cid for cid in episode_ids if self._ok(cid)]
         if recipe.uses("fact_vector"):
             self._rank("fact_vector", [h.node_id for h in fact_hits if self._ok(h.node_id)])
         self._rank("episode_vector", episode_ids)
         self._rank("keyword", [h.node_id for h in keyword if self._ok(h.node_id)])
-        if recipe.uses("graph") and self.graph_expansion and self.settings.max_hops >= 0:
-            self._expand(fact_hits, episode_ids)
+        if expanding:
+            self._rank("graph", [fid for fid in self.hops if self.window.fact_ok(self.facts[fid])])
 
-    def _expand(self, fact_hits: list[VectorHit], episode_ids: list[str]) -> None:
-        entity_hits = self.index.search(self.qvec, 10, kind="entity")
-        seeds = [h.node_id for h in entity_hits if h.score >= _SEED_MIN_SIM][:5]
-        top_facts = [h.node_id for h in fact_hits if h.score >= _SEED_MIN_SIM][:5]
-        top_facts += [f for cid in episode_ids[:5] for f in self.chunks[cid].fact_ids]
-        self._load_facts(top_facts)
-        for fid in top_facts:
-            fact = self.facts.get(fid)
-            if fact is not None and self.window.fact_ok(fact):
-                seeds.extend(x for x in (fact.subject_id, fact.object_id) if x)
-        # The user's own node touches every fact: as a seed, or as a node paths pass through, it would
-        # put everything one hop away and flood the graph ranking.
-        hub = self_entity_id(self.user_id)
-        seeds = [s for s in dict.fromkeys(seeds) if s != hub]
-        if not seeds:
-            return
-        found = self.graph.expand(
-            self.user_id,
-            seeds,
-            max_hops=self.settings.max_hops,
-            as_of=self.window.as_of,
-            limit=self.recipe.k.get("graph", 50),
-            per_seed=self.settings.graph_facts_per_seed,
-            avoid=[hub],
-        )
-        for hf in found:
-            self.hops[hf.id] = hf.hops
-            self.facts.setdefault(hf.id, hf)
-        self._rank("graph", [hf.id for hf in found if self.window.fact_ok(self.facts[hf.id])])
+    def _graph_step(self, fact_ids: list[str], fact_hits: list[VectorHit] | None, episode_ids: list[str]) -> None:
+        """Hydrate ``fact_ids`` and, given the fact hits, expand from the seeds: one store round trip.
+
+        Seeds: the entities most like the query, and the subject and object of the top fact hits and of
+        the facts the top chunks were the source of (those valid in the window)."""
+        query = GraphStepQuery(fact_ids=fact_ids, now=utcnow())
+        if fact_hits is not None:
+            entity_hits = self.index.search(self.qvec, 10, kind="entity")
+            top_facts = [h.node_id for h in fact_hits if h.score >= _SEED_MIN_SIM][:5]
+            top_facts += [f for cid in episode_ids[:5] for f in self.chunks[cid].fact_ids]
+            # The user's own node touches every fact: as a seed, or as a node paths pass through, it would
+            # put everything one hop away and flood the graph ranking.
+            w = self.window
+            query = query.model_copy(
+                update={
+                    "fact_ids": [*fact_ids, *top_facts],
+                    "seeds": [h.node_id for h in entity_hits if h.score >= _SEED_MIN_SIM][:5],
+                    "seed_facts": top_facts,
+                    "as_of": w.as_of,
+                    "since": w.since,
+                    "until": w.until,
+                    "max_hops": self.settings.max_hops,
+                    "limit": self.recipe.k.get("graph", 50),
+                    "per_seed": self.settings.graph_facts_per_seed,
+                    "avoid": [self_entity_id(self.user_id)],
+                }
+            )
+        records, hops = self.user_facts.step(query)
+        for fid, record in records.items():
+            self.facts.setdefault(fid, record)
+        self.hops.update(hops)
 
     # ------------------------------------------------------------------------------------- links
     def links(self) -> None:
@@ -332,6 +342,7 @@ class _Run:
 def recall_items(
     *,
     graph: GraphStore,
+    user_facts: UserFacts,
     settings: Settings,
     index: UserIndex,
     qvec: np.ndarray,
@@ -345,6 +356,7 @@ def recall_items(
 ) -> list[RecallItem]:
     run = _Run(
         graph=graph,
+        user_facts=user_facts,
         settings=settings,
         index=index,
         qvec=qvec,

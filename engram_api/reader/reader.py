@@ -1,9 +1,9 @@
 """The read side: recall, search, context, history, graph pages, stats, forget, feedback, health.
 
 Zero LLM calls and no Celery: it embeds the query locally, searches the user's own FAISS index, expands
-through the graph in one query, fuses and scores. Results are cached per user and keyed by the per-user
-stamp (epoch, version) the workers publish in Redis, so a cache entry can never outlive a write nor
-survive into another lifetime of the user. Writes (forget, forget_user, feedback) go through
+through the graph in one query, fuses and scores. Results, and the fact records recall read, are cached
+per user and keyed by the per-user stamp (epoch, version) the workers publish in Redis, so a cache entry
+can never outlive a write nor survive into another lifetime of the user. Writes (forget, forget_user, feedback) go through
 ``UserWrites`` like every other writer. Safe to share between threads: caches are locked, and indexes
 handed out are never mutated (``IndexKeeper`` swaps copies).
 """
@@ -45,6 +45,7 @@ from engram_api.models import (
 )
 from engram_api.naming import sanitize_predicate
 from engram_api.reader.context import render_context, select_context
+from engram_api.reader.facts import FactCache, UserFacts
 from engram_api.reader.fusion import TimeWindow, recall_items
 from engram_api.reader.recipe import DEFAULT_RECIPE, RecallRecipe
 from engram_api.reader.scoring import Weights, effective_weights
@@ -132,13 +133,14 @@ class Reader:
         self.embedder = embedder
         self.redis = redis_client
         self.cache = _Cache()
+        self.facts = FactCache()
         self._weights = _Cache(size=_WEIGHTS_CACHE_USERS)  # bounded: a reader may serve millions of users
         self.writes = UserWrites(
             graph=graph,
             keeper=keeper,
             redis_client=redis_client,
             lease_ttl_s=settings.apply_lock_ttl_s,
-            on_change=[self.cache.drop_user],
+            on_change=[self.cache.drop_user, self.facts.drop_user],
         )
 
     # ------------------------------------------------------------------------------------ helpers
@@ -209,6 +211,7 @@ class Reader:
         weights, weights_source = self.weights_for(user_id)
         items = recall_items(
             graph=self.graph,
+            user_facts=UserFacts(self.graph, self.facts, user_id, version),
             settings=self.settings,
             index=index,
             qvec=qvec,

@@ -36,6 +36,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TypeVar
 
+from pydantic import BaseModel, ConfigDict, Field
+
 from engram_api.errors import InvalidInputError, StaleWriteError
 from engram_api.models import (
     HISTORY_LIMIT,
@@ -55,12 +57,13 @@ from engram_api.models import (
     UserStats,
     VectorItem,
     WritePlan,
+    utcnow,
 )
 from engram_api.naming import normalize_name
 from engram_api.storage.forgetting import ForgetPlan, ForgetScope, plan_forget
 from engram_api.versions import ABSENT, Stamp, new_epoch
 
-__all__ = ["Fence", "GraphStore", "HopFact"]
+__all__ = ["Fence", "GraphStep", "GraphStepQuery", "GraphStore"]
 
 _active = threading.local()
 _DAY = timedelta(days=1)
@@ -87,10 +90,32 @@ class Fence:
             raise StaleWriteError(self.user_id, self.expected, found)
 
 
-class HopFact(FactRecord):
-    """A fact reached by graph expansion, ``hops`` entity steps away from a seed entity (0 = direct)."""
+class GraphStepQuery(BaseModel):
+    """Recall's graph step: hydrate ``fact_ids`` and expand from seeds, in one round trip (see
+    ``GraphStore.graph_step``). ``known`` are facts the caller already holds at the user's current stamp."""
 
-    hops: int = 0
+    model_config = ConfigDict(frozen=True)
+
+    fact_ids: list[str] = Field(default_factory=list)
+    seeds: list[str] = Field(default_factory=list)
+    seed_facts: list[str] = Field(default_factory=list)
+    as_of: datetime | None = None
+    since: datetime | None = None
+    until: datetime | None = None
+    now: datetime = Field(default_factory=utcnow)
+    max_hops: int = Field(0, ge=0)
+    limit: int = Field(0, ge=0)
+    per_seed: int = Field(1, ge=1)
+    avoid: list[str] = Field(default_factory=list)
+    known: list[str] = Field(default_factory=list)
+
+
+class GraphStep(BaseModel):
+    """``facts``: every asked or reached fact of the user that is not in ``known`` (any order);
+    ``hops``: the reached facts as (fact id, hops), nearest first."""
+
+    facts: list[FactRecord] = Field(default_factory=list)
+    hops: list[tuple[str, int]] = Field(default_factory=list)
 
 
 class GraphStore(ABC):
@@ -208,50 +233,28 @@ class GraphStore(ABC):
     @abstractmethod
     def _get_facts(self, user_id: str, fact_ids: list[str]) -> list[FactRecord]: ...
 
-    def expand(
-        self,
-        user_id: str,
-        entity_ids: Sequence[str],
-        *,
-        max_hops: int,
-        as_of: datetime | None,
-        limit: int,
-        per_seed: int,
-        avoid: Sequence[str] = (),
-    ) -> list[HopFact]:
-        """Facts reachable from the seed entities in ONE query, nearest first, at most ``limit``.
+    @abstractmethod
+    def graph_step(self, user_id: str, query: GraphStepQuery) -> GraphStep:
+        """Recall's graph step in ONE round trip (one query, or one read transaction): the user's facts
+        among ``fact_ids``, and the facts reachable from the seeds, nearest first, at most ``limit``.
+
+        Seeds are ``seeds`` plus the subject and object of each of ``seed_facts`` that passes the recall
+        window (holds at ``as_of``, or is current at ``now`` when None; not archived; its validity overlaps
+        [since, until)), minus ``avoid``; another user's ids are no seeds.
 
         Each seed contributes at most its ``per_seed`` nearest facts (ordered by hops, importance
         descending, id), so one hub-like seed cannot crowd out the others; a fact's hops is its
         minimum over the seeds that kept it.
 
         A fact mentioning a seed entity is at hop 0; a fact mentioning an entity that a hop-0 fact
-        connects to is at hop 1, and so on up to ``max_hops``. Traversal and results use only facts
-        valid at ``as_of`` (current facts when None) and never archived ones. Paths never visit an entity
-        in ``avoid`` (a hub such as the user's own node, which every fact touches), not even as a seed;
-        facts that mention it are still returned when reached another way.
-        """
-        _count("max_hops", max_hops)
-        seeds = _distinct(entity_ids)
-        if not seeds or not _count("limit", limit) or not _count("per_seed", per_seed):
-            return []
-        return self._expand(
-            user_id, seeds, max_hops=max_hops, as_of=as_of, limit=limit, per_seed=per_seed, avoid=_distinct(avoid)
-        )
+        connects to is at hop 1, and so on up to ``max_hops`` (the walk stops at that depth). Traversal and
+        results use only facts valid at ``as_of`` (current facts when None) and never archived ones. Paths
+        never visit an entity in ``avoid`` (a hub such as the user's own node, which every fact touches),
+        not even as a seed; facts that mention it are still returned when reached another way.
 
-    @abstractmethod
-    def _expand(
-        self,
-        user_id: str,
-        entity_ids: list[str],
-        *,
-        max_hops: int,
-        as_of: datetime | None,
-        limit: int,
-        per_seed: int,
-        avoid: list[str],
-    ) -> list[HopFact]:
-        """``expand`` for distinct seeds, ``max_hops`` >= 0, ``limit`` and ``per_seed`` >= 1."""
+        Records of facts in ``known`` are not sent back (the caller's cache has them); a fact asked and
+        reached comes back once.
+        """
 
     def history(
         self, user_id: str, subject: str, predicate: str | None, limit: int = HISTORY_LIMIT

@@ -2,17 +2,21 @@
 
 Invariants: every query filters on ``$user_id`` (or a ``Weights`` scope); model-provided text is only
 ever a parameter, never part of a query string; the only text formatted in is a constant of this
-module (projections, the valid-at predicate) or a validated int (``Q_EXPAND``'s length bound).
+module (projections, the valid-at predicate) or a validated int (``Q_GRAPH_STEP``'s length bound).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import UTC, datetime
 
 from engram_api.storage import neo4j_episodes as episodes_cypher
 
 __all__ = [
+    "BEGINNING",
+    "END",
     "FORGET_USER_LABELS",
+    "NO_ID",
     "Q_APPLY_CHECK",
     "Q_APPLY_ENTITIES",
     "Q_APPLY_ENTITY_CHANGES",
@@ -31,7 +35,6 @@ __all__ = [
     "Q_DECAY_BATCH",
     "Q_DECAY_SET",
     "Q_EPISODES",
-    "Q_EXPAND",
     "Q_FEEDBACK_ADD",
     "Q_FEEDBACK_ALL",
     "Q_FEEDBACK_USER",
@@ -47,6 +50,7 @@ __all__ = [
     "Q_FORGET_USER_SCAN",
     "Q_GET_ENTITIES",
     "Q_GET_FACTS",
+    "Q_GRAPH_STEP",
     "Q_HISTORY",
     "Q_IS_APPLIED",
     "Q_PAGE_ENTITIES",
@@ -263,25 +267,71 @@ WHERE $predicate IS NULL OR f.predicate = $predicate
 WITH DISTINCT f ORDER BY f.valid_from DESC, f.created_at DESC, f.id DESC LIMIT $limit
 RETURN {_FACT} AS row
 """
-# Neo4j plans `min(length(p))` per (start, end) pair as a pruning breadth-first expand that visits
-# each node once, at its shallowest depth; a path may only pass through the user's nodes and facts
-# valid at $as_of, so that depth is the fact's hop count. The per-seed minimum is taken first
-# because Neo4j 5.26 folds a minimum grouped by `f` alone into the per-seed search and returns one
-# row per (seed, fact). The length bound must be a literal: it is formatted in from a validated int.
-Q_EXPAND = f"""
-MATCH (s:Entity {{user_id: $user_id}}) WHERE s.id IN $seeds
-MATCH p = (s)-[:SUBJECT|OBJECT*1..{{max_len}}]-(f:Fact)
-WHERE all(n IN nodes(p) WHERE n.user_id = $user_id AND (NOT n:Fact OR {VALID_AT.format(v="n")})
-                               AND (n:Fact OR NOT n.id IN $avoid))
-WITH s, f, min(length(p)) AS depth
-ORDER BY depth, f.importance DESC, f.id
-WITH s, collect({{f: f, depth: depth}})[..$per_seed] AS nearest
-UNWIND nearest AS near
-WITH near.f AS f, (min(near.depth) - 1) / 2 AS hops
-ORDER BY hops, f.importance DESC, f.id
-LIMIT $limit
-RETURN {_FACT} AS row, hops
+# Recall's graph step in ONE query. Neo4j plans a query again for every new shape of its parameters (a
+# null where there was a date, an empty list where there was a non-empty one), and planning this one takes
+# seconds on a loaded machine, so parameters keep one shape where they can: dates are never null
+# ($current says "no as_of"; $since and $until default to the ends of time) and every list carries "",
+# which is no id. First the seeds: $seeds plus the subject and object of each seed fact that passes
+# recall's window (``fusion.TimeWindow.fact_ok``: valid at $as_of, current at $now when $current,
+# overlapping [$since, $until)). Then the expansion: Neo4j plans `min(length(p))` per (start, end) pair
+# as a pruning breadth-first expand that visits each node once, at its shallowest depth, and stops at
+# the length bound; a path may only pass through the user's nodes and facts valid at $as_of, so that
+# depth is the fact's hop count. The per-seed minimum is taken first because Neo4j 5.26 folds a minimum
+# grouped by `f` alone into the per-seed search and returns one row per (seed, fact). The length bound
+# must be a literal: it is formatted in from a validated int. Early cut by hop: a seed with at least
+# $per_seed valid facts at hop 0 keeps only hop-0 facts (its nearest), so it is never walked further.
+# Last, the records asked or reached that the caller does not know. Each part ends in an aggregation, so one row always comes back.
+_STEP_VALID_AT = (
+    "({v}.archived = false AND CASE WHEN $current THEN {v}.valid_until IS NULL "
+    "ELSE {v}.valid_from <= $as_of AND ({v}.valid_until IS NULL OR $as_of < {v}.valid_until) END)"
+)
+Q_GRAPH_STEP = f"""
+CALL () {{
+  OPTIONAL MATCH (sf:Fact {{user_id: $user_id}})
+  WHERE sf.id IN $seed_facts AND {_STEP_VALID_AT.format(v="sf")}
+    AND (NOT $current OR sf.valid_from <= $now)
+    AND sf.valid_from < $until AND (sf.valid_until IS NULL OR sf.valid_until > $since)
+  WITH collect(sf.subject_id) + collect(sf.object_id) AS from_facts
+  RETURN [x IN $seeds + from_facts WHERE NOT x IN $avoid] AS seeds
+}}
+CALL (seeds) {{
+  MATCH (s:Entity {{user_id: $user_id}}) WHERE s.id IN seeds
+  CALL (s) {{
+    OPTIONAL MATCH (s)-[:SUBJECT|OBJECT]-(f:Fact)
+    WHERE f.user_id = $user_id AND {_STEP_VALID_AT.format(v="f")}
+    RETURN count(DISTINCT f) >= $per_seed AS enough
+  }}
+  CALL (s, enough) {{
+    WITH s WHERE enough
+    MATCH (s)-[:SUBJECT|OBJECT]-(f:Fact)
+    WHERE f.user_id = $user_id AND {_STEP_VALID_AT.format(v="f")}
+    RETURN DISTINCT f, 1 AS depth
+    UNION
+    WITH s WHERE NOT enough
+    MATCH p = (s)-[:SUBJECT|OBJECT*1..{{max_len}}]-(f:Fact)
+    WHERE all(n IN nodes(p) WHERE n.user_id = $user_id AND (NOT n:Fact OR {_STEP_VALID_AT.format(v="n")})
+                                   AND (n:Fact OR NOT n.id IN $avoid))
+    RETURN f, min(length(p)) AS depth
+  }}
+  WITH s, f, depth
+  ORDER BY depth, f.importance DESC, f.id
+  WITH s, collect({{f: f, depth: depth}})[..$per_seed] AS nearest
+  UNWIND nearest AS near
+  WITH near.f AS f, (min(near.depth) - 1) / 2 AS hops
+  ORDER BY hops, f.importance DESC, f.id
+  LIMIT $limit
+  RETURN collect([f.id, hops]) AS hops
+}}
+CALL (hops) {{
+  WITH [x IN $fact_ids + [h IN hops | h[0]] WHERE NOT x IN $known] AS wanted
+  MATCH (f:Fact {{user_id: $user_id}}) WHERE f.id IN wanted
+  RETURN collect({_FACT}) AS facts
+}}
+RETURN hops, facts
 """
+NO_ID = ""  # in every list parameter of the graph step, so none is ever empty
+BEGINNING = datetime(1, 1, 1, tzinfo=UTC)
+END = datetime(9999, 12, 31, tzinfo=UTC)
 Q_PAGE_FACTS = f"""
 MATCH (f:Fact {{user_id: $user_id}})
 WITH f ORDER BY f.created_at, f.id SKIP $skip LIMIT $limit

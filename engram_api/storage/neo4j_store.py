@@ -59,7 +59,7 @@ from engram_api.models import (
 from engram_api.storage import neo4j_cypher as cy
 from engram_api.storage import neo4j_episodes as episodes_cypher
 from engram_api.storage import neo4j_rows as shape
-from engram_api.storage.base import Fence, GraphStore, HopFact
+from engram_api.storage.base import Fence, GraphStep, GraphStepQuery, GraphStore
 from engram_api.storage.episodes import user_key
 from engram_api.storage.forgetting import ForgetPlan, ForgetScope
 from engram_api.versions import ABSENT, Stamp
@@ -67,6 +67,7 @@ from engram_api.versions import ABSENT, Stamp
 __all__ = ["Neo4jGraphStore"]
 
 _T = TypeVar("_T")
+_PLANNING_ALLOWANCE_S = 120.0
 
 CONNECTION_TIMEOUT_S = 5.0
 # Managed transactions retry transient errors (deadlocks, leader switches, a dropped connection)
@@ -107,6 +108,7 @@ class Neo4jGraphStore(GraphStore):
         self._lock = threading.Lock()
         self._driver: Driver | None = None
         self._schema_ready = False
+        self._planned: set[tuple[int, ...]] = set()  # graph-step query shapes this store has run once
 
     # ----------------------------------------------------------------------------- plumbing
     def _get_driver(self) -> Driver:
@@ -315,35 +317,45 @@ class Neo4jGraphStore(GraphStore):
         rows = self._rows(cy.Q_GET_FACTS, user_id=user_id, ids=fact_ids)
         return [FactRecord.model_validate(r) for r in rows]
 
-    def _expand(
-        self,
-        user_id: str,
-        entity_ids: list[str],
-        *,
-        max_hops: int,
-        as_of: datetime | None,
-        limit: int,
-        per_seed: int,
-        avoid: list[str],
-    ) -> list[HopFact]:
-        query = cy.Q_EXPAND.replace("{max_len}", str(2 * int(max_hops) + 1))
+    def graph_step(self, user_id: str, query: GraphStepQuery) -> GraphStep:
+        expanding = query.limit > 0 and bool(query.seeds or query.seed_facts)
+        max_len = 2 * int(query.max_hops) + 1
+        cypher = cy.Q_GRAPH_STEP.replace("{max_len}", str(max_len))
         params = {
             "user_id": user_id,
-            "seeds": entity_ids,
-            "as_of": shape.opt_utc(as_of),
-            "limit": int(limit),
-            "per_seed": int(per_seed),
-            "avoid": avoid,
+            "fact_ids": [cy.NO_ID, *dict.fromkeys(query.fact_ids)],
+            "seeds": [cy.NO_ID, *(dict.fromkeys(query.seeds) if expanding else ())],
+            "seed_facts": [cy.NO_ID, *(dict.fromkeys(query.seed_facts) if expanding else ())],
+            "current": query.as_of is None,
+            "as_of": shape.utc(query.as_of or query.now),
+            "since": shape.utc(query.since or cy.BEGINNING),
+            "until": shape.utc(query.until or cy.END),
+            "now": shape.utc(query.now),
+            "limit": int(query.limit),
+            "per_seed": int(query.per_seed),
+            "avoid": [cy.NO_ID, *query.avoid],
+            "known": [cy.NO_ID, *query.known],
         }
+        # The server counts planning against the timeout, and planning this query takes seconds on a loaded
+        # machine. It plans again per length bound and per size bucket of each list parameter (buckets no
+        # finer than powers of two): the first run of each such shape in this store gets an allowance.
+        plan_shape = (max_len, *(len(v).bit_length() for v in params.values() if isinstance(v, list)))
+        timeout = self._query_timeout_s
+        if timeout is not None and plan_shape not in self._planned:
+            timeout += _PLANNING_ALLOWANCE_S
 
         # A variable-length match can explode on a dense graph: the server ends it at the timeout.
-        @unit_of_work(timeout=self._query_timeout_s)
-        def work(tx: ManagedTransaction) -> list[HopFact]:
-            return [
-                HopFact.model_validate({**shape.from_db(r["row"]), "hops": r["hops"]}) for r in tx.run(query, params)
-            ]
+        @unit_of_work(timeout=timeout)
+        def work(tx: ManagedTransaction) -> GraphStep:
+            record = tx.run(cypher, params).single(strict=True)
+            return GraphStep(
+                facts=[FactRecord.model_validate(shape.from_db(row)) for row in record["facts"]],
+                hops=[(fid, int(hops)) for fid, hops in record["hops"]],
+            )
 
-        return self._read(work)
+        step = self._read(work)
+        self._planned.add(plan_shape)
+        return step
 
     def _history(self, user_id: str, norm: str, predicate: str | None, limit: int) -> list[FactRecord]:
         rows = self._rows(cy.Q_HISTORY, user_id=user_id, norm=norm, predicate=predicate, limit=int(limit))

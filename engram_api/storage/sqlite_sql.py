@@ -185,17 +185,42 @@ LEFT JOIN entities o ON o.id = f.object_id AND o.user_id = f.user_id
 # Valid at :as_of (current when :as_of is NULL) and not archived: the only facts expansion may use.
 _VALID_AT = episodes_sql.FACT_VALID_AT
 
-# ONE statement: `reach` walks entities level by level through valid facts (UNION removes repeated
-# (entity, level) pairs, so the recursion is bounded by entities x (max_hops + 1)); every valid fact
-# mentioning a reached entity is returned once, at the lowest level it was reached from.
-# CROSS JOIN pins the join order (SQLite never reorders it): always from the reached entity outwards
-# through the (user_id, entity_id) and primary-key indexes, never a scan of the user's facts.
+# A seed fact passes recall's window (``fusion.TimeWindow.fact_ok``): valid at :as_of (current at :now
+# when NULL), not archived, and its validity overlaps [:since, :until).
+_SEED_FACT_OK = """
+    f.user_id = :user_id AND f.id IN (SELECT value FROM json_each(:seed_facts)) AND f.archived = 0
+    AND (CASE WHEN :as_of IS NULL THEN f.valid_until IS NULL AND f.valid_from <= :now
+              ELSE f.valid_from <= :as_of AND (f.valid_until IS NULL OR :as_of < f.valid_until) END)
+    AND (:until IS NULL OR f.valid_from < :until)
+    AND (:since IS NULL OR f.valid_until IS NULL OR f.valid_until > :since)
+"""
+
+# The expansion of recall's graph step, ONE statement: `reach` walks entities level by level through
+# valid facts (UNION removes repeated (entity, level) pairs, so the recursion is bounded by entities x
+# (max_hops + 1) and stops at :max_hops); every valid fact mentioning a reached entity counts once per
+# seed, at the lowest level it was reached from. Early cut by hop: a seed with at least :per_seed valid
+# facts at level 0 (`enough`) keeps only level-0 facts (its nearest), so it is never walked further. CROSS JOIN pins the join order (SQLite never reorders
+# it): always from the reached entity outwards through the (user_id, entity_id) and primary-key
+# indexes, never a scan of the user's facts.
 EXPAND = f"""
 WITH RECURSIVE
+seed(id) AS (
+    SELECT value FROM json_each(:seeds)
+    UNION SELECT f.subject_id FROM facts f WHERE {_SEED_FACT_OK}
+    UNION SELECT f.object_id FROM facts f WHERE {_SEED_FACT_OK} AND f.object_id IS NOT NULL
+),
+enough(seed_id) AS (
+    SELECT e.id
+      FROM seed
+      CROSS JOIN entities e ON e.id = seed.id AND e.user_id = :user_id
+      CROSS JOIN mentions m ON m.user_id = :user_id AND m.entity_id = e.id
+      CROSS JOIN facts f ON f.id = m.fact_id AND {_VALID_AT}
+     GROUP BY e.id HAVING COUNT(DISTINCT f.id) >= :per_seed
+),
 reach(seed_id, entity_id, level) AS (
     SELECT e.id, e.id, 0
-      FROM json_each(:seeds) seed
-      CROSS JOIN entities e ON e.id = seed.value AND e.user_id = :user_id
+      FROM seed
+      CROSS JOIN entities e ON e.id = seed.id AND e.user_id = :user_id
      WHERE e.id NOT IN (SELECT value FROM json_each(:avoid))
     UNION
     SELECT r.seed_id, far.entity_id, r.level + 1
@@ -204,6 +229,7 @@ reach(seed_id, entity_id, level) AS (
       CROSS JOIN facts f ON f.id = near.fact_id AND {_VALID_AT}
       CROSS JOIN mentions far ON far.fact_id = near.fact_id AND far.user_id = :user_id
      WHERE r.level < :max_hops
+       AND r.seed_id NOT IN (SELECT seed_id FROM enough)
        AND far.entity_id NOT IN (SELECT value FROM json_each(:avoid))
 ),
 seed_hop(seed_id, fact_id, level, importance) AS (
@@ -213,21 +239,15 @@ seed_hop(seed_id, fact_id, level, importance) AS (
       CROSS JOIN facts f ON f.id = m.fact_id AND {_VALID_AT}
      GROUP BY r.seed_id, m.fact_id
 ),
-kept(fact_id, level) AS (
-    SELECT fact_id, level FROM (
-        SELECT fact_id, level, ROW_NUMBER() OVER (
+kept(fact_id, level, importance) AS (
+    SELECT fact_id, level, importance FROM (
+        SELECT fact_id, level, importance, ROW_NUMBER() OVER (
                    PARTITION BY seed_id ORDER BY level, importance DESC, fact_id) AS nth
           FROM seed_hop)
      WHERE nth <= :per_seed
-),
-hop(fact_id, hops) AS (
-    SELECT fact_id, MIN(level) FROM kept GROUP BY fact_id
 )
-{FACT_SELECT}, hop.hops AS hops
-FROM hop
-CROSS JOIN facts f ON f.id = hop.fact_id AND f.user_id = :user_id
-JOIN entities s ON s.id = f.subject_id AND s.user_id = f.user_id
-LEFT JOIN entities o ON o.id = f.object_id AND o.user_id = f.user_id
-ORDER BY hop.hops, f.importance DESC, f.id
-LIMIT :limit
+SELECT fact_id, MIN(level) AS hops FROM kept
+ GROUP BY fact_id
+ ORDER BY hops, MAX(importance) DESC, fact_id
+ LIMIT :limit
 """

@@ -44,7 +44,7 @@ from engram_api.models import (
 from engram_api.storage import sqlite_episodes as episodes_sql
 from engram_api.storage import sqlite_rows as db
 from engram_api.storage import sqlite_sql as sql
-from engram_api.storage.base import GraphStore, HopFact
+from engram_api.storage.base import GraphStep, GraphStepQuery, GraphStore
 from engram_api.storage.forgetting import ForgetPlan, ForgetScope
 from engram_api.versions import Stamp
 
@@ -293,34 +293,33 @@ class SqliteGraphStore(GraphStore):
         )
         return [db.fact_row(r) for r in rows]
 
-    def _expand(
-        self,
-        user_id: str,
-        entity_ids: list[str],
-        *,
-        max_hops: int,
-        as_of: datetime | None,
-        limit: int,
-        per_seed: int,
-        avoid: list[str],
-    ) -> list[HopFact]:
-        rows = (
-            self._conn()
-            .execute(
-                sql.EXPAND,
-                {
-                    "user_id": user_id,
-                    "seeds": db.json_ids(entity_ids),
-                    "max_hops": max_hops,
-                    "as_of": db.to_us_opt(as_of),
-                    "limit": limit,
-                    "per_seed": per_seed,
-                    "avoid": db.json_ids(avoid),
-                },
-            )
-            .fetchall()
-        )
-        return [HopFact(**db.fact_fields(r), hops=r["hops"]) for r in rows]
+    def graph_step(self, user_id: str, query: GraphStepQuery) -> GraphStep:
+        """One read transaction (one snapshot): the expansion statement, then the records asked or
+        reached that the caller does not know."""
+        params = {
+            "user_id": user_id,
+            "seeds": db.json_ids(query.seeds),
+            "seed_facts": db.json_ids(query.seed_facts),
+            "as_of": db.to_us_opt(query.as_of),
+            "since": db.to_us_opt(query.since),
+            "until": db.to_us_opt(query.until),
+            "now": db.to_us(query.now),
+            "max_hops": query.max_hops,
+            "limit": query.limit,
+            "per_seed": query.per_seed,
+            "avoid": db.json_ids(query.avoid),
+        }
+        expanding = query.limit > 0 and bool(query.seeds or query.seed_facts)
+        with self._read() as conn:
+            hops = [(r["fact_id"], r["hops"]) for r in conn.execute(sql.EXPAND, params)] if expanding else []
+            known = set(query.known)
+            wanted = [i for i in dict.fromkeys([*query.fact_ids, *(fid for fid, _ in hops)]) if i not in known]
+            rows = conn.execute(
+                f"""{sql.FACT_SELECT} {sql.FACT_FROM}
+                WHERE f.user_id = ? AND f.id IN (SELECT value FROM json_each(?))""",
+                (user_id, db.json_ids(wanted)),
+            ).fetchall()
+        return GraphStep(facts=[db.fact_row(r) for r in rows], hops=hops)
 
     def _history(self, user_id: str, norm: str, predicate: str | None, limit: int) -> list[FactRecord]:
         rows = (

@@ -31,7 +31,7 @@ from engram_api.models import (
     WritePlan,
 )
 from engram_api.naming import normalize_name
-from engram_api.storage import GraphStore, HopFact
+from engram_api.storage import GraphStepQuery, GraphStore
 
 from .factories import (
     DIM,
@@ -58,6 +58,30 @@ def ids(records: Iterable[FactRecord | EntityRecord]) -> set[str]:
 
 def by_id(records: Iterable[R]) -> dict[str, R]:
     return {r.id: r for r in records}
+
+
+class HopFact(FactRecord):
+    hops: int
+
+
+def expand(
+    store: GraphStore,
+    user_id: str,
+    seeds: Sequence[str],
+    *,
+    max_hops: int,
+    as_of: datetime | None,
+    limit: int,
+    per_seed: int,
+    avoid: Sequence[str] = (),
+) -> list[HopFact]:
+    """The expansion half of ``graph_step`` (nothing to hydrate), reached facts with their hops."""
+    query = GraphStepQuery(
+        seeds=list(seeds), as_of=as_of, max_hops=max_hops, limit=limit, per_seed=per_seed, avoid=list(avoid)
+    )
+    step = store.graph_step(user_id, query)
+    records = by_id(step.facts)
+    return [HopFact(**records[fid].model_dump(), hops=n) for fid, n in step.hops]
 
 
 def hops(result: Sequence[HopFact]) -> list[tuple[str, int]]:
@@ -171,11 +195,11 @@ def test_datetimes_come_back_as_utc_instants(graph_store: GraphStore, user: str)
     assert_utc(got.valid_from)
     assert_utc(got.created_at)
     # The instant is what counts: expand at 10:00 UTC sees the fact, one second earlier does not.
-    assert ids(graph_store.expand(user, [me.id], max_hops=0, as_of=got.valid_from, limit=FAR, per_seed=FAR)) == {
+    assert ids(expand(graph_store, user, [me.id], max_hops=0, as_of=got.valid_from, limit=FAR, per_seed=FAR)) == {
         fact.id
     }
     before = got.valid_from - timedelta(seconds=1)
-    assert graph_store.expand(user, [me.id], max_hops=0, as_of=before, limit=FAR, per_seed=FAR) == []
+    assert expand(graph_store, user, [me.id], max_hops=0, as_of=before, limit=FAR, per_seed=FAR) == []
 
 
 def test_apply_is_idempotent_by_episode(graph_store: GraphStore, user: str) -> None:
@@ -482,7 +506,7 @@ def test_expand_hops_are_bounded_by_max_hops(graph_store: GraphStore, user: str)
     g = build_chain(graph_store, user)
 
     def walk(max_hops: int) -> list[tuple[str, int]]:
-        return hops(graph_store.expand(user, [g.a.id], max_hops=max_hops, as_of=None, limit=FAR, per_seed=FAR))
+        return hops(expand(graph_store, user, [g.a.id], max_hops=max_hops, as_of=None, limit=FAR, per_seed=FAR))
 
     assert walk(0) == [(g.fa.id, 0), (g.f0.id, 0)]  # same hop: importance desc
     assert walk(1) == [(g.fa.id, 0), (g.f0.id, 0), (g.f1.id, 1)]
@@ -494,24 +518,24 @@ def test_expand_hops_are_bounded_by_max_hops(graph_store: GraphStore, user: str)
 def test_expand_never_visits_an_avoided_hub(graph_store: GraphStore, user: str) -> None:
     g = build_chain(graph_store, user)
     # From b, c is the only way on to d; avoiding c stops there, but facts mentioning c are still found.
-    result = graph_store.expand(user, [g.b.id], max_hops=4, as_of=None, limit=FAR, per_seed=FAR, avoid=[g.c.id])
+    result = expand(graph_store, user, [g.b.id], max_hops=4, as_of=None, limit=FAR, per_seed=FAR, avoid=[g.c.id])
     assert hops(result) == [(g.f0.id, 0), (g.f1.id, 0), (g.fa.id, 1)]
     # An avoided entity is not a seed either.
-    assert graph_store.expand(user, [g.c.id], max_hops=1, as_of=None, limit=FAR, per_seed=FAR, avoid=[g.c.id]) == []
+    assert expand(graph_store, user, [g.c.id], max_hops=1, as_of=None, limit=FAR, per_seed=FAR, avoid=[g.c.id]) == []
 
 
 def test_expand_returns_each_fact_once_at_its_minimum_hop(graph_store: GraphStore, user: str) -> None:
     g = build_chain(graph_store, user)
-    result = graph_store.expand(user, [g.a.id, g.c.id], max_hops=1, as_of=None, limit=FAR, per_seed=FAR)
+    result = expand(graph_store, user, [g.a.id, g.c.id], max_hops=1, as_of=None, limit=FAR, per_seed=FAR)
     assert hops(result) == [(g.fa.id, 0), (g.f0.id, 0), (g.f1.id, 0), (g.f2.id, 0), (g.f3.id, 1)]
     # From b, f0 and f1 are both hop 0 even though each is also one hop away through the other.
-    result = graph_store.expand(user, [g.b.id], max_hops=4, as_of=None, limit=FAR, per_seed=FAR)
+    result = expand(graph_store, user, [g.b.id], max_hops=4, as_of=None, limit=FAR, per_seed=FAR)
     assert hops(result) == [(g.f0.id, 0), (g.f1.id, 0), (g.fa.id, 1), (g.f2.id, 1), (g.f3.id, 2)]
 
 
 def test_expand_limit_keeps_the_nearest(graph_store: GraphStore, user: str) -> None:
     g = build_chain(graph_store, user)
-    assert hops(graph_store.expand(user, [g.a.id], max_hops=3, as_of=None, limit=3, per_seed=FAR)) == [
+    assert hops(expand(graph_store, user, [g.a.id], max_hops=3, as_of=None, limit=3, per_seed=FAR)) == [
         (g.fa.id, 0),
         (g.f0.id, 0),
         (g.f1.id, 1),
@@ -522,20 +546,20 @@ def test_expand_caps_each_seeds_fan_out(graph_store: GraphStore, user: str) -> N
     g = build_chain(graph_store, user)
     seeds = [g.a.id, g.c.id]
     # Uncapped, c's hop-1 fact f3 comes too; each seed keeps only its nearest per_seed facts.
-    uncapped = graph_store.expand(user, seeds, max_hops=1, as_of=None, limit=FAR, per_seed=FAR)
+    uncapped = expand(graph_store, user, seeds, max_hops=1, as_of=None, limit=FAR, per_seed=FAR)
     assert (g.f3.id, 1) in hops(uncapped)
-    two = graph_store.expand(user, seeds, max_hops=1, as_of=None, limit=FAR, per_seed=2)
+    two = expand(graph_store, user, seeds, max_hops=1, as_of=None, limit=FAR, per_seed=2)
     assert hops(two) == [(g.fa.id, 0), (g.f0.id, 0), (g.f1.id, 0), (g.f2.id, 0)]  # a: fa, f0; c: f1, f2
-    one = graph_store.expand(user, seeds, max_hops=1, as_of=None, limit=FAR, per_seed=1)
+    one = expand(graph_store, user, seeds, max_hops=1, as_of=None, limit=FAR, per_seed=1)
     assert hops(one) == [(g.fa.id, 0), (g.f1.id, 0)]
     # The total limit still applies over the seeds' union.
-    assert hops(graph_store.expand(user, seeds, max_hops=1, as_of=None, limit=3, per_seed=2)) == hops(two)[:3]
+    assert hops(expand(graph_store, user, seeds, max_hops=1, as_of=None, limit=3, per_seed=2)) == hops(two)[:3]
 
 
 def test_expand_returns_read_shaped_facts(graph_store: GraphStore, user: str) -> None:
     g = build_chain(graph_store, user)
     graph_store.apply(plan(user, "m3", reinforced=[g.f1.id]))
-    result = by_id(graph_store.expand(user, [g.a.id], max_hops=1, as_of=None, limit=FAR, per_seed=FAR))
+    result = by_id(expand(graph_store, user, [g.a.id], max_hops=1, as_of=None, limit=FAR, per_seed=FAR))
     assert all(isinstance(f, HopFact) for f in result.values())
     assert_fact(result[g.f0.id], g.f0, source_ids=["m1"])
     assert_fact(result[g.f1.id], g.f1, source_ids=["m1", "m3"])
@@ -544,9 +568,9 @@ def test_expand_returns_read_shaped_facts(graph_store: GraphStore, user: str) ->
 
 def test_expand_with_no_or_unknown_seeds_is_empty(graph_store: GraphStore, user: str, other_user: str) -> None:
     g = build_chain(graph_store, user)
-    assert graph_store.expand(user, [], max_hops=2, as_of=None, limit=FAR, per_seed=FAR) == []
-    assert graph_store.expand(user, ["ent-missing"], max_hops=2, as_of=None, limit=FAR, per_seed=FAR) == []
-    assert graph_store.expand(other_user, [g.a.id], max_hops=2, as_of=None, limit=FAR, per_seed=FAR) == []
+    assert expand(graph_store, user, [], max_hops=2, as_of=None, limit=FAR, per_seed=FAR) == []
+    assert expand(graph_store, user, ["ent-missing"], max_hops=2, as_of=None, limit=FAR, per_seed=FAR) == []
+    assert expand(graph_store, other_user, [g.a.id], max_hops=2, as_of=None, limit=FAR, per_seed=FAR) == []
 
 
 def test_expand_as_of_uses_facts_valid_then(graph_store: GraphStore, user: str) -> None:
@@ -560,7 +584,7 @@ def test_expand_as_of_uses_facts_valid_then(graph_store: GraphStore, user: str) 
     )
 
     def walk(as_of: datetime | None, max_hops: int = 0) -> list[tuple[str, int]]:
-        return hops(graph_store.expand(user, [ana.id], max_hops=max_hops, as_of=as_of, limit=FAR, per_seed=FAR))
+        return hops(expand(graph_store, user, [ana.id], max_hops=max_hops, as_of=as_of, limit=FAR, per_seed=FAR))
 
     assert walk(None) == [(in_berlin.id, 0)]
     assert walk(at(5)) == [(in_paris.id, 0)]  # superseded now, but valid then
@@ -571,7 +595,7 @@ def test_expand_as_of_uses_facts_valid_then(graph_store: GraphStore, user: str) 
     # lived there.
     assert walk(at(5), max_hops=1) == [(in_paris.id, 0), (paris_in_france.id, 1)]
     assert walk(None, max_hops=1) == [(in_berlin.id, 0)]
-    assert ids(graph_store.expand(user, [paris.id], max_hops=0, as_of=None, limit=FAR, per_seed=FAR)) == {
+    assert ids(expand(graph_store, user, [paris.id], max_hops=0, as_of=None, limit=FAR, per_seed=FAR)) == {
         paris_in_france.id
     }
 
@@ -584,9 +608,9 @@ def test_expand_never_uses_archived_facts(graph_store: GraphStore, user: str) ->
     graph_store.apply(plan(user, "m1", entities=[a, b, c, x], facts=[old, b_c, a_x]))
     assert graph_store.decay(user, now=at(30), per_day=0.5, threshold=0.01, batch=10) == (1, 1)
 
-    assert hops(graph_store.expand(user, [a.id], max_hops=2, as_of=None, limit=FAR, per_seed=FAR)) == [(a_x.id, 0)]
-    assert hops(graph_store.expand(user, [a.id], max_hops=2, as_of=at(31), limit=FAR, per_seed=FAR)) == [(a_x.id, 0)]
-    assert hops(graph_store.expand(user, [b.id], max_hops=2, as_of=None, limit=FAR, per_seed=FAR)) == [(b_c.id, 0)]
+    assert hops(expand(graph_store, user, [a.id], max_hops=2, as_of=None, limit=FAR, per_seed=FAR)) == [(a_x.id, 0)]
+    assert hops(expand(graph_store, user, [a.id], max_hops=2, as_of=at(31), limit=FAR, per_seed=FAR)) == [(a_x.id, 0)]
+    assert hops(expand(graph_store, user, [b.id], max_hops=2, as_of=None, limit=FAR, per_seed=FAR)) == [(b_c.id, 0)]
 
 
 # ----------------------------------------------------------------------------------------- history
@@ -749,9 +773,9 @@ def test_no_read_ever_shows_another_users_data(graph_store: GraphStore, user: st
         assert ids(graph_store.get_facts(owner, everything)) == me.fact_ids
         assert ids(graph_store.get_entities(owner, sorted(me.entity_ids | them.entity_ids))) == me.entity_ids
         seeds = [me.seed, them.seed]
-        assert ids(graph_store.expand(owner, seeds, max_hops=3, as_of=at(5), limit=FAR, per_seed=FAR)) == {me.then}
-        assert ids(graph_store.expand(owner, seeds, max_hops=3, as_of=None, limit=FAR, per_seed=FAR)) == {me.now}
-        assert graph_store.expand(owner, [them.seed], max_hops=3, as_of=None, limit=FAR, per_seed=FAR) == []
+        assert ids(expand(graph_store, owner, seeds, max_hops=3, as_of=at(5), limit=FAR, per_seed=FAR)) == {me.then}
+        assert ids(expand(graph_store, owner, seeds, max_hops=3, as_of=None, limit=FAR, per_seed=FAR)) == {me.now}
+        assert expand(graph_store, owner, [them.seed], max_hops=3, as_of=None, limit=FAR, per_seed=FAR) == []
         assert ids(graph_store.history(owner, "Annie", None)) == me.fact_ids
         assert ids(graph_store.find_entities(owner, ["ana", "annie", "paris", "berlin"])) == me.entity_ids
         page = graph_store.page(owner, 1, 100)
@@ -830,7 +854,7 @@ def test_forget_message_cascades_and_leaves_nothing_behind(graph_store: GraphSto
     assert {i.node_id for i in graph_store.vectors(user)[0]} == remaining_facts | remaining_entities
     page = graph_store.page(user, 1, 100)
     assert (ids(page.facts), ids(page.entities)) == (remaining_facts, remaining_entities)
-    assert ids(graph_store.expand(user, [ana.id], max_hops=2, as_of=None, limit=FAR, per_seed=FAR)) == remaining_facts
+    assert ids(expand(graph_store, user, [ana.id], max_hops=2, as_of=None, limit=FAR, per_seed=FAR)) == remaining_facts
     # Member links to removed nodes go with them (whether a cluster left empty stays is not asserted).
     (cluster,) = graph_store.clusters(user)
     assert (cluster.member_fact_ids, cluster.member_entity_ids) == ([likes.id], [ana.id])
@@ -893,7 +917,7 @@ def test_forget_message_reconnects_a_supersession_chain(graph_store: GraphStore,
     graph_store.forget_message(user, "m3")
     old = one_fact(graph_store, user, in_paris.id)
     assert (old.valid_until, old.superseded_by) == (None, None)
-    assert hops(graph_store.expand(user, [ana.id], max_hops=0, as_of=None, limit=FAR, per_seed=FAR)) == [
+    assert hops(expand(graph_store, user, [ana.id], max_hops=0, as_of=None, limit=FAR, per_seed=FAR)) == [
         (in_paris.id, 0)
     ]
 

@@ -221,3 +221,26 @@ def test_reconcile_restores_a_lost_episode_vector(memory: Memory) -> None:
     repaired = memory.vectors.load(user)
     assert repaired is not None and repaired.count("episode") == 1
     assert memory.sources(user, "when does the boat depart?", k=1) == ["m1"]
+
+
+def test_recall_serves_fact_records_from_its_cache_only_at_the_users_current_stamp(memory: Memory) -> None:
+    user = new_user()
+    question = "Where does the user live? Tampa or Austin?"
+    memory.say(user, "m1", "I live in Tampa.", at(1), lives_in("Tampa"))
+    tampa = [i for i in memory.reader.recall(user, question).items if i.kind == "fact"]
+    assert [i.statement for i in tampa] == ["User lives in Tampa"] and tampa[0].current
+    first = memory.graph.user_stamp(user)
+    assert tampa[0].id in memory.reader.facts.held(user, first)  # warm: the record is cached at this stamp
+
+    # Another writer supersedes it (this reader hears of no write, only the stamp moves): the cached record,
+    # still current, is never served again.
+    memory.say(user, "m2", "I moved, I live in Austin now.", at(30), lives_in("Austin"))
+    facts = [i for i in memory.reader.recall(user, f"{question} Now?").items if i.kind == "fact"]
+    assert [i.statement for i in facts] == ["User lives in Austin"]
+    assert memory.reader.facts.held(user, first) == {}
+
+    # A forget through the reader moves it again: the forgotten fact is gone from the next recall.
+    memory.reader.forget(user, facts[0].id)
+    again = memory.reader.recall(user, f"{question} Still?").items
+    assert facts[0].id not in {i.id for i in again}
+    assert facts[0].id not in memory.reader.facts.held(user, memory.graph.user_stamp(user))

@@ -1,0 +1,116 @@
+"""Fact records for one recall: a per-user in-process cache keyed by the user's stamp, and the graph step.
+
+Invariants:
+- a cached record is only ever served at the stamp (epoch, version) it was cached under: every write
+  that can change a fact moves the user's stamp (``GraphStore`` contract), so a warm reader never re-reads
+  an unchanged fact and never serves a changed one. A record read at a newer graph state than the stamp
+  (a write committed, its stamp not yet published) is what an uncached read would have returned too;
+- an older stamp never replaces a newer one's entries (a slow reader cannot roll the cache back);
+- bounded: at most ``users`` users and ``per_user`` records each, least recently used dropped first;
+- the graph step (hydrate the vector and keyword hits, expand from the seeds) is ONE store round trip
+  (``GraphStore.graph_step``); records the cache holds are named in ``known`` and not sent back.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from engram_api.models import FactRecord
+from engram_api.storage.base import GraphStepQuery, GraphStore
+from engram_api.versions import Stamp
+
+__all__ = ["FactCache", "UserFacts"]
+
+
+class FactCache:
+    """Per-user fact records, each user's tagged with the stamp they were read at. Thread-safe."""
+
+    def __init__(self, users: int = 256, per_user: int = 2048) -> None:
+        self.users = users
+        self.per_user = per_user
+        self._data: OrderedDict[str, tuple[Stamp, OrderedDict[str, FactRecord]]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def _entry(self, user_id: str, stamp: Stamp) -> OrderedDict[str, FactRecord] | None:
+        """The user's records at ``stamp`` (call with the lock held); a different stamp's are dropped."""
+        entry = self._data.get(user_id)
+        if entry is None or entry[0] != stamp:
+            return None
+        self._data.move_to_end(user_id)
+        return entry[1]
+
+    def get(self, user_id: str, stamp: Stamp, ids: Iterable[str]) -> dict[str, FactRecord]:
+        with self._lock:
+            records = self._entry(user_id, stamp)
+            if not records:
+                return {}
+            return {i: records[i] for i in ids if i in records}
+
+    def held(self, user_id: str, stamp: Stamp) -> dict[str, FactRecord]:
+        """A copy of every record held for the user at ``stamp``."""
+        with self._lock:
+            records = self._entry(user_id, stamp)
+            return dict(records) if records else {}
+
+    def put(self, user_id: str, stamp: Stamp, facts: Iterable[FactRecord]) -> None:
+        with self._lock:
+            entry = self._data.get(user_id)
+            if entry is not None and entry[0] > stamp:
+                return
+            if entry is None or entry[0] != stamp:
+                entry = (stamp, OrderedDict())
+                self._data[user_id] = entry
+            records = entry[1]
+            for fact in facts:
+                records[fact.id] = fact
+                records.move_to_end(fact.id)
+            while len(records) > self.per_user:
+                records.popitem(last=False)
+            self._data.move_to_end(user_id)
+            while len(self._data) > self.users:
+                self._data.popitem(last=False)
+
+    def drop_user(self, user_id: str) -> None:
+        with self._lock:
+            self._data.pop(user_id, None)
+
+
+@dataclass(slots=True)
+class UserFacts:
+    """One recall's access to the user's facts at ``stamp``: cache first, the store for the rest."""
+
+    graph: GraphStore
+    cache: FactCache
+    user_id: str
+    stamp: Stamp
+
+    def load(self, ids: Sequence[str]) -> dict[str, FactRecord]:
+        """The user's facts among ``ids`` (another user's or unknown ids are absent): one store read
+        for those the cache does not hold, none when it holds them all."""
+        ids = list(dict.fromkeys(ids))
+        found = self.cache.get(self.user_id, self.stamp, ids)
+        missing = [i for i in ids if i not in found]
+        if missing:
+            fresh = self.graph.get_facts(self.user_id, missing)
+            self.cache.put(self.user_id, self.stamp, fresh)
+            found.update((f.id, f) for f in fresh)
+        return found
+
+    def step(self, query: GraphStepQuery) -> tuple[dict[str, FactRecord], list[tuple[str, int]]]:
+        """Hydrate ``query.fact_ids`` and expand, in one store round trip. Returns the records of every
+        asked or reached fact of the user, and the reached facts as (id, hops), nearest first."""
+        # A snapshot, not a second lookup after the query: another thread may move the cache on meanwhile.
+        records = self.cache.held(self.user_id, self.stamp)
+        asked = [i for i in dict.fromkeys(query.fact_ids) if i not in records]
+        if not asked and not (query.limit and (query.seeds or query.seed_facts)):
+            return {i: records[i] for i in dict.fromkeys(query.fact_ids) if i in records}, []
+        result = self.graph.graph_step(
+            self.user_id, query.model_copy(update={"fact_ids": asked, "known": list(records)})
+        )
+        self.cache.put(self.user_id, self.stamp, result.facts)
+        records.update((f.id, f) for f in result.facts)
+        wanted = dict.fromkeys([*query.fact_ids, *(fid for fid, _ in result.hops)])
+        return {i: records[i] for i in wanted if i in records}, result.hops

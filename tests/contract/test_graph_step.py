@@ -1,0 +1,254 @@
+"""Recall's graph step (``GraphStore.graph_step``, one round trip) against the two-step path it replaced,
+and the reader's per-user fact cache on top of it, on every backend.
+
+The oracle is the old path: ``get_facts`` for the hits, the seeds taken from the hydrated seed facts that
+pass the recall window (``TimeWindow.fact_ok``, as the reader did), then the expansion contract written out
+in plain Python (breadth-first from each seed through facts valid at ``as_of``, the per-seed cap, the
+minimum hop over the seeds, the total cap). The converted ``expand`` tests in ``test_graph_store.py`` pin
+the old query's hop numbers on hand-built graphs; this suite compares whole answers on a bigger one.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import defaultdict
+from dataclasses import dataclass
+from datetime import datetime
+
+from engram_api.models import EntityRecord, FactRecord
+from engram_api.reader.facts import FactCache, UserFacts
+from engram_api.reader.fusion import TimeWindow
+from engram_api.storage import GraphStep, GraphStepQuery, GraphStore
+
+from .factories import at, make_entity, make_fact, plan, supersede
+
+FAR = 10_000
+WINDOWS: list[dict[str, datetime | None]] = [
+    {},
+    {"as_of": at(25)},
+    {"as_of": at(27)},
+    {"as_of": at(29), "since": at(26)},
+    {"since": at(27)},
+    {"until": at(26)},
+    {"since": at(25), "until": at(27)},
+]
+
+
+@dataclass
+class World:
+    entities: list[EntityRecord]
+    facts: list[FactRecord]
+    hub: str
+    superseded: list[str]  # the old values of a single-valued slot, oldest first
+    archived: str
+
+
+def build_world(store: GraphStore, user: str, seed: int = 7) -> World:
+    """A hub (the user's own node), 11 entities, 30 random facts with tied importances, a single-valued
+    slot superseded twice, and a fact archived by decay."""
+    rng = random.Random(seed)
+    hub = make_entity(user, "Me")
+    others = [make_entity(user, f"E{i}") for i in range(11)]
+    entities = [hub, *others]
+    facts = []
+    for i in range(30):
+        subject = hub if rng.random() < 0.3 else rng.choice(others)
+        obj = rng.choice([None, *(e for e in entities if e.id != subject.id)])
+        facts.append(
+            make_fact(
+                user,
+                subject,
+                f"REL{i}",
+                obj,
+                importance=rng.choice((0.2, 0.5, 0.5, 0.9)),
+                valid_from=at(24 + rng.randint(0, 5)),
+            )
+        )
+    store.apply(plan(user, "m1", at(24), entities=entities, facts=facts))
+    city = [make_fact(user, others[0], "LIVES_IN", others[i], valid_from=at(22 + 2 * i), single_valued=True) for i in (1, 2, 3)]  # fmt: skip
+    store.apply(plan(user, "m2", at(24), facts=[city[0]]))
+    store.apply(plan(user, "m3", at(26), facts=[city[1]], fact_changes=[supersede(city[0], city[1])]))
+    store.apply(plan(user, "m4", at(28), facts=[city[2]], fact_changes=[supersede(city[1], city[2])]))
+    old = make_fact(user, others[4], "USED_TO", others[5], valid_from=at(0))
+    store.apply(plan(user, "m5", at(0), facts=[old]))
+    assert store.decay(user, now=at(30), per_day=0.5, threshold=0.01, batch=100)[1] == 1
+    return World(entities, [*facts, *city, old], hub.id, [city[0].id, city[1].id], old.id)
+
+
+def reachable(facts: list[FactRecord], seeds: list[str], q: GraphStepQuery) -> list[tuple[str, int]]:
+    """The expansion contract (``GraphStore.graph_step``) in plain Python."""
+    valid = [
+        f
+        for f in facts
+        if not f.archived
+        and (
+            f.valid_until is None
+            if q.as_of is None
+            else f.valid_from <= q.as_of and (f.valid_until is None or q.as_of < f.valid_until)
+        )
+    ]
+    importance = {f.id: f.importance for f in facts}
+    touching: dict[str, list[FactRecord]] = defaultdict(list)
+    for f in valid:
+        for e in {f.subject_id, f.object_id} - {None}:
+            touching[e].append(f)  # type: ignore[index]
+    best: dict[str, int] = {}
+    for seed in seeds:
+        if seed in q.avoid:
+            continue
+        seen, frontier, level = {seed}, [seed], {}
+        for depth in range(q.max_hops + 1):
+            later = []
+            for e in frontier:
+                for f in touching[e]:
+                    level.setdefault(f.id, depth)
+                    for x in (f.subject_id, f.object_id):
+                        if depth < q.max_hops and x and x not in q.avoid and x not in seen:
+                            seen.add(x)
+                            later.append(x)
+            frontier = later
+        nearest = sorted(level.items(), key=lambda kv: (kv[1], -importance[kv[0]], kv[0]))[: q.per_seed]
+        for fid, hops in nearest:
+            best[fid] = min(hops, best.get(fid, hops))
+    return sorted(best.items(), key=lambda kv: (kv[1], -importance[kv[0]], kv[0]))[: q.limit]
+
+
+def two_step(store: GraphStore, user: str, q: GraphStepQuery) -> GraphStep:
+    """Today's path before the single round trip: hydrate, seeds from the hydrated facts, expand."""
+    hydrated = {f.id: f for f in store.get_facts(user, [*q.fact_ids, *q.seed_facts])}
+    window = TimeWindow(as_of=q.as_of, since=q.since, until=q.until)
+    seeds = list(q.seeds)
+    for fid in q.seed_facts:
+        fact = hydrated.get(fid)
+        if fact is not None and window.fact_ok(fact):
+            seeds.extend(x for x in (fact.subject_id, fact.object_id) if x)
+    seeds = [s for s in dict.fromkeys(seeds) if s not in q.avoid]
+    hops = reachable(store.page(user, 1, FAR).facts, seeds, q)
+    wanted = set(q.fact_ids) | {fid for fid, _ in hops}
+    facts = [f for f in store.get_facts(user, sorted(wanted)) if f.id not in q.known]
+    return GraphStep(facts=facts, hops=hops)
+
+
+def same(got: GraphStep, want: GraphStep) -> None:
+    assert got.hops == want.hops  # ids, hops and order
+    assert sorted(got.facts, key=lambda f: f.id) == sorted(want.facts, key=lambda f: f.id)
+
+
+def test_graph_step_answers_like_the_two_step_path(graph_store: GraphStore, user: str, other_user: str) -> None:
+    world, theirs = build_world(graph_store, user), build_world(graph_store, other_user, seed=8)
+    rng = random.Random(11)
+    fact_ids = [f.id for f in world.facts]
+    entity_ids = [e.id for e in world.entities]
+    strangers = [theirs.facts[0].id, theirs.facts[1].id, "fact-missing"]
+    checked = reached = 0
+    for window in WINDOWS:
+        for max_hops in (0, 1, 2):
+            for per_seed, limit in ((FAR, FAR), (2, FAR), (3, 5), (1, 4)):
+                q = GraphStepQuery(
+                    fact_ids=[*rng.sample(fact_ids, 6), world.archived, *world.superseded, strangers[0]],
+                    seeds=[*rng.sample(entity_ids, 2), theirs.entities[1].id, "ent-missing"],
+                    seed_facts=[*rng.sample(fact_ids, 3), *world.superseded, strangers[1]],
+                    max_hops=max_hops,
+                    limit=limit,
+                    per_seed=per_seed,
+                    avoid=[world.hub],
+                    **window,
+                )
+                got = graph_store.graph_step(user, q)
+                same(got, two_step(graph_store, user, q))
+                assert not {f.id for f in got.facts} & set(strangers)  # another user's ids are never read
+                checked, reached = checked + 1, reached + len(got.hops)
+    assert checked == len(WINDOWS) * 3 * 4 and reached > 100  # the grid did reach facts
+
+
+def test_graph_step_hydrates_alone_and_leaves_known_records_out(graph_store: GraphStore, user: str) -> None:
+    world = build_world(graph_store, user)
+    ids = [f.id for f in world.facts[:5]]
+    alone = graph_store.graph_step(user, GraphStepQuery(fact_ids=ids))
+    assert alone.hops == [] and {f.id for f in alone.facts} == set(ids)
+    q = GraphStepQuery(fact_ids=ids, seeds=[world.entities[1].id], max_hops=2, limit=FAR, per_seed=FAR)
+    full = graph_store.graph_step(user, q)
+    known = [fid for fid, _ in full.hops[::2]] + ids[:2]
+    part = graph_store.graph_step(user, q.model_copy(update={"known": known}))
+    assert part.hops == full.hops  # what is known changes what is sent back, never what is reached
+    assert {f.id for f in part.facts} == {f.id for f in full.facts} - set(known)
+    same(part, two_step(graph_store, user, q.model_copy(update={"known": known})))
+
+
+# ---------------------------------------------------------------------------------- the fact cache
+
+
+class Counting:
+    """The real store, with the records each read sent back counted (the cache's whole point)."""
+
+    def __init__(self, store: GraphStore) -> None:
+        self.store = store
+        self.sent: list[str] = []
+
+    def graph_step(self, user_id: str, query: GraphStepQuery) -> GraphStep:
+        step = self.store.graph_step(user_id, query)
+        self.sent += [f.id for f in step.facts]
+        return step
+
+    def get_facts(self, user_id: str, fact_ids: list[str]) -> list[FactRecord]:
+        facts = self.store.get_facts(user_id, fact_ids)
+        self.sent += [f.id for f in facts]
+        return facts
+
+
+def test_a_warm_fact_cache_rereads_nothing_until_the_users_stamp_moves(graph_store: GraphStore, user: str) -> None:
+    world = build_world(graph_store, user)
+    counting, cache = Counting(graph_store), FactCache()
+    ids = [f.id for f in world.facts[:8]]
+    q = GraphStepQuery(fact_ids=ids, seeds=[world.entities[2].id], max_hops=1, limit=FAR, per_seed=FAR)
+
+    def facts() -> UserFacts:
+        return UserFacts(counting, cache, user, graph_store.user_stamp(user))  # type: ignore[arg-type]
+
+    cold_records, cold_hops = facts().step(q)
+    assert counting.sent and set(cold_records) == set(ids) | {fid for fid, _ in cold_hops}
+    counting.sent.clear()
+    warm_records, warm_hops = facts().step(q)
+    assert (warm_records, warm_hops) == (cold_records, cold_hops)
+    assert counting.sent == []  # nothing re-read
+    assert facts().load(ids) == {i: cold_records[i] for i in ids} and counting.sent == []
+
+    # A write moves the stamp: the next read comes from the store and shows the change.
+    old_stamp = graph_store.user_stamp(user)
+    graph_store.reinforce(user, [ids[0]], amount=0.5, now=at(31))
+    assert graph_store.user_stamp(user) > old_stamp
+    after_write, _ = facts().step(q)
+    assert set(counting.sent) >= set(ids)
+    assert after_write[ids[0]].strength > cold_records[ids[0]].strength
+    assert cache.held(user, old_stamp) == {}  # the old stamp's records are gone
+    counting.sent.clear()
+
+    # A forget moves it again: the forgotten fact is no longer served, though the cache held it.
+    assert facts().load(ids) == {i: after_write[i] for i in ids} and counting.sent == []
+    graph_store.forget_fact(user, ids[1])
+    assert ids[1] not in facts().load(ids)
+    assert ids[1] not in facts().step(q)[0]
+    assert counting.sent
+
+
+def test_an_older_stamp_never_replaces_a_newer_ones_records(graph_store: GraphStore, user: str) -> None:
+    world = build_world(graph_store, user)
+    cache = FactCache()
+    now = graph_store.user_stamp(user)
+    before = now._replace(version=now.version - 1)
+    fact = world.facts[0]
+    cache.put(user, now, [fact])
+    cache.put(user, before, [world.facts[1]])  # a slow reader that read the stamp before the last write
+    assert cache.held(user, now) == {fact.id: fact}
+    assert cache.held(user, before) == {}
+
+
+def test_the_fact_cache_is_bounded(graph_store: GraphStore, user: str, other_user: str) -> None:
+    world = build_world(graph_store, user)
+    theirs = build_world(graph_store, other_user, seed=8)
+    cache = FactCache(users=1, per_user=3)
+    stamp = graph_store.user_stamp(user)
+    cache.put(user, stamp, world.facts[:5])
+    assert list(cache.held(user, stamp)) == [f.id for f in world.facts[2:5]]  # least recently used dropped
+    cache.put(other_user, graph_store.user_stamp(other_user), theirs.facts[:1])
+    assert cache.held(user, stamp) == {}  # one user at most
