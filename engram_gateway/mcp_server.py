@@ -74,18 +74,25 @@ def build_mcp(gateway: Gateway, *, stdio_principal: Principal | None = None) -> 
 
     @mcp.tool()
     def recall(
-        user_id: str, query: str, ctx: Context, k: int = 10, as_of: datetime | None = None
+        user_id: str,
+        query: str,
+        ctx: Context,
+        k: int = 10,
+        as_of: datetime | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
     ) -> list[dict[str, Any]]:
-        """Facts known about the user that match the query, best first (as_of: what was true then)."""
+        """Facts and conversation excerpts about the user that match the query, best first (as_of: what
+        was true then; since / until: only what happened in [since, until), ISO 8601 with a zone)."""
 
         def run(p: Principal) -> Any:
             reader, uid = gateway.reader_for(p, user_id)
-            return reader.recall(uid, query, k, as_of=as_of)
+            return reader.recall(uid, query, k, as_of=as_of, since=since, until=until)
 
         result = call(ctx, run)
         return [
-            {"id": i.id, "statement": i.statement, "valid_from": i.valid_from.isoformat(), "current": i.current,
-             "score": i.score}
+            {"id": i.id, "kind": i.kind, "statement": i.statement, "event_time": i.event_time.isoformat(),
+             "valid_from": i.valid_from.isoformat(), "current": i.current, "score": i.score}
             for i in result.items
         ]  # fmt: skip
 

@@ -70,6 +70,8 @@ class RecallRequest(_Body):
     query: StrictStr
     k: StrictInt = 10
     as_of: datetime | None = Field(None, description="what was true at this instant (ISO 8601 with a zone)")
+    since: datetime | None = Field(None, description="only what happened at or after this instant (event time)")
+    until: datetime | None = Field(None, description="only what happened before this instant (event time)")
     graph_expansion: StrictBool = Field(True, description="also follow the graph from the vector hits")
 
 
@@ -185,7 +187,15 @@ def forget_user(user_id: str, gw: Gw, who: Who) -> ForgetResult:
 @router.post("/users/{user_id}/recall", response_model=RecallResult)
 def recall(user_id: str, body: RecallRequest, gw: Gw, who: Who) -> RecallResult:
     reader, uid = gw.reader_for(who, user_id)
-    return reader.recall(uid, body.query, body.k, as_of=body.as_of, graph_expansion=body.graph_expansion)  # type: ignore[no-any-return]
+    return reader.recall(  # type: ignore[no-any-return]
+        uid,
+        body.query,
+        body.k,
+        as_of=body.as_of,
+        since=body.since,
+        until=body.until,
+        graph_expansion=body.graph_expansion,
+    )
 
 
 @router.post("/users/{user_id}/search", response_model=SearchResult)

@@ -92,6 +92,16 @@ def test_every_endpoint(fleet: tuple[Stack, GatewayProcess, dict], http: httpx.C
         json={"query": "where does the user live?", "as_of": "2000-01-01T00:00:00Z"},
     )
     assert past.status_code == 200 and past.json()["items"] == []
+    # since / until filter by event time: m2 was said on 2024-05-01, m1 now; facts by validity.
+    cut = "2024-06-01T00:00:00Z"
+    later = http.post(f"/v1/users/{uid}/recall", headers=a, json={"query": "where does the user work?", "since": cut})
+    earlier = http.post(f"/v1/users/{uid}/recall", headers=a, json={"query": "where does the user work?", "until": cut})
+    assert later.status_code == 200 and earlier.status_code == 200
+    # The Dell fact still holds after the cut (its validity overlaps it); the message saying it does not.
+    said_later = [i["statement"] for i in later.json()["items"] if i["kind"] == "episode"]
+    assert said_later == ["I live in Austin"], later.json()
+    assert any("Dell" in i["statement"] for i in earlier.json()["items"]), earlier.json()
+    assert all("Austin" not in i["statement"] for i in earlier.json()["items"]), earlier.json()
     search = http.post(f"/v1/users/{uid}/search", headers=a, json={"query": "Austin", "detail_level": "detailed"})
     assert search.status_code == 200 and search.json()["level"] == "detailed"
     ctx = http.post(f"/v1/users/{uid}/context", headers=a, json={"query": "where does the user live?"})
@@ -189,6 +199,10 @@ def _bad_requests(secrets: dict[str, str], uid: str) -> list[tuple[str, str, dic
         ("POST", f"/v1/users/{uid}/recall", {"json": {"query": "x", "k": "5"}}, 400, "k"),
         ("POST", f"/v1/users/{uid}/recall", {"json": {"query": "x", "k": 0}}, 400, "k"),
         ("POST", f"/v1/users/{uid}/recall", {"json": {"query": "x", "as_of": "2024-01-01T00:00:00"}}, 400, "as_of"),
+        ("POST", f"/v1/users/{uid}/recall", {"json": {"query": "x", "since": "2024-01-01T00:00:00"}}, 400, "since"),
+        ("POST", f"/v1/users/{uid}/recall", {"json": {"query": "x", "until": "yesterday"}}, 400, "until"),
+        ("POST", f"/v1/users/{uid}/recall", {"json": {"query": "x", "since": "2024-02-01T00:00:00Z",
+                                                      "until": "2024-01-01T00:00:00Z"}}, 400, "until"),
         ("POST", f"/v1/users/{uid}/feedback", {"json": {"recall_id": "nope", "useful_ids": []}}, 400, "recall_id"),
         ("GET", f"/v1/users/{uid}/graph", {"params": {"page": "x"}}, 400, "page"),
         ("GET", f"/v1/users/{uid}/history", {}, 400, "subject"),

@@ -94,6 +94,14 @@ def test_every_tool(transport: str, fleet: tuple[Stack, GatewayProcess, dict]) -
                 await mcp.call_tool("recall", {"user_id": uid, "query": "where?", "as_of": "2000-01-01T00:00:00Z"})
             )
             assert then == []
+            window = {"user_id": uid, "query": "where does the user live?"}
+            inside = data(await mcp.call_tool("recall", {**window, "since": "2000-01-01T00:00:00Z"}))
+            assert any("Austin" in item["statement"] for item in inside)
+            assert data(await mcp.call_tool("recall", {**window, "until": "2000-01-01T00:00:00Z"})) == []
+            # A fact that still holds overlaps any later window; the message that said it does not.
+            future = data(await mcp.call_tool("recall", {**window, "since": "2999-01-01T00:00:00Z"}))
+            assert [item["kind"] for item in future] == ["fact"]
+            assert any(item["kind"] == "episode" for item in inside)
             context = data(await mcp.call_tool("get_context", {"user_id": uid, "query": "where does the user live?"}))
             assert "Austin" in context
             forgot = data(await mcp.call_tool("forget", {"user_id": uid, "memory_id": "m1"}))
@@ -122,6 +130,12 @@ def test_bad_calls_are_typed_errors_and_change_nothing(
                 ("remember", {"user_id": uid, "text": "hi", "message_id": "no spaces"}, "invalid_input [message_id]"),
                 ("recall", {"user_id": uid, "query": "x", "k": 0}, "invalid_input [k]"),
                 ("recall", {"user_id": uid, "query": "x", "as_of": "2024-01-01T00:00:00"}, "invalid_input [as_of]"),
+                ("recall", {"user_id": uid, "query": "x", "since": "2024-01-01T00:00:00"}, "invalid_input [since]"),
+                (
+                    "recall",
+                    {"user_id": uid, "query": "x", "since": "2024-02-01T00:00:00Z", "until": "2024-01-01T00:00:00Z"},
+                    "invalid_input [until]",
+                ),
                 ("get_context", {"user_id": "appB.x", "query": "x"}, "forbidden [user_id]"),
                 ("forget", {"user_id": uid, "memory_id": "bad id"}, "invalid_input [memory_id]"),
                 ("forget", {"user_id": "appB.x", "memory_id": "m0"}, "forbidden [user_id]"),
