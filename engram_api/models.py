@@ -13,11 +13,14 @@ import re
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
-from typing import Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
 from engram_api.errors import InvalidInputError
+
+if TYPE_CHECKING:
+    from engram_api.settings import Settings
 
 USER_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,127}$")
 MESSAGE_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:@-]{0,127}$")
@@ -394,28 +397,70 @@ class ClusterRecord(Record):
     signature: str = ""
 
 
-class LearnedWeights(_Model):
+# -------------------------------------------------------------------------------------------- scoring
+
+
+class ScoreComponents(_Model):
+    """The five components of a recall score: the one vocabulary of scoring, results (``ScoreBreakdown``),
+    feedback rows and weight learning, which all embed this model. ``SCORE_COMPONENTS`` is their order."""
+
+    similarity: float = 0.0
+    graph: float = 0.0
+    strength: float = 0.0
+    recency: float = 0.0
+    importance: float = 0.0
+
+    def values(self) -> list[float]:
+        return [getattr(self, name) for name in SCORE_COMPONENTS]
+
+
+SCORE_COMPONENTS: tuple[str, ...] = tuple(ScoreComponents.model_fields)
+
+
+class Weights(_Model):
+    """One non-negative weight per score component, declared in ``SCORE_COMPONENTS`` order (the names are
+    the settings'): score = alpha*similarity + beta*graph + gamma*strength + the two boosts."""
+
+    alpha: float = Field(ge=0, description="weight of similarity")
+    beta: float = Field(ge=0, description="weight of graph proximity")
+    gamma: float = Field(ge=0, description="weight of strength")
+    recency_weight: float = Field(ge=0, description="weight of recency")
+    importance_weight: float = Field(ge=0, description="weight of importance")
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> Weights:
+        return cls(**{name: getattr(settings, name) for name in WEIGHT_FIELDS})
+
+    @classmethod
+    def of(cls, weights: Weights) -> Weights:
+        """Just the weights of a subclass (e.g. ``LearnedWeights``)."""
+        return cls(**{name: getattr(weights, name) for name in WEIGHT_FIELDS})
+
+    def values(self) -> list[float]:
+        """In ``SCORE_COMPONENTS`` order."""
+        return [getattr(self, name) for name in WEIGHT_FIELDS]
+
+    def total(self, components: ScoreComponents) -> float:
+        return sum(w * c for w, c in zip(self.values(), components.values(), strict=True))
+
+
+WEIGHT_FIELDS: tuple[str, ...] = tuple(Weights.model_fields)
+
+
+class LearnedWeights(Weights):
     scope: str = Field(description="'global' or a user id")
-    alpha: float
-    beta: float
-    gamma: float
-    recency_weight: float
-    importance_weight: float
     samples: int
     quality: float = Field(description="held-out ranking AUC of the fitted model")
     fitted_at: datetime = Field(default_factory=utcnow)
 
 
-class FeedbackRow(_Model):
+class FeedbackRow(ScoreComponents):
+    """The score components of one recalled item and whether the user found it useful."""
+
     user_id: str
     recall_id: str
     fact_id: str
     useful: bool
-    similarity: float
-    graph: float
-    strength: float
-    recency: float
-    importance: float
     created_at: datetime = Field(default_factory=utcnow)
 
 
@@ -430,12 +475,7 @@ class VectorItem(_Model):
 # -------------------------------------------------------------------------------------------- results
 
 
-class ScoreBreakdown(_Model):
-    similarity: float = 0.0
-    graph: float = 0.0
-    strength: float = 0.0
-    recency: float = 0.0
-    importance: float = 0.0
+class ScoreBreakdown(ScoreComponents):
     rrf: float = 0.0
     total: float = 0.0
 

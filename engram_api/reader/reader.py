@@ -29,6 +29,7 @@ from engram_api.errors import InvalidInputError, NotFoundError, StoreUnavailable
 from engram_api.models import (
     HISTORY_LIMIT,
     HISTORY_MAX_LIMIT,
+    SCORE_COMPONENTS,
     ClusterHit,
     FactRecord,
     FeedbackRow,
@@ -339,7 +340,7 @@ class Reader:
                 recall_id=recall_id,
                 fact_id=fid,
                 useful=fid in useful,
-                **{c: b[c] for c in ("similarity", "graph", "strength", "recency", "importance")},
+                **{c: b[c] for c in SCORE_COMPONENTS},
             )
             for fid, b in logged.items()
         ]

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import UTC, datetime
 
+from engram_api.models import FeedbackRow
 from engram_api.storage import neo4j_episodes as episodes_cypher
 
 __all__ = [
@@ -481,11 +482,7 @@ RETURN c {.*,
 ORDER BY c.id
 """
 Q_FEEDBACK_ADD = "UNWIND $rows AS row CREATE (fb:Feedback) SET fb = row"
-_FEEDBACK_FIELDS = (
-    "user_id", "recall_id", "fact_id", "useful", "similarity", "graph", "strength", "recency", "importance",
-    "created_at",
-)  # fmt: skip
-_FEEDBACK = _projection("fb", _FEEDBACK_FIELDS, "")
+_FEEDBACK = _projection("fb", tuple(FeedbackRow.model_fields), "")
 # `seq` (insertion order) breaks ties between rows stored with the same created_at: later first.
 Q_FEEDBACK_USER = f"""
 MATCH (fb:Feedback {{user_id: $user_id}})

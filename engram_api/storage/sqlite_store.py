@@ -24,6 +24,8 @@ from datetime import datetime
 
 from engram_api.errors import StoreUnavailableError
 from engram_api.models import (
+    SCORE_COMPONENTS,
+    WEIGHT_FIELDS,
     ApplyOutcome,
     ChunkRecord,
     ClusterRecord,
@@ -692,23 +694,9 @@ class SqliteGraphStore(GraphStore):
     def _add_feedback(self, rows: list[FeedbackRow]) -> None:
         with self._write() as conn:
             conn.executemany(
-                "INSERT INTO feedback (user_id, recall_id, fact_id, useful, similarity, graph, strength,"
-                " recency, importance, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                [
-                    (
-                        r.user_id,
-                        r.recall_id,
-                        r.fact_id,
-                        int(r.useful),
-                        r.similarity,
-                        r.graph,
-                        r.strength,
-                        r.recency,
-                        r.importance,
-                        db.to_us(r.created_at),
-                    )
-                    for r in rows
-                ],
+                f"INSERT INTO feedback (user_id, recall_id, fact_id, useful, {', '.join(SCORE_COMPONENTS)},"
+                f" created_at) VALUES ({', '.join('?' * (5 + len(SCORE_COMPONENTS)))})",
+                [(r.user_id, r.recall_id, r.fact_id, int(r.useful), *r.values(), db.to_us(r.created_at)) for r in rows],
             )
 
     def _feedback(self, user_id: str | None, limit: int) -> list[FeedbackRow]:
@@ -728,11 +716,7 @@ class SqliteGraphStore(GraphStore):
                 recall_id=r["recall_id"],
                 fact_id=r["fact_id"],
                 useful=bool(r["useful"]),
-                similarity=r["similarity"],
-                graph=r["graph"],
-                strength=r["strength"],
-                recency=r["recency"],
-                importance=r["importance"],
+                **{c: r[c] for c in SCORE_COMPONENTS},
                 created_at=db.from_us(r["created_at"]),
             )
             for r in rows
@@ -769,11 +753,7 @@ class SqliteGraphStore(GraphStore):
             return None
         return LearnedWeights(
             scope=row["scope"],
-            alpha=row["alpha"],
-            beta=row["beta"],
-            gamma=row["gamma"],
-            recency_weight=row["recency_weight"],
-            importance_weight=row["importance_weight"],
+            **{w: row[w] for w in WEIGHT_FIELDS},
             samples=row["samples"],
             quality=row["quality"],
             fitted_at=db.from_us(row["fitted_at"]),

@@ -21,8 +21,8 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel, Field
 
-from engram_api.models import GLOBAL_SCOPE, FeedbackRow, LearnedWeights
-from engram_api.reader.scoring import Weights, effective_weights
+from engram_api.models import GLOBAL_SCOPE, WEIGHT_FIELDS, FeedbackRow, LearnedWeights, Weights
+from engram_api.reader.scoring import effective_weights
 from engram_api.settings import Settings
 from engram_api.storage.base import GraphStore
 from engram_workers.maintenance._common import Guard, UserFailure, isolate, target_users
@@ -121,7 +121,7 @@ def _learn_scope(
 
     if len(rows) < settings.min_feedback:
         return kept(f"{len(rows)} < {settings.min_feedback} feedback rows")
-    features = np.array([[r.similarity, r.graph, r.strength, r.recency, r.importance] for r in rows], dtype=np.float64)
+    features = np.array([r.values() for r in rows], dtype=np.float64)
     labels = np.array([r.useful for r in rows], dtype=np.float64)
     held = _held_out(rows)
     train_y, test_y = labels[~held], labels[held]
@@ -134,8 +134,8 @@ def _learn_scope(
     weights = _to_weights(coefficients, configured)
     if weights is None:
         return kept("no positive similarity, graph or strength coefficient")
-    quality = auc(features[held] @ weights.as_array(), test_y)
-    baseline = auc(features[held] @ configured.as_array(), test_y)
+    quality = auc(features[held] @ np.array(weights.values()), test_y)
+    baseline = auc(features[held] @ np.array(configured.values()), test_y)
     if quality < baseline:
         return kept(
             f"held-out AUC {quality:.3f} < {baseline:.3f} with configured weights",
@@ -211,8 +211,7 @@ def _to_weights(coefficients: np.ndarray, configured: Weights) -> Weights | None
     if core <= 0:
         return None
     factor = (configured.alpha + configured.beta + configured.gamma) / core
-    alpha, beta, gamma, recency, importance = (positive * factor).tolist()
-    return Weights(alpha=alpha, beta=beta, gamma=gamma, recency_weight=recency, importance_weight=importance)
+    return Weights(**dict(zip(WEIGHT_FIELDS, (positive * factor).tolist(), strict=True)))
 
 
 def auc(scores: np.ndarray, labels: np.ndarray) -> float:

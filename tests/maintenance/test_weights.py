@@ -59,7 +59,7 @@ def _rows(user: str, recalls: np.ndarray, tag: str) -> list[FeedbackRow]:
 
 
 def _precision_at_3(weights: Weights, recalls: np.ndarray) -> float:
-    scores = recalls[..., :5] @ weights.as_array()
+    scores = recalls[..., :5] @ np.array(weights.values())
     top = np.argsort(-scores, axis=1, kind="stable")[:, :3]
     return float(np.take_along_axis(recalls[..., 5], top, axis=1).mean())
 
@@ -82,7 +82,7 @@ def test_feedback_that_rewards_the_graph_raises_beta_and_ranks_held_out_recalls_
     assert outcome.quality is not None and outcome.configured_quality is not None
     assert outcome.quality > outcome.configured_quality
     stored = store.load_weights(user)
-    assert stored is not None and Weights.from_learned(stored) == learned
+    assert stored is not None and Weights.of(stored) == learned
     assert stored.samples == 320 and stored.quality == pytest.approx(outcome.quality)
     assert effective_weights(store, SETTINGS, user) == (learned, "learned:user")
     assert guard.entered == [user]
