@@ -169,7 +169,7 @@ class Settings(BaseSettings):
         description="delta log size, as a fraction of the index file, past which it is compacted (with "
         "index_log_compact_bytes: the rewrite cost per write stays independent of the user's size)",
     )
-    rrf_k: int = Field(5, ge=1, description="reciprocal-rank fusion constant of recall's channels")
+    rrf_k: int = Field(1, ge=1, description="reciprocal-rank fusion constant of recall's channels")
     recall_window: int = Field(
         0, ge=0, le=5, description="neighbouring conversation turns an episode hit brings along, on each side"
     )

@@ -39,6 +39,9 @@ _EPISODE_STRENGTH = 1.0  # episodes do not decay: what was said stays said
 _EPISODE_IMPORTANCE = 0.5
 
 
+_Row = tuple[float, str, "_Candidate", ScoreBreakdown]
+
+
 @dataclass(frozen=True, slots=True)
 class TimeWindow:
     as_of: datetime | None = None
@@ -263,7 +266,7 @@ class _Run:
         for node_id, vec in self.index.vectors_for(missing).items():
             self.sims[node_id] = float(np.dot(vec, self.qvec))
         unit = 1.0 / (self.recipe.rrf_k + 1)
-        rows = []
+        rows: list[_Row] = []
         for node_id, cand in self.cands.items():
             fact, chunk = cand.fact, cand.chunk
             comp = components(
@@ -279,6 +282,8 @@ class _Run:
             breakdown = base.model_copy(update={"total": base.total + self.recipe.fusion * cand.fusion / unit})
             rows.append((breakdown.total, node_id, cand, breakdown))
         rows.sort(key=lambda r: (-r[0], r[1]))
+        if self.recipe.dedup:
+            rows = _novel_first(rows)
         return [self._item(node_id, cand, breakdown) for _, node_id, cand, breakdown in rows[:k]]
 
     def _item(self, node_id: str, cand: _Candidate, breakdown: ScoreBreakdown) -> RecallItem:
@@ -337,6 +342,23 @@ class _Run:
             speaker=chunk.speaker,
             source_ids=[chunk.episode_id],
         )
+
+
+def _sources(cand: _Candidate) -> frozenset[str]:
+    return frozenset(cand.fact.source_ids if cand.fact is not None else [cand.chunk.episode_id])  # type: ignore[union-attr]
+
+
+def _novel_first(rows: list[_Row]) -> list[_Row]:
+    """Score order, except that an item whose messages are all cited by better items (a fact and the
+    excerpt it was extracted from) moves behind every item that brings a new message: k items then
+    cover as many messages as they can. Nothing is dropped."""
+    seen: set[str] = set()
+    novel, repeats = [], []
+    for row in rows:
+        sources = _sources(row[2])
+        (repeats if sources and sources <= seen else novel).append(row)
+        seen |= sources
+    return novel + repeats
 
 
 def recall_items(

@@ -7,6 +7,9 @@ candidate (reciprocal-rank fusion); the ``fusion`` weight turns that into a shar
 to the composite score (similarity, graph, strength, recency, importance; learned weights apply there).
 Hits bring their neighbours: a fact its source episode, an episode the facts extracted from it, and,
 with ``window`` > 0, the turns around it; such an item gets ``link_share`` of its parent's fusion score.
+With ``dedup``, an item that cites only messages better items already cite (a fact and the excerpt it
+was extracted from) moves behind the items that bring a new message, so k items cover more of the
+conversation; nothing is dropped.
 """
 
 from __future__ import annotations
@@ -30,15 +33,20 @@ class RecallRecipe(BaseModel):
         description="how many candidates each channel contributes",
     )
     weights: dict[RetrievalChannel, float] = Field(
-        # BM25 carries names, places and dates where MiniLM is weak (LoCoMo, docs/benchmarks.md).
-        default_factory=lambda: {"fact_vector": 1.0, "episode_vector": 1.0, "keyword": 2.0, "graph": 0.5},
+        # BM25 carries names, places and dates where MiniLM is weak; fact vectors mostly re-find what the
+        # episode vectors found. Chosen on LoCoMo dev conversations, confirmed on held-out ones
+        # (docs/benchmarks.md, "Choosing the fusion").
+        default_factory=lambda: {"fact_vector": 0.5, "episode_vector": 1.0, "keyword": 2.0, "graph": 0.5},
         description="each channel's weight in reciprocal-rank fusion",
     )
-    rrf_k: int = Field(5, ge=1, description="reciprocal-rank fusion constant")
+    rrf_k: int = Field(1, ge=1, description="reciprocal-rank fusion constant (small: top ranks count most)")
     fusion: float = Field(1.0, ge=0, description="weight of the normalized fusion score in the final score")
     link_share: float = Field(0.5, ge=0, le=1, description="a linked item's share of its parent's fusion score")
     links_from: int = Field(10, ge=0, le=100, description="how many top hits bring their linked items")
     window: int = Field(0, ge=0, le=5, description="neighbouring turns an episode hit brings on each side")
+    dedup: bool = Field(
+        True, description="an item citing only messages a better item already cites goes after the others"
+    )
 
     def uses(self, channel: RetrievalChannel) -> bool:
         return channel in self.channels

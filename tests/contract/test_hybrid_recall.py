@@ -205,6 +205,20 @@ def test_episode_hits_bring_their_facts_and_fact_hits_their_episode(memory: Memo
     assert by_kind["fact"].current and by_kind["fact"].statement == "User lives in Lisbon"
 
 
+def test_a_fact_and_the_excerpt_it_came_from_take_one_slot_before_other_messages(memory: Memory) -> None:
+    user = new_user()
+    _chatter(memory, user)
+    memory.say(user, "home", "I live in Lisbon.", at(20), lives_in("Lisbon"))
+    recipe = memory.reader.recipe()
+    plain = memory.reader.recall(user, "Lisbon", k=10, recipe=recipe.model_copy(update={"dedup": False})).items
+    deduped = memory.reader.recall(user, "Lisbon", k=10, recipe=recipe).items
+    assert [i.source_ids for i in plain[:2]] == [["home"], ["home"]]  # the fact and its excerpt, top two
+    sources = [i.source_ids[0] for i in deduped]
+    assert sources[0] == "home" and sources[-1] == "home"  # the repeat comes after every other message
+    assert len(set(sources)) == len(sources) - 1 == len(FILLER) + 1
+    assert sorted(i.id for i in deduped) == sorted(i.id for i in plain)  # nothing dropped
+
+
 def test_reconcile_restores_a_lost_episode_vector(memory: Memory) -> None:
     user = new_user()
     memory.say(user, "m1", "The ferry to the island leaves at seven.", at(1))
