@@ -351,13 +351,23 @@ def _sources(cand: _Candidate) -> frozenset[str]:
 def _novel_first(rows: list[_Row]) -> list[_Row]:
     """Score order, except that an item whose messages are all cited by better items (a fact and the
     excerpt it was extracted from) moves behind every item that brings a new message: k items then
-    cover as many messages as they can. Nothing is dropped."""
+    cover as many messages as they can. Of a fact and an excerpt citing the same messages, the fact
+    keeps the slot (it says what is current, in fewer words). Nothing is dropped."""
     seen: set[str] = set()
-    novel, repeats = [], []
+    novel: list[_Row] = []
+    repeats: list[_Row] = []
+    slot: dict[frozenset[str], int] = {}  # a source set -> the novel slot of the item that brought it
     for row in rows:
         sources = _sources(row[2])
-        (repeats if sources and sources <= seen else novel).append(row)
-        seen |= sources
+        if not sources or not sources <= seen:
+            slot.setdefault(sources, len(novel))
+            novel.append(row)
+            seen |= sources
+            continue
+        held = slot.get(sources)
+        if held is not None and row[2].kind == "fact" and novel[held][2].kind == "episode":
+            novel[held], row = row, novel[held]
+        repeats.append(row)
     return novel + repeats
 
 

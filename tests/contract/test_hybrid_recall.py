@@ -215,6 +215,7 @@ def test_a_fact_and_the_excerpt_it_came_from_take_one_slot_before_other_messages
     assert [i.source_ids for i in plain[:2]] == [["home"], ["home"]]  # the fact and its excerpt, top two
     sources = [i.source_ids[0] for i in deduped]
     assert sources[0] == "home" and sources[-1] == "home"  # the repeat comes after every other message
+    assert (deduped[0].kind, deduped[-1].kind) == ("fact", "episode")  # the fact keeps the slot
     assert len(set(sources)) == len(sources) - 1 == len(FILLER) + 1
     assert sorted(i.id for i in deduped) == sorted(i.id for i in plain)  # nothing dropped
 
