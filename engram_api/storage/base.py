@@ -180,6 +180,15 @@ class GraphStore(ABC):
         ids = _distinct(entity_ids)
         return self._get_entities(user_id, ids) if ids else []
 
+    def lookup_entities(
+        self, user_id: str, *, entity_ids: Sequence[str], norm_names: Sequence[str]
+    ) -> list[EntityRecord]:
+        """``get_entities`` and ``find_entities`` in ONE query: each entity whose id is in ``entity_ids``
+        or whose ``norm_name`` or any normalized alias is in ``norm_names``, once (with embeddings).
+        Consolidation fetches everything a message may resolve to with it."""
+        ids, names = _distinct(entity_ids), _distinct(norm_names)
+        return self._lookup_entities(user_id, ids, names) if ids or names else []
+
     def recent_episodes(self, user_id: str, *, before: datetime, limit: int) -> list[EpisodeRecord]:
         """The user's last ``limit`` episodes with ``event_time < before``, oldest first (the extractor's
         earlier turns)."""
@@ -208,6 +217,10 @@ class GraphStore(ABC):
 
     @abstractmethod
     def _get_entities(self, user_id: str, entity_ids: list[str]) -> list[EntityRecord]: ...
+
+    @abstractmethod
+    def _lookup_entities(self, user_id: str, entity_ids: list[str], norm_names: list[str]) -> list[EntityRecord]:
+        """``lookup_entities`` for distinct ids and names, not both empty."""
 
     @abstractmethod
     def _recent_episodes(self, user_id: str, *, before: datetime, limit: int) -> list[EpisodeRecord]:

@@ -54,6 +54,7 @@ __all__ = [
     "Q_GRAPH_STEP",
     "Q_HISTORY",
     "Q_IS_APPLIED",
+    "Q_LOOKUP_ENTITIES",
     "Q_PAGE_ENTITIES",
     "Q_PAGE_FACTS",
     "Q_RECENT_EPISODES",
@@ -227,13 +228,22 @@ RETURN ep {.*, fact_ids: COLLECT { MATCH (f:Fact {user_id: $user_id})-[:FROM]->(
 ORDER BY ep.event_time, ep.id
 """
 Q_IS_APPLIED = "RETURN EXISTS { MATCH (:Episode {user_id: $user_id, id: $episode_id}) } AS applied"
-Q_FIND_ENTITIES = f"""
-CALL () {{
-  MATCH (e:Entity {{user_id: $user_id}}) WHERE e.norm_name IN $names RETURN e
+# The user's entities whose norm_name or a normalized alias is in $names, as `e` (inside CALL () { }).
+_BY_NAME = """
+  MATCH (e:Entity {user_id: $user_id}) WHERE e.norm_name IN $names RETURN e
   UNION
-  MATCH (a:Alias {{user_id: $user_id}})<-[:HAS_ALIAS]-(e:Entity {{user_id: $user_id}})
+  MATCH (a:Alias {user_id: $user_id})<-[:HAS_ALIAS]-(e:Entity {user_id: $user_id})
   WHERE a.norm IN $names RETURN e
-}}
+"""
+Q_FIND_ENTITIES = f"""
+CALL () {{{_BY_NAME}}}
+RETURN {_ENTITY_EMB} AS row ORDER BY e.norm_name, e.id
+"""
+# find and get in one round trip: by id, or by name (UNION returns each entity once).
+Q_LOOKUP_ENTITIES = f"""
+CALL () {{
+  MATCH (e:Entity {{user_id: $user_id}}) WHERE e.id IN $ids RETURN e
+  UNION{_BY_NAME}}}
 RETURN {_ENTITY_EMB} AS row ORDER BY e.norm_name, e.id
 """
 Q_GET_ENTITIES = f"""

@@ -217,6 +217,10 @@ class Neo4jGraphStore(GraphStore):
         rows = self._rows(cy.Q_GET_ENTITIES, user_id=user_id, ids=entity_ids)
         return [EntityRecord.model_validate(r) for r in rows]
 
+    def _lookup_entities(self, user_id: str, entity_ids: list[str], norm_names: list[str]) -> list[EntityRecord]:
+        rows = self._rows(cy.Q_LOOKUP_ENTITIES, user_id=user_id, ids=entity_ids, names=norm_names)
+        return [EntityRecord.model_validate(r) for r in rows]
+
     def _recent_episodes(self, user_id: str, *, before: datetime, limit: int) -> list[EpisodeRecord]:
         rows = self._rows(cy.Q_RECENT_EPISODES, user_id=user_id, before=shape.utc(before), limit=limit)
         return [EpisodeRecord.model_validate({**r, "metadata": json.loads(r["metadata"])}) for r in reversed(rows)]

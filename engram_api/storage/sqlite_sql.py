@@ -1,5 +1,5 @@
-"""The SQL of the embedded SQLite backend (``sqlite_store``): the schema script and the shared fact
-reads, as constants.
+"""The SQL of the embedded SQLite backend (``sqlite_store``): the schema script, the shared fact
+reads and the entity lookup, as constants.
 
 Invariants: every statement filters on the user (joins repeat it as defence in depth); values travel
 as parameters (lists as one JSON parameter read with ``json_each``), never as SQL text.
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from engram_api.storage import sqlite_episodes as episodes_sql
 
-__all__ = ["EXPAND", "FACT_FROM", "FACT_SELECT", "SCHEMA"]
+__all__ = ["ENTITY_LOOKUP", "EXPAND", "FACT_FROM", "FACT_SELECT", "SCHEMA"]
 
 _SCHEMA_TEMPLATE = """
 BEGIN IMMEDIATE;
@@ -180,6 +180,19 @@ FACT_FROM = """
 FROM facts f
 JOIN entities s ON s.id = f.subject_id AND s.user_id = f.user_id
 LEFT JOIN entities o ON o.id = f.object_id AND o.user_id = f.user_id
+"""
+
+# The user's entities whose id is in :ids or whose norm_name or a normalized alias is in :names (both
+# JSON lists; an empty one matches nothing), each once: find_entities and lookup_entities.
+ENTITY_LOOKUP = """
+SELECT e.* FROM entities e
+ WHERE e.user_id = :user_id
+   AND (e.id IN (SELECT value FROM json_each(:ids))
+        OR e.norm_name IN (SELECT value FROM json_each(:names))
+        OR e.id IN (SELECT a.entity_id FROM entity_aliases a
+                     WHERE a.user_id = :user_id
+                       AND a.norm_alias IN (SELECT value FROM json_each(:names))))
+ ORDER BY e.norm_name, e.id
 """
 
 # Valid at :as_of (current when :as_of is NULL) and not archived: the only facts expansion may use.

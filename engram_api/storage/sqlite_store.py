@@ -173,23 +173,7 @@ class SqliteGraphStore(GraphStore):
         return row is not None
 
     def _find_entities(self, user_id: str, norm_names: list[str]) -> list[EntityRecord]:
-        rows = (
-            self._conn()
-            .execute(
-                """
-                SELECT e.* FROM entities e
-                 WHERE e.user_id = :user_id
-                   AND (e.norm_name IN (SELECT value FROM json_each(:names))
-                        OR e.id IN (SELECT a.entity_id FROM entity_aliases a
-                                     WHERE a.user_id = :user_id
-                                       AND a.norm_alias IN (SELECT value FROM json_each(:names))))
-                 ORDER BY e.norm_name, e.id
-                """,
-                {"user_id": user_id, "names": db.json_ids(norm_names)},
-            )
-            .fetchall()
-        )
-        return [db.entity_row(r) for r in rows]
+        return self._lookup_entities(user_id, [], norm_names)
 
     def _get_entities(self, user_id: str, entity_ids: list[str]) -> list[EntityRecord]:
         rows = (
@@ -202,6 +186,10 @@ class SqliteGraphStore(GraphStore):
             .fetchall()
         )
         return [db.entity_row(r) for r in rows]
+
+    def _lookup_entities(self, user_id: str, entity_ids: list[str], norm_names: list[str]) -> list[EntityRecord]:
+        params = {"user_id": user_id, "ids": db.json_ids(entity_ids), "names": db.json_ids(norm_names)}
+        return [db.entity_row(r) for r in self._conn().execute(sql.ENTITY_LOOKUP, params).fetchall()]
 
     def _recent_episodes(self, user_id: str, *, before: datetime, limit: int) -> list[EpisodeRecord]:
         rows = (

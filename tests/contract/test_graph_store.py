@@ -342,6 +342,25 @@ def test_get_entities_is_scoped_to_the_user(graph_store: GraphStore, user: str, 
     assert graph_store.get_entities(user, []) == []
 
 
+def test_lookup_entities_finds_by_id_or_name_in_one_call(graph_store: GraphStore, user: str, other_user: str) -> None:
+    ana = make_entity(user, "Ana", "Person", aliases=["Nana"])
+    sao = make_entity(user, "São Paulo", "Place")
+    bob = make_entity(user, "Bob", "Person", embedding=False)
+    graph_store.apply(plan(user, "m1", entities=[ana, sao, bob]))
+    twin = make_entity(other_user, "Ana", "Person", aliases=["Nana"])
+    graph_store.apply(plan(other_user, "m1", entities=[twin]))
+
+    found = graph_store.lookup_entities(user, entity_ids=[bob.id, ana.id, twin.id], norm_names=["nana", "sao paulo"])
+    assert sorted(e.id for e in found) == sorted([ana.id, sao.id, bob.id])  # each once; never another user's
+    got = by_id(found)
+    assert got[ana.id].embedding == pytest.approx(ana.embedding) and got[ana.id].aliases == ["Nana"]
+    assert got[bob.id].embedding is None
+    assert ids(graph_store.lookup_entities(user, entity_ids=[sao.id], norm_names=[])) == {sao.id}
+    assert ids(graph_store.lookup_entities(user, entity_ids=[], norm_names=["bob", "zed"])) == {bob.id}
+    assert graph_store.lookup_entities(user, entity_ids=[], norm_names=[]) == []
+    assert ids(graph_store.lookup_entities(other_user, entity_ids=[ana.id], norm_names=["nana"])) == {twin.id}
+
+
 def test_entity_changes_add_aliases_once_and_replace_given_fields(graph_store: GraphStore, user: str) -> None:
     ana = make_entity(user, "Ana", "Person", aliases=["Annie"], summary="first")
     graph_store.apply(plan(user, "m1", entities=[ana]))
