@@ -10,7 +10,9 @@ Runs under the user's apply lock, so what it reads cannot change under it. Decis
    event time (not arrival) makes the result independent of delivery order: a late message with an older
    event time lands in the past, already superseded.
 Ids are derived from (user, message, position), so re-planning the same message gives the same ids.
-The message itself is kept recallable: its chunks (``storage.episodes.chunk_envelope``) are embedded in
+Store reads per message are fixed, whatever it names: one entity lookup (``resolution``), one read of the
+facts it names or nearly restates (index hits, "updates" hints, "ends"), one read of its single-valued
+slots. The message itself is kept recallable: its chunks (``storage.episodes.chunk_envelope``) are embedded in
 the same single batch as the names and statements and go into the plan and the user's index.
 
 Model facts are mapped with these rules (docs/extraction.md):
@@ -49,7 +51,7 @@ from engram_api.naming import (
 from engram_api.storage.base import GraphStore
 from engram_api.storage.embedder import Embedder
 from engram_api.storage.episodes import chunk_envelope
-from engram_api.storage.vectors import Kind, UserIndex
+from engram_api.storage.vectors import Kind, UserIndex, VectorHit
 from engram_workers.extraction.prompt import speaker_transcript
 from engram_workers.resolution import Resolver, Vectors, hashed_id
 
@@ -139,19 +141,9 @@ def _draft_facts(
     return drafts, hints
 
 
-def _consolidate_multi(
-    uid: str,
-    drafts: list[FactRecord],
-    hints: dict[str, str],
-    graph: GraphStore,
-    index: UserIndex,
-    new_facts: list[FactRecord],
-    reinforced: list[str],
-    changes: list[FactChange],
-) -> None:
-    """Multi-valued facts: a near-identical current fact of the same subject is reinforced instead of
-    duplicated; a fact the model says replaces a context fact supersedes it."""
-    hits = {
+def _duplicate_hits(drafts: list[FactRecord], index: UserIndex) -> dict[str, list[VectorHit]]:
+    """Each multi-valued draft's near-identical facts in the user's index (candidates for reinforcement)."""
+    return {
         d.id: [
             h
             for h in index.search(np.asarray(d.embedding, dtype=np.float32), 3, kind="fact")
@@ -159,8 +151,19 @@ def _consolidate_multi(
         ]
         for d in drafts
     }
-    wanted = {h.node_id for hs in hits.values() for h in hs} | set(hints.values())
-    known = {f.id: f for f in graph.get_facts(uid, sorted(wanted))} if wanted else {}
+
+
+def _consolidate_multi(
+    drafts: list[FactRecord],
+    hints: dict[str, str],
+    hits: dict[str, list[VectorHit]],
+    known: dict[str, FactRecord],
+    new_facts: list[FactRecord],
+    reinforced: list[str],
+    changes: list[FactChange],
+) -> None:
+    """Multi-valued facts: a near-identical current fact of the same subject is reinforced instead of
+    duplicated; a fact the model says replaces a context fact supersedes it."""
     for draft in drafts:
         dup = next(
             (
@@ -222,10 +225,9 @@ def _supersede_single(
             new_facts.append(draft)
 
 
-def _ended(uid: str, ids: Sequence[str], at: datetime, graph: GraphStore) -> list[tuple[FactRecord, datetime]]:
+def _ended(ids: Sequence[str], at: datetime, known: dict[str, FactRecord]) -> list[tuple[FactRecord, datetime]]:
     """The facts ``ends`` names that were current when the message was sent (this user's only)."""
-    wanted = sorted({i for i in ids if i.startswith("fact_")})
-    facts = graph.get_facts(uid, wanted) if wanted else []
+    facts = [known[i] for i in sorted(set(ids)) if i in known]
     return [(f, at) for f in facts if not f.archived and f.valid_until is None and f.valid_from <= at]
 
 
@@ -254,8 +256,14 @@ def plan_message(
     changes: list[FactChange] = []
     multi = [d for d in drafts if not d.single_valued]
     single = [d for d in drafts if d.single_valued]
-    ended = _ended(uid, extraction.ends, envelope.timestamp, graph)
-    _consolidate_multi(uid, multi, hints, graph, index, new_facts, reinforced, changes)
+    hits = _duplicate_hits(multi, index)
+    # One read for every fact the message names or nearly restates: duplicate candidates, "updates" hints
+    # and "ends" (only this user's facts come back).
+    wanted = {h.node_id for hs in hits.values() for h in hs} | set(hints.values())
+    wanted |= {i for i in extraction.ends if i.startswith("fact_")}
+    known = {f.id: f for f in graph.get_facts(uid, sorted(wanted))} if wanted else {}
+    ended = _ended(extraction.ends, envelope.timestamp, known)
+    _consolidate_multi(multi, hints, hits, known, new_facts, reinforced, changes)
     _supersede_single(uid, single, graph, {f.id: when for f, when in ended}, new_facts, reinforced, changes)
     changed = {c.id for c in changes}
     changes += [FactChange(id=f.id, valid_until=when, superseded_by=None) for f, when in ended if f.id not in changed]

@@ -7,11 +7,16 @@ name or alias, then embedding similarity (same label, ``ENTITY_MATCH`` or higher
   ``owner_name``, resolves to the self node and its names become aliases of it;
 - an id-shaped ref (``ent_..``, ``fact_..``, a handle ``E3``) that is not a known id of this user never
   creates an entity (``entity_for`` answers None and the fact hanging on it is skipped).
+Store round trips: ``resolve`` reads every entity the message may resolve to (the self node, context ids,
+id-shaped and bare names in facts, the listed names and aliases, and the candidates the FAISS index gives
+for each listed name) in ONE ``lookup_entities`` query; nothing after it reads the store, so the count
+does not grow with the number of names or hits.
 """
 
 from __future__ import annotations
 
 import hashlib
+import itertools
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -22,7 +27,7 @@ from engram_api.models import SELF_REF, EntityChange, EntityRecord, Extraction
 from engram_api.naming import normalize_name, sanitize_label, self_entity_id
 from engram_api.storage.base import GraphStore
 from engram_api.storage.embedder import Embedder
-from engram_api.storage.vectors import UserIndex
+from engram_api.storage.vectors import UserIndex, VectorHit
 
 __all__ = ["ENTITY_MATCH", "Resolver", "Vectors", "hashed_id"]
 
@@ -66,6 +71,10 @@ class Resolver:
     new: dict[str, EntityRecord] = field(default_factory=dict)
     changes: dict[str, EntityChange] = field(default_factory=dict)
     mentioned: set[str] = field(default_factory=set)
+    # What ``resolve`` read in its one query, and the index's candidates (at or above ENTITY_MATCH) by name.
+    _fetched: dict[str, EntityRecord] = field(default_factory=dict, init=False, repr=False)
+    _fetched_norms: dict[str, str] = field(default_factory=dict, init=False, repr=False)
+    _hits: dict[str, list[VectorHit]] = field(default_factory=dict, init=False, repr=False)
 
     @property
     def self_id(self) -> str:
@@ -74,9 +83,8 @@ class Resolver:
     def _existing_self(self) -> EntityRecord:
         sid = self.self_id
         self.by_ref[SELF_REF] = sid
-        found = self.graph.get_entities(self.user_id, [sid])
-        if found:
-            return found[0]
+        if sid in self._fetched:
+            return self._fetched[sid]
         self.new[sid] = EntityRecord(
             id=sid,
             user_id=self.user_id,
@@ -109,19 +117,38 @@ class Resolver:
         change = self.changes.setdefault(entity_id, EntityChange(id=entity_id))
         change.add_aliases = list(dict.fromkeys([*change.add_aliases, *fresh]))
 
+    def _prefetch(self, extraction: Extraction, wanted: set[str], context_ids: set[str]) -> None:
+        """The one store read: every entity the message may resolve to, by id or by name."""
+        listed = {e.ref for e in extraction.entities} | {SELF_REF}
+        refs = {r.strip() for f in extraction.facts for r in (f.subject, f.object or "") if r and r not in listed}
+        ids = {self.self_id, *context_ids, *(r for r in refs if _ID_SHAPED.match(r))}
+        names = wanted | {normalize_name(r) for r in refs if not _ID_SHAPED.match(r)}
+        for ent in extraction.entities:
+            if normalize_name(ent.name) and not _ID_SHAPED.match(ent.name.strip()):
+                hits = self.index.search(self.vectors(ent.name), 3, kind="entity")
+                self._hits[ent.name] = list(itertools.takewhile(lambda h: h.score >= ENTITY_MATCH, hits))
+                ids.update(h.node_id for h in self._hits[ent.name])
+        found = self.graph.lookup_entities(self.user_id, entity_ids=sorted(ids), norm_names=sorted(names - {""}))
+        for rec in found:  # query order (norm_name, id): the first entity of a name wins, as a name lookup
+            self._fetched[rec.id] = rec
+            for n in [rec.norm_name, *rec.aliases]:
+                self._fetched_norms.setdefault(normalize_name(n), rec.id)
+
     def resolve(self, extraction: Extraction) -> None:
+        wanted = {normalize_name(n) for e in extraction.entities for n in [e.name, *e.aliases]} - {""}
+        context_ids = {e.ref for e in extraction.entities if e.ref.startswith("ent_")}
+        self._prefetch(extraction, wanted, context_ids)
         me = self._existing_self()
         for n in [me.name, *me.aliases, self.owner_name or ""]:
             if normalize_name(n) and normalize_name(n) not in _GENERIC_SELF:
                 self.by_norm[normalize_name(n)] = self.self_id
         if self.owner_name:
             self._alias_self(me, [self.owner_name])
-        wanted = {normalize_name(n) for e in extraction.entities for n in [e.name, *e.aliases]} - {""}
-        existing = self.graph.find_entities(self.user_id, sorted(wanted)) if wanted else []
-        context_ids = {e.ref for e in extraction.entities if e.ref.startswith("ent_")}
-        by_id = {e.id: e for e in existing}
-        if context_ids - by_id.keys():
-            by_id.update({e.id: e for e in self.graph.get_entities(self.user_id, sorted(context_ids - by_id.keys()))})
+        by_id = {
+            rec.id: rec
+            for rec in self._fetched.values()
+            if rec.id in context_ids or {normalize_name(n) for n in [rec.norm_name, *rec.aliases]} & wanted
+        }
         for rec in by_id.values():
             for n in [rec.name, *rec.aliases]:
                 self.by_norm.setdefault(normalize_name(n), rec.id)
@@ -151,13 +178,11 @@ class Resolver:
             target = next((self.by_norm[n] for n in norms if n in self.by_norm), None)
             if target is None:
                 label = sanitize_label(ent.label)
-                for hit in self.index.search(vec, 3, kind="entity"):
-                    if hit.score < ENTITY_MATCH:
-                        break
-                    cand = self.graph.get_entities(self.user_id, [hit.node_id])
-                    if cand and cand[0].label == label:
-                        target = cand[0].id
-                        by_id[target] = cand[0]
+                for hit in self._hits.get(ent.name, []):
+                    cand = self._fetched.get(hit.node_id)
+                    if cand is not None and cand.label == label:
+                        target = cand.id
+                        by_id[target] = cand
                         break
             if target is None:
                 target = hashed_id("ent_", self.user_id, self.message_id, ent.ref, norms[0])
@@ -195,22 +220,21 @@ class Resolver:
             return self.self_id
         if _ID_SHAPED.match(ref.strip()):
             # A context id the model did not list: fine if it is one of this user's; never a new "Thing".
-            found = self.graph.get_entities(self.user_id, [ref.strip()])
-            if found:
-                self.by_ref[ref] = found[0].id
-                self.mentioned.add(found[0].id)
-                return found[0].id
+            known = self._fetched.get(ref.strip())
+            if known is not None:
+                self.by_ref[ref] = known.id
+                self.mentioned.add(known.id)
+                return known.id
             return None
         norm = normalize_name(ref)
         if not norm:
             return None
         if norm in self.by_norm:
             return self.by_norm[norm]
-        found = self.graph.find_entities(self.user_id, [norm])
-        if found:
-            self.by_norm[norm] = found[0].id
-            self.mentioned.add(found[0].id)
-            return found[0].id
+        if norm in self._fetched_norms:
+            self.by_norm[norm] = self._fetched_norms[norm]
+            self.mentioned.add(self.by_norm[norm])
+            return self.by_norm[norm]
         eid = hashed_id("ent_", self.user_id, self.message_id, "name", norm)
         self.new[eid] = EntityRecord(
             id=eid,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from collections import Counter
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -23,9 +24,31 @@ from tests.support.extractions import entity, fact, lives_in
 T0 = datetime(2024, 1, 1, tzinfo=UTC)
 
 
+class CountingStore(SqliteGraphStore):
+    """The real embedded store, counting the reads consolidation makes (its store round trips)."""
+
+    READS = ("find_entities", "get_entities", "lookup_entities", "get_facts", "facts_for_slots")
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.reads: Counter[str] = Counter()
+
+
+def _counted(name: str):
+    def read(self, *args, **kwargs):
+        self.reads[name] += 1
+        return getattr(SqliteGraphStore, name)(self, *args, **kwargs)
+
+    return read
+
+
+for _name in CountingStore.READS:
+    setattr(CountingStore, _name, _counted(_name))
+
+
 @pytest.fixture
 def world(tmp_path, redis_client):
-    graph = SqliteGraphStore(path=tmp_path / "g.sqlite3")
+    graph = CountingStore(path=tmp_path / "g.sqlite3")
     graph.ensure_schema()
     embedder = get_embedder("all-MiniLM-L6-v2")
     keeper = IndexKeeper(graph=graph, vectors=VectorStore(root=tmp_path / "idx", dim=embedder.dim))
@@ -138,3 +161,32 @@ def test_an_updates_hint_supersedes_the_context_fact(world):
     old = graph.get_facts(user, [old_id])[0]
     assert old.valid_until == T0 + timedelta(days=3) and old.superseded_by == second.new_facts[0].id
     assert graph.stats(user).current_facts == 1
+
+
+def test_store_reads_per_message_do_not_grow_with_its_names_and_hits(world):
+    """One entity lookup, one fact read by id, one slot read per message: however many entities, bare
+    names, context ids and near-duplicate hits it carries (the reads used to be one per hit and per name)."""
+    graph, user, say = world
+    first = say("m1", {"entities": [entity("e1", "Alexander", "Person", aliases=["Alex"]), entity("e2", "jazz"),
+                                     entity("e3", "Acme Corp", "Organization")],
+                       "facts": [fact("user", "HAS_BROTHER", "e1", "User's brother is Alexander"),
+                                 fact("user", "LIKES", "e2", "User likes jazz music"),
+                                 fact("user", "WORKS_AT", "e3", "User works at Acme Corp", single_valued=True),
+                                 fact("user", "PLAYS", "tennis", "User plays tennis")]}, T0)  # fmt: skip
+    acme = next(e.id for e in first.new_entities if e.name == "Acme Corp")
+    plays = next(f.id for f in first.new_facts if f.predicate == "PLAYS")
+    graph.reads.clear()
+    plan = say("m2", {"entities": [entity("e1", "alex", "Person"), entity("e2", "Jazz"), entity(acme, "Acme Corp"),
+                                   entity("e4", "Denver", "City"), entity("e5", "Bob", "Person")],
+                      "facts": [fact("e1", "LIVES_IN", "e4", "Alex lives in Denver", single_valued=True),
+                                fact("user", "LIKES", "e2", "User likes jazz music."),
+                                fact("user", "KNOWS", "e5", "User knows Bob"),
+                                fact("e5", "WORKS_AT", acme, "Bob works at Acme Corp"),
+                                fact("user", "OWNS", "guitar", "User owns a guitar"),
+                                fact("Tennis", "IS_A", "sport", "Tennis is a sport")],
+                      "ends": [plays]}, T0 + timedelta(days=1))  # fmt: skip
+    assert graph.reads == Counter({"lookup_entities": 1, "get_facts": 1, "facts_for_slots": 1})
+    by_name = {e.name for e in plan.new_entities}
+    assert by_name == {"Denver", "Bob", "guitar", "sport"}  # alex, jazz, Acme Corp and tennis were known
+    assert len(plan.reinforced_fact_ids) == 1 and [c.id for c in plan.fact_changes] == [plays]
+    assert graph.stats(user).entities == 1 + 4 + 4  # the user, the first message's four, the new four
