@@ -57,10 +57,13 @@ def snapshot(client, user: str) -> dict:
     lines[0].pop("exported_at")
     stats = client.stats(user).model_dump(exclude={"version", "clusters"})
     recall = client.recall(user, "where does the user live and what do they like?", k=10)
+    # Neo4j's full-text index is Lucene, whose BM25 statistics count deleted documents until its segments
+    # merge: after a forget and a re-import the keyword scores may move a little (seen in CI: the same items, scores a few per cent apart).
+    exact = client.settings.neo4j_uri is None
     return {
         "export": lines,
         "stats": stats,
-        "recall": [(i.id, i.kind, i.statement, round(i.score, 5)) for i in recall.items],
+        "recall": [(i.id, i.kind, i.statement, round(i.score, 5) if exact else None) for i in recall.items],
         "weights": recall.weights,
     }
 
