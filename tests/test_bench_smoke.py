@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from engram_api.producer import build_envelope
 from engram_api.settings import Settings
 
@@ -101,3 +103,21 @@ def test_llm_quality_bench_sends_speakers_owner_and_earlier_turns():
     assert [m.content for m in last.earlier] == [f"turn {i}" for i in range(3, 9)]
     assert last.earlier[0].name == "Caroline" and last.earlier[1].name == "Melanie"
     assert locomo.ingest_items("u1", "Caroline", turns, 0, False)[0]["messages"] == "turn 1"
+
+
+def test_quality_bench_runs_the_chosen_conversations_and_names_an_unknown_one():
+    sys.path.insert(0, str(REPO / "ops" / "bench"))
+    locomo = importlib.import_module("quality_locomo")
+    benchlib = importlib.import_module("benchlib")
+    data = [{"sample_id": s} for s in ("conv-26", "conv-30", "conv-43")]
+
+    def chosen(quick: bool, conversations: tuple[str, ...] = ()) -> list[str]:
+        ctx = benchlib.BenchContext(quick=quick, services=None, workdir=REPO, console=None)  # type: ignore[arg-type]
+        ctx.conversations = conversations
+        return [c["sample_id"] for c in locomo.chosen_conversations(ctx, data)]
+
+    assert chosen(True) == ["conv-30"]
+    assert chosen(False) == ["conv-26", "conv-30", "conv-43"]
+    assert chosen(True, ("conv-43",)) == ["conv-43"]
+    with pytest.raises(ValueError, match="conv-99"):
+        chosen(False, ("conv-43", "conv-99"))

@@ -229,6 +229,8 @@ class BenchContext:
     out: Path = RESULTS  # --out: results, the embedding cache and the seeds' venv all live here
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:6])
     user_llm: bool = False  # --llm: stacks that extract with an LLM use the user's LLM_MODEL, not the stand-in
+    store: str = "neo4j"  # --store: the graph store of every stack that does not choose its own
+    conversations: tuple[str, ...] = ()  # --conversations: the LoCoMo sample ids the quality bench runs
 
     def size(self, quick: int, full: int) -> int:
         return quick if self.quick else full
@@ -241,11 +243,12 @@ class BenchContext:
         return f"b{self.run_id}-{label}"
 
     @contextmanager
-    def stack(self, name: str, *, llm: bool, neo4j: bool = True, **settings: object) -> Iterator[Stack]:
+    def stack(self, name: str, *, llm: bool, neo4j: bool | None = None, **settings: object) -> Iterator[Stack]:
         """An Engram deployment on this run's services, without workers (``start_workers`` adds them).
 
         Every worker loads ``stage_timer.StageTimer``: it records each stage's in-worker seconds in the
         message's status hash, the same number the Prometheus histogram ``engram_stage_seconds`` gets.
+        ``neo4j`` left at None means the run's ``--store``.
         """
         from tests.support.stack import engram_stack
 
@@ -254,7 +257,7 @@ class BenchContext:
         with engram_stack(
             redis_url=self.services.redis_url,
             data_dir=data_dir,
-            neo4j_uri=self.services.neo4j_uri if neo4j else None,
+            neo4j_uri=self.services.neo4j_uri if (self.store == "neo4j" if neo4j is None else neo4j) else None,
             llm_url=self.services.llm.url if llm and not self.user_llm else None,
             llm_env=os.environ if llm and self.user_llm else None,
             workers=False,

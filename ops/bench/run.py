@@ -62,6 +62,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="quality only: extract with your own LLM_MODEL (LLM_API_KEY, LLM_API_BASE) instead of the offline "
         "extractor and the stand-in; costs real tokens (docs/extraction.md)",
     )
+    parser.add_argument(
+        "--store",
+        choices=("neo4j", "sqlite"),
+        default="neo4j",
+        help="the graph store of the benchmarks' deployments (default neo4j; the gateway bench always uses sqlite)",
+    )
+    parser.add_argument(
+        "--conversations",
+        default="",
+        help="quality only: comma-separated LoCoMo sample ids to run (default: conv-30 with --quick, all five without)",
+    )
     args = parser.parse_args(argv)
     chosen = [b.strip() for b in args.only.split(",") if b.strip()] or list(BENCHES)
     unknown = [b for b in chosen if b not in BENCHES]
@@ -112,13 +123,15 @@ def main(argv: list[str] | None = None) -> int:
         datasets=args.datasets.resolve(),
         user_llm=args.llm,
         out=args.out,
+        store=args.store,
+        conversations=tuple(c.strip() for c in args.conversations.split(",") if c.strip()),
     )
     info = benchlib.machine()
     console.print(
         f"[bold]Engram benchmarks[/bold] ({mode}): {', '.join(args.chosen)}"
         + (f" extracting with YOUR model {os.environ['LLM_MODEL']}\n" if args.llm else "\n")
         + f"machine: {info['nproc']} cores, {info['cpu_model']}, {info['ram_gib']} GiB RAM, "
-        f"load {info['loadavg_1_5_15min'][0]:.2f}; results -> {args.out}"
+        f"load {info['loadavg_1_5_15min'][0]:.2f}; store {args.store}; results -> {args.out}"
     )
     runnable = without_missing_datasets(args.chosen, args.datasets.resolve(), console)
     skipped = [name for name in args.chosen if name not in runnable]
