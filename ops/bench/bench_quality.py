@@ -44,16 +44,16 @@ def _sample20(ctx: BenchContext, stack: Any, mode: str) -> list[dict[str, Any]]:
     out = []
     for case in cases:
         user = ctx.uid(f"{mode}-{case['id']}")
-        receipts = [
-            client.enqueue(
+        # Sessions are a week apart: each is applied before the next is sent, so its extraction sees the
+        # earlier sessions' facts as known context (as in a real conversation, not a burst).
+        for i, session in enumerate(case["sessions"]):
+            receipt = client.enqueue(
                 user,
                 session["messages"],
                 message_id=f"{case['id']}-{session['session_id']}",
                 timestamp=t0 + timedelta(days=7 * i),
             )
-            for i, session in enumerate(case["sessions"])
-        ]
-        client.wait(receipts, timeout=600)
+            client.wait([receipt], timeout=600)
         context = client.get_context(user, case["question"])
         stale = STALE.get(case["id"])
         row = {
@@ -109,9 +109,13 @@ def _first_turn_responder(cases: list[dict[str, Any]]):  # type: ignore[no-untyp
     from tests.support.extractions import message_text
 
     texts = {m["content"] for c in cases for s in c["sessions"] for m in s["messages"] if m["role"] == "user"}
-    return lambda request: Reply.json(
-        extraction_for(next((line for line in message_text(request).splitlines() if line in texts), ""))
-    )
+
+    def respond(request: dict[str, Any]) -> Reply:
+        text = next((line for line in message_text(request).splitlines() if line in texts), "")
+        prompt = next(m["content"] for m in request["messages"] if m["role"] == "user")
+        return Reply.json(extraction_for(text, prompt))
+
+    return respond
 
 
 def _cost_table(stack: Any, users: list[str], messages: int) -> tuple[Table, dict[str, float]]:
@@ -189,6 +193,8 @@ def run(ctx: BenchContext) -> BenchResult:
             "MRR over the top 10; naive RAG embeds 'Speaker: text' like Engram's episodes (the fair baseline)",
             "sample_20 'answer found' = every answer word (3+ letters, stop words aside) is in the context; "
             "stale values of the knowledge-update cases are our annotation (ltm_script.STALE)",
+            "sample_20 sessions are a week apart, each applied before the next is sent; a scripted answer that "
+            "replaces a value names the known fact's handle in `updates`, as the prompt asks a model to",
             "LoCoMo is CC BY-NC 4.0 and read from the datasets directory (--datasets); nothing of it is stored in the repo",
         ],
     )

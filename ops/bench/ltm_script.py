@@ -2,15 +2,24 @@
 return, written by hand once so that the "scripted" rows of the quality benchmark are deterministic.
 
 Each entry: message text -> facts as (subject, PREDICATE, object name or None, object label, statement,
-single_valued). The subject is "user" or the name of an entity listed as an object in the same message.
+replaces). The subject is "user" or the name of an entity listed as an object in the same message.
 Messages not listed here extract nothing (small talk, requests).
+
+``replaces`` says the fact takes the place of the subject's earlier value of that predicate. Engram ignores a
+model's ``single_valued`` flag (docs/extraction.md): a predicate on ``naming.SINGLE_VALUED`` supersedes by
+itself, and for any other a model that follows the prompt names the earlier fact's handle in ``updates``. The
+script does the same: it reads the ``F<n> [PREDICATE]`` lines of the prompt's known context.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
+from engram_api.naming import SINGLE_VALUED
 from tests.support.extractions import entity, fact
+
+_KNOWN_FACT = re.compile(r"^(F\d+) \[([A-Z_]+)\]", re.MULTILINE)
 
 FactRow = tuple[str, str, str | None, str, str, bool]
 
@@ -63,14 +72,17 @@ SCRIPT: dict[str, list[FactRow]] = {
 STALE = {"ku_001": "Tampa", "ku_002": "Google", "ku_003": "dating", "ku_004": "running", "ku_005": "computer science"}
 
 
-def extraction_for(text: str) -> dict[str, Any]:
+def extraction_for(text: str, prompt: str = "") -> dict[str, Any]:
+    """The scripted answer to ``text``; ``prompt`` (the user part Engram sent) supplies the handles of the
+    known facts a replacing fact ``updates``."""
     rows = SCRIPT.get(text, [])
     names = {obj: label for _, _, obj, label, _, _ in rows if obj}
     refs = {name: f"e{i}" for i, name in enumerate(names, start=1)}
-    return {
-        "entities": [entity(refs[name], name, label) for name, label in names.items()],
-        "facts": [
-            fact(refs.get(subject, subject), predicate, refs.get(obj) if obj else None, statement, single_valued=single)
-            for subject, predicate, obj, _, statement, single in rows
-        ],
-    }
+    known = {predicate: handle for handle, predicate in _KNOWN_FACT.findall(prompt)}
+    facts = []
+    for subject, predicate, obj, _, statement, replaces in rows:
+        row = fact(refs.get(subject, subject), predicate, refs.get(obj) if obj else None, statement)
+        if replaces and predicate not in SINGLE_VALUED and predicate in known:
+            row["updates"] = known[predicate]
+        facts.append(row)
+    return {"entities": [entity(refs[name], name, label) for name, label in names.items()], "facts": facts}
