@@ -15,8 +15,9 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "ops" / "chaos"))
 
+import accounting
 import flaky_llm
-import harness
+import fleet
 import lease_expiry
 import neo4j_outage
 import poison
@@ -32,9 +33,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 @pytest.fixture(scope="module")
 def services(
     redis_url: str, neo4j_server: Neo4jServer, llm_server: LLMStandin, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[harness.Services]:
+) -> Iterator[fleet.Services]:
     # neo4j_server, not neo4j_uri: the outage scenario stops and restarts the server it is given.
-    yield harness.Services(
+    yield fleet.Services(
         work_dir=tmp_path_factory.mktemp("chaos"),
         redis_url=redis_url,
         neo4j_uri=neo4j_server.uri,
@@ -44,19 +45,19 @@ def services(
     llm_server.reset()
 
 
-def held(result: harness.ScenarioResult) -> str:
+def held(result: accounting.ScenarioResult) -> str:
     """The table row, as the assertion message: what was counted and which checks failed."""
-    return "\n" + harness.format_table([result])
+    return "\n" + accounting.format_table([result])
 
 
-def assert_held(result: harness.ScenarioResult) -> None:
+def assert_held(result: accounting.ScenarioResult) -> None:
     failed = [name for name, passed in result.checks.items() if not passed]
     assert result.error is None, held(result)
     assert result.sent > 0 and result.checks, held(result)
     assert (result.lost, result.duplicated, failed) == (0, 0, []), held(result)
 
 
-def test_worker_sigkill_loses_nothing_duplicates_nothing_and_keeps_order(services: harness.Services) -> None:
+def test_worker_sigkill_loses_nothing_duplicates_nothing_and_keeps_order(services: fleet.Services) -> None:
     result = worker_kill.run(services, worker_kill.QUICK)
     assert_held(result)
     assert result.applied == result.sent, held(result)
@@ -65,20 +66,20 @@ def test_worker_sigkill_loses_nothing_duplicates_nothing_and_keeps_order(service
     assert result.checks["per-user LIVES_IN order"]
 
 
-def test_redis_restart_loses_nothing_and_producers_get_store_unavailable(services: harness.Services) -> None:
+def test_redis_restart_loses_nothing_and_producers_get_store_unavailable(services: fleet.Services) -> None:
     result = redis_restart.run(services, redis_restart.QUICK)
     assert_held(result)
     assert result.applied == result.sent, held(result)
     assert set(result.details["producer_errors"]) == {"StoreUnavailableError: Redis unavailable, nothing enqueued"}
 
 
-def test_neo4j_outage_dead_letters_nothing_and_everything_lands(services: harness.Services) -> None:
+def test_neo4j_outage_dead_letters_nothing_and_everything_lands(services: fleet.Services) -> None:
     result = neo4j_outage.run(services, neo4j_outage.QUICK)
     assert_held(result)
     assert (result.dead_lettered, result.applied) == (0, result.sent), held(result)
 
 
-def test_flaky_llm_ends_every_message_and_breaker_and_rate_limit_hold(services: harness.Services) -> None:
+def test_flaky_llm_ends_every_message_and_breaker_and_rate_limit_hold(services: fleet.Services) -> None:
     result = flaky_llm.run(services, flaky_llm.QUICK)
     assert_held(result)
     assert result.applied + result.dead_lettered == result.sent, held(result)
@@ -89,16 +90,16 @@ def test_flaky_llm_ends_every_message_and_breaker_and_rate_limit_hold(services: 
     assert metrics["breaker_opened"] >= 1 and metrics["breaker_rejected"] > 0, held(result)
 
 
-def test_poison_message_is_dead_lettered_after_bounded_deaths(services: harness.Services) -> None:
+def test_poison_message_is_dead_lettered_after_bounded_deaths(services: fleet.Services) -> None:
     params = poison.QUICK
     result = poison.run(services, params)
     assert_held(result)
-    assert result.dead_lettered == params.poisoned_users, held(result)
-    assert result.applied == result.sent - params.poisoned_users, held(result)
-    assert result.metrics["apply_child_deaths"] == params.max_deliveries * params.poisoned_users, held(result)
+    assert result.dead_lettered == params.users, held(result)
+    assert result.applied == result.sent - params.users, held(result)
+    assert result.metrics["apply_child_deaths"] == params.max_deliveries * params.users, held(result)
 
 
-def test_lease_expiry_under_load_loses_nothing_duplicates_nothing_and_keeps_order(services: harness.Services) -> None:
+def test_lease_expiry_under_load_loses_nothing_duplicates_nothing_and_keeps_order(services: fleet.Services) -> None:
     result = lease_expiry.run(services, lease_expiry.QUICK)
     assert_held(result)
     assert result.applied == result.sent, held(result)

@@ -19,29 +19,21 @@ tests/test_controls.py).
 from __future__ import annotations
 
 import os
-import threading
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from types import MappingProxyType
 
-from harness import (
-    APPLY_WORKER,
-    EXTRACT_WORKER,
-    ScenarioResult,
-    Services,
-    Workload,
-    audit,
-    enqueue_paced,
-    fleet,
-    settle,
-    start_workers,
-    warm_up,
-)
+from accounting import ScenarioResult, settle
+from fleet import EXTRACT_8, Poller, Services
+from scenario import Scenario, ScenarioParams
+from workload import Workload, enqueue_paced
 
 from engram_api.models import DeadLetter, Receipt
 from engram_testing import Reply
 from engram_workers.control.breaker import LLMBreaker
+from engram_workers.services.celery_worker import APPLY_WORKER
 
 NAME = "flaky LLM"
 
@@ -49,19 +41,17 @@ RATE_PER_S = 5
 
 
 @dataclass(frozen=True)
-class Params:
-    users: int = 30
-    per_user: int = 10  # phase 1
+class Params(ScenarioParams):
+    # users x per_user messages in phase 1, all enqueued at once (produce_s 0)
     outage_users: int = 10
     outage_per_user: int = 2  # phase 2
     failure_rate: float = 0.3
     outage_s: float = 10.0
-    settle_timeout_s: float = 600.0
     seed: int = 4
 
 
-FULL = Params()
-QUICK = Params(users=8, per_user=5, outage_users=6, outage_per_user=2, outage_s=8.0, settle_timeout_s=150.0)
+FULL = Params(users=30, per_user=10, produce_s=0.0)
+QUICK = Params(users=8, per_user=5, produce_s=0.0, outage_users=6, outage_s=8.0, settle_timeout_s=150.0)
 
 SETTINGS = {
     "llm_rate_per_s": RATE_PER_S,
@@ -97,26 +87,18 @@ def busiest_second(timestamps: Sequence[float]) -> tuple[int, float | None]:
     return best, start
 
 
-class BreakerWatch(threading.Thread):
+class BreakerWatch(Poller):
     """Polls the fleet's breaker state (through ``LLMBreaker.state``) and records every change with its time."""
 
     def __init__(self, breaker: LLMBreaker, every: float = 0.05) -> None:
-        super().__init__(daemon=True, name="breaker-watch")
+        super().__init__("breaker-watch", every, join_timeout=5)
         self.breaker = breaker
-        self.every = every
         self.changes: list[tuple[float, str]] = []
-        self._stop_event = threading.Event()
 
-    def run(self) -> None:
-        while not self._stop_event.is_set():
-            state = self.breaker.state
-            if not self.changes or self.changes[-1][1] != state:
-                self.changes.append((time.time(), state))
-            self._stop_event.wait(self.every)
-
-    def stop(self) -> None:
-        self._stop_event.set()
-        self.join(timeout=5)
+    def poll(self) -> None:
+        state = self.breaker.state
+        if not self.changes or self.changes[-1][1] != state:
+            self.changes.append((time.time(), state))
 
     def open_windows(self) -> list[tuple[float, float]]:
         """Spans in which the breaker was open: no call may leave the fleet (the trial comes when half-open)."""
@@ -132,23 +114,33 @@ def _reasons(letters: Sequence[DeadLetter]) -> Counter[str]:
     return Counter(d.reason.split("last: ", 1)[-1].split(":", 1)[0][:60] for d in letters)
 
 
-def run(services: Services, params: Params = FULL) -> ScenarioResult:
-    result = ScenarioResult(NAME)
-    begun = time.monotonic()
-    tag = f"llm{os.getpid()}"
-    work = Workload(tag, users=params.users, per_user=params.per_user)
-    outage = Workload(f"{tag}x", users=params.outage_users, per_user=params.outage_per_user)
-    llm = services.llm
-    llm.reset(seed=params.seed)
-    llm.hang_s = 3 * float(SETTINGS["llm_timeout_s"])
-    with fleet(services, "flaky-llm", **SETTINGS) as stack:
-        client = stack.client
-        extract = {**EXTRACT_WORKER, "concurrency": 8}
-        start_workers(stack, {"extract-1": extract, "extract-2": extract, "apply": APPLY_WORKER})
-        warm_up(stack, llm, work.reply, outage.reply)
+class FlakyLLM(Scenario[Params]):
+    NAME = NAME
+    FLEET = "flaky-llm"
+    # Two extract processes share the fleet-wide rate limit and breaker.
+    WORKERS = MappingProxyType({"extract-1": EXTRACT_8, "extract-2": EXTRACT_8, "apply": APPLY_WORKER})
+
+    def __init__(self, services: Services, params: Params) -> None:
+        super().__init__(services, params)
+        self.outage_work = Workload(
+            f"{self.FLEET}x{os.getpid()}", users=params.outage_users, per_user=params.outage_per_user
+        )
+
+    def workloads(self) -> list[Workload]:
+        return [self.work, self.outage_work]
+
+    def fleet_settings(self) -> Mapping[str, object]:
+        return SETTINGS
+
+    def prepare_llm(self) -> None:
+        self.llm.reset(seed=self.params.seed)
+        self.llm.hang_s = 3 * float(SETTINGS["llm_timeout_s"])
+
+    def exercise(self) -> None:
+        params, llm = self.params, self.llm
         watch = BreakerWatch(
             LLMBreaker(
-                redis_url=stack.env["REDIS_URL"],
+                redis_url=self.stack.env["REDIS_URL"],
                 fail_max=int(SETTINGS["breaker_failures"]),
                 reset_timeout=float(SETTINGS["breaker_reset_s"]),
                 is_failure=lambda _: False,  # only watched: this instance never calls the model
@@ -158,10 +150,9 @@ def run(services: Services, params: Params = FULL) -> ScenarioResult:
 
         # Phase 1: a 30 % mix of every failure kind.
         phase1_start = time.time()
-        receipts: list[Receipt] = []
         llm.inject_failures(params.failure_rate, mix=failure_mix(), seed=params.seed)
-        enqueue_paced(client, work.messages, receipts, seconds=0)
-        phase1 = settle(client, receipts, timeout=params.settle_timeout_s)
+        enqueue_paced(self.client, self.work.messages, self.receipts, seconds=params.produce_s)
+        phase1 = settle(self.client, self.receipts, timeout=params.settle_timeout_s)
         injected = llm.failures_injected
         llm.inject_failures(0.0)
 
@@ -170,19 +161,18 @@ def run(services: Services, params: Params = FULL) -> ScenarioResult:
         before_outage = watch.breaker.stats()
         outage_receipts: list[Receipt] = []
         llm.inject_failures(1.0, mix=[Reply.error(503)])
-        enqueue_paced(client, outage.messages, outage_receipts, seconds=0)
+        enqueue_paced(self.client, self.outage_work.messages, outage_receipts, seconds=params.produce_s)
         time.sleep(params.outage_s)
         llm.inject_failures(0.0)
         healthy_at = time.time()
-        phase2 = settle(client, outage_receipts, timeout=params.settle_timeout_s)
+        phase2 = settle(self.client, outage_receipts, timeout=params.settle_timeout_s)
         watch.stop()
         stats = watch.breaker.stats()
 
-        tally = settle(client, receipts + outage_receipts, timeout=params.settle_timeout_s)
-        result.count(tally, audit(client, work.users + outage.users))
-
-        letters = {d.message_id: d for d in client.dead_letters() if d.message_id in tally.dead}
-        phase1_letters = [d for mid, d in letters.items() if mid in phase1.dead]
+        self.receipts += outage_receipts
+        tally = self.settle()
+        letters = {d.message_id: d for d in self.client.dead_letters() if d.message_id in tally.dead}
+        phase1_reasons = _reasons([d for mid, d in letters.items() if mid in phase1.dead])
         windows = watch.open_windows()
         stamps = [r.timestamp for r in llm.requests]
         # Recorded, not checked: a call already on the wire when the breaker opened lands just after, and the
@@ -194,24 +184,23 @@ def run(services: Services, params: Params = FULL) -> ScenarioResult:
             for lo, hi in windows
             if lo + margin < t < hi - margin
         ]
-        calls_while_open = len(leaked)
-        final_state = watch.breaker.state
         peak, peak_at = busiest_second(stamps)
 
-        result.checks["every message applied or dead-lettered"] = not tally.pending
-        result.checks["every dead letter has a reason"] = len(letters) == len(tally.dead) and all(
+        checks = self.result.checks
+        checks["every message applied or dead-lettered"] = not tally.pending
+        checks["every dead letter has a reason"] = len(letters) == len(tally.dead) and all(
             d.reason.strip() for d in letters.values()
         )
-        result.checks["every LLM call admitted by the breaker (none while open)"] = (
+        checks["every LLM call admitted by the breaker (none while open)"] = (
             len(stamps) == stats.admitted + stats.trials
         )
-        result.checks["breaker opened and refused calls during the outage"] = (
+        checks["breaker opened and refused calls during the outage"] = (
             stats.opened > before_outage.opened and stats.rejected > before_outage.rejected
         )
-        result.checks["breaker closed after recovery, through a trial"] = (
-            final_state == "closed" and stats.trials > before_outage.trials
+        checks["breaker closed after recovery, through a trial"] = (
+            watch.breaker.state == "closed" and stats.trials > before_outage.trials
         )
-        result.metrics.update(
+        self.result.metrics.update(
             llm_calls=len(stamps),
             failures_injected_phase1=injected,
             breaker_admitted=stats.admitted,
@@ -220,9 +209,9 @@ def run(services: Services, params: Params = FULL) -> ScenarioResult:
             breaker_opened=stats.opened,
             max_calls_in_1s=peak,
             polled_open_windows=len(windows),
-            calls_in_polled_open_windows=calls_while_open,
+            calls_in_polled_open_windows=len(leaked),
         )
-        result.details.update(
+        self.result.details.update(
             seconds_from_phase1_start={
                 "phase2": round(phase2_start - phase1_start, 1),
                 "healthy_again": round(healthy_at - phase1_start, 1),
@@ -230,9 +219,11 @@ def run(services: Services, params: Params = FULL) -> ScenarioResult:
                 "calls_while_open (window, offset)": leaked,
                 "breaker_changes": [(round(t - phase1_start, 2), s) for t, s in watch.changes],
             },
-            phase1_dead_letter_reasons=dict(_reasons(phase1_letters)),
+            phase1_dead_letter_reasons=dict(phase1_reasons),
             phase2_dead_letter_reasons=dict(_reasons([d for mid, d in letters.items() if mid in phase2.dead])),
         )
-        result.notes += [f"phase-1 dead letters: {dict(_reasons(phase1_letters))}"]
-    result.seconds = round(time.monotonic() - begun, 1)
-    return result
+        self.result.notes += [f"phase-1 dead letters: {dict(phase1_reasons)}"]
+
+
+def run(services: Services, params: Params = FULL) -> ScenarioResult:
+    return FlakyLLM(services, params).run()

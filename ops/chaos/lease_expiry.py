@@ -13,119 +13,85 @@ user's FAISS index holds exactly the graph's vectors.
 from __future__ import annotations
 
 import contextlib
-import random
-import threading
-import time
 from dataclasses import dataclass
+from types import MappingProxyType
 
-from harness import (
-    APPLY_WORKER,
-    EXTRACT_WORKER,
-    ScenarioResult,
-    Services,
-    Workload,
-    audit,
-    enqueue_paced,
-    fleet,
-    settle,
-    start_workers,
-    warm_up,
-)
+from accounting import ScenarioResult
+from fleet import EXTRACT_8, Poller, Services
+from scenario import Scenario, ScenarioParams
+from workload import enqueue_paced
 
-from engram_api import keys
+from engram_api import MemoryClient, keys
 from engram_api.errors import WaitTimeoutError
-from engram_api.models import Receipt
+from engram_workers.services.celery_worker import APPLY_WORKER
 
 NAME = "lease expiry under load"
 
 
 @dataclass(frozen=True)
-class Params:
-    users: int = 6
-    per_user: int = 40
-    moves: int = 8
-    produce_s: float = 60.0
-    steal_every_s: float = 0.02
-    settle_timeout_s: float = 600.0
-    seed: int = 6
+class Params(ScenarioParams):
+    steal_every_s: float = 0.02  # the thief deletes every held lease this often
 
 
-FULL = Params()
-QUICK = Params(users=3, per_user=16, moves=4, produce_s=15.0, settle_timeout_s=200.0)
+FULL = Params(users=6, per_user=40, produce_s=60.0, moves=8)
+QUICK = Params(users=3, per_user=16, produce_s=15.0, moves=4, settle_timeout_s=200.0)
 
 
-class Thief(threading.Thread):
+class Thief(Poller):
     """Deletes the held apply leases of ``users`` every ``every`` seconds until stopped; counts thefts."""
 
-    def __init__(self, client: object, users: list[str], every: float) -> None:
-        super().__init__(daemon=True)
-        self.redis = client.redis  # type: ignore[attr-defined]
+    def __init__(self, client: MemoryClient, users: list[str], every: float) -> None:
+        super().__init__("lease-thief", every, join_timeout=10)
+        self.redis = client.redis
         self.leases = [keys.apply_lock(u) for u in users]
-        self.every = every
         self.stolen = 0
-        self._halt = threading.Event()
 
-    def run(self) -> None:
-        while not self._halt.wait(self.every):
-            self.stolen += int(self.redis.delete(*self.leases))
-
-    def stop(self) -> None:
-        self._halt.set()
-        self.join()
+    def poll(self) -> None:
+        self.stolen += int(self.redis.delete(*self.leases))
 
 
-def run(services: Services, params: Params = FULL) -> ScenarioResult:
-    result = ScenarioResult(NAME)
-    begun = time.monotonic()
-    rng = random.Random(params.seed)
-    work = Workload(f"lease{rng.randrange(10**6)}", users=params.users, per_user=params.per_user, moves=params.moves)
-    # Round-robin over users (each user's own messages stay in event-time order), so every user has
-    # several messages in flight at once across the apply processes.
-    order = {m.message_id: (m.timestamp, m.user_id) for m in work.messages}
-    messages = sorted(work.messages, key=lambda m: order[m.message_id])
-    services.llm.reset()
-    services.llm.latency_s = 0.01
+class LeaseExpiry(Scenario[Params]):
+    NAME = NAME
+    FLEET = "lease-expiry"
+    # Two processes of three threads: overlapping writers across and within processes.
+    WORKERS = MappingProxyType(
+        {
+            "extract": EXTRACT_8,
+            "apply-1": {**APPLY_WORKER, "pool": "threads", "concurrency": 3},
+            "apply-2": {**APPLY_WORKER, "pool": "threads", "concurrency": 3},
+        }
+    )
+    LLM_LATENCY_S = 0.01
 
-    with fleet(services, "lease-expiry") as stack:
-        client = stack.client
-        start_workers(
-            stack,
-            {
-                "extract": {**EXTRACT_WORKER, "concurrency": 8},
-                # Two processes of three threads: overlapping writers across and within processes.
-                "apply-1": {**APPLY_WORKER, "pool": "threads", "concurrency": 3},
-                "apply-2": {**APPLY_WORKER, "pool": "threads", "concurrency": 3},
-            },
-        )
-        warm_up(stack, services.llm, work.reply)
-        receipts: list[Receipt] = []
-        thief = Thief(client, work.users, params.steal_every_s)
+    def exercise(self) -> None:
+        params, result, client = self.params, self.result, self.client
+        # Round-robin over users (each user's own messages stay in event-time order), so every user has
+        # several messages in flight at once across the apply processes.
+        messages = sorted(self.work.messages, key=lambda m: (m.timestamp, m.user_id))
+        thief = Thief(client, self.work.users, params.steal_every_s)
         thief.start()
-        enqueue_paced(client, messages, receipts, seconds=params.produce_s)
+        enqueue_paced(client, messages, self.receipts, seconds=params.produce_s)
         # Keep stealing until the backlog is applied: the last messages are the most contended.
         with contextlib.suppress(WaitTimeoutError):
-            client.wait(receipts, timeout=params.settle_timeout_s / 2)
+            client.wait(self.receipts, timeout=params.settle_timeout_s / 2)
         thief.stop()
-        tally = settle(client, receipts, timeout=params.settle_timeout_s / 2)
-        dup = audit(client, work.users)
-        result.count(tally, dup)
+        tally = self.settle(timeout=params.settle_timeout_s / 2)
 
-        violations = work.order_violations(client, tally.applied)
+        result.checks["leases were stolen mid-apply"] = thief.stolen > 0
+        self.check_order(tally)
         # What a reader searches at the graph's stamp must be exactly the graph's vectors.
         keeper = client.reader.keeper
         drifted = [
             u
-            for u in work.users
+            for u in self.work.users
             if keeper.current(u, client.graph.user_stamp(u)).node_ids()
             != {i.node_id for i in client.graph.vectors(u)[0]}
         ]
-        result.checks["leases were stolen mid-apply"] = thief.stolen > 0
-        result.checks["per-user LIVES_IN order"] = not violations
         result.checks["every index equals its graph"] = not drifted
-        if violations:
-            result.notes.append(f"order violated for {len(violations)} users, e.g. {violations[:2]}")
         if drifted:
             result.notes.append(f"index differs from the graph for {drifted[:2]}")
         result.metrics.update(leases_stolen=thief.stolen, users=params.users, per_user=params.per_user)
-    result.seconds = round(time.monotonic() - begun, 1)
-    return result
+
+
+def run(services: Services, params: Params = FULL) -> ScenarioResult:
+    return LeaseExpiry(services, params).run()

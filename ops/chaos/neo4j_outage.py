@@ -7,97 +7,60 @@ up. Proves: nothing dead-lettered, nothing lost or duplicated, and everything la
 
 from __future__ import annotations
 
-import os
-import threading
-import time
 from dataclasses import dataclass
 
-from harness import (
-    APPLY_WORKER,
-    EXTRACT_WORKER,
-    AppliedMonitor,
-    ScenarioResult,
-    Services,
-    Workload,
-    audit,
-    enqueue_paced,
-    fleet,
-    settle,
-    start_workers,
-    warm_up,
-)
+from accounting import ScenarioResult
+from fleet import Services
+from scenario import Scenario, ScenarioParams
 
 from engram_api import keys
-from engram_api.models import Receipt
 
 NAME = "Neo4j outage"
 
 
 @dataclass(frozen=True)
-class Params:
-    users: int = 20
-    per_user: int = 15
-    produce_s: float = 45.0
-    down_s: float = 30.0
-    settle_timeout_s: float = 600.0
+class Params(ScenarioParams):
+    down_s: float = 30.0  # Neo4j is stopped 30 % into the production window, for this long plus its start
 
 
-FULL = Params()
+FULL = Params(users=20, per_user=15, produce_s=45.0)
 QUICK = Params(users=6, per_user=10, produce_s=15.0, down_s=10.0, settle_timeout_s=150.0)
 
 
-def run(services: Services, params: Params = FULL) -> ScenarioResult:
-    if services.neo4j is None:
-        raise RuntimeError("the Neo4j outage scenario needs a Neo4jServer it may stop and start")
-    result = ScenarioResult(NAME)
-    begun = time.monotonic()
-    work = Workload(f"neo{os.getpid()}", users=params.users, per_user=params.per_user)
-    services.llm.reset()
-    services.llm.latency_s = 0.02
-    with fleet(services, "neo4j-outage") as stack:
-        client = stack.client
-        start_workers(stack, {"extract": {**EXTRACT_WORKER, "concurrency": 8}, "apply": APPLY_WORKER})
-        warm_up(stack, services.llm, work.reply)
+class Neo4jOutage(Scenario[Params]):
+    NAME = NAME
+    FLEET = "neo4j-outage"
+    LLM_LATENCY_S = 0.02
 
-        receipts: list[Receipt] = []
-        monitor = AppliedMonitor(client, lambda: [(r.user_id, r.message_id) for r in receipts])
-        producer = threading.Thread(
-            target=enqueue_paced, args=(client, work.messages, receipts), kwargs={"seconds": params.produce_s}
-        )
-        monitor.start()
-        producer.start()
+    def __init__(self, services: Services, params: Params) -> None:
+        if services.neo4j is None:
+            raise RuntimeError("the Neo4j outage scenario needs a Neo4jServer it may stop and start")
+        super().__init__(services, params)
+        self.neo4j = services.neo4j
 
-        time.sleep(params.produce_s * 0.3)
-        try:
-            services.neo4j.stop()
-            down_at = time.monotonic()
-            time.sleep(params.down_s)
-        finally:
-            # Whatever interrupts the outage (a timeout, Ctrl-C), the shared Neo4j comes back.
-            services.neo4j.start()
-        up_at = time.monotonic()
+    def exercise(self) -> None:
+        params, result = self.params, self.result
+        self.produce_in_background(self.work.messages, seconds=params.produce_s)
+        outage = self.outage(self.neo4j.stop, self.neo4j.start, after_s=params.produce_s * 0.3, down_s=params.down_s)
+        tally = self.settle()
 
-        producer.join()
-        tally = settle(client, receipts, timeout=params.settle_timeout_s)
-        settled_at = time.monotonic()
-        monitor.stop()
-        result.count(tally, audit(client, work.users))
-
-        pipe = client.redis.pipeline(transaction=False)
-        for r in receipts:
+        pipe = self.client.redis.pipeline(transaction=False)
+        for r in self.receipts:
             pipe.hmget(keys.status(r.user_id, r.message_id), "store_attempts", "extract_errors", "apply_errors")
         counters = [[int(v or 0) for v in row] for row in pipe.execute()]
-        resumed = monitor.resumed_after(up_at)
+        recovered = self.recovery(outage)
         result.checks["nothing dead-lettered"] = not tally.dead
-        result.checks["applied again after Neo4j returned"] = resumed is not None
+        result.checks["applied again after Neo4j returned"] = recovered["applied_again_after_restart_s"] is not None
         result.metrics.update(
-            neo4j_down_s=round(up_at - down_at, 1),
+            neo4j_down_s=outage.down_s,
             max_apply_store_retries=max((c[0] for c in counters), default=0),
             messages_with_unexpected_errors=sum(1 for c in counters if c[1] or c[2]),
-            applied_again_after_restart_s=round(resumed, 1) if resumed is not None else None,
-            drain_after_restart_s=round(settled_at - up_at, 1),
+            **recovered,
         )
-        reasons = sorted({d.reason.splitlines()[0][:160] for d in client.dead_letters() if d.message_id in tally.dead})
+        letters = self.client.dead_letters()
+        reasons = sorted({d.reason.splitlines()[0][:160] for d in letters if d.message_id in tally.dead})
         result.notes += [f"dead-letter reason: {r}" for r in reasons[:3]]
-    result.seconds = round(time.monotonic() - begun, 1)
-    return result
+
+
+def run(services: Services, params: Params = FULL) -> ScenarioResult:
+    return Neo4jOutage(services, params).run()

@@ -13,76 +13,66 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-import time
+from collections.abc import Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 
-from harness import (
-    APPLY_WORKER,
-    EXTRACT_WORKER,
-    ScenarioResult,
-    Services,
-    Workload,
-    audit,
-    enqueue_paced,
-    fleet,
-    settle,
-    start_workers,
-    warm_up,
-)
+from accounting import ScenarioResult
+from fleet import Services
+from scenario import Scenario, ScenarioParams
+from workload import Workload, enqueue_paced
 
 from engram_api import keys
-from engram_api.models import Receipt
+from engram_workers.services.celery_worker import APPLY_WORKER, EXTRACT_WORKER
 
 NAME = "poison message"
 _POOL_CHILD_DIED = re.compile(r"Process 'ForkPoolWorker-\d+' pid:\d+ exited with 'exitcode 1'")
 
 
 @dataclass(frozen=True)
-class Params:
-    poisoned_users: int = 4
-    per_user: int = 8
+class Params(ScenarioParams):
+    # users x per_user messages, enqueued at once (produce_s 0), one per user poisoned
     poison_at: int = 2  # which of a user's messages (in event time) is the poison one
     bystanders: int = 4  # users with no poison at all
     max_deliveries: int = 5  # ENGRAM_POISON_MAX_DELIVERIES (the default)
-    settle_timeout_s: float = 600.0
 
 
-FULL = Params()
+FULL = Params(users=4, per_user=8, produce_s=0.0)
 # Every death costs a fresh pool child that loads the embedding model again: keep the quick run to 3.
-QUICK = Params(poisoned_users=1, per_user=5, poison_at=1, bystanders=2, max_deliveries=3, settle_timeout_s=150.0)
+QUICK = Params(users=1, per_user=5, produce_s=0.0, poison_at=1, bystanders=2, max_deliveries=3, settle_timeout_s=150.0)
 
 
-def run(services: Services, params: Params = FULL) -> ScenarioResult:
-    result = ScenarioResult(NAME)
-    begun = time.monotonic()
-    tag = f"poison{os.getpid()}"
-    work = Workload(tag, users=params.poisoned_users, per_user=params.per_user)
-    bystanders = Workload(f"{tag}b", users=params.bystanders, per_user=params.per_user)
-    poisoned = {m.user_id: m for m in work.messages[params.poison_at :: params.per_user]}
-    messages = [
-        dataclasses.replace(m, message_id=f"poison-{m.message_id}") if poisoned[m.user_id] is m else m
-        for m in work.messages
-    ]
-    poison_ids = {f"poison-{m.message_id}" for m in poisoned.values()}
-    later = [m for m in messages if m.timestamp > poisoned[m.user_id].timestamp]
-    services.llm.reset()
-    with fleet(
-        services,
-        "poison",
-        middleware="tests.support.faults:CrashAlways",
-        poison_max_deliveries=params.max_deliveries,
-    ) as stack:
-        client = stack.client
-        workers = start_workers(stack, {"extract": {**EXTRACT_WORKER, "concurrency": 4}, "apply": APPLY_WORKER})
-        warm_up(stack, services.llm, work.reply, bystanders.reply)
+class Poison(Scenario[Params]):
+    NAME = NAME
+    FLEET = "poison"
+    WORKERS = MappingProxyType({"extract": {**EXTRACT_WORKER, "concurrency": 4}, "apply": APPLY_WORKER})
 
-        receipts: list[Receipt] = []
-        enqueue_paced(client, [*messages, *bystanders.messages], receipts, seconds=0)
-        tally = settle(client, receipts, timeout=params.settle_timeout_s)
-        result.count(tally, audit(client, work.users + bystanders.users))
+    def __init__(self, services: Services, params: Params) -> None:
+        super().__init__(services, params)
+        self.bystanders = Workload(f"{self.FLEET}b{os.getpid()}", users=params.bystanders, per_user=params.per_user)
+        poisoned = {m.user_id: m for m in self.work.messages[params.poison_at :: params.per_user]}
+        self.messages = [
+            dataclasses.replace(m, message_id=f"poison-{m.message_id}") if poisoned[m.user_id] is m else m
+            for m in self.work.messages
+        ]
+        self.poison_ids = {f"poison-{m.message_id}" for m in poisoned.values()}
+        # The poisoned users' messages after their poison one: they must not wait for it.
+        self.later = [m for m in self.messages if m.timestamp > poisoned[m.user_id].timestamp]
+
+    def workloads(self) -> list[Workload]:
+        return [self.work, self.bystanders]
+
+    def fleet_settings(self) -> Mapping[str, object]:
+        return {"middleware": "tests.support.faults:CrashAlways", "poison_max_deliveries": self.params.max_deliveries}
+
+    def exercise(self) -> None:
+        params, result, client = self.params, self.result, self.client
+        poison_ids, later = self.poison_ids, self.later
+        enqueue_paced(client, [*self.messages, *self.bystanders.messages], self.receipts, seconds=params.produce_s)
+        tally = self.settle()
 
         letters = [d for d in client.dead_letters() if d.message_id in poison_ids]
-        deaths = len(_POOL_CHILD_DIED.findall(workers["apply"].log_path.read_text(errors="replace")))
+        deaths = len(_POOL_CHILD_DIED.findall(self.workers["apply"].log_path.read_text(errors="replace")))
         dead_at = {d.user_id: d.failed_at.timestamp() for d in letters}
         pipe = client.redis.pipeline(transaction=False)
         for m in later:
@@ -110,5 +100,7 @@ def run(services: Services, params: Params = FULL) -> ScenarioResult:
             later_messages_applied_before_the_poison_died=f"{overtook}/{len(later)}",
         )
         result.details["dead_letters"] = [d.model_dump(mode="json", exclude={"envelope"}) for d in letters]
-    result.seconds = round(time.monotonic() - begun, 1)
-    return result
+
+
+def run(services: Services, params: Params = FULL) -> ScenarioResult:
+    return Poison(services, params).run()

@@ -11,47 +11,30 @@ hit the outage mid-way is rejected back onto the queue, never acked.
 
 from __future__ import annotations
 
-import os
+import contextlib
 import threading
 import time
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass
 
-from harness import (
-    APPLY_WORKER,
-    EXTRACT_WORKER,
-    AppliedMonitor,
-    Message,
-    ScenarioResult,
-    Services,
-    Workload,
-    audit,
-    enqueue_paced,
-    fleet,
-    restart_worker,
-    settle,
-    start_workers,
-    warm_up,
-)
+from accounting import ScenarioResult
+from fleet import Services, Supervisor
+from scenario import Scenario, ScenarioParams
+from workload import Message
 
 from engram_api.errors import StoreUnavailableError
-from engram_api.models import Receipt
 from engram_workers.services import RedisServer
-from engram_workers.services.celery_worker import ManagedProcess
 
 NAME = "Redis restart"
 
 
 @dataclass(frozen=True)
-class Params:
-    users: int = 20
-    per_user: int = 25
-    produce_s: float = 40.0
-    down_s: float = 10.0
-    settle_timeout_s: float = 600.0
+class Params(ScenarioParams):
+    down_s: float = 10.0  # Redis is killed 40 % into the production window and kept down this long
 
 
-FULL = Params()
+FULL = Params(users=20, per_user=25, produce_s=40.0)
 QUICK = Params(users=6, per_user=10, produce_s=12.0, down_s=4.0, settle_timeout_s=150.0)
 
 
@@ -73,99 +56,56 @@ class ProducerErrors:
         return all(kind.startswith(f"{StoreUnavailableError.__name__}:") for kind in self.seen)
 
 
-class Supervisor(threading.Thread):
-    """Restarts worker processes that exit, as a process supervisor would in production."""
+class RedisRestart(Scenario[Params]):
+    NAME = NAME
+    FLEET = "redis-restart"
+    # A model that takes a moment to answer, as real ones do: some messages are mid-flight when Redis dies.
+    LLM_LATENCY_S = 0.3
 
-    def __init__(self, workers: dict[str, ManagedProcess], every: float = 0.5) -> None:
-        super().__init__(daemon=True, name="supervisor")
-        self.workers = workers
-        self.every = every
-        self.restarts: list[str] = []
-        self._halt = threading.Event()
+    redis: RedisServer
 
-    def run(self) -> None:
-        while not self._halt.wait(self.every):
-            for name, proc in self.workers.items():
-                if not proc.alive():
-                    self.restarts.append(name)
-                    restart_worker(proc)
+    @contextlib.contextmanager
+    def own_redis(self) -> Iterator[str]:
+        # A Redis of its own: stopping the shared one would take other users of it down too.
+        data_dir = self.services.work_dir / f"redis-restart-{time.monotonic_ns()}"
+        with RedisServer(data_dir=data_dir, appendonly=True) as self.redis:
+            yield self.redis.url
 
-    def stop(self) -> None:
-        self._halt.set()
-        self.join(timeout=150)
+    def exercise(self) -> None:
+        params, result = self.params, self.result
+        # kombu 5.7 can crash a worker whose broker connection drops while it holds unacked messages
+        # ("Unrecoverable error" closing the channel). Production runs workers under a restart policy;
+        # so does this scenario, and it says how often.
+        supervisor = Supervisor(self.workers)
+        supervisor.start()
+        errors = ProducerErrors()
+        started = self.produce_in_background(self.work.messages, seconds=params.produce_s, on_error=errors)
+        outage = self.outage(self.redis.kill, self.redis.start, after_s=params.produce_s * 0.4, down_s=params.down_s)
+        self.settle()
+        supervisor.stop()
+
+        recovered = self.recovery(outage)
+        result.checks["producer saw StoreUnavailableError while down"] = bool(errors.seen)
+        result.checks["producer saw nothing but StoreUnavailableError"] = errors.only_store_unavailable
+        result.checks["workers back at work after the restart"] = recovered["applied_again_after_restart_s"] is not None
+        if supervisor.restarts:
+            result.notes.append(
+                f"worker processes that died and were restarted by the supervisor: {supervisor.restarts}"
+            )
+        if duplicates := sum(r.duplicate for r in self.receipts):
+            result.notes.append(f"{duplicates} retried enqueues came back as duplicate receipts")
+        result.metrics.update(
+            redis_down_s=outage.down_s,
+            enqueued_before_kill=outage.sent_before,
+            enqueue_errors=sum(errors.seen.values()),
+            **recovered,
+        )
+        result.details.update(
+            producer_errors=dict(errors.seen),
+            started_offset_s={"kill": round(outage.down_at - started, 1), "restart": round(outage.up_at - started, 1)},
+        )
+        result.notes += [f"producer got {kind!r} x{n}" for kind, n in errors.seen.most_common()]
 
 
 def run(services: Services, params: Params = FULL) -> ScenarioResult:
-    result = ScenarioResult(NAME)
-    begun = time.monotonic()
-    work = Workload(f"redis{os.getpid()}", users=params.users, per_user=params.per_user)
-    services.llm.reset()
-    # A model that takes a moment to answer, as real ones do: some messages are mid-flight when Redis dies.
-    services.llm.latency_s = 0.3
-    # A Redis of its own: stopping the shared one would take other users of it down too.
-    redis = RedisServer(data_dir=services.work_dir / f"redis-restart-{time.monotonic_ns()}", appendonly=True).start()
-    try:
-        with fleet(services, "redis-restart", redis_url=redis.url) as stack:
-            client = stack.client
-            workers = start_workers(stack, {"extract": {**EXTRACT_WORKER, "concurrency": 8}, "apply": APPLY_WORKER})
-            warm_up(stack, services.llm, work.reply)
-            # kombu 5.7 can crash a worker whose broker connection drops while it holds unacked messages
-            # ("Unrecoverable error" closing the channel). Production runs workers under a restart policy
-            # (compose `restart: unless-stopped`, systemd); so does this scenario, and it says how often.
-            supervisor = Supervisor(workers)
-            supervisor.start()
-
-            receipts: list[Receipt] = []
-            errors = ProducerErrors()
-            monitor = AppliedMonitor(client, lambda: [(r.user_id, r.message_id) for r in receipts])
-            producer = threading.Thread(
-                target=enqueue_paced,
-                args=(client, work.messages, receipts),
-                kwargs={"seconds": params.produce_s, "on_error": errors},
-            )
-            started = time.monotonic()
-            monitor.start()
-            producer.start()
-
-            time.sleep(params.produce_s * 0.4)
-            redis.kill()
-            down_at = time.monotonic()
-            sent_before = len(receipts)
-            time.sleep(params.down_s)
-            redis.start()
-            up_at = time.monotonic()
-
-            producer.join()
-            tally = settle(client, receipts, timeout=params.settle_timeout_s)
-            settled_at = time.monotonic()
-            monitor.stop()
-            supervisor.stop()
-            result.count(tally, audit(client, work.users))
-
-            resumed = monitor.resumed_after(up_at)
-            result.checks["producer saw StoreUnavailableError while down"] = bool(errors.seen)
-            result.checks["producer saw nothing but StoreUnavailableError"] = errors.only_store_unavailable
-            result.checks["workers back at work after the restart"] = resumed is not None
-            if supervisor.restarts:
-                result.notes.append(
-                    f"worker processes that died and were restarted by the supervisor: {supervisor.restarts}"
-                )
-            duplicates = sum(r.duplicate for r in receipts)
-            if duplicates:
-                result.notes.append(f"{duplicates} retried enqueues came back as duplicate receipts")
-            result.metrics.update(
-                redis_down_s=round(up_at - down_at, 1),
-                enqueued_before_kill=sent_before,
-                enqueue_errors=sum(errors.seen.values()),
-                applied_again_after_restart_s=round(resumed, 1) if resumed is not None else None,
-                drain_after_restart_s=round(settled_at - up_at, 1),
-            )
-            result.details.update(
-                producer_errors=dict(errors.seen),
-                started_offset_s={"kill": round(down_at - started, 1), "restart": round(up_at - started, 1)},
-            )
-            result.notes += [f"producer got {kind!r} x{n}" for kind, n in errors.seen.most_common()]
-    finally:
-        redis.stop()
-    result.seconds = round(time.monotonic() - begun, 1)
-    return result
+    return RedisRestart(services, params).run()

@@ -19,6 +19,9 @@ import traceback
 from datetime import UTC, datetime
 from pathlib import Path
 
+# The scenarios import each other by module name (this folder), and engram_api, engram_testing and
+# tests.support from the source root (workers load the fault middleware as tests.support.faults too).
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import flaky_llm
@@ -27,7 +30,10 @@ import neo4j_outage
 import poison
 import redis_restart
 import worker_kill
-from harness import REPO_ROOT, ScenarioResult, Services, format_table
+from accounting import ScenarioResult, format_table
+from fleet import Services
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 SCENARIOS = {
     "worker_kill": worker_kill,
@@ -58,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 result = module.run(services, module.QUICK if args.quick else module.FULL)
             except Exception as exc:  # one broken scenario must not hide the others' results
-                result = ScenarioResult(module.NAME, error=f"{type(exc).__name__}: {exc}")
+                result = ScenarioResult(scenario=module.NAME, error=f"{type(exc).__name__}: {exc}")
                 result.details["traceback"] = traceback.format_exc()
                 result.seconds = round(time.monotonic() - started, 1)
             print(f"chaos: {module.NAME}: {'ok' if result.ok else 'FAILED'} in {result.seconds:.0f}s", flush=True)
