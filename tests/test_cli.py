@@ -505,6 +505,11 @@ def test_demo_runs_offline_and_reruns_cleanly(tmp_path: Path) -> None:
         assert "-> User lives in Austin" in out
         assert ": User lives in Tampa (recall --as-of" in out
         assert "Alex works at Amazon" in out
+        # 2b: recalled from the conversation itself; the rule extractor made no fact of that message
+        # (whitespace folded: the console wraps the long line).
+        flat = " ".join(out.split())
+        assert "sourdough starter did not make it." in flat
+        assert "the extractor made no fact of it; the message itself is a memory" in flat
         assert "0 LLM tokens" in out
         assert "Traceback" not in done.stderr
     assert not (tmp_path / "engram-data" / "services.json").exists()
