@@ -20,8 +20,10 @@ import pytest
 from engram_api.errors import InvalidInputError
 from engram_api.models import FactRecord
 from engram_api.naming import self_entity_id
+from engram_api.settings import Settings
 from engram_testing.llm_standin import LLMStandin, RecordedRequest, Reply
-from engram_workers.extraction.llm import response_format
+from engram_workers.extraction.llm import call_llm, response_format
+from engram_workers.extraction.prompt import RESPONSE_SCHEMA, SYSTEM_PROMPT
 from tests.support.extractions import entity, fact, message_text
 from tests.support.stack import SETTLE_S, Stack, engram_stack
 
@@ -488,6 +490,47 @@ def test_providers_that_take_a_json_schema_get_one():
     strict = response_format("gpt-4o-mini")
     assert strict["type"] == "json_schema" and "facts" in strict["json_schema"]["schema"]["properties"]
     assert response_format("openai/some-unknown-model") == {"type": "json_object"}
+
+
+def test_a_claude_request_carries_the_extraction_schema_as_a_forced_tool(llm):
+    """litellm 1.110 drops ``{"type": "json_object"}`` for Anthropic, leaving Claude unconstrained; where it
+    says the model takes a JSON schema (Claude 4 and later) Engram asks for one, and litellm sends it as a
+    forced tool whose input is the schema. Asserted on Anthropic's wire format (the stand-in's /v1/messages),
+    in process: the worker's call, not a whole stack."""
+    model = "anthropic/claude-sonnet-4-20250514"
+    assert response_format(model)["type"] == "json_schema"
+    script(llm, {"claude chess": {"entities": CHESS, "facts": [GOOD]}})
+    settings = Settings(llm_model=model, llm_api_base=llm.root, llm_api_key="test-key")
+    turns = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": "Conversation:\nclaude chess"}]
+    answer = call_llm(settings, turns)
+    (request,) = llm.requests
+    body = request.body
+    assert body["model"] == "claude-sonnet-4-20250514" and "response_format" not in body
+    assert body["tool_choice"] == {"type": "tool", "name": "json_tool_call"}
+    (tool,) = body["tools"]
+    schema = tool["input_schema"]  # litellm's Anthropic form of Extraction's schema (refs as "/$defs/...")
+    assert tool["name"] == "json_tool_call" and set(schema["properties"]) == {"entities", "facts", "ends"}
+    assert schema["properties"]["facts"]["items"]["$ref"].endswith("$defs/ExtractedFact")
+    assert schema["$defs"]["ExtractedFact"]["required"] == RESPONSE_SCHEMA["$defs"]["ExtractedFact"]["required"]
+    assert body["system"][0]["text"] == SYSTEM_PROMPT  # Anthropic takes the system part apart from the turns
+    assert (body["max_tokens"], body["temperature"]) == (settings.llm_max_output_tokens, 0)
+    assert [f.statement for f in answer.extraction.facts] == ["User likes chess"]
+    assert answer.usage.llm_calls == 1 and answer.usage.prompt_tokens > 0
+
+
+def test_an_older_claude_without_schema_support_gets_no_constraint_and_prose_is_still_read(llm):
+    """Where litellm says a Claude model takes no JSON schema (3.5 Haiku), JSON mode is all Engram can ask
+    for, and litellm drops it for Anthropic: the request is unconstrained, the prompt alone asks for JSON,
+    and the tolerant reader takes the object out of the prose such a model may wrap around it."""
+    model = "anthropic/claude-3-5-haiku-20241022"
+    assert response_format(model) == {"type": "json_object"}
+    script(llm, {"haiku chess": MALFORMED["prose"]})
+    settings = Settings(llm_model=model, llm_api_base=llm.root, llm_api_key="test-key")
+    turns = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": "Conversation:\nhaiku chess"}]
+    answer = call_llm(settings, turns)
+    (request,) = llm.requests
+    assert not {"tools", "tool_choice", "response_format", "output_format"} & set(request.body)
+    assert [f.statement for f in answer.extraction.facts] == ["User likes chess"]
 
 
 def test_system_part_is_identical_for_every_message(stack, llm):
