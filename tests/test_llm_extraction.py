@@ -319,6 +319,71 @@ def test_supersession_follows_the_declared_rules_not_the_models_flags(stack, llm
     assert "One value at a time: AGE, BIRTHDAY" in system and "ends:" in system and "PLANS_TO_MOVE_TO" in system
 
 
+def test_a_question_a_plan_and_a_hypothetical_leave_the_current_home_in_place(stack, llm):
+    """The prompt's rule "a plan, wish, question or hypothetical changes nothing", with the drafts a model that
+    follows it plausibly writes: episodic facts of their own predicates, one that still points ``updates`` at
+    the home fact it is about, and a plan dated on the year it names (ahead of the message)."""
+    user = new_user()
+    tampa = r"\[LIVES_IN\] User lives in Tampa"
+    denver = r"Denver \("
+    script(
+        llm,
+        {
+            "I live in Tampa": {
+                "entities": [entity("N1", "Tampa", "City")],
+                "facts": [fact("user", "LIVES_IN", "N1", "User lives in Tampa")],
+            },
+            "Should I move to Denver?": lambda req: {
+                "entities": [entity("N1", "Denver", "City")],
+                "facts": [
+                    fact("user", "CONSIDERS_MOVING_TO", "N1", "User asked whether to move to Denver",
+                         memory_type="episodic", importance=0.3, updates=handle(req, tampa))
+                ],
+            },
+            "I might move to Denver next year": lambda req: {
+                "entities": [],
+                "facts": [
+                    fact("user", "PLANS_TO_MOVE_TO", handle(req, denver),
+                         "User might move to Denver in 2025", memory_type="episodic", importance=0.5,
+                         valid_from="2025-01-01T00:00:00Z")
+                ],
+            },
+            "If I lived in Denver": lambda req: {
+                "entities": [entity("N1", "skiing", "Activity")],
+                "facts": [
+                    fact("user", "IMAGINES_LIVING_IN", handle(req, denver),
+                         "User imagines living in Denver and skiing every weekend", memory_type="episodic"),
+                ],
+                "ends": [],
+            },
+        },
+    )  # fmt: skip
+    said = [
+        "I live in Tampa.",
+        "Should I move to Denver?",
+        "I might move to Denver next year.",
+        "If I lived in Denver I'd ski every weekend.",
+    ]
+    days = [T0 + timedelta(days=i) for i in range(len(said))]
+    for text, when in zip(said, days, strict=True):
+        ingest(stack, user, text, when)
+
+    assert "A plan, wish, question or hypothetical changes nothing" in system_part(prompt_for(llm, "next year"))
+    for text in said[1:]:  # the model was shown the home fact each time (it could have ended it)
+        assert re.search(rf"^F\d+ {tampa}", user_part(prompt_for(llm, text)), re.MULTILINE)
+    assert current(stack, user, "LIVES_IN") == ["Tampa"]
+    home = next(f for f in facts(stack, user) if f.predicate == "LIVES_IN")
+    assert (home.valid_from, home.valid_until, home.superseded_by) == (days[0], None, None)
+    by_predicate = {f.predicate: f for f in facts(stack, user) if f.predicate != "LIVES_IN"}
+    drafted = ["CONSIDERS_MOVING_TO", "PLANS_TO_MOVE_TO", "IMAGINES_LIVING_IN"]
+    assert sorted(by_predicate) == sorted(drafted)
+    for when, predicate in zip(days[1:], drafted, strict=True):
+        draft = by_predicate[predicate]
+        assert (draft.memory_type, draft.single_valued, draft.object_name) == ("episodic", False, "Denver")
+        assert draft.valid_from == when  # the plan's 2025 date is not taken: never after the message
+    assert not stack.client.dead_letters(user)
+
+
 # ------------------------------------------------------------------------------------ 5. time rules
 
 
