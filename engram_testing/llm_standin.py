@@ -1,7 +1,10 @@
 """An OpenAI-compatible chat-completions server with scripted answers: the LLM for tests and benchmarks.
 
 It is a real HTTP server on 127.0.0.1, so the code under test goes through litellm, httpx and the
-network stack exactly as with a hosted model; only the answers are scripted. Per request it picks a
+network stack exactly as with a hosted model; only the answers are scripted. It also takes Anthropic's
+``POST /v1/messages`` (litellm's ``anthropic/`` models with ``api_base`` = the server's root,
+:attr:`LLMStandin.root`), so what litellm sends a Claude model can be asserted on the wire; there a JSON
+reply to a forced tool (litellm's JSON-schema mode) comes back as that tool's ``tool_use`` input. Per request it picks a
 :class:`Reply`: a random injected failure (``failure_rate``), else the first rule of :meth:`script` that
 answers, else ``responder``, else an empty extraction. Replies can also fail on purpose: HTTP errors,
 429 with Retry-After, bodies that are not JSON, bodies cut off mid-way, or no answer at all.
@@ -115,7 +118,8 @@ def _default_failure_mix() -> list[Reply]:
 
 
 class LLMStandin:
-    """A threaded HTTP server speaking ``POST /v1/chat/completions``, ``GET /v1/models``, ``GET /health``.
+    """A threaded HTTP server speaking ``POST /v1/chat/completions``, ``POST /v1/messages`` (Anthropic),
+    ``GET /v1/models``, ``GET /health``.
 
     Settings may be changed while it runs (tests script it per test): ``responder``, ``latency_s``
     (added to every chat completion), ``failure_rate`` / ``failure_mix``, ``hang_s``.
@@ -196,6 +200,11 @@ class LLMStandin:
     def url(self) -> str:
         """The OpenAI base URL (``api_base`` for litellm)."""
         return f"http://{self.host}:{self.port}/v1"
+
+    @property
+    def root(self) -> str:
+        """The Anthropic base URL (``api_base`` for litellm's ``anthropic/`` models: it appends /v1/messages)."""
+        return f"http://{self.host}:{self.port}"
 
     # -- scripting -----------------------------------------------------------------------------
 
@@ -290,6 +299,36 @@ class LLMStandin:
             },
         }
 
+    def _anthropic_message(self, body: dict[str, Any], reply: Reply) -> dict[str, Any]:
+        """The reply as an Anthropic Messages API answer: a forced tool (``tool_choice`` of type "tool")
+        gets the reply's JSON object as its ``tool_use`` input, anything else a text block."""
+        system = body.get("system")
+        system_text = _message_text({"content": system}) if system is not None else ""
+        prompt = system_text + "".join(_message_text(m) for m in body.get("messages", []) if isinstance(m, Mapping))
+        choice = body.get("tool_choice") if isinstance(body.get("tool_choice"), Mapping) else {}
+        block: dict[str, Any] = {"type": "text", "text": reply.content}
+        if choice.get("type") == "tool":
+            try:
+                value = json.loads(reply.content)
+            except ValueError:
+                value = None
+            if isinstance(value, dict):
+                tool_id = f"toolu_standin_{next(self._ids)}"
+                block = {"type": "tool_use", "id": tool_id, "name": choice.get("name"), "input": value}
+        stop = "tool_use" if block["type"] == "tool_use" else "end_turn"
+        if reply.finish_reason == "length":
+            stop = "max_tokens"
+        return {
+            "id": f"msg_standin_{next(self._ids)}",
+            "type": "message",
+            "role": "assistant",
+            "model": body.get("model") or MODEL,
+            "content": [block],
+            "stop_reason": stop,
+            "stop_sequence": None,
+            "usage": {"input_tokens": approx_tokens(prompt), "output_tokens": approx_tokens(reply.content)},
+        }
+
 
 def _error_body(status: int, message: str) -> dict[str, Any]:
     kind = {429: "rate_limit_error", 400: "invalid_request_error", 404: "not_found_error"}
@@ -351,7 +390,8 @@ class _Handler(BaseHTTPRequestHandler):
         standin = self.server.standin
         path = self.path.split("?", 1)[0].rstrip("/")
         raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-        if path not in ("/v1/chat/completions", "/chat/completions"):
+        anthropic = path in ("/v1/messages", "/messages")
+        if path not in ("/v1/chat/completions", "/chat/completions") and not anthropic:
             self._send_json(404, _error_body(404, f"no route POST {path}"))
             return
         try:
@@ -378,6 +418,8 @@ class _Handler(BaseHTTPRequestHandler):
             payload = reply.body
         elif reply.status >= 400:
             payload = json.dumps(_error_body(reply.status, reply.content)).encode()
+        elif anthropic:
+            payload = json.dumps(standin._anthropic_message(body, reply)).encode()
         else:
             payload = json.dumps(standin._completion(body, reply)).encode()
         self._send(reply.status, payload, reply.headers, truncate=reply.truncate)

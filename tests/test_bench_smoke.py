@@ -14,6 +14,8 @@ import pytest
 
 from engram_api.producer import build_envelope
 from engram_api.settings import Settings
+from engram_testing.llm_standin import Reply, approx_tokens
+from tests.support.extractions import message_text
 
 REPO = Path(__file__).resolve().parents[1]
 RESULT_KEYS = {"bench", "mode", "started_at", "seconds", "machine", "summary", "tables", "notes"}
@@ -121,3 +123,159 @@ def test_quality_bench_runs_the_chosen_conversations_and_names_an_unknown_one():
     assert chosen(True, ("conv-43",)) == ["conv-43"]
     with pytest.raises(ValueError, match="conv-99"):
         chosen(False, ("conv-43", "conv-99"))
+
+
+# ------------------------------------------------------------------ engram bench --only quality --llm
+
+# A LoCoMo-shaped conversation (quality_locomo.session_turns, run_locomo) and sample_20-shaped cases
+# (bench_quality._sample20), written here: the real data sets are never copied into the repository.
+TINY_LOCOMO = [
+    {
+        "sample_id": "conv-tiny",
+        "conversation": {
+            "speaker_a": "Caroline",
+            "speaker_b": "Melanie",
+            "session_1_date_time": "1:56 pm on 8 May, 2023",
+            "session_1": [
+                {"speaker": "Caroline", "dia_id": "D1:1", "text": "I moved to Lisbon last spring."},
+                {"speaker": "Melanie", "dia_id": "D1:2", "text": "Nice! I paint landscapes every weekend."},
+                {"speaker": "Caroline", "dia_id": "D1:3", "text": "Thanks!"},
+                {"speaker": "Melanie", "dia_id": "D1:4", "text": "What do you do for fun?"},
+            ],
+        },
+        "qa": [
+            {"question": "Where did Caroline move to?", "answer": "Lisbon", "evidence": ["D1:1"], "category": 4},
+            {"question": "What does Melanie paint?", "answer": "landscapes", "evidence": ["D1:2"], "category": 1},
+            {"question": "Who asked about fun?", "answer": "Melanie", "evidence": ["D1:4"], "category": 4},
+        ],
+    }
+]
+TINY_SAMPLE20 = [
+    {
+        "id": "ku_001",  # ltm_script.STALE: "Tampa" must not be a current fact once Austin is
+        "question_type": "knowledge_update",
+        "question": "Where do I live now?",
+        "answer": "Austin",
+        "sessions": [
+            {"session_id": "s1", "messages": [
+                {"role": "user", "content": "I live in Tampa."}, {"role": "assistant", "content": "Noted."}]},
+            {"session_id": "s2", "messages": [
+                {"role": "user", "content": "I moved to Austin last week."}, {"role": "assistant", "content": "Big move!"}]},
+        ],
+    },
+    {
+        "id": "ssu_tiny",
+        "question_type": "single_session_user",
+        "question": "What is my favorite food?",
+        "answer": "ramen",
+        "sessions": [{"session_id": "s1", "messages": [{"role": "user", "content": "My favorite food is ramen."}]}],
+    },
+]  # fmt: skip
+TINY_ANSWERS = {
+    "I moved to Lisbon": {
+        "entities": [{"ref": "N1", "name": "Lisbon", "label": "Place"}],
+        "facts": [{"subject": "user", "predicate": "LIVES_IN", "object": "N1", "statement": "User lives in Lisbon"}],
+    },
+    "I paint landscapes": {
+        "entities": [{"ref": "N1", "name": "Melanie", "label": "Person"}, {"ref": "N2", "name": "landscape painting"}],
+        "facts": [{"subject": "N1", "predicate": "PAINTS", "object": "N2",
+                   "statement": "Melanie paints landscapes every weekend"}],
+    },
+    "I live in Tampa": {
+        "entities": [{"ref": "N1", "name": "Tampa", "label": "Place"}],
+        "facts": [{"subject": "user", "predicate": "LIVES_IN", "object": "N1", "statement": "User lives in Tampa"}],
+    },
+    "I moved to Austin": {
+        "entities": [{"ref": "N1", "name": "Austin", "label": "Place"}],
+        "facts": [{"subject": "user", "predicate": "LIVES_IN", "object": "N1", "statement": "User lives in Austin"}],
+    },
+    "My favorite food is ramen": {
+        "entities": [{"ref": "N1", "name": "ramen", "label": "Food"}],
+        "facts": [{"subject": "user", "predicate": "FAVORITE_FOOD", "object": "N1",
+                   "statement": "User's favorite food is ramen"}],
+    },
+}  # fmt: skip
+
+
+def _table_rows(stdout: str, title: str) -> list[list[str]]:
+    """The body rows of the rich table printed under ``title``, each as its stripped cells."""
+    lines = stdout.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.strip().startswith(title))
+    rows, rules = [], 0
+    for line in lines[start + 1 :]:
+        if line.lstrip().startswith(("┏", "┡", "└")):
+            rules += 1
+            if line.lstrip().startswith("└"):
+                return rows
+            continue
+        if rules >= 2 and "│" in line:  # below the header's rule
+            rows.append([cell.strip() for cell in line.strip().strip("│").split("│")])
+    return rows
+
+
+@pytest.mark.slow  # a Redis and two worker processes (each loads the embedder)
+def test_llm_quality_bench_runs_the_data_through_llm_model_and_prints_its_tables(tmp_path, llm_standin):
+    """``engram bench --only quality --llm`` end to end on a tiny data set, LLM_MODEL pointed at the stand-in
+    (openai/ prefix + api_base, as the users' own OpenAI-compatible servers): every turn and session is
+    extracted through litellm and the printed tables count what the stand-in actually served."""
+    datasets = tmp_path / "datasets"
+    (datasets / "locomo").mkdir(parents=True)
+    (datasets / "engram_ltm_samples").mkdir()
+    (datasets / "locomo" / "locomo_dev5.json").write_text(json.dumps(TINY_LOCOMO))
+    (datasets / "engram_ltm_samples" / "sample_20.json").write_text(json.dumps(TINY_SAMPLE20))
+    served: list[str] = []
+
+    def answer(request: dict) -> Reply:
+        said = message_text(request)
+        found = next((a for key, a in TINY_ANSWERS.items() if key in said), {"entities": [], "facts": [], "ends": []})
+        reply = Reply.json(found)
+        served.append(reply.content)
+        return reply
+
+    llm_standin.script(answer)
+    env = {**os.environ, "LLM_MODEL": "openai/standin", "LLM_API_BASE": llm_standin.url, "LLM_API_KEY": "test-key"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    out = tmp_path / "out"
+    done = subprocess.run(
+        [sys.executable, "-m", "engram_workers.cli", "bench", "--quick", "--only", "quality", "--llm",
+         "--store", "sqlite", "--conversations", "conv-tiny", "--datasets", str(datasets), "--out", str(out)],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    stdout = done.stdout
+    assert "extracting with YOUR model openai/standin" in stdout
+
+    # 4 LoCoMo turns + 3 sample_20 sessions; "Thanks!" is small talk and skips the model.
+    messages, calls = 7, 6
+    assert llm_standin.calls == calls and not llm_standin.errors
+    prompts = [r.messages[-1]["content"] for r in llm_standin.requests]
+    assert any("Caroline (memory owner): I moved to Lisbon" in p for p in prompts)
+    assert any("Melanie: Nice! I paint landscapes" in p and "Earlier turns" in p for p in prompts)
+
+    coverage = dict(_table_rows(stdout, "LoCoMo coverage of the your LLM_MODEL"))
+    assert coverage["turns that produced >= 1 fact"] == "2 / 4"
+    assert coverage["questions with >= 1 evidence turn that produced a fact"] == "2 / 3"
+    recall = _table_rows(stdout, "LoCoMo evidence recall (conv-tiny; your LLM_MODEL)")
+    assert {(r[0], r[1], r[2]) for r in recall} >= {("all", "3", "hybrid"), ("covered only", "2", "naive RAG")}
+
+    # cases, answer found, stale absent, passed (the last column, average context lines, is not fixed).
+    sample20 = {(r[0], r[1]): r[2:6] for r in _table_rows(stdout, "engram-ltm sample_20")}
+    assert sample20 == {
+        ("your LLM_MODEL", "knowledge_update"): ["1", "1/1", "1/1", "1/1"],
+        ("your LLM_MODEL", "single_session_user"): ["1", "1/1", "n/a", "1/1"],
+    }
+
+    # Token usage per message as litellm reported the stand-in's usage (its deterministic ~4 chars/token).
+    prompt_tokens = sum(approx_tokens("".join(m["content"] for m in r.messages)) for r in llm_standin.requests)
+    completion_tokens = sum(approx_tokens(c) for c in served)
+    cost = dict(_table_rows(stdout, "LLM extraction cost (your LLM_MODEL)"))
+    assert cost["messages"] == str(messages)
+    assert cost["prompt tokens per message"] == f"{prompt_tokens / messages:.2f}"
+    assert cost["completion tokens per message"] == f"{completion_tokens / messages:.2f}"
+    assert cost["llm calls per message"] == f"{calls / messages:.2f}"
+    assert cost["dead lettered"] == "0"
+
+    result = json.loads((out / "quality.json").read_text())
+    assert result["summary"]["llm_cost"]["messages"] == messages
+    assert result["summary"]["llm_cost"]["prompt_tokens_per_message"] == pytest.approx(prompt_tokens / messages)
+    assert json.loads((out / "latest.json").read_text())["failed"] == {}

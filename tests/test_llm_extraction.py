@@ -20,8 +20,10 @@ import pytest
 from engram_api.errors import InvalidInputError
 from engram_api.models import FactRecord
 from engram_api.naming import self_entity_id
+from engram_api.settings import Settings
 from engram_testing.llm_standin import LLMStandin, RecordedRequest, Reply
-from engram_workers.extraction.llm import response_format
+from engram_workers.extraction.llm import call_llm, response_format
+from engram_workers.extraction.prompt import RESPONSE_SCHEMA, SYSTEM_PROMPT
 from tests.support.extractions import entity, fact, message_text
 from tests.support.stack import SETTLE_S, Stack, engram_stack
 
@@ -317,6 +319,71 @@ def test_supersession_follows_the_declared_rules_not_the_models_flags(stack, llm
     assert "One value at a time: AGE, BIRTHDAY" in system and "ends:" in system and "PLANS_TO_MOVE_TO" in system
 
 
+def test_a_question_a_plan_and_a_hypothetical_leave_the_current_home_in_place(stack, llm):
+    """The prompt's rule "a plan, wish, question or hypothetical changes nothing", with the drafts a model that
+    follows it plausibly writes: episodic facts of their own predicates, one that still points ``updates`` at
+    the home fact it is about, and a plan dated on the year it names (ahead of the message)."""
+    user = new_user()
+    tampa = r"\[LIVES_IN\] User lives in Tampa"
+    denver = r"Denver \("
+    script(
+        llm,
+        {
+            "I live in Tampa": {
+                "entities": [entity("N1", "Tampa", "City")],
+                "facts": [fact("user", "LIVES_IN", "N1", "User lives in Tampa")],
+            },
+            "Should I move to Denver?": lambda req: {
+                "entities": [entity("N1", "Denver", "City")],
+                "facts": [
+                    fact("user", "CONSIDERS_MOVING_TO", "N1", "User asked whether to move to Denver",
+                         memory_type="episodic", importance=0.3, updates=handle(req, tampa))
+                ],
+            },
+            "I might move to Denver next year": lambda req: {
+                "entities": [],
+                "facts": [
+                    fact("user", "PLANS_TO_MOVE_TO", handle(req, denver),
+                         "User might move to Denver in 2025", memory_type="episodic", importance=0.5,
+                         valid_from="2025-01-01T00:00:00Z")
+                ],
+            },
+            "If I lived in Denver": lambda req: {
+                "entities": [entity("N1", "skiing", "Activity")],
+                "facts": [
+                    fact("user", "IMAGINES_LIVING_IN", handle(req, denver),
+                         "User imagines living in Denver and skiing every weekend", memory_type="episodic"),
+                ],
+                "ends": [],
+            },
+        },
+    )  # fmt: skip
+    said = [
+        "I live in Tampa.",
+        "Should I move to Denver?",
+        "I might move to Denver next year.",
+        "If I lived in Denver I'd ski every weekend.",
+    ]
+    days = [T0 + timedelta(days=i) for i in range(len(said))]
+    for text, when in zip(said, days, strict=True):
+        ingest(stack, user, text, when)
+
+    assert "A plan, wish, question or hypothetical changes nothing" in system_part(prompt_for(llm, "next year"))
+    for text in said[1:]:  # the model was shown the home fact each time (it could have ended it)
+        assert re.search(rf"^F\d+ {tampa}", user_part(prompt_for(llm, text)), re.MULTILINE)
+    assert current(stack, user, "LIVES_IN") == ["Tampa"]
+    home = next(f for f in facts(stack, user) if f.predicate == "LIVES_IN")
+    assert (home.valid_from, home.valid_until, home.superseded_by) == (days[0], None, None)
+    by_predicate = {f.predicate: f for f in facts(stack, user) if f.predicate != "LIVES_IN"}
+    drafted = ["CONSIDERS_MOVING_TO", "PLANS_TO_MOVE_TO", "IMAGINES_LIVING_IN"]
+    assert sorted(by_predicate) == sorted(drafted)
+    for when, predicate in zip(days[1:], drafted, strict=True):
+        draft = by_predicate[predicate]
+        assert (draft.memory_type, draft.single_valued, draft.object_name) == ("episodic", False, "Denver")
+        assert draft.valid_from == when  # the plan's 2025 date is not taken: never after the message
+    assert not stack.client.dead_letters(user)
+
+
 # ------------------------------------------------------------------------------------ 5. time rules
 
 
@@ -488,6 +555,47 @@ def test_providers_that_take_a_json_schema_get_one():
     strict = response_format("gpt-4o-mini")
     assert strict["type"] == "json_schema" and "facts" in strict["json_schema"]["schema"]["properties"]
     assert response_format("openai/some-unknown-model") == {"type": "json_object"}
+
+
+def test_a_claude_request_carries_the_extraction_schema_as_a_forced_tool(llm):
+    """litellm 1.110 drops ``{"type": "json_object"}`` for Anthropic, leaving Claude unconstrained; where it
+    says the model takes a JSON schema (Claude 4 and later) Engram asks for one, and litellm sends it as a
+    forced tool whose input is the schema. Asserted on Anthropic's wire format (the stand-in's /v1/messages),
+    in process: the worker's call, not a whole stack."""
+    model = "anthropic/claude-sonnet-4-20250514"
+    assert response_format(model)["type"] == "json_schema"
+    script(llm, {"claude chess": {"entities": CHESS, "facts": [GOOD]}})
+    settings = Settings(llm_model=model, llm_api_base=llm.root, llm_api_key="test-key")
+    turns = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": "Conversation:\nclaude chess"}]
+    answer = call_llm(settings, turns)
+    (request,) = llm.requests
+    body = request.body
+    assert body["model"] == "claude-sonnet-4-20250514" and "response_format" not in body
+    assert body["tool_choice"] == {"type": "tool", "name": "json_tool_call"}
+    (tool,) = body["tools"]
+    schema = tool["input_schema"]  # litellm's Anthropic form of Extraction's schema (refs as "/$defs/...")
+    assert tool["name"] == "json_tool_call" and set(schema["properties"]) == {"entities", "facts", "ends"}
+    assert schema["properties"]["facts"]["items"]["$ref"].endswith("$defs/ExtractedFact")
+    assert schema["$defs"]["ExtractedFact"]["required"] == RESPONSE_SCHEMA["$defs"]["ExtractedFact"]["required"]
+    assert body["system"][0]["text"] == SYSTEM_PROMPT  # Anthropic takes the system part apart from the turns
+    assert (body["max_tokens"], body["temperature"]) == (settings.llm_max_output_tokens, 0)
+    assert [f.statement for f in answer.extraction.facts] == ["User likes chess"]
+    assert answer.usage.llm_calls == 1 and answer.usage.prompt_tokens > 0
+
+
+def test_an_older_claude_without_schema_support_gets_no_constraint_and_prose_is_still_read(llm):
+    """Where litellm says a Claude model takes no JSON schema (3.5 Haiku), JSON mode is all Engram can ask
+    for, and litellm drops it for Anthropic: the request is unconstrained, the prompt alone asks for JSON,
+    and the tolerant reader takes the object out of the prose such a model may wrap around it."""
+    model = "anthropic/claude-3-5-haiku-20241022"
+    assert response_format(model) == {"type": "json_object"}
+    script(llm, {"haiku chess": MALFORMED["prose"]})
+    settings = Settings(llm_model=model, llm_api_base=llm.root, llm_api_key="test-key")
+    turns = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": "Conversation:\nhaiku chess"}]
+    answer = call_llm(settings, turns)
+    (request,) = llm.requests
+    assert not {"tools", "tool_choice", "response_format", "output_format"} & set(request.body)
+    assert [f.statement for f in answer.extraction.facts] == ["User likes chess"]
 
 
 def test_system_part_is_identical_for_every_message(stack, llm):

@@ -8,8 +8,11 @@ from typing import Any
 
 
 def message_text(request: Mapping[str, Any]) -> str:
-    """The conversation text Engram put into the prompt (after 'Conversation:')."""
+    """The conversation text Engram put into the prompt (after 'Conversation:'). Content given as parts
+    (Anthropic's wire format: ``[{"type": "text", "text": ...}]``) is joined."""
     user = next(m["content"] for m in request["messages"] if m["role"] == "user")
+    if isinstance(user, list):
+        user = "".join(str(part.get("text", "")) for part in user if isinstance(part, Mapping))
     convo = user.split("Conversation:\n", 1)[-1]
     return "\n".join(line.split(": ", 1)[-1] for line in convo.splitlines())
 
