@@ -65,7 +65,7 @@ from engram_api.naming import normalize_name
 from engram_api.storage.forgetting import ForgetPlan, ForgetScope, Removed, plan_forget
 from engram_api.versions import ABSENT, Stamp, new_epoch
 
-__all__ = ["Fence", "GraphStep", "GraphStepQuery", "GraphStore"]
+__all__ = ["Fence", "GraphStep", "GraphStepQuery", "GraphStore", "Link"]
 
 _active = threading.local()
 _DAY = timedelta(days=1)
@@ -460,7 +460,8 @@ class GraphStore(ABC):
         return self._forget_user(user_id).result()
 
     @abstractmethod
-    def _forget_user(self, user_id: str) -> Removed: ...
+    def _forget_user(self, user_id: str) -> Removed:
+        """``forget_user``'s one transaction; the ids it deleted, and which of them had an embedding."""
 
     # --------------------------------------------------------------------------------- maintenance
     def decay(self, user_id: str, *, now: datetime, per_day: float, threshold: float, batch: int) -> tuple[int, int]:
