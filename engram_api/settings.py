@@ -220,6 +220,9 @@ class Settings(BaseSettings):
         description='gateway keys, JSON: [{"name", "sha256", "scopes": ["read","write","operator"], "namespace"}] '
         "(`engram keys new` prints one); none: the gateway only binds to 127.0.0.1",
     )
+    api_key: str | None = Field(
+        None, description="`engram serve --mcp-stdio`: the key the stdio session acts as (any in local mode)"
+    )
     gateway_host: str = Field("127.0.0.1", description="interface `engram serve` listens on")
     gateway_port: int = Field(8080, ge=1, le=65535, description="port `engram serve` listens on")
     gateway_max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024, description="largest request body (413 beyond)")
@@ -246,7 +249,7 @@ class Settings(BaseSettings):
             raise ValueError("expected a URL such as redis://127.0.0.1:6379/0")
         return v
 
-    @field_validator("llm_model", "llm_api_key", "llm_api_base", "neo4j_password")
+    @field_validator("llm_model", "llm_api_key", "llm_api_base", "neo4j_password", "api_key")
     @classmethod
     def _blank_is_unset(cls, v: str | None) -> str | None:
         return v or None
@@ -271,7 +274,7 @@ class Settings(BaseSettings):
     @property
     def secrets(self) -> tuple[str, ...]:
         """Configured credentials: masked wherever text is shown, logged or stored (``redaction``)."""
-        return tuple(s for s in (self.llm_api_key, self.neo4j_password, self.flower_password) if s)
+        return tuple(s for s in (self.llm_api_key, self.neo4j_password, self.flower_password, self.api_key) if s)
 
     @property
     def index_dir(self) -> Path:

@@ -15,7 +15,6 @@ Invariants:
 
 from __future__ import annotations
 
-import os
 from datetime import datetime
 from typing import Any
 
@@ -147,7 +146,7 @@ class _KeyedEndpoint:
 
 def run_stdio(gateway: Gateway) -> None:
     """Serve MCP over stdin/stdout as the principal of ``ENGRAM_API_KEY`` (any key in local mode)."""
-    principal = gateway.ring.principal(os.environ.get("ENGRAM_API_KEY"))
+    principal = gateway.ring.principal(gateway.settings.api_key)
     mcp = build_mcp(gateway, stdio_principal=principal)
     try:
         mcp.run("stdio")

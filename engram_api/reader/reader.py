@@ -379,10 +379,8 @@ class Reader:
                 result = self.graph.forget_message(user_id, message_id)
             else:
                 return ForgetResult(user_id=user_id, episodes=1)  # not applied yet: the tombstone keeps it so
-            removed = [*result.removed_fact_ids, *result.removed_entity_ids, *result.removed_chunk_ids]
-            write.finish(removals=removed)
-            result.vectors = len(removed)
-            return result
+            write.finish(removals=[*result.removed_fact_ids, *result.removed_entity_ids, *result.removed_chunk_ids])
+            return result  # its vector count is the store's, which deleted the embeddings
 
         return self.writes.run(user_id, forget, wait=_WRITE_WAIT_S)
 

@@ -5,8 +5,9 @@ pipeline and the reader never write a query.
 Policy lives here once: the public methods are concrete; they check sizes and ownership (a negative
 limit, window, k or hop count, a page below 1, a batch below 1 or another user's record raise
 ``InvalidInputError`` naming the field), drop duplicate ids, answer empty requests without a query,
-hold the decay formula and plan forgetting (``forgetting``). Backends implement the ``_``-prefixed
-hooks: queries and transactions only.
+hold the decay formula, plan forgetting (``forgetting``) and shape results (records from raw rows,
+links grouped and sorted, counts into ``UserStats`` and ``ForgetResult``). Backends implement the
+``_``-prefixed hooks: queries and transactions only.
 
 Rules every backend keeps:
 - every read and write is scoped by ``user_id``; nothing ever crosses users;
@@ -34,7 +35,7 @@ from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -54,20 +55,23 @@ from engram_api.models import (
     LearnedWeights,
     Record,
     StoredEpisode,
+    Usage,
     UserStats,
     VectorItem,
     WritePlan,
     utcnow,
 )
 from engram_api.naming import normalize_name
-from engram_api.storage.forgetting import ForgetPlan, ForgetScope, plan_forget
+from engram_api.storage.forgetting import ForgetPlan, ForgetScope, Removed, plan_forget
 from engram_api.versions import ABSENT, Stamp, new_epoch
 
-__all__ = ["Fence", "GraphStep", "GraphStepQuery", "GraphStore"]
+__all__ = ["Fence", "GraphStep", "GraphStepQuery", "GraphStore", "Link"]
 
 _active = threading.local()
 _DAY = timedelta(days=1)
 _H = TypeVar("_H", bound=Hashable)
+# A provenance or membership link as a backend reads it: (owner id, "fact" | "entity", node id).
+Link = tuple[str, str, str]
 
 
 @dataclass(slots=True)
@@ -301,12 +305,28 @@ class GraphStore(ABC):
         """One snapshot: the user's fact count, ``limit`` facts after ``skip`` in (created_at, id) order,
         and the entities those facts mention, ordered by (norm_name, id), each once."""
 
-    @abstractmethod
-    def stats(self, user_id: str) -> UserStats: ...
+    def stats(self, user_id: str) -> UserStats:
+        """The user's record counts, version and usage totals; zeros for a user the store does not hold."""
+        counts, user = self._stats(user_id)
+        totals = {k: v for k, v in (user or {}).items() if v is not None}
+        return UserStats(user_id=user_id, **counts, version=totals.pop("version", 0), usage=Usage(**totals))
 
     @abstractmethod
+    def _stats(self, user_id: str) -> tuple[dict[str, int], dict[str, Any] | None]:
+        """One snapshot: the ``UserStats`` counts by field name, and the user's ``version`` with its
+        ``Usage`` totals (None for a user the store does not hold)."""
+
     def vectors(self, user_id: str) -> tuple[list[VectorItem], int]:
-        """Every fact, entity and episode-chunk embedding of the user, and the version they reflect."""
+        """Every fact, entity and episode-chunk embedding of the user, by (kind, id), and the version they
+        reflect."""
+        rows, version = self._vectors(user_id)
+        items = [VectorItem.model_validate({"node_id": n, "kind": k, "embedding": v}) for n, k, v in rows]
+        return sorted(items, key=lambda item: (item.kind, item.node_id)), version
+
+    @abstractmethod
+    def _vectors(self, user_id: str) -> tuple[list[tuple[str, str, list[float]]], int]:
+        """One snapshot: (node id, kind, embedding) of each embedded fact, entity and chunk, and the
+        version (0 for a user the store does not hold)."""
 
     def get_chunks(
         self, user_id: str, chunk_ids: Sequence[str] = (), *, episode_ids: Sequence[str] = ()
@@ -380,10 +400,17 @@ class GraphStore(ABC):
     @abstractmethod
     def list_users(self) -> list[str]: ...
 
-    @abstractmethod
     def episodes(self, user_id: str) -> list[StoredEpisode]:
         """Every stored episode of the user with its provenance links (sorted fact and entity ids),
         ordered by (event_time, id)."""
+        rows, links = self._episodes(user_id)
+        episodes = [StoredEpisode.model_validate(row) for row in _linked(rows, links, "fact_ids", "entity_ids")]
+        return sorted(episodes, key=lambda e: (e.event_time, e.id))
+
+    @abstractmethod
+    def _episodes(self, user_id: str) -> tuple[list[dict[str, Any]], list[Link]]:
+        """One snapshot: the user's episodes as ``EpisodeRecord`` fields, and the FROM links of its facts
+        and entities to them."""
 
     # -------------------------------------------------------------------------------------- delete
     def forget_message(self, user_id: str, message_id: str) -> ForgetResult:
@@ -427,8 +454,14 @@ class GraphStore(ABC):
         """Apply ``plan`` in one transaction (repairs, fact deletes, the episode and its chunks, orphaned
         candidates) and bump the version; returns the ids of the orphaned entities it removed."""
 
+    def forget_user(self, user_id: str) -> ForgetResult:
+        """Delete everything of the user (records, feedback, its learned weights, the user itself) in one
+        transaction; its stamp reads ``ABSENT`` after."""
+        return self._forget_user(user_id).result()
+
     @abstractmethod
-    def forget_user(self, user_id: str) -> ForgetResult: ...
+    def _forget_user(self, user_id: str) -> Removed:
+        """``forget_user``'s one transaction; the ids it deleted, and which of them had an embedding."""
 
     # --------------------------------------------------------------------------------- maintenance
     def decay(self, user_id: str, *, now: datetime, per_day: float, threshold: float, batch: int) -> tuple[int, int]:
@@ -474,8 +507,18 @@ class GraphStore(ABC):
     @abstractmethod
     def _replace_clusters(self, user_id: str, clusters: list[ClusterRecord]) -> None: ...
 
+    def clusters(self, user_id: str) -> list[ClusterRecord]:
+        """The user's clusters by id, with sorted member fact and entity ids."""
+        rows, links = self._clusters(user_id)
+        clusters = [
+            ClusterRecord.model_validate(row) for row in _linked(rows, links, "member_fact_ids", "member_entity_ids")
+        ]
+        return sorted(clusters, key=lambda c: c.id)
+
     @abstractmethod
-    def clusters(self, user_id: str) -> list[ClusterRecord]: ...
+    def _clusters(self, user_id: str) -> tuple[list[dict[str, Any]], list[Link]]:
+        """One snapshot: the user's clusters as ``ClusterRecord`` fields (no members), and their member
+        links."""
 
     def add_feedback(self, rows: Sequence[FeedbackRow]) -> None:
         if rows:
@@ -501,6 +544,21 @@ class GraphStore(ABC):
 def _distinct(values: Iterable[_H]) -> list[_H]:
     """Each value once, in first-seen order: backends get no duplicate ids, names or terms."""
     return list(dict.fromkeys(values))
+
+
+def _linked(rows: list[dict[str, Any]], links: list[Link], facts: str, entities: str) -> list[dict[str, Any]]:
+    """Each row with the node ids its links name, each once and sorted, under ``facts`` and ``entities``."""
+    by_owner: dict[tuple[str, str], set[str]] = {}
+    for owner, kind, node_id in links:
+        by_owner.setdefault((owner, kind), set()).add(node_id)
+    return [
+        {
+            **row,
+            facts: sorted(by_owner.get((row["id"], "fact"), ())),
+            entities: sorted(by_owner.get((row["id"], "entity"), ())),
+        }
+        for row in rows
+    ]
 
 
 def _count(field: str, value: int) -> int:

@@ -1,5 +1,6 @@
 """Forgetting, decided once above the backends: ``ForgetScope`` (what a backend reads) becomes a
-``ForgetPlan`` (what it deletes and repairs), the deletion's counterpart of ``WritePlan``.
+``ForgetPlan`` (what it deletes and repairs), the deletion's counterpart of ``WritePlan``; ``Removed``
+(what a delete removed) is the one account of any forget, the vector count included.
 
 Invariants:
 - a plan is computed from reads taken after the user's stamp was read, and applied only while the
@@ -9,7 +10,9 @@ Invariants:
 - an older fact whose successor is deleted points at the next surviving successor; with none left it
   becomes current again (the deleted value never was);
 - only a candidate entity that nothing mentions and no episode keeps after the delete is removed, and
-  that is decided inside the applying transaction (the plan names candidates, not orphans).
+  that is decided inside the applying transaction (the plan names candidates, not orphans);
+- a forget's ``vectors`` counts the embeddings the store deleted with the records (removed facts and
+  entities that carried one, and every chunk): the store removed them, so the store's account is final.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from engram_api.models import ForgetResult
 
-__all__ = ["ChainRepair", "ForgetPlan", "ForgetScope", "plan_forget"]
+__all__ = ["ChainRepair", "ForgetPlan", "ForgetScope", "Removed", "plan_forget"]
 
 
 class _Frozen(BaseModel):
@@ -58,16 +61,37 @@ class ForgetPlan(_Frozen):
 
     def result(self, removed_entity_ids: list[str]) -> ForgetResult:
         """The caller's account of this plan once applied, given the orphans the backend removed."""
-        removed = [*self.fact_ids, *removed_entity_ids]
-        return ForgetResult(
+        return Removed(
             user_id=self.user_id,
             episodes=int(self.episode_id is not None),
+            fact_ids=self.fact_ids,
+            entity_ids=removed_entity_ids,
+            chunk_ids=self.chunk_ids,
+            vectored=self.vectored,
+        ).result()
+
+
+class Removed(_Frozen):
+    """What one delete transaction removed, as ids (a backend's answer to ``forget_user``)."""
+
+    user_id: str
+    episodes: int = 0
+    fact_ids: list[str] = Field(default_factory=list)
+    entity_ids: list[str] = Field(default_factory=list)
+    chunk_ids: list[str] = Field(default_factory=list)
+    vectored: frozenset[str] = Field(frozenset(), description="removed facts and entities that had an embedding")
+
+    def result(self) -> ForgetResult:
+        return ForgetResult(
+            user_id=self.user_id,
+            episodes=self.episodes,
             facts=len(self.fact_ids),
-            entities=len(removed_entity_ids),
-            vectors=sum(node_id in self.vectored for node_id in removed) + len(self.chunk_ids),
-            removed_fact_ids=list(self.fact_ids),
-            removed_entity_ids=sorted(removed_entity_ids),
-            removed_chunk_ids=list(self.chunk_ids),
+            entities=len(self.entity_ids),
+            vectors=sum(node_id in self.vectored for node_id in [*self.fact_ids, *self.entity_ids])
+            + len(self.chunk_ids),
+            removed_fact_ids=sorted(self.fact_ids),
+            removed_entity_ids=sorted(self.entity_ids),
+            removed_chunk_ids=sorted(self.chunk_ids),
         )
 
 

@@ -32,10 +32,12 @@ __all__ = [
     "Q_CLUSTERS_DELETE",
     "Q_CLUSTERS_LINK_ENTITIES",
     "Q_CLUSTERS_LINK_FACTS",
+    "Q_CLUSTER_MEMBERS",
     "Q_COUNT_FACTS",
     "Q_DECAY_BATCH",
     "Q_DECAY_SET",
     "Q_EPISODES",
+    "Q_EPISODE_LINKS",
     "Q_FEEDBACK_ADD",
     "Q_FEEDBACK_ALL",
     "Q_FEEDBACK_USER",
@@ -221,11 +223,11 @@ FOREACH (_ IN CASE WHEN u IS NULL THEN [] ELSE [1] END | SET u._lock = true REMO
 RETURN coalesce(u.epoch, 0) AS epoch, coalesce(u.version, 0) AS version
 """
 Q_BUMP = "MATCH (u:User {user_id: $user_id}) SET u.version = u.version + 1, u.updated_at = $now"
-Q_EPISODES = """
-MATCH (ep:Episode {user_id: $user_id})
-RETURN ep {.*, fact_ids: COLLECT { MATCH (f:Fact {user_id: $user_id})-[:FROM]->(ep) RETURN f.id ORDER BY f.id },
-        entity_ids: COLLECT { MATCH (e:Entity {user_id: $user_id})-[:FROM]->(ep) RETURN e.id ORDER BY e.id }} AS row
-ORDER BY ep.event_time, ep.id
+Q_EPISODES = "MATCH (ep:Episode {user_id: $user_id}) RETURN ep {.*} AS row"
+# Links as (owner, kind, node id): GraphStore groups and sorts them (see base.Link).
+Q_EPISODE_LINKS = """
+MATCH (n {user_id: $user_id})-[:FROM]->(ep:Episode {user_id: $user_id})
+RETURN ep.id AS owner, CASE WHEN n:Fact THEN 'fact' ELSE 'entity' END AS kind, n.id AS node_id
 """
 Q_IS_APPLIED = "RETURN EXISTS { MATCH (:Episode {user_id: $user_id, id: $episode_id}) } AS applied"
 # The user's entities whose norm_name or a normalized alias is in $names, as `e` (inside CALL () { }).
@@ -382,7 +384,7 @@ CALL () {
   MATCH (c:Chunk {user_id: $user_id}) WHERE c.embedding IS NOT NULL
   RETURN c.id AS node_id, 'episode' AS kind, c.embedding AS embedding
 }
-RETURN node_id, kind, embedding ORDER BY kind, node_id
+RETURN node_id, kind, embedding
 """
 Q_USERS = "MATCH (u:User) RETURN u.user_id AS user_id ORDER BY user_id"
 
@@ -439,10 +441,10 @@ DETACH DELETE e
 RETURN id
 """
 Q_FORGET_USER_SCAN = """
-RETURN COLLECT { MATCH (f:Fact {user_id: $user_id}) RETURN f.id ORDER BY f.id } AS facts,
-       COLLECT { MATCH (e:Entity {user_id: $user_id}) RETURN e.id ORDER BY e.id } AS entities,
-       COUNT { MATCH (f:Fact {user_id: $user_id}) WHERE f.embedding IS NOT NULL }
-       + COUNT { MATCH (e:Entity {user_id: $user_id}) WHERE e.embedding IS NOT NULL } AS vectors,
+RETURN COLLECT { MATCH (f:Fact {user_id: $user_id}) RETURN f.id } AS facts,
+       COLLECT { MATCH (e:Entity {user_id: $user_id}) RETURN e.id } AS entities,
+       COLLECT { MATCH (f:Fact {user_id: $user_id}) WHERE f.embedding IS NOT NULL RETURN f.id }
+       + COLLECT { MATCH (e:Entity {user_id: $user_id}) WHERE e.embedding IS NOT NULL RETURN e.id } AS vectored,
        COUNT { MATCH (ep:Episode {user_id: $user_id}) } AS episodes
 """
 # Labels are constants of this module; one statement per label keeps each delete on an index.
@@ -483,13 +485,10 @@ MATCH (c:Cluster {user_id: $user_id, id: l.cluster_id})
 MATCH (e:Entity {user_id: $user_id, id: l.node_id})
 CREATE (c)-[:HAS_MEMBER]->(e)
 """
-Q_CLUSTERS = """
-MATCH (c:Cluster {user_id: $user_id})
-RETURN c {.*,
-  member_fact_ids: COLLECT { MATCH (c)-[:HAS_MEMBER]->(f:Fact {user_id: $user_id}) RETURN f.id ORDER BY f.id },
-  member_entity_ids: COLLECT { MATCH (c)-[:HAS_MEMBER]->(e:Entity {user_id: $user_id}) RETURN e.id ORDER BY e.id }
-} AS row
-ORDER BY c.id
+Q_CLUSTERS = "MATCH (c:Cluster {user_id: $user_id}) RETURN c {.*} AS row"
+Q_CLUSTER_MEMBERS = """
+MATCH (c:Cluster {user_id: $user_id})-[:HAS_MEMBER]->(n {user_id: $user_id})
+RETURN c.id AS owner, CASE WHEN n:Fact THEN 'fact' ELSE 'entity' END AS kind, n.id AS node_id
 """
 Q_FEEDBACK_ADD = "UNWIND $rows AS row CREATE (fb:Feedback) SET fb = row"
 _FEEDBACK = _projection("fb", tuple(FeedbackRow.model_fields), "")

@@ -9,6 +9,7 @@ the user they are written for, never the record's own claim.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any, cast
@@ -19,7 +20,17 @@ from engram_api.models import ChunkRecord, EntityRecord, FactRecord, check_aware
 from engram_api.naming import normalize_name
 from engram_api.storage.episodes import user_key
 
-__all__ = ["chunk_props", "entity_props", "fact_props", "from_db", "live_chunks", "norms", "opt_utc", "utc"]
+__all__ = [
+    "chunk_props",
+    "entity_props",
+    "episode_fields",
+    "fact_props",
+    "from_db",
+    "live_chunks",
+    "norms",
+    "opt_utc",
+    "utc",
+]
 
 
 def utc(value: datetime) -> datetime:
@@ -42,6 +53,11 @@ def from_db(row: dict[str, Any]) -> dict[str, Any]:
             value = value.to_native().astimezone(UTC)
         out[key] = value
     return out
+
+
+def episode_fields(row: dict[str, Any]) -> dict[str, Any]:
+    """An episode node read back: its metadata is stored as JSON text (a map property holds no nesting)."""
+    return {**row, "metadata": json.loads(row.get("metadata") or "{}")}
 
 
 def entity_props(entity: EntityRecord, user_id: str) -> dict[str, Any]:

@@ -46,22 +46,17 @@ from engram_api.models import (
     EpisodeRecord,
     FactRecord,
     FeedbackRow,
-    ForgetResult,
     KeywordHit,
     LearnedWeights,
-    StoredEpisode,
-    Usage,
-    UserStats,
-    VectorItem,
     WritePlan,
     utcnow,
 )
 from engram_api.storage import neo4j_cypher as cy
 from engram_api.storage import neo4j_episodes as episodes_cypher
 from engram_api.storage import neo4j_rows as shape
-from engram_api.storage.base import Fence, GraphStep, GraphStepQuery, GraphStore
+from engram_api.storage.base import Fence, GraphStep, GraphStepQuery, GraphStore, Link
 from engram_api.storage.episodes import user_key
-from engram_api.storage.forgetting import ForgetPlan, ForgetScope
+from engram_api.storage.forgetting import ForgetPlan, ForgetScope, Removed
 from engram_api.versions import ABSENT, Stamp
 
 __all__ = ["Neo4jGraphStore"]
@@ -223,7 +218,7 @@ class Neo4jGraphStore(GraphStore):
 
     def _recent_episodes(self, user_id: str, *, before: datetime, limit: int) -> list[EpisodeRecord]:
         rows = self._rows(cy.Q_RECENT_EPISODES, user_id=user_id, before=shape.utc(before), limit=limit)
-        return [EpisodeRecord.model_validate({**r, "metadata": json.loads(r["metadata"])}) for r in reversed(rows)]
+        return [EpisodeRecord.model_validate(shape.episode_fields(r)) for r in reversed(rows)]
 
     def _facts_for_slots(self, user_id: str, slots: list[tuple[str, str]]) -> list[FactRecord]:
         rows = self._rows(cy.Q_SLOTS, user_id=user_id, slots=[list(slot) for slot in slots])
@@ -380,37 +375,21 @@ class Neo4jGraphStore(GraphStore):
 
         return self._read(work)
 
-    def stats(self, user_id: str) -> UserStats:
-        def work(tx: ManagedTransaction) -> UserStats:
-            record = tx.run(cy.Q_STATS, user_id=user_id).single(strict=True)
-            user = record["user"] or {}
-            return UserStats(
-                user_id=user_id,
-                entities=record["entities"],
-                facts=record["facts"],
-                current_facts=record["current_facts"],
-                superseded_facts=record["superseded_facts"],
-                archived_facts=record["archived_facts"],
-                episodes=record["episodes"],
-                episode_chunks=record["episode_chunks"],
-                keyword_entries=tx.run(
-                    episodes_cypher.Q_KEYWORD_COUNT, user_id=user_id, lucene=f"ukey:{user_key(user_id)}"
-                ).single(strict=True)["n"],
-                clusters=record["clusters"],
-                version=user.get("version") or 0,
-                usage=Usage.model_validate(shape.from_db({k: v for k, v in user.items() if k != "version"})),
-            )
+    def _stats(self, user_id: str) -> tuple[dict[str, int], dict[str, Any] | None]:
+        def work(tx: ManagedTransaction) -> tuple[dict[str, int], dict[str, Any] | None]:
+            counts = tx.run(cy.Q_STATS, user_id=user_id).single(strict=True).data()
+            user = counts.pop("user")
+            lucene = f"ukey:{user_key(user_id)}"
+            keyword = tx.run(episodes_cypher.Q_KEYWORD_COUNT, user_id=user_id, lucene=lucene).single(strict=True)
+            return {**counts, "keyword_entries": keyword["n"]}, user
 
         return self._read(work)
 
-    def vectors(self, user_id: str) -> tuple[list[VectorItem], int]:
-        def work(tx: ManagedTransaction) -> tuple[list[VectorItem], int]:
-            items = [
-                VectorItem(node_id=r["node_id"], kind=r["kind"], embedding=r["embedding"])
-                for r in tx.run(cy.Q_VECTORS, user_id=user_id)
-            ]
+    def _vectors(self, user_id: str) -> tuple[list[tuple[str, str, list[float]]], int]:
+        def work(tx: ManagedTransaction) -> tuple[list[tuple[str, str, list[float]]], int]:
+            rows = [(r["node_id"], r["kind"], r["embedding"]) for r in tx.run(cy.Q_VECTORS, user_id=user_id)]
             record = tx.run(cy.Q_VERSION, user_id=user_id).single()
-            return items, 0 if record is None else int(record["version"])
+            return rows, 0 if record is None else int(record["version"])
 
         return self._read(work)
 
@@ -482,9 +461,20 @@ class Neo4jGraphStore(GraphStore):
         return self._read(work)
 
     # ------------------------------------------------------------------------------- delete
-    def episodes(self, user_id: str) -> list[StoredEpisode]:
-        rows = self._rows(cy.Q_EPISODES, user_id=user_id)
-        return [StoredEpisode(**{**r, "metadata": json.loads(r.get("metadata") or "{}")}) for r in rows]
+    def _episodes(self, user_id: str) -> tuple[list[dict[str, Any]], list[Link]]:
+        return self._rows_and_links(cy.Q_EPISODES, cy.Q_EPISODE_LINKS, user_id, shape.episode_fields)
+
+    def _rows_and_links(
+        self, rows_query: str, links_query: str, user_id: str, fields: Callable[[dict[str, Any]], dict[str, Any]]
+    ) -> tuple[list[dict[str, Any]], list[Link]]:
+        """One read transaction: the rows of ``rows_query`` (through ``fields``) and the links of ``links_query``."""
+
+        def work(tx: ManagedTransaction) -> tuple[list[dict[str, Any]], list[Link]]:
+            rows = [fields(shape.from_db(r["row"])) for r in tx.run(rows_query, user_id=user_id)]
+            links = [(r["owner"], r["kind"], r["node_id"]) for r in tx.run(links_query, user_id=user_id)]
+            return rows, links
+
+        return self._read(work)
 
     def _forget_scope(
         self, user_id: str, *, episode_id: str | None = None, fact_id: str | None = None
@@ -526,22 +516,20 @@ class Neo4jGraphStore(GraphStore):
 
         return self._write(work)
 
-    def forget_user(self, user_id: str) -> ForgetResult:
-        def work(tx: ManagedTransaction) -> ForgetResult:
+    def _forget_user(self, user_id: str) -> Removed:
+        def work(tx: ManagedTransaction) -> Removed:
             scan = tx.run(cy.Q_FORGET_USER_SCAN, user_id=user_id).single(strict=True)
             chunks = [r["id"] for r in tx.run(episodes_cypher.Q_FORGET_CHUNKS, user_id=user_id, episode_id=None)]
             for label in cy.FORGET_USER_LABELS:
                 tx.run(f"MATCH (n:{label} {{user_id: $user_id}}) DETACH DELETE n", user_id=user_id).consume()
             tx.run("MATCH (w:Weights {scope: $user_id}) DELETE w", user_id=user_id).consume()
-            return ForgetResult(
+            return Removed(
                 user_id=user_id,
                 episodes=scan["episodes"],
-                facts=len(scan["facts"]),
-                entities=len(scan["entities"]),
-                vectors=scan["vectors"] + len(chunks),
-                removed_fact_ids=list(scan["facts"]),
-                removed_entity_ids=list(scan["entities"]),
-                removed_chunk_ids=chunks,
+                fact_ids=scan["facts"],
+                entity_ids=scan["entities"],
+                chunk_ids=chunks,
+                vectored=frozenset(scan["vectored"]),
             )
 
         return self._write(work)
@@ -615,8 +603,8 @@ class Neo4jGraphStore(GraphStore):
 
         self._write(work)
 
-    def clusters(self, user_id: str) -> list[ClusterRecord]:
-        return [ClusterRecord.model_validate(r) for r in self._rows(cy.Q_CLUSTERS, user_id=user_id)]
+    def _clusters(self, user_id: str) -> tuple[list[dict[str, Any]], list[Link]]:
+        return self._rows_and_links(cy.Q_CLUSTERS, cy.Q_CLUSTER_MEMBERS, user_id, dict)
 
     def _add_feedback(self, rows: list[FeedbackRow]) -> None:
         first = time.time_ns()

@@ -320,22 +320,16 @@ def link_episode(conn: sqlite3.Connection, user_id: str, node_id: str, kind: str
     )
 
 
-def delete_nodes(conn: sqlite3.Connection, user_id: str, table: str, node_ids: Sequence[str]) -> int:
+def delete_nodes(conn: sqlite3.Connection, user_id: str, table: str, node_ids: Sequence[str]) -> None:
     """Delete facts or entities (``table``, a constant) with their FROM links and cluster memberships
-    (a fact's mentions cascade); returns how many of them carried an embedding."""
+    (a fact's mentions cascade)."""
     ids = json_ids(node_ids)
-    vectors = conn.execute(
-        f"SELECT COUNT(*) FROM {table} WHERE user_id = ? AND embedding IS NOT NULL"
-        " AND id IN (SELECT value FROM json_each(?))",
-        (user_id, ids),
-    ).fetchone()[0]
     for statement in (
         "DELETE FROM provenance WHERE user_id = ? AND node_id IN (SELECT value FROM json_each(?))",
         "DELETE FROM cluster_members WHERE user_id = ? AND member_id IN (SELECT value FROM json_each(?))",
         f"DELETE FROM {table} WHERE user_id = ? AND id IN (SELECT value FROM json_each(?))",
     ):
         conn.execute(statement, (user_id, ids))
-    return int(vectors)
 
 
 def chunk_ids(conn: sqlite3.Connection, user_id: str, episode_ids: Sequence[str] | None) -> list[str]:

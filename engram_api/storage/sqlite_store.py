@@ -21,6 +21,7 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import datetime
+from typing import Any
 
 from engram_api.errors import StoreUnavailableError
 from engram_api.models import (
@@ -33,21 +34,16 @@ from engram_api.models import (
     EpisodeRecord,
     FactRecord,
     FeedbackRow,
-    ForgetResult,
     KeywordHit,
     LearnedWeights,
-    StoredEpisode,
-    Usage,
-    UserStats,
-    VectorItem,
     WritePlan,
     utcnow,
 )
 from engram_api.storage import sqlite_episodes as episodes_sql
 from engram_api.storage import sqlite_rows as db
 from engram_api.storage import sqlite_sql as sql
-from engram_api.storage.base import GraphStep, GraphStepQuery, GraphStore
-from engram_api.storage.forgetting import ForgetPlan, ForgetScope
+from engram_api.storage.base import GraphStep, GraphStepQuery, GraphStore, Link
+from engram_api.storage.forgetting import ForgetPlan, ForgetScope, Removed
 from engram_api.versions import Stamp
 
 __all__ = ["SqliteGraphStore"]
@@ -350,46 +346,29 @@ class SqliteGraphStore(GraphStore):
             ).fetchall()
         return total, facts, [db.entity_row(r) for r in entity_rows]
 
-    def stats(self, user_id: str) -> UserStats:
+    def _stats(self, user_id: str) -> tuple[dict[str, int], dict[str, Any] | None]:
         with self._read() as conn:
-            facts = conn.execute(
-                """SELECT COUNT(*),
-                          COALESCE(SUM(valid_until IS NULL AND archived = 0), 0),
-                          COALESCE(SUM(valid_until IS NOT NULL), 0),
-                          COALESCE(SUM(archived = 1), 0)
-                     FROM facts WHERE user_id = ?""",
+            counts = dict(
+                conn.execute(
+                    """SELECT COUNT(*) AS facts,
+                              COALESCE(SUM(valid_until IS NULL AND archived = 0), 0) AS current_facts,
+                              COALESCE(SUM(valid_until IS NOT NULL), 0) AS superseded_facts,
+                              COALESCE(SUM(archived = 1), 0) AS archived_facts
+                         FROM facts WHERE user_id = ?""",
+                    (user_id,),
+                ).fetchone()
+            )
+            for table in ("entities", "episodes", "clusters"):
+                row = conn.execute(f"SELECT COUNT(*) FROM {table} WHERE user_id = ?", (user_id,)).fetchone()
+                counts[table] = row[0]
+            counts["episode_chunks"], counts["keyword_entries"] = episodes_sql.chunk_counts(conn, user_id)
+            user = conn.execute(
+                "SELECT version, prompt_tokens, completion_tokens, cost_usd, llm_calls FROM users WHERE user_id = ?",
                 (user_id,),
             ).fetchone()
-            counts = {
-                table: conn.execute(f"SELECT COUNT(*) FROM {table} WHERE user_id = ?", (user_id,)).fetchone()[0]
-                for table in ("entities", "episodes", "clusters")
-            }
-            user = conn.execute("SELECT * FROM users WHERE user_id = ?", (user_id,)).fetchone()
-            chunks, keyword_entries = episodes_sql.chunk_counts(conn, user_id)
-        usage = Usage()
-        if user is not None:
-            usage = Usage(
-                prompt_tokens=user["prompt_tokens"],
-                completion_tokens=user["completion_tokens"],
-                cost_usd=user["cost_usd"],
-                llm_calls=user["llm_calls"],
-            )
-        return UserStats(
-            user_id=user_id,
-            entities=counts["entities"],
-            facts=facts[0],
-            current_facts=facts[1],
-            superseded_facts=facts[2],
-            archived_facts=facts[3],
-            episodes=counts["episodes"],
-            episode_chunks=chunks,
-            keyword_entries=keyword_entries,
-            clusters=counts["clusters"],
-            version=0 if user is None else user["version"],
-            usage=usage,
-        )
+        return counts, None if user is None else dict(user)
 
-    def vectors(self, user_id: str) -> tuple[list[VectorItem], int]:
+    def _vectors(self, user_id: str) -> tuple[list[tuple[str, str, list[float]]], int]:
         with self._read() as conn:
             rows = conn.execute(
                 """SELECT id, 'fact' AS kind, embedding FROM facts
@@ -399,13 +378,11 @@ class SqliteGraphStore(GraphStore):
                     WHERE user_id = :user_id AND embedding IS NOT NULL
                    UNION ALL
                    SELECT id, 'episode' AS kind, embedding FROM chunks
-                    WHERE user_id = :user_id AND embedding IS NOT NULL
-                   ORDER BY kind, id""",
+                    WHERE user_id = :user_id AND embedding IS NOT NULL""",
                 {"user_id": user_id},
             ).fetchall()
             version = db.read_version(conn, user_id)
-        items = [VectorItem(node_id=r["id"], kind=r["kind"], embedding=db.from_blob(r["embedding"])) for r in rows]
-        return items, version
+        return [(r["id"], r["kind"], db.from_blob(r["embedding"])) for r in rows], version
 
     def _get_chunks(self, user_id: str, chunk_ids: list[str], episode_ids: list[str]) -> list[ChunkRecord]:
         return episodes_sql.get_chunks(
@@ -453,26 +430,13 @@ class SqliteGraphStore(GraphStore):
         rows = self._conn().execute("SELECT user_id FROM users ORDER BY user_id").fetchall()
         return [r["user_id"] for r in rows]
 
-    def episodes(self, user_id: str) -> list[StoredEpisode]:
+    def _episodes(self, user_id: str) -> tuple[list[dict[str, Any]], list[Link]]:
         with self._read() as conn:
-            rows = conn.execute(
-                "SELECT * FROM episodes WHERE user_id = ? ORDER BY event_time, id", (user_id,)
-            ).fetchall()
+            rows = conn.execute("SELECT * FROM episodes WHERE user_id = ?", (user_id,)).fetchall()
             links = conn.execute(
-                "SELECT episode_id, node_id, node_kind FROM provenance WHERE user_id = ? ORDER BY node_id",
-                (user_id,),
+                "SELECT episode_id, node_kind, node_id FROM provenance WHERE user_id = ?", (user_id,)
             ).fetchall()
-        linked: dict[tuple[str, str], list[str]] = {}
-        for link in links:
-            linked.setdefault((link["episode_id"], link["node_kind"]), []).append(link["node_id"])
-        return [
-            StoredEpisode(
-                **db.episode_fields(r),
-                fact_ids=linked.get((r["id"], "fact"), []),
-                entity_ids=linked.get((r["id"], "entity"), []),
-            )
-            for r in rows
-        ]
+        return [db.episode_fields(r) for r in rows], [(a, b, c) for a, b, c in links]
 
     # ------------------------------------------------------------------------------------ delete
     def _forget_scope(
@@ -563,28 +527,30 @@ class SqliteGraphStore(GraphStore):
             db.bump(conn, user_id, None)
         return orphans
 
-    def forget_user(self, user_id: str) -> ForgetResult:
+    def _forget_user(self, user_id: str) -> Removed:
         with self._write() as conn:
-            fact_ids = [r[0] for r in conn.execute("SELECT id FROM facts WHERE user_id = ? ORDER BY id", (user_id,))]
-            entity_ids = [
-                r[0] for r in conn.execute("SELECT id FROM entities WHERE user_id = ? ORDER BY id", (user_id,))
-            ]
+            nodes = conn.execute(
+                """SELECT id, 'facts' AS tbl, embedding IS NOT NULL AS vectored FROM facts WHERE user_id = :user_id
+                   UNION ALL
+                   SELECT id, 'entities', embedding IS NOT NULL FROM entities WHERE user_id = :user_id""",
+                {"user_id": user_id},
+            ).fetchall()
+            ids = {table: [r["id"] for r in nodes if r["tbl"] == table] for table in ("facts", "entities")}
+            # Read before the episodes go: deleting an episode cascades to its chunks.
             chunk_ids = db.chunk_ids(conn, user_id, None)
             episodes = conn.execute("DELETE FROM episodes WHERE user_id = ?", (user_id,)).rowcount
-            fact_vectors = db.delete_nodes(conn, user_id, "facts", fact_ids)
-            entity_vectors = db.delete_nodes(conn, user_id, "entities", entity_ids)
+            for table, node_ids in ids.items():
+                db.delete_nodes(conn, user_id, table, node_ids)
             for table in ("provenance", "cluster_members", "clusters", "feedback", "users"):
                 conn.execute(f"DELETE FROM {table} WHERE user_id = ?", (user_id,))
             conn.execute("DELETE FROM weights WHERE scope = ?", (user_id,))
-        return ForgetResult(
+        return Removed(
             user_id=user_id,
             episodes=episodes,
-            facts=len(fact_ids),
-            entities=len(entity_ids),
-            vectors=fact_vectors + entity_vectors + len(chunk_ids),
-            removed_fact_ids=fact_ids,
-            removed_entity_ids=entity_ids,
-            removed_chunk_ids=chunk_ids,
+            fact_ids=ids["facts"],
+            entity_ids=ids["entities"],
+            chunk_ids=chunk_ids,
+            vectored=frozenset(r["id"] for r in nodes if r["vectored"]),
         )
 
     # ------------------------------------------------------------------------------- maintenance
@@ -653,31 +619,22 @@ class SqliteGraphStore(GraphStore):
                     )
             db.bump(conn, user_id, None)
 
-    def clusters(self, user_id: str) -> list[ClusterRecord]:
+    def _clusters(self, user_id: str) -> tuple[list[dict[str, Any]], list[Link]]:
         with self._read() as conn:
-            rows = conn.execute("SELECT * FROM clusters WHERE user_id = ? ORDER BY id", (user_id,)).fetchall()
+            rows = conn.execute("SELECT * FROM clusters WHERE user_id = ?", (user_id,)).fetchall()
             members = conn.execute(
-                "SELECT cluster_id, member_id, member_kind FROM cluster_members WHERE user_id = ? ORDER BY member_id",
-                (user_id,),
+                "SELECT cluster_id, member_kind, member_id FROM cluster_members WHERE user_id = ?", (user_id,)
             ).fetchall()
-        by_cluster: dict[str, dict[str, list[str]]] = {r["id"]: {"fact": [], "entity": []} for r in rows}
-        for m in members:
-            by_cluster[m["cluster_id"]][m["member_kind"]].append(m["member_id"])
-        return [
-            ClusterRecord(
-                id=r["id"],
-                user_id=r["user_id"],
-                created_at=db.from_us(r["created_at"]),
-                updated_at=db.from_us(r["updated_at"]),
-                label=r["label"],
-                summary=r["summary"],
-                member_fact_ids=by_cluster[r["id"]]["fact"],
-                member_entity_ids=by_cluster[r["id"]]["entity"],
-                centroid=db.from_blob(r["centroid"]),
-                signature=r["signature"],
-            )
+        fields = [
+            {
+                **dict(r),
+                "created_at": db.from_us(r["created_at"]),
+                "updated_at": db.from_us(r["updated_at"]),
+                "centroid": db.from_blob(r["centroid"]),
+            }
             for r in rows
         ]
+        return fields, [(a, b, c) for a, b, c in members]
 
     def _add_feedback(self, rows: list[FeedbackRow]) -> None:
         with self._write() as conn:

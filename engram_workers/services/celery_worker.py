@@ -9,7 +9,6 @@ its root on through PYTHONPATH.
 from __future__ import annotations
 
 import os
-import signal
 import site
 import subprocess
 import sys
@@ -20,6 +19,7 @@ from pathlib import Path
 import engram_workers
 from engram_api import keys
 from engram_workers.services.fleet import parent_death_signal
+from engram_workers.services.process import kill_process, stop_process
 
 __all__ = ["APPLY_WORKER", "EXTRACT_WORKER", "ManagedProcess", "worker_command"]
 
@@ -108,25 +108,17 @@ class ManagedProcess:
         tail = self.log_path.read_text(errors="replace")[-3000:] if self.log_path.exists() else ""
         raise RuntimeError(f"{self.name} did not log {text!r} within {timeout}s; log tail:\n{tail}")
 
+    # Signals go to the whole process group (the child leads its own session), so a worker's pool
+    # children stop and die with it; the lifecycle itself is the one every service shares.
     def stop(self, timeout: float = 20.0) -> None:
-        if not self.alive():
-            return
-        assert self.proc is not None
-        os.killpg(self.proc.pid, signal.SIGTERM)
-        try:
-            self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.kill()
+        """SIGTERM, SIGKILL if it takes longer than ``timeout`` seconds."""
+        if self.proc is not None:
+            stop_process(self.proc, timeout=timeout, group=True)
 
     def kill(self) -> None:
-        """SIGKILL the whole process group, as a crash would."""
-        if self.proc is None:
-            return
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        self.proc.wait()
+        """SIGKILL, as a crash would."""
+        if self.proc is not None:
+            kill_process(self.proc, group=True)
 
     def __enter__(self) -> ManagedProcess:
         return self.start()

@@ -4,7 +4,8 @@
 Invariants: the port may only move while it was picked automatically and never served (clients hold
 the URL after the first start, so restarts come back on the same port); ``stop()`` and ``kill()`` are
 no-ops when nothing runs; subclasses only say how to start the process once and what to release after
-it ended.
+it ended. ``stop_process`` and ``kill_process`` are the stop/kill of every child Engram starts, the
+worker, Beat and Flower children of ``celery_worker.ManagedProcess`` too (which signal their group).
 """
 
 from __future__ import annotations
@@ -49,24 +50,33 @@ def file_size(path: Path) -> int:
         return 0
 
 
-def stop_process(proc: subprocess.Popen[Any], *, timeout: float) -> int:
-    """SIGTERM, wait up to ``timeout`` seconds, then SIGKILL; returns the exit code."""
+def _signal(proc: subprocess.Popen[Any], sig: signal.Signals, *, group: bool) -> None:
+    """``sig`` to the process, or with ``group`` to its whole process group (it leads a session)."""
+    try:
+        if group:
+            os.killpg(proc.pid, sig)
+        else:
+            os.kill(proc.pid, sig)
+    except ProcessLookupError:
+        pass  # exited between the caller's check and the signal
+
+
+def stop_process(proc: subprocess.Popen[Any], *, timeout: float, group: bool = False) -> int:
+    """SIGTERM, wait up to ``timeout`` seconds, then SIGKILL (see ``kill_process``); returns the exit code."""
     if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
+        _signal(proc, signal.SIGTERM, group=group)
         try:
             return proc.wait(timeout)
         except subprocess.TimeoutExpired:
-            proc.kill()
+            return kill_process(proc, group=group)
     return proc.wait()
 
 
-def kill_process(proc: subprocess.Popen[Any]) -> int:
-    """SIGKILL, as a crash or the OOM killer would; returns the exit code."""
-    if proc.poll() is None:
-        try:
-            os.kill(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass  # exited between poll() and kill()
+def kill_process(proc: subprocess.Popen[Any], *, group: bool = False) -> int:
+    """SIGKILL, as a crash or the OOM killer would; returns the exit code. With ``group`` the whole
+    process group, even once its leader has exited: a prefork worker's pool children can outlive it."""
+    if group or proc.poll() is None:
+        _signal(proc, signal.SIGKILL, group=group)
     return proc.wait()
 
 
