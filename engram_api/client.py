@@ -1,21 +1,20 @@
 """``MemoryClient``: what an application imports. Enqueue on the write side, recall on the read side.
 
-Both halves are built on first use: a process that only recalls never imports Celery, and one that only
-enqueues never loads the embedding model or opens the graph store. ``AsyncMemoryClient`` runs the same
-methods in a worker thread (no second implementation to drift from the first).
+Both halves are built on first use, and imported then: a process that only recalls never imports Celery,
+one that only enqueues never loads the embedding model or opens the graph store, and history, graph pages
+and stats are one graph-store query each (``graph_reads``: no reader, no numpy, no Redis).
+``AsyncMemoryClient`` runs the same methods in a worker thread (no second implementation to drift from
+the first).
 """
 
 from __future__ import annotations
 
-import asyncio
 import functools
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import redis
-
-from engram_api.connections import redis_client, resolve_redis_url
+from engram_api import graph_reads
 from engram_api.errors import ConfigError
 from engram_api.models import (
     HISTORY_LIMIT,
@@ -32,13 +31,14 @@ from engram_api.models import (
     WaitResult,
     check_user_id,
 )
-from engram_api.producer import Producer
-from engram_api.reader import Reader
 from engram_api.settings import Settings, load_settings
-from engram_api.storage import GraphStore, open_graph_store
-from engram_api.storage.embedder import embedder_for
-from engram_api.storage.indexes import IndexKeeper
-from engram_api.storage.vectors import VectorStore
+
+if TYPE_CHECKING:
+    import redis
+
+    from engram_api.producer import Producer
+    from engram_api.reader import Reader
+    from engram_api.storage import GraphStore
 
 __all__ = ["AsyncMemoryClient", "MemoryClient"]
 
@@ -56,24 +56,32 @@ class MemoryClient:
     @property
     def redis_url(self) -> str:
         if self._redis_url is None:
+            from engram_api.connections import resolve_redis_url
+
             self._redis_url = resolve_redis_url(self.settings)
         return self._redis_url
 
     @property
     def redis(self) -> redis.Redis:
         if self._redis is None:
+            from engram_api.connections import redis_client
+
             self._redis = redis_client(self.redis_url)
         return self._redis
 
     @property
     def producer(self) -> Producer:
         if self._producer is None:
+            from engram_api.producer import Producer
+
             self._producer = Producer(settings=self.settings, redis_client=self.redis)
         return self._producer
 
     @property
     def graph(self) -> GraphStore:
         if self._graph is None:
+            from engram_api.storage import open_graph_store
+
             self._graph = open_graph_store(self.settings)
             self._graph.ensure_schema()
         return self._graph
@@ -81,6 +89,8 @@ class MemoryClient:
     def _reader_redis(self) -> redis.Redis | None:
         """Redis for the read side. With the embedded default and the fleet stopped there is none, and none
         is needed: SQLite and the FAISS files are local and no worker is writing."""
+        import redis
+
         if self.settings.redis_url or self._redis_url:
             return self.redis
         try:
@@ -94,6 +104,11 @@ class MemoryClient:
     @property
     def reader(self) -> Reader:
         if self._reader is None:
+            from engram_api.reader import Reader
+            from engram_api.storage.embedder import embedder_for
+            from engram_api.storage.indexes import IndexKeeper
+            from engram_api.storage.vectors import VectorStore
+
             embedder = embedder_for(self.settings)
             keeper = IndexKeeper(
                 graph=self.graph,
@@ -188,13 +203,13 @@ class MemoryClient:
     def history(
         self, user_id: str, subject: str, predicate: str | None = None, limit: int = HISTORY_LIMIT
     ) -> list[FactRecord]:
-        return self.reader.history(user_id, subject, predicate, limit)
+        return graph_reads.history(self.graph, user_id, subject, predicate, limit)
 
     def get_graph(self, user_id: str, page: int = 1, page_size: int = 50) -> GraphPage:
-        return self.reader.get_graph(user_id, page, page_size)
+        return graph_reads.page(self.graph, user_id, page, page_size)
 
     def stats(self, user_id: str) -> UserStats:
-        return self.reader.stats(user_id)
+        return graph_reads.stats(self.graph, user_id)
 
     def feedback(self, user_id: str, recall_id: str, useful_ids: Sequence[str]) -> int:
         return self.reader.feedback(user_id, recall_id, useful_ids)
@@ -229,10 +244,18 @@ class MemoryClient:
         return check_all(self)
 
 
+async def _to_thread(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    # asyncio is imported on first await, not with the module: a synchronous one-shot read (the CLI) never
+    # pays for it.
+    import asyncio
+
+    return await asyncio.to_thread(fn, *args, **kwargs)
+
+
 def _in_thread(name: str) -> Callable[..., Any]:
     @functools.wraps(getattr(MemoryClient, name))
     async def method(self: AsyncMemoryClient, *args: Any, **kwargs: Any) -> Any:
-        return await asyncio.to_thread(getattr(self.sync, name), *args, **kwargs)
+        return await _to_thread(getattr(self.sync, name), *args, **kwargs)
 
     return method
 
@@ -247,11 +270,11 @@ class AsyncMemoryClient:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        await asyncio.to_thread(self.sync.close)
+        await _to_thread(self.sync.close)
 
     async def export_memory(self, user_id: str) -> list[str]:
         """The export's lines, read in a worker thread (the sync method returns a lazy iterator)."""
-        return await asyncio.to_thread(lambda: list(self.sync.export_memory(user_id)))
+        return await _to_thread(lambda: list(self.sync.export_memory(user_id)))
 
     for _name in (
         "enqueue", "enqueue_many", "wait", "dead_letters", "replay", "drop_dead_letter", "recall", "search",

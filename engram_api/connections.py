@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-
-import redis
+from typing import TYPE_CHECKING
 
 from engram_api.errors import ConfigError
 from engram_api.settings import Settings
+
+if TYPE_CHECKING:
+    import redis
 
 __all__ = ["SERVICES_FILE", "redis_client", "resolve_redis_url", "write_services_file"]
 
@@ -54,6 +56,9 @@ def redis_client(url: str, *, timeout_s: float = 10.0, decode_responses: bool = 
     count or run scripts returning numbers may skip decoding. ``timeout_s`` bounds each command and the
     connect, so a Redis that is away is an error, not a hang.
     """
+    # Imported here: resolving the URL (a stopped embedded fleet has none) must not cost the redis import.
+    import redis
+
     return redis.Redis.from_url(
         url,
         decode_responses=decode_responses,

@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import secrets
 import time
-from typing import NamedTuple
-
-import redis
+from typing import TYPE_CHECKING, NamedTuple
 
 from engram_api import keys
+
+if TYPE_CHECKING:
+    import redis
 
 __all__ = ["ABSENT", "Stamp", "new_epoch", "publish_stamp", "read_stamp"]
 

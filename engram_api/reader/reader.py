@@ -23,12 +23,12 @@ from typing import Any, Literal
 import numpy as np
 import redis
 
-from engram_api import keys
+from engram_api import graph_reads, keys
 from engram_api.erasure import erase_message, erase_user
 from engram_api.errors import InvalidInputError, NotFoundError, StoreUnavailableError
+from engram_api.graph_reads import check_k, check_text
 from engram_api.models import (
     HISTORY_LIMIT,
-    HISTORY_MAX_LIMIT,
     SCORE_COMPONENTS,
     ClusterHit,
     FactRecord,
@@ -44,7 +44,6 @@ from engram_api.models import (
     check_user_id,
     utcnow,
 )
-from engram_api.naming import sanitize_predicate
 from engram_api.reader.context import render_context, select_context
 from engram_api.reader.facts import FactCache, UserFacts
 from engram_api.reader.fusion import TimeWindow, recall_items
@@ -65,24 +64,6 @@ _WEIGHTS_TTL_S = 60.0
 _CONTEXT_CANDIDATES = 40
 _WEIGHTS_CACHE_USERS = 10_000
 _WRITE_WAIT_S = 30.0  # a caller's forget/feedback waits this long for a worker's write of the user
-
-
-def _check_k(k: object, field: str = "k", upper: int = 200) -> int:
-    if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= upper:
-        raise InvalidInputError(field, f"must be an integer from 1 to {upper}")
-    return k
-
-
-def _check_text(text: object, field: str) -> str:
-    if not isinstance(text, str) or not text.strip():
-        raise InvalidInputError(field, "must be a non-empty string")
-    if len(text) > 10_000:
-        raise InvalidInputError(field, "is longer than 10000 characters")
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        raise InvalidInputError(field, "is not valid UTF-8 (lone surrogate)") from None
-    return text
 
 
 class _Cache:
@@ -185,8 +166,8 @@ class Reader:
         ``as_of`` answers as of that instant (facts valid then, nothing said after it); ``since`` /
         ``until`` keep what happened in [since, until) by event time."""
         check_user_id(user_id)
-        _check_text(query, "query")
-        _check_k(k)
+        check_text(query, "query")
+        check_k(k)
         as_of = check_aware(as_of, "as_of")
         since = check_aware(since, "since")
         until = check_aware(until, "until")
@@ -251,8 +232,8 @@ class Reader:
     # ----------------------------------------------------------------------------- other reads
     def search(self, user_id: str, query: str, k: int = 10, detail_level: DetailLevel = "auto") -> SearchResult:
         check_user_id(user_id)
-        _check_text(query, "query")
-        _check_k(k)
+        check_text(query, "query")
+        check_k(k)
         if detail_level not in ("auto", "broad", "detailed"):
             raise InvalidInputError("detail_level", "must be 'auto', 'broad' or 'detailed'")
         if detail_level != "detailed":
@@ -290,29 +271,20 @@ class Reader:
 
     def context_items(self, user_id: str, query: str, max_tokens: int = 800) -> list[RecallItem]:
         """The recalled items ``get_context`` shows, in recall order."""
-        _check_k(max_tokens, "max_tokens", upper=100_000)
+        check_k(max_tokens, "max_tokens", upper=100_000)
         return select_context(self.recall(user_id, query, k=_CONTEXT_CANDIDATES).items, max_tokens)
 
     def history(
         self, user_id: str, subject: str, predicate: str | None = None, limit: int = HISTORY_LIMIT
     ) -> list[FactRecord]:
         """The latest ``limit`` facts about ``subject``, superseded ones included, oldest first."""
-        check_user_id(user_id)
-        _check_text(subject, "subject")
-        if predicate is not None:
-            _check_text(predicate, "predicate")
-        _check_k(limit, "limit", upper=HISTORY_MAX_LIMIT)
-        return self.graph.history(user_id, subject, sanitize_predicate(predicate) if predicate else None, limit)
+        return graph_reads.history(self.graph, user_id, subject, predicate, limit)
 
     def get_graph(self, user_id: str, page: int = 1, page_size: int = 50) -> GraphPage:
-        check_user_id(user_id)
-        _check_k(page, "page", upper=10**9)
-        _check_k(page_size, "page_size", upper=1000)
-        return self.graph.page(user_id, page, page_size)
+        return graph_reads.page(self.graph, user_id, page, page_size)
 
     def stats(self, user_id: str) -> UserStats:
-        check_user_id(user_id)
-        return self.graph.stats(user_id)
+        return graph_reads.stats(self.graph, user_id)
 
     # ---------------------------------------------------------------------------------- writes
     def feedback(self, user_id: str, recall_id: str, useful_ids: Sequence[str]) -> int:

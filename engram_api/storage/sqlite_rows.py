@@ -14,8 +14,6 @@ from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-import numpy as np
-
 from engram_api.models import (
     EntityRecord,
     EpisodeRecord,
@@ -77,11 +75,17 @@ def from_us_opt(value: int | None) -> datetime | None:
     return None if value is None else from_us(value)
 
 
+# numpy is imported by the two vector helpers, not with the module: counts and fact rows (`engram stats`,
+# `engram history`) carry no vectors and must not pay for it.
 def to_blob(vector: Sequence[float] | None) -> bytes | None:
+    import numpy as np
+
     return None if vector is None else np.asarray(vector, dtype=np.float32).tobytes()
 
 
 def from_blob(blob: bytes) -> list[float]:
+    import numpy as np
+
     return np.frombuffer(blob, dtype=np.float32).astype(float).tolist()
 
 
