@@ -89,13 +89,17 @@ class MemoryClient:
     def _reader_redis(self) -> redis.Redis | None:
         """Redis for the read side. With the embedded default and the fleet stopped there is none, and none
         is needed: SQLite and the FAISS files are local and no worker is writing."""
-        import redis
-
         if self.settings.redis_url or self._redis_url:
             return self.redis
         try:
+            self.redis_url  # noqa: B018 - resolving it is the check: no services.json, no Redis (nor its import)
+        except ConfigError:
+            return None
+        import redis
+
+        try:
             self.redis.ping()
-        except (ConfigError, redis.RedisError):
+        except redis.RedisError:
             self._redis_url = None
             self._redis = None
             return None

@@ -9,10 +9,13 @@ tombstone is set before anything is deleted, so there is no window in between.
 
 from __future__ import annotations
 
-import redis
+from typing import TYPE_CHECKING
 
 from engram_api import keys
 from engram_api.models import check_message_id, check_user_id
+
+if TYPE_CHECKING:
+    import redis
 
 __all__ = ["erase_message", "erase_user"]
 

@@ -78,6 +78,34 @@ print(json.dumps({{"reindex": done.exit_code, "embedder": report.checks["embedde
     assert report["mods"] == [], "a call that embeds nothing loaded the model"
 
 
+@pytest.mark.parametrize(
+    ("args", "not_imported"),
+    [
+        # Counts and fact rows: one SQLite query each; no reader, no vectors, no Redis, no model.
+        (["stats", "{user}"], ("engram_api.reader", "numpy", "faiss", "onnxruntime", "redis")),
+        (["history", "{user}"], ("engram_api.reader", "numpy", "faiss", "onnxruntime", "redis")),
+        # Recall embeds (ONNX, exported already) and searches FAISS; the stopped fleet has no Redis to ask.
+        (["recall", "{user}", "where does the user live?"], ("redis", "engram_api.producer")),
+    ],
+    ids=["stats", "history", "recall"],
+)
+def test_reads_on_a_stopped_fleet_import_only_what_they_use(stack, args, not_imported):
+    argv = [a.format(user=stack.user) for a in args]
+    never = ("torch", "sentence_transformers", "celery", "kombu", "litellm", "neo4j", "engram_workers.tasks")
+    code = f"""
+import json, sys
+from click.testing import CliRunner
+from engram_workers import cli
+done = CliRunner().invoke(cli.main, [*{argv!r}, "--json"])
+print(json.dumps({{"exit": done.exit_code, "mods": sorted(m for m in {(*never, *not_imported)!r} if m in sys.modules)}}))
+"""
+    env = {**_base_env(), **{k: v for k, v in stopped_fleet_env(stack).items() if v}}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=240, cwd=REPO, env=env)
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout.strip().splitlines()[-1])
+    assert report == {"exit": 0, "mods": []}
+
+
 def _base_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.startswith("ENGRAM_") and k not in ("REDIS_URL", "NEO4J_URI")}
 

@@ -18,10 +18,9 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from contextlib import suppress
 from datetime import datetime
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
-import redis
 
 from engram_api import graph_reads, keys
 from engram_api.erasure import erase_message, erase_user
@@ -55,6 +54,9 @@ from engram_api.storage.embedder import Embedder
 from engram_api.storage.indexes import IndexKeeper
 from engram_api.storage.userwrite import UserWrite, UserWrites
 from engram_api.versions import Stamp, read_stamp
+
+if TYPE_CHECKING:
+    import redis
 
 __all__ = ["Reader"]
 
@@ -128,6 +130,8 @@ class Reader:
     # ------------------------------------------------------------------------------------ helpers
     def _version(self, user_id: str) -> Stamp:
         if self.redis is not None:
+            import redis  # only with a client, so loaded already: a reader without Redis never imports it
+
             # On a Redis error fall back to the graph: slower, never wrong.
             with suppress(redis.RedisError):
                 stamp = read_stamp(self.redis, user_id)
@@ -224,6 +228,8 @@ class Reader:
         """Keep the score components briefly so ``feedback`` can turn them into training rows."""
         if self.redis is None or not items:
             return
+        import redis  # only with a client, so loaded already
+
         rows = {item.id: item.breakdown.model_dump() for item in items}
         # On a Redis error, feedback for this recall will be refused; recall itself must not fail.
         with suppress(redis.RedisError):

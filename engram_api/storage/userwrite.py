@@ -21,17 +21,19 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import TypeVar
-
-import redis
+from typing import TYPE_CHECKING, TypeVar
 
 from engram_api import keys
 from engram_api.errors import StaleWriteError, UserBusyError
-from engram_api.locks import Lease
 from engram_api.storage.base import Fence, GraphStore
 from engram_api.storage.indexes import IndexKeeper
 from engram_api.storage.vectors import Kind, UserIndex
 from engram_api.versions import ABSENT, Stamp, new_epoch, publish_stamp
+
+if TYPE_CHECKING:
+    import redis
+
+    from engram_api.locks import Lease
 
 __all__ = ["UserWrite", "UserWrites"]
 
@@ -81,6 +83,8 @@ class UserWrite:
     def _retake(self, after: Stamp) -> bool:
         """The lease lapsed after our commit: take a new one; finish only if nobody wrote since."""
         assert self.lease is not None and self._owner.redis is not None
+        from engram_api.locks import Lease
+
         lease = Lease(self._owner.redis, self.user_id, ttl=self.lease.ttl, wait=self.lease.wait)
         try:
             lease.acquire()
@@ -116,7 +120,12 @@ class UserWrites:
     @contextlib.contextmanager
     def open(self, user_id: str, *, wait: float) -> Iterator[UserWrite]:
         """Lease (raises ``UserBusyError`` after ``wait`` seconds), stamp, fence; released on exit."""
-        lease = None if self.redis is None else Lease(self.redis, user_id, ttl=self.lease_ttl_s, wait=wait).acquire()
+        lease = None
+        if self.redis is not None:
+            # Imported with a Redis client only: the lease (and redis) are nothing to a stopped embedded fleet.
+            from engram_api.locks import Lease
+
+            lease = Lease(self.redis, user_id, ttl=self.lease_ttl_s, wait=wait).acquire()
         write: UserWrite | None = None
         try:
             stamp = self.graph.user_stamp(user_id)
