@@ -22,11 +22,11 @@ from typing import Literal
 import numpy as np
 
 from engram_api.models import Channel as ChannelName
-from engram_api.models import ChunkRecord, FactRecord, RecallItem, ScoreBreakdown, utcnow
+from engram_api.models import ChunkRecord, FactRecord, RecallItem, ScoreBreakdown, ScoreComponents, utcnow
 from engram_api.naming import self_entity_id
 from engram_api.reader.facts import UserFacts
 from engram_api.reader.recipe import RecallRecipe, RetrievalChannel
-from engram_api.reader.scoring import Weights, components, score
+from engram_api.reader.scoring import Weights, components
 from engram_api.settings import Settings
 from engram_api.storage.base import GraphStepQuery, GraphStore
 from engram_api.storage.episodes import keyword_terms
@@ -39,7 +39,8 @@ _EPISODE_STRENGTH = 1.0  # episodes do not decay: what was said stays said
 _EPISODE_IMPORTANCE = 0.5
 
 
-_Row = tuple[float, str, "_Candidate", ScoreBreakdown]
+# (total, node id, candidate, components): the breakdown model is built for the k items returned only.
+_Row = tuple[float, str, "_Candidate", ScoreComponents]
 
 
 @dataclass(frozen=True, slots=True)
@@ -278,13 +279,14 @@ class _Run:
                 now=now,
                 settings=self.settings,
             )
-            base = score(comp, weights, cand.fusion)
-            breakdown = base.model_copy(update={"total": base.total + self.recipe.fusion * cand.fusion / unit})
-            rows.append((breakdown.total, node_id, cand, breakdown))
+            rows.append((weights.total(comp) + self.recipe.fusion * cand.fusion / unit, node_id, cand, comp))
         rows.sort(key=lambda r: (-r[0], r[1]))
         if self.recipe.dedup:
             rows = _novel_first(rows)
-        return [self._item(node_id, cand, breakdown) for _, node_id, cand, breakdown in rows[:k]]
+        return [
+            self._item(node_id, cand, ScoreBreakdown(**comp.model_dump(), rrf=cand.fusion, total=total))
+            for total, node_id, cand, comp in rows[:k]
+        ]
 
     def _item(self, node_id: str, cand: _Candidate, breakdown: ScoreBreakdown) -> RecallItem:
         found = set(cand.channels)

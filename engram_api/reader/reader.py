@@ -119,6 +119,9 @@ class Reader:
         self.cache = _Cache()
         self.facts = FactCache()
         self._weights = _Cache(size=_WEIGHTS_CACHE_USERS)  # bounded: a reader may serve millions of users
+        # Settings are frozen: the default recipe and its cache-key form are built once, not per recall.
+        self._recipe = DEFAULT_RECIPE.model_copy(update={"window": settings.recall_window, "rrf_k": settings.rrf_k})
+        self._recipe_key = self._recipe.model_dump_json()
         self.writes = UserWrites(
             graph=graph,
             keeper=keeper,
@@ -151,7 +154,7 @@ class Reader:
     # ------------------------------------------------------------------------------------- recall
     def recipe(self) -> RecallRecipe:
         """The default recipe with the configured fusion constant and neighbour window."""
-        return DEFAULT_RECIPE.model_copy(update={"window": self.settings.recall_window, "rrf_k": self.settings.rrf_k})
+        return self._recipe
 
     def recall(
         self,
@@ -179,11 +182,12 @@ class Reader:
             raise InvalidInputError("until", "must be later than since")
         if recipe is not None and not isinstance(recipe, RecallRecipe):
             raise InvalidInputError("recipe", "must be a RecallRecipe")
-        recipe = recipe or self.recipe()
+        recipe_key = self._recipe_key if recipe is None else recipe.model_dump_json()
+        recipe = recipe or self._recipe
         timings: dict[str, float] = {}
         t0 = time.perf_counter()
         version = self._version(user_id)
-        key = (user_id, "recall", query, k, as_of, since, until, graph_expansion, recipe.model_dump_json())
+        key = (user_id, "recall", query, k, as_of, since, until, graph_expansion, recipe_key)
         hit = self.cache.get(key, version)
         if hit is not None:
             return hit.model_copy(update={"cached": True, "timings_ms": {"cache": (time.perf_counter() - t0) * 1e3}})

@@ -12,11 +12,11 @@ import math
 from datetime import datetime
 from typing import Literal
 
-from engram_api.models import GLOBAL_SCOPE, ScoreBreakdown, ScoreComponents, Weights
+from engram_api.models import GLOBAL_SCOPE, ScoreComponents, Weights
 from engram_api.settings import Settings
 from engram_api.storage.base import GraphStore
 
-__all__ = ["WeightSource", "Weights", "components", "effective_weights", "score"]
+__all__ = ["WeightSource", "Weights", "components", "effective_weights"]
 
 
 WeightSource = Literal["configured", "learned:user", "learned:global"]
@@ -51,7 +51,3 @@ def components(
         recency=math.pow(2.0, -age_days / settings.recency_half_life_days),
         importance=importance,
     )
-
-
-def score(c: ScoreComponents, w: Weights, rrf_score: float) -> ScoreBreakdown:
-    return ScoreBreakdown(**c.model_dump(), rrf=rrf_score, total=w.total(c))

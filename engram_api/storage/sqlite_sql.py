@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from engram_api.storage import sqlite_episodes as episodes_sql
 
-__all__ = ["ENTITY_LOOKUP", "EXPAND", "FACT_FROM", "FACT_SELECT", "SCHEMA"]
+__all__ = ["ENTITY_LOOKUP", "EXPAND", "FACTS_BY_ID", "FACT_FROM", "FACT_SELECT", "SCHEMA"]
 
 _SCHEMA_TEMPLATE = """
 BEGIN IMMEDIATE;
@@ -182,6 +182,11 @@ JOIN entities s ON s.id = f.subject_id AND s.user_id = f.user_id
 LEFT JOIN entities o ON o.id = f.object_id AND o.user_id = f.user_id
 """
 
+# The user's facts among the ids of a JSON list (parameters: user id, list). The unary + keeps the planner
+# off the user_id indexes: it prefers them to the primary key, and they scan all the user's facts.
+FACTS_BY_ID = f"""{FACT_SELECT} {FACT_FROM}
+WHERE +f.user_id = ? AND f.id IN (SELECT value FROM json_each(?))"""
+
 # The user's entities whose id is in :ids or whose norm_name or a normalized alias is in :names (both
 # JSON lists; an empty one matches nothing), each once: find_entities and lookup_entities.
 ENTITY_LOOKUP = """
@@ -199,9 +204,9 @@ SELECT e.* FROM entities e
 _VALID_AT = episodes_sql.FACT_VALID_AT
 
 # A seed fact passes recall's window (``fusion.TimeWindow.fact_ok``): valid at :as_of (current at :now
-# when NULL), not archived, and its validity overlaps [:since, :until).
+# when NULL), not archived, and its validity overlaps [:since, :until). The unary +: as in FACTS_BY_ID.
 _SEED_FACT_OK = """
-    f.user_id = :user_id AND f.id IN (SELECT value FROM json_each(:seed_facts)) AND f.archived = 0
+    +f.user_id = :user_id AND f.id IN (SELECT value FROM json_each(:seed_facts)) AND f.archived = 0
     AND (CASE WHEN :as_of IS NULL THEN f.valid_until IS NULL AND f.valid_from <= :now
               ELSE f.valid_from <= :as_of AND (f.valid_until IS NULL OR :as_of < f.valid_until) END)
     AND (:until IS NULL OR f.valid_from < :until)
@@ -212,9 +217,12 @@ _SEED_FACT_OK = """
 # valid facts (UNION removes repeated (entity, level) pairs, so the recursion is bounded by entities x
 # (max_hops + 1) and stops at :max_hops); every valid fact mentioning a reached entity counts once per
 # seed, at the lowest level it was reached from. Early cut by hop: a seed with at least :per_seed valid
-# facts at level 0 (`enough`) keeps only level-0 facts (its nearest), so it is never walked further. CROSS JOIN pins the join order (SQLite never reorders
-# it): always from the reached entity outwards through the (user_id, entity_id) and primary-key
-# indexes, never a scan of the user's facts.
+# facts at level 0 (`enough`) keeps only level-0 facts (its nearest), so it is never walked further;
+# `enough` stops counting at :per_seed and skips the avoided ids (never walked anyway), or the user's own
+# node, a seed through the top facts, would count every fact of the user (INDEXED BY: for DISTINCT the
+# planner would rather walk all the user's mentions in fact order). CROSS JOIN pins the join order
+# (SQLite never reorders it): always from the reached entity outwards through the (user_id, entity_id)
+# and primary-key indexes, never a scan of the user's facts.
 EXPAND = f"""
 WITH RECURSIVE
 seed(id) AS (
@@ -226,9 +234,13 @@ enough(seed_id) AS (
     SELECT e.id
       FROM seed
       CROSS JOIN entities e ON e.id = seed.id AND e.user_id = :user_id
-      CROSS JOIN mentions m ON m.user_id = :user_id AND m.entity_id = e.id
-      CROSS JOIN facts f ON f.id = m.fact_id AND {_VALID_AT}
-     GROUP BY e.id HAVING COUNT(DISTINCT f.id) >= :per_seed
+     WHERE e.id NOT IN (SELECT value FROM json_each(:avoid))
+       AND (SELECT COUNT(*) FROM (
+               SELECT DISTINCT m.fact_id
+                 FROM mentions m INDEXED BY ix_mentions_user_entity
+                 CROSS JOIN facts f ON f.id = m.fact_id AND {_VALID_AT}
+                WHERE m.user_id = :user_id AND m.entity_id = e.id
+                LIMIT :per_seed)) >= :per_seed
 ),
 reach(seed_id, entity_id, level) AS (
     SELECT e.id, e.id, 0

@@ -270,9 +270,7 @@ class SqliteGraphStore(GraphStore):
         rows = (
             self._conn()
             .execute(
-                f"""{sql.FACT_SELECT} {sql.FACT_FROM}
-                WHERE f.user_id = ? AND f.id IN (SELECT value FROM json_each(?))
-                ORDER BY f.created_at, f.id""",
+                f"{sql.FACTS_BY_ID} ORDER BY f.created_at, f.id",
                 (user_id, db.json_ids(fact_ids)),
             )
             .fetchall()
@@ -300,11 +298,7 @@ class SqliteGraphStore(GraphStore):
             hops = [(r["fact_id"], r["hops"]) for r in conn.execute(sql.EXPAND, params)] if expanding else []
             known = set(query.known)
             wanted = [i for i in dict.fromkeys([*query.fact_ids, *(fid for fid, _ in hops)]) if i not in known]
-            rows = conn.execute(
-                f"""{sql.FACT_SELECT} {sql.FACT_FROM}
-                WHERE f.user_id = ? AND f.id IN (SELECT value FROM json_each(?))""",
-                (user_id, db.json_ids(wanted)),
-            ).fetchall()
+            rows = conn.execute(sql.FACTS_BY_ID, (user_id, db.json_ids(wanted))).fetchall()
         return GraphStep(facts=[db.fact_row(r) for r in rows], hops=hops)
 
     def _history(self, user_id: str, norm: str, predicate: str | None, limit: int) -> list[FactRecord]:

@@ -75,6 +75,7 @@ def load(neo4j_uri: str, data_dirs: dict[str, Path], redis_url: str, facts: int,
 
     from engram_api import MemoryClient
     from engram_api.settings import Settings
+    from engram_api.versions import publish_stamp
 
     user_id = f"ab-{facts}"
     for backend, data_dir in data_dirs.items():
@@ -84,6 +85,10 @@ def load(neo4j_uri: str, data_dirs: dict[str, Path], redis_url: str, facts: int,
         if client.graph.user_version(user_id) == 0:
             print(f"loading {facts} facts into {backend}", flush=True)
             bulk_load(client.graph, reader.keeper, reader.embedder, client.redis, user_id, facts, "ab", out=out)
+        else:
+            # A reused data dir meets this run's fresh Redis: publish the stamp as the apply stage would
+            # have, or every cache hit falls back to reading the stamp from the store.
+            publish_stamp(client.redis, user_id, client.graph.user_stamp(user_id))
         client.close()
     return user_id
 
