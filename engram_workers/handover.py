@@ -11,8 +11,8 @@ Invariants:
   encoded as before. The same texts therefore end in the same graph and index either way.
 - The record is written once per extraction and read as is by every apply attempt, so a redelivered apply
   plans with the same vectors; a message sent back to extract gets a new record.
-- Unknown fields are ignored, so a newer producer's record still loads here; records from before vectors
-  were carried (``{"extraction", "usage"}``) load unchanged.
+- Unknown fields are ignored and unreadable vectors count as none, so a newer producer's record still
+  loads here; records from before vectors were carried (``{"extraction", "usage"}``) load unchanged.
 """
 
 from __future__ import annotations
@@ -21,7 +21,15 @@ import hashlib
 from collections.abc import Iterable, Mapping
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidatorFunctionWrapHandler,
+    field_validator,
+    model_validator,
+)
 
 from engram_api.models import Extraction, Usage
 from engram_api.storage.embedder import Embedder
@@ -71,3 +79,12 @@ class HandOver(BaseModel):
     extraction: Extraction
     usage: Usage
     vectors: CarriedVectors | None = None
+
+    @field_validator("vectors", mode="wrap")
+    @classmethod
+    def _unreadable_is_absent(cls, value: object, handler: ValidatorFunctionWrapHandler) -> CarriedVectors | None:
+        # A cache must not fail the message: vectors this worker cannot read (a newer format) are encoded.
+        try:
+            return handler(value)
+        except ValidationError:
+            return None

@@ -176,7 +176,9 @@ def _foreign(model: str, dim: int) -> CarriedVectors:
     return CarriedVectors(model=model, dim=dim, keys=[text_key(SECOND)], data=vector.tobytes())
 
 
-@pytest.mark.parametrize("variant", ["no vectors (older producer)", "another model", "another dimension"])
+@pytest.mark.parametrize(
+    "variant", ["no vectors (older producer)", "another model", "another dimension", "unreadable vectors"]
+)
 def test_a_hand_over_without_usable_vectors_is_encoded_afresh_to_the_same_memory(stack: Stack, variant: str) -> None:
     ctx, recorded = process(stack)
     carried_user, other_user = new_user(), new_user()
@@ -191,6 +193,10 @@ def test_a_hand_over_without_usable_vectors_is_encoded_afresh_to_the_same_memory
         stored = json.dumps(
             {"extraction": handed.extraction.model_dump(mode="json"), "usage": handed.usage.model_dump()}
         )
+    elif variant == "unreadable vectors":  # e.g. a newer format: one row short of its keys
+        record = json.loads(handed.model_dump_json())
+        record["vectors"]["keys"].append(text_key("another text"))
+        stored = json.dumps(record)
     else:
         model, dim = ("another/model", 384) if variant == "another model" else (ctx.embedder.model_name, 8)
         stored = handed.model_copy(update={"vectors": _foreign(model, dim)}).model_dump_json()
