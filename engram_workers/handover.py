@@ -80,6 +80,14 @@ class HandOver(BaseModel):
     usage: Usage
     vectors: CarriedVectors | None = None
 
+    @classmethod
+    def carrying(
+        cls, extraction: Extraction, usage: Usage, embedder: Embedder, vectors: Mapping[str, np.ndarray]
+    ) -> HandOver:
+        """The record of an extraction, with the vectors (by text) ``embedder`` made that apply will need."""
+        carried = CarriedVectors.pack(embedder, vectors) if vectors else None
+        return cls(extraction=extraction, usage=usage, vectors=carried)
+
     @field_validator("vectors", mode="wrap")
     @classmethod
     def _unreadable_is_absent(cls, value: object, handler: ValidatorFunctionWrapHandler) -> CarriedVectors | None:

@@ -29,7 +29,7 @@ from engram_workers.extraction.llm import Completion, LLMAnswer, call_llm
 from engram_workers.extraction.prompt import SlimContext, build_prompt, is_owner_turn
 from engram_workers.extraction.rules import extract_rules
 from engram_workers.extraction.trivial import is_trivial
-from engram_workers.handover import CarriedVectors, HandOver
+from engram_workers.handover import HandOver
 from engram_workers.stages.apply import hand_over
 from engram_workers.stages.common import (
     RetryLater,
@@ -108,8 +108,7 @@ def _store_and_hand_over(
     """Store the extraction (with ``vectors`` apply would otherwise encode) and hand over; False (nothing
     stored) when the message was forgotten meanwhile."""
     uid, mid = envelope.user_id, envelope.message_id
-    carried = CarriedVectors.pack(ctx.embedder, vectors) if vectors else None
-    handed = HandOver(extraction=extraction, usage=usage, vectors=carried)
+    handed = HandOver.carrying(extraction, usage, ctx.embedder, vectors or {})
     # Per-message spend stays on the status hash; per-user totals accumulate in the graph on apply.
     stored = set_state(
         ctx, uid, mid, MessageState.EXTRACTED, extraction=handed.model_dump_json(),
