@@ -13,7 +13,8 @@ Ids are derived from (user, message, position), so re-planning the same message 
 Store reads per message are fixed, whatever it names: one entity lookup (``resolution``), one read of the
 facts it names or nearly restates (index hits, "updates" hints, "ends"), one read of its single-valued
 slots. The message itself is kept recallable: its chunks (``storage.episodes.chunk_envelope``) are embedded in
-the same single batch as the names and statements and go into the plan and the user's index.
+the same single batch as the names and statements and go into the plan and the user's index; a chunk the
+extract stage already encoded (its slim-context query, ``engram_workers.handover``) is taken from the hand-over.
 
 Model facts are mapped with these rules (docs/extraction.md):
 - a fact whose subject or object resolves to nothing (an unknown id) is skipped;
@@ -53,6 +54,7 @@ from engram_api.storage.embedder import Embedder
 from engram_api.storage.episodes import chunk_envelope
 from engram_api.storage.vectors import Kind, UserIndex, VectorHit
 from engram_workers.extraction.prompt import speaker_transcript
+from engram_workers.handover import CarriedVectors
 from engram_workers.resolution import Resolver, Vectors, hashed_id
 
 __all__ = ["Planned", "plan_message"]
@@ -239,10 +241,11 @@ def plan_message(
     graph: GraphStore,
     embedder: Embedder,
     index: UserIndex,
+    carried: CarriedVectors | None = None,
 ) -> Planned:
     uid, mid = envelope.user_id, envelope.message_id
     chunks = chunk_envelope(envelope)
-    vectors = Vectors(embedder, [*_texts(extraction), *(c.indexed_text for c in chunks)])
+    vectors = Vectors(embedder, [*_texts(extraction), *(c.indexed_text for c in chunks)], carried)
     for chunk in chunks:
         chunk.embedding = vectors(chunk.indexed_text).tolist()
     resolver = Resolver(

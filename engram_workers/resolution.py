@@ -28,6 +28,7 @@ from engram_api.naming import normalize_name, sanitize_label, self_entity_id
 from engram_api.storage.base import GraphStore
 from engram_api.storage.embedder import Embedder
 from engram_api.storage.vectors import UserIndex, VectorHit
+from engram_workers.handover import CarriedVectors
 
 __all__ = ["ENTITY_MATCH", "Resolver", "Vectors", "hashed_id"]
 
@@ -43,12 +44,16 @@ def hashed_id(prefix: str, *parts: str) -> str:
 
 class Vectors:
     """Every text a message may need embedded, encoded in ONE batch (a model call has a fixed cost
-    that dominated the apply stage when paid per name); anything unforeseen is encoded on demand."""
+    that dominated the apply stage when paid per name); anything unforeseen is encoded on demand.
+    Texts the extract stage already encoded (``carried``, when its model is ours) are not encoded again."""
 
-    def __init__(self, embedder: Embedder, texts: Sequence[str]) -> None:
+    def __init__(self, embedder: Embedder, texts: Sequence[str], carried: CarriedVectors | None = None) -> None:
         self.embedder = embedder
         unique = list(dict.fromkeys(t for t in texts if t))
-        self._known = dict(zip(unique, embedder.encode(unique), strict=True)) if unique else {}
+        self._known = carried.for_texts(embedder, unique) if carried is not None else {}
+        missing = [t for t in unique if t not in self._known]
+        if missing:
+            self._known.update(zip(missing, embedder.encode(missing), strict=True))
 
     def __call__(self, text: str) -> np.ndarray:
         if text not in self._known:

@@ -4,12 +4,12 @@ One writer per user across the fleet (a ``UserWrite``: renewed lease, and a grap
 stamp the plan was built on, re-planned when refused); the graph write is one transaction, idempotent by
 message id; the FAISS index follows the graph's stamp; the stamp in Redis is published last so readers'
 caches see the change. A crash between any two steps is repaired by redelivery: the graph says the
-message is applied, and the rest is finished from there.
+message is applied, and the rest is finished from there. The extraction arrives as a ``HandOver``
+(``engram_workers.handover``); vectors extract already encoded in it are not encoded again.
 """
 
 from __future__ import annotations
 
-import json
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -22,6 +22,7 @@ from engram_api.storage.embedder import Embedder
 from engram_api.storage.userwrite import UserWrite
 from engram_workers.consolidation import Planned, plan_message
 from engram_workers.context import WorkerContext
+from engram_workers.handover import CarriedVectors, HandOver
 from engram_workers.middleware import Middleware
 from engram_workers.stages.common import (
     RetryLater,
@@ -60,10 +61,12 @@ def write_extraction(
     envelope: Envelope,
     extraction: Extraction,
     usage: Usage,
+    carried: CarriedVectors | None = None,
 ) -> Written:
     """One message's extraction into the user's memory: plan against the graph, one graph transaction
     (idempotent by message id: ``outcome.applied`` is False when the graph already had it), the
-    ``after_write`` hooks, then ``write.finish`` (FAISS index, published stamp, caches).
+    ``after_write`` hooks, then ``write.finish`` (FAISS index, published stamp, caches). ``carried``: the
+    vectors extract handed over (texts it already encoded), used when they come from our model.
 
     Runs inside the user's ``UserWrite`` (its fence refuses the graph write with ``StaleWriteError`` when
     another writer moved the user since ``write`` opened; ``UserWrites.run`` then plans again). The stage
@@ -71,8 +74,9 @@ def write_extraction(
     """
     user_id, message_id = envelope.user_id, envelope.message_id
     planned = plan_message(
-        envelope=envelope, extraction=extraction, usage=usage, graph=graph, embedder=embedder, index=write.index()
-    )
+        envelope=envelope, extraction=extraction, usage=usage, graph=graph, embedder=embedder, index=write.index(),
+        carried=carried,
+    )  # fmt: skip
     outcome = graph.apply(planned.plan)
     for m in middleware:
         m.after_write(user_id, message_id, outcome)
@@ -98,13 +102,11 @@ def _apply_locked(ctx: WorkerContext, write: UserWrite, message_id: str) -> Stag
         set_state(ctx, user_id, message_id, MessageState.QUEUED)
         ctx.dispatch(keys.EXTRACT_TASK, (user_id, message_id))
         return StageResult(StageOutcome.SENT_BACK, "extraction missing")
-    data = json.loads(stored)
-    extraction = Extraction.model_validate(data["extraction"])
-    usage = Usage.model_validate(data["usage"])
+    handed = HandOver.model_validate_json(stored)
 
     written = write_extraction(
         write=write, graph=graph, embedder=ctx.embedder, middleware=ctx.middleware,
-        envelope=envelope, extraction=extraction, usage=usage,
+        envelope=envelope, extraction=handed.extraction, usage=handed.usage, carried=handed.vectors,
     )  # fmt: skip
     _finish(ctx, user_id, message_id, write.stamp.version)
     plan = written.planned.plan

@@ -4,20 +4,24 @@ Trivial messages skip the LLM; with no ``LLM_MODEL`` the offline rule-based extr
 LLM path goes through the fleet-wide rate limit and circuit breaker, one litellm call, JSON validated by
 pydantic. Transient failures retry with backoff and jitter; after ``llm_max_attempts`` the message is
 dead-lettered with the reason and the raw answer. The extraction is stored in Redis before the apply task
-is published, so a retried apply never calls the LLM again.
+is published, so a retried apply never calls the LLM again. When the message is one chunk, its
+slim-context query is that chunk's text, and the vector goes with the extraction (``engram_workers.handover``):
+apply then does not encode the chunk again.
 """
 
 from __future__ import annotations
 
-import json
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import replace
+
+import numpy as np
 
 from engram_api import keys
 from engram_api.errors import BreakerOpenError, LLMError, StoreUnavailableError
 from engram_api.models import Envelope, EpisodeRecord, Extraction, MessageState, StageOutcome, StageResult, Usage
 from engram_api.naming import SINGLE_VALUED, self_entity_id
+from engram_api.storage.episodes import chunk_envelope
 from engram_api.versions import ABSENT
 from engram_workers import metrics
 from engram_workers.context import WorkerContext
@@ -25,6 +29,7 @@ from engram_workers.extraction.llm import Completion, LLMAnswer, call_llm
 from engram_workers.extraction.prompt import SlimContext, build_prompt, is_owner_turn
 from engram_workers.extraction.rules import extract_rules
 from engram_workers.extraction.trivial import is_trivial
+from engram_workers.handover import HandOver
 from engram_workers.stages.apply import hand_over
 from engram_workers.stages.common import (
     RetryLater,
@@ -39,15 +44,26 @@ __all__ = ["run_extract"]
 _CONTEXT_ITEMS = 8
 
 
-def slim_context(ctx: WorkerContext, envelope: Envelope) -> SlimContext:
+def _query(envelope: Envelope) -> tuple[str, bool]:
+    """The slim-context query text, and whether apply embeds that very text (as the message's one chunk)."""
+    chunks = chunk_envelope(envelope)
+    if len(chunks) == 1:
+        # The same words as the whole text: chunking only folds whitespace, which the tokenizer ignores.
+        return chunks[0].text, chunks[0].indexed_text == chunks[0].text
+    return envelope.text[:2000], False
+
+
+def slim_context(ctx: WorkerContext, envelope: Envelope) -> tuple[SlimContext, dict[str, np.ndarray]]:
     """The user's most similar existing entities and current facts, plus the owner's current one-value
-    facts (home, employer, ...) whatever the similarity, so "I quit" can name the fact it ends."""
+    facts (home, employer, ...) whatever the similarity, so "I quit" can name the fact it ends. Also the
+    query vector by text when apply will need it (it then goes with the hand-over)."""
     uid = envelope.user_id
     stamp = ctx.graph.user_stamp(uid)
     if stamp == ABSENT:
-        return SlimContext()
+        return SlimContext(), {}
     index = ctx.keeper.current(uid, stamp)
-    query = ctx.queries.encode_one(envelope.text[:2000])
+    text, apply_needs_it = _query(envelope)
+    query = ctx.queries.encode_one(text)
     hits = index.search(query, _CONTEXT_ITEMS * 2)
     fact_ids = [h.node_id for h in hits if h.kind == "fact"][:_CONTEXT_ITEMS]
     entity_ids = [h.node_id for h in hits if h.kind == "entity"][:_CONTEXT_ITEMS]
@@ -55,7 +71,8 @@ def slim_context(ctx: WorkerContext, envelope: Envelope) -> SlimContext:
     own = [f for f in ctx.graph.facts_for_slots(uid, own_slots) if f.current_at(None)][:_CONTEXT_ITEMS]
     similar = [f for f in ctx.graph.get_facts(uid, fact_ids) if f.current_at(None)]
     facts = list({f.id: f for f in [*own, *similar]}.values())
-    return SlimContext.from_records(ctx.graph.get_entities(uid, entity_ids), facts)
+    carried = {text: query} if apply_needs_it else {}
+    return SlimContext.from_records(ctx.graph.get_entities(uid, entity_ids), facts), carried
 
 
 def _earlier(ctx: WorkerContext, envelope: Envelope) -> list[EpisodeRecord]:
@@ -64,8 +81,10 @@ def _earlier(ctx: WorkerContext, envelope: Envelope) -> list[EpisodeRecord]:
     return ctx.graph.recent_episodes(envelope.user_id, before=envelope.timestamp, limit=ctx.settings.llm_context_turns)
 
 
-def _llm_extract(ctx: WorkerContext, envelope: Envelope) -> LLMAnswer:
-    prompt = build_prompt(envelope, slim_context(ctx, envelope), _earlier(ctx, envelope))
+def _llm_extract(ctx: WorkerContext, envelope: Envelope) -> tuple[LLMAnswer, dict[str, np.ndarray]]:
+    """The resolved answer, and the vectors encoded on the way that apply will need."""
+    context, vectors = slim_context(ctx, envelope)
+    prompt = build_prompt(envelope, context, _earlier(ctx, envelope))
 
     def admit(call: Callable[[], Completion]) -> Completion:
         # The slot is taken right before each call (the first and a parse-error retry), so the preparation
@@ -76,16 +95,23 @@ def _llm_extract(ctx: WorkerContext, envelope: Envelope) -> LLMAnswer:
 
     answer = call_llm(ctx.settings, prompt.messages, admit=admit)
     # Stored with ids, not handles: apply (and a replay) never needs this prompt again.
-    return replace(answer, extraction=prompt.resolve(answer.extraction))
+    return replace(answer, extraction=prompt.resolve(answer.extraction)), vectors
 
 
-def _store_and_hand_over(ctx: WorkerContext, envelope: Envelope, extraction: Extraction, usage: Usage) -> bool:
-    """Store the extraction and hand over; False (nothing stored) when the message was forgotten meanwhile."""
+def _store_and_hand_over(
+    ctx: WorkerContext,
+    envelope: Envelope,
+    extraction: Extraction,
+    usage: Usage,
+    vectors: Mapping[str, np.ndarray] | None = None,
+) -> bool:
+    """Store the extraction (with ``vectors`` apply would otherwise encode) and hand over; False (nothing
+    stored) when the message was forgotten meanwhile."""
     uid, mid = envelope.user_id, envelope.message_id
-    payload = {"extraction": extraction.model_dump(mode="json"), "usage": usage.model_dump()}
+    handed = HandOver.carrying(extraction, usage, ctx.embedder, vectors or {})
     # Per-message spend stays on the status hash; per-user totals accumulate in the graph on apply.
     stored = set_state(
-        ctx, uid, mid, MessageState.EXTRACTED, extraction=json.dumps(payload),
+        ctx, uid, mid, MessageState.EXTRACTED, extraction=handed.model_dump_json(),
         prompt_tokens=str(usage.prompt_tokens), completion_tokens=str(usage.completion_tokens),
         cost_usd=f"{usage.cost_usd:.8f}",
     )  # fmt: skip
@@ -131,7 +157,7 @@ def run_extract(ctx: WorkerContext, user_id: str, message_id: str) -> StageResul
         stored = _store_and_hand_over(ctx, envelope, extraction, Usage())
         return StageResult(StageOutcome.RULES, f"{len(extraction.facts)} facts") if stored else _FORGOTTEN
     try:
-        answer = _llm_extract(ctx, envelope)
+        answer, vectors = _llm_extract(ctx, envelope)
     except StoreUnavailableError as exc:
         # The slim-context lookup needs the graph store: an outage is a wait, not a failed message.
         raise RetryLater(backoff(2, base=1.0, cap=15.0), str(exc)) from exc
@@ -140,7 +166,7 @@ def run_extract(ctx: WorkerContext, user_id: str, message_id: str) -> StageResul
     except LLMError as exc:
         return _failed(ctx, envelope, exc)
     _count_usage(answer.usage)
-    if not _store_and_hand_over(ctx, envelope, answer.extraction, answer.usage):
+    if not _store_and_hand_over(ctx, envelope, answer.extraction, answer.usage, vectors):
         return _FORGOTTEN
     return StageResult(StageOutcome.LLM, f"{len(answer.extraction.facts)} facts")
 

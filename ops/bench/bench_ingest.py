@@ -14,7 +14,6 @@ stage's in-worker seconds, the value the Prometheus histogram ``engram_stage_sec
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from collections import defaultdict
@@ -112,14 +111,19 @@ class _Timed:
 
 
 def _apply_breakdown(ctx: BenchContext, stack: Any, n: int) -> tuple[Table, dict[str, float]]:
-    """Run the apply stage in this process on ``n`` prepared messages and split its time by store call."""
+    """Run the apply stage in this process on ``n`` prepared messages and split its time by store call.
+    Each hand-over carries what the extract stage's slim-context lookup would (done by an untimed
+    extract-side context), so apply encodes what it would in the fleet."""
     from engram_api import keys
-    from engram_api.models import MessageState, Usage
+    from engram_api.models import Extraction, MessageState, Usage
     from engram_api.producer import build_envelope
     from engram_workers.context import WorkerContext
+    from engram_workers.handover import HandOver
     from engram_workers.stages.apply import run_apply
+    from engram_workers.stages.extract import slim_context
 
     totals: defaultdict[str, float] = defaultdict(float)
+    extractor = WorkerContext(settings=stack.settings)
     wctx = WorkerContext(settings=stack.settings)
     wctx.__dict__["graph"] = _Timed(wctx.graph, "neo4j", totals)
     wctx.__dict__["embedder"] = _Timed(wctx.embedder, "embedder", totals)
@@ -133,16 +137,18 @@ def _apply_breakdown(ctx: BenchContext, stack: Any, n: int) -> tuple[Table, dict
             totals.clear()
             wall = 0.0
         env = build_envelope(stack.settings, uid, m.text, message_id=f"m{m.index}", timestamp=m.timestamp)
-        payload = {"extraction": m.extraction, "usage": Usage().model_dump()}
+        _, vectors = slim_context(extractor, env)
+        handed = HandOver.carrying(Extraction.model_validate(m.extraction), Usage(), extractor.embedder, vectors)
         # What the producer and the extract stage leave in Redis; no task is published, so the running
         # workers never see these messages.
         stack.client.redis.set(keys.message_payload(uid, env.message_id), env.model_dump_json())
-        stack.client.redis.set(keys.extraction(uid, env.message_id), json.dumps(payload))
+        stack.client.redis.set(keys.extraction(uid, env.message_id), handed.model_dump_json())
         stack.client.redis.hset(keys.status(uid, env.message_id), "state", MessageState.EXTRACTED.value)
         start = time.perf_counter()
         run_apply(wctx, uid, env.message_id)
         wall += time.perf_counter() - start
     wctx.close()
+    extractor.close()
     table = Table(
         f"apply stage in-process, {n} messages of one user: where the time goes (ms per message)",
         ["call", "ms / message", "share"],

@@ -1,0 +1,251 @@
+"""The extract -> apply hand-over carries the slim-context query vector, and apply uses it only when it is
+its own model's vector for the very text it needs.
+
+The stages run in this process (``run_extract`` with the LLM stand-in, ``run_apply``) on real Redis and
+a real graph store (Neo4j and SQLite); the real MiniLM encodes, behind a wrapper that only records the
+texts each stage asks it for.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import numpy as np
+import pytest
+
+from engram_api import keys
+from engram_api.errors import StoreUnavailableError
+from engram_api.models import MessageState, StageOutcome
+from engram_api.storage.embedder import Embedder
+from engram_api.storage.vectors import VectorStore
+from engram_testing.llm_standin import Reply
+from engram_workers.context import WorkerContext
+from engram_workers.handover import CarriedVectors, HandOver, text_key
+from engram_workers.stages.apply import run_apply
+from engram_workers.stages.common import RetryLater
+from engram_workers.stages.extract import run_extract
+from tests.support.extractions import entity, fact, message_text
+from tests.support.stack import Stack, engram_stack
+
+T0 = datetime(2024, 5, 1, tzinfo=UTC)
+FIRST = "I live in Lisbon and I walk along the river every evening."
+SECOND = "My sister Maya is a nurse in Porto. She visits me twice a year."
+ANSWERS = {
+    FIRST: {
+        "entities": [entity("N1", "Lisbon", "Place")],
+        "facts": [
+            fact("user", "LIVES_IN", "N1", "User lives in Lisbon"),
+            fact("user", "LIKES", None, "User likes walks"),
+        ],
+    },
+    SECOND: {
+        "entities": [entity("N1", "Maya", "Person", aliases=["my sister"]), entity("N2", "Porto", "Place")],
+        "facts": [
+            fact("user", "HAS_SISTER", "N1", "User has a sister named Maya"),
+            fact("N1", "WORKS_AS", None, "Maya is a nurse"),
+            fact("N1", "LIVES_IN", "N2", "Maya lives in Porto"),
+        ],
+    },
+}
+
+
+@pytest.fixture(params=["neo4j", "sqlite"])
+def stack(request: pytest.FixtureRequest, redis_url: str, llm_standin: Any, tmp_path_factory: Any) -> Iterator[Stack]:
+    llm_standin.script(lambda req: Reply.json(ANSWERS.get(message_text(req), {"entities": [], "facts": []})))
+    neo4j_uri = request.getfixturevalue("neo4j_uri") if request.param == "neo4j" else None
+    data_dir = tmp_path_factory.mktemp(f"handover-{request.param}")
+    with engram_stack(
+        redis_url=redis_url, data_dir=data_dir, neo4j_uri=neo4j_uri, llm_url=llm_standin.url, workers=False
+    ) as s:
+        yield s
+
+
+class Recording:
+    """The real embedder; records the texts it is asked to encode (one list per call)."""
+
+    def __init__(self, real: Embedder) -> None:
+        self._real = real
+        self.calls: list[list[str]] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._real, name)
+
+    def encode(self, texts: list[str]) -> np.ndarray:
+        self.calls.append(list(texts))
+        return self._real.encode(texts)
+
+    def encode_one(self, text: str) -> np.ndarray:
+        self.calls.append([text])
+        return self._real.encode_one(text)
+
+    def texts(self) -> list[str]:
+        return [t for call in self.calls for t in call]
+
+
+class FailingOnce:
+    """The real graph store, whose next commit of a planned write, once armed, fails as an outage would."""
+
+    def __init__(self, real: Any) -> None:
+        self._real = real
+        self.armed = self.failed = False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._real, name)
+
+    def apply(self, plan: Any) -> Any:
+        if self.armed and not self.failed:
+            self.failed = True
+            raise StoreUnavailableError("injected outage at the commit")
+        return self._real.apply(plan)
+
+
+def process(stack: Stack) -> tuple[WorkerContext, Recording]:
+    """A worker process's resources in this process, its embedder recorded; tasks are not published."""
+    ctx = WorkerContext(settings=stack.settings, dispatch=lambda _task, _args: None)
+    recording = Recording(ctx.embedder)
+    ctx.__dict__["embedder"] = recording  # before anything (the query batcher, the keeper) takes the real one
+    return ctx, recording
+
+
+def new_user() -> str:
+    return f"ho_{uuid.uuid4().hex[:10]}"
+
+
+def extract(ctx: WorkerContext, stack: Stack, user: str, mid: str, text: str, day: int) -> None:
+    stack.client.enqueue(user, text, message_id=mid, timestamp=T0 + timedelta(days=day))
+    assert run_extract(ctx, user, mid).outcome is StageOutcome.LLM
+
+
+def apply(ctx: WorkerContext, user: str, mid: str) -> StageOutcome:
+    outcome = run_apply(ctx, user, mid)
+    assert ctx.redis.hget(keys.status(user, mid), "state") == MessageState.APPLIED, outcome
+    return outcome.outcome
+
+
+def handed_over(stack: Stack, user: str, mid: str) -> HandOver:
+    stored = stack.client.redis.get(keys.extraction(user, mid))
+    assert stored is not None
+    return HandOver.model_validate_json(stored)
+
+
+def memory(stack: Stack, user: str) -> dict[tuple[str, str], np.ndarray]:
+    """The user's embedded memory by (kind, text), from the graph; the FAISS index must hold the same."""
+    graph = stack.client.graph
+    items, _ = graph.vectors(user)
+    ids = {kind: [i.node_id for i in items if i.kind == kind] for kind in ("fact", "entity", "episode")}
+    text = {f.id: f.statement for f in graph.get_facts(user, ids["fact"])}
+    text |= {e.id: e.name for e in graph.get_entities(user, ids["entity"])}
+    text |= {c.id: c.indexed_text for c in graph.get_chunks(user, ids["episode"])}
+    index = VectorStore(root=stack.settings.index_dir, dim=stack.client.reader.embedder.dim).load(user)
+    assert index is not None and index.node_ids() == {i.node_id for i in items}
+    on_disk = index.vectors_for(index.node_ids())
+    for item in items:
+        assert np.allclose(on_disk[item.node_id], item.embedding, atol=1e-6), item.node_id
+    return {(i.kind, text[i.node_id]): np.asarray(i.embedding, dtype=np.float32) for i in items}
+
+
+def test_apply_does_not_encode_the_text_whose_vector_extract_handed_over(stack: Stack) -> None:
+    ctx, recorded = process(stack)
+    user = new_user()
+    extract(ctx, stack, user, "m0", FIRST, 0)
+    assert handed_over(stack, user, "m0").vectors is None  # a new user: no slim context, nothing encoded
+    apply(ctx, user, "m0")
+
+    recorded.calls.clear()
+    extract(ctx, stack, user, "m1", SECOND, 1)
+    assert recorded.calls == [[SECOND]]  # the slim-context query, the message's one chunk
+    carried = handed_over(stack, user, "m1").vectors
+    assert carried is not None
+    assert (carried.model, carried.dim, carried.keys) == (ctx.embedder.model_name, ctx.embedder.dim, [text_key(SECOND)])
+
+    recorded.calls.clear()
+    apply(ctx, user, "m1")
+    assert len(recorded.calls) == 1 and SECOND not in recorded.texts()  # names and statements, one batch
+    assert "Maya is a nurse" in recorded.texts()
+    stored = memory(stack, user)[("episode", SECOND)]
+    assert np.allclose(stored, carried.for_texts(ctx.embedder, [SECOND])[SECOND], atol=1e-6)
+
+
+def _foreign(model: str, dim: int) -> CarriedVectors:
+    """Another model's vector for SECOND: unrelated numbers, which would show in the memory if used."""
+    vector = np.random.default_rng(7).standard_normal(dim).astype("<f4")
+    return CarriedVectors(model=model, dim=dim, keys=[text_key(SECOND)], data=vector.tobytes())
+
+
+@pytest.mark.parametrize(
+    "variant", ["no vectors (older producer)", "another model", "another dimension", "unreadable vectors"]
+)
+def test_a_hand_over_without_usable_vectors_is_encoded_afresh_to_the_same_memory(stack: Stack, variant: str) -> None:
+    ctx, recorded = process(stack)
+    carried_user, other_user = new_user(), new_user()
+    for user in (carried_user, other_user):
+        extract(ctx, stack, user, "m0", FIRST, 0)
+        apply(ctx, user, "m0")
+        extract(ctx, stack, user, "m1", SECOND, 1)
+    handed = handed_over(stack, other_user, "m1")
+    assert handed.vectors is not None
+    if variant == "no vectors (older producer)":
+        # Exactly what extract stored before vectors were carried.
+        stored = json.dumps(
+            {"extraction": handed.extraction.model_dump(mode="json"), "usage": handed.usage.model_dump()}
+        )
+    elif variant == "unreadable vectors":  # e.g. a newer format: one row short of its keys
+        record = json.loads(handed.model_dump_json())
+        record["vectors"]["keys"].append(text_key("another text"))
+        stored = json.dumps(record)
+    else:
+        model, dim = ("another/model", 384) if variant == "another model" else (ctx.embedder.model_name, 8)
+        stored = handed.model_copy(update={"vectors": _foreign(model, dim)}).model_dump_json()
+    stack.client.redis.set(keys.extraction(other_user, "m1"), stored)
+
+    recorded.calls.clear()
+    apply(ctx, carried_user, "m1")
+    assert SECOND not in recorded.texts()
+    recorded.calls.clear()
+    apply(ctx, other_user, "m1")
+    assert SECOND in recorded.texts() and len(recorded.calls) == 1  # still one batch, the chunk in it
+
+    carried, afresh = memory(stack, carried_user), memory(stack, other_user)
+    assert carried.keys() == afresh.keys() and ("episode", SECOND) in carried
+    for key, vector in carried.items():
+        assert np.allclose(vector, afresh[key], atol=1e-5), key
+
+
+def test_a_redelivered_apply_uses_the_same_carried_vectors_and_writes_once(stack: Stack) -> None:
+    ctx, recorded = process(stack)
+    outage = FailingOnce(ctx.graph)
+    ctx.__dict__["graph"] = outage  # before the keeper and the user writes take the real store
+    user = new_user()
+    extract(ctx, stack, user, "m0", FIRST, 0)
+    apply(ctx, user, "m0")
+    extract(ctx, stack, user, "m1", SECOND, 1)
+    saved = {
+        key: stack.client.redis.get(key) for key in (keys.extraction(user, "m1"), keys.message_payload(user, "m1"))
+    }
+
+    recorded.calls.clear()
+    outage.armed = True
+    with pytest.raises(RetryLater):  # planned with the carried vector, the commit failed: nothing written
+        run_apply(ctx, user, "m1")
+    assert outage.failed and not ctx.graph.is_applied(user, "m1")
+    assert apply(ctx, user, "m1") is StageOutcome.APPLIED  # the retry reads the same hand-over
+    assert SECOND not in recorded.texts()
+    after_first = memory(stack, user)
+
+    # Delivered again after its bookkeeping was lost (a crash between the commit and the status write).
+    for key, value in saved.items():
+        assert value is not None
+        stack.client.redis.set(key, value)
+    stack.client.redis.hset(keys.status(user, "m1"), "state", MessageState.EXTRACTED.value)
+    recorded.calls.clear()
+    assert apply(ctx, user, "m1") is StageOutcome.ALREADY
+    assert recorded.calls == []
+
+    again = memory(stack, user)
+    assert again.keys() == after_first.keys()
+    assert all(np.array_equal(again[k], after_first[k]) for k in again)
+    assert stack.client.stats(user).episodes == 2
