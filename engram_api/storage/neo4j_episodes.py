@@ -65,11 +65,16 @@ DETACH DELETE c
 RETURN id ORDER BY id
 """
 
-# A chunk is never updated after it is written: updated_at is created_at (as SQLite reads it).
-_CHUNK = """c {.id, .user_id, .episode_id, .seq, .text, .speaker, .role, .event_time, .created_at,
-   updated_at: c.created_at,
-   fact_ids: COLLECT { MATCH (c)-[:PART_OF]->(:Episode)<-[:FROM]-(f:Fact) WHERE f.user_id = $user_id
-                       RETURN f.id ORDER BY f.id }}"""
+# A chunk is never updated after it is written: updated_at is created_at (as SQLite reads it). Its times
+# come back as epoch microseconds (exact for a Python datetime): a recall reads ~70 chunks, and the
+# driver's hydration of three temporal values per chunk into neo4j.time objects was most of the Neo4j
+# recall's CPU (neo4j_rows.live_chunks turns them back into datetimes).
+_MICROS = "{t}.epochSeconds * 1000000 + {t}.microsecond"
+_CHUNK = f"""c {{.id, .user_id, .episode_id, .seq, .text, .speaker, .role,
+   event_time: {_MICROS.format(t="c.event_time")}, created_at: {_MICROS.format(t="c.created_at")},
+   updated_at: {_MICROS.format(t="c.created_at")},
+   fact_ids: COLLECT {{ MATCH (c)-[:PART_OF]->(:Episode)<-[:FROM]-(f:Fact) WHERE f.user_id = $user_id
+                       RETURN f.id ORDER BY f.id }}}}"""
 
 Q_CHUNKS = f"""
 MATCH (c:Chunk {{user_id: $user_id}}) WHERE c.id IN $ids OR c.episode_id IN $episodes

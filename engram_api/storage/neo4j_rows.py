@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, cast
 
 from neo4j import time as neo4j_time
@@ -104,10 +104,19 @@ def norms(names: Sequence[str]) -> list[str]:
     return list(dict.fromkeys(n for n in (normalize_name(a) for a in names) if n))
 
 
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_CHUNK_TIMES = ("event_time", "created_at", "updated_at")
+
+
 def live_chunks(rows: Sequence[dict[str, Any]]) -> list[ChunkRecord]:
     """Chunk rows minus those a concurrent forget deleted mid-read: under read committed, a node matched
-    before another transaction's delete committed reads back with null properties."""
-    return [ChunkRecord.model_validate(r) for r in rows if r.get("text") is not None]
+    before another transaction's delete committed reads back with null properties. Their times come as
+    epoch microseconds (``neo4j_episodes._CHUNK``)."""
+    return [
+        ChunkRecord.model_validate({**r, **{t: _EPOCH + timedelta(microseconds=r[t]) for t in _CHUNK_TIMES}})
+        for r in rows
+        if r.get("text") is not None
+    ]
 
 
 def chunk_props(c: ChunkRecord, user_id: str, episode_id: str) -> dict[str, Any]:
