@@ -1,9 +1,10 @@
-"""Fact records for one recall: a per-user in-process cache keyed by the user's stamp, and the graph step.
+"""Fact and chunk records for one recall: per-user in-process caches keyed by the user's stamp, and the
+graph step.
 
 Invariants:
-- a cached record is only ever served at the stamp (epoch, version) it was cached under: every write
+- a cached record (a fact, or an episode chunk) is only ever served at the stamp (epoch, version) it was cached under: every write
   that can change a fact moves the user's stamp (``GraphStore`` contract), so a warm reader never re-reads
-  an unchanged fact and never serves a changed one. A record read at a newer graph state than the stamp
+  an unchanged record and never serves a changed one (a chunk is never updated; a forget moves the stamp). A record read at a newer graph state than the stamp
   (a write committed, its stamp not yet published) is what an uncached read would have returned too;
 - an older stamp never replaces a newer one's entries (a slow reader cannot roll the cache back);
 - bounded: at most ``users`` users and ``per_user`` records each, least recently used dropped first;
@@ -17,24 +18,27 @@ import threading
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Generic, TypeVar
 
-from engram_api.models import FactRecord
+from engram_api.models import ChunkRecord, FactRecord
 from engram_api.storage.base import GraphStepQuery, GraphStore
 from engram_api.versions import Stamp
 
-__all__ = ["FactCache", "UserFacts"]
+__all__ = ["ChunkCache", "FactCache", "RecordCache", "UserChunks", "UserFacts"]
+
+R = TypeVar("R", FactRecord, ChunkRecord)
 
 
-class FactCache:
-    """Per-user fact records, each user's tagged with the stamp they were read at. Thread-safe."""
+class RecordCache(Generic[R]):
+    """Per-user records, each user's tagged with the stamp they were read at. Thread-safe."""
 
     def __init__(self, users: int = 256, per_user: int = 2048) -> None:
         self.users = users
         self.per_user = per_user
-        self._data: OrderedDict[str, tuple[Stamp, OrderedDict[str, FactRecord]]] = OrderedDict()
+        self._data: OrderedDict[str, tuple[Stamp, OrderedDict[str, R]]] = OrderedDict()
         self._lock = threading.Lock()
 
-    def _entry(self, user_id: str, stamp: Stamp) -> OrderedDict[str, FactRecord] | None:
+    def _entry(self, user_id: str, stamp: Stamp) -> OrderedDict[str, R] | None:
         """The user's records at ``stamp`` (call with the lock held); a different stamp's are dropped."""
         entry = self._data.get(user_id)
         if entry is None or entry[0] != stamp:
@@ -42,20 +46,20 @@ class FactCache:
         self._data.move_to_end(user_id)
         return entry[1]
 
-    def get(self, user_id: str, stamp: Stamp, ids: Iterable[str]) -> dict[str, FactRecord]:
+    def get(self, user_id: str, stamp: Stamp, ids: Iterable[str]) -> dict[str, R]:
         with self._lock:
             records = self._entry(user_id, stamp)
             if not records:
                 return {}
             return {i: records[i] for i in ids if i in records}
 
-    def held(self, user_id: str, stamp: Stamp) -> dict[str, FactRecord]:
+    def held(self, user_id: str, stamp: Stamp) -> dict[str, R]:
         """A copy of every record held for the user at ``stamp``."""
         with self._lock:
             records = self._entry(user_id, stamp)
             return dict(records) if records else {}
 
-    def put(self, user_id: str, stamp: Stamp, facts: Iterable[FactRecord]) -> None:
+    def put(self, user_id: str, stamp: Stamp, records_in: Iterable[R]) -> None:
         with self._lock:
             entry = self._data.get(user_id)
             if entry is not None and entry[0] > stamp:
@@ -64,9 +68,9 @@ class FactCache:
                 entry = (stamp, OrderedDict())
                 self._data[user_id] = entry
             records = entry[1]
-            for fact in facts:
-                records[fact.id] = fact
-                records.move_to_end(fact.id)
+            for record in records_in:
+                records[record.id] = record
+                records.move_to_end(record.id)
             while len(records) > self.per_user:
                 records.popitem(last=False)
             self._data.move_to_end(user_id)
@@ -76,6 +80,18 @@ class FactCache:
     def drop_user(self, user_id: str) -> None:
         with self._lock:
             self._data.pop(user_id, None)
+
+
+class FactCache(RecordCache[FactRecord]):
+    """The reader's fact records."""
+
+
+class ChunkCache(RecordCache[ChunkRecord]):
+    """The reader's episode chunks: a recall reads ~70, the same ones again and again for a user
+    (on Neo4j each read is a round trip); fewer users than facts, chunks being larger."""
+
+    def __init__(self, users: int = 128, per_user: int = 1024) -> None:
+        super().__init__(users, per_user)
 
 
 @dataclass(slots=True)
@@ -114,3 +130,25 @@ class UserFacts:
         records.update((f.id, f) for f in result.facts)
         wanted = dict.fromkeys([*query.fact_ids, *(fid for fid, _ in result.hops)])
         return {i: records[i] for i in wanted if i in records}, result.hops
+
+
+@dataclass(slots=True)
+class UserChunks:
+    """One recall's access to the user's episode chunks at ``stamp``: cache first, the store for the rest."""
+
+    graph: GraphStore
+    cache: ChunkCache
+    user_id: str
+    stamp: Stamp
+
+    def load(self, ids: Sequence[str]) -> dict[str, ChunkRecord]:
+        """The user's chunks among ``ids`` (another user's, unknown or since forgotten ids are absent):
+        one store read for those the cache does not hold, none when it holds them all."""
+        ids = list(dict.fromkeys(ids))
+        found = self.cache.get(self.user_id, self.stamp, ids)
+        missing = [i for i in ids if i not in found]
+        if missing:
+            fresh = self.graph.get_chunks(self.user_id, missing)
+            self.cache.put(self.user_id, self.stamp, fresh)
+            found.update((c.id, c) for c in fresh)
+        return found

@@ -24,7 +24,7 @@ import numpy as np
 from engram_api.models import Channel as ChannelName
 from engram_api.models import ChunkRecord, FactRecord, RecallItem, ScoreBreakdown, ScoreComponents, utcnow
 from engram_api.naming import self_entity_id
-from engram_api.reader.facts import UserFacts
+from engram_api.reader.facts import UserChunks, UserFacts
 from engram_api.reader.recipe import RecallRecipe, RetrievalChannel
 from engram_api.reader.scoring import Weights, components
 from engram_api.settings import Settings
@@ -87,6 +87,7 @@ class _Candidate:
 class _Run:
     graph: GraphStore
     user_facts: UserFacts
+    user_chunks: UserChunks
     settings: Settings
     index: UserIndex
     qvec: np.ndarray
@@ -109,7 +110,7 @@ class _Run:
     def _load_chunks(self, ids: Iterable[str]) -> None:
         missing = [i for i in dict.fromkeys(ids) if i not in self.chunks]
         if missing:
-            self.chunks.update((c.id, c) for c in self.graph.get_chunks(self.user_id, missing))
+            self.chunks.update(self.user_chunks.load(missing))
 
     def _ok(self, node_id: str) -> bool:
         if node_id in self.facts:
@@ -377,6 +378,7 @@ def recall_items(
     *,
     graph: GraphStore,
     user_facts: UserFacts,
+    user_chunks: UserChunks,
     settings: Settings,
     index: UserIndex,
     qvec: np.ndarray,
@@ -391,6 +393,7 @@ def recall_items(
     run = _Run(
         graph=graph,
         user_facts=user_facts,
+        user_chunks=user_chunks,
         settings=settings,
         index=index,
         qvec=qvec,

@@ -44,7 +44,7 @@ from engram_api.models import (
     utcnow,
 )
 from engram_api.reader.context import render_context, select_context
-from engram_api.reader.facts import FactCache, UserFacts
+from engram_api.reader.facts import ChunkCache, FactCache, UserChunks, UserFacts
 from engram_api.reader.fusion import TimeWindow, recall_items
 from engram_api.reader.recipe import DEFAULT_RECIPE, RecallRecipe
 from engram_api.reader.scoring import Weights, effective_weights
@@ -118,6 +118,7 @@ class Reader:
         self.redis = redis_client
         self.cache = _Cache()
         self.facts = FactCache()
+        self.chunks = ChunkCache()
         self._weights = _Cache(size=_WEIGHTS_CACHE_USERS)  # bounded: a reader may serve millions of users
         # Settings are frozen: the default recipe and its cache-key form are built once, not per recall.
         self._recipe = DEFAULT_RECIPE.model_copy(update={"window": settings.recall_window, "rrf_k": settings.rrf_k})
@@ -127,7 +128,7 @@ class Reader:
             keeper=keeper,
             redis_client=redis_client,
             lease_ttl_s=settings.apply_lock_ttl_s,
-            on_change=[self.cache.drop_user, self.facts.drop_user],
+            on_change=[self.cache.drop_user, self.facts.drop_user, self.chunks.drop_user],
         )
 
     # ------------------------------------------------------------------------------------ helpers
@@ -202,6 +203,7 @@ class Reader:
         items = recall_items(
             graph=self.graph,
             user_facts=UserFacts(self.graph, self.facts, user_id, version),
+            user_chunks=UserChunks(self.graph, self.chunks, user_id, version),
             settings=self.settings,
             index=index,
             qvec=qvec,

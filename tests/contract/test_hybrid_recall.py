@@ -259,3 +259,35 @@ def test_recall_serves_fact_records_from_its_cache_only_at_the_users_current_sta
     again = memory.reader.recall(user, f"{question} Still?").items
     assert facts[0].id not in {i.id for i in again}
     assert facts[0].id not in memory.reader.facts.held(user, memory.graph.user_stamp(user))
+
+
+def test_recall_serves_chunks_from_its_cache_only_at_the_users_current_stamp(memory: Memory) -> None:
+    user = new_user()
+    _chatter(memory, user)
+    memory.say(user, "aurora", "We finally saw the northern lights dancing over the fjord last night!", at(10))
+    reads: list[list[str]] = []
+    real = memory.graph.get_chunks
+
+    def counting(user_id: str, chunk_ids: Any = (), **kw: Any) -> Any:
+        reads.append(list(chunk_ids))
+        return real(user_id, chunk_ids, **kw)
+
+    memory.graph.get_chunks = counting  # type: ignore[method-assign]  # the real store, its id reads counted
+    try:
+        cold = memory.reader.recall(user, "aurora borealis trip", k=5).items
+        assert any(reads), "a cold recall reads its chunks from the store"
+        stamp = memory.graph.user_stamp(user)
+        aurora = next(i.id for i in cold if i.source_ids == ["aurora"])
+        assert aurora in memory.reader.chunks.held(user, stamp)
+        reads.clear()
+        warm = memory.reader.recall(user, "northern lights over the fjord", k=5).items
+        assert aurora in {i.id for i in warm}
+        assert all(aurora not in ids for ids in reads)  # served from the cache: not read again
+
+        # A forget moves the stamp: the cached chunk is never served again, though the cache held it.
+        memory.reader.forget(user, "aurora")
+        assert memory.reader.chunks.held(user, stamp) == {}
+        after = memory.reader.recall(user, "northern lights over the fjord", k=5).items
+        assert "aurora" not in {s for i in after for s in i.source_ids}
+    finally:
+        del memory.graph.get_chunks
