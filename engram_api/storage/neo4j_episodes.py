@@ -19,9 +19,8 @@ __all__ = [
     "Q_APPLY_CHUNKS",
     "Q_CHUNKS",
     "Q_FORGET_CHUNKS",
-    "Q_KEYWORD_CHUNKS",
+    "Q_KEYWORD",
     "Q_KEYWORD_COUNT",
-    "Q_KEYWORD_FACTS",
     "Q_NEIGHBOURS",
     "Q_SET_FACT_UKEY",
     "Q_UNKEYED_FACT_USERS",
@@ -101,19 +100,21 @@ WITH DISTINCT n AS c
 RETURN {_CHUNK} AS row
 """
 
-Q_KEYWORD_CHUNKS = f"""
-CALL db.index.fulltext.queryNodes('{KEYWORD_INDEX}', $lucene) YIELD node, score
-WHERE node:Chunk AND node.user_id = $user_id
-  AND ($as_of IS NULL OR node.event_time <= $as_of)
-  AND ($since IS NULL OR node.event_time >= $since)
-  AND ($until IS NULL OR node.event_time < $until)
-RETURN node.id AS node_id, score LIMIT $k
-"""
-
-Q_KEYWORD_FACTS = f"""
-CALL db.index.fulltext.queryNodes('{KEYWORD_INDEX}', $lucene) YIELD node, score
-WHERE node:Fact AND node.user_id = $user_id AND {{valid_at}}
-RETURN node.id AS node_id, score LIMIT $k
+# Chunks and facts in one query (one round trip): each branch keeps its own top k, as two queries did.
+Q_KEYWORD = f"""
+CALL () {{
+  CALL db.index.fulltext.queryNodes('{KEYWORD_INDEX}', $lucene_chunks) YIELD node, score
+  WHERE node:Chunk AND node.user_id = $user_id
+    AND ($as_of IS NULL OR node.event_time <= $as_of)
+    AND ($since IS NULL OR node.event_time >= $since)
+    AND ($until IS NULL OR node.event_time < $until)
+  RETURN node.id AS node_id, 'episode' AS kind, score LIMIT $k
+  UNION ALL
+  CALL db.index.fulltext.queryNodes('{KEYWORD_INDEX}', $lucene_facts) YIELD node, score
+  WHERE node:Fact AND node.user_id = $user_id AND {{valid_at}}
+  RETURN node.id AS node_id, 'fact' AS kind, score LIMIT $k
+}}
+RETURN node_id, kind, score
 """
 
 Q_KEYWORD_COUNT = f"""

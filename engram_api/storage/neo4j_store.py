@@ -435,20 +435,20 @@ class Neo4jGraphStore(GraphStore):
         until: datetime | None,
     ) -> list[KeywordHit]:
         ukey = user_key(user_id)
-        params = {"user_id": user_id, "k": int(k), "as_of": shape.opt_utc(as_of), "since": shape.opt_utc(since)}
-        params["until"] = shape.opt_utc(until)
-        fact_query = episodes_cypher.Q_KEYWORD_FACTS.replace("{valid_at}", cy.VALID_AT.format(v="node"))
+        query = episodes_cypher.Q_KEYWORD.replace("{valid_at}", cy.VALID_AT.format(v="node"))
+        params = {
+            "user_id": user_id,
+            "k": int(k),
+            "as_of": shape.opt_utc(as_of),
+            "since": shape.opt_utc(since),
+            "until": shape.opt_utc(until),
+            "lucene_chunks": episodes_cypher.lucene_query(ukey, "body", terms),
+            "lucene_facts": episodes_cypher.lucene_query(ukey, "statement", terms),
+        }
 
         def work(tx: ManagedTransaction) -> list[KeywordHit]:
             hits = [
-                KeywordHit(node_id=r["node_id"], kind="episode", score=float(r["score"]))
-                for r in tx.run(
-                    episodes_cypher.Q_KEYWORD_CHUNKS, params, lucene=episodes_cypher.lucene_query(ukey, "body", terms)
-                )
-            ]
-            hits += [
-                KeywordHit(node_id=r["node_id"], kind="fact", score=float(r["score"]))
-                for r in tx.run(fact_query, params, lucene=episodes_cypher.lucene_query(ukey, "statement", terms))
+                KeywordHit(node_id=r["node_id"], kind=r["kind"], score=float(r["score"])) for r in tx.run(query, params)
             ]
             return sorted(hits, key=lambda h: (-h.score, h.node_id))
 
