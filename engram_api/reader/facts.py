@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Generic, TypeVar
 
 from engram_api.models import ChunkRecord, FactRecord
@@ -77,6 +78,19 @@ class RecordCache(Generic[R]):
             while len(self._data) > self.users:
                 self._data.popitem(last=False)
 
+    def through(
+        self, user_id: str, stamp: Stamp, ids: Sequence[str], read: Callable[[list[str]], list[R]]
+    ) -> dict[str, R]:
+        """The records among ``ids``: those held at ``stamp``, and one ``read`` of the rest (kept), if any."""
+        ids = list(dict.fromkeys(ids))
+        found = self.get(user_id, stamp, ids)
+        missing = [i for i in ids if i not in found]
+        if missing:
+            fresh = read(missing)
+            self.put(user_id, stamp, fresh)
+            found.update((r.id, r) for r in fresh)
+        return found
+
     def drop_user(self, user_id: str) -> None:
         with self._lock:
             self._data.pop(user_id, None)
@@ -106,14 +120,7 @@ class UserFacts:
     def load(self, ids: Sequence[str]) -> dict[str, FactRecord]:
         """The user's facts among ``ids`` (another user's or unknown ids are absent): one store read
         for those the cache does not hold, none when it holds them all."""
-        ids = list(dict.fromkeys(ids))
-        found = self.cache.get(self.user_id, self.stamp, ids)
-        missing = [i for i in ids if i not in found]
-        if missing:
-            fresh = self.graph.get_facts(self.user_id, missing)
-            self.cache.put(self.user_id, self.stamp, fresh)
-            found.update((f.id, f) for f in fresh)
-        return found
+        return self.cache.through(self.user_id, self.stamp, ids, partial(self.graph.get_facts, self.user_id))
 
     def step(self, query: GraphStepQuery) -> tuple[dict[str, FactRecord], list[tuple[str, int]]]:
         """Hydrate ``query.fact_ids`` and expand, in one store round trip. Returns the records of every
@@ -144,11 +151,4 @@ class UserChunks:
     def load(self, ids: Sequence[str]) -> dict[str, ChunkRecord]:
         """The user's chunks among ``ids`` (another user's, unknown or since forgotten ids are absent):
         one store read for those the cache does not hold, none when it holds them all."""
-        ids = list(dict.fromkeys(ids))
-        found = self.cache.get(self.user_id, self.stamp, ids)
-        missing = [i for i in ids if i not in found]
-        if missing:
-            fresh = self.graph.get_chunks(self.user_id, missing)
-            self.cache.put(self.user_id, self.stamp, fresh)
-            found.update((c.id, c) for c in fresh)
-        return found
+        return self.cache.through(self.user_id, self.stamp, ids, partial(self.graph.get_chunks, self.user_id))
