@@ -9,6 +9,7 @@ the first).
 
 from __future__ import annotations
 
+import asyncio
 import functools
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from datetime import datetime
@@ -248,18 +249,10 @@ class MemoryClient:
         return check_all(self)
 
 
-async def _to_thread(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    # asyncio is imported on first await, not with the module: a synchronous one-shot read (the CLI) never
-    # pays for it.
-    import asyncio
-
-    return await asyncio.to_thread(fn, *args, **kwargs)
-
-
 def _in_thread(name: str) -> Callable[..., Any]:
     @functools.wraps(getattr(MemoryClient, name))
     async def method(self: AsyncMemoryClient, *args: Any, **kwargs: Any) -> Any:
-        return await _to_thread(getattr(self.sync, name), *args, **kwargs)
+        return await asyncio.to_thread(getattr(self.sync, name), *args, **kwargs)
 
     return method
 
@@ -274,11 +267,11 @@ class AsyncMemoryClient:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        await _to_thread(self.sync.close)
+        await asyncio.to_thread(self.sync.close)
 
     async def export_memory(self, user_id: str) -> list[str]:
         """The export's lines, read in a worker thread (the sync method returns a lazy iterator)."""
-        return await _to_thread(lambda: list(self.sync.export_memory(user_id)))
+        return await asyncio.to_thread(lambda: list(self.sync.export_memory(user_id)))
 
     for _name in (
         "enqueue", "enqueue_many", "wait", "dead_letters", "replay", "drop_dead_letter", "recall", "search",
