@@ -440,9 +440,6 @@ class Weights(_Model):
         """In ``SCORE_COMPONENTS`` order."""
         return [getattr(self, name) for name in WEIGHT_FIELDS]
 
-    def total(self, components: ScoreComponents) -> float:
-        return sum(w * c for w, c in zip(self.values(), components.values(), strict=True))
-
 
 WEIGHT_FIELDS: tuple[str, ...] = tuple(Weights.model_fields)
 
@@ -522,7 +519,11 @@ class RecallResult(_Model):
     items: list[RecallItem] = Field(description="best first")
     weights: str = Field("configured", description="configured | learned:<scope>")
     cached: bool = Field(False, description="served from the reader's cache")
-    timings_ms: dict[str, float] = Field(default_factory=dict, description="per step, in milliseconds")
+    timings_ms: dict[str, float] = Field(
+        default_factory=dict,
+        description="per step, in milliseconds: embed, index, faiss, keyword (the wait left after embed), graph,"
+        " records, fusion; cache alone for a cached result",
+    )
 
 
 class ClusterHit(_Model):

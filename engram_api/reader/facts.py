@@ -25,9 +25,19 @@ from engram_api.models import ChunkRecord, FactRecord
 from engram_api.storage.base import GraphStepQuery, GraphStore
 from engram_api.versions import Stamp
 
-__all__ = ["ChunkCache", "FactCache", "RecordCache", "UserChunks", "UserFacts"]
+__all__ = ["ChunkCache", "EpisodeChunkIds", "FactCache", "RecordCache", "UserChunks", "UserFacts"]
 
-R = TypeVar("R", FactRecord, ChunkRecord)
+
+@dataclass(frozen=True, slots=True)
+class EpisodeChunkIds:
+    """Which chunks one episode has (none when it has none at the stamp): a message's chunks are written
+    with it, and only a forget, which moves the stamp, removes them."""
+
+    id: str  # the episode's
+    chunk_ids: tuple[str, ...]
+
+
+R = TypeVar("R", FactRecord, ChunkRecord, EpisodeChunkIds)
 
 
 class RecordCache(Generic[R]):
@@ -102,10 +112,16 @@ class FactCache(RecordCache[FactRecord]):
 
 class ChunkCache(RecordCache[ChunkRecord]):
     """The reader's episode chunks: a recall reads ~70, the same ones again and again for a user
-    (on Neo4j each read is a round trip); fewer users than facts, chunks being larger."""
+    (on Neo4j each read is a round trip); fewer users than facts, chunks being larger. ``episodes``
+    holds which chunks each episode has, so a fact's source episodes need no read when held."""
 
     def __init__(self, users: int = 128, per_user: int = 1024) -> None:
         super().__init__(users, per_user)
+        self.episodes: RecordCache[EpisodeChunkIds] = RecordCache(users, per_user)
+
+    def drop_user(self, user_id: str) -> None:
+        super().drop_user(user_id)
+        self.episodes.drop_user(user_id)
 
 
 @dataclass(slots=True)
@@ -152,3 +168,18 @@ class UserChunks:
         """The user's chunks among ``ids`` (another user's, unknown or since forgotten ids are absent):
         one store read for those the cache does not hold, none when it holds them all."""
         return self.cache.through(self.user_id, self.stamp, ids, partial(self.graph.get_chunks, self.user_id))
+
+    def of_episodes(self, episode_ids: Sequence[str]) -> list[ChunkRecord]:
+        """Every chunk of the user's episodes among ``episode_ids``, in conversation order (as
+        ``GraphStore.get_chunks`` returns them): none read when the cache holds them all."""
+        listed = self.cache.episodes.through(self.user_id, self.stamp, episode_ids, self._list_episodes)
+        chunks = self.load([cid for e in listed.values() for cid in e.chunk_ids])
+        return sorted(chunks.values(), key=lambda c: (c.event_time, c.episode_id, c.seq))
+
+    def _list_episodes(self, episode_ids: list[str]) -> list[EpisodeChunkIds]:
+        fresh = self.graph.get_chunks(self.user_id, episode_ids=episode_ids)
+        self.cache.put(self.user_id, self.stamp, fresh)
+        by_episode: dict[str, list[str]] = {e: [] for e in episode_ids}
+        for chunk in fresh:
+            by_episode[chunk.episode_id].append(chunk.id)
+        return [EpisodeChunkIds(id=e, chunk_ids=tuple(ids)) for e, ids in by_episode.items()]

@@ -7,32 +7,37 @@ Invariants:
   starves a channel; keyword search filters inside the store's query;
 - a linked item (a fact's source episode, an episode's extracted facts, a neighbouring turn) obeys the
   same window and only adds a share of its parent's fusion score, never more than the parent has;
-- zero LLM calls, and at most a fixed number of store round trips whatever the user's size: the graph
-  step (hydrate the fact hits, expand from the seeds) is one of them, and fact records come from the
-  per-user cache when the user's stamp has not moved (``reader.facts``).
+- zero LLM calls, and at most a fixed number of store round trips whatever the user's size: the keyword
+  search (started by the caller before it embedded the query), the graph step (hydrate the fact hits,
+  expand from the seeds), and chunk reads; fact records, chunks and each message's chunk list come from
+  the per-user caches when the user's stamp has not moved (``reader.facts``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from concurrent.futures import Future
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
+from operator import mul
 from typing import Literal
 
 import numpy as np
 
 from engram_api.models import Channel as ChannelName
-from engram_api.models import ChunkRecord, FactRecord, RecallItem, ScoreBreakdown, ScoreComponents, utcnow
+from engram_api.models import ChunkRecord, FactRecord, RecallItem, ScoreBreakdown, utcnow
 from engram_api.naming import self_entity_id
 from engram_api.reader.facts import UserChunks, UserFacts
 from engram_api.reader.recipe import RecallRecipe, RetrievalChannel
-from engram_api.reader.scoring import Weights, components
+from engram_api.reader.scoring import ComponentValues, Weights, components, model_of
 from engram_api.settings import Settings
-from engram_api.storage.base import GraphStepQuery, GraphStore
+from engram_api.storage.base import GraphStepQuery, GraphStore, KeywordHit
 from engram_api.storage.episodes import keyword_terms
-from engram_api.storage.vectors import UserIndex, VectorHit
+from engram_api.storage.vectors import Kind, UserIndex, VectorHit
 
-__all__ = ["TimeWindow", "recall_items"]
+__all__ = ["TimeWindow", "keyword_hits", "recall_items"]
 
 _SEED_MIN_SIM = 0.25
 _EPISODE_STRENGTH = 1.0  # episodes do not decay: what was said stays said
@@ -40,7 +45,7 @@ _EPISODE_IMPORTANCE = 0.5
 
 
 # (total, node id, candidate, components): the breakdown model is built for the k items returned only.
-_Row = tuple[float, str, "_Candidate", ScoreComponents]
+_Row = tuple[float, str, "_Candidate", ComponentValues]
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,22 +100,38 @@ class _Run:
     recipe: RecallRecipe
     window: TimeWindow
     graph_expansion: bool
+    keyword: Future[list[KeywordHit]] | None
     facts: dict[str, FactRecord] = field(default_factory=dict)
     chunks: dict[str, ChunkRecord] = field(default_factory=dict)
     sims: dict[str, float] = field(default_factory=dict)
     hops: dict[str, int] = field(default_factory=dict)
     cands: dict[str, _Candidate] = field(default_factory=dict)
+    timings: dict[str, float] = field(default_factory=dict)  # ms per part (``RecallResult.timings_ms``)
+
+    @contextmanager
+    def _timed(self, part: str) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.timings[part] = self.timings.get(part, 0.0) + (time.perf_counter() - start) * 1e3
+
+    def _search(self, k: int, kind: Kind) -> list[VectorHit]:
+        with self._timed("faiss"):
+            return self.index.search(self.qvec, k, kind=kind)
 
     # ----------------------------------------------------------------------------------- loading
     def _load_facts(self, ids: Iterable[str]) -> None:
         missing = [i for i in dict.fromkeys(ids) if i not in self.facts]
         if missing:
-            self.facts.update(self.user_facts.load(missing))
+            with self._timed("records"):
+                self.facts.update(self.user_facts.load(missing))
 
     def _load_chunks(self, ids: Iterable[str]) -> None:
         missing = [i for i in dict.fromkeys(ids) if i not in self.chunks]
         if missing:
-            self.chunks.update(self.user_chunks.load(missing))
+            with self._timed("records"):
+                self.chunks.update(self.user_chunks.load(missing))
 
     def _ok(self, node_id: str) -> bool:
         if node_id in self.facts:
@@ -122,12 +143,12 @@ class _Run:
         a window nothing needs checking, so the chunks are loaded later with the keyword hits."""
         total = self.index.count("episode")
         if not self.window.filtering:
-            hits = self.index.search(self.qvec, k, kind="episode")
+            hits = self._search(k, "episode")
             self.sims.update((h.node_id, h.score) for h in hits)
             return [h.node_id for h in hits]
         n = 4 * k
         while True:
-            hits = self.index.search(self.qvec, min(n, total), kind="episode")
+            hits = self._search(min(n, total), "episode")
             self.sims.update((h.node_id, h.score) for h in hits)
             self._load_chunks(h.node_id for h in hits)
             kept = [h.node_id for h in hits if self._ok(h.node_id)]
@@ -145,24 +166,15 @@ class _Run:
             )
             cand.add(channel, weight / (self.recipe.rrf_k + rank + 1))
 
-    def channels(self, query: str) -> None:
+    def channels(self) -> None:
         recipe, k = self.recipe, self.recipe.k
         fact_hits: list[VectorHit] = []
         if recipe.uses("fact_vector") or recipe.uses("graph"):
-            fact_hits = self.index.search(self.qvec, k.get("fact_vector", 30), kind="fact")
+            fact_hits = self._search(k.get("fact_vector", 30), "fact")
             self.sims.update((h.node_id, h.score) for h in fact_hits)
         episode_ids = self._episode_hits(k.get("episode_vector", 40)) if recipe.uses("episode_vector") else []
-        keyword = []
-        if recipe.uses("keyword"):
-            w = self.window
-            keyword = self.graph.keyword_search(
-                self.user_id,
-                keyword_terms(query),
-                k.get("keyword", 40),
-                as_of=w.as_of,
-                since=w.since,
-                until=w.until,
-            )
+        with self._timed("keyword"):  # what is left of it once the query is embedded
+            keyword = self.keyword.result() if self.keyword is not None else []
         # One round trip for every chunk, one for every fact (with those the top chunks were the source of)
         # and the graph expansion from them.
         self._load_chunks([*episode_ids, *(h.node_id for h in keyword if h.kind == "episode")])
@@ -193,7 +205,7 @@ class _Run:
         the facts the top chunks were the source of (those valid in the window)."""
         query = GraphStepQuery(fact_ids=fact_ids, now=utcnow())
         if fact_hits is not None:
-            entity_hits = self.index.search(self.qvec, 10, kind="entity")
+            entity_hits = self._search(10, "entity")
             top_facts = [h.node_id for h in fact_hits if h.score >= _SEED_MIN_SIM][:5]
             top_facts += [f for cid in episode_ids[:5] for f in self.chunks[cid].fact_ids]
             # The user's own node touches every fact: as a seed, or as a node paths pass through, it would
@@ -213,7 +225,8 @@ class _Run:
                     "avoid": [self_entity_id(self.user_id)],
                 }
             )
-        records, hops = self.user_facts.step(query)
+        with self._timed("graph"):
+            records, hops = self.user_facts.step(query)
         for fid, record in records.items():
             self.facts.setdefault(fid, record)
         self.hops.update(hops)
@@ -226,15 +239,15 @@ class _Run:
         top = sorted(self.cands.items(), key=lambda kv: -kv[1].fusion)[: recipe.links_from]
         sources = {fid: c.fact.source_ids for fid, c in top if c.fact is not None}
         extracted = {cid: c.chunk.fact_ids for cid, c in top if c.chunk is not None}
-        episode_chunks = self.graph.get_chunks(
-            self.user_id, episode_ids=sorted({e for ids in sources.values() for e in ids})
-        )
+        with self._timed("records"):
+            episode_chunks = self.user_chunks.of_episodes(sorted({e for ids in sources.values() for e in ids}))
         self.chunks.update((c.id, c) for c in episode_chunks)
         self._load_facts(f for ids in extracted.values() for f in ids)
         neighbours: dict[str, list[str]] = {}
         if recipe.window > 0 and extracted:
             anchors = list(extracted)
-            near = self.graph.neighbour_chunks(self.user_id, anchors, recipe.window)
+            with self._timed("records"):
+                near = self.graph.neighbour_chunks(self.user_id, anchors, recipe.window)
             self.chunks.update((c.id, c) for c in near)
             for cid in anchors:
                 anchor = self.chunks[cid]
@@ -265,9 +278,12 @@ class _Run:
     def items(self, weights: Weights, k: int) -> list[RecallItem]:
         now = self.window.as_of or utcnow()
         missing = [i for i in self.cands if i not in self.sims]
-        for node_id, vec in self.index.vectors_for(missing).items():
+        with self._timed("faiss"):
+            vectors = self.index.vectors_for(missing)
+        for node_id, vec in vectors.items():
             self.sims[node_id] = float(np.dot(vec, self.qvec))
         unit = 1.0 / (self.recipe.rrf_k + 1)
+        w = weights.values()
         rows: list[_Row] = []
         for node_id, cand in self.cands.items():
             fact, chunk = cand.fact, cand.chunk
@@ -280,12 +296,12 @@ class _Run:
                 now=now,
                 settings=self.settings,
             )
-            rows.append((weights.total(comp) + self.recipe.fusion * cand.fusion / unit, node_id, cand, comp))
+            rows.append((sum(map(mul, w, comp)) + self.recipe.fusion * cand.fusion / unit, node_id, cand, comp))
         rows.sort(key=lambda r: (-r[0], r[1]))
         if self.recipe.dedup:
             rows = _novel_first(rows)
         return [
-            self._item(node_id, cand, ScoreBreakdown(**comp.model_dump(), rrf=cand.fusion, total=total))
+            self._item(node_id, cand, ScoreBreakdown(**model_of(comp).model_dump(), rrf=cand.fusion, total=total))
             for total, node_id, cand, comp in rows[:k]
         ]
 
@@ -374,6 +390,20 @@ def _novel_first(rows: list[_Row]) -> list[_Row]:
     return novel + repeats
 
 
+def keyword_hits(
+    graph: GraphStore, user_id: str, query: str, recipe: RecallRecipe, window: TimeWindow
+) -> list[KeywordHit]:
+    """The keyword channel: BM25 over the user's chunks and fact statements inside the time window."""
+    return graph.keyword_search(
+        user_id,
+        keyword_terms(query),
+        recipe.k.get("keyword", 40),
+        as_of=window.as_of,
+        since=window.since,
+        until=window.until,
+    )
+
+
 def recall_items(
     *,
     graph: GraphStore,
@@ -383,13 +413,18 @@ def recall_items(
     index: UserIndex,
     qvec: np.ndarray,
     user_id: str,
-    query: str,
     k: int,
     recipe: RecallRecipe,
     weights: Weights,
     window: TimeWindow,
     graph_expansion: bool,
+    keyword: Future[list[KeywordHit]] | None,
+    timings: dict[str, float],
 ) -> list[RecallItem]:
+    """``keyword``: the keyword channel's hits (``keyword_hits``), started by the caller before it embedded
+    the query, so the store's full-text search runs while the encoder does; None without that channel.
+    Adds to ``timings`` the ms spent in FAISS (``faiss``), waiting for the keyword hits (``keyword``), in
+    the graph step (``graph``), reading other records (``records``) and the rest (``fusion``)."""
     run = _Run(
         graph=graph,
         user_facts=user_facts,
@@ -401,7 +436,12 @@ def recall_items(
         recipe=recipe,
         window=window,
         graph_expansion=graph_expansion,
+        keyword=keyword,
     )
-    run.channels(query)
+    start = time.perf_counter()
+    run.channels()
     run.links()
-    return run.items(weights, k)
+    items = run.items(weights, k)
+    spent = (time.perf_counter() - start) * 1e3
+    timings.update(run.timings, fusion=max(0.0, spent - sum(run.timings.values())))
+    return items

@@ -11,11 +11,13 @@ handed out are never mutated (``IndexKeeper`` swaps copies).
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import suppress
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal
@@ -45,7 +47,7 @@ from engram_api.models import (
 )
 from engram_api.reader.context import render_context, select_context
 from engram_api.reader.facts import ChunkCache, FactCache, UserChunks, UserFacts
-from engram_api.reader.fusion import TimeWindow, recall_items
+from engram_api.reader.fusion import TimeWindow, keyword_hits, recall_items
 from engram_api.reader.recipe import DEFAULT_RECIPE, RecallRecipe
 from engram_api.reader.scoring import Weights, effective_weights
 from engram_api.settings import Settings
@@ -65,6 +67,7 @@ _RECALL_LOG_TTL_S = 24 * 3600
 _WEIGHTS_TTL_S = 60.0
 _CONTEXT_CANDIDATES = 40
 _WEIGHTS_CACHE_USERS = 10_000
+_IO_THREADS = 4  # concurrent recalls' keyword searches in flight; more wait their turn
 _WRITE_WAIT_S = 30.0  # a caller's forget/feedback waits this long for a worker's write of the user
 
 
@@ -119,6 +122,8 @@ class Reader:
         self.cache = _Cache()
         self.facts = FactCache()
         self.chunks = ChunkCache()
+        self._io: tuple[int, ThreadPoolExecutor] | None = None
+        self._io_lock = threading.Lock()
         self._weights = _Cache(size=_WEIGHTS_CACHE_USERS)  # bounded: a reader may serve millions of users
         # Settings are frozen: the default recipe and its cache-key form are built once, not per recall.
         self._recipe = DEFAULT_RECIPE.model_copy(update={"window": settings.recall_window, "rrf_k": settings.rrf_k})
@@ -142,6 +147,19 @@ class Reader:
                 if stamp is not None:
                     return stamp
         return self.graph.user_stamp(user_id)
+
+    def _io_pool(self) -> ThreadPoolExecutor:
+        """Threads for the keyword channel's store query, which runs while the calling thread embeds the
+        query: it needs only the text, so the encoder (ONNX, one thread) and the store's full-text search
+        overlap. Made at first use and again in a forked child, whose copy has no threads behind it."""
+        held = self._io
+        if held is None or held[0] != os.getpid():
+            with self._io_lock:
+                held = self._io
+                if held is None or held[0] != os.getpid():
+                    pool = ThreadPoolExecutor(max_workers=_IO_THREADS, thread_name_prefix="engram-recall-io")
+                    self._io = held = (os.getpid(), pool)
+        return held[1]
 
     def weights_for(self, user_id: str) -> tuple[Weights, str]:
         """Learned per-user weights, else learned global ones, else the configured ones."""
@@ -193,12 +211,17 @@ class Reader:
         if hit is not None:
             return hit.model_copy(update={"cached": True, "timings_ms": {"cache": (time.perf_counter() - t0) * 1e3}})
 
+        window = TimeWindow(as_of=as_of, since=since, until=until)
+        keyword = (
+            self._io_pool().submit(keyword_hits, self.graph, user_id, query, recipe, window)
+            if recipe.uses("keyword")
+            else None
+        )
         qvec = self.embedder.encode_one(query)
         t1 = time.perf_counter()
         timings["embed"] = (t1 - t0) * 1e3
         index = self.keeper.current(user_id, version)
-        t2 = time.perf_counter()
-        timings["index"] = (t2 - t1) * 1e3
+        timings["index"] = (time.perf_counter() - t1) * 1e3
         weights, weights_source = self.weights_for(user_id)
         items = recall_items(
             graph=self.graph,
@@ -208,14 +231,14 @@ class Reader:
             index=index,
             qvec=qvec,
             user_id=user_id,
-            query=query,
             k=k,
             recipe=recipe,
             weights=weights,
-            window=TimeWindow(as_of=as_of, since=since, until=until),
+            window=window,
             graph_expansion=graph_expansion,
+            keyword=keyword,
+            timings=timings,
         )
-        timings["fusion"] = (time.perf_counter() - t2) * 1e3
         recall_id = uuid.uuid4().hex
         result = RecallResult(
             recall_id=recall_id,

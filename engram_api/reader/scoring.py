@@ -12,11 +12,11 @@ import math
 from datetime import datetime
 from typing import Literal
 
-from engram_api.models import GLOBAL_SCOPE, ScoreComponents, Weights
+from engram_api.models import GLOBAL_SCOPE, SCORE_COMPONENTS, ScoreComponents, Weights
 from engram_api.settings import Settings
 from engram_api.storage.base import GraphStore
 
-__all__ = ["WeightSource", "Weights", "components", "effective_weights"]
+__all__ = ["ComponentValues", "WeightSource", "Weights", "components", "effective_weights", "model_of"]
 
 
 WeightSource = Literal["configured", "learned:user", "learned:global"]
@@ -33,6 +33,11 @@ def effective_weights(graph: GraphStore, settings: Settings, user_id: str) -> tu
     return Weights.from_settings(settings), "configured"
 
 
+# One candidate's components in ``SCORE_COMPONENTS`` order: a recall scores ~100 candidates and builds
+# the ``ScoreComponents`` model only for the k it returns.
+ComponentValues = tuple[float, float, float, float, float]
+
+
 def components(
     *,
     similarity: float,
@@ -42,12 +47,17 @@ def components(
     valid_from: datetime,
     now: datetime,
     settings: Settings,
-) -> ScoreComponents:
+) -> ComponentValues:
+    """similarity, graph, strength, recency, importance (``SCORE_COMPONENTS``)."""
     age_days = max(0.0, (now - valid_from).total_seconds() / 86400)
-    return ScoreComponents(
-        similarity=max(0.0, similarity),
-        graph=0.0 if hops is None else settings.hop_decay**hops,
-        strength=strength,
-        recency=math.pow(2.0, -age_days / settings.recency_half_life_days),
-        importance=importance,
+    return (
+        max(0.0, similarity),
+        0.0 if hops is None else settings.hop_decay**hops,
+        strength,
+        math.pow(2.0, -age_days / settings.recency_half_life_days),
+        importance,
     )
+
+
+def model_of(values: ComponentValues) -> ScoreComponents:
+    return ScoreComponents(**dict(zip(SCORE_COMPONENTS, values, strict=True)))

@@ -291,3 +291,36 @@ def test_recall_serves_chunks_from_its_cache_only_at_the_users_current_stamp(mem
         assert "aurora" not in {s for i in after for s in i.source_ids}
     finally:
         del memory.graph.get_chunks
+
+
+def test_a_facts_source_excerpt_comes_from_the_cache_at_the_same_stamp_and_never_after_a_forget(
+    memory: Memory,
+) -> None:
+    user = new_user()
+    _chatter(memory, user)
+    memory.say(user, "home", "I live in Lisbon, by the river.", at(20), lives_in("Lisbon"))
+    by_episode: list[list[str]] = []
+    real = memory.graph.get_chunks
+
+    def counting(user_id: str, chunk_ids: Any = (), *, episode_ids: Any = ()) -> Any:
+        by_episode.append(list(episode_ids))
+        return real(user_id, chunk_ids, episode_ids=episode_ids)
+
+    memory.graph.get_chunks = counting  # type: ignore[method-assign]  # the real store, its reads counted
+    try:
+        cold = memory.reader.recall(user, "which city does the user live in", k=20).items
+        fact = next(i for i in cold if i.kind == "fact")
+        assert fact.source_ids == ["home"]
+        # The excerpt the fact came from ranks behind items that bring new messages (dedup), so k is wide.
+        excerpt = next(i for i in cold if i.kind == "episode" and i.source_ids == ["home"])
+        assert any("home" in ids for ids in by_episode), "the source episode's chunks are read once"
+        by_episode.clear()
+        warm = memory.reader.recall(user, "where is the user's home city", k=20).items
+        assert excerpt.id in {i.id for i in warm}
+        assert all("home" not in ids for ids in by_episode)  # the episode's chunk list came from the cache
+
+        memory.reader.forget(user, "home")
+        after = memory.reader.recall(user, "where is the user's home city", k=20).items
+        assert "home" not in {s for i in after for s in i.source_ids}
+    finally:
+        del memory.graph.get_chunks
