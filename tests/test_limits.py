@@ -22,7 +22,7 @@ from engram_api.models import Extraction, utcnow
 from engram_api.naming import normalize_name
 from engram_api.redaction import RedactingFilter
 from engram_api.settings import EXAMPLE_PASSWORDS, Settings, load_settings
-from engram_api.storage import GraphStepQuery, open_graph_store
+from engram_api.storage import GraphStepQuery, neo4j_store, open_graph_store
 from engram_api.storage.indexes import IndexKeeper
 from engram_api.storage.userwrite import UserWrites
 from engram_api.storage.vectors import VectorStore
@@ -204,6 +204,30 @@ def test_a_runaway_graph_expansion_on_neo4j_ends_at_the_transaction_timeout(neo4
         graph.forget_user(user)
         graph.close()
         hasty.close()
+
+
+def test_neo4j_reads_retry_through_a_restart_and_fail_typed_while_it_is_down(
+    neo4j_server, monkeypatch, tmp_path
+) -> None:
+    # Single-query reads are auto-commit transactions with a retry of our own (the managed retry's job): the
+    # pooled connections die with the server, and the first reads after it is back must still answer.
+    monkeypatch.setattr(neo4j_store, "MAX_RETRY_TIME_S", 2.0)  # the down part retries for 2 s, not 10
+    graph = open_graph_store(Settings(neo4j_uri=neo4j_server.uri, data_dir=tmp_path))
+    user = new_user()
+    try:
+        graph.ensure_schema()
+        (fact,) = UserGraph(graph, user).say([("Ann", "KNOWS", "Bob", "Ann knows Bob")])
+        stamp = graph.user_stamp(user)
+        neo4j_server.stop()
+        with pytest.raises(StoreUnavailableError):
+            graph.user_stamp(user)
+        neo4j_server.start()
+        assert graph.user_stamp(user) == stamp
+        assert [f.id for f in graph.get_facts(user, [fact.id])] == [fact.id]
+        assert [h.node_id for h in graph.keyword_search(user, ["ann"], 5)] == [fact.id]
+    finally:
+        graph.forget_user(user)
+        graph.close()
 
 
 def test_index_file_locks_are_a_fixed_set_and_one_per_user(tmp_path) -> None:
