@@ -29,14 +29,22 @@ __all__ = [
 
 # Stage writes check the message's tombstone in the same script (see engram_api.erasure): a stage that
 # was running when the message was forgotten writes nothing back.
-# A finished message also leaves its user's backlog (keys.pending).
-# KEYS: tombstone, status, extraction, pending. ARGV: ttl, extraction json ('' = none), finished ('1'/'0'),
-# message id, field, value, ...
+# A stored extraction makes the message ready to apply (keys.ready, scored by event time); a finished
+# message leaves its user's backlog (keys.pending) and the ready set.
+# KEYS: tombstone, status, extraction, pending, ready. ARGV: ttl, extraction json ('' = none), event time,
+# finished ('1'/'0'), message id, field, value, ...
 _STAGE_WRITE = """
 if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
-if ARGV[2] ~= '' then redis.call('SET', KEYS[3], ARGV[2], 'EX', ARGV[1]) end
-if ARGV[3] == '1' then redis.call('ZREM', KEYS[4], ARGV[4]) end
-redis.call('HSET', KEYS[2], unpack(ARGV, 5))
+if ARGV[2] ~= '' then
+  redis.call('SET', KEYS[3], ARGV[2], 'EX', ARGV[1])
+  redis.call('ZADD', KEYS[5], ARGV[3], ARGV[5])
+  redis.call('EXPIRE', KEYS[5], ARGV[1])
+end
+if ARGV[4] == '1' then
+  redis.call('ZREM', KEYS[4], ARGV[5])
+  redis.call('ZREM', KEYS[5], ARGV[5])
+end
+redis.call('HSET', KEYS[2], unpack(ARGV, 6))
 redis.call('EXPIRE', KEYS[2], ARGV[1])
 return 1
 """
@@ -90,9 +98,11 @@ def set_state(
     state: MessageState,
     *,
     extraction: str = "",
+    event_time: float = 0.0,
     **fields: str,
 ) -> bool:
-    """Record the state (and store ``extraction`` JSON if given); False if the message was forgotten."""
+    """Record the state (and store ``extraction`` JSON if given, which files the message as ready to apply
+    at ``event_time``, epoch seconds); False if the message was forgotten."""
     mapping = {"state": state.value, f"{state.value}_at": str(time.time()), **fields}
     script = ctx.redis.register_script(_STAGE_WRITE)
     finished = "1" if state in (MessageState.APPLIED, MessageState.DEAD) else "0"
@@ -102,9 +112,11 @@ def set_state(
             keys.status(user_id, message_id),
             keys.extraction(user_id, message_id),
             keys.pending(user_id),
+            keys.ready(user_id),
         ],
         args=[
-            ctx.settings.status_ttl_s, extraction, finished, message_id, *(x for pair in mapping.items() for x in pair)
+            ctx.settings.status_ttl_s, extraction, repr(event_time), finished, message_id,
+            *(x for pair in mapping.items() for x in pair),
         ],
     )  # fmt: skip
     return bool(written)
