@@ -166,7 +166,7 @@ def apply_batch(ctx: WorkerContext, write: UserWrite, trigger: Member, claim: Cl
             progress.done.append(mid)
         if is_trigger:
             progress.trigger_result = StageResult(StageOutcome.APPLIED, summary(outcome, planned.plan))
-    return _finish(ctx, write, trigger, members, progress)
+    return _finish(ctx, write, len(members), progress)
 
 
 def _hooks_ran(
@@ -186,9 +186,8 @@ def _hooks_ran(
     return True
 
 
-def _finish(
-    ctx: WorkerContext, write: UserWrite, trigger: Member, members: list[Member], progress: _Progress
-) -> StageResult:
+def _finish(ctx: WorkerContext, write: UserWrite, size: int, progress: _Progress) -> StageResult:
+    """One finish for every member that committed, then each one's status; the trigger's result or error."""
     user_id = write.user_id
     if progress.done or progress.upserts:
         stamp = write.finish(upserts=progress.upserts)
@@ -200,6 +199,6 @@ def _finish(
         # A store outage stopped the batch before the trigger's turn: the trigger's own retry path.
         raise StoreUnavailableError("the graph store failed earlier in this apply batch")
     detail = progress.trigger_result.detail
-    if len(members) > 1:
-        detail += f"; batch of {len(progress.done)}/{len(members)}"
+    if size > 1:
+        detail += f"; batch of {len(progress.done)}/{size}"
     return StageResult(StageOutcome.APPLIED, detail)
