@@ -258,3 +258,39 @@ def test_a_forgotten_member_is_never_applied_by_a_batch(stack: Stack) -> None:
         assert stack.client.redis.exists(keys.status(user, mid)) == 0
         assert run_apply(ctx, user, mid).outcome is StageOutcome.FORGOTTEN
     memory(stack, user)
+
+
+class Hooks(Middleware):
+    """Records the stage hooks the batch runs for its members; ``before_stage`` raises for ``refuse``."""
+
+    def __init__(self, refuse: str) -> None:
+        self.refuse = refuse
+        self.calls: list[tuple[str, str]] = []
+
+    def before_stage(self, stage: str, user_id: str, message_id: str) -> None:
+        self.calls.append(("before", message_id))
+        if message_id == self.refuse:
+            raise RuntimeError("injected before_stage failure")
+
+    def after_stage(self, stage: str, user_id: str, message_id: str, outcome: Any, seconds: float) -> None:
+        self.calls.append((f"after:{outcome.outcome.value}", message_id))
+
+
+def test_members_pass_their_own_stage_hooks_and_a_member_that_killed_a_worker_is_not_batched(stack: Stack) -> None:
+    user = f"bh_{uuid.uuid4().hex[:8]}"
+    ctx, _ = process(stack, 8)
+    mids = queue(ctx, stack, user)
+    hooks = Hooks(refuse="m3")
+    ctx.__dict__["middleware"] = [hooks]
+    stack.client.redis.set(keys.deliveries(user, "m5", "apply"), 1)  # an earlier start of m5 never finished
+    assert run_apply(ctx, user, "m0").outcome is StageOutcome.APPLIED  # the trigger's hooks are its task's
+    batched = ["m1", "m2", "m4"]
+    assert hooks.calls == [
+        ("before", "m1"), ("before", "m2"), ("before", "m3"), ("before", "m4"),
+        *(("after:applied", mid) for mid in batched),
+    ]  # fmt: skip
+    graph = stack.client.graph
+    assert [mid for mid in mids if graph.is_applied(user, mid)] == ["m0", *batched]
+    for mid in batched:  # their deliveries finished: nothing counts against them
+        assert stack.client.redis.get(keys.deliveries(user, mid, "apply")) == "0"
+    assert stack.client.redis.get(keys.deliveries(user, "m5", "apply")) == "1"

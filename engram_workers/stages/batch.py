@@ -18,6 +18,10 @@ Invariants:
 - A member that raises is skipped and left to its own task (its normal retry and dead-letter path); the
   others go on, and what committed is finished. The triggering message keeps its own error semantics: its
   exception is raised after the rest is finished. A store outage stops the batch (the rest would fail too).
+- A member is processed as its own task would: its delivery counted (``stages.common.deliveries``: a batch
+  that dies on it counts as one of its deaths, and a member that ever died is left to its own task, so
+  poison is bounded as before), between its ``before_stage`` and ``after_stage`` hooks. Its own task,
+  arriving later, finds it APPLIED and answers ALREADY.
 - A member is checked for its tombstone right before it is planned, so a message forgotten before then is
   never applied by a batch; one forgotten after its commit is removed by ``forget``, which waits for this
   lease (the same window as a single apply).
@@ -26,8 +30,9 @@ Invariants:
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from pydantic import ValidationError
 
@@ -35,12 +40,12 @@ from engram_api import keys
 from engram_api.errors import StaleWriteError, StoreUnavailableError
 from engram_api.models import ApplyOutcome, Envelope, MessageState, StageOutcome, StageResult, WritePlan
 from engram_api.storage.userwrite import UserWrite
-from engram_api.storage.vectors import Kind
+from engram_api.storage.vectors import Kind, UserIndex
 from engram_workers.consolidation import message_texts, plan_message
 from engram_workers.context import WorkerContext
 from engram_workers.handover import HandOver
 from engram_workers.resolution import Vectors
-from engram_workers.stages.common import is_forgotten, set_state
+from engram_workers.stages.common import deliveries, is_forgotten, set_state
 
 __all__ = ["Claim", "Member", "apply_batch", "mark_applied", "summary"]
 
@@ -116,13 +121,80 @@ def _load(ctx: WorkerContext, user_id: str, message_ids: list[str]) -> list[Memb
 
 @dataclass
 class _Progress:
-    """What the batch wrote so far: the members whose transaction committed (or found it committed), the
-    index upserts of those that applied, and the trigger's outcome or error."""
+    """What the batch wrote so far: the members whose transaction committed (or found it committed) with
+    their results and seconds, the index upserts of those that applied, and the trigger's outcome or error."""
 
-    done: list[str]
-    upserts: list[tuple[str, Kind, Sequence[float]]]
-    trigger_result: StageResult | None = None
+    done: dict[str, tuple[StageResult, float]] = field(default_factory=dict)
+    upserts: list[tuple[str, Kind, Sequence[float]]] = field(default_factory=list)
     trigger_error: Exception | None = None
+    stopped: bool = False  # a store outage: nothing more is planned
+
+
+@dataclass
+class _Run:
+    """One batch under one lease: the encoded texts and the batch's own copy of the index."""
+
+    ctx: WorkerContext
+    write: UserWrite
+    vectors: Vectors
+    index: UserIndex
+    progress: _Progress
+    copied: bool = False
+
+    def apply(self, member: Member, *, is_trigger: bool) -> None:
+        """Plan ``member`` against the graph and index as they are now, commit it, run ``after_write``."""
+        ctx, mid, started = self.ctx, member.message_id, time.perf_counter()
+        try:
+            planned = plan_message(
+                envelope=member.envelope, extraction=member.handed.extraction, usage=member.handed.usage,
+                graph=ctx.graph, embedder=ctx.embedder, index=self.index, vectors=self.vectors,
+            )  # fmt: skip
+            outcome = ctx.graph.apply(planned.plan)
+        except StaleWriteError:
+            raise  # another writer moved the user: the whole batch is planned again from fresh reads
+        except Exception as exc:
+            self._failed(mid, exc, is_trigger)
+            self.progress.stopped = isinstance(exc, StoreUnavailableError)
+            return
+        if outcome.applied:
+            # The next member must see this one's vectors. The keeper's cached index is shared with readers
+            # and never mutated: the batch changes its own copy (the base is shared, the overlay cloned once).
+            if not self.copied:
+                self.index, self.copied = self.index.copy(), True
+            self.index.upsert(planned.upserts)
+            self.progress.upserts.extend(planned.upserts)
+        try:
+            for m in ctx.middleware:
+                m.after_write(self.write.user_id, mid, outcome)
+        except Exception as exc:  # as in a single apply: committed, its status left to a retry (own task)
+            self._failed(mid, exc, is_trigger)
+            return
+        result = StageResult(StageOutcome.APPLIED, summary(outcome, planned.plan))
+        self.progress.done[mid] = (result, time.perf_counter() - started)
+
+    def _failed(self, mid: str, exc: Exception, is_trigger: bool) -> None:
+        if is_trigger:
+            self.progress.trigger_error = exc
+        else:
+            log.warning("apply batch: %s left to its own task (%s)", mid, type(exc).__name__)
+
+    def member(self, member: Member) -> None:
+        """A member other than the trigger, as its own task would take it: counted as a delivery (a batch
+        that dies on it leaves the count up, so a message that kills workers is dead-lettered all the same,
+        and never batched again), tombstone checked first, between its own ``before_stage`` and ``after_stage``."""
+        ctx, user_id, mid = self.ctx, self.write.user_id, member.message_id
+        if is_forgotten(ctx, user_id, mid):
+            return
+        with deliveries(ctx, user_id, mid, "apply") as crashed:
+            if crashed:
+                return
+            try:
+                for m in ctx.middleware:
+                    m.before_stage("apply", user_id, mid)
+            except Exception as exc:
+                self._failed(mid, exc, is_trigger=False)
+                return
+            self.apply(member, is_trigger=False)
 
 
 def apply_batch(ctx: WorkerContext, write: UserWrite, trigger: Member, claim: Claim) -> StageResult:
@@ -133,72 +205,39 @@ def apply_batch(ctx: WorkerContext, write: UserWrite, trigger: Member, claim: Cl
     members = sorted([trigger, *others], key=lambda m: (m.envelope.timestamp, m.message_id))
     texts = [t for m in members for t in message_texts(m.envelope, m.handed.extraction)]
     vectors = Vectors(ctx.embedder, texts, [m.handed.vectors for m in members])
-    index, copied = write.index(), False
-    progress = _Progress(done=[], upserts=[])
+    run = _Run(ctx=ctx, write=write, vectors=vectors, index=write.index(), progress=_Progress())
     for member in members:
-        mid, is_trigger = member.message_id, member is trigger
-        if not is_trigger and is_forgotten(ctx, user_id, mid):
-            continue
-        try:
-            planned = plan_message(
-                envelope=member.envelope, extraction=member.handed.extraction, usage=member.handed.usage,
-                graph=ctx.graph, embedder=ctx.embedder, index=index, vectors=vectors,
-            )  # fmt: skip
-            outcome = ctx.graph.apply(planned.plan)
-        except StaleWriteError:
-            raise  # another writer moved the user: the whole batch is planned again from fresh reads
-        except Exception as exc:
-            if is_trigger:
-                progress.trigger_error = exc
-            else:
-                log.warning("apply batch: %s left to its own task (%s)", mid, type(exc).__name__)
-            if isinstance(exc, StoreUnavailableError):
-                break
-            continue
-        if outcome.applied:
-            # The next member must see this one's vectors. The keeper's cached index is shared with readers
-            # and never mutated: the batch changes its own copy (the base is shared, the overlay cloned once).
-            if not copied:
-                index, copied = index.copy(), True
-            index.upsert(planned.upserts)
-            progress.upserts.extend(planned.upserts)
-        if _hooks_ran(ctx, user_id, mid, outcome, progress, is_trigger):
-            progress.done.append(mid)
-        if is_trigger:
-            progress.trigger_result = StageResult(StageOutcome.APPLIED, summary(outcome, planned.plan))
-    return _finish(ctx, write, len(members), progress)
-
-
-def _hooks_ran(
-    ctx: WorkerContext, user_id: str, mid: str, outcome: ApplyOutcome, progress: _Progress, is_trigger: bool
-) -> bool:
-    """``after_write`` for a committed member. A hook that raises fails that message like in a single
-    apply: its status is left to its own task (which finds it applied), the trigger's error is raised."""
-    try:
-        for m in ctx.middleware:
-            m.after_write(user_id, mid, outcome)
-    except Exception as exc:
-        if is_trigger:
-            progress.trigger_error = exc
+        if run.progress.stopped:
+            break
+        if member is trigger:
+            run.apply(member, is_trigger=True)
         else:
-            log.warning("apply batch: %s after_write failed, left to its own task (%s)", mid, type(exc).__name__)
-        return False
-    return True
+            run.member(member)
+    return _finish(ctx, write, trigger.message_id, len(members), run.progress)
 
 
-def _finish(ctx: WorkerContext, write: UserWrite, size: int, progress: _Progress) -> StageResult:
-    """One finish for every member that committed, then each one's status; the trigger's result or error."""
+def _finish(ctx: WorkerContext, write: UserWrite, trigger: str, size: int, progress: _Progress) -> StageResult:
+    """One finish for every member that committed, then each one's status and the other members'
+    ``after_stage`` (the trigger's runs in its task); the trigger's result or error."""
     user_id = write.user_id
     if progress.done or progress.upserts:
         stamp = write.finish(upserts=progress.upserts)
         for mid in progress.done:
             mark_applied(ctx, user_id, mid, stamp.version)
+    for mid, (result, seconds) in progress.done.items():
+        if mid == trigger:
+            continue
+        try:
+            for m in ctx.middleware:
+                m.after_stage("apply", user_id, mid, result, seconds)
+        except Exception as exc:  # its own task runs after_stage again, where the error takes its normal path
+            log.warning("apply batch: after_stage of %s failed (%s)", mid, type(exc).__name__)
     if progress.trigger_error is not None:
         raise progress.trigger_error
-    if progress.trigger_result is None:
+    if trigger not in progress.done:
         # A store outage stopped the batch before the trigger's turn: the trigger's own retry path.
         raise StoreUnavailableError("the graph store failed earlier in this apply batch")
-    detail = progress.trigger_result.detail
+    detail = progress.done[trigger][0].detail
     if size > 1:
         detail += f"; batch of {len(progress.done)}/{size}"
     return StageResult(StageOutcome.APPLIED, detail)
