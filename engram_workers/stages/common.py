@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 
 import redis
@@ -21,6 +21,7 @@ __all__ = [
     "dead_letter",
     "deliveries",
     "envelope_or_none",
+    "hooked",
     "is_forgotten",
     "keep_alive",
     "load_envelope",
@@ -185,3 +186,18 @@ def dead_letter(
         note = f"\non_dead_letter hook failed: {type(exc).__name__}: {exc}"[:500]
         ctx.dead_letters.put(letter.model_copy(update={"reason": letter.reason + note}))
     return StageResult(StageOutcome.DEAD_LETTERED, redact(reason, ctx.settings.secrets).splitlines()[0][:200])
+
+
+def hooked(
+    ctx: WorkerContext, stage: str, fn: Callable[[WorkerContext, str, str], StageResult], user_id: str, message_id: str
+) -> StageResult:
+    """The stage between its middleware hooks, as a task runs it. In a worker everything here runs inside
+    ``tasks._attempt``'s handlers: a hook that raises (or cannot even be loaded) fails the stage exactly like
+    the stage's own error would."""
+    started = time.perf_counter()
+    for m in ctx.middleware:
+        m.before_stage(stage, user_id, message_id)
+    outcome = fn(ctx, user_id, message_id)
+    for m in ctx.middleware:
+        m.after_stage(stage, user_id, message_id, outcome, time.perf_counter() - started)
+    return outcome
