@@ -1,13 +1,13 @@
 """Apply micro-batching: in-process apply CPU per message with ``apply_batch=1`` vs ``apply_batch=8``.
 
-A backlog of N messages of an existing user is left ready to apply (``bench_ingest.ready_to_apply``: payload and
-extraction as the producer and extract leave them, the slim-context vectors carried), then every message's
-apply task runs in this process in arrival order (``run_apply``): with batching the first task applies up
-to 8 and the others' tasks find their message applied (their cost is counted too, as in the fleet).
-Measured: this process's CPU seconds (``time.process_time``: the apply code, the encoder, the drivers;
-not the Neo4j server's) divided by N. The two settings alternate round by round on fresh users of the
-same messages, after an untimed warm-up of each, so drift in the shared machine's load hits both alike;
-the figure is the ratio of the medians.
+A backlog of N messages of an existing user is left ready to apply (``bench_ingest.ready_to_apply``:
+payload and extraction as the producer and extract leave them, the slim-context vectors carried), then
+every message's apply task runs in this process in arrival order (``run_apply`` between the built-in
+stage hooks, as in a worker): with batching the first task applies up to 8 and the others' tasks find
+their message applied (their cost is counted too, as in the fleet). Measured: this process's CPU seconds
+(``time.process_time``: the apply code, the encoder, the drivers; not the Neo4j server's) divided by N.
+The two settings alternate round by round on fresh users of the same messages, after an untimed warm-up
+of each, so drift in the shared machine's load hits both alike; the figure is the ratio of the medians.
 """
 
 from __future__ import annotations
@@ -28,13 +28,14 @@ def _round(stack: Any, extractor: Any, worker: Any, uid: str, n: int) -> tuple[f
     first message, applied alone (an existing user: extract's slim context carries the chunk vectors, as
     in the fleet), and the backlog's preparation."""
     from engram_workers.stages.apply import run_apply
+    from engram_workers.stages.common import hooked
 
     first, *backlog = messages("apply-batch", n + 1)
     run_apply(worker, uid, ready_to_apply(stack, extractor, uid, first))
     mids = [ready_to_apply(stack, extractor, uid, m) for m in backlog]
     cpu, wall = time.process_time(), time.perf_counter()
-    for mid in mids:
-        run_apply(worker, uid, mid)
+    for mid in mids:  # each task between the stage hooks, as a worker runs it (batch members pass them too)
+        hooked(worker, "apply", run_apply, uid, mid)
     return time.process_time() - cpu, time.perf_counter() - wall
 
 
@@ -49,7 +50,11 @@ def run(ctx: BenchContext) -> BenchResult:
     )
     with ctx.stack("apply-batch", llm=False) as stack:
         extractor = WorkerContext(settings=stack.settings)
-        workers = {b: WorkerContext(settings=stack.settings.model_copy(update={"apply_batch": b})) for b in _SETTINGS}
+        # The built-in middleware (logging, metrics): the stack's StageTimer is for worker processes.
+        workers = {
+            b: WorkerContext(settings=stack.settings.model_copy(update={"apply_batch": b, "middleware": ""}))
+            for b in _SETTINGS
+        }
         for b, worker in workers.items():
             _round(stack, extractor, worker, ctx.uid(f"warm-b{b}"), 8)  # model, drivers, FAISS: not per message
         for r in range(rounds):
