@@ -294,3 +294,18 @@ def test_members_pass_their_own_stage_hooks_and_a_member_that_killed_a_worker_is
     for mid in batched:  # their deliveries finished: nothing counts against them
         assert stack.client.redis.get(keys.deliveries(user, mid, "apply")) == "0"
     assert stack.client.redis.get(keys.deliveries(user, "m5", "apply")) == "1"
+
+
+def test_the_ready_set_drops_dead_lettered_and_forgotten_users_messages(stack: Stack) -> None:
+    from engram_api.models import DeadLetter
+
+    user = f"br_{uuid.uuid4().hex[:8]}"
+    ctx, _ = process(stack, 8)
+    mids = queue(ctx, stack, user)
+    ready = keys.ready(user)
+    assert ctx.dead_letters.put(DeadLetter(user_id=user, message_id="m3", stage="apply", reason="test", attempts=1))
+    assert stack.client.redis.zscore(ready, "m3") is None and stack.client.redis.zcard(ready) == len(mids) - 1
+    stack.client.forget_user(user)
+    assert stack.client.redis.exists(ready) == 0
+    assert run_apply(ctx, user, "m0").outcome is StageOutcome.FORGOTTEN
+    assert not any(stack.client.graph.is_applied(user, mid) for mid in mids)
