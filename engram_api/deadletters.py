@@ -22,11 +22,12 @@ from engram_api.redaction import redact
 
 __all__ = ["DeadLetterStore"]
 
-# KEYS: tombstone, dead-letter hash, status, payload, extraction, pending. ARGV: field, letter json, reason,
+# KEYS: tombstone, dead-letter hash, status, payload, extraction, pending, ready. ARGV: field, letter json, reason,
 # status ttl, message id.
 _PUT = f"""
 if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
 redis.call('ZREM', KEYS[6], ARGV[5])
+redis.call('ZREM', KEYS[7], ARGV[5])
 redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
 redis.call('HSET', KEYS[3], 'state', '{MessageState.DEAD.value}', 'reason', ARGV[3])
 redis.call('EXPIRE', KEYS[3], ARGV[4])
@@ -59,6 +60,7 @@ class DeadLetterStore:
                 keys.message_payload(uid, mid),
                 keys.extraction(uid, mid),
                 keys.pending(uid),
+                keys.ready(uid),
             ],
             args=[
                 keys.dead_letter_field(uid, mid),

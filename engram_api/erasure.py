@@ -38,6 +38,7 @@ def erase_message(client: redis.Redis, user_id: str, message_id: str, *, tombsto
     pipe.delete(*_message_keys(user_id, message_id))
     pipe.hdel(keys.dead_letters(), keys.dead_letter_field(user_id, message_id))
     pipe.zrem(keys.pending(user_id), message_id)
+    pipe.zrem(keys.ready(user_id), message_id)
     pipe.execute()
 
 

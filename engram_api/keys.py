@@ -99,6 +99,14 @@ def pending(user_id: str) -> str:
     return f"{PREFIX}:pending:{user_id}"
 
 
+def ready(user_id: str) -> str:
+    """Sorted set message id -> event time (epoch seconds) of the user's messages whose extraction is stored
+    and not yet applied: what an apply lease holder drains in one batch. Added with the extraction (same
+    script, tombstone checked), removed when the message is applied, dead-lettered, forgotten or claimed
+    by a batch; every member still has its own apply task, so the set is a hint, never the only record."""
+    return f"{PREFIX}:ready:{user_id}"
+
+
 def user_version(user_id: str) -> str:
     """The per-user stamp ("epoch:version") writers publish; readers compare it with their cache and index."""
     return f"{PREFIX}:version:{user_id}"
@@ -117,6 +125,7 @@ def user_keys_pattern(user_id: str) -> list[str]:
         *(f"{PREFIX}:deliveries:{stage}:{user_id}:*" for stage in STAGES),
         f"{PREFIX}:recall:{user_id}:*",
         pending(user_id),
+        ready(user_id),
     ]
 
 

@@ -122,6 +122,9 @@ class Settings(BaseSettings):
     apply_lock_ttl_s: int = Field(
         30, ge=5, description="per-user write lease, renewed while held (frees when a holder dies)"
     )
+    apply_batch: int = Field(
+        8, ge=1, le=64, description="messages of one user the apply lease holder applies in one go (1: one per task)"
+    )
     status_ttl_s: int = Field(7 * 24 * 3600, ge=60, description="how long message status and payloads are kept")
     poison_max_deliveries: int = Field(5, ge=1, description="deliveries before a crashing message is dead")
     dead_letter_retention_days: float = Field(

@@ -57,11 +57,16 @@ from engram_workers.extraction.prompt import speaker_transcript
 from engram_workers.handover import CarriedVectors
 from engram_workers.resolution import Resolver, Vectors, hashed_id
 
-__all__ = ["Planned", "plan_message"]
+__all__ = ["Planned", "message_texts", "plan_message"]
 
 FACT_DUPLICATE = 0.93
 # How far past the message's event time a model's date may lie (time zones, "tonight"); beyond, it is a plan.
 DATE_SKEW = timedelta(days=1)
+
+
+def message_texts(envelope: Envelope, extraction: Extraction) -> list[str]:
+    """Every text planning this message embeds (names, statements, its chunks): one encoder batch's worth."""
+    return [*_texts(extraction), *(c.indexed_text for c in chunk_envelope(envelope))]
 
 
 def _texts(extraction: Extraction) -> list[str]:
@@ -242,10 +247,14 @@ def plan_message(
     embedder: Embedder,
     index: UserIndex,
     carried: CarriedVectors | None = None,
+    vectors: Vectors | None = None,
 ) -> Planned:
+    """``vectors``: texts already encoded for a batch of messages (``message_texts`` of each); without it,
+    this message's texts are encoded in one batch here (``carried`` ones excepted)."""
     uid, mid = envelope.user_id, envelope.message_id
     chunks = chunk_envelope(envelope)
-    vectors = Vectors(embedder, [*_texts(extraction), *(c.indexed_text for c in chunks)], carried)
+    if vectors is None:
+        vectors = Vectors(embedder, message_texts(envelope, extraction), [carried])
     for chunk in chunks:
         chunk.embedding = vectors(chunk.indexed_text).tolist()
     resolver = Resolver(

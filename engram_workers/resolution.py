@@ -43,14 +43,18 @@ def hashed_id(prefix: str, *parts: str) -> str:
 
 
 class Vectors:
-    """Every text a message may need embedded, encoded in ONE batch (a model call has a fixed cost
-    that dominated the apply stage when paid per name); anything unforeseen is encoded on demand.
-    Texts the extract stage already encoded (``carried``, when its model is ours) are not encoded again."""
+    """Every text a message (or an apply batch of messages) may need embedded, encoded in ONE batch (a model
+    call has a fixed cost that dominated the apply stage when paid per name); anything unforeseen is encoded
+    on demand. Texts the extract stage already encoded (``carried``, when its model is ours) are not encoded
+    again."""
 
-    def __init__(self, embedder: Embedder, texts: Sequence[str], carried: CarriedVectors | None = None) -> None:
+    def __init__(self, embedder: Embedder, texts: Sequence[str], carried: Sequence[CarriedVectors | None] = ()) -> None:
         self.embedder = embedder
         unique = list(dict.fromkeys(t for t in texts if t))
-        self._known = carried.for_texts(embedder, unique) if carried is not None else {}
+        self._known: dict[str, np.ndarray] = {}
+        for handed in carried:
+            if handed is not None:
+                self._known.update(handed.for_texts(embedder, unique))
         missing = [t for t in unique if t not in self._known]
         if missing:
             self._known.update(zip(missing, embedder.encode(missing), strict=True))

@@ -5,7 +5,6 @@ Task arguments are ids only (user id, message id): message text never appears in
 
 from __future__ import annotations
 
-import time
 import traceback
 from collections.abc import Callable
 from contextlib import AbstractContextManager
@@ -23,7 +22,7 @@ from engram_workers.app import app
 from engram_workers.context import WorkerContext, get_context
 from engram_workers.stages import RetryLater
 from engram_workers.stages.apply import run_apply
-from engram_workers.stages.common import dead_letter, deliveries, envelope_or_none, keep_alive
+from engram_workers.stages.common import dead_letter, deliveries, envelope_or_none, hooked, keep_alive
 from engram_workers.stages.extract import run_extract
 
 __all__ = ["apply", "decay_task", "extract", "hierarchy_task", "reconcile_task", "redeliver_task", "weights_task"]
@@ -76,7 +75,7 @@ def _attempt(
     message_id: str,
 ) -> StageResult:
     try:
-        return _hooked(ctx, stage, fn, user_id, message_id)
+        return hooked(ctx, stage, fn, user_id, message_id)
     except RetryLater as later:
         keep_alive(ctx, user_id, message_id)
         raise _retry(task, later.countdown) from None
@@ -96,20 +95,6 @@ def _attempt(
                 attempts=attempts,
             )
         raise _retry(task, 2.0 * attempts) from exc
-
-
-def _hooked(
-    ctx: WorkerContext, stage: str, fn: Callable[[WorkerContext, str, str], StageResult], user_id: str, message_id: str
-) -> StageResult:
-    """The stage between its middleware hooks. Everything here runs inside ``_attempt``'s handlers: a hook
-    that raises (or cannot even be loaded) fails the stage exactly like the stage's own error would."""
-    started = time.perf_counter()
-    for m in ctx.middleware:
-        m.before_stage(stage, user_id, message_id)
-    outcome = fn(ctx, user_id, message_id)
-    for m in ctx.middleware:
-        m.after_stage(stage, user_id, message_id, outcome, time.perf_counter() - started)
-    return outcome
 
 
 def _retry(task: Task, countdown: float) -> Exception:

@@ -20,8 +20,6 @@ import pytest
 from engram_api import keys
 from engram_api.errors import StoreUnavailableError
 from engram_api.models import MessageState, StageOutcome
-from engram_api.storage.embedder import Embedder
-from engram_api.storage.vectors import VectorStore
 from engram_testing.llm_standin import Reply
 from engram_workers.context import WorkerContext
 from engram_workers.handover import CarriedVectors, HandOver, text_key
@@ -29,6 +27,7 @@ from engram_workers.stages.apply import run_apply
 from engram_workers.stages.common import RetryLater
 from engram_workers.stages.extract import run_extract
 from tests.support.extractions import entity, fact, message_text
+from tests.support.memory import Recording, memory
 from tests.support.stack import Stack, engram_stack
 
 T0 = datetime(2024, 5, 1, tzinfo=UTC)
@@ -62,28 +61,6 @@ def stack(request: pytest.FixtureRequest, redis_url: str, llm_standin: Any, tmp_
         redis_url=redis_url, data_dir=data_dir, neo4j_uri=neo4j_uri, llm_url=llm_standin.url, workers=False
     ) as s:
         yield s
-
-
-class Recording:
-    """The real embedder; records the texts it is asked to encode (one list per call)."""
-
-    def __init__(self, real: Embedder) -> None:
-        self._real = real
-        self.calls: list[list[str]] = []
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._real, name)
-
-    def encode(self, texts: list[str]) -> np.ndarray:
-        self.calls.append(list(texts))
-        return self._real.encode(texts)
-
-    def encode_one(self, text: str) -> np.ndarray:
-        self.calls.append([text])
-        return self._real.encode_one(text)
-
-    def texts(self) -> list[str]:
-        return [t for call in self.calls for t in call]
 
 
 class FailingOnce:
@@ -130,22 +107,6 @@ def handed_over(stack: Stack, user: str, mid: str) -> HandOver:
     stored = stack.client.redis.get(keys.extraction(user, mid))
     assert stored is not None
     return HandOver.model_validate_json(stored)
-
-
-def memory(stack: Stack, user: str) -> dict[tuple[str, str], np.ndarray]:
-    """The user's embedded memory by (kind, text), from the graph; the FAISS index must hold the same."""
-    graph = stack.client.graph
-    items, _ = graph.vectors(user)
-    ids = {kind: [i.node_id for i in items if i.kind == kind] for kind in ("fact", "entity", "episode")}
-    text = {f.id: f.statement for f in graph.get_facts(user, ids["fact"])}
-    text |= {e.id: e.name for e in graph.get_entities(user, ids["entity"])}
-    text |= {c.id: c.indexed_text for c in graph.get_chunks(user, ids["episode"])}
-    index = VectorStore(root=stack.settings.index_dir, dim=stack.client.reader.embedder.dim).load(user)
-    assert index is not None and index.node_ids() == {i.node_id for i in items}
-    on_disk = index.vectors_for(index.node_ids())
-    for item in items:
-        assert np.allclose(on_disk[item.node_id], item.embedding, atol=1e-6), item.node_id
-    return {(i.kind, text[i.node_id]): np.asarray(i.embedding, dtype=np.float32) for i in items}
 
 
 def test_apply_does_not_encode_the_text_whose_vector_extract_handed_over(stack: Stack) -> None:

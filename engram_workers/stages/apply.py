@@ -5,7 +5,9 @@ stamp the plan was built on, re-planned when refused); the graph write is one tr
 message id; the FAISS index follows the graph's stamp; the stamp in Redis is published last so readers'
 caches see the change. A crash between any two steps is repaired by redelivery: the graph says the
 message is applied, and the rest is finished from there. The extraction arrives as a ``HandOver``
-(``engram_workers.handover``); vectors extract already encoded in it are not encoded again.
+(``engram_workers.handover``); vectors extract already encoded in it are not encoded again. With
+``apply_batch`` > 1 the lease holder also applies the user's other ready messages, each in its own
+transaction, sharing one encoder call and one finish (``engram_workers.stages.batch``).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from engram_workers.consolidation import Planned, plan_message
 from engram_workers.context import WorkerContext
 from engram_workers.handover import CarriedVectors, HandOver
 from engram_workers.middleware import Middleware
+from engram_workers.stages.batch import Claim, Member, apply_batch, mark_applied, summary
 from engram_workers.stages.common import (
     RetryLater,
     backoff,
@@ -84,15 +87,10 @@ def write_extraction(
     return Written(outcome=outcome, planned=planned)
 
 
-def _finish(ctx: WorkerContext, user_id: str, message_id: str, version: int) -> None:
-    set_state(ctx, user_id, message_id, MessageState.APPLIED, version=str(version))
-    ctx.redis.delete(keys.message_payload(user_id, message_id), keys.extraction(user_id, message_id))
-
-
-def _apply_locked(ctx: WorkerContext, write: UserWrite, message_id: str) -> StageResult:
+def _apply_locked(ctx: WorkerContext, write: UserWrite, message_id: str, claim: Claim) -> StageResult:
     graph, user_id = ctx.graph, write.user_id
     if graph.is_applied(user_id, message_id):
-        _finish(ctx, user_id, message_id, write.finish().version)
+        mark_applied(ctx, user_id, message_id, write.finish().version)
         return StageResult(StageOutcome.ALREADY, "applied (finished bookkeeping)")
     envelope = load_envelope(ctx, user_id, message_id)
     stored = ctx.redis.get(keys.extraction(user_id, message_id))
@@ -103,18 +101,15 @@ def _apply_locked(ctx: WorkerContext, write: UserWrite, message_id: str) -> Stag
         ctx.dispatch(keys.EXTRACT_TASK, (user_id, message_id))
         return StageResult(StageOutcome.SENT_BACK, "extraction missing")
     handed = HandOver.model_validate_json(stored)
+    if ctx.settings.apply_batch > 1:
+        return apply_batch(ctx, write, Member(envelope, handed), claim)
 
     written = write_extraction(
         write=write, graph=graph, embedder=ctx.embedder, middleware=ctx.middleware,
         envelope=envelope, extraction=handed.extraction, usage=handed.usage, carried=handed.vectors,
     )  # fmt: skip
-    _finish(ctx, user_id, message_id, write.stamp.version)
-    plan = written.planned.plan
-    return StageResult(
-        StageOutcome.APPLIED,
-        f"v{written.outcome.version}, +{len(plan.new_entities)} entities, +{len(plan.new_facts)} facts, "
-        f"{len(plan.fact_changes)} superseded, {len(plan.reinforced_fact_ids)} reinforced",
-    )
+    mark_applied(ctx, user_id, message_id, write.stamp.version)
+    return StageResult(StageOutcome.APPLIED, summary(written.outcome, written.planned.plan))
 
 
 def run_apply(ctx: WorkerContext, user_id: str, message_id: str) -> StageResult:
@@ -123,7 +118,8 @@ def run_apply(ctx: WorkerContext, user_id: str, message_id: str) -> StageResult:
         return StageResult(StageOutcome.ALREADY, state)
     try:
         ctx.warm_up()
-        return ctx.writes.run(user_id, lambda write: _apply_locked(ctx, write, message_id), wait=0.2)
+        claim = Claim()  # the batch members this task takes, kept when a fenced write re-plans
+        return ctx.writes.run(user_id, lambda write: _apply_locked(ctx, write, message_id, claim), wait=0.2)
     except UserBusyError:
         raise RetryLater(random.uniform(0.05, 0.4), "another worker is applying this user's messages") from None
     except StoreUnavailableError as exc:

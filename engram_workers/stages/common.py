@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 
 import redis
@@ -21,6 +21,7 @@ __all__ = [
     "dead_letter",
     "deliveries",
     "envelope_or_none",
+    "hooked",
     "is_forgotten",
     "keep_alive",
     "load_envelope",
@@ -29,14 +30,22 @@ __all__ = [
 
 # Stage writes check the message's tombstone in the same script (see engram_api.erasure): a stage that
 # was running when the message was forgotten writes nothing back.
-# A finished message also leaves its user's backlog (keys.pending).
-# KEYS: tombstone, status, extraction, pending. ARGV: ttl, extraction json ('' = none), finished ('1'/'0'),
-# message id, field, value, ...
+# A stored extraction makes the message ready to apply (keys.ready, scored by event time); a finished
+# message leaves its user's backlog (keys.pending) and the ready set.
+# KEYS: tombstone, status, extraction, pending, ready. ARGV: ttl, extraction json ('' = none), event time,
+# finished ('1'/'0'), message id, field, value, ...
 _STAGE_WRITE = """
 if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
-if ARGV[2] ~= '' then redis.call('SET', KEYS[3], ARGV[2], 'EX', ARGV[1]) end
-if ARGV[3] == '1' then redis.call('ZREM', KEYS[4], ARGV[4]) end
-redis.call('HSET', KEYS[2], unpack(ARGV, 5))
+if ARGV[2] ~= '' then
+  redis.call('SET', KEYS[3], ARGV[2], 'EX', ARGV[1])
+  redis.call('ZADD', KEYS[5], ARGV[3], ARGV[5])
+  redis.call('EXPIRE', KEYS[5], ARGV[1])
+end
+if ARGV[4] == '1' then
+  redis.call('ZREM', KEYS[4], ARGV[5])
+  redis.call('ZREM', KEYS[5], ARGV[5])
+end
+redis.call('HSET', KEYS[2], unpack(ARGV, 6))
 redis.call('EXPIRE', KEYS[2], ARGV[1])
 return 1
 """
@@ -90,9 +99,11 @@ def set_state(
     state: MessageState,
     *,
     extraction: str = "",
+    event_time: float = 0.0,
     **fields: str,
 ) -> bool:
-    """Record the state (and store ``extraction`` JSON if given); False if the message was forgotten."""
+    """Record the state (and store ``extraction`` JSON if given, which files the message as ready to apply
+    at ``event_time``, epoch seconds); False if the message was forgotten."""
     mapping = {"state": state.value, f"{state.value}_at": str(time.time()), **fields}
     script = ctx.redis.register_script(_STAGE_WRITE)
     finished = "1" if state in (MessageState.APPLIED, MessageState.DEAD) else "0"
@@ -102,9 +113,11 @@ def set_state(
             keys.status(user_id, message_id),
             keys.extraction(user_id, message_id),
             keys.pending(user_id),
+            keys.ready(user_id),
         ],
         args=[
-            ctx.settings.status_ttl_s, extraction, finished, message_id, *(x for pair in mapping.items() for x in pair)
+            ctx.settings.status_ttl_s, extraction, repr(event_time), finished, message_id,
+            *(x for pair in mapping.items() for x in pair),
         ],
     )  # fmt: skip
     return bool(written)
@@ -173,3 +186,18 @@ def dead_letter(
         note = f"\non_dead_letter hook failed: {type(exc).__name__}: {exc}"[:500]
         ctx.dead_letters.put(letter.model_copy(update={"reason": letter.reason + note}))
     return StageResult(StageOutcome.DEAD_LETTERED, redact(reason, ctx.settings.secrets).splitlines()[0][:200])
+
+
+def hooked(
+    ctx: WorkerContext, stage: str, fn: Callable[[WorkerContext, str, str], StageResult], user_id: str, message_id: str
+) -> StageResult:
+    """The stage between its middleware hooks, as a task runs it. In a worker everything here runs inside
+    ``tasks._attempt``'s handlers: a hook that raises (or cannot even be loaded) fails the stage exactly like
+    the stage's own error would."""
+    started = time.perf_counter()
+    for m in ctx.middleware:
+        m.before_stage(stage, user_id, message_id)
+    outcome = fn(ctx, user_id, message_id)
+    for m in ctx.middleware:
+        m.after_stage(stage, user_id, message_id, outcome, time.perf_counter() - started)
+    return outcome

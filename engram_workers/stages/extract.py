@@ -112,6 +112,7 @@ def _store_and_hand_over(
     # Per-message spend stays on the status hash; per-user totals accumulate in the graph on apply.
     stored = set_state(
         ctx, uid, mid, MessageState.EXTRACTED, extraction=handed.model_dump_json(),
+        event_time=envelope.timestamp.timestamp(),
         prompt_tokens=str(usage.prompt_tokens), completion_tokens=str(usage.completion_tokens),
         cost_usd=f"{usage.cost_usd:.8f}",
     )  # fmt: skip

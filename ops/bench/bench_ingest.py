@@ -110,17 +110,34 @@ class _Timed:
         return timed
 
 
+def ready_to_apply(stack: Any, extractor: Any, uid: str, message: Any) -> str:
+    """Leave ``message`` (a ``corpus.Message``) in Redis as the producer and the extract stage would: the
+    payload, and the extraction with what the slim-context lookup of ``extractor`` (a ``WorkerContext``)
+    encoded, filed as ready to apply. No task is published, so running workers never see it. Returns its id."""
+    from engram_api import keys
+    from engram_api.models import Extraction, MessageState, Usage
+    from engram_api.producer import build_envelope
+    from engram_workers.handover import HandOver
+    from engram_workers.stages.common import set_state
+    from engram_workers.stages.extract import slim_context
+
+    env = build_envelope(stack.settings, uid, message.text, message_id=f"m{message.index}", timestamp=message.timestamp)
+    _, vectors = slim_context(extractor, env)
+    handed = HandOver.carrying(Extraction.model_validate(message.extraction), Usage(), extractor.embedder, vectors)
+    stack.client.redis.set(keys.message_payload(uid, env.message_id), env.model_dump_json())
+    set_state(
+        extractor, uid, env.message_id, MessageState.EXTRACTED, extraction=handed.model_dump_json(),
+        event_time=env.timestamp.timestamp(),
+    )  # fmt: skip
+    return env.message_id
+
+
 def _apply_breakdown(ctx: BenchContext, stack: Any, n: int) -> tuple[Table, dict[str, float]]:
     """Run the apply stage in this process on ``n`` prepared messages and split its time by store call.
     Each hand-over carries what the extract stage's slim-context lookup would (done by an untimed
     extract-side context), so apply encodes what it would in the fleet."""
-    from engram_api import keys
-    from engram_api.models import Extraction, MessageState, Usage
-    from engram_api.producer import build_envelope
     from engram_workers.context import WorkerContext
-    from engram_workers.handover import HandOver
     from engram_workers.stages.apply import run_apply
-    from engram_workers.stages.extract import slim_context
 
     totals: defaultdict[str, float] = defaultdict(float)
     extractor = WorkerContext(settings=stack.settings)
@@ -136,16 +153,9 @@ def _apply_breakdown(ctx: BenchContext, stack: Any, n: int) -> tuple[Table, dict
         if m.index == warm:
             totals.clear()
             wall = 0.0
-        env = build_envelope(stack.settings, uid, m.text, message_id=f"m{m.index}", timestamp=m.timestamp)
-        _, vectors = slim_context(extractor, env)
-        handed = HandOver.carrying(Extraction.model_validate(m.extraction), Usage(), extractor.embedder, vectors)
-        # What the producer and the extract stage leave in Redis; no task is published, so the running
-        # workers never see these messages.
-        stack.client.redis.set(keys.message_payload(uid, env.message_id), env.model_dump_json())
-        stack.client.redis.set(keys.extraction(uid, env.message_id), handed.model_dump_json())
-        stack.client.redis.hset(keys.status(uid, env.message_id), "state", MessageState.EXTRACTED.value)
+        mid = ready_to_apply(stack, extractor, uid, m)
         start = time.perf_counter()
-        run_apply(wctx, uid, env.message_id)
+        run_apply(wctx, uid, mid)
         wall += time.perf_counter() - start
     wctx.close()
     extractor.close()

@@ -35,6 +35,7 @@ BENCHES = {
     "vectors": "bench_vectors",
     "gateway": "bench_gateway",
     "ingest": "bench_ingest",
+    "apply": "bench_apply",
     "recall": "bench_recall",
     "seeds": "bench_seeds",
     "memory": "bench_memory",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 from pathlib import Path
 
 from engram_api.models import ApplyOutcome, DeadLetter, StageResult
@@ -23,6 +24,26 @@ class CrashAfterWriteOnce(Middleware):
         marker.parent.mkdir(parents=True, exist_ok=True)
         marker.touch()
         os._exit(1)  # no cleanup, no ack: exactly what a crash looks like
+
+
+class KillMidBatch(Middleware):
+    """SIGKILL the worker process right after the 2nd graph commit of one apply run (the middle of an apply
+    batch: two members committed, their index, stamp and statuses not yet finished), once per data dir."""
+
+    def __init__(self) -> None:
+        self.commits = 0
+
+    def before_stage(self, stage: str, user_id: str, message_id: str) -> None:
+        self.commits = 0
+
+    def after_write(self, user_id: str, message_id: str, outcome: ApplyOutcome) -> None:
+        self.commits += 1
+        marker = Path(load_settings().data_dir) / "faults" / "killed-mid-batch"
+        if self.commits < 2 or marker.exists():
+            return
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        marker.write_text(message_id)
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 class CrashAlways(Middleware):

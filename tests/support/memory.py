@@ -1,15 +1,24 @@
-"""Build a user's memory in the test process through the apply stage's own write (no workers needed)."""
+"""Build a user's memory in the test process through the apply stage's own write (no workers needed), and
+read it back: the embedded memory by text, checked against the user's FAISS file."""
 
 from __future__ import annotations
 
 from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
 
 from engram_api import MemoryClient
 from engram_api.models import Usage
 from engram_api.producer import build_envelope
+from engram_api.storage.embedder import Embedder
 from engram_api.storage.userwrite import UserWrite
+from engram_api.storage.vectors import VectorStore
 from engram_workers.extraction.rules import extract_rules
 from engram_workers.stages.apply import write_extraction
+
+if TYPE_CHECKING:
+    from tests.support.stack import Stack
 
 
 def apply_in_process(client: MemoryClient, user: str, message_id: str, text: str, when: datetime) -> None:
@@ -27,3 +36,41 @@ def apply_in_process(client: MemoryClient, user: str, message_id: str, text: str
         )  # fmt: skip
 
     reader.writes.run(user, write, wait=30.0)
+
+
+class Recording:
+    """The real embedder; records the texts it is asked to encode (one list per call)."""
+
+    def __init__(self, real: Embedder) -> None:
+        self._real = real
+        self.calls: list[list[str]] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._real, name)
+
+    def encode(self, texts: list[str]) -> np.ndarray:
+        self.calls.append(list(texts))
+        return self._real.encode(texts)
+
+    def encode_one(self, text: str) -> np.ndarray:
+        self.calls.append([text])
+        return self._real.encode_one(text)
+
+    def texts(self) -> list[str]:
+        return [t for call in self.calls for t in call]
+
+
+def memory(stack: Stack, user: str) -> dict[tuple[str, str], np.ndarray]:
+    """The user's embedded memory by (kind, text), from the graph; the FAISS index must hold the same."""
+    graph = stack.client.graph
+    items, _ = graph.vectors(user)
+    ids = {kind: [i.node_id for i in items if i.kind == kind] for kind in ("fact", "entity", "episode")}
+    text = {f.id: f.statement for f in graph.get_facts(user, ids["fact"])}
+    text |= {e.id: e.name for e in graph.get_entities(user, ids["entity"])}
+    text |= {c.id: c.indexed_text for c in graph.get_chunks(user, ids["episode"])}
+    index = VectorStore(root=stack.settings.index_dir, dim=stack.client.reader.embedder.dim).load(user)
+    assert index is not None and index.node_ids() == {i.node_id for i in items}
+    on_disk = index.vectors_for(index.node_ids())
+    for item in items:
+        assert np.allclose(on_disk[item.node_id], item.embedding, atol=1e-6), item.node_id
+    return {(i.kind, text[i.node_id]): np.asarray(i.embedding, dtype=np.float32) for i in items}

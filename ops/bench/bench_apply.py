@@ -1,0 +1,89 @@
+"""Apply micro-batching: in-process apply CPU per message with ``apply_batch=1`` vs ``apply_batch=8``.
+
+A backlog of N messages of an existing user is left ready to apply (``bench_ingest.ready_to_apply``:
+payload and extraction as the producer and extract leave them, the slim-context vectors carried), then
+every message's apply task runs in this process in arrival order (``run_apply`` between the built-in
+stage hooks, as in a worker): with batching the first task applies up to 8 and the others' tasks find
+their message applied (their cost is counted too, as in the fleet). Measured: this process's CPU seconds
+(``time.process_time``: the apply code, the encoder, the drivers; not the Neo4j server's) divided by N.
+The two settings alternate round by round on fresh users of the same messages, after an untimed warm-up
+of each, so drift in the shared machine's load hits both alike; the figure is the ratio of the medians.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Any
+
+from bench_ingest import ready_to_apply
+from benchlib import BenchContext, BenchResult, Table, ratio
+from corpus import messages
+
+_SETTINGS = (1, 8)
+
+
+def _round(stack: Any, extractor: Any, worker: Any, uid: str, n: int) -> tuple[float, float]:
+    """CPU and wall seconds of applying a backlog of ``n`` messages of a fresh user. Untimed: the user's
+    first message, applied alone (an existing user: extract's slim context carries the chunk vectors, as
+    in the fleet), and the backlog's preparation."""
+    from engram_workers.stages.apply import run_apply
+    from engram_workers.stages.common import hooked
+
+    first, *backlog = messages("apply-batch", n + 1)
+    run_apply(worker, uid, ready_to_apply(stack, extractor, uid, first))
+    mids = [ready_to_apply(stack, extractor, uid, m) for m in backlog]
+    cpu, wall = time.process_time(), time.perf_counter()
+    for mid in mids:  # each task between the stage hooks, as a worker runs it (batch members pass them too)
+        hooked(worker, "apply", run_apply, uid, mid)
+    return time.process_time() - cpu, time.perf_counter() - wall
+
+
+def run(ctx: BenchContext) -> BenchResult:
+    from engram_workers.context import WorkerContext
+
+    n, rounds = ctx.size(24, 48), ctx.size(3, 5)
+    per_message: dict[int, list[float]] = {b: [] for b in _SETTINGS}
+    table = Table(
+        f"apply stage in-process: a backlog of {n} messages of one user, apply_batch 1 vs 8 alternated",
+        ["round", "apply_batch", "CPU ms / message", "wall ms / message"],
+    )
+    with ctx.stack("apply-batch", llm=False) as stack:
+        extractor = WorkerContext(settings=stack.settings)
+        # The built-in middleware (logging, metrics): the stack's StageTimer is for worker processes.
+        workers = {
+            b: WorkerContext(settings=stack.settings.model_copy(update={"apply_batch": b, "middleware": ""}))
+            for b in _SETTINGS
+        }
+        for b, worker in workers.items():
+            _round(stack, extractor, worker, ctx.uid(f"warm-b{b}"), 8)  # model, drivers, FAISS: not per message
+        for r in range(rounds):
+            # ABBA order: neither setting always runs first in a round.
+            for b in _SETTINGS if r % 2 == 0 else reversed(_SETTINGS):
+                ctx.log(f"apply batch: round {r + 1}/{rounds}, apply_batch={b}, {n} messages")
+                cpu, wall = _round(stack, extractor, workers[b], ctx.uid(f"r{r}-b{b}"), n)
+                per_message[b].append(cpu / n * 1e3)
+                table.add(r + 1, b, cpu / n * 1e3, wall / n * 1e3)
+        for worker in (extractor, *workers.values()):
+            worker.close()
+    medians = {b: statistics.median(v) for b, v in per_message.items()}
+    figure = ratio(medians[8], medians[1])
+    table.add("median", 1, medians[1], float("nan"))
+    table.add("median", 8, medians[8], float("nan"))
+    ctx.log(f"apply CPU per message, batch 8 / batch 1: {figure:.2f}")
+    return BenchResult(
+        bench="apply",
+        summary={
+            "messages": n,
+            "rounds": rounds,
+            "cpu_ms_per_message": per_message,
+            "median_cpu_ms_per_message": medians,
+            "ratio_batch8_to_batch1": figure,
+        },
+        tables=[table],
+        notes=[
+            "CPU = time.process_time() of this process over all N apply tasks (the batch's and the ALREADY "
+            "answers of the other members' tasks), divided by N; the Neo4j server's CPU is not in it",
+            f"ratio (batch 8 / batch 1, medians of {rounds} rounds each): {figure:.2f}",
+        ],
+    )

@@ -1,0 +1,68 @@
+"""An apply worker SIGKILLed in the middle of a batch: real extract and apply worker processes, real Redis
+and Neo4j, the LLM stand-in. After redelivery every message is applied exactly once (lost 0, duplicated 0),
+and the user's FAISS file holds exactly what the graph holds."""
+
+from __future__ import annotations
+
+import uuid
+from collections import Counter
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from engram_api import keys
+from engram_api.models import MessageState
+from engram_testing.llm_standin import Reply
+from engram_workers.services.celery_worker import APPLY_WORKER, EXTRACT_WORKER
+from tests.support.extractions import entity, fact, message_text
+from tests.support.memory import memory
+from tests.support.operator_processes import wait_until
+from tests.support.stack import SETTLE_S, engram_stack
+
+T0 = datetime(2024, 6, 1, tzinfo=UTC)
+# Unrelated interests: no statement is near enough another one to be taken as its restatement.
+TOPICS = ["jazz", "chess", "sailing", "gardening", "astronomy", "pottery", "cycling", "origami"]
+N = len(TOPICS)
+
+
+def topic_fact(request: dict[str, Any]) -> Reply:
+    """``I like <topic>.``: one entity and one fact of its own per message."""
+    topic = message_text(request).removeprefix("I like ").rstrip(".")
+    return Reply.json(
+        {"entities": [entity("N1", topic, "Thing")], "facts": [fact("user", "LIKES", "N1", f"User likes {topic}")]}
+    )
+
+
+def test_sigkill_mid_batch_then_redelivery_applies_every_message_exactly_once(
+    redis_url: str, neo4j_uri: str, llm_standin: Any, tmp_path: Path
+) -> None:
+    llm_standin.script(topic_fact)
+    with engram_stack(
+        redis_url=redis_url, data_dir=tmp_path, neo4j_uri=neo4j_uri, llm_url=llm_standin.url, workers=False,
+        middleware="tests.support.faults:KillMidBatch", apply_batch=N,
+    ) as stack:  # fmt: skip
+        client, user = stack.client, f"kb_{uuid.uuid4().hex[:8]}"
+        stack.start_worker("extract", EXTRACT_WORKER, concurrency=4)
+        receipts = [
+            client.enqueue(user, f"I like {topic}.", message_id=f"m{i}", timestamp=T0 + timedelta(hours=i))
+            for i, topic in enumerate(TOPICS)
+        ]
+        # Every message extracted before any apply worker runs: all N are ready when the first apply starts.
+        wait_until(lambda: client.redis.zcard(keys.ready(user)) == N, timeout=SETTLE_S, what="all extracted")
+        stack.start_worker("apply", APPLY_WORKER)
+        result = client.wait(receipts, timeout=SETTLE_S)
+
+        marker = tmp_path / "faults" / "killed-mid-batch"
+        assert marker.exists(), "the apply worker was never killed mid-batch"
+        assert sorted(result.applied) == sorted(r.message_id for r in receipts) and not result.dead_lettered
+        graph = client.graph
+        assert [e.id for e in graph.episodes(user)] == sorted(f"m{i}" for i in range(N))  # lost 0
+        items, _ = graph.vectors(user)
+        facts = graph.get_facts(user, [i.node_id for i in items if i.kind == "fact"])
+        by_statement = Counter(f.statement for f in facts)
+        assert by_statement == Counter(f"User likes {topic}" for topic in TOPICS)  # duplicated 0
+        assert sorted(s for f in facts for s in f.source_ids) == sorted(f"m{i}" for i in range(N))
+        for r in receipts:
+            assert client.redis.hget(keys.status(user, r.message_id), "state") == MessageState.APPLIED
+        assert client.redis.exists(keys.ready(user)) == 0
+        memory(stack, user)  # the index file agrees with the graph after the crash and the redeliveries
