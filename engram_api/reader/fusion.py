@@ -30,8 +30,9 @@ from engram_api.models import Channel as ChannelName
 from engram_api.models import ChunkRecord, FactRecord, RecallItem, ScoreBreakdown, utcnow
 from engram_api.naming import self_entity_id
 from engram_api.reader.facts import UserChunks, UserFacts
+from engram_api.reader.items import Candidate, Row, novel_first, recall_item
 from engram_api.reader.recipe import RecallRecipe, RetrievalChannel
-from engram_api.reader.scoring import ComponentValues, Weights, components, model_of
+from engram_api.reader.scoring import Weights, components, model_of
 from engram_api.settings import Settings
 from engram_api.storage.base import GraphStepQuery, GraphStore, KeywordHit
 from engram_api.storage.episodes import keyword_terms
@@ -42,10 +43,6 @@ __all__ = ["TimeWindow", "keyword_hits", "recall_items"]
 _SEED_MIN_SIM = 0.25
 _EPISODE_STRENGTH = 1.0  # episodes do not decay: what was said stays said
 _EPISODE_IMPORTANCE = 0.5
-
-
-# (total, node id, candidate, components): the breakdown model is built for the k items returned only.
-_Row = tuple[float, str, "_Candidate", ComponentValues]
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,20 +71,6 @@ class TimeWindow:
         )
 
 
-@dataclass(slots=True)
-class _Candidate:
-    kind: Literal["fact", "episode"]
-    fact: FactRecord | None = None
-    chunk: ChunkRecord | None = None
-    fusion: float = 0.0
-    channels: list[ChannelName] = field(default_factory=list)
-
-    def add(self, channel: ChannelName, amount: float) -> None:
-        self.fusion += amount
-        if channel not in self.channels:
-            self.channels.append(channel)
-
-
 @dataclass
 class _Run:
     graph: GraphStore
@@ -105,7 +88,7 @@ class _Run:
     chunks: dict[str, ChunkRecord] = field(default_factory=dict)
     sims: dict[str, float] = field(default_factory=dict)
     hops: dict[str, int] = field(default_factory=dict)
-    cands: dict[str, _Candidate] = field(default_factory=dict)
+    cands: dict[str, Candidate] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)  # ms per part (``RecallResult.timings_ms``)
 
     @contextmanager
@@ -162,7 +145,7 @@ class _Run:
         for rank, node_id in enumerate(ids):
             kind: Literal["fact", "episode"] = "fact" if node_id in self.facts else "episode"
             cand = self.cands.setdefault(
-                node_id, _Candidate(kind=kind, fact=self.facts.get(node_id), chunk=self.chunks.get(node_id))
+                node_id, Candidate(kind=kind, fact=self.facts.get(node_id), chunk=self.chunks.get(node_id))
             )
             cand.add(channel, weight / (self.recipe.rrf_k + rank + 1))
 
@@ -270,7 +253,7 @@ class _Run:
                     continue
                 kind: Literal["fact", "episode"] = "fact" if other in self.facts else "episode"
                 cand = self.cands.setdefault(
-                    other, _Candidate(kind=kind, fact=self.facts.get(other), chunk=self.chunks.get(other))
+                    other, Candidate(kind=kind, fact=self.facts.get(other), chunk=self.chunks.get(other))
                 )
                 cand.add(channel, share)
 
@@ -284,7 +267,7 @@ class _Run:
             self.sims[node_id] = float(np.dot(vec, self.qvec))
         unit = 1.0 / (self.recipe.rrf_k + 1)
         w = weights.values()
-        rows: list[_Row] = []
+        rows: list[Row] = []
         for node_id, cand in self.cands.items():
             fact, chunk = cand.fact, cand.chunk
             comp = components(
@@ -299,95 +282,13 @@ class _Run:
             rows.append((sum(map(mul, w, comp)) + self.recipe.fusion * cand.fusion / unit, node_id, cand, comp))
         rows.sort(key=lambda r: (-r[0], r[1]))
         if self.recipe.dedup:
-            rows = _novel_first(rows)
+            rows = novel_first(rows)
         return [
-            self._item(node_id, cand, ScoreBreakdown(**model_of(comp).model_dump(), rrf=cand.fusion, total=total))
+            recall_item(
+                node_id, cand, ScoreBreakdown(**model_of(comp).model_dump(), rrf=cand.fusion, total=total), self.hops
+            )
             for total, node_id, cand, comp in rows[:k]
         ]
-
-    def _item(self, node_id: str, cand: _Candidate, breakdown: ScoreBreakdown) -> RecallItem:
-        found = set(cand.channels)
-        vector = bool(found & {"fact_vector", "episode_vector"})
-        path = (
-            "both"
-            if vector and "graph" in found
-            else "vector"
-            if vector
-            else "graph"
-            if "graph" in found
-            else "keyword"
-            if "keyword" in found
-            else "linked"
-        )
-        common = {
-            "id": node_id,
-            "kind": cand.kind,
-            "channels": cand.channels,
-            "path": path,
-            "hops": self.hops.get(node_id, -1),
-            "score": round(breakdown.total, 6),
-            "breakdown": breakdown,
-        }
-        if cand.fact is not None:
-            fact = cand.fact
-            return RecallItem(
-                **common,
-                statement=fact.statement,
-                memory_type=fact.memory_type,
-                subject=fact.subject_name,
-                predicate=fact.predicate,
-                object=fact.object_name,
-                entities=[n for n in (fact.subject_name, fact.object_name) if n],
-                valid_from=fact.valid_from,
-                valid_until=fact.valid_until,
-                event_time=fact.valid_from,
-                current=fact.current_at(None),
-                source_ids=fact.source_ids,
-            )
-        chunk = cand.chunk
-        assert chunk is not None
-        return RecallItem(
-            **common,
-            statement=chunk.text,
-            memory_type="episodic",
-            subject=chunk.speaker,
-            predicate="SAID",
-            object=None,
-            entities=[],
-            valid_from=chunk.event_time,
-            valid_until=None,
-            event_time=chunk.event_time,
-            current=False,
-            speaker=chunk.speaker,
-            source_ids=[chunk.episode_id],
-        )
-
-
-def _sources(cand: _Candidate) -> frozenset[str]:
-    return frozenset(cand.fact.source_ids if cand.fact is not None else [cand.chunk.episode_id])  # type: ignore[union-attr]
-
-
-def _novel_first(rows: list[_Row]) -> list[_Row]:
-    """Score order, except that an item whose messages are all cited by better items (a fact and the
-    excerpt it was extracted from) moves behind every item that brings a new message: k items then
-    cover as many messages as they can. Of a fact and an excerpt citing the same messages, the fact
-    keeps the slot (it says what is current, in fewer words). Nothing is dropped."""
-    seen: set[str] = set()
-    novel: list[_Row] = []
-    repeats: list[_Row] = []
-    slot: dict[frozenset[str], int] = {}  # a source set -> the novel slot of the item that brought it
-    for row in rows:
-        sources = _sources(row[2])
-        if not sources or not sources <= seen:
-            slot.setdefault(sources, len(novel))
-            novel.append(row)
-            seen |= sources
-            continue
-        held = slot.get(sources)
-        if held is not None and row[2].kind == "fact" and novel[held][2].kind == "episode":
-            novel[held], row = row, novel[held]
-        repeats.append(row)
-    return novel + repeats
 
 
 def keyword_hits(

@@ -1,0 +1,120 @@
+"""Recall candidates and what a recall returns of them: the candidate record, the item a scored candidate
+becomes, and the dedup order (an item citing only messages better items cite goes behind the rest).
+Fusion (``reader.fusion``) gathers and scores candidates; this module shapes them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from engram_api.models import Channel as ChannelName
+from engram_api.models import ChunkRecord, FactRecord, RecallItem, ScoreBreakdown
+from engram_api.reader.scoring import ComponentValues
+
+__all__ = ["Candidate", "Row", "novel_first", "recall_item"]
+
+
+@dataclass(slots=True)
+class Candidate:
+    """A recall candidate: a fact or an episode chunk, its fusion score and the channels that found it."""
+
+    kind: Literal["fact", "episode"]
+    fact: FactRecord | None = None
+    chunk: ChunkRecord | None = None
+    fusion: float = 0.0
+    channels: list[ChannelName] = field(default_factory=list)
+
+    def add(self, channel: ChannelName, amount: float) -> None:
+        self.fusion += amount
+        if channel not in self.channels:
+            self.channels.append(channel)
+
+
+# (total, node id, candidate, components): the breakdown model is built for the k items returned only.
+Row = tuple[float, str, Candidate, ComponentValues]
+
+
+def recall_item(node_id: str, cand: Candidate, breakdown: ScoreBreakdown, hops: dict[str, int]) -> RecallItem:
+    """The result item of a scored candidate: what it says, when, which channels found it, its sources."""
+    found = set(cand.channels)
+    vector = bool(found & {"fact_vector", "episode_vector"})
+    path = (
+        "both"
+        if vector and "graph" in found
+        else "vector"
+        if vector
+        else "graph"
+        if "graph" in found
+        else "keyword"
+        if "keyword" in found
+        else "linked"
+    )
+    common = {
+        "id": node_id,
+        "kind": cand.kind,
+        "channels": cand.channels,
+        "path": path,
+        "hops": hops.get(node_id, -1),
+        "score": round(breakdown.total, 6),
+        "breakdown": breakdown,
+    }
+    if cand.fact is not None:
+        fact = cand.fact
+        return RecallItem(
+            **common,
+            statement=fact.statement,
+            memory_type=fact.memory_type,
+            subject=fact.subject_name,
+            predicate=fact.predicate,
+            object=fact.object_name,
+            entities=[n for n in (fact.subject_name, fact.object_name) if n],
+            valid_from=fact.valid_from,
+            valid_until=fact.valid_until,
+            event_time=fact.valid_from,
+            current=fact.current_at(None),
+            source_ids=fact.source_ids,
+        )
+    chunk = cand.chunk
+    assert chunk is not None
+    return RecallItem(
+        **common,
+        statement=chunk.text,
+        memory_type="episodic",
+        subject=chunk.speaker,
+        predicate="SAID",
+        object=None,
+        entities=[],
+        valid_from=chunk.event_time,
+        valid_until=None,
+        event_time=chunk.event_time,
+        current=False,
+        speaker=chunk.speaker,
+        source_ids=[chunk.episode_id],
+    )
+
+
+def _sources(cand: Candidate) -> frozenset[str]:
+    return frozenset(cand.fact.source_ids if cand.fact is not None else [cand.chunk.episode_id])  # type: ignore[union-attr]
+
+
+def novel_first(rows: list[Row]) -> list[Row]:
+    """Score order, except that an item whose messages are all cited by better items (a fact and the
+    excerpt it was extracted from) moves behind every item that brings a new message: k items then
+    cover as many messages as they can. Of a fact and an excerpt citing the same messages, the fact
+    keeps the slot (it says what is current, in fewer words). Nothing is dropped."""
+    seen: set[str] = set()
+    novel: list[Row] = []
+    repeats: list[Row] = []
+    slot: dict[frozenset[str], int] = {}  # a source set -> the novel slot of the item that brought it
+    for row in rows:
+        sources = _sources(row[2])
+        if not sources or not sources <= seen:
+            slot.setdefault(sources, len(novel))
+            novel.append(row)
+            seen |= sources
+            continue
+        held = slot.get(sources)
+        if held is not None and row[2].kind == "fact" and novel[held][2].kind == "episode":
+            novel[held], row = row, novel[held]
+        repeats.append(row)
+    return novel + repeats
