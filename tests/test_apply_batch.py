@@ -19,14 +19,13 @@ import pytest
 from engram_api import keys
 from engram_api.models import ApplyOutcome, MessageState, StageOutcome
 from engram_api.storage.base import GraphStore
-from engram_testing.llm_standin import Reply
 from engram_workers.context import WorkerContext
 from engram_workers.middleware import Middleware
 from engram_workers.stages.apply import run_apply
 from engram_workers.stages.extract import run_extract
-from tests.support.extractions import entity, fact, lives_in, message_text
-from tests.support.memory import Recording, memory
-from tests.support.stack import Stack, engram_stack
+from tests.support.extractions import entity, fact, lives_in
+from tests.support.memory import Recording, memory, scripted_stack
+from tests.support.stack import Stack
 
 T0 = datetime(2024, 3, 1, tzinfo=UTC)
 SEED = "I live in Tampa and I work as a nurse."
@@ -82,13 +81,10 @@ ANSWERS: dict[str, dict[str, Any]] = {
 
 @pytest.fixture(params=["neo4j", "sqlite"])
 def stack(request: pytest.FixtureRequest, redis_url: str, llm_standin: Any, tmp_path_factory: Any) -> Iterator[Stack]:
-    llm_standin.script(lambda req: Reply.json(ANSWERS.get(message_text(req), {"entities": [], "facts": []})))
-    neo4j_uri = request.getfixturevalue("neo4j_uri") if request.param == "neo4j" else None
-    data_dir = tmp_path_factory.mktemp(f"batch-{request.param}")
-    with engram_stack(
-        redis_url=redis_url, data_dir=data_dir, neo4j_uri=neo4j_uri, llm_url=llm_standin.url, workers=False
-    ) as s:
-        yield s
+    yield from scripted_stack(
+        request, redis_url=redis_url, llm_standin=llm_standin, tmp_path_factory=tmp_path_factory,
+        answers=ANSWERS, name="batch",
+    )  # fmt: skip
 
 
 def process(stack: Stack, batch: int) -> tuple[WorkerContext, Recording]:

@@ -20,15 +20,14 @@ import pytest
 from engram_api import keys
 from engram_api.errors import StoreUnavailableError
 from engram_api.models import MessageState, StageOutcome
-from engram_testing.llm_standin import Reply
 from engram_workers.context import WorkerContext
 from engram_workers.handover import CarriedVectors, HandOver, text_key
 from engram_workers.stages.apply import run_apply
 from engram_workers.stages.common import RetryLater
 from engram_workers.stages.extract import run_extract
-from tests.support.extractions import entity, fact, message_text
-from tests.support.memory import Recording, memory
-from tests.support.stack import Stack, engram_stack
+from tests.support.extractions import entity, fact
+from tests.support.memory import Recording, memory, scripted_stack
+from tests.support.stack import Stack
 
 T0 = datetime(2024, 5, 1, tzinfo=UTC)
 FIRST = "I live in Lisbon and I walk along the river every evening."
@@ -54,13 +53,10 @@ ANSWERS = {
 
 @pytest.fixture(params=["neo4j", "sqlite"])
 def stack(request: pytest.FixtureRequest, redis_url: str, llm_standin: Any, tmp_path_factory: Any) -> Iterator[Stack]:
-    llm_standin.script(lambda req: Reply.json(ANSWERS.get(message_text(req), {"entities": [], "facts": []})))
-    neo4j_uri = request.getfixturevalue("neo4j_uri") if request.param == "neo4j" else None
-    data_dir = tmp_path_factory.mktemp(f"handover-{request.param}")
-    with engram_stack(
-        redis_url=redis_url, data_dir=data_dir, neo4j_uri=neo4j_uri, llm_url=llm_standin.url, workers=False
-    ) as s:
-        yield s
+    yield from scripted_stack(
+        request, redis_url=redis_url, llm_standin=llm_standin, tmp_path_factory=tmp_path_factory,
+        answers=ANSWERS, name="handover",
+    )  # fmt: skip
 
 
 class FailingOnce:

@@ -3,6 +3,7 @@ read it back: the embedded memory by text, checked against the user's FAISS file
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -18,7 +19,33 @@ from engram_workers.extraction.rules import extract_rules
 from engram_workers.stages.apply import write_extraction
 
 if TYPE_CHECKING:
+    import pytest
+
     from tests.support.stack import Stack
+
+
+def scripted_stack(
+    request: pytest.FixtureRequest,
+    *,
+    redis_url: str,
+    llm_standin: Any,
+    tmp_path_factory: pytest.TempPathFactory,
+    answers: Mapping[str, dict[str, Any]],
+    name: str,
+) -> Iterator[Stack]:
+    """A stack without workers on the backend ``request.param`` names ("neo4j" or "sqlite"), its LLM stand-in
+    answering each message text with ``answers`` (an empty extraction otherwise)."""
+    from engram_testing.llm_standin import Reply
+    from tests.support.extractions import message_text
+    from tests.support.stack import engram_stack
+
+    llm_standin.script(lambda req: Reply.json(answers.get(message_text(req), {"entities": [], "facts": []})))
+    neo4j_uri = request.getfixturevalue("neo4j_uri") if request.param == "neo4j" else None
+    data_dir = tmp_path_factory.mktemp(f"{name}-{request.param}")
+    with engram_stack(
+        redis_url=redis_url, data_dir=data_dir, neo4j_uri=neo4j_uri, llm_url=llm_standin.url, workers=False
+    ) as s:
+        yield s
 
 
 def apply_in_process(client: MemoryClient, user: str, message_id: str, text: str, when: datetime) -> None:
