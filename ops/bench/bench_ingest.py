@@ -1,7 +1,8 @@
 """Ingest throughput and latency through the real pipeline.
 
-Real worker processes (extract: threads pool; apply: prefork, 2 processes) on a real Redis and Neo4j,
-the LLM stand-in answering scripted extractions (2-3 facts per message) after 0 s or 1 s.
+Real worker processes (extract: one threads-pool process; apply: prefork, 2 processes; the scale-out rows
+vary both) on a real Redis and Neo4j, the LLM stand-in answering scripted extractions (2-3 facts per
+message) after 0 s or 1 s.
 
 Measured per configuration, from the message status hash in Redis (``enqueued_at``/``applied_at``
 written by the producer and ``stages.common.set_state``) and from ``stage_timer.StageTimer`` (each
@@ -103,7 +104,8 @@ def _measured_burst(
     """``_burst`` with the stand-in at ``latency`` seconds, its extract time less that latency, and the
     worker setup (``setup``: thread and process counts) recorded with the result."""
     ctx.services.llm.latency_s = latency
-    ctx.log(f"ingest burst {label}: latency {latency} s, {setup}, {n} messages / {users} users")
+    workers = ", ".join(f"{key.replace('_', ' ')} {value}" for key, value in setup.items())
+    ctx.log(f"ingest burst {label}: latency {latency} s, {workers}, {n} messages / {users} users")
     got = _burst(ctx, stack, label, n, users)
     own_extract = dist(seconds_to_ms([s - latency for s in got.pop("extract_s") if s == s]))
     return got | setup | {"latency_s": latency, "extract_minus_llm_ms": own_extract}
