@@ -279,3 +279,42 @@ def test_llm_quality_bench_runs_the_data_through_llm_model_and_prints_its_tables
     assert result["summary"]["llm_cost"]["messages"] == messages
     assert result["summary"]["llm_cost"]["prompt_tokens_per_message"] == pytest.approx(prompt_tokens / messages)
     assert json.loads((out / "latest.json").read_text())["failed"] == {}
+
+
+# ---------------------------------------------------------------- ingest: our CPU per message
+
+_FORKS_A_BUSY_CHILD = """
+import os, sys, time
+pid = os.fork()
+if pid == 0:
+    sys.stdin.readline()
+    while time.process_time() < 0.5:
+        pass
+    os._exit(0)
+print("forked", flush=True)
+os.waitpid(pid, 0)
+print("reaped", flush=True)
+sys.stdin.readline()
+"""
+
+
+def test_ingest_cpu_per_message_counts_a_workers_pool_children():
+    """The ingest bench's "our CPU" reading of a worker includes its pool children, live or reaped: here the
+    parent sleeps and only its forked child uses CPU (0.5 s of its own process time, not wall-clock)."""
+    sys.path.insert(0, str(REPO / "ops" / "bench"))
+    benchlib = importlib.import_module("benchlib")
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _FORKS_A_BUSY_CHILD], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    assert proc.stdin is not None and proc.stdout is not None
+    try:
+        assert proc.stdout.readline().strip() == "forked"
+        assert len(benchlib._tree(proc.pid)) == 2
+        before = benchlib.cpu_seconds([proc.pid])
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+        assert proc.stdout.readline().strip() == "reaped"
+        assert benchlib.cpu_seconds([proc.pid]) - before >= 0.45
+    finally:
+        proc.stdin.close()
+        proc.wait(timeout=30)

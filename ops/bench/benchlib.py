@@ -213,6 +213,12 @@ class Services:
             self._llm = LLMStandin().start()
         return self._llm
 
+    def server_pids(self) -> dict[str, int]:
+        """The process ids of the Redis and Neo4j servers this run started (not one given by NEO4J_URI)."""
+        servers = {"redis": self._redis, "neo4j": self._neo4j}
+        procs = {name: getattr(server, "_proc", None) for name, server in servers.items()}
+        return {name: proc.pid for name, proc in procs.items() if proc is not None and proc.poll() is None}
+
     def close(self) -> None:
         for service in (self._llm, self._neo4j, self._redis):
             if service is not None:
@@ -267,22 +273,48 @@ class BenchContext:
             yield stack
 
 
-def start_workers(stack: Stack, *, extract_concurrency: int, apply_concurrency: int = 2, tag: str = "") -> None:
+def start_workers(
+    stack: Stack,
+    *,
+    extract_concurrency: int,
+    apply_concurrency: int = 2,
+    extract_processes: int = 1,
+    tag: str = "",
+) -> None:
+    """An extract worker (``extract_processes`` processes of ``extract_concurrency`` threads each) and an
+    apply worker (prefork, ``apply_concurrency`` processes)."""
     from engram_workers.services.celery_worker import APPLY_WORKER, EXTRACT_WORKER
 
-    stack.start_worker(f"extract{tag}-c{extract_concurrency}", EXTRACT_WORKER, concurrency=extract_concurrency)
+    _start(stack, f"extract{tag}-c{extract_concurrency}", EXTRACT_WORKER, extract_concurrency, extract_processes)
     stack.start_worker(f"apply{tag}", APPLY_WORKER, concurrency=apply_concurrency)
 
 
-def restart_extract(stack: Stack, concurrency: int) -> None:
-    """Replace the running extract worker by one with another thread count (a fresh log name, so the
-    new worker's readiness is not read from the old one's log)."""
-    from engram_workers.services.celery_worker import EXTRACT_WORKER
+def _start(stack: Stack, name: str, spec: dict[str, Any], concurrency: int, processes: int) -> None:
+    for i in range(processes):
+        stack.start_worker(name if processes == 1 else f"{name}-p{i}", spec, concurrency=concurrency)
 
-    for proc in [p for p in stack.workers if p.name.startswith("extract")]:
+
+def _replace(stack: Stack, prefix: str, spec: dict[str, Any], concurrency: int, processes: int) -> None:
+    """Stop the workers whose name starts with ``prefix`` and start ``processes`` new ones (fresh log
+    names, so a new worker's readiness is not read from an old one's log)."""
+    for proc in [p for p in stack.workers if p.name.startswith(prefix)]:
         proc.stop()
         stack.workers.remove(proc)
-    stack.start_worker(f"extract-c{concurrency}-{uuid.uuid4().hex[:4]}", EXTRACT_WORKER, concurrency=concurrency)
+    _start(stack, f"{prefix}-c{concurrency}-{uuid.uuid4().hex[:4]}", spec, concurrency, processes)
+
+
+def restart_extract(stack: Stack, concurrency: int, *, processes: int = 1) -> None:
+    """Replace the running extract worker(s) by ``processes`` worker processes of ``concurrency`` threads."""
+    from engram_workers.services.celery_worker import EXTRACT_WORKER
+
+    _replace(stack, "extract", EXTRACT_WORKER, concurrency, processes)
+
+
+def restart_apply(stack: Stack, concurrency: int) -> None:
+    """Replace the running apply worker by one with ``concurrency`` prefork processes."""
+    from engram_workers.services.celery_worker import APPLY_WORKER
+
+    _replace(stack, "apply", APPLY_WORKER, concurrency, 1)
 
 
 def status_rows(stack: Stack, pairs: Sequence[tuple[str, str]], *, fields: Sequence[str]) -> list[dict[str, float]]:
@@ -324,6 +356,37 @@ def proc_memory(pid: int) -> dict[str, float]:
     with contextlib.suppress(OSError, psutil.Error):
         out["uss_mib"] = psutil.Process(pid).memory_full_info().uss / 2**20
     return out
+
+
+_CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def _tree(pid: int) -> list[int]:
+    """``pid`` and its live descendants (from /proc/<pid>/task/*/children)."""
+    out, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        out.append(current)
+        for children in Path(f"/proc/{current}/task").glob("*/children"):
+            with contextlib.suppress(OSError):
+                todo += [int(c) for c in children.read_text().split()]
+    return out
+
+
+def cpu_seconds(pids: Sequence[int]) -> float:
+    """CPU seconds (user + system, all threads) used so far by ``pids`` and all their descendants, from
+    /proc/<pid>/stat. Reaped children count through their parent's cutime/cstime, so a pool child that
+    exits between two readings is not lost. NaN where /proc is not available."""
+    if not Path("/proc/self/stat").exists():
+        return float("nan")
+    ticks = 0
+    for root in pids:
+        for pid in _tree(root):
+            with contextlib.suppress(OSError, ValueError):
+                stat = Path(f"/proc/{pid}/stat").read_text()
+                fields = stat[stat.rindex(")") + 2 :].split()  # after "pid (comm) "; comm may hold spaces
+                ticks += sum(int(v) for v in fields[11:15])  # utime stime cutime cstime (fields 14-17)
+    return ticks / _CLK_TCK
 
 
 def load_json(path: Path) -> Any:
