@@ -28,12 +28,15 @@ class CrashAfterWriteOnce(Middleware):
 
 class KillMidBatch(Middleware):
     """SIGKILL the worker process right after the 2nd graph commit of one apply run (the middle of an apply
-    batch: two members committed, their index, stamp and statuses not yet finished), once per data dir."""
+    batch: two members committed, their index, stamp and statuses not yet finished), once per data dir.
+
+    Commits are counted since the last ``after_stage``: a batch runs each member's ``before_stage`` before
+    its commit, and every ``after_stage`` only once the whole batch is finished."""
 
     def __init__(self) -> None:
         self.commits = 0
 
-    def before_stage(self, stage: str, user_id: str, message_id: str) -> None:
+    def after_stage(self, stage: str, user_id: str, message_id: str, outcome: StageResult, seconds: float) -> None:
         self.commits = 0
 
     def after_write(self, user_id: str, message_id: str, outcome: ApplyOutcome) -> None:
