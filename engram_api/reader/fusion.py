@@ -32,7 +32,7 @@ from engram_api.naming import self_entity_id
 from engram_api.reader.facts import UserChunks, UserFacts
 from engram_api.reader.items import Candidate, Row, novel_first, recall_item
 from engram_api.reader.recipe import RecallRecipe, RetrievalChannel
-from engram_api.reader.scoring import Weights, components, model_of
+from engram_api.reader.scoring import Weights, components, named
 from engram_api.settings import Settings
 from engram_api.storage.base import GraphStepQuery, GraphStore, KeywordHit
 from engram_api.storage.episodes import keyword_terms
@@ -284,9 +284,7 @@ class _Run:
         if self.recipe.dedup:
             rows = novel_first(rows)
         return [
-            recall_item(
-                node_id, cand, ScoreBreakdown(**model_of(comp).model_dump(), rrf=cand.fusion, total=total), self.hops
-            )
+            recall_item(node_id, cand, ScoreBreakdown(**named(comp), rrf=cand.fusion, total=total), self.hops)
             for total, node_id, cand, comp in rows[:k]
         ]
 

@@ -12,11 +12,11 @@ import math
 from datetime import datetime
 from typing import Literal
 
-from engram_api.models import GLOBAL_SCOPE, SCORE_COMPONENTS, ScoreComponents, Weights
+from engram_api.models import GLOBAL_SCOPE, SCORE_COMPONENTS, Weights
 from engram_api.settings import Settings
 from engram_api.storage.base import GraphStore
 
-__all__ = ["ComponentValues", "WeightSource", "Weights", "components", "effective_weights", "model_of"]
+__all__ = ["ComponentValues", "WeightSource", "Weights", "components", "effective_weights", "named"]
 
 
 WeightSource = Literal["configured", "learned:user", "learned:global"]
@@ -34,7 +34,7 @@ def effective_weights(graph: GraphStore, settings: Settings, user_id: str) -> tu
 
 
 # One candidate's components in ``SCORE_COMPONENTS`` order: a recall scores ~100 candidates and builds
-# the ``ScoreComponents`` model only for the k it returns.
+# the breakdown model (``ScoreBreakdown``) only for the k it returns.
 ComponentValues = tuple[float, float, float, float, float]
 
 
@@ -59,5 +59,6 @@ def components(
     )
 
 
-def model_of(values: ComponentValues) -> ScoreComponents:
-    return ScoreComponents(**dict(zip(SCORE_COMPONENTS, values, strict=True)))
+def named(values: ComponentValues) -> dict[str, float]:
+    """The components by name (``ScoreComponents``' fields), for the breakdown of an item returned."""
+    return dict(zip(SCORE_COMPONENTS, values, strict=True))

@@ -176,23 +176,16 @@ class Neo4jGraphStore(GraphStore):
         driver = self._ready()
         deadline = time.monotonic() + MAX_RETRY_TIME_S
         delay = 0.05
-        while True:
-            try:
-                with (
-                    self._mapped_errors(),
-                    driver.session(database=self._database, default_access_mode=READ_ACCESS) as session,
-                ):
-                    return list(session.run(Query(query, timeout=timeout), params))  # type: ignore[arg-type]
-            except StoreUnavailableError as exc:
-                cause = exc.__cause__
-                retryable = isinstance(cause, Neo4jError | DriverError) and cause.is_retryable()
-                if not retryable or time.monotonic() + delay > deadline:
-                    raise
-            except (Neo4jError, DriverError) as exc:
-                if not exc.is_retryable() or time.monotonic() + delay > deadline:
-                    raise
-            time.sleep(delay)
-            delay = min(2 * delay, 1.0)
+        with self._mapped_errors():  # what is still failing when the retries end is mapped once, here
+            while True:
+                try:
+                    with driver.session(database=self._database, default_access_mode=READ_ACCESS) as session:
+                        return list(session.run(Query(query, timeout=timeout), params))  # type: ignore[arg-type]
+                except (Neo4jError, DriverError) as exc:
+                    if not exc.is_retryable() or time.monotonic() + delay > deadline:
+                        raise
+                time.sleep(delay)
+                delay = min(2 * delay, 1.0)
 
     def _rows(self, query: str, **params: Any) -> list[dict[str, Any]]:
         """Run one read query (auto-commit, ``_read_one``); returns the `row` column."""

@@ -216,8 +216,11 @@ class Services:
     def server_pids(self) -> dict[str, int]:
         """The process ids of the Redis and Neo4j servers this run started (not one given by NEO4J_URI)."""
         servers = {"redis": self._redis, "neo4j": self._neo4j}
-        procs = {name: getattr(server, "_proc", None) for name, server in servers.items()}
-        return {name: proc.pid for name, proc in procs.items() if proc is not None and proc.poll() is None}
+        return {
+            name: server.pid
+            for name, server in servers.items()
+            if server is not None and server.running and server.pid is not None
+        }
 
     def close(self) -> None:
         for service in (self._llm, self._neo4j, self._redis):
@@ -278,20 +281,14 @@ def start_workers(
     *,
     extract_concurrency: int,
     apply_concurrency: int = 2,
-    extract_processes: int = 1,
     tag: str = "",
 ) -> None:
-    """An extract worker (``extract_processes`` processes of ``extract_concurrency`` threads each) and an
-    apply worker (prefork, ``apply_concurrency`` processes)."""
+    """An extract worker (``extract_concurrency`` threads) and an apply worker (prefork, ``apply_concurrency``
+    processes); ``restart_extract`` / ``restart_apply`` change them."""
     from engram_workers.services.celery_worker import APPLY_WORKER, EXTRACT_WORKER
 
-    _start(stack, f"extract{tag}-c{extract_concurrency}", EXTRACT_WORKER, extract_concurrency, extract_processes)
+    stack.start_worker(f"extract{tag}-c{extract_concurrency}", EXTRACT_WORKER, concurrency=extract_concurrency)
     stack.start_worker(f"apply{tag}", APPLY_WORKER, concurrency=apply_concurrency)
-
-
-def _start(stack: Stack, name: str, spec: dict[str, Any], concurrency: int, processes: int) -> None:
-    for i in range(processes):
-        stack.start_worker(name if processes == 1 else f"{name}-p{i}", spec, concurrency=concurrency)
 
 
 def _replace(stack: Stack, prefix: str, spec: dict[str, Any], concurrency: int, processes: int) -> None:
@@ -300,7 +297,9 @@ def _replace(stack: Stack, prefix: str, spec: dict[str, Any], concurrency: int, 
     for proc in [p for p in stack.workers if p.name.startswith(prefix)]:
         proc.stop()
         stack.workers.remove(proc)
-    _start(stack, f"{prefix}-c{concurrency}-{uuid.uuid4().hex[:4]}", spec, concurrency, processes)
+    name = f"{prefix}-c{concurrency}-{uuid.uuid4().hex[:4]}"
+    for i in range(processes):
+        stack.start_worker(name if processes == 1 else f"{name}-p{i}", spec, concurrency=concurrency)
 
 
 def restart_extract(stack: Stack, concurrency: int, *, processes: int = 1) -> None:
