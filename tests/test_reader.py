@@ -205,6 +205,19 @@ def test_feedback_is_stored_reinforces_the_useful_fact_and_moves_the_version(sta
     assert not again.cached  # the reader's cache saw the new version
 
 
+def test_feedback_at_once_after_each_recall_finds_its_log_written_off_the_recall_path(stack):
+    """The recall log is written on a reader thread after the result is returned: feedback in the same
+    process waits for it, so however soon it comes, it finds the recall; the log is in Redis for others."""
+    client, user = stack.client, uid()
+    ingest(client, user, ["I live in Austin.", "I enjoy chess.", "I have a dog named Rex."])
+    for n in range(20):
+        recall = client.recall(user, f"what does the user do, take {n}?", k=3)
+        assert not recall.cached and recall.items
+        assert client.feedback(user, recall.recall_id, [recall.items[0].id]) == len(recall.items)
+        logged = json.loads(client.redis.get(keys.recall_log(user, recall.recall_id)))
+        assert sorted(logged) == sorted(i.id for i in recall.items)
+
+
 def test_cache_sees_a_fact_written_by_a_worker_in_another_process(stack):
     client, user = stack.client, uid()
     ingest(client, user, ["I enjoy chess."])
