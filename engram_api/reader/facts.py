@@ -9,7 +9,8 @@ Invariants:
 - an older stamp never replaces a newer one's entries (a slow reader cannot roll the cache back);
 - bounded: at most ``users`` users and ``per_user`` records each, least recently used dropped first;
 - the graph step (hydrate the vector and keyword hits, expand from the seeds) is ONE store round trip
-  (``GraphStore.graph_step``); records the cache holds are named in ``known`` and not sent back.
+  (``GraphStore.graph_step``); records the cache holds are named in ``known`` and not sent back, and the
+  chunks it does not hold come in the same round trip, with the facts extracted from them.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from functools import partial
 from typing import Generic, TypeVar
 
 from engram_api.models import ChunkRecord, FactRecord
-from engram_api.storage.base import GraphStepQuery, GraphStore
+from engram_api.storage.base import GraphStep, GraphStepQuery, GraphStore
 from engram_api.versions import Stamp
 
 __all__ = ["ChunkCache", "EpisodeChunkIds", "FactCache", "RecordCache", "UserChunks", "UserFacts"]
@@ -138,21 +139,24 @@ class UserFacts:
         for those the cache does not hold, none when it holds them all."""
         return self.cache.through(self.user_id, self.stamp, ids, partial(self.graph.get_facts, self.user_id))
 
-    def step(self, query: GraphStepQuery) -> tuple[dict[str, FactRecord], list[tuple[str, int]]]:
-        """Hydrate ``query.fact_ids`` and expand, in one store round trip. Returns the records of every
-        asked or reached fact of the user, and the reached facts as (id, hops), nearest first."""
+    def step(self, query: GraphStepQuery) -> GraphStep:
+        """Hydrate ``query.fact_ids`` (and the chunks named) and expand, in one store round trip, none
+        when the cache holds every fact asked and nothing else is. Returns the records of every asked or
+        reached fact of the user, the reached facts as (id, hops), nearest first, and the chunks asked."""
         # A snapshot, not a second lookup after the query: another thread may move the cache on meanwhile.
         records = self.cache.held(self.user_id, self.stamp)
         asked = [i for i in dict.fromkeys(query.fact_ids) if i not in records]
-        if not asked and not (query.limit and (query.seeds or query.seed_facts)):
-            return {i: records[i] for i in dict.fromkeys(query.fact_ids) if i in records}, []
+        if not asked and not query.expanding and not query.chunk_ids and not query.chunk_facts:
+            return GraphStep(facts=[records[i] for i in dict.fromkeys(query.fact_ids) if i in records])
         result = self.graph.graph_step(
             self.user_id, query.model_copy(update={"fact_ids": asked, "known": list(records)})
         )
         self.cache.put(self.user_id, self.stamp, result.facts)
+        held = {f.id for f in result.facts}
         records.update((f.id, f) for f in result.facts)
-        wanted = dict.fromkeys([*query.fact_ids, *(fid for fid, _ in result.hops)])
-        return {i: records[i] for i in wanted if i in records}, result.hops
+        wanted = dict.fromkeys([*query.fact_ids, *held, *(fid for fid, _ in result.hops)])
+        facts = [records[i] for i in wanted if i in records]
+        return result.model_copy(update={"facts": facts})
 
 
 @dataclass(slots=True)
@@ -168,6 +172,14 @@ class UserChunks:
         """The user's chunks among ``ids`` (another user's, unknown or since forgotten ids are absent):
         one store read for those the cache does not hold, none when it holds them all."""
         return self.cache.through(self.user_id, self.stamp, ids, partial(self.graph.get_chunks, self.user_id))
+
+    def held(self, ids: Iterable[str]) -> dict[str, ChunkRecord]:
+        """Those of ``ids`` the cache holds; no read."""
+        return self.cache.get(self.user_id, self.stamp, ids)
+
+    def keep(self, chunks: Iterable[ChunkRecord]) -> None:
+        """Chunks read at this stamp by another query (the graph step's)."""
+        self.cache.put(self.user_id, self.stamp, chunks)
 
     def of_episodes(self, episode_ids: Sequence[str]) -> list[ChunkRecord]:
         """Every chunk of the user's episodes among ``episode_ids``, in conversation order (as

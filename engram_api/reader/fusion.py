@@ -8,9 +8,10 @@ Invariants:
 - a linked item (a fact's source episode, an episode's extracted facts, a neighbouring turn) obeys the
   same window and only adds a share of its parent's fusion score, never more than the parent has;
 - zero LLM calls, and at most a fixed number of store round trips whatever the user's size: the keyword
-  search (started by the caller before it embedded the query), the graph step (hydrate the fact hits,
-  expand from the seeds), and chunk reads; fact records, chunks and each message's chunk list come from
-  the per-user caches when the user's stamp has not moved (``reader.facts``).
+  search (started by the caller before it embedded the query), the graph step (hydrate the fact hits
+  and the chunk hits the cache lacks, expand from the seeds), and the linked items' chunk reads; fact
+  records, chunks and each message's chunk list come from the per-user caches when the user's stamp has
+  not moved (``reader.facts``).
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from engram_api.storage.vectors import Kind, UserIndex, VectorHit
 __all__ = ["TimeWindow", "keyword_hits", "recall_items"]
 
 _SEED_MIN_SIM = 0.25
+_SEED_CHUNKS = 5  # the top episode hits whose extracted facts seed the expansion
 _EPISODE_STRENGTH = 1.0  # episodes do not decay: what was said stays said
 _EPISODE_IMPORTANCE = 0.5
 
@@ -158,12 +160,14 @@ class _Run:
         episode_ids = self._episode_hits(k.get("episode_vector", 40)) if recipe.uses("episode_vector") else []
         with self._timed("keyword"):  # what is left of it once the query is embedded
             keyword = self.keyword.result() if self.keyword is not None else []
-        # One round trip for every chunk, one for every fact (with those the top chunks were the source of)
-        # and the graph expansion from them.
-        self._load_chunks([*episode_ids, *(h.node_id for h in keyword if h.kind == "episode")])
-        top_chunks = [*episode_ids[: recipe.links_from], *(h.node_id for h in keyword[: recipe.links_from])]
-        # The index is the one of the stamp read first; a forget committed since removes chunks it still holds.
-        episode_ids = [cid for cid in episode_ids if self._ok(cid)]
+        # The chunks the cache holds serve as they are; the rest, and the facts extracted from the top ones,
+        # come in the graph step's round trip.
+        keyword_chunks = [h.node_id for h in keyword if h.kind == "episode"]
+        self.chunks.update(self.user_chunks.held([*episode_ids, *keyword_chunks]))
+        top_chunks = [
+            *episode_ids[: recipe.links_from],
+            *(h.node_id for h in keyword[: recipe.links_from] if h.kind == "episode"),
+        ]
         expanding = recipe.uses("graph") and self.graph_expansion and self.settings.max_hops >= 0
         self._graph_step(
             [
@@ -173,24 +177,42 @@ class _Run:
             ],
             fact_hits if expanding else None,
             episode_ids,
+            chunk_ids=[cid for cid in dict.fromkeys([*episode_ids, *keyword_chunks]) if cid not in self.chunks],
+            chunk_facts=[cid for cid in dict.fromkeys(top_chunks) if cid not in self.chunks],
         )
         if recipe.uses("fact_vector"):
             self._rank("fact_vector", [h.node_id for h in fact_hits if self._ok(h.node_id)])
-        self._rank("episode_vector", episode_ids)
+        # The index is the one of the stamp read first; a forget committed since removes chunks it still holds.
+        self._rank("episode_vector", [cid for cid in episode_ids if self._ok(cid)])
         self._rank("keyword", [h.node_id for h in keyword if self._ok(h.node_id)])
         if expanding:
             self._rank("graph", [fid for fid in self.hops if self.window.fact_ok(self.facts[fid])])
 
-    def _graph_step(self, fact_ids: list[str], fact_hits: list[VectorHit] | None, episode_ids: list[str]) -> None:
-        """Hydrate ``fact_ids`` and, given the fact hits, expand from the seeds: one store round trip.
+    def _graph_step(
+        self,
+        fact_ids: list[str],
+        fact_hits: list[VectorHit] | None,
+        episode_ids: list[str],
+        *,
+        chunk_ids: list[str],
+        chunk_facts: list[str],
+    ) -> None:
+        """Hydrate ``fact_ids`` and ``chunk_ids`` (with the facts of ``chunk_facts``) and, given the fact
+        hits, expand from the seeds: one store round trip.
 
         Seeds: the entities most like the query, and the subject and object of the top fact hits and of
         the facts the top chunks were the source of (those valid in the window)."""
-        query = GraphStepQuery(fact_ids=fact_ids, now=utcnow())
+        query = GraphStepQuery(fact_ids=fact_ids, now=utcnow(), chunk_ids=chunk_ids, chunk_facts=chunk_facts)
         if fact_hits is not None:
             entity_hits = self._search(10, "entity")
             top_facts = [h.node_id for h in fact_hits if h.score >= _SEED_MIN_SIM][:5]
-            top_facts += [f for cid in episode_ids[:5] for f in self.chunks[cid].fact_ids]
+            # The top chunks that still exist (in the window): the store picks them when the cache lacks one.
+            seeding = [cid for cid in episode_ids if cid not in self.chunks or self._ok(cid)]
+            seed_chunks: list[str] = []
+            if all(cid in self.chunks for cid in seeding[:_SEED_CHUNKS]):
+                top_facts += [f for cid in seeding[:_SEED_CHUNKS] for f in self.chunks[cid].fact_ids]
+            else:
+                seed_chunks = seeding
             # The user's own node touches every fact: as a seed, or as a node paths pass through, it would
             # put everything one hop away and flood the graph ranking.
             w = self.window
@@ -199,6 +221,8 @@ class _Run:
                     "fact_ids": [*fact_ids, *top_facts],
                     "seeds": [h.node_id for h in entity_hits if h.score >= _SEED_MIN_SIM][:5],
                     "seed_facts": top_facts,
+                    "seed_chunks": seed_chunks,
+                    "seed_chunk_count": _SEED_CHUNKS if seed_chunks else 0,
                     "as_of": w.as_of,
                     "since": w.since,
                     "until": w.until,
@@ -209,10 +233,12 @@ class _Run:
                 }
             )
         with self._timed("graph"):
-            records, hops = self.user_facts.step(query)
-        for fid, record in records.items():
-            self.facts.setdefault(fid, record)
-        self.hops.update(hops)
+            step = self.user_facts.step(query)
+        for fact in step.facts:
+            self.facts.setdefault(fact.id, fact)
+        self.user_chunks.keep(step.chunks)
+        self.chunks.update((c.id, c) for c in step.chunks)
+        self.hops.update(step.hops)
 
     # ------------------------------------------------------------------------------------- links
     def links(self) -> None:

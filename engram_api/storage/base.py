@@ -95,8 +95,9 @@ class Fence:
 
 
 class GraphStepQuery(BaseModel):
-    """Recall's graph step: hydrate ``fact_ids`` and expand from seeds, in one round trip (see
-    ``GraphStore.graph_step``). ``known`` are facts the caller already holds at the user's current stamp."""
+    """Recall's graph step: hydrate ``fact_ids`` and ``chunk_ids`` and expand from seeds, in one round trip
+    (see ``GraphStore.graph_step``). ``known`` are facts the caller already holds at the user's current
+    stamp. The ``chunk_*`` fields name episode chunks whose records or extracted facts the caller lacks."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -112,14 +113,24 @@ class GraphStepQuery(BaseModel):
     per_seed: int = Field(1, ge=1)
     avoid: list[str] = Field(default_factory=list)
     known: list[str] = Field(default_factory=list)
+    chunk_ids: list[str] = Field(default_factory=list)
+    chunk_facts: list[str] = Field(default_factory=list)
+    seed_chunks: list[str] = Field(default_factory=list)
+    seed_chunk_count: int = Field(0, ge=0)
+
+    @property
+    def expanding(self) -> bool:
+        return self.limit > 0 and bool(self.seeds or self.seed_facts or (self.seed_chunks and self.seed_chunk_count))
 
 
 class GraphStep(BaseModel):
     """``facts``: every asked or reached fact of the user that is not in ``known`` (any order);
-    ``hops``: the reached facts as (fact id, hops), nearest first."""
+    ``hops``: the reached facts as (fact id, hops), nearest first; ``chunks``: the user's chunks among
+    ``chunk_ids`` (any order)."""
 
     facts: list[FactRecord] = Field(default_factory=list)
     hops: list[tuple[str, int]] = Field(default_factory=list)
+    chunks: list[ChunkRecord] = Field(default_factory=list)
 
 
 class GraphStore(ABC):
@@ -271,6 +282,12 @@ class GraphStore(ABC):
 
         Records of facts in ``known`` are not sent back (the caller's cache has them); a fact asked and
         reached comes back once.
+
+        Episode chunks, for a caller whose chunk cache lacks them: the user's chunks among ``chunk_ids``
+        come back in ``chunks``; the facts extracted from the episodes of the user's chunks among
+        ``chunk_facts`` are hydrated as if in ``fact_ids``; and, when the step expands (``limit`` > 0),
+        those of the first ``seed_chunk_count`` of ``seed_chunks`` that are the user's (in list order) are
+        seed facts (hydrated too), as if in ``seed_facts``.
         """
 
     def history(

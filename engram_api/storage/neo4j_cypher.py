@@ -293,15 +293,30 @@ RETURN {_FACT} AS row
 # grouped by `f` alone into the per-seed search and returns one row per (seed, fact). The length bound
 # must be a literal: it is formatted in from a validated int. Early cut by hop: a seed with at least
 # $per_seed valid facts at hop 0 keeps only hop-0 facts (its nearest), so it is never walked further.
-# Last, the records asked or reached that the caller does not know. Each part ends in an aggregation, so one row always comes back.
+# Before the seeds, the chunks the caller lacks: the facts of the $chunk_facts chunks' episodes (hydrated) and
+# of the first $seed_chunk_count of $seed_chunks that are the user's (seed facts). Last, the records asked or
+# reached that the caller does not know, and the $chunk_ids chunks. Each part ends in an aggregation, so one
+# row always comes back.
 _STEP_VALID_AT = (
     "({v}.archived = false AND CASE WHEN $current THEN {v}.valid_until IS NULL "
     "ELSE {v}.valid_from <= $as_of AND ({v}.valid_until IS NULL OR $as_of < {v}.valid_until) END)"
 )
 Q_GRAPH_STEP = f"""
 CALL () {{
+  OPTIONAL MATCH (c:Chunk {{user_id: $user_id}}) WHERE c.id IN $chunk_facts
+  CALL (c) {{ OPTIONAL {episodes_cypher.EXTRACTED} RETURN collect(f.id) AS of_chunk }}
+  RETURN reduce(ids = [], more IN collect(of_chunk) | ids + more) AS sourced
+}}
+CALL () {{
+  UNWIND range(0, size($seed_chunks) - 1) AS i
+  MATCH (c:Chunk {{user_id: $user_id}}) WHERE c.id = $seed_chunks[i]
+  WITH c, i ORDER BY i LIMIT $seed_chunk_count
+  CALL (c) {{ OPTIONAL {episodes_cypher.EXTRACTED} RETURN collect(f.id) AS of_chunk }}
+  RETURN reduce(ids = [], more IN collect(of_chunk) | ids + more) AS chunk_seeds
+}}
+CALL (chunk_seeds) {{
   OPTIONAL MATCH (sf:Fact {{user_id: $user_id}})
-  WHERE sf.id IN $seed_facts AND {_STEP_VALID_AT.format(v="sf")}
+  WHERE sf.id IN $seed_facts + chunk_seeds AND {_STEP_VALID_AT.format(v="sf")}
     AND (NOT $current OR sf.valid_from <= $now)
     AND sf.valid_from < $until AND (sf.valid_until IS NULL OR sf.valid_until > $since)
   WITH collect(sf.subject_id) + collect(sf.object_id) AS from_facts
@@ -335,12 +350,16 @@ CALL (seeds) {{
   LIMIT $limit
   RETURN collect([f.id, hops]) AS hops
 }}
-CALL (hops) {{
-  WITH [x IN $fact_ids + [h IN hops | h[0]] WHERE NOT x IN $known] AS wanted
+CALL (hops, sourced, chunk_seeds) {{
+  WITH [x IN $fact_ids + sourced + chunk_seeds + [h IN hops | h[0]] WHERE NOT x IN $known] AS wanted
   MATCH (f:Fact {{user_id: $user_id}}) WHERE f.id IN wanted
   RETURN collect({_FACT}) AS facts
 }}
-RETURN hops, facts
+CALL () {{
+  MATCH (c:Chunk {{user_id: $user_id}}) WHERE c.id IN $chunk_ids
+  RETURN collect({episodes_cypher.CHUNK_ROW}) AS chunks
+}}
+RETURN hops, facts, chunks
 """
 NO_ID = ""  # in every list parameter of the graph step, so none is ever empty
 BEGINNING = datetime(1, 1, 1, tzinfo=UTC)

@@ -15,6 +15,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 __all__ = [
+    "CHUNK_ROW",
+    "EXTRACTED",
     "KEYWORD_INDEX",
     "Q_APPLY_CHUNKS",
     "Q_CHUNKS",
@@ -69,16 +71,17 @@ RETURN id ORDER BY id
 # driver's hydration of three temporal values per chunk into neo4j.time objects was most of the Neo4j
 # recall's CPU (neo4j_rows.live_chunks turns them back into datetimes).
 _MICROS = "{t}.epochSeconds * 1000000 + {t}.microsecond"
-_CHUNK = f"""c {{.id, .user_id, .episode_id, .seq, .text, .speaker, .role,
+# The facts extracted from chunk c's episode (``ChunkRecord.fact_ids``), as f.
+EXTRACTED = "MATCH (c)-[:PART_OF]->(:Episode)<-[:FROM]-(f:Fact) WHERE f.user_id = $user_id"
+CHUNK_ROW = f"""c {{.id, .user_id, .episode_id, .seq, .text, .speaker, .role,
    event_time: {_MICROS.format(t="c.event_time")}, created_at: {_MICROS.format(t="c.created_at")},
    updated_at: {_MICROS.format(t="c.created_at")},
-   fact_ids: COLLECT {{ MATCH (c)-[:PART_OF]->(:Episode)<-[:FROM]-(f:Fact) WHERE f.user_id = $user_id
-                       RETURN f.id ORDER BY f.id }}}}"""
+   fact_ids: COLLECT {{ {EXTRACTED} RETURN f.id ORDER BY f.id }}}}"""
 
 Q_CHUNKS = f"""
 MATCH (c:Chunk {{user_id: $user_id}}) WHERE c.id IN $ids OR c.episode_id IN $episodes
 WITH c ORDER BY c.event_time, c.episode_id, c.seq
-RETURN {_CHUNK} AS row
+RETURN {CHUNK_ROW} AS row
 """
 
 _BEFORE = (
@@ -97,7 +100,7 @@ CALL (x) {{
   WITH n ORDER BY n.event_time, n.episode_id, n.seq LIMIT $window RETURN n
 }}
 WITH DISTINCT n AS c
-RETURN {_CHUNK} AS row
+RETURN {CHUNK_ROW} AS row
 """
 
 # Chunks and facts in one query (one round trip): each branch keeps its own top k, as two queries did.

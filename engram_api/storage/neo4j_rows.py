@@ -111,7 +111,7 @@ _CHUNK_TIMES = ("event_time", "created_at", "updated_at")
 def live_chunks(rows: Sequence[dict[str, Any]]) -> list[ChunkRecord]:
     """Chunk rows minus those a concurrent forget deleted mid-read: under read committed, a node matched
     before another transaction's delete committed reads back with null properties. Their times come as
-    epoch microseconds (``neo4j_episodes._CHUNK``)."""
+    epoch microseconds (``neo4j_episodes.CHUNK_ROW``)."""
     return [
         ChunkRecord.model_validate({**r, **{t: _EPOCH + timedelta(microseconds=r[t]) for t in _CHUNK_TIMES}})
         for r in rows

@@ -339,7 +339,7 @@ class Neo4jGraphStore(GraphStore):
         return [FactRecord.model_validate(r) for r in rows]
 
     def graph_step(self, user_id: str, query: GraphStepQuery) -> GraphStep:
-        expanding = query.limit > 0 and bool(query.seeds or query.seed_facts)
+        expanding = query.expanding
         max_len = 2 * int(query.max_hops) + 1
         cypher = cy.Q_GRAPH_STEP.replace("{max_len}", str(max_len))
         params = {
@@ -356,6 +356,10 @@ class Neo4jGraphStore(GraphStore):
             "per_seed": int(query.per_seed),
             "avoid": [cy.NO_ID, *query.avoid],
             "known": [cy.NO_ID, *query.known],
+            "chunk_ids": [cy.NO_ID, *dict.fromkeys(query.chunk_ids)],
+            "chunk_facts": [cy.NO_ID, *dict.fromkeys(query.chunk_facts)],
+            "seed_chunks": [cy.NO_ID, *(dict.fromkeys(query.seed_chunks) if expanding else ())],
+            "seed_chunk_count": int(query.seed_chunk_count),
         }
         # The server counts planning against the timeout, and planning this query takes seconds on a loaded
         # machine. It plans again per length bound and per size bucket of each list parameter (buckets no
@@ -371,6 +375,7 @@ class Neo4jGraphStore(GraphStore):
         return GraphStep(
             facts=[FactRecord.model_validate(shape.from_db(row)) for row in record["facts"]],
             hops=[(fid, int(hops)) for fid, hops in record["hops"]],
+            chunks=shape.live_chunks([shape.from_db(row) for row in record["chunks"]]),
         )
 
     def _history(self, user_id: str, norm: str, predicate: str | None, limit: int) -> list[FactRecord]:

@@ -278,12 +278,30 @@ class SqliteGraphStore(GraphStore):
         return [db.fact_row(r) for r in rows]
 
     def graph_step(self, user_id: str, query: GraphStepQuery) -> GraphStep:
-        """One read transaction (one snapshot): the expansion statement, then the records asked or
-        reached that the caller does not know."""
+        """One read transaction (one snapshot): the chunks named, the expansion statement, then the
+        records asked or reached that the caller does not know."""
+        with self._read() as conn:
+            named = [*query.chunk_ids, *query.chunk_facts, *(query.seed_chunks if query.expanding else ())]
+            chunks = {
+                c.id: c
+                for c in episodes_sql.get_chunks(conn, user_id, chunk_ids=list(dict.fromkeys(named)), dt=db.from_us)
+            }
+            seeding = (
+                [cid for cid in query.seed_chunks if cid in chunks][: query.seed_chunk_count] if query.expanding else []
+            )
+            chunk_seeds = [f for cid in seeding for f in chunks[cid].fact_ids]
+            sourced = [f for cid in query.chunk_facts if cid in chunks for f in chunks[cid].fact_ids]
+            hops, facts = self._step(conn, user_id, query, [*query.seed_facts, *chunk_seeds], [*sourced, *chunk_seeds])
+        asked = set(query.chunk_ids)
+        return GraphStep(facts=facts, hops=hops, chunks=[c for c in chunks.values() if c.id in asked])
+
+    def _step(
+        self, conn: sqlite3.Connection, user_id: str, query: GraphStepQuery, seed_facts: list[str], more: list[str]
+    ) -> tuple[list[tuple[str, int]], list[FactRecord]]:
         params = {
             "user_id": user_id,
             "seeds": db.json_ids(query.seeds),
-            "seed_facts": db.json_ids(query.seed_facts),
+            "seed_facts": db.json_ids(seed_facts),
             "as_of": db.to_us_opt(query.as_of),
             "since": db.to_us_opt(query.since),
             "until": db.to_us_opt(query.until),
@@ -293,13 +311,11 @@ class SqliteGraphStore(GraphStore):
             "per_seed": query.per_seed,
             "avoid": db.json_ids(query.avoid),
         }
-        expanding = query.limit > 0 and bool(query.seeds or query.seed_facts)
-        with self._read() as conn:
-            hops = [(r["fact_id"], r["hops"]) for r in conn.execute(sql.EXPAND, params)] if expanding else []
-            known = set(query.known)
-            wanted = [i for i in dict.fromkeys([*query.fact_ids, *(fid for fid, _ in hops)]) if i not in known]
-            rows = conn.execute(sql.FACTS_BY_ID, (user_id, db.json_ids(wanted))).fetchall()
-        return GraphStep(facts=[db.fact_row(r) for r in rows], hops=hops)
+        hops = [(r["fact_id"], r["hops"]) for r in conn.execute(sql.EXPAND, params)] if query.expanding else []
+        known = set(query.known)
+        wanted = [i for i in dict.fromkeys([*query.fact_ids, *more, *(fid for fid, _ in hops)]) if i not in known]
+        rows = conn.execute(sql.FACTS_BY_ID, (user_id, db.json_ids(wanted))).fetchall()
+        return hops, [db.fact_row(r) for r in rows]
 
     def _history(self, user_id: str, norm: str, predicate: str | None, limit: int) -> list[FactRecord]:
         rows = (

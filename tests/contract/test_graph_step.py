@@ -14,13 +14,15 @@ import random
 from collections import defaultdict
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
-from engram_api.models import EntityRecord, FactRecord
+from engram_api.models import ChatMessage, EntityRecord, Envelope, FactRecord
 from engram_api.reader.facts import FactCache, UserFacts
 from engram_api.reader.fusion import TimeWindow
 from engram_api.storage import GraphStep, GraphStepQuery, GraphStore
+from engram_api.storage.episodes import chunk_envelope
 
-from .factories import at, make_entity, make_fact, plan, supersede
+from .factories import at, make_entity, make_fact, plan, supersede, vec
 
 FAR = 10_000
 WINDOWS: list[dict[str, datetime | None]] = [
@@ -175,6 +177,63 @@ def test_graph_step_hydrates_alone_and_leaves_known_records_out(graph_store: Gra
     same(part, two_step(graph_store, user, q.model_copy(update={"known": known})))
 
 
+def said(store: GraphStore, user: str, mid: str, texts: list[str], when: datetime, **planned: Any) -> list[str]:
+    """One message of ``texts`` (a chunk each) applied with ``planned`` (entities, facts); its chunk ids."""
+    envelope = Envelope(user_id=user, message_id=mid, messages=[ChatMessage(content=t) for t in texts], timestamp=when)
+    chunks = [c.model_copy(update={"embedding": vec(c.id)}) for c in chunk_envelope(envelope)]
+    store.apply(plan(user, mid, when, **planned).model_copy(update={"chunks": chunks}))
+    return [c.id for c in chunks]
+
+
+def test_graph_step_brings_the_chunks_the_caller_lacks_and_the_facts_of_their_messages(
+    graph_store: GraphStore, user: str, other_user: str
+) -> None:
+    """The ``chunk_*`` fields answer as the plain query given the facts the chunks' messages produced."""
+    ana, bo, paris = (make_entity(user, n) for n in ("Ana", "Bo", "Paris"))
+    likes, lives = make_fact(user, ana, "LIKES", bo), make_fact(user, bo, "LIVES_IN", paris)
+    (c1,) = said(graph_store, user, "m1", ["Ana likes Bo."], at(1), entities=[ana, bo, paris], facts=[likes])
+    c2a, c2b = said(graph_store, user, "m2", ["Bo moved.", "He lives in Paris."], at(2), facts=[lives])
+    (c3,) = said(graph_store, user, "m3", ["Nice weather today."], at(3))
+    theirs = make_entity(other_user, "Cy")
+    (x1,) = said(graph_store, other_user, "x1", ["Cy is here."], at(1), entities=[theirs],
+                 facts=[make_fact(other_user, theirs, "IS_HERE")])  # fmt: skip
+    base = GraphStepQuery(max_hops=1, limit=FAR, per_seed=FAR)
+    asked = base.model_copy(
+        update={
+            "chunk_ids": [c1, c3, x1, "chunk-missing"],
+            "chunk_facts": [c2a, x1],
+            "seed_chunks": ["chunk-missing", x1, c3, c1, c2b],
+            "seed_chunk_count": 2,  # the first two of the user's: c3 (no fact) and c1
+        }
+    )
+    got = graph_store.graph_step(user, asked)
+    assert sorted(c.id for c in got.chunks) == sorted([c1, c3])
+    by_chunk_id = {c.id: c for c in graph_store.get_chunks(user, [c1, c3])}
+    assert {c.id: c for c in got.chunks} == by_chunk_id  # the same records get_chunks reads
+    same(
+        got,
+        graph_store.graph_step(
+            user, base.model_copy(update={"fact_ids": [lives.id, likes.id], "seed_facts": [likes.id]})
+        ),
+    )
+    assert got.hops  # the seed chunk's fact seeded the walk
+
+    # One seed chunk: c3, whose message made no fact, so nothing to walk from.
+    fewer = graph_store.graph_step(user, asked.model_copy(update={"seed_chunk_count": 1}))
+    assert fewer.hops == [] and {f.id for f in fewer.facts} == {lives.id}
+    # No expansion (limit 0): seed chunks play no part; the chunks and the facts of chunk_facts still come.
+    flat = graph_store.graph_step(user, asked.model_copy(update={"limit": 0}))
+    assert flat.hops == [] and {f.id for f in flat.facts} == {lives.id}
+    assert sorted(c.id for c in flat.chunks) == sorted([c1, c3])
+    # Known facts are not sent back, whichever field brought them.
+    part = graph_store.graph_step(user, asked.model_copy(update={"known": [lives.id, likes.id]}))
+    assert (
+        part.hops == got.hops
+        and likes.id not in {f.id for f in part.facts}
+        and lives.id not in {f.id for f in part.facts}
+    )
+
+
 # ---------------------------------------------------------------------------------- the fact cache
 
 
@@ -205,10 +264,14 @@ def test_a_warm_fact_cache_rereads_nothing_until_the_users_stamp_moves(graph_sto
     def facts() -> UserFacts:
         return UserFacts(counting, cache, user, graph_store.user_stamp(user))  # type: ignore[arg-type]
 
-    cold_records, cold_hops = facts().step(q)
+    def step(q: GraphStepQuery) -> tuple[dict[str, FactRecord], list[tuple[str, int]]]:
+        done = facts().step(q)
+        return {f.id: f for f in done.facts}, done.hops
+
+    cold_records, cold_hops = step(q)
     assert counting.sent and set(cold_records) == set(ids) | {fid for fid, _ in cold_hops}
     counting.sent.clear()
-    warm_records, warm_hops = facts().step(q)
+    warm_records, warm_hops = step(q)
     assert (warm_records, warm_hops) == (cold_records, cold_hops)
     assert counting.sent == []  # nothing re-read
     assert facts().load(ids) == {i: cold_records[i] for i in ids} and counting.sent == []
@@ -217,7 +280,7 @@ def test_a_warm_fact_cache_rereads_nothing_until_the_users_stamp_moves(graph_sto
     old_stamp = graph_store.user_stamp(user)
     graph_store.reinforce(user, [ids[0]], amount=0.5, now=at(31))
     assert graph_store.user_stamp(user) > old_stamp
-    after_write, _ = facts().step(q)
+    after_write, _ = step(q)
     assert set(counting.sent) >= set(ids)
     assert after_write[ids[0]].strength > cold_records[ids[0]].strength
     assert cache.held(user, old_stamp) == {}  # the old stamp's records are gone
@@ -227,7 +290,7 @@ def test_a_warm_fact_cache_rereads_nothing_until_the_users_stamp_moves(graph_sto
     assert facts().load(ids) == {i: after_write[i] for i in ids} and counting.sent == []
     graph_store.forget_fact(user, ids[1])
     assert ids[1] not in facts().load(ids)
-    assert ids[1] not in facts().step(q)[0]
+    assert ids[1] not in step(q)[0]
     assert counting.sent
 
 

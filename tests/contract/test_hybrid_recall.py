@@ -20,7 +20,7 @@ from engram_api.models import ChatMessage, Envelope, EpisodeRecord, Extraction, 
 from engram_api.reader.context import EXCERPTS_HEADER, FACTS_HEADER
 from engram_api.reader.reader import Reader
 from engram_api.settings import Settings
-from engram_api.storage import GraphStore
+from engram_api.storage import GraphStep, GraphStepQuery, GraphStore
 from engram_api.storage.embedder import Embedder
 from engram_api.storage.episodes import chunk_envelope, keyword_terms
 from engram_api.storage.indexes import IndexKeeper
@@ -266,13 +266,19 @@ def test_recall_serves_chunks_from_its_cache_only_at_the_users_current_stamp(mem
     _chatter(memory, user)
     memory.say(user, "aurora", "We finally saw the northern lights dancing over the fjord last night!", at(10))
     reads: list[list[str]] = []
-    real = memory.graph.get_chunks
+    real, real_step = memory.graph.get_chunks, memory.graph.graph_step
 
     def counting(user_id: str, chunk_ids: Any = (), **kw: Any) -> Any:
         reads.append(list(chunk_ids))
         return real(user_id, chunk_ids, **kw)
 
-    memory.graph.get_chunks = counting  # type: ignore[method-assign]  # the real store, its id reads counted
+    def stepping(user_id: str, query: GraphStepQuery) -> GraphStep:
+        reads.append(query.chunk_ids)
+        return real_step(user_id, query)
+
+    # The real store, the chunks each read asks for counted (a recall's come with its graph step).
+    memory.graph.get_chunks = counting  # type: ignore[method-assign]
+    memory.graph.graph_step = stepping  # type: ignore[method-assign]
     try:
         cold = memory.reader.recall(user, "aurora borealis trip", k=5).items
         assert any(reads), "a cold recall reads its chunks from the store"
@@ -290,7 +296,7 @@ def test_recall_serves_chunks_from_its_cache_only_at_the_users_current_stamp(mem
         after = memory.reader.recall(user, "northern lights over the fjord", k=5).items
         assert "aurora" not in {s for i in after for s in i.source_ids}
     finally:
-        del memory.graph.get_chunks
+        del memory.graph.get_chunks, memory.graph.graph_step
 
 
 def test_a_facts_source_excerpt_comes_from_the_cache_at_the_same_stamp_and_never_after_a_forget(
