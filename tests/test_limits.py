@@ -23,6 +23,7 @@ from engram_api.naming import normalize_name
 from engram_api.redaction import RedactingFilter
 from engram_api.settings import EXAMPLE_PASSWORDS, Settings, load_settings
 from engram_api.storage import GraphStepQuery, neo4j_store, open_graph_store
+from engram_api.storage import neo4j_cypher as cy
 from engram_api.storage.indexes import IndexKeeper
 from engram_api.storage.userwrite import UserWrites
 from engram_api.storage.vectors import VectorStore
@@ -174,6 +175,14 @@ def test_the_index_cache_keeps_the_most_recent_users_and_answers_the_same(tmp_pa
         assert all(hits for hits in first.values())
     finally:
         graph.close()
+
+
+def test_the_graph_steps_lists_of_up_to_99_ids_fall_in_one_neo4j_planning_bucket() -> None:
+    """Neo4j plans a query again when a list parameter's size crosses a power of ten (measured on 5.26):
+    padded, a recall's lists (a few ids to a few dozen) never cost a new plan."""
+    assert [cy.plan_bucket(n) for n in (1, 2, 10, 11, 100, 101, 1000, 1001)] == [0, 1, 1, 2, 2, 3, 3, 4]
+    assert {cy.plan_bucket(len(cy.plan_list(f"id-{i}" for i in range(n)))) for n in range(100)} == {2}
+    assert cy.plan_list(["a", "b", "a"])[:3] == [cy.NO_ID, "a", "b"]  # once each, after the id that is none
 
 
 def test_a_runaway_graph_expansion_on_neo4j_ends_at_the_transaction_timeout(neo4j_server, tmp_path) -> None:

@@ -7,7 +7,7 @@ module (projections, the valid-at predicate) or a validated int (``Q_GRAPH_STEP`
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 
 from engram_api.models import FeedbackRow
@@ -18,6 +18,7 @@ __all__ = [
     "END",
     "FORGET_USER_LABELS",
     "NO_ID",
+    "PLAN_LIST_MIN",
     "Q_APPLY_CHECK",
     "Q_APPLY_ENTITIES",
     "Q_APPLY_ENTITY_CHANGES",
@@ -72,6 +73,8 @@ __all__ = [
     "SCHEMA",
     "SCHEMA_RACE_CODES",
     "VALID_AT",
+    "plan_bucket",
+    "plan_list",
 ]
 
 SCHEMA = (
@@ -284,7 +287,8 @@ RETURN {_FACT} AS row
 # null where there was a date, an empty list where there was a non-empty one), and planning this one takes
 # seconds on a loaded machine, so parameters keep one shape where they can: dates are never null
 # ($current says "no as_of"; $since and $until default to the ends of time) and every list carries "",
-# which is no id. First the seeds: $seeds plus the subject and object of each seed fact that passes
+# which is no id, padded to at least PLAN_LIST_MIN entries (``plan_list``: Neo4j 5 plans again when a
+# list's size crosses a power of ten, measured: 1, 2-10, 11-100, 101-1000, ...). First the seeds: $seeds plus the subject and object of each seed fact that passes
 # recall's window (``fusion.TimeWindow.fact_ok``: valid at $as_of, current at $now when $current,
 # overlapping [$since, $until)). Then the expansion: Neo4j plans `min(length(p))` per (start, end) pair
 # as a pruning breadth-first expand that visits each node once, at its shallowest depth, and stops at
@@ -362,6 +366,21 @@ CALL () {{
 RETURN hops, facts, chunks
 """
 NO_ID = ""  # in every list parameter of the graph step, so none is ever empty
+PLAN_LIST_MIN = 11  # the smallest size of the 11-100 bucket, where a recall's lists fall
+
+
+def plan_list(ids: Iterable[str]) -> list[str]:
+    """A list parameter of the graph step: ``ids`` once each, after NO_ID, padded with NO_ID to the
+    11-100 size bucket, so that the lists of ordinary recalls share one plan."""
+    out = [NO_ID, *dict.fromkeys(ids)]
+    return out + [NO_ID] * (PLAN_LIST_MIN - len(out))
+
+
+def plan_bucket(size: int) -> int:
+    """Which of Neo4j's list-size planning buckets ``size`` falls in (1, 2-10, 11-100, ...)."""
+    return len(str(size - 1)) if size > 1 else 0
+
+
 BEGINNING = datetime(1, 1, 1, tzinfo=UTC)
 END = datetime(9999, 12, 31, tzinfo=UTC)
 Q_PAGE_FACTS = f"""

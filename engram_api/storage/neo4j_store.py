@@ -344,9 +344,9 @@ class Neo4jGraphStore(GraphStore):
         cypher = cy.Q_GRAPH_STEP.replace("{max_len}", str(max_len))
         params = {
             "user_id": user_id,
-            "fact_ids": [cy.NO_ID, *dict.fromkeys(query.fact_ids)],
-            "seeds": [cy.NO_ID, *(dict.fromkeys(query.seeds) if expanding else ())],
-            "seed_facts": [cy.NO_ID, *(dict.fromkeys(query.seed_facts) if expanding else ())],
+            "fact_ids": cy.plan_list(query.fact_ids),
+            "seeds": cy.plan_list(query.seeds if expanding else ()),
+            "seed_facts": cy.plan_list(query.seed_facts if expanding else ()),
             "current": query.as_of is None,
             "as_of": shape.utc(query.as_of or query.now),
             "since": shape.utc(query.since or cy.BEGINNING),
@@ -354,17 +354,17 @@ class Neo4jGraphStore(GraphStore):
             "now": shape.utc(query.now),
             "limit": int(query.limit),
             "per_seed": int(query.per_seed),
-            "avoid": [cy.NO_ID, *query.avoid],
-            "known": [cy.NO_ID, *query.known],
-            "chunk_ids": [cy.NO_ID, *dict.fromkeys(query.chunk_ids)],
-            "chunk_facts": [cy.NO_ID, *dict.fromkeys(query.chunk_facts)],
-            "seed_chunks": [cy.NO_ID, *(dict.fromkeys(query.seed_chunks) if expanding else ())],
+            "avoid": cy.plan_list(query.avoid),
+            "known": cy.plan_list(query.known),
+            "chunk_ids": cy.plan_list(query.chunk_ids),
+            "chunk_facts": cy.plan_list(query.chunk_facts),
+            "seed_chunks": cy.plan_list(query.seed_chunks if expanding else ()),
             "seed_chunk_count": int(query.seed_chunk_count),
         }
         # The server counts planning against the timeout, and planning this query takes seconds on a loaded
-        # machine. It plans again per length bound and per size bucket of each list parameter (buckets no
-        # finer than powers of two): the first run of each such shape in this store gets an allowance.
-        plan_shape = (max_len, *(len(v).bit_length() for v in params.values() if isinstance(v, list)))
+        # machine. It plans again per length bound and per size bucket of each list parameter: the first
+        # run of each such shape in this store gets an allowance.
+        plan_shape = (max_len, *(cy.plan_bucket(len(v)) for v in params.values() if isinstance(v, list)))
         timeout = self._query_timeout_s
         if timeout is not None and plan_shape not in self._planned:
             timeout += _PLANNING_ALLOWANCE_S

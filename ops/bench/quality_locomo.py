@@ -143,6 +143,7 @@ def run_locomo(ctx: BenchContext, stack: Any) -> tuple[list[Table], dict[str, An
     coverage = {"turns": 0, "turns_with_facts": 0, "questions": 0, "questions_with_covered_evidence": 0}
     recall_ms: dict[str, list[float]] = defaultdict(list)  # per conversation: latency grows with the user
     floor_ms: dict[str, list[float]] = defaultdict(list)
+    parts_ms: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))  # timings_ms, by part
     for conv in convs:
         user = ctx.uid(conv["sample_id"])
         turns = session_turns(conv["conversation"])
@@ -178,10 +179,12 @@ def run_locomo(ctx: BenchContext, stack: Any) -> tuple[list[Table], dict[str, An
             ranked: dict[str, list[set[str]]] = {}
             for name, recipe in recipes.items():
                 t0 = time.perf_counter()
-                items = reader.recall(user, q, k=10, recipe=recipe).items
+                result = reader.recall(user, q, k=10, recipe=recipe)
                 if name == "hybrid":
                     recall_ms[conv["sample_id"]].append((time.perf_counter() - t0) * 1e3)
-                ranked[name] = [set(i.source_ids) for i in items]
+                    for part, ms in result.timings_ms.items():
+                        parts_ms[conv["sample_id"]][part].append(ms)
+                ranked[name] = [set(i.source_ids) for i in result.items]
             orders = {name: rag[name].search(qvec.reshape(1, -1), len(turns))[1][0].tolist() for name in rag}
             for name, order in orders.items():
                 ranked[name] = [{ids[j]} for j in order[:10]]
@@ -197,7 +200,7 @@ def run_locomo(ctx: BenchContext, stack: Any) -> tuple[list[Table], dict[str, An
                     sums[(method, cat)].append(share)
     turns_of = {c["sample_id"]: len(session_turns(c["conversation"])) for c in convs}
     tables, summary = _tables(convs, sums, coverage, extractor(ctx))
-    tables[-1].rows += _latency_rows(summary, turns_of, recall_ms, floor_ms)
+    tables[-1].rows += _latency_rows(summary, turns_of, recall_ms, floor_ms, parts_ms)
     summary["users"] = [ctx.uid(c["sample_id"]) for c in convs]
     return tables, summary
 
@@ -247,8 +250,10 @@ def _latency_rows(
     turns_of: dict[str, int],
     recall_ms: dict[str, list[float]],
     floor_ms: dict[str, list[float]],
+    parts_ms: dict[str, dict[str, list[float]]],
 ) -> list[list[Any]]:
-    """Hybrid recall (uncached) against its floor, per conversation (a user of that many turns) and over all."""
+    """Hybrid recall (uncached) against its floor, per conversation (a user of that many turns) and over all,
+    and the p50 of each part of the recall's ``timings_ms`` per conversation."""
     rows: list[list[Any]] = []
     runs = {f"{conv} ({turns_of[conv]} turns)": (recall_ms[conv], floor_ms[conv]) for conv in turns_of}
     if len(runs) > 1:
@@ -263,4 +268,10 @@ def _latency_rows(
                 f"{lat['p50']:.1f} / {lat['p95']:.1f}, {low['p50']:.1f}: {lat['p50'] / low['p50']:.2f}x the floor",
             ]
         )
+    summary["latency_parts_p50_ms"] = {}
+    for conv, parts in parts_ms.items():
+        p50 = {part: float(np.percentile(ms, 50)) for part, ms in parts.items()}
+        summary["latency_parts_p50_ms"][conv] = p50
+        shown = ", ".join(f"{part} {ms:.1f}" for part, ms in p50.items())
+        rows.append([f"{conv} ({turns_of[conv]} turns): hybrid recall parts, p50 of each (ms)", shown])
     return rows
