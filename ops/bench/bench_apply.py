@@ -23,9 +23,11 @@ from corpus import messages
 _SETTINGS = (1, 8)
 
 
-def _round(stack: Any, extractor: Any, worker: Any, uid: str, n: int) -> tuple[float, float, float | None]:
+def _round(
+    stack: Any, extractor: Any, worker: Any, uid: str, n: int, server: int | None
+) -> tuple[float, float, float | None]:
     """CPU, wall and Neo4j server CPU seconds (None when the server is not this run's) of applying a
-    backlog of ``n`` messages of a fresh user. Untimed: the user's first message, applied alone (an
+    backlog of ``n`` messages of a fresh user (``server``: the Neo4j server's pid). Untimed: the user's first message, applied alone (an
     existing user: extract's slim context carries the chunk vectors, as in the fleet), and the backlog's
     preparation."""
     from engram_workers.stages.apply import run_apply
@@ -34,7 +36,6 @@ def _round(stack: Any, extractor: Any, worker: Any, uid: str, n: int) -> tuple[f
     first, *backlog = messages("apply-batch", n + 1)
     run_apply(worker, uid, ready_to_apply(stack, extractor, uid, first))
     mids = [ready_to_apply(stack, extractor, uid, m) for m in backlog]
-    server = stack.server_pids().get("neo4j")
     cpu, wall = time.process_time(), time.perf_counter()
     neo4j = cpu_seconds([server]) if server else 0.0
     for mid in mids:  # each task between the stage hooks, as a worker runs it (batch members pass them too)
@@ -60,13 +61,14 @@ def run(ctx: BenchContext) -> BenchResult:
             b: WorkerContext(settings=stack.settings.model_copy(update={"apply_batch": b, "middleware": ""}))
             for b in _SETTINGS
         }
+        server = ctx.services.server_pids().get("neo4j") if stack.settings.neo4j_uri else None
         for b, worker in workers.items():
-            _round(stack, extractor, worker, ctx.uid(f"warm-b{b}"), 8)  # model, drivers, FAISS: not per message
+            _round(stack, extractor, worker, ctx.uid(f"warm-b{b}"), 8, server)  # model, drivers, FAISS: not per message
         for r in range(rounds):
             # ABBA order: neither setting always runs first in a round.
             for b in _SETTINGS if r % 2 == 0 else reversed(_SETTINGS):
                 ctx.log(f"apply batch: round {r + 1}/{rounds}, apply_batch={b}, {n} messages")
-                cpu, wall, neo4j = _round(stack, extractor, workers[b], ctx.uid(f"r{r}-b{b}"), n)
+                cpu, wall, neo4j = _round(stack, extractor, workers[b], ctx.uid(f"r{r}-b{b}"), n, server)
                 per_message[b].append(cpu / n * 1e3)
                 if neo4j is not None:
                     server_per_message[b].append(neo4j / n * 1e3)
