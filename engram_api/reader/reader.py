@@ -11,17 +11,12 @@ handed out are never mutated (``IndexKeeper`` swaps copies).
 from __future__ import annotations
 
 import json
-import os
-import threading
 import time
 import uuid
-from collections import OrderedDict
 from collections.abc import Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import suppress
-from dataclasses import dataclass, field
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
@@ -46,6 +41,7 @@ from engram_api.models import (
     check_user_id,
     utcnow,
 )
+from engram_api.reader.background import ReaderThreads, ResultCache
 from engram_api.reader.context import render_context, select_context
 from engram_api.reader.facts import ChunkCache, FactCache, UserChunks, UserFacts
 from engram_api.reader.fusion import TimeWindow, keyword_hits, recall_items
@@ -64,54 +60,11 @@ if TYPE_CHECKING:
 __all__ = ["Reader"]
 
 DetailLevel = Literal["auto", "broad", "detailed"]
-_RECALL_LOG_TTL_S = 24 * 3600
 _WEIGHTS_TTL_S = 60.0
 _CONTEXT_CANDIDATES = 40
 _WEIGHTS_CACHE_USERS = 10_000
 _IO_THREADS = 4  # concurrent recalls' keyword searches in flight; more wait their turn
 _WRITE_WAIT_S = 30.0  # a caller's forget/feedback waits this long for a worker's write of the user
-
-
-class _Cache:
-    """Small LRU of results, each tagged with the user stamp it was computed at."""
-
-    def __init__(self, size: int = 2048) -> None:
-        self.size = size
-        self._data: OrderedDict[tuple[Any, ...], tuple[Stamp, float, Any]] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def get(self, key: tuple[Any, ...], version: Stamp) -> Any | None:
-        with self._lock:
-            entry = self._data.get(key)
-            if entry is None or entry[0] != version or entry[1] < time.monotonic():
-                return None
-            self._data.move_to_end(key)
-            return entry[2]
-
-    def put(self, key: tuple[Any, ...], version: Stamp, ttl: float, value: Any) -> None:
-        with self._lock:
-            self._data[key] = (version, time.monotonic() + ttl, value)
-            self._data.move_to_end(key)
-            while len(self._data) > self.size:
-                self._data.popitem(last=False)
-
-    def drop_user(self, user_id: str) -> None:
-        with self._lock:
-            for key in [k for k in self._data if k[0] == user_id]:
-                del self._data[key]
-
-    def users(self) -> set[str]:
-        with self._lock:
-            return {k[0] for k in self._data}
-
-
-@dataclass(frozen=True, slots=True)
-class _IoThreads:
-    """One process's reader threads, and the recall-log writes in flight on them (by recall id)."""
-
-    pid: int
-    pool: ThreadPoolExecutor
-    logging: dict[str, Future[None]] = field(default_factory=dict)
 
 
 class Reader:
@@ -129,12 +82,11 @@ class Reader:
         self.keeper = keeper
         self.embedder = embedder
         self.redis = redis_client
-        self.cache = _Cache()
+        self.cache = ResultCache()
         self.facts = FactCache()
         self.chunks = ChunkCache()
-        self._io: _IoThreads | None = None
-        self._io_lock = threading.Lock()
-        self._weights = _Cache(size=_WEIGHTS_CACHE_USERS)  # bounded: a reader may serve millions of users
+        self._threads = ReaderThreads(threads=_IO_THREADS)
+        self._weights = ResultCache(size=_WEIGHTS_CACHE_USERS)  # bounded: a reader may serve millions of users
         # Settings are frozen: the default recipe and its cache-key form are built once, not per recall.
         self._recipe = DEFAULT_RECIPE.model_copy(update={"window": settings.recall_window, "rrf_k": settings.rrf_k})
         self._recipe_key = self._recipe.model_dump_json()
@@ -157,21 +109,6 @@ class Reader:
                 if stamp is not None:
                     return stamp
         return self.graph.user_stamp(user_id)
-
-    def _io_threads(self) -> _IoThreads:
-        """Threads for the store and Redis work a recall need not wait for where it is: the keyword
-        channel's query runs while the calling thread embeds the query (it needs only the text, so the
-        encoder, ONNX on one thread, and the store's full-text search overlap), and the recall log is
-        written after the result is returned. Made at first use and again in a forked child, whose copy
-        has no threads behind it (nor the parent's log writes in flight)."""
-        held = self._io
-        if held is None or held.pid != os.getpid():
-            with self._io_lock:
-                held = self._io
-                if held is None or held.pid != os.getpid():
-                    pool = ThreadPoolExecutor(max_workers=_IO_THREADS, thread_name_prefix="engram-recall-io")
-                    self._io = held = _IoThreads(pid=os.getpid(), pool=pool)
-        return held
 
     def weights_for(self, user_id: str) -> tuple[Weights, str]:
         """Learned per-user weights, else learned global ones, else the configured ones."""
@@ -225,7 +162,7 @@ class Reader:
 
         window = TimeWindow(as_of=as_of, since=since, until=until)
         keyword = (
-            self._io_threads().pool.submit(keyword_hits, self.graph, user_id, query, recipe, window)
+            self._threads.submit(keyword_hits, self.graph, user_id, query, recipe, window)
             if recipe.uses("keyword")
             else None
         )
@@ -266,26 +203,12 @@ class Reader:
         return result
 
     def _log_recall(self, user_id: str, recall_id: str, items: Sequence[RecallItem]) -> None:
-        """Keep the score components briefly so ``feedback`` can turn them into training rows. Serialized
-        here, sent on a reader thread, off the recall's path (a Redis round trip, ~0.6 ms of a ~20 ms
-        recall, measured) and with almost no Python left to compete with the caller for the GIL; this
-        process's ``feedback`` for the recall waits for the write."""
+        """Keep the score components briefly so ``feedback`` can turn them into training rows (written
+        after the recall returned: ``ReaderThreads.log_recall``)."""
         if self.redis is None or not items:
             return
         rows = json.dumps({item.id: item.breakdown.model_dump() for item in items})
-        io = self._io_threads()
-        write = io.pool.submit(self._write_recall_log, self.redis, keys.recall_log(user_id, recall_id), rows)
-        with self._io_lock:
-            io.logging[recall_id] = write
-        write.add_done_callback(lambda _: io.logging.pop(recall_id, None))  # at once if already done
-
-    @staticmethod
-    def _write_recall_log(client: redis.Redis, key: str, rows: str) -> None:
-        import redis  # only with a client, so loaded already
-
-        # On a Redis error, feedback for this recall will be refused; recall itself must not fail.
-        with suppress(redis.RedisError):
-            client.set(key, rows, ex=_RECALL_LOG_TTL_S)
+        self._threads.log_recall(self.redis, recall_id, keys.recall_log(user_id, recall_id), rows)
 
     # ----------------------------------------------------------------------------- other reads
     def search(self, user_id: str, query: str, k: int = 10, detail_level: DetailLevel = "auto") -> SearchResult:
@@ -356,9 +279,7 @@ class Reader:
             raise InvalidInputError("useful_ids", "must contain only memory id strings")
         if self.redis is None:
             raise StoreUnavailableError("feedback needs Redis (the recall log lives there)")
-        writing = self._io_threads().logging.get(recall_id)
-        if writing is not None:
-            writing.result()
+        self._threads.wait_logged(recall_id)
         raw = self.redis.get(keys.recall_log(user_id, recall_id))
         if raw is None:
             raise InvalidInputError("recall_id", f"unknown or expired recall {recall_id[:40]!r} for this user")
