@@ -22,7 +22,7 @@ from engram_api.models import Extraction, utcnow
 from engram_api.naming import normalize_name
 from engram_api.redaction import RedactingFilter
 from engram_api.settings import EXAMPLE_PASSWORDS, Settings, load_settings
-from engram_api.storage import GraphStepQuery, neo4j_store, open_graph_store
+from engram_api.storage import GraphStepQuery, neo4j_connection, open_graph_store
 from engram_api.storage import neo4j_cypher as cy
 from engram_api.storage.indexes import IndexKeeper
 from engram_api.storage.userwrite import UserWrites
@@ -220,7 +220,7 @@ def test_neo4j_reads_retry_through_a_restart_and_fail_typed_while_it_is_down(
 ) -> None:
     # Single-query reads are auto-commit transactions with a retry of our own (the managed retry's job): the
     # pooled connections die with the server, and the first reads after it is back must still answer.
-    monkeypatch.setattr(neo4j_store, "MAX_RETRY_TIME_S", 2.0)  # the down part retries for 2 s, not 10
+    monkeypatch.setattr(neo4j_connection, "MAX_RETRY_TIME_S", 2.0)  # the down part retries for 2 s, not 10
     graph = open_graph_store(Settings(neo4j_uri=neo4j_server.uri, data_dir=tmp_path))
     user = new_user()
     try:

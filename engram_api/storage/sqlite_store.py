@@ -1,10 +1,7 @@
 """The embedded graph store: one SQLite file that several worker processes write at once.
 
-Concurrency model: WAL journal (readers never block the writer), every write runs in ``BEGIN IMMEDIATE``
-(the write lock is taken before the first read, so a check-then-write such as apply's idempotency check
-cannot race another process) and ``busy_timeout`` makes a blocked writer wait instead of failing.
-sqlite3 connections must not be shared across threads or inherited across ``fork``, so each thread of
-each process opens its own connection on first use.
+Concurrency model and connections: ``sqlite_connection``. Deletion: ``sqlite_deletion``; decay, clusters,
+feedback and weights: ``sqlite_maintenance``. Ingest and reads are here.
 
 Storage choices: datetimes are INTEGER microseconds since the epoch (exact round trip, and range
 comparisons are plain integer comparisons); embeddings are float32 BLOBs; lists passed to a query travel
@@ -14,150 +11,34 @@ as one JSON parameter read with ``json_each`` so that no SQL text is ever built 
 from __future__ import annotations
 
 import json
-import os
-import pathlib
 import sqlite3
-import threading
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from datetime import datetime
 from typing import Any
 
-from engram_api.errors import StoreUnavailableError
 from engram_api.models import (
-    SCORE_COMPONENTS,
-    WEIGHT_FIELDS,
     ApplyOutcome,
     ChunkRecord,
-    ClusterRecord,
     EntityRecord,
     EpisodeRecord,
     FactRecord,
-    FeedbackRow,
     KeywordHit,
-    LearnedWeights,
     WritePlan,
     utcnow,
 )
 from engram_api.storage import sqlite_episodes as episodes_sql
 from engram_api.storage import sqlite_rows as db
 from engram_api.storage import sqlite_sql as sql
-from engram_api.storage.base import GraphStep, GraphStepQuery, GraphStore, Link
-from engram_api.storage.forgetting import ForgetPlan, ForgetScope, Removed
+from engram_api.storage.base import GraphStep, GraphStepQuery, Link
+from engram_api.storage.sqlite_connection import SqliteConnection
+from engram_api.storage.sqlite_deletion import SqliteDeletion
+from engram_api.storage.sqlite_maintenance import SqliteMaintenance
 from engram_api.versions import Stamp
 
 __all__ = ["SqliteGraphStore"]
 
 
-class SqliteGraphStore(GraphStore):
+class SqliteGraphStore(SqliteDeletion, SqliteMaintenance, SqliteConnection):
     """The graph-store contract over one SQLite file (the default when no Neo4j is configured)."""
-
-    def __init__(self, *, path: pathlib.Path) -> None:
-        self._path = pathlib.Path(path)
-        self._lock = threading.Lock()
-        self._local = threading.local()
-        self._connections: list[sqlite3.Connection] = []
-        # Connections a forked child inherited: SQLite forbids touching them (not even to close), so
-        # they are kept referenced here instead of being closed by the garbage collector.
-        self._inherited: list[sqlite3.Connection] = []
-        self._pid = os.getpid()
-
-    # ------------------------------------------------------------------------------- connections
-    def _conn(self) -> sqlite3.Connection:
-        if os.getpid() != self._pid:
-            with self._lock:
-                if os.getpid() != self._pid:
-                    self._inherited.extend(self._connections)
-                    self._connections = []
-                    self._local = threading.local()
-                    self._pid = os.getpid()
-        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
-        if conn is None:
-            conn = self._open()
-            self._local.conn = conn
-            with self._lock:
-                self._connections.append(conn)
-        return conn
-
-    def _open(self) -> sqlite3.Connection:
-        try:
-            self._path.parent.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise StoreUnavailableError(f"cannot create {self._path.parent}: {exc}") from exc
-        # isolation_level=None: transactions are explicit (BEGIN IMMEDIATE for writes) instead of the
-        # module's implicit ones; check_same_thread=False only so close() can close every thread's one.
-        conn = sqlite3.connect(self._path, timeout=30.0, isolation_level=None, check_same_thread=False)
-        conn.row_factory = sqlite3.Row
-        conn.execute("PRAGMA busy_timeout = 30000")
-        conn.execute("PRAGMA journal_mode = WAL")
-        conn.execute("PRAGMA synchronous = NORMAL")
-        conn.execute("PRAGMA foreign_keys = ON")
-        episodes_sql.register_functions(conn)
-        return conn
-
-    @contextmanager
-    def _write(self) -> Iterator[sqlite3.Connection]:
-        conn = self._conn()
-        conn.execute("BEGIN IMMEDIATE")
-        fence = self._fence()
-        try:
-            # The fence check: BEGIN IMMEDIATE holds the database write lock, so nothing moves after it.
-            if fence is not None:
-                fence.check_before(db.read_stamp(conn, fence.user_id))
-            yield conn
-            after = None if fence is None else db.read_stamp(conn, fence.user_id)
-        except BaseException:
-            # SQLite may already have rolled back on its own (e.g. SQLITE_FULL); don't mask the cause.
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
-            raise
-        conn.execute("COMMIT")
-        if fence is not None and after is not None:
-            fence.expected = after
-
-    @contextmanager
-    def _read(self) -> Iterator[sqlite3.Connection]:
-        """One snapshot for reads that combine several statements (e.g. vectors + version)."""
-        conn = self._conn()
-        conn.execute("BEGIN")
-        try:
-            yield conn
-        finally:
-            conn.execute("COMMIT")
-
-    # --------------------------------------------------------------------------------- lifecycle
-    def ensure_schema(self) -> None:
-        conn = self._conn()
-        try:
-            conn.executescript(sql.SCHEMA)
-        except BaseException:
-            # executescript stops at the failing statement and would leave the script's BEGIN open.
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
-            raise
-        # Files created before user epochs existed: add the column (its users read as epoch 0).
-        if "epoch" not in {r["name"] for r in conn.execute("PRAGMA table_info(users)")}:
-            try:
-                conn.execute("ALTER TABLE users ADD COLUMN epoch INTEGER NOT NULL DEFAULT 0")
-            except sqlite3.OperationalError as exc:
-                if "duplicate column" not in str(exc):  # another process added it first
-                    raise
-
-    def ping(self) -> None:
-        try:
-            self._conn().execute("SELECT 1").fetchone()
-        except sqlite3.OperationalError as exc:
-            message = str(exc).lower()
-            if "unable to open" in message or "disk i/o" in message:
-                raise StoreUnavailableError(f"SQLite store {self._path}: {exc}") from exc
-            raise
-
-    def close(self) -> None:
-        with self._lock:
-            connections, self._connections = self._connections, []
-            self._local = threading.local()
-        for conn in connections:
-            conn.close()
 
     # ------------------------------------------------------------------------------------ ingest
     def is_applied(self, user_id: str, message_id: str) -> bool:
@@ -447,269 +328,3 @@ class SqliteGraphStore(GraphStore):
                 "SELECT episode_id, node_kind, node_id FROM provenance WHERE user_id = ?", (user_id,)
             ).fetchall()
         return [db.episode_fields(r) for r in rows], [(a, b, c) for a, b, c in links]
-
-    # ------------------------------------------------------------------------------------ delete
-    def _forget_scope(
-        self, user_id: str, *, episode_id: str | None = None, fact_id: str | None = None
-    ) -> ForgetScope | None:
-        with self._read() as conn:
-            if episode_id is not None:
-                if not db.episode_exists(conn, user_id, episode_id):
-                    return None
-                sourced = conn.execute(
-                    """SELECT p.node_id, p.node_kind,
-                              (SELECT COUNT(*) FROM provenance q
-                                WHERE q.user_id = p.user_id AND q.node_id = p.node_id) AS sources
-                         FROM provenance p WHERE p.user_id = ? AND p.episode_id = ?""",
-                    (user_id, episode_id),
-                ).fetchall()
-                doomed = [r["node_id"] for r in sourced if r["node_kind"] == "fact" and r["sources"] == 1]
-                candidates = {r["node_id"] for r in sourced if r["node_kind"] == "entity"}
-                chunk_ids = db.chunk_ids(conn, user_id, [episode_id])
-            else:
-                if not conn.execute("SELECT 1 FROM facts WHERE user_id = ? AND id = ?", (user_id, fact_id)).fetchone():
-                    return None
-                doomed, candidates, chunk_ids = [str(fact_id)], set(), []
-            params = {"user_id": user_id, "doomed": db.json_ids(doomed)}
-            candidates.update(
-                r[0]
-                for r in conn.execute(
-                    "SELECT entity_id FROM mentions WHERE user_id = :user_id"
-                    " AND fact_id IN (SELECT value FROM json_each(:doomed))",
-                    params,
-                )
-            )
-            params["candidates"] = db.json_ids(sorted(candidates))
-            links = conn.execute(
-                """SELECT id, superseded_by, 1 AS doomed FROM facts
-                    WHERE user_id = :user_id AND superseded_by IS NOT NULL
-                      AND id IN (SELECT value FROM json_each(:doomed))
-                   UNION ALL
-                   SELECT id, superseded_by, 0 FROM facts
-                    WHERE user_id = :user_id AND superseded_by IN (SELECT value FROM json_each(:doomed))""",
-                params,
-            ).fetchall()
-            vectored = conn.execute(
-                """SELECT id FROM facts WHERE user_id = :user_id AND embedding IS NOT NULL
-                      AND id IN (SELECT value FROM json_each(:doomed))
-                   UNION ALL
-                   SELECT id FROM entities WHERE user_id = :user_id AND embedding IS NOT NULL
-                      AND id IN (SELECT value FROM json_each(:candidates))""",
-                params,
-            ).fetchall()
-        return ForgetScope(
-            doomed_fact_ids=doomed,
-            entity_candidates=sorted(candidates),
-            chunk_ids=chunk_ids,
-            vectored=[r[0] for r in vectored],
-            successor_of={r["id"]: r["superseded_by"] for r in links if r["doomed"]},
-            older=[(r["id"], r["superseded_by"]) for r in links if not r["doomed"]],
-        )
-
-    def _apply_forget(self, plan: ForgetPlan) -> list[str]:
-        user_id = plan.user_id
-        with self._write() as conn:
-            if plan.episode_id is not None:
-                # Cascades to every remaining FROM link to the episode and to its chunks (whose triggers
-                # drop their keyword entries).
-                conn.execute("DELETE FROM episodes WHERE user_id = ? AND id = ?", (user_id, plan.episode_id))
-            now = db.to_us(utcnow())
-            conn.executemany(
-                """UPDATE facts SET superseded_by = :successor, updated_at = :now,
-                          valid_until = CASE WHEN :successor IS NULL THEN NULL ELSE valid_until END
-                    WHERE user_id = :user_id AND id = :id""",
-                [{"successor": r.successor, "now": now, "user_id": user_id, "id": r.fact_id} for r in plan.repairs],
-            )
-            db.delete_nodes(conn, user_id, "facts", plan.fact_ids)
-            orphans = [
-                r[0]
-                for r in conn.execute(
-                    """SELECT e.id FROM entities e
-                        WHERE e.user_id = :user_id AND e.id IN (SELECT value FROM json_each(:ids))
-                          AND NOT EXISTS (SELECT 1 FROM provenance p
-                                           WHERE p.user_id = :user_id AND p.node_id = e.id)
-                          AND NOT EXISTS (SELECT 1 FROM mentions m
-                                           WHERE m.user_id = :user_id AND m.entity_id = e.id)""",
-                    {"user_id": user_id, "ids": db.json_ids(plan.entity_candidates)},
-                )
-            ]
-            db.delete_nodes(conn, user_id, "entities", orphans)
-            db.bump(conn, user_id, None)
-        return orphans
-
-    def _forget_user(self, user_id: str) -> Removed:
-        with self._write() as conn:
-            nodes = conn.execute(
-                """SELECT id, 'facts' AS tbl, embedding IS NOT NULL AS vectored FROM facts WHERE user_id = :user_id
-                   UNION ALL
-                   SELECT id, 'entities', embedding IS NOT NULL FROM entities WHERE user_id = :user_id""",
-                {"user_id": user_id},
-            ).fetchall()
-            ids = {table: [r["id"] for r in nodes if r["tbl"] == table] for table in ("facts", "entities")}
-            # Read before the episodes go: deleting an episode cascades to its chunks.
-            chunk_ids = db.chunk_ids(conn, user_id, None)
-            episodes = conn.execute("DELETE FROM episodes WHERE user_id = ?", (user_id,)).rowcount
-            for table, node_ids in ids.items():
-                db.delete_nodes(conn, user_id, table, node_ids)
-            for table in ("provenance", "cluster_members", "clusters", "feedback", "users"):
-                conn.execute(f"DELETE FROM {table} WHERE user_id = ?", (user_id,))
-            conn.execute("DELETE FROM weights WHERE scope = ?", (user_id,))
-        return Removed(
-            user_id=user_id,
-            episodes=episodes,
-            fact_ids=ids["facts"],
-            entity_ids=ids["entities"],
-            chunk_ids=chunk_ids,
-            vectored=frozenset(r["id"] for r in nodes if r["vectored"]),
-        )
-
-    # ------------------------------------------------------------------------------- maintenance
-    def _decay_batch(
-        self, user_id: str, *, now: datetime, batch: int, fade: Callable[[float, datetime], tuple[float, bool]]
-    ) -> list[bool]:
-        now_us = db.to_us(now)
-        with self._write() as conn:
-            rows = conn.execute(
-                """SELECT id, strength, COALESCE(last_decay_at, created_at) AS since FROM facts
-                    WHERE user_id = ? AND archived = 0 AND COALESCE(last_decay_at, created_at) < ?
-                    ORDER BY id LIMIT ?""",
-                (user_id, now_us, batch),
-            ).fetchall()
-            faded = [(r["id"], *fade(r["strength"], db.from_us(r["since"]))) for r in rows]
-            conn.executemany(
-                "UPDATE facts SET strength = ?, archived = ?, last_decay_at = ?, updated_at = ?"
-                " WHERE user_id = ? AND id = ?",
-                [(strength, int(drop), now_us, now_us, user_id, fid) for fid, strength, drop in faded],
-            )
-            if faded:
-                db.bump(conn, user_id, None)
-        return [drop for _, _, drop in faded]
-
-    def _reinforce(self, user_id: str, fact_ids: list[str], *, amount: float, now: datetime) -> int:
-        with self._write() as conn:
-            changed = conn.execute(
-                """UPDATE facts SET strength = MIN(1.0, strength + :amount), archived = 0, updated_at = :now
-                    WHERE user_id = :user_id AND id IN (SELECT value FROM json_each(:ids))
-                      AND (archived = 1 OR MIN(1.0, strength + :amount) != strength)""",
-                {"amount": amount, "now": db.to_us(now), "user_id": user_id, "ids": db.json_ids(fact_ids)},
-            ).rowcount
-            if changed:
-                db.bump(conn, user_id, None)
-        return changed
-
-    def _replace_clusters(self, user_id: str, clusters: list[ClusterRecord]) -> None:
-        with self._write() as conn:
-            conn.execute("DELETE FROM clusters WHERE user_id = ?", (user_id,))
-            for cluster in clusters:
-                conn.execute(
-                    "INSERT INTO clusters (id, user_id, label, summary, centroid, signature, created_at,"
-                    " updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                    (
-                        cluster.id,
-                        user_id,
-                        cluster.label,
-                        cluster.summary,
-                        db.to_blob(cluster.centroid),
-                        cluster.signature,
-                        db.to_us(cluster.created_at),
-                        db.to_us(cluster.updated_at),
-                    ),
-                )
-                # Like a graph relationship, a member link needs the member to exist for this user.
-                for kind, table, ids in (
-                    ("fact", "facts", cluster.member_fact_ids),
-                    ("entity", "entities", cluster.member_entity_ids),
-                ):
-                    conn.execute(
-                        f"""INSERT OR IGNORE INTO cluster_members
-                                   (cluster_id, member_id, member_kind, user_id)
-                            SELECT ?, n.id, ?, n.user_id FROM {table} n
-                             WHERE n.user_id = ? AND n.id IN (SELECT value FROM json_each(?))""",
-                        (cluster.id, kind, user_id, db.json_ids(ids)),
-                    )
-            db.bump(conn, user_id, None)
-
-    def _clusters(self, user_id: str) -> tuple[list[dict[str, Any]], list[Link]]:
-        with self._read() as conn:
-            rows = conn.execute("SELECT * FROM clusters WHERE user_id = ?", (user_id,)).fetchall()
-            members = conn.execute(
-                "SELECT cluster_id, member_kind, member_id FROM cluster_members WHERE user_id = ?", (user_id,)
-            ).fetchall()
-        fields = [
-            {
-                **dict(r),
-                "created_at": db.from_us(r["created_at"]),
-                "updated_at": db.from_us(r["updated_at"]),
-                "centroid": db.from_blob(r["centroid"]),
-            }
-            for r in rows
-        ]
-        return fields, [(a, b, c) for a, b, c in members]
-
-    def _add_feedback(self, rows: list[FeedbackRow]) -> None:
-        with self._write() as conn:
-            conn.executemany(
-                f"INSERT INTO feedback (user_id, recall_id, fact_id, useful, {', '.join(SCORE_COMPONENTS)},"
-                f" created_at) VALUES ({', '.join('?' * (5 + len(SCORE_COMPONENTS)))})",
-                [(r.user_id, r.recall_id, r.fact_id, int(r.useful), *r.values(), db.to_us(r.created_at)) for r in rows],
-            )
-
-    def _feedback(self, user_id: str | None, limit: int) -> list[FeedbackRow]:
-        # Two statements rather than "user_id IS NULL OR ...", which would keep one user's read from
-        # using the (user_id, created_at) index.
-        conn = self._conn()
-        if user_id is None:
-            rows = conn.execute("SELECT * FROM feedback ORDER BY created_at DESC, seq DESC LIMIT ?", (limit,))
-        else:
-            rows = conn.execute(
-                "SELECT * FROM feedback WHERE user_id = ? ORDER BY created_at DESC, seq DESC LIMIT ?",
-                (user_id, limit),
-            )
-        return [
-            FeedbackRow(
-                user_id=r["user_id"],
-                recall_id=r["recall_id"],
-                fact_id=r["fact_id"],
-                useful=bool(r["useful"]),
-                **{c: r[c] for c in SCORE_COMPONENTS},
-                created_at=db.from_us(r["created_at"]),
-            )
-            for r in rows
-        ]
-
-    def save_weights(self, weights: LearnedWeights) -> None:
-        with self._write() as conn:
-            conn.execute(
-                """INSERT INTO weights (scope, alpha, beta, gamma, recency_weight, importance_weight, samples,
-                                        quality, fitted_at)
-                   VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
-                   ON CONFLICT (scope) DO UPDATE SET
-                       alpha = excluded.alpha, beta = excluded.beta, gamma = excluded.gamma,
-                       recency_weight = excluded.recency_weight,
-                       importance_weight = excluded.importance_weight,
-                       samples = excluded.samples, quality = excluded.quality,
-                       fitted_at = excluded.fitted_at""",
-                (
-                    weights.scope,
-                    weights.alpha,
-                    weights.beta,
-                    weights.gamma,
-                    weights.recency_weight,
-                    weights.importance_weight,
-                    weights.samples,
-                    weights.quality,
-                    db.to_us(weights.fitted_at),
-                ),
-            )
-
-    def load_weights(self, scope: str) -> LearnedWeights | None:
-        row = self._conn().execute("SELECT * FROM weights WHERE scope = ?", (scope,)).fetchone()
-        if row is None:
-            return None
-        return LearnedWeights(
-            scope=row["scope"],
-            **{w: row[w] for w in WEIGHT_FIELDS},
-            samples=row["samples"],
-            quality=row["quality"],
-            fitted_at=db.from_us(row["fitted_at"]),
-        )

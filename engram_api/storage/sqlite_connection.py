@@ -1,0 +1,137 @@
+"""Plumbing of the embedded SQLite backend (``sqlite_store``): per-thread connections, read snapshots,
+write transactions with the fence check, and the schema.
+
+Concurrency model: WAL journal (readers never block the writer), every write runs in ``BEGIN IMMEDIATE``
+(the write lock is taken before the first read, so a check-then-write such as apply's idempotency check
+cannot race another process) and ``busy_timeout`` makes a blocked writer wait instead of failing.
+sqlite3 connections must not be shared across threads or inherited across ``fork``, so each thread of
+each process opens its own connection on first use.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import sqlite3
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from engram_api.errors import StoreUnavailableError
+from engram_api.storage import sqlite_episodes as episodes_sql
+from engram_api.storage import sqlite_rows as db
+from engram_api.storage import sqlite_sql as sql
+from engram_api.storage.base import GraphStore
+
+__all__ = ["SqliteConnection"]
+
+
+class SqliteConnection(GraphStore):
+    """The connection plumbing ``SqliteGraphStore`` and its mixins share."""
+
+    def __init__(self, *, path: pathlib.Path) -> None:
+        self._path = pathlib.Path(path)
+        self._lock = threading.Lock()
+        self._local = threading.local()
+        self._connections: list[sqlite3.Connection] = []
+        # Connections a forked child inherited: SQLite forbids touching them (not even to close), so
+        # they are kept referenced here instead of being closed by the garbage collector.
+        self._inherited: list[sqlite3.Connection] = []
+        self._pid = os.getpid()
+
+    # ------------------------------------------------------------------------------- connections
+    def _conn(self) -> sqlite3.Connection:
+        if os.getpid() != self._pid:
+            with self._lock:
+                if os.getpid() != self._pid:
+                    self._inherited.extend(self._connections)
+                    self._connections = []
+                    self._local = threading.local()
+                    self._pid = os.getpid()
+        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = self._open()
+            self._local.conn = conn
+            with self._lock:
+                self._connections.append(conn)
+        return conn
+
+    def _open(self) -> sqlite3.Connection:
+        try:
+            self._path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StoreUnavailableError(f"cannot create {self._path.parent}: {exc}") from exc
+        # isolation_level=None: transactions are explicit (BEGIN IMMEDIATE for writes) instead of the
+        # module's implicit ones; check_same_thread=False only so close() can close every thread's one.
+        conn = sqlite3.connect(self._path, timeout=30.0, isolation_level=None, check_same_thread=False)
+        conn.row_factory = sqlite3.Row
+        conn.execute("PRAGMA busy_timeout = 30000")
+        conn.execute("PRAGMA journal_mode = WAL")
+        conn.execute("PRAGMA synchronous = NORMAL")
+        conn.execute("PRAGMA foreign_keys = ON")
+        episodes_sql.register_functions(conn)
+        return conn
+
+    @contextmanager
+    def _write(self) -> Iterator[sqlite3.Connection]:
+        conn = self._conn()
+        conn.execute("BEGIN IMMEDIATE")
+        fence = self._fence()
+        try:
+            # The fence check: BEGIN IMMEDIATE holds the database write lock, so nothing moves after it.
+            if fence is not None:
+                fence.check_before(db.read_stamp(conn, fence.user_id))
+            yield conn
+            after = None if fence is None else db.read_stamp(conn, fence.user_id)
+        except BaseException:
+            # SQLite may already have rolled back on its own (e.g. SQLITE_FULL); don't mask the cause.
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+        conn.execute("COMMIT")
+        if fence is not None and after is not None:
+            fence.expected = after
+
+    @contextmanager
+    def _read(self) -> Iterator[sqlite3.Connection]:
+        """One snapshot for reads that combine several statements (e.g. vectors + version)."""
+        conn = self._conn()
+        conn.execute("BEGIN")
+        try:
+            yield conn
+        finally:
+            conn.execute("COMMIT")
+
+    # --------------------------------------------------------------------------------- lifecycle
+    def ensure_schema(self) -> None:
+        conn = self._conn()
+        try:
+            conn.executescript(sql.SCHEMA)
+        except BaseException:
+            # executescript stops at the failing statement and would leave the script's BEGIN open.
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+        # Files created before user epochs existed: add the column (its users read as epoch 0).
+        if "epoch" not in {r["name"] for r in conn.execute("PRAGMA table_info(users)")}:
+            try:
+                conn.execute("ALTER TABLE users ADD COLUMN epoch INTEGER NOT NULL DEFAULT 0")
+            except sqlite3.OperationalError as exc:
+                if "duplicate column" not in str(exc):  # another process added it first
+                    raise
+
+    def ping(self) -> None:
+        try:
+            self._conn().execute("SELECT 1").fetchone()
+        except sqlite3.OperationalError as exc:
+            message = str(exc).lower()
+            if "unable to open" in message or "disk i/o" in message:
+                raise StoreUnavailableError(f"SQLite store {self._path}: {exc}") from exc
+            raise
+
+    def close(self) -> None:
+        with self._lock:
+            connections, self._connections = self._connections, []
+            self._local = threading.local()
+        for conn in connections:
+            conn.close()
