@@ -186,7 +186,10 @@ class _Run:
         self._rank("episode_vector", [cid for cid in episode_ids if self._ok(cid)])
         self._rank("keyword", [h.node_id for h in keyword if self._ok(h.node_id)])
         if expanding:
-            self._rank("graph", [fid for fid in self.hops if self.window.fact_ok(self.facts[fid])])
+            # A fact reached but not read back was forgotten while the step ran (Neo4j reads at read committed).
+            self._rank(
+                "graph", [fid for fid in self.hops if fid in self.facts and self.window.fact_ok(self.facts[fid])]
+            )
 
     def _graph_step(
         self,

@@ -18,7 +18,6 @@ __all__ = [
     "CHUNK_ROW",
     "EXTRACTED",
     "KEYWORD_INDEX",
-    "Q_APPLY_CHUNKS",
     "Q_CHUNKS",
     "Q_FORGET_CHUNKS",
     "Q_KEYWORD",
@@ -39,13 +38,6 @@ SCHEMA = (
     f"CREATE FULLTEXT INDEX {KEYWORD_INDEX} IF NOT EXISTS FOR (n:Chunk|Fact) ON EACH [n.body, n.statement, n.ukey]"
     " OPTIONS {indexConfig: {`fulltext.analyzer`: 'english', `fulltext.eventually_consistent`: false}}",
 )
-
-Q_APPLY_CHUNKS = """
-MATCH (ep:Episode {user_id: $user_id, id: $episode_id})
-UNWIND $chunks AS row
-CREATE (c:Chunk) SET c = row
-CREATE (c)-[:PART_OF]->(ep)
-"""
 
 # Backfill: only episodes with no chunk get the given ones (episode ids are distinct in $episodes).
 Q_ADD_CHUNKS = """

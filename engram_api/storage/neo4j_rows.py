@@ -27,6 +27,7 @@ __all__ = [
     "fact_props",
     "from_db",
     "live_chunks",
+    "live_facts",
     "norms",
     "opt_utc",
     "utc",
@@ -106,6 +107,11 @@ def norms(names: Sequence[str]) -> list[str]:
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _CHUNK_TIMES = ("event_time", "created_at", "updated_at")
+
+
+def live_facts(rows: Sequence[dict[str, Any]]) -> list[FactRecord]:
+    """Fact rows (``from_db`` applied) minus those a concurrent forget deleted mid-read (see ``live_chunks``)."""
+    return [FactRecord.model_validate(r) for r in rows if r.get("statement") is not None]
 
 
 def live_chunks(rows: Sequence[dict[str, Any]]) -> list[ChunkRecord]:

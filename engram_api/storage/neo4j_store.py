@@ -138,35 +138,33 @@ class Neo4jGraphStore(Neo4jDeletion, Neo4jMaintenance, Neo4jConnection):
         ]
 
         def work(tx: ManagedTransaction) -> ApplyOutcome:
-            locked = tx.run(cy.Q_APPLY_LOCK, params, usage=plan.usage.model_dump()).single(strict=True)
+            locked = tx.run(
+                cy.Q_APPLY_LOCK,
+                params,
+                usage=plan.usage.model_dump(),
+                entity_ids=cy.plan_list(sorted(referenced - new_entity_ids)),
+            ).single(strict=True)
             version = int(locked["version"])
-            check = tx.run(cy.Q_APPLY_CHECK, params, entity_ids=sorted(referenced - new_entity_ids)).single(strict=True)
-            if check["applied"]:
+            if locked["applied"]:
                 raise _AlreadyApplied(version - 1)
-            if check["missing"]:
+            if locked["missing"]:
                 raise ValueError(
                     f"plan for episode {episode.id!r} references unknown entities of user "
-                    f"{user_id!r}: {sorted(check['missing'])}"
+                    f"{user_id!r}: {sorted(locked['missing'])}"
                 )
-            tx.run(cy.Q_APPLY_EPISODE, params, episode=episode_props).consume()
-            if chunk_rows:
-                tx.run(episodes_cypher.Q_APPLY_CHUNKS, params, chunks=chunk_rows).consume()
-            for query, rows in (
-                (cy.Q_APPLY_ENTITIES, entity_rows),
-                (cy.Q_APPLY_ENTITY_CHANGES, change_rows),
-                (cy.Q_APPLY_FACTS, fact_rows),
-                (cy.Q_APPLY_FACT_CHANGES, fact_change_rows),
-            ):
-                if rows:
-                    tx.run(query, params, rows=rows).consume()
-            if plan.reinforced_fact_ids or plan.mentioned_entity_ids or plan.linked_fact_ids:
-                tx.run(
-                    cy.Q_APPLY_LINKS,
-                    params,
-                    reinforced=list(dict.fromkeys(plan.reinforced_fact_ids)),
-                    mentioned=list(dict.fromkeys(plan.mentioned_entity_ids)),
-                    linked=list(dict.fromkeys(plan.linked_fact_ids)),
-                ).consume()
+            tx.run(
+                cy.Q_APPLY_WRITES,
+                params,
+                episode=episode_props,
+                chunks=cy.plan_rows(chunk_rows),
+                entities=cy.plan_rows(entity_rows),
+                entity_changes=cy.plan_rows(change_rows),
+                facts=cy.plan_rows(fact_rows),
+                fact_changes=cy.plan_rows(fact_change_rows),
+                reinforced=cy.plan_list(plan.reinforced_fact_ids),
+                mentioned=cy.plan_list(plan.mentioned_entity_ids),
+                linked=cy.plan_list(plan.linked_fact_ids),
+            ).consume()
             return ApplyOutcome(applied=True, version=version)
 
         try:
@@ -180,8 +178,7 @@ class Neo4jGraphStore(Neo4jDeletion, Neo4jMaintenance, Neo4jConnection):
         return ABSENT if not records else Stamp(int(records[0]["epoch"]), int(records[0]["version"]))
 
     def _get_facts(self, user_id: str, fact_ids: list[str]) -> list[FactRecord]:
-        rows = self._rows(cy.Q_GET_FACTS, user_id=user_id, ids=fact_ids)
-        return [FactRecord.model_validate(r) for r in rows]
+        return shape.live_facts(self._rows(cy.Q_GET_FACTS, user_id=user_id, ids=fact_ids))
 
     def graph_step(self, user_id: str, query: GraphStepQuery) -> GraphStep:
         expanding = query.expanding
@@ -218,7 +215,7 @@ class Neo4jGraphStore(Neo4jDeletion, Neo4jMaintenance, Neo4jConnection):
         (record,) = self._read_one(cypher, params, timeout=timeout)
         self._planned.add(plan_shape)
         return GraphStep(
-            facts=[FactRecord.model_validate(shape.from_db(row)) for row in record["facts"]],
+            facts=shape.live_facts([shape.from_db(row) for row in record["facts"]]),
             hops=[(fid, int(hops)) for fid, hops in record["hops"]],
             chunks=shape.live_chunks([shape.from_db(row) for row in record["chunks"]]),
         )
