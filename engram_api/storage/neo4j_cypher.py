@@ -139,8 +139,8 @@ VALID_AT = (
 # --------------------------------------------------------------------------------------- apply
 # Taking the user's write lock first serializes every writer of one user, so the episode check
 # below cannot race with a concurrent apply of the same message.
-# An apply is three statements in its fenced transaction (each statement is a round trip and ~1.3 ms of the
-# server's CPU, measured): take the user's version (the lock) with the idempotency and reference checks,
+# An apply's own statements in its fenced transaction are two (each statement is a round trip and ~1.3 ms of
+# the server's CPU, measured): take the user's version (the lock) with the idempotency and reference checks,
 # then every write of the plan in one statement. Their lists are padded (``plan_rows``, ``plan_list``) into
 # one of Neo4j's list-size planning buckets, with nulls and "" that the queries skip.
 Q_APPLY_LOCK = """
