@@ -217,7 +217,7 @@ class Neo4jGraphStore(Neo4jDeletion, Neo4jMaintenance, Neo4jConnection):
         return GraphStep(
             facts=shape.live_facts([shape.from_db(row) for row in record["facts"]]),
             hops=[(fid, int(hops)) for fid, hops in record["hops"]],
-            chunks=shape.live_chunks([shape.from_db(row) for row in record["chunks"]]),
+            chunks=shape.live_chunks(record["chunks"]),  # plain values: no driver types to convert
         )
 
     def _history(self, user_id: str, norm: str, predicate: str | None, limit: int) -> list[FactRecord]:
