@@ -127,6 +127,8 @@ class MemoryClient:
         return self._reader
 
     def close(self) -> None:
+        if self._reader is not None:
+            self._reader.flush()
         if self._graph is not None:
             self._graph.close()
         if self._redis is not None:

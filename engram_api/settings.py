@@ -178,6 +178,12 @@ class Settings(BaseSettings):
     )
     recency_half_life_days: float = Field(30.0, gt=0, description="age at which the recency boost halves")
     cache_ttl_s: float = Field(30.0, ge=0, description="reader result cache lifetime (also invalidated by writes)")
+    snapshot_max_records: int = Field(
+        5000,
+        ge=0,
+        description="a reader holds a user of at most this many facts + chunks whole in memory, so recall's graph "
+        "step makes no store round trip (0: never)",
+    )
     broad_min_score: float = Field(0.45, description="search(auto): below this, fall back to facts")
 
     # --- maintenance ---

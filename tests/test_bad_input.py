@@ -139,6 +139,7 @@ class Snapshot:
 
     @classmethod
     def take(cls, client: MemoryClient) -> Snapshot:
+        client.reader.flush()  # a recall's log is written after it returned: not inside the next snapshot
         graph, root = client.graph, client.settings.index_dir
         files = root.iterdir() if root.exists() else iter(())
         return cls(

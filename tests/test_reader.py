@@ -218,6 +218,16 @@ def test_feedback_at_once_after_each_recall_finds_its_log_written_off_the_recall
         assert sorted(logged) == sorted(i.id for i in recall.items)
 
 
+def test_every_recall_log_is_in_redis_once_the_reader_is_flushed(stack):
+    """``Reader.flush`` (``MemoryClient.close`` calls it) waits for the log writes still in flight, so a
+    process that recalls and closes at once leaves every log for ``feedback`` from another process."""
+    client, user = stack.client, uid()
+    ingest(client, user, ["I live in Austin.", "I enjoy chess."])
+    recalls = [client.recall(user, f"where does the user live, take {n}?", k=3) for n in range(20)]
+    client.reader.flush()
+    assert all(client.redis.exists(keys.recall_log(user, r.recall_id)) for r in recalls)
+
+
 def test_cache_sees_a_fact_written_by_a_worker_in_another_process(stack):
     client, user = stack.client, uid()
     ingest(client, user, ["I enjoy chess."])

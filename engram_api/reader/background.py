@@ -8,6 +8,8 @@ Invariants:
 - the recall log is written on a reader thread after the result is returned (a Redis round trip, ~0.6 ms
   of a ~20 ms recall, measured), serialized by the caller so almost no Python is left there to compete for
   the GIL; ``wait_logged`` lets this process's ``feedback`` wait for it;
+- work nobody waits for (a recall log, a user's snapshot load) is tracked until done: ``flush`` waits for
+  it, so a caller that closes the stores after it never closes them under a thread still using them;
 - the threads are made at first use and again in a forked child, whose copy has no threads behind it (nor
   the parent's writes in flight).
 """
@@ -73,6 +75,7 @@ class _Threads:
     pid: int
     pool: ThreadPoolExecutor
     logging: dict[str, Future[None]] = field(default_factory=dict)
+    behind: set[Future[Any]] = field(default_factory=set)  # other work nobody waits for
 
 
 class ReaderThreads:
@@ -96,6 +99,14 @@ class ReaderThreads:
     def submit(self, fn: Any, *args: Any) -> Future[Any]:
         return self._current().pool.submit(fn, *args)
 
+    def behind(self, fn: Any, *args: Any) -> None:
+        """Run ``fn(*args)`` on a reader thread; nobody waits for it but ``flush``."""
+        held = self._current()
+        work = held.pool.submit(fn, *args)
+        with self._lock:
+            held.behind.add(work)
+        work.add_done_callback(held.behind.discard)
+
     def log_recall(self, client: redis.Redis, recall_id: str, key: str, rows: str) -> None:
         """Write ``rows`` (a recall's log, serialized) at ``key`` after the recall returned."""
         held = self._current()
@@ -109,6 +120,14 @@ class ReaderThreads:
         writing = self._current().logging.get(recall_id)
         if writing is not None:
             writing.result()
+
+    def flush(self) -> None:
+        """Return once every log write and other work this process has in flight is done."""
+        held = self._current()
+        with self._lock:
+            pending = [*held.logging.values(), *held.behind]
+        for work in pending:
+            work.result()
 
 
 def _write(client: redis.Redis, key: str, rows: str) -> None:

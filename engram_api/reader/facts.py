@@ -10,11 +10,16 @@ Invariants:
 - bounded: at most ``users`` users and ``per_user`` records each, least recently used dropped first;
 - the graph step (hydrate the vector and keyword hits, expand from the seeds) is ONE store round trip
   (``GraphStore.graph_step``); records the cache holds are named in ``known`` and not sent back, and the
-  chunks it does not hold come in the same round trip, with the facts extracted from them.
+  chunks it does not hold come in the same round trip, with the facts extracted from them;
+- a small user's whole graph (``UserSnapshot``, at most ``snapshot_max_records`` facts and chunks) is
+  loaded on a reader thread once a second recall finds the same stamp without it, and then answers the
+  step and every record read with no store call, at that stamp only. A user written between every recall
+  never pays for a load it could not use; one that is too big is not tried again at the same stamp.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
@@ -22,11 +27,24 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Generic, TypeVar
 
+from engram_api.errors import EngramError
 from engram_api.models import ChunkRecord, FactRecord
 from engram_api.storage.base import GraphStep, GraphStepQuery, GraphStore
+from engram_api.storage.snapshot import UserSnapshot
 from engram_api.versions import Stamp
 
-__all__ = ["ChunkCache", "EpisodeChunkIds", "FactCache", "RecordCache", "UserChunks", "UserFacts"]
+__all__ = [
+    "ChunkCache",
+    "EpisodeChunkIds",
+    "FactCache",
+    "RecordCache",
+    "SnapshotCache",
+    "UserChunks",
+    "UserFacts",
+]
+
+log = logging.getLogger(__name__)
+_SNAPSHOT_BUDGET = 20  # the snapshots held sum to at most this many times max_records records
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,6 +143,71 @@ class ChunkCache(RecordCache[ChunkRecord]):
         self.episodes.drop_user(user_id)
 
 
+class SnapshotCache:
+    """Small users' whole graphs, each at the stamp it was read at (see the module docstring). Thread-safe."""
+
+    def __init__(self, *, max_records: int) -> None:
+        self.max_records = max_records
+        self._held: OrderedDict[str, UserSnapshot] = OrderedDict()
+        self._seen: OrderedDict[str, Stamp] = OrderedDict()  # the stamp a recall last found unloaded
+        self._too_big: dict[str, Stamp] = {}
+        self._loading: set[str] = set()
+        self._lock = threading.Lock()
+
+    def get(self, user_id: str, stamp: Stamp) -> UserSnapshot | None:
+        with self._lock:
+            held = self._held.get(user_id)
+            if held is None or held.stamp != stamp:
+                return None
+            self._held.move_to_end(user_id)
+            return held
+
+    def missed(self, graph: GraphStore, user_id: str, stamp: Stamp, submit: Callable[..., object]) -> None:
+        """A recall found no snapshot at ``stamp``: on the second such recall, load one with ``submit``."""
+        if self.max_records <= 0:
+            return
+        with self._lock:
+            if user_id in self._loading or self._too_big.get(user_id) == stamp:
+                return
+            if self._seen.get(user_id) != stamp:
+                self._seen[user_id] = stamp
+                self._seen.move_to_end(user_id)
+                while len(self._seen) > 64 * _SNAPSHOT_BUDGET:
+                    self._seen.popitem(last=False)
+                return
+            self._loading.add(user_id)
+        submit(self._load, graph, user_id, stamp)
+
+    def _load(self, graph: GraphStore, user_id: str, stamp: Stamp) -> None:
+        try:
+            snapshot = graph.snapshot(user_id, max_records=self.max_records)
+        except EngramError as exc:  # recall goes on through the store; a later recall tries again
+            log.warning("snapshot of %s not loaded: %s", user_id, exc)
+            return
+        finally:
+            with self._lock:
+                self._loading.discard(user_id)
+        with self._lock:
+            if snapshot is None:
+                self._too_big[user_id] = stamp
+                while len(self._too_big) > 64 * _SNAPSHOT_BUDGET:
+                    self._too_big.pop(next(iter(self._too_big)))
+                return
+            held = self._held.get(user_id)
+            if held is not None and held.stamp > snapshot.stamp:
+                return  # a slow load never rolls a newer snapshot back
+            self._held[user_id] = snapshot
+            self._held.move_to_end(user_id)
+            while sum(s.size for s in self._held.values()) > _SNAPSHOT_BUDGET * self.max_records:
+                self._held.popitem(last=False)
+
+    def drop_user(self, user_id: str) -> None:
+        with self._lock:
+            self._held.pop(user_id, None)
+            self._seen.pop(user_id, None)
+            self._too_big.pop(user_id, None)
+
+
 @dataclass(slots=True)
 class UserFacts:
     """One recall's access to the user's facts at ``stamp``: cache first, the store for the rest."""
@@ -133,17 +216,22 @@ class UserFacts:
     cache: FactCache
     user_id: str
     stamp: Stamp
+    snapshot: UserSnapshot | None = None  # the user's whole graph at ``stamp``: no store call at all
 
     def load(self, ids: Sequence[str]) -> dict[str, FactRecord]:
         """The user's facts among ``ids`` (another user's or unknown ids are absent): one store read
         for those the cache does not hold, none when it holds them all."""
+        if self.snapshot is not None:
+            return {i: self.snapshot.facts[i] for i in ids if i in self.snapshot.facts}
         return self.cache.through(self.user_id, self.stamp, ids, partial(self.graph.get_facts, self.user_id))
 
     def step(self, query: GraphStepQuery) -> GraphStep:
         """Hydrate ``query.fact_ids`` (and the chunks named) and expand, in one store round trip, none
         when the cache holds every fact asked and nothing else is. Returns the records of every asked or
         reached fact of the user, the reached facts as (id, hops), nearest first, and the chunks asked."""
-        # A snapshot, not a second lookup after the query: another thread may move the cache on meanwhile.
+        if self.snapshot is not None:
+            return self.snapshot.graph_step(query)
+        # A copy, not a second lookup after the query: another thread may move the cache on meanwhile.
         records = self.cache.held(self.user_id, self.stamp)
         asked = [i for i in dict.fromkeys(query.fact_ids) if i not in records]
         if not asked and not query.expanding and not query.chunk_ids and not query.chunk_facts:
@@ -167,23 +255,31 @@ class UserChunks:
     cache: ChunkCache
     user_id: str
     stamp: Stamp
+    snapshot: UserSnapshot | None = None  # the user's whole graph at ``stamp``: no store call at all
 
     def load(self, ids: Sequence[str]) -> dict[str, ChunkRecord]:
         """The user's chunks among ``ids`` (another user's, unknown or since forgotten ids are absent):
         one store read for those the cache does not hold, none when it holds them all."""
+        if self.snapshot is not None:
+            return self.held(ids)
         return self.cache.through(self.user_id, self.stamp, ids, partial(self.graph.get_chunks, self.user_id))
 
     def held(self, ids: Iterable[str]) -> dict[str, ChunkRecord]:
         """Those of ``ids`` the cache holds; no read."""
+        if self.snapshot is not None:
+            return {i: self.snapshot.chunks[i] for i in ids if i in self.snapshot.chunks}
         return self.cache.get(self.user_id, self.stamp, ids)
 
     def keep(self, chunks: Iterable[ChunkRecord]) -> None:
         """Chunks read at this stamp by another query (the graph step's)."""
-        self.cache.put(self.user_id, self.stamp, chunks)
+        if self.snapshot is None:
+            self.cache.put(self.user_id, self.stamp, chunks)
 
     def of_episodes(self, episode_ids: Sequence[str]) -> list[ChunkRecord]:
         """Every chunk of the user's episodes among ``episode_ids``, in conversation order (as
         ``GraphStore.get_chunks`` returns them): none read when the cache holds them all."""
+        if self.snapshot is not None:
+            return self.snapshot.episode_chunks(episode_ids)
         listed = self.cache.episodes.through(self.user_id, self.stamp, episode_ids, self._list_episodes)
         chunks = self.load([cid for e in listed.values() for cid in e.chunk_ids])
         return sorted(chunks.values(), key=lambda c: (c.event_time, c.episode_id, c.seq))

@@ -43,7 +43,7 @@ from engram_api.models import (
 )
 from engram_api.reader.background import ReaderThreads, ResultCache
 from engram_api.reader.context import render_context, select_context
-from engram_api.reader.facts import ChunkCache, FactCache, UserChunks, UserFacts
+from engram_api.reader.facts import ChunkCache, FactCache, SnapshotCache, UserChunks, UserFacts
 from engram_api.reader.fusion import TimeWindow, keyword_hits, recall_items
 from engram_api.reader.recipe import DEFAULT_RECIPE, RecallRecipe
 from engram_api.reader.scoring import Weights, effective_weights
@@ -85,6 +85,7 @@ class Reader:
         self.cache = ResultCache()
         self.facts = FactCache()
         self.chunks = ChunkCache()
+        self.snapshots = SnapshotCache(max_records=settings.snapshot_max_records)
         self._threads = ReaderThreads(threads=_IO_THREADS)
         self._weights = ResultCache(size=_WEIGHTS_CACHE_USERS)  # bounded: a reader may serve millions of users
         # Settings are frozen: the default recipe and its cache-key form are built once, not per recall.
@@ -95,7 +96,7 @@ class Reader:
             keeper=keeper,
             redis_client=redis_client,
             lease_ttl_s=settings.apply_lock_ttl_s,
-            on_change=[self.cache.drop_user, self.facts.drop_user, self.chunks.drop_user],
+            on_change=[self.cache.drop_user, self.facts.drop_user, self.chunks.drop_user, self.snapshots.drop_user],
         )
 
     # ------------------------------------------------------------------------------------ helpers
@@ -172,10 +173,13 @@ class Reader:
         index = self.keeper.current(user_id, version)
         timings["index"] = (time.perf_counter() - t1) * 1e3
         weights, weights_source = self.weights_for(user_id)
+        snapshot = self.snapshots.get(user_id, version)
+        if snapshot is None:
+            self.snapshots.missed(self.graph, user_id, version, self._threads.behind)
         items = recall_items(
             graph=self.graph,
-            user_facts=UserFacts(self.graph, self.facts, user_id, version),
-            user_chunks=UserChunks(self.graph, self.chunks, user_id, version),
+            user_facts=UserFacts(self.graph, self.facts, user_id, version, snapshot),
+            user_chunks=UserChunks(self.graph, self.chunks, user_id, version, snapshot),
             settings=self.settings,
             index=index,
             qvec=qvec,
@@ -209,6 +213,12 @@ class Reader:
             return
         rows = json.dumps({item.id: item.breakdown.model_dump() for item in items})
         self._threads.log_recall(self.redis, recall_id, keys.recall_log(user_id, recall_id), rows)
+
+    def flush(self) -> None:
+        """Wait for this process's recall logs still being written and snapshot loads still running
+        (``MemoryClient.close`` calls it: closing right after a recall neither loses the log ``feedback``
+        needs nor closes the store under a load)."""
+        self._threads.flush()
 
     # ----------------------------------------------------------------------------- other reads
     def search(self, user_id: str, query: str, k: int = 10, detail_level: DetailLevel = "auto") -> SearchResult:

@@ -35,7 +35,7 @@ from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -64,6 +64,9 @@ from engram_api.models import (
 from engram_api.naming import normalize_name
 from engram_api.storage.forgetting import ForgetPlan, ForgetScope, Removed, plan_forget
 from engram_api.versions import ABSENT, Stamp, new_epoch
+
+if TYPE_CHECKING:
+    from engram_api.storage.snapshot import UserSnapshot
 
 __all__ = ["Fence", "GraphStep", "GraphStepQuery", "GraphStore", "Link"]
 
@@ -289,6 +292,21 @@ class GraphStore(ABC):
         those of the first ``seed_chunk_count`` of ``seed_chunks`` that are the user's (in list order) are
         seed facts (hydrated too), as if in ``seed_facts``.
         """
+
+    def snapshot(self, user_id: str, *, max_records: int) -> UserSnapshot | None:
+        """Every fact (any state) and episode chunk of the user, in one read transaction that reads the
+        user's stamp first (a record may be newer than the stamp, never older); None when they number more
+        than ``max_records``. ``UserSnapshot.graph_step`` answers ``graph_step`` from it."""
+        from engram_api.storage.snapshot import UserSnapshot
+
+        read = self._snapshot(user_id, _count("max_records", max_records))
+        if read is None:
+            return None
+        stamp, facts, chunks = read
+        return UserSnapshot.of(user_id, stamp, facts, chunks)
+
+    @abstractmethod
+    def _snapshot(self, user_id: str, max_records: int) -> tuple[Stamp, list[FactRecord], list[ChunkRecord]] | None: ...
 
     def history(
         self, user_id: str, subject: str, predicate: str | None, limit: int = HISTORY_LIMIT

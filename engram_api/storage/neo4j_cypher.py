@@ -61,6 +61,8 @@ __all__ = [
     "Q_STAMP",
     "Q_STATS",
     "Q_USERS",
+    "Q_USER_FACTS",
+    "Q_USER_SIZE",
     "Q_VECTORS",
     "Q_VERSION",
     "Q_WEIGHTS_LOAD",
@@ -406,6 +408,12 @@ WITH DISTINCT e ORDER BY e.norm_name, e.id
 RETURN {_ENTITY} AS row
 """
 Q_COUNT_FACTS = "MATCH (f:Fact {user_id: $user_id}) RETURN count(f) AS n"
+Q_USER_SIZE = """
+CALL () { MATCH (f:Fact {user_id: $user_id}) RETURN count(f) AS facts }
+CALL () { MATCH (c:Chunk {user_id: $user_id}) RETURN count(c) AS chunks }
+RETURN facts + chunks AS n
+"""
+Q_USER_FACTS = f"MATCH (f:Fact {{user_id: $user_id}}) RETURN {_FACT} AS row"
 Q_STATS = """
 OPTIONAL MATCH (u:User {user_id: $user_id})
 CALL () {

@@ -76,6 +76,8 @@ WITH c ORDER BY c.event_time, c.episode_id, c.seq
 RETURN {CHUNK_ROW} AS row
 """
 
+Q_USER_CHUNKS = f"MATCH (c:Chunk {{user_id: $user_id}}) RETURN {CHUNK_ROW} AS row"
+
 _BEFORE = (
     "(n.event_time < x.event_time OR (n.event_time = x.event_time AND (n.episode_id < x.episode_id"
     " OR (n.episode_id = x.episode_id AND n.seq < x.seq))))"

@@ -220,6 +220,18 @@ class Neo4jGraphStore(Neo4jDeletion, Neo4jMaintenance, Neo4jConnection):
             chunks=shape.live_chunks(record["chunks"]),  # plain values: no driver types to convert
         )
 
+    def _snapshot(self, user_id: str, max_records: int) -> tuple[Stamp, list[FactRecord], list[ChunkRecord]] | None:
+        def work(tx: ManagedTransaction) -> tuple[Stamp, list[FactRecord], list[ChunkRecord]] | None:
+            found = tx.run(cy.Q_STAMP, user_id=user_id).single()
+            stamp = ABSENT if found is None else Stamp(int(found["epoch"]), int(found["version"]))
+            if tx.run(cy.Q_USER_SIZE, user_id=user_id).single(strict=True)["n"] > max_records:
+                return None
+            facts = shape.live_facts([shape.from_db(r["row"]) for r in tx.run(cy.Q_USER_FACTS, user_id=user_id)])
+            chunks = shape.live_chunks([r["row"] for r in tx.run(episodes_cypher.Q_USER_CHUNKS, user_id=user_id)])
+            return stamp, facts, chunks
+
+        return self._read(work)
+
     def _history(self, user_id: str, norm: str, predicate: str | None, limit: int) -> list[FactRecord]:
         rows = self._rows(cy.Q_HISTORY, user_id=user_id, norm=norm, predicate=predicate, limit=int(limit))
         return [FactRecord.model_validate(r) for r in rows]

@@ -201,6 +201,14 @@ def get_chunks(
     return [_chunk(r, dt) for r in rows]
 
 
+def user_chunks(conn: sqlite3.Connection, user_id: str, *, dt: Any) -> list[ChunkRecord]:
+    """Every chunk of the user, in conversation order."""
+    rows = conn.execute(
+        f"{_CHUNK_COLUMNS} FROM chunks c WHERE c.user_id = ? ORDER BY c.event_time, c.episode_id, c.seq", (user_id,)
+    ).fetchall()
+    return [_chunk(r, dt) for r in rows]
+
+
 def neighbour_chunks(
     conn: sqlite3.Connection, user_id: str, chunk_ids: Sequence[str], window: int, dt: Any
 ) -> list[ChunkRecord]:

@@ -198,6 +198,19 @@ class SqliteGraphStore(SqliteDeletion, SqliteMaintenance, SqliteConnection):
         rows = conn.execute(sql.FACTS_BY_ID, (user_id, db.json_ids(wanted))).fetchall()
         return hops, [db.fact_row(r) for r in rows]
 
+    def _snapshot(self, user_id: str, max_records: int) -> tuple[Stamp, list[FactRecord], list[ChunkRecord]] | None:
+        with self._read() as conn:
+            stamp = db.read_stamp(conn, user_id)
+            (size,) = conn.execute(
+                """SELECT (SELECT COUNT(*) FROM facts WHERE user_id = :u) + (SELECT COUNT(*) FROM chunks WHERE user_id = :u)""",
+                {"u": user_id},
+            ).fetchone()
+            if size > max_records:
+                return None
+            rows = conn.execute(f"{sql.FACT_SELECT} {sql.FACT_FROM} WHERE f.user_id = ?", (user_id,)).fetchall()
+            chunks = episodes_sql.user_chunks(conn, user_id, dt=db.from_us)
+        return stamp, [db.fact_row(r) for r in rows], chunks
+
     def _history(self, user_id: str, norm: str, predicate: str | None, limit: int) -> list[FactRecord]:
         rows = (
             self._conn()

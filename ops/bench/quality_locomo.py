@@ -219,7 +219,7 @@ def _warm_up(reader: Any, user: str, others: list[dict[str, Any]], recipes: Any)
         for recipe in recipes:
             reader.recall(user, q, k=10, recipe=recipe)
         reader.context_items(user, q, CONTEXT_TOKENS)
-    for cache in (reader.cache, reader.facts, reader.chunks):
+    for cache in (reader.cache, reader.facts, reader.chunks, reader.snapshots):
         cache.drop_user(user)
 
 

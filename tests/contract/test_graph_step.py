@@ -143,6 +143,8 @@ def test_graph_step_answers_like_the_two_step_path(graph_store: GraphStore, user
     entity_ids = [e.id for e in world.entities]
     strangers = [theirs.facts[0].id, theirs.facts[1].id, "fact-missing"]
     checked = reached = 0
+    snapshot = graph_store.snapshot(user, max_records=FAR)
+    assert snapshot is not None
     for window in WINDOWS:
         for max_hops in (0, 1, 2):
             for per_seed, limit in ((FAR, FAR), (2, FAR), (3, 5), (1, 4)):
@@ -158,6 +160,7 @@ def test_graph_step_answers_like_the_two_step_path(graph_store: GraphStore, user
                 )
                 got = graph_store.graph_step(user, q)
                 same(got, two_step(graph_store, user, q))
+                same(snapshot.graph_step(q), got)  # the reader's in-process step answers alike
                 assert not {f.id for f in got.facts} & set(strangers)  # another user's ids are never read
                 checked, reached = checked + 1, reached + len(got.hops)
     assert checked == len(WINDOWS) * 3 * 4 and reached > 100  # the grid did reach facts
@@ -208,6 +211,15 @@ def test_graph_step_brings_the_chunks_the_caller_lacks_and_the_facts_of_their_me
     )
     got = graph_store.graph_step(user, asked)
     assert sorted(c.id for c in got.chunks) == sorted([c1, c3])
+    snapshot = graph_store.snapshot(user, max_records=FAR)
+    assert snapshot is not None
+    for q in (
+        asked,
+        *(asked.model_copy(update=u) for u in ({"seed_chunk_count": 1}, {"limit": 0}, {"known": [lives.id]})),
+    ):
+        in_process, stored = snapshot.graph_step(q), graph_store.graph_step(user, q)
+        same(in_process, stored)
+        assert sorted(in_process.chunks, key=lambda c: c.id) == sorted(stored.chunks, key=lambda c: c.id)
     by_chunk_id = {c.id: c for c in graph_store.get_chunks(user, [c1, c3])}
     assert {c.id: c for c in got.chunks} == by_chunk_id  # the same records get_chunks reads
     same(
@@ -232,6 +244,28 @@ def test_graph_step_brings_the_chunks_the_caller_lacks_and_the_facts_of_their_me
         and likes.id not in {f.id for f in part.facts}
         and lives.id not in {f.id for f in part.facts}
     )
+
+
+def test_a_snapshot_holds_the_users_whole_graph_at_its_stamp_and_nothing_of_another_user(
+    graph_store: GraphStore, user: str, other_user: str
+) -> None:
+    world = build_world(graph_store, user)
+    (chunk,) = said(graph_store, user, "m9", ["Nothing to extract here."], at(30))
+    theirs = build_world(graph_store, other_user, seed=8)
+    stamp = graph_store.user_stamp(user)
+    snapshot = graph_store.snapshot(user, max_records=FAR)
+    assert snapshot is not None and snapshot.stamp == stamp
+    stored = {f.id: f for f in graph_store.page(user, 1, FAR).facts}
+    assert dict(snapshot.facts) == stored and set(stored) == {f.id for f in world.facts}  # archived, superseded too
+    assert dict(snapshot.chunks) == {c.id: c for c in graph_store.get_chunks(user, [chunk])}
+    assert snapshot.episode_chunks(["m9", "m1", "missing"]) == graph_store.get_chunks(user, episode_ids=["m9", "m1"])
+    assert not set(snapshot.facts) & {f.id for f in theirs.facts}
+    size = snapshot.size
+    assert size == len(world.facts) + 1
+    assert graph_store.snapshot(user, max_records=size) is not None
+    assert graph_store.snapshot(user, max_records=size - 1) is None  # too big: the store keeps the step
+    absent = graph_store.snapshot("nobody-here", max_records=FAR)
+    assert absent is not None and absent.size == 0 and absent.stamp == graph_store.user_stamp("nobody-here")
 
 
 # ---------------------------------------------------------------------------------- the fact cache

@@ -98,7 +98,9 @@ class Memory:
 
 @pytest.fixture
 def memory(graph_store: GraphStore, tmp_path: Path, embedder: Embedder) -> Iterator[Memory]:
-    yield Memory(graph_store, tmp_path / "indexes", embedder)
+    memory = Memory(graph_store, tmp_path / "indexes", embedder)
+    yield memory
+    memory.reader.flush()  # no snapshot load left running when the store closes
 
 
 def _chatter(memory: Memory, user: str) -> None:
@@ -330,3 +332,79 @@ def test_a_facts_source_excerpt_comes_from_the_cache_at_the_same_stamp_and_never
         assert "home" not in {s for i in after for s in i.source_ids}
     finally:
         del memory.graph.get_chunks
+
+
+def test_a_small_users_snapshot_answers_recall_as_the_store_does_and_only_at_its_stamp(memory: Memory) -> None:
+    """The snapshot is loaded off the recall path once a second recall finds the same stamp; from then on
+    recall makes no store read for its records or its graph step, returns what a reader without snapshots
+    returns, and a write (here a forget) takes it out of service."""
+    user = new_user()
+    _chatter(memory, user)
+    memory.say(user, "home", "I live in Tampa, by the bay.", at(11), lives_in("Tampa"))
+    memory.say(user, "aurora", "We finally saw the northern lights dancing over the fjord last night!", at(12))
+    plain = Reader(
+        settings=Settings(snapshot_max_records=0),
+        graph=memory.graph,
+        keeper=memory.keeper,
+        embedder=memory.embedder,
+        redis_client=None,
+    )
+    stamp = memory.graph.user_stamp(user)
+    memory.reader.recall(user, "first question")
+    memory.reader.flush()
+    assert memory.reader.snapshots.get(user, stamp) is None  # one recall at a stamp loads nothing
+    memory.reader.recall(user, "second question")
+    memory.reader.flush()
+    snapshot = memory.reader.snapshots.get(user, stamp)
+    stats = memory.graph.stats(user)
+    assert snapshot is not None and snapshot.size == stats.facts + stats.episode_chunks
+    assert memory.reader.snapshots.get(new_user(), stamp) is None
+
+    reads: list[str] = []
+    plain_reads = 0
+    real = {name: getattr(memory.graph, name) for name in ("graph_step", "get_facts", "get_chunks")}
+
+    def counted(name: str) -> Any:
+        def read(*args: Any, **kwargs: Any) -> Any:
+            reads.append(name)
+            return real[name](*args, **kwargs)
+
+        return read
+
+    for name in real:  # the real store, its record reads counted
+        setattr(memory.graph, name, counted(name))
+    try:
+        for question in ("where does the user live?", "aurora borealis trip", "the bay", "what did we watch?"):
+            got = memory.reader.recall(user, question, k=10).items
+            assert reads == []  # only the keyword search went to the store
+            want = plain.recall(user, question, k=10).items
+            plain_reads += len(reads)
+            reads.clear()
+            assert [(i.id, i.channels, round(i.score, 4)) for i in got] == [
+                (i.id, i.channels, round(i.score, 4)) for i in want
+            ]
+    finally:
+        for name in real:
+            delattr(memory.graph, name)
+    assert plain_reads  # the counting sees a reader's store reads
+
+    memory.reader.forget(user, "aurora")
+    assert memory.reader.snapshots.get(user, memory.graph.user_stamp(user)) is None
+    after = memory.reader.recall(user, "northern lights over the fjord", k=10).items
+    assert "aurora" not in {s for i in after for s in i.source_ids}
+
+
+def test_a_user_above_the_snapshot_bound_keeps_its_graph_step_in_the_store(memory: Memory) -> None:
+    user = new_user()
+    _chatter(memory, user)
+    bounded = Reader(
+        settings=Settings(snapshot_max_records=3),
+        graph=memory.graph,
+        keeper=memory.keeper,
+        embedder=memory.embedder,
+        redis_client=None,
+    )
+    for question in ("first question", "second question", "third question"):
+        assert bounded.recall(user, question).items
+        bounded.flush()
+    assert bounded.snapshots.get(user, memory.graph.user_stamp(user)) is None

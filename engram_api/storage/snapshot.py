@@ -1,0 +1,141 @@
+"""A small user's whole graph in memory at one stamp, and recall's graph step answered from it.
+
+``GraphStore.snapshot`` reads every fact and episode chunk of one user, the stamp read first, in one read
+transaction. ``UserSnapshot.graph_step`` is a third implementation of ``GraphStore.graph_step`` over those
+records, pinned to both stores' answers by the contract suite (tests/contract/test_graph_step.py). Why a
+third: on Neo4j the step is a round trip that cost ~5 ms of a 700-turn user's ~21 ms recall (graph 4.9 ms
+p50, docs/benchmarks.md), where the walk over a few hundred facts in Python takes a fraction of a
+millisecond. Users above a size bound are not snapshotted: their step stays in the store.
+
+Invariants (those of the stores' step, which its docstring states in full):
+- a fact mentions its subject and its object (Neo4j's SUBJECT/OBJECT edges, SQLite's mentions rows);
+- the walk passes only facts not archived and valid at ``as_of`` (``valid_until`` unset when current);
+  a seed fact must also have started by ``now`` when current and overlap [since, until);
+- each seed keeps its ``per_seed`` nearest facts by (hops, importance descending, id); a fact's hops is
+  its minimum over the seeds that kept it; the walk from a seed stops at the first depth by which it has
+  ``per_seed`` facts (deeper ones could not be kept), and never enters an entity in ``avoid``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from engram_api.models import ChunkRecord, FactRecord
+from engram_api.storage.base import GraphStep, GraphStepQuery
+from engram_api.versions import Stamp
+
+__all__ = ["UserSnapshot"]
+
+
+@dataclass(frozen=True, slots=True)
+class UserSnapshot:
+    """Every fact (any state) and every episode chunk of ``user_id``, read at ``stamp``."""
+
+    user_id: str
+    stamp: Stamp
+    facts: Mapping[str, FactRecord]
+    chunks: Mapping[str, ChunkRecord]
+    touching: Mapping[str, tuple[str, ...]]  # entity id -> the facts mentioning it
+    episodes: Mapping[str, tuple[str, ...]]  # episode id -> its chunks, in conversation order
+
+    @classmethod
+    def of(cls, user_id: str, stamp: Stamp, facts: Iterable[FactRecord], chunks: Iterable[ChunkRecord]) -> UserSnapshot:
+        by_id = {f.id: f for f in facts}
+        touching: dict[str, list[str]] = {}
+        for f in by_id.values():
+            for entity in dict.fromkeys((f.subject_id, f.object_id)):
+                if entity:
+                    touching.setdefault(entity, []).append(f.id)
+        ordered = sorted(chunks, key=lambda c: (c.event_time, c.episode_id, c.seq))
+        episodes: dict[str, list[str]] = {}
+        for c in ordered:
+            episodes.setdefault(c.episode_id, []).append(c.id)
+        return cls(
+            user_id=user_id,
+            stamp=stamp,
+            facts=by_id,
+            chunks={c.id: c for c in ordered},
+            touching={e: tuple(ids) for e, ids in touching.items()},
+            episodes={e: tuple(ids) for e, ids in episodes.items()},
+        )
+
+    @property
+    def size(self) -> int:
+        return len(self.facts) + len(self.chunks)
+
+    def episode_chunks(self, episode_ids: Sequence[str]) -> list[ChunkRecord]:
+        """Every chunk of the user's episodes among ``episode_ids``, in conversation order."""
+        chunks = [self.chunks[c] for e in dict.fromkeys(episode_ids) for c in self.episodes.get(e, ())]
+        return sorted(chunks, key=lambda c: (c.event_time, c.episode_id, c.seq))
+
+    def graph_step(self, query: GraphStepQuery) -> GraphStep:
+        """``GraphStore.graph_step`` for this user at ``stamp``, with no store call."""
+        sourced = [f for cid in query.chunk_facts if cid in self.chunks for f in self.chunks[cid].fact_ids]
+        chunk_seeds: list[str] = []
+        hops: list[tuple[str, int]] = []
+        if query.expanding:
+            seeding = [cid for cid in dict.fromkeys(query.seed_chunks) if cid in self.chunks]
+            chunk_seeds = [f for cid in seeding[: query.seed_chunk_count] for f in self.chunks[cid].fact_ids]
+            hops = self._expand(query, [*query.seed_facts, *chunk_seeds])
+        known = set(query.known)
+        wanted = dict.fromkeys([*query.fact_ids, *sourced, *chunk_seeds, *(fid for fid, _ in hops)])
+        return GraphStep(
+            facts=[self.facts[i] for i in wanted if i in self.facts and i not in known],
+            hops=hops,
+            chunks=[self.chunks[c] for c in dict.fromkeys(query.chunk_ids) if c in self.chunks],
+        )
+
+    def _expand(self, q: GraphStepQuery, seed_facts: list[str]) -> list[tuple[str, int]]:
+        def walkable(f: FactRecord) -> bool:
+            if f.archived:
+                return False
+            if q.as_of is None:
+                return f.valid_until is None
+            return f.valid_from <= q.as_of and (f.valid_until is None or q.as_of < f.valid_until)
+
+        def seeding(f: FactRecord) -> bool:
+            return (
+                walkable(f)
+                and (q.as_of is not None or f.valid_from <= q.now)
+                and (q.until is None or f.valid_from < q.until)
+                and (q.since is None or f.valid_until is None or f.valid_until > q.since)
+            )
+
+        avoid = set(q.avoid)
+        from_facts = [
+            x
+            for fid in seed_facts
+            if fid in self.facts and seeding(self.facts[fid])
+            for x in (self.facts[fid].subject_id, self.facts[fid].object_id)
+        ]
+        seeds = [s for s in dict.fromkeys([*q.seeds, *from_facts]) if s and s not in avoid]
+        valid: dict[str, bool] = {}
+        best: dict[str, int] = {}
+        for seed in seeds:
+            level: dict[str, int] = {}
+            seen, frontier = {seed}, [seed]
+            for depth in range(q.max_hops + 1):
+                later: list[str] = []
+                for entity in frontier:
+                    for fid in self.touching.get(entity, ()):
+                        fact = self.facts[fid]
+                        ok = valid.get(fid)
+                        if ok is None:
+                            ok = valid[fid] = walkable(fact)
+                        if not ok:
+                            continue
+                        level.setdefault(fid, depth)
+                        if depth < q.max_hops:
+                            for x in (fact.subject_id, fact.object_id):
+                                if x and x not in avoid and x not in seen:
+                                    seen.add(x)
+                                    later.append(x)
+                frontier = later
+                if len(level) >= q.per_seed or not frontier:
+                    break
+            nearest = sorted(level.items(), key=lambda kv: (kv[1], -self.facts[kv[0]].importance, kv[0]))
+            for fid, hops in nearest[: q.per_seed]:
+                best[fid] = min(hops, best.get(fid, hops))
+        ranked = sorted(best.items(), key=lambda kv: (kv[1], -self.facts[kv[0]].importance, kv[0]))
+        return ranked[: q.limit]
