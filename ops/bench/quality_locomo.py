@@ -213,8 +213,10 @@ def run_locomo(ctx: BenchContext, stack: Any) -> tuple[list[Table], dict[str, An
 
 
 def _warm_up(reader: Any, user: str, others: list[dict[str, Any]], recipes: Any) -> None:
-    """Untimed recalls of other conversations' questions, then the reader's caches of ``user`` dropped."""
-    questions = [str(qa["question"]) for conv in others for qa in conv["qa"]][:WARMUP_RECALLS]
+    """Untimed recalls of other conversations' questions, then the reader's caches of ``user`` dropped.
+    Each question is marked, so the query-embedding cache never answers a later conversation's timed
+    recall of the same question (those users are measured in this process too)."""
+    questions = [f"warm-up: {qa['question']}" for conv in others for qa in conv["qa"]][:WARMUP_RECALLS]
     for q in questions:
         for recipe in recipes:
             reader.recall(user, q, k=10, recipe=recipe)
