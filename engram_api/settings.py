@@ -181,8 +181,8 @@ class Settings(BaseSettings):
     snapshot_max_records: int = Field(
         5000,
         ge=0,
-        description="a reader holds a user of at most this many facts + chunks whole in memory, so recall's graph "
-        "step makes no store round trip (0: never)",
+        description="a reader holds a user of at most this many facts + chunks whole in memory (~3.7 KB each; ten "
+        "such users at most), so recall's graph step makes no store round trip (0: never)",
     )
     broad_min_score: float = Field(0.45, description="search(auto): below this, fall back to facts")
 

@@ -20,7 +20,7 @@ import os
 import threading
 import time
 from collections import OrderedDict
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from contextlib import suppress
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -126,8 +126,7 @@ class ReaderThreads:
         held = self._current()
         with self._lock:
             pending = [*held.logging.values(), *held.behind]
-        for work in pending:
-            work.result()
+        wait(pending)  # their errors are theirs: each logs or suppresses its own
 
 
 def _write(client: redis.Redis, key: str, rows: str) -> None:

@@ -11,6 +11,7 @@ the bulk-loaded vectors says when an approximate index would pay off.
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -127,6 +128,14 @@ def faiss_micro(vectors: np.ndarray, qvecs: np.ndarray, k: int = 30) -> list[dic
     return rows
 
 
+def _rss_mib() -> float:
+    """This process's resident set (the reader runs here, with its caches and the users' indexes loaded)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
 def run(ctx: BenchContext) -> BenchResult:
     small_facts = ctx.size(200, 1_000)
     big_sizes = [10_000] if ctx.quick else [10_000, 100_000]
@@ -150,6 +159,7 @@ def run(ctx: BenchContext) -> BenchResult:
             "ratio p50",
             "ratio p95",
             "vector-only p50",
+            "reader RSS MiB",
         ],
     )
     parts = Table(
@@ -160,7 +170,7 @@ def run(ctx: BenchContext) -> BenchResult:
     def add_row(label: str, uid: str, facts: int) -> dict[str, Any]:
         got = measure(reader, uid, queries(f"recall-{label}", n_queries))
         vec_only = measure(reader, uid, queries(f"recall-{label}-vec", n_queries), graph_expansion=False)
-        got.update(user=label, facts=facts, vector_only_ms=vec_only["total_ms"])
+        got.update(user=label, facts=facts, vector_only_ms=vec_only["total_ms"], reader_rss_mib=_rss_mib())
         latency.add(
             label,
             facts,
@@ -172,6 +182,7 @@ def run(ctx: BenchContext) -> BenchResult:
             got["ratio_p50"],
             got["ratio_p95"],
             vec_only["total_ms"]["p50"],
+            got["reader_rss_mib"],
         )
         parts.add(label, *[got["parts_ms"][p]["p50"] for p in _PARTS], got["parts_ms"]["graph"]["p95"])
         summary["users"].append(got)
@@ -260,5 +271,6 @@ def run(ctx: BenchContext) -> BenchResult:
             "bulk users: WritePlans of 1,000 facts through GraphStore.apply, then IndexKeeper.rebuild; 80% of "
             "facts have the user as subject, so graph expansion through an entity reaches many facts",
             "vector-only = recall(..., graph_expansion=False)",
+            "reader RSS = this process's resident set after measuring that user (the reader and its caches run here)",
         ],
     )

@@ -92,6 +92,16 @@ class Memory:
             self.graph.apply(WritePlan(user_id=user, episode=episode, chunks=chunks))
         self.keeper.rebuild(user)
 
+    def another_reader(self, **settings: Any) -> Reader:
+        """A second reader over the same stores, with its own caches and these settings."""
+        return Reader(
+            settings=Settings(**settings),
+            graph=self.graph,
+            keeper=self.keeper,
+            embedder=self.embedder,
+            redis_client=None,
+        )
+
     def sources(self, user: str, query: str, **kwargs: Any) -> list[str]:
         return [s for item in self.reader.recall(user, query, **kwargs).items for s in item.source_ids]
 
@@ -342,13 +352,7 @@ def test_a_small_users_snapshot_answers_recall_as_the_store_does_and_only_at_its
     _chatter(memory, user)
     memory.say(user, "home", "I live in Tampa, by the bay.", at(11), lives_in("Tampa"))
     memory.say(user, "aurora", "We finally saw the northern lights dancing over the fjord last night!", at(12))
-    plain = Reader(
-        settings=Settings(snapshot_max_records=0),
-        graph=memory.graph,
-        keeper=memory.keeper,
-        embedder=memory.embedder,
-        redis_client=None,
-    )
+    plain = memory.another_reader(snapshot_max_records=0)
     stamp = memory.graph.user_stamp(user)
     memory.reader.recall(user, "first question")
     memory.reader.flush()
@@ -397,13 +401,7 @@ def test_a_small_users_snapshot_answers_recall_as_the_store_does_and_only_at_its
 def test_a_user_above_the_snapshot_bound_keeps_its_graph_step_in_the_store(memory: Memory) -> None:
     user = new_user()
     _chatter(memory, user)
-    bounded = Reader(
-        settings=Settings(snapshot_max_records=3),
-        graph=memory.graph,
-        keeper=memory.keeper,
-        embedder=memory.embedder,
-        redis_client=None,
-    )
+    bounded = memory.another_reader(snapshot_max_records=3)
     for question in ("first question", "second question", "third question"):
         assert bounded.recall(user, question).items
         bounded.flush()
