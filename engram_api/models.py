@@ -292,6 +292,11 @@ class ChunkRecord(Record):
         """What is embedded and keyword-indexed: the speaker's name travels with the words."""
         return self.text if self.speaker == self.role else f"{self.speaker}: {self.text}"
 
+    @property
+    def conversation_order(self) -> tuple[datetime, str, int]:
+        """The sort key of the conversation's order (the stores' ORDER BY event_time, episode_id, seq)."""
+        return (self.event_time, self.episode_id, self.seq)
+
 
 class KeywordHit(_Model):
     """One BM25 hit of the user's keyword index (higher score = better match)."""

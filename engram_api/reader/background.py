@@ -123,7 +123,9 @@ class ReaderThreads:
 
     def flush(self) -> None:
         """Return once every log write and other work this process has in flight is done."""
-        held = self._current()
+        held = self._held
+        if held is None or held.pid != os.getpid():
+            return  # no threads here (none yet, or a forked child's copy): nothing in flight
         with self._lock:
             pending = [*held.logging.values(), *held.behind]
         wait(pending)  # their errors are theirs: each logs or suppresses its own

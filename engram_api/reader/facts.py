@@ -14,7 +14,8 @@ Invariants:
 - a small user's whole graph (``UserSnapshot``, at most ``snapshot_max_records`` facts and chunks) is
   loaded on a reader thread once a second recall finds the same stamp without it, and then answers the
   step and every record read with no store call, at that stamp only. A user written between every recall
-  never pays for a load it could not use; one that is too big is not tried again at the same stamp.
+  never pays for a load it could not use; one whose index holds more vectors than the bound costs no
+  store query at all.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ log = logging.getLogger(__name__)
 # The snapshots held sum to at most this many times max_records records. A snapshot holds ~3.7 KB per
 # record (tracemalloc, a 10K-fact user: 37 MB), so the default bound is ~185 MB per reader process.
 _SNAPSHOT_BUDGET = 10
-_TRACKED_USERS = 4096  # users whose last unloaded or too-big stamp is remembered (a few dozen bytes each)
+_TRACKED_USERS = 4096  # users whose last unloaded stamp is remembered (a few dozen bytes each)
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,7 +155,6 @@ class SnapshotCache:
         self.max_records = max_records
         self._held: OrderedDict[str, UserSnapshot] = OrderedDict()
         self._seen: OrderedDict[str, Stamp] = OrderedDict()  # the stamp a recall last found unloaded
-        self._too_big: dict[str, Stamp] = {}
         self._loading: set[str] = set()
         self._pid = os.getpid()
         self._lock = threading.Lock()
@@ -167,14 +167,18 @@ class SnapshotCache:
             self._held.move_to_end(user_id)
             return held
 
-    def missed(self, graph: GraphStore, user_id: str, stamp: Stamp, submit: Callable[..., object]) -> None:
-        """A recall found no snapshot at ``stamp``: on the second such recall, load one with ``submit``."""
-        if self.max_records <= 0:
+    def missed(
+        self, graph: GraphStore, user_id: str, stamp: Stamp, vectors: int, submit: Callable[..., object]
+    ) -> None:
+        """A recall found no snapshot at ``stamp``: on the second such recall, load one with ``submit``.
+        ``vectors``: the fact and episode vectors of the user's index at ``stamp``, one per fact or chunk,
+        so a user clearly above the bound costs no store query (the store's count in ``snapshot`` decides)."""
+        if not 0 < vectors <= self.max_records:
             return
         with self._lock:
             if self._pid != os.getpid():  # a forked child: the parent's loads in flight are not its own
                 self._loading, self._pid = set(), os.getpid()
-            if user_id in self._loading or self._too_big.get(user_id) == stamp:
+            if user_id in self._loading:
                 return
             if self._seen.get(user_id) != stamp:
                 self._seen[user_id] = stamp
@@ -197,12 +201,9 @@ class SnapshotCache:
         finally:
             with self._lock:
                 self._loading.discard(user_id)
+        if snapshot is None:  # more records than vectors (facts without one): the store's step it is
+            return
         with self._lock:
-            if snapshot is None:
-                self._too_big[user_id] = stamp
-                while len(self._too_big) > _TRACKED_USERS:
-                    self._too_big.pop(next(iter(self._too_big)))
-                return
             held = self._held.get(user_id)
             if held is not None and held.stamp > snapshot.stamp:
                 return  # a slow load never rolls a newer snapshot back
@@ -215,7 +216,6 @@ class SnapshotCache:
         with self._lock:
             self._held.pop(user_id, None)
             self._seen.pop(user_id, None)
-            self._too_big.pop(user_id, None)
 
 
 @dataclass(slots=True)
@@ -292,7 +292,7 @@ class UserChunks:
             return self.snapshot.episode_chunks(episode_ids)
         listed = self.cache.episodes.through(self.user_id, self.stamp, episode_ids, self._list_episodes)
         chunks = self.load([cid for e in listed.values() for cid in e.chunk_ids])
-        return sorted(chunks.values(), key=lambda c: (c.event_time, c.episode_id, c.seq))
+        return sorted(chunks.values(), key=lambda c: c.conversation_order)
 
     def _list_episodes(self, episode_ids: list[str]) -> list[EpisodeChunkIds]:
         fresh = self.graph.get_chunks(self.user_id, episode_ids=episode_ids)

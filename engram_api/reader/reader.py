@@ -175,7 +175,8 @@ class Reader:
         weights, weights_source = self.weights_for(user_id)
         snapshot = self.snapshots.get(user_id, version)
         if snapshot is None:
-            self.snapshots.missed(self.graph, user_id, version, self._threads.behind)
+            vectors = index.count("fact") + index.count("episode")
+            self.snapshots.missed(self.graph, user_id, version, vectors, self._threads.behind)
         items = recall_items(
             graph=self.graph,
             user_facts=UserFacts(self.graph, self.facts, user_id, version, snapshot),

@@ -47,7 +47,7 @@ class UserSnapshot:
             for entity in dict.fromkeys((f.subject_id, f.object_id)):
                 if entity:
                     touching.setdefault(entity, []).append(f.id)
-        ordered = sorted(chunks, key=lambda c: (c.event_time, c.episode_id, c.seq))
+        ordered = sorted(chunks, key=lambda c: c.conversation_order)
         episodes: dict[str, list[str]] = {}
         for c in ordered:
             episodes.setdefault(c.episode_id, []).append(c.id)
@@ -67,7 +67,7 @@ class UserSnapshot:
     def episode_chunks(self, episode_ids: Sequence[str]) -> list[ChunkRecord]:
         """Every chunk of the user's episodes among ``episode_ids``, in conversation order."""
         chunks = [self.chunks[c] for e in dict.fromkeys(episode_ids) for c in self.episodes.get(e, ())]
-        return sorted(chunks, key=lambda c: (c.event_time, c.episode_id, c.seq))
+        return sorted(chunks, key=lambda c: c.conversation_order)
 
     def graph_step(self, query: GraphStepQuery) -> GraphStep:
         """``GraphStore.graph_step`` for this user at ``stamp``, with no store call."""

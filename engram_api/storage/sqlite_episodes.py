@@ -202,10 +202,8 @@ def get_chunks(
 
 
 def user_chunks(conn: sqlite3.Connection, user_id: str, *, dt: Any) -> list[ChunkRecord]:
-    """Every chunk of the user, in conversation order."""
-    rows = conn.execute(
-        f"{_CHUNK_COLUMNS} FROM chunks c WHERE c.user_id = ? ORDER BY c.event_time, c.episode_id, c.seq", (user_id,)
-    ).fetchall()
+    """Every chunk of the user, in no particular order (``UserSnapshot.of`` orders them)."""
+    rows = conn.execute(f"{_CHUNK_COLUMNS} FROM chunks c WHERE c.user_id = ?", (user_id,)).fetchall()
     return [_chunk(r, dt) for r in rows]
 
 
