@@ -229,13 +229,14 @@ def test_a_poison_member_is_isolated_and_left_to_its_own_task(stack: Stack, pois
 
 
 class ForgetsDuringBatch(Middleware):
-    """After ``after`` commits, forget ``victim`` (as a user's ``forget`` call would, from another process)."""
+    """When the batch reaches ``at`` (its ``before_stage``), forget ``victim`` (as a user's ``forget`` call
+    would, from another process): earlier members are written, the victim is not planned yet."""
 
-    def __init__(self, stack: Stack, user: str, after: str, victim: str) -> None:
-        self.stack, self.user, self.after, self.victim = stack, user, after, victim
+    def __init__(self, stack: Stack, user: str, at: str, victim: str) -> None:
+        self.stack, self.user, self.at, self.victim = stack, user, at, victim
 
-    def after_write(self, user_id: str, message_id: str, outcome: ApplyOutcome) -> None:
-        if message_id == self.after:
+    def before_stage(self, stage: str, user_id: str, message_id: str) -> None:
+        if message_id == self.at:
             from engram_api.erasure import erase_message
 
             erase_message(self.stack.client.redis, self.user, self.victim, tombstone_ttl_s=600)
@@ -246,13 +247,39 @@ def test_a_forgotten_member_is_never_applied_by_a_batch(stack: Stack) -> None:
     ctx, _ = process(stack, 8)
     mids = queue(ctx, stack, user)
     stack.client.forget(user, "m1")  # before the batch: tombstone, payload and extraction gone
-    ctx.__dict__["middleware"] = [ForgetsDuringBatch(stack, user, after="m2", victim="m4")]  # during it
+    ctx.__dict__["middleware"] = [ForgetsDuringBatch(stack, user, at="m3", victim="m4")]  # during it
     assert run_apply(ctx, user, "m0").outcome is StageOutcome.APPLIED
     graph = stack.client.graph
     assert {mid for mid in mids if graph.is_applied(user, mid)} == set(mids) - {"m1", "m4"}
     for mid in ("m1", "m4"):
         assert stack.client.redis.exists(keys.status(user, mid)) == 0
         assert run_apply(ctx, user, mid).outcome is StageOutcome.FORGOTTEN
+    memory(stack, user)
+
+
+class Peeks(Middleware):
+    """When the batch reaches ``at``, records which messages another connection sees applied."""
+
+    def __init__(self, graph: GraphStore, at: str, mids: list[str]) -> None:
+        self.graph, self.at, self.mids = graph, at, mids
+        self.seen: set[str] | None = None
+
+    def before_stage(self, stage: str, user_id: str, message_id: str) -> None:
+        if message_id == self.at:
+            self.seen = {mid for mid in self.mids if self.graph.is_applied(user_id, mid)}
+
+
+def test_on_neo4j_a_batch_commits_its_members_in_one_transaction(stack: Stack) -> None:
+    """Neo4j: nobody sees a member before the whole batch commits (one commit per batch). SQLite: each
+    member is committed before the next is planned (its write lock is the whole file's)."""
+    user = f"bt_{uuid.uuid4().hex[:8]}"
+    ctx, _ = process(stack, 8)
+    mids = queue(ctx, stack, user)
+    peek = Peeks(stack.client.graph, at=mids[-1], mids=mids)
+    ctx.__dict__["middleware"] = [peek]
+    assert run_apply(ctx, user, "m0").outcome is StageOutcome.APPLIED
+    assert peek.seen == (set() if stack.settings.neo4j_uri else set(mids[:-1]))
+    assert all(stack.client.graph.is_applied(user, mid) for mid in mids)
     memory(stack, user)
 
 

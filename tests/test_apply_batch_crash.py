@@ -1,5 +1,6 @@
-"""An apply worker SIGKILLed in the middle of a batch: real extract and apply worker processes, real Redis
-and Neo4j, the LLM stand-in. After redelivery every message is applied exactly once (lost 0, duplicated 0),
+"""An apply worker SIGKILLed in the middle of a batch (after two members' writes committed, or with members
+written inside the batch's one Neo4j transaction, before its commit): real extract and apply worker
+processes, real Redis and Neo4j, the LLM stand-in. After redelivery every message is applied exactly once (lost 0, duplicated 0),
 and the user's FAISS file holds exactly what the graph holds."""
 
 from __future__ import annotations
@@ -9,6 +10,8 @@ from collections import Counter
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from engram_api import keys
 from engram_api.models import MessageState
@@ -33,13 +36,14 @@ def topic_fact(request: dict[str, Any]) -> Reply:
     )
 
 
+@pytest.mark.parametrize("fault", ["KillMidBatch", "KillInsideBatch"], ids=["after-commits", "before-the-commit"])
 def test_sigkill_mid_batch_then_redelivery_applies_every_message_exactly_once(
-    redis_url: str, neo4j_uri: str, llm_standin: Any, tmp_path: Path
+    redis_url: str, neo4j_uri: str, llm_standin: Any, tmp_path: Path, fault: str
 ) -> None:
     llm_standin.script(topic_fact)
     with engram_stack(
         redis_url=redis_url, data_dir=tmp_path, neo4j_uri=neo4j_uri, llm_url=llm_standin.url, workers=False,
-        middleware="tests.support.faults:KillMidBatch", apply_batch=N,
+        middleware=f"tests.support.faults:{fault}", apply_batch=N,
     ) as stack:  # fmt: skip
         client, user = stack.client, f"kb_{uuid.uuid4().hex[:8]}"
         stack.start_worker("extract", EXTRACT_WORKER, concurrency=4)

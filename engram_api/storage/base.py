@@ -24,7 +24,10 @@ Rules every backend keeps:
 - inside ``fenced(user_id, stamp, epoch)`` every write transaction of that thread first checks (under the
   user's row/node lock) that the user's stamp is still the fence's, else raises ``StaleWriteError`` and
   writes nothing; after commit the fence follows the new stamp. ``engram_api.storage.userwrite`` is the
-  one caller.
+  one caller;
+- inside ``batched()`` a backend may run the thread's calls in ONE transaction (it yields True): reads
+  see the block's own writes, and everything commits when the block ends or nothing does (an error in
+  the block, or at commit, rolls it all back and puts the fence back where the block found it).
 """
 
 from __future__ import annotations
@@ -154,6 +157,14 @@ class GraphStore(ABC):
     def _fence() -> Fence | None:
         """The fence the backends' write transactions enforce, if this thread is inside one."""
         return getattr(_active, "fence", None)
+
+    @contextmanager
+    def batched(self) -> Iterator[bool]:
+        """Run this thread's reads and writes inside the block in one transaction where that is cheaper
+        and holds no store-wide lock (yields True; see the module docstring). By default every write
+        commits on its own (yields False): SQLite's write lock is the whole database's, and holding it
+        while a batch is planned would stall every other writer."""
+        yield False
 
     def _creation_epoch(self) -> int:
         fence = self._fence()

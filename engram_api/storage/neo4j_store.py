@@ -170,6 +170,8 @@ class Neo4jGraphStore(Neo4jDeletion, Neo4jMaintenance, Neo4jConnection):
         try:
             return self._write(work)
         except _AlreadyApplied as skipped:
+            if self._batch_tx() is not None:
+                raise  # the lock statement's writes are in the block's transaction: the block must roll back
             return ApplyOutcome(applied=False, version=skipped.version)
 
     # --------------------------------------------------------------------------------- read

@@ -5,12 +5,19 @@ What a batch shares is the per-message fixed cost: ONE encoder call for every te
 the vectors extract handed over), ONE ``write.finish`` at the end (one FAISS delta record, one published
 stamp, one cache drop). What it does not share is anything a message's correctness rests on.
 
+Where the store can (``GraphStore.batched`` yields True: Neo4j), every member's write is also in ONE graph
+transaction, committed once after the last member (the per-commit work is most of a write's server CPU).
+If anything in that transaction fails (a member's plan or write, or the commit), all of it rolls back and
+the batch is replayed one transaction per member, the path described below, so a failure there has
+exactly the effects it has without sharing. Otherwise (SQLite, whose write lock is the whole file's) each
+member commits on its own.
+
 Invariants:
-- Each member is its own graph transaction, idempotent by message id, with its own status (APPLIED, its
-  version), provenance and ``after_write`` hooks. Member i+1 is planned against the graph after member i
-  committed and an in-memory copy of the index holding i's upserts (dedup, entity resolution, supersession
-  see it); nothing reaches the index file before ``finish``, which writes the upserts of exactly the
-  members whose transaction applied.
+- Each member is idempotent by message id, with its own status (APPLIED, its version), provenance and
+  ``after_write`` hooks (run once its write is committed). Member i+1 is planned against the graph as
+  member i left it (in a shared transaction, reads see its uncommitted writes) and an in-memory copy of the
+  index holding i's upserts (dedup, entity resolution, supersession see it); nothing reaches the index
+  file before ``finish``, which writes the upserts of exactly the members whose write committed.
 - Members are claimed (removed from the ready set) once per task, before anything is planned, and kept
   across re-plans (``StaleWriteError`` re-runs the batch under a fresh lease). A claimed member is never
   handed to another batch: a batch that dies (a SIGKILL mid-batch, a member that kills the process) costs
@@ -132,17 +139,30 @@ class _Progress:
 
 @dataclass
 class _Run:
-    """One batch under one lease: the encoded texts and the batch's own copy of the index."""
+    """One pass over a batch under one lease: the encoded texts and the batch's own copy of the index.
+    ``shared``: the members' writes are in one store transaction (see the module docstring); then any
+    member's error is raised (the transaction must roll back) and ``after_write`` waits for ``commit``."""
 
     ctx: WorkerContext
     write: UserWrite
     vectors: Vectors
     index: UserIndex
-    progress: _Progress
+    shared: bool
+    progress: _Progress = field(default_factory=_Progress)
     copied: bool = False
+    uncommitted: list[tuple[str, ApplyOutcome, WritePlan, float]] = field(default_factory=list)
+
+    def all(self, members: list[Member], trigger: Member) -> None:
+        for member in members:
+            if self.progress.stopped:
+                break
+            if member is trigger:
+                self.apply(member, is_trigger=True)
+            else:
+                self.member(member)
 
     def apply(self, member: Member, *, is_trigger: bool) -> None:
-        """Plan ``member`` against the graph and index as they are now, commit it, run ``after_write``."""
+        """Plan ``member`` against the graph and index as they are now and write it."""
         ctx, mid, started = self.ctx, member.message_id, time.perf_counter()
         try:
             planned = plan_message(
@@ -153,6 +173,8 @@ class _Run:
         except StaleWriteError:
             raise  # another writer moved the user: the whole batch is planned again from fresh reads
         except Exception as exc:
+            if self.shared:
+                raise
             self._failed(mid, exc, is_trigger)
             self.progress.stopped = isinstance(exc, StoreUnavailableError)
             return
@@ -163,13 +185,25 @@ class _Run:
                 self.index, self.copied = self.index.copy(), True
             self.index.upsert(planned.upserts)
             self.progress.upserts.extend(planned.upserts)
+        if self.shared:
+            self.uncommitted.append((mid, outcome, planned.plan, started))
+        else:
+            self._written(mid, outcome, planned.plan, started, is_trigger)
+
+    def commit(self, trigger: str) -> None:
+        """The shared transaction committed: each member's ``after_write`` and result, in order."""
+        for mid, outcome, plan, started in self.uncommitted:
+            self._written(mid, outcome, plan, started, mid == trigger)
+        self.uncommitted.clear()
+
+    def _written(self, mid: str, outcome: ApplyOutcome, plan: WritePlan, started: float, is_trigger: bool) -> None:
         try:
-            for m in ctx.middleware:
+            for m in self.ctx.middleware:
                 m.after_write(self.write.user_id, mid, outcome)
         except Exception as exc:  # as in a single apply: committed, its status left to a retry (own task)
             self._failed(mid, exc, is_trigger)
             return
-        result = StageResult(StageOutcome.APPLIED, summary(outcome, planned.plan))
+        result = StageResult(StageOutcome.APPLIED, summary(outcome, plan))
         self.progress.done[mid] = (result, time.perf_counter() - started)
 
     def _failed(self, mid: str, exc: Exception, is_trigger: bool) -> None:
@@ -205,14 +239,24 @@ def apply_batch(ctx: WorkerContext, write: UserWrite, trigger: Member, claim: Cl
     members = sorted([trigger, *others], key=lambda m: (m.envelope.timestamp, m.message_id))
     texts = [t for m in members for t in message_texts(m.envelope, m.handed.extraction)]
     vectors = Vectors(ctx.embedder, texts, [m.handed.vectors for m in members])
-    run = _Run(ctx=ctx, write=write, vectors=vectors, index=write.index(), progress=_Progress())
-    for member in members:
-        if run.progress.stopped:
-            break
-        if member is trigger:
-            run.apply(member, is_trigger=True)
-        else:
-            run.member(member)
+
+    def fresh(shared: bool) -> _Run:
+        return _Run(ctx=ctx, write=write, vectors=vectors, index=write.index(), shared=shared)
+
+    shared = False
+    try:
+        with ctx.graph.batched() as shared:
+            run = fresh(shared)
+            run.all(members, trigger)
+    except (StaleWriteError, StoreUnavailableError):
+        raise  # re-planned under a fresh lease / the trigger's retry path: nothing of the batch committed
+    except Exception as exc:
+        if not shared:
+            raise
+        log.info("apply batch of %d rolled back (%s): one transaction per member", len(members), type(exc).__name__)
+        run = fresh(False)
+        run.all(members, trigger)
+    run.commit(trigger.message_id)
     return _finish(ctx, write, trigger.message_id, len(members), run.progress)
 
 

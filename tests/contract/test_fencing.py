@@ -13,7 +13,7 @@ from engram_api.storage import GraphStore
 from engram_api.storage.episodes import chunk_envelope, keyword_terms
 from engram_api.versions import ABSENT, Stamp, new_epoch
 
-from .factories import T0, plan
+from .factories import T0, open_store, plan
 
 
 def _chatty(user: str, message_id: str, text: str) -> WritePlan:
@@ -104,3 +104,52 @@ def test_the_fence_covers_episode_chunks_and_the_keyword_index(graph_store: Grap
     assert [h.node_id for h in graph_store.keyword_search(user, keyword_terms("ferry island"), 5)] == [
         c.id for c in graph_store.get_chunks(user, episode_ids=["m1"])
     ]
+
+
+def test_a_batched_block_reads_its_own_writes_and_commits_all_or_nothing(
+    graph_store: GraphStore, store_spec: tuple[str, str], user: str
+) -> None:
+    """``batched``: inside the block this thread reads what the block wrote; where the backend shares one
+    transaction (Neo4j) nobody else sees any of it until the block ends, and an error rolls all of it back
+    and puts the fence where the block found it. SQLite commits each write on its own (yields False)."""
+    graph_store.apply(plan(user, "m0"))
+    start = graph_store.user_stamp(user)
+    other = open_store(*store_spec)
+    try:
+        with graph_store.fenced(user, start, start.epoch) as fence, graph_store.batched() as shared:
+            assert shared is (store_spec[0] == "neo4j")
+            graph_store.apply(plan(user, "m1"))
+            graph_store.apply(plan(user, "m2"))
+            assert graph_store.is_applied(user, "m1") and graph_store.user_version(user) == start.version + 2
+            assert fence.expected.version == start.version + 2
+            assert other.is_applied(user, "m1") is not shared  # uncommitted where shared
+        assert other.is_applied(user, "m2") and other.user_stamp(user) == fence.expected
+
+        moved = graph_store.user_stamp(user)
+        with (
+            graph_store.fenced(user, moved, moved.epoch) as fence,
+            pytest.raises(RuntimeError, match="boom"),
+            graph_store.batched() as shared,
+        ):
+            graph_store.apply(plan(user, "m3"))
+            raise RuntimeError("boom")
+        if shared:
+            assert not other.is_applied(user, "m3") and other.user_stamp(user) == moved
+            assert fence.expected == moved
+        else:
+            assert other.is_applied(user, "m3") and fence.expected.version == moved.version + 1
+    finally:
+        other.close()
+
+
+def test_a_batched_block_keeps_the_fence(graph_store: GraphStore, user: str) -> None:
+    graph_store.apply(plan(user, "m0"))
+    planned_on = graph_store.user_stamp(user)
+    graph_store.apply(plan(user, "m1"))  # another writer moves the user
+    with (
+        graph_store.fenced(user, planned_on, planned_on.epoch),
+        pytest.raises(StaleWriteError),
+        graph_store.batched(),
+    ):
+        graph_store.apply(plan(user, "m2"))
+    assert not graph_store.is_applied(user, "m2")

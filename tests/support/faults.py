@@ -27,11 +27,13 @@ class CrashAfterWriteOnce(Middleware):
 
 
 class KillMidBatch(Middleware):
-    """SIGKILL the worker process right after the 2nd graph commit of one apply run (the middle of an apply
-    batch: two members committed, their index, stamp and statuses not yet finished), once per data dir.
+    """SIGKILL the worker process right after the 2nd committed member write of one apply run (two members
+    committed, their index, stamp and statuses not yet finished; on Neo4j, whose batch is one transaction,
+    that is after the batch's commit), once per data dir.
 
     Commits are counted since the last ``after_stage``: a batch runs each member's ``before_stage`` before
-    its commit, and every ``after_stage`` only once the whole batch is finished."""
+    its write, ``after_write`` once the write is committed, and every ``after_stage`` only once the whole
+    batch is finished."""
 
     def __init__(self) -> None:
         self.commits = 0
@@ -43,6 +45,28 @@ class KillMidBatch(Middleware):
         self.commits += 1
         marker = Path(load_settings().data_dir) / "faults" / "killed-mid-batch"
         if self.commits < 2 or marker.exists():
+            return
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        marker.write_text(message_id)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+class KillInsideBatch(Middleware):
+    """SIGKILL the worker process at the 3rd ``before_stage`` of one apply run, once per data dir: members
+    are written and, on Neo4j (one transaction per batch), not committed yet."""
+
+    def __init__(self) -> None:
+        self.starts = 0
+
+    def after_stage(self, stage: str, user_id: str, message_id: str, outcome: StageResult, seconds: float) -> None:
+        self.starts = 0
+
+    def before_stage(self, stage: str, user_id: str, message_id: str) -> None:
+        if stage != "apply":
+            return
+        self.starts += 1
+        marker = Path(load_settings().data_dir) / "faults" / "killed-mid-batch"
+        if self.starts < 3 or marker.exists():
             return
         marker.parent.mkdir(parents=True, exist_ok=True)
         marker.write_text(message_id)
