@@ -11,7 +11,7 @@ import pytest
 
 from engram_api.errors import ConfigError
 from engram_api.settings import Settings
-from engram_api.storage.embedder import Embedder, embedder_for
+from engram_api.storage.embedder import Embedder, _similar_lengths, embedder_for
 
 _TEXTS = [
     "I just moved from Tampa to Austin",
@@ -43,6 +43,17 @@ def test_onnx_vectors_equal_torch_vectors(onnx: Embedder) -> None:
     # Batching (sorted by length, padded per batch) must not change a text's vector.
     single = np.stack([onnx.encode([t])[0] for t in _TEXTS])
     np.testing.assert_allclose(single, a, atol=1e-5)
+
+
+def test_a_batch_is_cut_into_model_calls_of_similar_length() -> None:
+    """Names (3 tokens) are not padded to a chunk's width: each call's longest text is within 1.5x + 2 of its
+    shortest, calls hold at most 64 texts, and every text is in exactly one call, in length order."""
+    lengths = sorted([3] * 10 + [4, 6, 7, 8, 12, 14, 19, 40, 41, 200] + [9] * 100)
+    calls = list(_similar_lengths(list(range(len(lengths))), lengths))
+    assert [i for call in calls for i in call] == list(range(len(lengths)))
+    for call in calls:
+        assert len(call) <= 64 and lengths[call[-1]] <= lengths[call[0]] * 1.5 + 2
+    assert [(lengths[c[0]], len(c)) for c in calls] == [(3, 12), (7, 64), (9, 40), (19, 1), (40, 2), (200, 1)]
 
 
 def test_export_is_kept_and_a_later_process_never_imports_torch(onnx: Embedder, model_cache: Path) -> None:

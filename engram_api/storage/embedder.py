@@ -46,6 +46,12 @@ log = logging.getLogger("engram.embedder")
 EmbeddingBackend = Literal["auto", "onnx", "torch"]
 _BUNDLED = {"all-MiniLM-L6-v2", "sentence-transformers/all-MiniLM-L6-v2"}
 _BATCH = 64
+# A model call pads its texts to the longest one, and the encoder's work grows with the padded tokens:
+# one call for an apply batch's names (3-6 tokens), statements and chunks (20+) spent most of its time on
+# padding. Texts sorted by length are cut into calls whose longest is at most this factor (+2) of the
+# shortest. Measured on 30 apply batches of 8 bench messages (46 texts, 3-19 tokens): 183 -> 90 ms of CPU
+# per batch on one thread, identical vectors (masked positions never reach the pooling).
+_WIDTH_GROWTH = 1.5
 
 
 def _resolve(model: str) -> str:
@@ -131,11 +137,9 @@ class _OnnxEncoder:
     def encode(self, texts: list[str]) -> np.ndarray:
         encodings = self.tokenizer.encode_batch(texts)
         out = np.empty((len(texts), self.dim), dtype=np.float32)
-        # Batches of similar length waste little work on padding.
         order = sorted(range(len(texts)), key=lambda i: len(encodings[i].ids))
-        for start in range(0, len(order), _BATCH):
-            chunk = order[start : start + _BATCH]
-            width = max(len(encodings[i].ids) for i in chunk)
+        for chunk in _similar_lengths(order, [len(encodings[i].ids) for i in order]):
+            width = len(encodings[chunk[-1]].ids)
             ids = np.zeros((len(chunk), width), dtype=np.int64)
             mask = np.zeros_like(ids)
             types = np.zeros_like(ids)
@@ -148,6 +152,18 @@ class _OnnxEncoder:
             feed = {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
             out[chunk] = self.session.run(None, feed)[0]
         return out
+
+
+def _similar_lengths(order: list[int], lengths: list[int]) -> Iterator[list[int]]:
+    """``order`` (sorted by ``lengths``, ascending) cut into model calls of at most ``_BATCH`` texts whose
+    longest is within ``_WIDTH_GROWTH`` of their shortest."""
+    start = 0
+    while start < len(order):
+        end, limit = start + 1, lengths[start] * _WIDTH_GROWTH + 2
+        while end < len(order) and end - start < _BATCH and lengths[end] <= limit:
+            end += 1
+        yield order[start:end]
+        start = end
 
 
 class Embedder:

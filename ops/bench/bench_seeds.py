@@ -80,7 +80,7 @@ def _run_seeds(
 
 
 def run(ctx: BenchContext) -> BenchResult:
-    n_msgs = ctx.size(80, 400)
+    n_msgs = ctx.size(80, 960)  # full: ~2K memories (2-3 facts a message), the size issue 14 asks for
     qs = queries("seeds", ctx.size(60, 300) + 3)
     msgs = list(messages("seeds", n_msgs))
     user = ctx.uid("seeds")
