@@ -7,12 +7,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from engram_api.storage.base import GraphStep, GraphStepQuery, GraphStore
+from engram_api.storage.base import ExtractionContext, GraphStep, GraphStepQuery, GraphStore
 
 if TYPE_CHECKING:
     from engram_api.settings import Settings
 
-__all__ = ["GraphStep", "GraphStepQuery", "GraphStore", "open_graph_store"]
+__all__ = ["ExtractionContext", "GraphStep", "GraphStepQuery", "GraphStore", "open_graph_store"]
 
 
 def open_graph_store(settings: Settings) -> GraphStore:

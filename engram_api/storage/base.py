@@ -71,7 +71,7 @@ from engram_api.versions import ABSENT, Stamp, new_epoch
 if TYPE_CHECKING:
     from engram_api.storage.snapshot import UserSnapshot
 
-__all__ = ["Fence", "GraphStep", "GraphStepQuery", "GraphStore", "Link"]
+__all__ = ["ExtractionContext", "Fence", "GraphStep", "GraphStepQuery", "GraphStore", "Link"]
 
 _active = threading.local()
 _DAY = timedelta(days=1)
@@ -137,6 +137,17 @@ class GraphStep(BaseModel):
     facts: list[FactRecord] = Field(default_factory=list)
     hops: list[tuple[str, int]] = Field(default_factory=list)
     chunks: list[ChunkRecord] = Field(default_factory=list)
+
+
+class ExtractionContext(BaseModel):
+    """What the extract stage reads for one message's prompt (``GraphStore.extraction_context``):
+    ``entities`` and ``facts`` by id, every fact of ``slots`` (as ``facts_for_slots``), and the user's
+    last ``turns`` episodes before the message, oldest first (as ``recent_episodes``)."""
+
+    entities: list[EntityRecord] = Field(default_factory=list)
+    facts: list[FactRecord] = Field(default_factory=list)
+    slot_facts: list[FactRecord] = Field(default_factory=list)
+    episodes: list[EpisodeRecord] = Field(default_factory=list)
 
 
 class GraphStore(ABC):
@@ -239,6 +250,41 @@ class GraphStore(ABC):
         """
         _owned("plan", plan.user_id, [plan.episode, *plan.new_entities, *plan.new_facts])
         return self._apply(plan)
+
+    def extraction_context(
+        self,
+        user_id: str,
+        *,
+        entity_ids: Sequence[str],
+        fact_ids: Sequence[str],
+        slots: Sequence[tuple[str, str]],
+        before: datetime,
+        turns: int,
+    ) -> ExtractionContext:
+        """``get_entities``, ``get_facts``, ``facts_for_slots`` and ``recent_episodes(limit=turns)`` in one
+        call: the extract stage's reads of a message, one round trip where the backend has round trips."""
+        ids, facts, pairs = _distinct(entity_ids), _distinct(fact_ids), _distinct([(s, p) for s, p in slots])
+        if not (ids or facts or pairs or _count("turns", turns)):
+            return ExtractionContext()
+        return self._extraction_context(user_id, ids, facts, pairs, before, turns)
+
+    def _extraction_context(
+        self,
+        user_id: str,
+        entity_ids: list[str],
+        fact_ids: list[str],
+        slots: list[tuple[str, str]],
+        before: datetime,
+        turns: int,
+    ) -> ExtractionContext:
+        """``extraction_context`` for distinct inputs, not all empty. By default the four reads one by one:
+        an in-process store (SQLite) pays nothing per call; a server backend answers it in one query."""
+        return ExtractionContext(
+            entities=self._get_entities(user_id, entity_ids) if entity_ids else [],
+            facts=self._get_facts(user_id, fact_ids) if fact_ids else [],
+            slot_facts=self._facts_for_slots(user_id, slots) if slots else [],
+            episodes=self._recent_episodes(user_id, before=before, limit=turns) if turns else [],
+        )
 
     @abstractmethod
     def _find_entities(self, user_id: str, norm_names: list[str]) -> list[EntityRecord]:

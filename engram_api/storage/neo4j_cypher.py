@@ -34,6 +34,7 @@ __all__ = [
     "Q_DECAY_SET",
     "Q_EPISODES",
     "Q_EPISODE_LINKS",
+    "Q_EXTRACTION_CONTEXT",
     "Q_FEEDBACK_ADD",
     "Q_FEEDBACK_ALL",
     "Q_FEEDBACK_USER",
@@ -278,6 +279,32 @@ UNWIND $slots AS slot
 MATCH (f:Fact {{subject_id: slot[0], predicate: slot[1]}}) WHERE f.user_id = $user_id
 WITH DISTINCT f ORDER BY f.valid_from, f.created_at, f.id
 RETURN {_FACT} AS row
+"""
+# The extract stage's four reads of a message (get_entities, get_facts, facts_for_slots, recent_episodes)
+# in one round trip: each part is the query above it, as a COLLECT subquery.
+Q_EXTRACTION_CONTEXT = f"""
+RETURN
+  COLLECT {{
+    MATCH (e:Entity {{user_id: $user_id}}) WHERE e.id IN $entity_ids
+    WITH e ORDER BY e.norm_name, e.id
+    RETURN {_ENTITY_EMB}
+  }} AS entities,
+  COLLECT {{
+    MATCH (f:Fact {{user_id: $user_id}}) WHERE f.id IN $fact_ids
+    WITH f ORDER BY f.created_at, f.id
+    RETURN {_FACT}
+  }} AS facts,
+  COLLECT {{
+    UNWIND $slots AS slot
+    MATCH (f:Fact {{subject_id: slot[0], predicate: slot[1]}}) WHERE f.user_id = $user_id
+    WITH DISTINCT f ORDER BY f.valid_from, f.created_at, f.id
+    RETURN {_FACT}
+  }} AS slot_facts,
+  COLLECT {{
+    MATCH (ep:Episode {{user_id: $user_id}}) WHERE ep.event_time < $before
+    WITH ep ORDER BY ep.event_time DESC, ep.id DESC LIMIT $turns
+    RETURN ep {{.id, .user_id, .content, .role, .event_time, .metadata, .created_at, .updated_at}}
+  }} AS episodes
 """
 Q_HISTORY = f"""
 CALL () {{

@@ -39,7 +39,7 @@ from engram_api.models import (
 from engram_api.storage import neo4j_cypher as cy
 from engram_api.storage import neo4j_episodes as episodes_cypher
 from engram_api.storage import neo4j_rows as shape
-from engram_api.storage.base import GraphStep, GraphStepQuery, Link
+from engram_api.storage.base import ExtractionContext, GraphStep, GraphStepQuery, Link
 from engram_api.storage.episodes import user_key
 from engram_api.storage.neo4j_connection import Neo4jConnection
 from engram_api.storage.neo4j_deletion import Neo4jDeletion
@@ -93,6 +93,34 @@ class Neo4jGraphStore(Neo4jDeletion, Neo4jMaintenance, Neo4jConnection):
     def _facts_for_slots(self, user_id: str, slots: list[tuple[str, str]]) -> list[FactRecord]:
         rows = self._rows(cy.Q_SLOTS, user_id=user_id, slots=[list(slot) for slot in slots])
         return [FactRecord.model_validate(r) for r in rows]
+
+    def _extraction_context(
+        self,
+        user_id: str,
+        entity_ids: list[str],
+        fact_ids: list[str],
+        slots: list[tuple[str, str]],
+        before: datetime,
+        turns: int,
+    ) -> ExtractionContext:
+        params = {
+            "user_id": user_id,
+            "entity_ids": cy.plan_list(entity_ids),
+            "fact_ids": cy.plan_list(fact_ids),
+            "slots": [list(slot) for slot in slots],
+            "before": shape.utc(before),
+            "turns": int(turns),
+        }
+        (record,) = self._read_one(cy.Q_EXTRACTION_CONTEXT, params)
+        return ExtractionContext(
+            entities=[EntityRecord.model_validate(shape.from_db(r)) for r in record["entities"]],
+            facts=shape.live_facts([shape.from_db(r) for r in record["facts"]]),
+            slot_facts=[FactRecord.model_validate(shape.from_db(r)) for r in record["slot_facts"]],
+            episodes=[
+                EpisodeRecord.model_validate(shape.episode_fields(shape.from_db(r)))
+                for r in reversed(record["episodes"])
+            ],
+        )
 
     def _apply(self, plan: WritePlan) -> ApplyOutcome:
         user_id = plan.user_id

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -53,38 +53,49 @@ def _query(envelope: Envelope) -> tuple[str, bool]:
     return envelope.text[:2000], False
 
 
-def slim_context(ctx: WorkerContext, envelope: Envelope) -> tuple[SlimContext, dict[str, np.ndarray]]:
+@dataclass(frozen=True)
+class Context:
+    """What a message's prompt is built from, read in one store call: the slim context, the earlier turns,
+    and the vectors encoded on the way that apply will need (they go with the hand-over)."""
+
+    slim: SlimContext
+    earlier: list[EpisodeRecord]
+    vectors: dict[str, np.ndarray]
+
+
+def read_context(ctx: WorkerContext, envelope: Envelope) -> Context:
     """The user's most similar existing entities and current facts, plus the owner's current one-value
-    facts (home, employer, ...) whatever the similarity, so "I quit" can name the fact it ends. Also the
-    query vector by text when apply will need it (it then goes with the hand-over)."""
+    facts (home, employer, ...) whatever the similarity, so "I quit" can name the fact it ends; and the
+    user's last ``llm_context_turns`` episodes unless the producer sent its own earlier turns."""
     uid = envelope.user_id
     stamp = ctx.graph.user_stamp(uid)
-    if stamp == ABSENT:
-        return SlimContext(), {}
+    if stamp == ABSENT:  # a user the store has never seen has no memory and no earlier episodes
+        return Context(SlimContext(), [], {})
     index = ctx.keeper.current(uid, stamp)
     text, apply_needs_it = _query(envelope)
     query = ctx.queries.encode_one(text)
     hits = index.search(query, _CONTEXT_ITEMS * 2)
-    fact_ids = [h.node_id for h in hits if h.kind == "fact"][:_CONTEXT_ITEMS]
-    entity_ids = [h.node_id for h in hits if h.kind == "entity"][:_CONTEXT_ITEMS]
-    own_slots = [(self_entity_id(uid), p) for p in sorted(SINGLE_VALUED)]
-    own = [f for f in ctx.graph.facts_for_slots(uid, own_slots) if f.current_at(None)][:_CONTEXT_ITEMS]
-    similar = [f for f in ctx.graph.get_facts(uid, fact_ids) if f.current_at(None)]
+    turns = 0 if envelope.earlier else ctx.settings.llm_context_turns  # the producer's turns are the context
+    read = ctx.graph.extraction_context(
+        uid,
+        entity_ids=[h.node_id for h in hits if h.kind == "entity"][:_CONTEXT_ITEMS],
+        fact_ids=[h.node_id for h in hits if h.kind == "fact"][:_CONTEXT_ITEMS],
+        slots=[(self_entity_id(uid), p) for p in sorted(SINGLE_VALUED)],
+        before=envelope.timestamp,
+        turns=turns,
+    )
+    own = [f for f in read.slot_facts if f.current_at(None)][:_CONTEXT_ITEMS]
+    similar = [f for f in read.facts if f.current_at(None)]
     facts = list({f.id: f for f in [*own, *similar]}.values())
-    carried = {text: query} if apply_needs_it else {}
-    return SlimContext.from_records(ctx.graph.get_entities(uid, entity_ids), facts), carried
-
-
-def _earlier(ctx: WorkerContext, envelope: Envelope) -> list[EpisodeRecord]:
-    if envelope.earlier or ctx.settings.llm_context_turns == 0:
-        return []  # the producer sent its own earlier turns: those are the context
-    return ctx.graph.recent_episodes(envelope.user_id, before=envelope.timestamp, limit=ctx.settings.llm_context_turns)
+    return Context(
+        SlimContext.from_records(read.entities, facts), read.episodes, {text: query} if apply_needs_it else {}
+    )
 
 
 def _llm_extract(ctx: WorkerContext, envelope: Envelope) -> tuple[LLMAnswer, dict[str, np.ndarray]]:
     """The resolved answer, and the vectors encoded on the way that apply will need."""
-    context, vectors = slim_context(ctx, envelope)
-    prompt = build_prompt(envelope, context, _earlier(ctx, envelope))
+    context = read_context(ctx, envelope)
+    prompt = build_prompt(envelope, context.slim, context.earlier)
 
     def admit(call: Callable[[], Completion]) -> Completion:
         # The slot is taken right before each call (the first and a parse-error retry), so the preparation
@@ -95,7 +106,7 @@ def _llm_extract(ctx: WorkerContext, envelope: Envelope) -> tuple[LLMAnswer, dic
 
     answer = call_llm(ctx.settings, prompt.messages, admit=admit)
     # Stored with ids, not handles: apply (and a replay) never needs this prompt again.
-    return replace(answer, extraction=prompt.resolve(answer.extraction)), vectors
+    return replace(answer, extraction=prompt.resolve(answer.extraction)), context.vectors
 
 
 def _store_and_hand_over(

@@ -172,10 +172,10 @@ def ready_to_apply(stack: Any, extractor: Any, uid: str, message: Any) -> str:
     from engram_api.producer import build_envelope
     from engram_workers.handover import HandOver
     from engram_workers.stages.common import set_state
-    from engram_workers.stages.extract import slim_context
+    from engram_workers.stages.extract import read_context
 
     env = build_envelope(stack.settings, uid, message.text, message_id=f"m{message.index}", timestamp=message.timestamp)
-    _, vectors = slim_context(extractor, env)
+    vectors = read_context(extractor, env).vectors
     handed = HandOver.carrying(Extraction.model_validate(message.extraction), Usage(), extractor.embedder, vectors)
     stack.client.redis.set(keys.message_payload(uid, env.message_id), env.model_dump_json())
     set_state(

@@ -407,6 +407,44 @@ def test_facts_for_slots_returns_current_superseded_and_archived(
     assert graph_store.facts_for_slots(other_user, [(ana.id, "LIVES_IN")]) == []
 
 
+def test_the_extraction_context_is_the_four_reads_it_replaces(
+    graph_store: GraphStore, user: str, other_user: str
+) -> None:
+    """``extraction_context``: entities and facts by id, the facts of the slots (superseded ones too) and the
+    last ``turns`` episodes before the instant, exactly as ``get_entities``, ``get_facts``,
+    ``facts_for_slots`` and ``recent_episodes`` answer them; scoped to the user, empty without inputs."""
+    ana, paris, berlin, jazz = (make_entity(user, n) for n in ("Ana", "Paris", "Berlin", "Jazz"))
+    in_paris = make_fact(user, ana, "LIVES_IN", paris, valid_from=at(1), single_valued=True)
+    in_berlin = make_fact(user, ana, "LIVES_IN", berlin, valid_from=at(2), single_valued=True)
+    likes = make_fact(user, ana, "LIKES", jazz, valid_from=at(1))
+    graph_store.apply(plan(user, "m1", at(1), entities=[ana, paris, jazz], facts=[in_paris, likes]))
+    graph_store.apply(
+        plan(user, "m2", at(2), entities=[berlin], facts=[in_berlin], fact_changes=[supersede(in_paris, in_berlin)])
+    )
+    graph_store.apply(plan(user, "m3", at(3)))
+    graph_store.apply(plan(other_user, "m1", at(1)))
+    entity_ids, fact_ids = [ana.id, berlin.id, "missing", ana.id], [likes.id, in_berlin.id, "missing"]
+    slots = [(ana.id, "LIVES_IN"), (ana.id, "WORKS_AT")]
+
+    read = graph_store.extraction_context(
+        user, entity_ids=entity_ids, fact_ids=fact_ids, slots=slots, before=at(3), turns=1
+    )
+    assert read.entities == graph_store.get_entities(user, entity_ids) and len(read.entities) == 2
+    assert read.facts == graph_store.get_facts(user, fact_ids) and len(read.facts) == 2
+    assert read.slot_facts == graph_store.facts_for_slots(user, slots)
+    assert ids(read.slot_facts) == {in_paris.id, in_berlin.id}
+    assert read.episodes == graph_store.recent_episodes(user, before=at(3), limit=1)
+    assert [e.id for e in read.episodes] == ["m2"]
+    every = graph_store.extraction_context(user, entity_ids=[], fact_ids=[], slots=[], before=at(9), turns=9)
+    assert [e.id for e in every.episodes] == ["m1", "m2", "m3"] and every.facts == every.entities == []
+    theirs = graph_store.extraction_context(
+        other_user, entity_ids=entity_ids, fact_ids=fact_ids, slots=slots, before=at(9), turns=5
+    )
+    assert (theirs.entities, theirs.facts, theirs.slot_facts, [e.id for e in theirs.episodes]) == ([], [], [], ["m1"])
+    nothing = graph_store.extraction_context(user, entity_ids=[], fact_ids=[], slots=[], before=at(9), turns=0)
+    assert nothing == type(nothing)()
+
+
 def test_fact_changes_supersede(graph_store: GraphStore, user: str) -> None:
     ana, paris, berlin = (make_entity(user, n) for n in ("Ana", "Paris", "Berlin"))
     old = make_fact(user, ana, "LIVES_IN", paris, valid_from=at(0), single_valued=True)
