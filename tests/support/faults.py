@@ -43,12 +43,8 @@ class KillMidBatch(Middleware):
 
     def after_write(self, user_id: str, message_id: str, outcome: ApplyOutcome) -> None:
         self.commits += 1
-        marker = Path(load_settings().data_dir) / "faults" / "killed-mid-batch"
-        if self.commits < 2 or marker.exists():
-            return
-        marker.parent.mkdir(parents=True, exist_ok=True)
-        marker.write_text(message_id)
-        os.kill(os.getpid(), signal.SIGKILL)
+        if self.commits >= 2:
+            _kill_mid_batch_once(message_id)
 
 
 class KillInsideBatch(Middleware):
@@ -65,12 +61,18 @@ class KillInsideBatch(Middleware):
         if stage != "apply":
             return
         self.starts += 1
-        marker = Path(load_settings().data_dir) / "faults" / "killed-mid-batch"
-        if self.starts < 3 or marker.exists():
-            return
-        marker.parent.mkdir(parents=True, exist_ok=True)
-        marker.write_text(message_id)
-        os.kill(os.getpid(), signal.SIGKILL)
+        if self.starts >= 3:
+            _kill_mid_batch_once(message_id)
+
+
+def _kill_mid_batch_once(message_id: str) -> None:
+    """SIGKILL this process, the first time only for this data dir (the marker the test checks)."""
+    marker = Path(load_settings().data_dir) / "faults" / "killed-mid-batch"
+    if marker.exists():
+        return
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    marker.write_text(message_id)
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 class CrashAlways(Middleware):
