@@ -33,6 +33,7 @@ from benchlib import (
     Table,
     cpu_seconds,
     dist,
+    process_cpu_seconds,
     restart_apply,
     restart_extract,
     seconds_to_ms,
@@ -139,26 +140,41 @@ def _one_at_a_time(ctx: BenchContext, stack: Any, label: str, n: int) -> dict[st
 
 
 class _Timed:
-    """Forwards to ``target`` and adds each method call's seconds to ``totals[label.method]``.
+    """Forwards to ``target`` and adds each method call's seconds to ``totals[label.method]``, and the
+    Neo4j server's CPU seconds over the call to ``server[label.method]`` when ``server_pid`` is given.
 
     Wraps our own stores in the benchmark process to see where an apply's time goes; it changes nothing
-    they do (no mock: every call reaches the real Neo4j, Redis, FAISS file or model).
+    they do (no mock: every call reaches the real Neo4j, Redis, FAISS file or model). The server's CPU is
+    read from /proc in clock ticks (10 ms), so only sums over many calls mean anything; work the server
+    does after a call returns (a commit's index refresh, GC) falls to the next call or to none.
     """
 
-    def __init__(self, target: Any, label: str, totals: defaultdict[str, float]) -> None:
+    def __init__(
+        self,
+        target: Any,
+        label: str,
+        totals: defaultdict[str, float],
+        server: defaultdict[str, float] | None = None,
+        server_pid: int | None = None,
+    ) -> None:
         self._target, self._label, self._totals = target, label, totals
+        self._server, self._server_pid = server, server_pid
 
     def __getattr__(self, name: str) -> Any:
         attr = getattr(self._target, name)
         if not callable(attr):
             return attr
+        pid, server = self._server_pid, self._server
 
         def timed(*args: Any, **kwargs: Any) -> Any:
+            before = process_cpu_seconds(pid) if pid and server is not None else 0.0
             start = time.perf_counter()
             try:
                 return attr(*args, **kwargs)
             finally:
                 self._totals[f"{self._label}.{name}"] += time.perf_counter() - start
+                if pid and server is not None:
+                    server[f"{self._label}.{name}"] += process_cpu_seconds(pid) - before
 
         return timed
 
@@ -193,9 +209,11 @@ def _apply_breakdown(ctx: BenchContext, stack: Any, n: int) -> tuple[Table, dict
     from engram_workers.stages.apply import run_apply
 
     totals: defaultdict[str, float] = defaultdict(float)
+    server: defaultdict[str, float] = defaultdict(float)
+    pid = ctx.services.server_pids().get("neo4j") if stack.settings.neo4j_uri else None
     extractor = WorkerContext(settings=stack.settings)
     wctx = WorkerContext(settings=stack.settings)
-    wctx.__dict__["graph"] = _Timed(wctx.graph, "neo4j", totals)
+    wctx.__dict__["graph"] = _Timed(wctx.graph, "neo4j", totals, server, pid)
     wctx.__dict__["embedder"] = _Timed(wctx.embedder, "embedder", totals)
     wctx.__dict__["redis"] = _Timed(wctx.redis, "redis", totals)
     wctx.keeper.vectors = _Timed(wctx.keeper.vectors, "faiss_file", totals)
@@ -205,6 +223,7 @@ def _apply_breakdown(ctx: BenchContext, stack: Any, n: int) -> tuple[Table, dict
     for m in messages("breakdown", n + warm):
         if m.index == warm:
             totals.clear()
+            server.clear()
             wall = 0.0
         mid = ready_to_apply(stack, extractor, uid, m)
         start = time.perf_counter()
@@ -214,14 +233,21 @@ def _apply_breakdown(ctx: BenchContext, stack: Any, n: int) -> tuple[Table, dict
     extractor.close()
     table = Table(
         f"apply stage in-process, {n} messages of one user: where the time goes (ms per message)",
-        ["call", "ms / message", "share"],
+        ["call", "ms / message", "share", "Neo4j server CPU ms / message"],
     )
+
+    def server_ms(name: str) -> object:
+        return server[name] / n * 1e3 if pid and name.startswith("neo4j.") else "-"
+
     for name, seconds in sorted(totals.items(), key=lambda kv: -kv[1]):
-        table.add(name, seconds / n * 1e3, f"{seconds / wall:.0%}")
+        table.add(name, seconds / n * 1e3, f"{seconds / wall:.0%}", server_ms(name))
     rest = wall - sum(totals.values())
-    table.add("everything else (consolidation logic, pydantic, locks)", rest / n * 1e3, f"{rest / wall:.0%}")
-    table.add("total", wall / n * 1e3, "100%")
-    return table, {name: seconds / n * 1e3 for name, seconds in totals.items()} | {"total": wall / n * 1e3}
+    table.add("everything else (consolidation logic, pydantic, locks)", rest / n * 1e3, f"{rest / wall:.0%}", "-")
+    table.add("total", wall / n * 1e3, "100%", sum(server.values()) / n * 1e3 if pid else "-")
+    figures = {name: seconds / n * 1e3 for name, seconds in totals.items()} | {"total": wall / n * 1e3}
+    if pid:
+        figures |= {f"server.{name}": seconds / n * 1e3 for name, seconds in server.items()}
+    return table, figures
 
 
 def _breaker_probe(ctx: BenchContext, threads: int, call_s: float) -> tuple[Table, dict[str, float]]:
