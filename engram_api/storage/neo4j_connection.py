@@ -142,7 +142,7 @@ class Neo4jConnection(GraphStore):
             return
         driver = self._ready()
         fence = self._fence()
-        found = None if fence is None else fence.expected
+        found = fence.expected if fence is not None else ABSENT
         with self._mapped_errors(), driver.session(database=self._database) as session:
             tx = session.begin_transaction(timeout=self._query_timeout_s)
             self._batch.tx = tx
@@ -150,7 +150,7 @@ class Neo4jConnection(GraphStore):
                 yield True
                 tx.commit()
             except BaseException:
-                if fence is not None and found is not None:
+                if fence is not None:
                     fence.expected = found  # nothing of the block committed
                 raise
             finally:

@@ -260,52 +260,29 @@ CALL () {{
   UNION{_BY_NAME}}}
 RETURN {_ENTITY_EMB} AS row ORDER BY e.norm_name, e.id
 """
-Q_GET_ENTITIES = f"""
-MATCH (e:Entity {{user_id: $user_id}}) WHERE e.id IN $ids
-RETURN {_ENTITY_EMB} AS row ORDER BY e.norm_name, e.id
-"""
-Q_RECENT_EPISODES = """
-MATCH (ep:Episode {user_id: $user_id}) WHERE ep.event_time < $before
-WITH ep ORDER BY ep.event_time DESC, ep.id DESC LIMIT $limit
-RETURN ep {.id, .user_id, .content, .role, .event_time, .metadata, .created_at, .updated_at} AS row
-"""
-Q_GET_FACTS = f"""
-MATCH (f:Fact {{user_id: $user_id}}) WHERE f.id IN $ids
-WITH f ORDER BY f.created_at, f.id
-RETURN {_FACT} AS row
-"""
-Q_SLOTS = f"""
-UNWIND $slots AS slot
-MATCH (f:Fact {{subject_id: slot[0], predicate: slot[1]}}) WHERE f.user_id = $user_id
-WITH DISTINCT f ORDER BY f.valid_from, f.created_at, f.id
-RETURN {_FACT} AS row
-"""
-# The extract stage's four reads of a message (get_entities, get_facts, facts_for_slots, recent_episodes)
-# in one round trip: each part is the query above it, as a COLLECT subquery.
-Q_EXTRACTION_CONTEXT = f"""
-RETURN
-  COLLECT {{
-    MATCH (e:Entity {{user_id: $user_id}}) WHERE e.id IN $entity_ids
-    WITH e ORDER BY e.norm_name, e.id
-    RETURN {_ENTITY_EMB}
-  }} AS entities,
-  COLLECT {{
-    MATCH (f:Fact {{user_id: $user_id}}) WHERE f.id IN $fact_ids
-    WITH f ORDER BY f.created_at, f.id
-    RETURN {_FACT}
-  }} AS facts,
-  COLLECT {{
-    UNWIND $slots AS slot
-    MATCH (f:Fact {{subject_id: slot[0], predicate: slot[1]}}) WHERE f.user_id = $user_id
-    WITH DISTINCT f ORDER BY f.valid_from, f.created_at, f.id
-    RETURN {_FACT}
-  }} AS slot_facts,
-  COLLECT {{
-    MATCH (ep:Episode {{user_id: $user_id}}) WHERE ep.event_time < $before
-    WITH ep ORDER BY ep.event_time DESC, ep.id DESC LIMIT $turns
-    RETURN ep {{.id, .user_id, .content, .role, .event_time, .metadata, .created_at, .updated_at}}
-  }} AS episodes
-"""
+# Each of the extract stage's reads as a match and its projection: a query of its own (``AS row``), and the
+# four of them together as COLLECT subqueries in one round trip (Q_EXTRACTION_CONTEXT).
+_ENTITIES_BY_ID = "MATCH (e:Entity {user_id: $user_id}) WHERE e.id IN $entity_ids WITH e ORDER BY e.norm_name, e.id"
+_FACTS_BY_ID = "MATCH (f:Fact {user_id: $user_id}) WHERE f.id IN $fact_ids WITH f ORDER BY f.created_at, f.id"
+_SLOT_FACTS = """UNWIND $slots AS slot
+MATCH (f:Fact {subject_id: slot[0], predicate: slot[1]}) WHERE f.user_id = $user_id
+WITH DISTINCT f ORDER BY f.valid_from, f.created_at, f.id"""
+_RECENT_EPISODES = """MATCH (ep:Episode {user_id: $user_id}) WHERE ep.event_time < $before
+WITH ep ORDER BY ep.event_time DESC, ep.id DESC LIMIT $limit"""
+_EPISODE = "ep {.id, .user_id, .content, .role, .event_time, .metadata, .created_at, .updated_at}"
+_EXTRACT_READS = {
+    "entities": (_ENTITIES_BY_ID, _ENTITY_EMB),
+    "facts": (_FACTS_BY_ID, _FACT),
+    "slot_facts": (_SLOT_FACTS, _FACT),
+    "episodes": (_RECENT_EPISODES, _EPISODE),
+}
+Q_GET_ENTITIES = f"{_ENTITIES_BY_ID}\nRETURN {_ENTITY_EMB} AS row"
+Q_GET_FACTS = f"{_FACTS_BY_ID}\nRETURN {_FACT} AS row"
+Q_SLOTS = f"{_SLOT_FACTS}\nRETURN {_FACT} AS row"
+Q_RECENT_EPISODES = f"{_RECENT_EPISODES}\nRETURN {_EPISODE} AS row"
+Q_EXTRACTION_CONTEXT = "RETURN " + ",\n  ".join(
+    f"COLLECT {{ {match}\n  RETURN {projection} }} AS {name}" for name, (match, projection) in _EXTRACT_READS.items()
+)
 Q_HISTORY = f"""
 CALL () {{
   MATCH (e:Entity {{user_id: $user_id, norm_name: $norm}}) RETURN e

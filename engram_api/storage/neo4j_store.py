@@ -79,7 +79,7 @@ class Neo4jGraphStore(Neo4jDeletion, Neo4jMaintenance, Neo4jConnection):
         return [EntityRecord.model_validate(r) for r in rows]
 
     def _get_entities(self, user_id: str, entity_ids: list[str]) -> list[EntityRecord]:
-        rows = self._rows(cy.Q_GET_ENTITIES, user_id=user_id, ids=entity_ids)
+        rows = self._rows(cy.Q_GET_ENTITIES, user_id=user_id, entity_ids=entity_ids)
         return [EntityRecord.model_validate(r) for r in rows]
 
     def _lookup_entities(self, user_id: str, entity_ids: list[str], norm_names: list[str]) -> list[EntityRecord]:
@@ -109,7 +109,7 @@ class Neo4jGraphStore(Neo4jDeletion, Neo4jMaintenance, Neo4jConnection):
             "fact_ids": cy.plan_list(fact_ids),
             "slots": [list(slot) for slot in slots],
             "before": shape.utc(before),
-            "turns": int(turns),
+            "limit": int(turns),
         }
         (record,) = self._read_one(cy.Q_EXTRACTION_CONTEXT, params)
         return ExtractionContext(
@@ -208,7 +208,7 @@ class Neo4jGraphStore(Neo4jDeletion, Neo4jMaintenance, Neo4jConnection):
         return ABSENT if not records else Stamp(int(records[0]["epoch"]), int(records[0]["version"]))
 
     def _get_facts(self, user_id: str, fact_ids: list[str]) -> list[FactRecord]:
-        return shape.live_facts(self._rows(cy.Q_GET_FACTS, user_id=user_id, ids=fact_ids))
+        return shape.live_facts(self._rows(cy.Q_GET_FACTS, user_id=user_id, fact_ids=fact_ids))
 
     def graph_step(self, user_id: str, query: GraphStepQuery) -> GraphStep:
         expanding = query.expanding
