@@ -331,8 +331,10 @@ class GraphStore(ABC):
         [since, until)), minus ``avoid``; another user's ids are no seeds.
 
         Each seed contributes at most its ``per_seed`` nearest facts (ordered by hops, importance
-        descending, id), so one hub-like seed cannot crowd out the others; a fact's hops is its
-        minimum over the seeds that kept it.
+        descending, id descending: the order of the stores' (entity, importance, id) indexes read
+        backwards, so a seed with thousands of facts costs ``per_seed`` index entries, not its degree),
+        so one hub-like seed cannot crowd out the others; a fact's hops is its minimum over the seeds
+        that kept it.
 
         A fact mentioning a seed entity is at hop 0; a fact mentioning an entity that a hop-0 fact
         connects to is at hop 1, and so on up to ``max_hops`` (the walk stops at that depth). Traversal and

@@ -18,6 +18,7 @@ __all__ = [
     "CHUNK_ROW",
     "EXTRACTED",
     "KEYWORD_INDEX",
+    "MICROS",
     "Q_CHUNKS",
     "Q_FORGET_CHUNKS",
     "Q_KEYWORD",
@@ -62,12 +63,12 @@ RETURN id ORDER BY id
 # come back as epoch microseconds (exact for a Python datetime): a recall reads ~70 chunks, and the
 # driver's hydration of three temporal values per chunk into neo4j.time objects was most of the Neo4j
 # recall's CPU (neo4j_rows.live_chunks turns them back into datetimes).
-_MICROS = "{t}.epochSeconds * 1000000 + {t}.microsecond"
+MICROS = "{t}.epochSeconds * 1000000 + {t}.microsecond"  # null when {t} is null
 # The facts extracted from chunk c's episode (``ChunkRecord.fact_ids``), as f.
 EXTRACTED = "MATCH (c)-[:PART_OF]->(:Episode)<-[:FROM]-(f:Fact) WHERE f.user_id = $user_id"
 CHUNK_ROW = f"""c {{.id, .user_id, .episode_id, .seq, .text, .speaker, .role,
-   event_time: {_MICROS.format(t="c.event_time")}, created_at: {_MICROS.format(t="c.created_at")},
-   updated_at: {_MICROS.format(t="c.created_at")},
+   event_time: {MICROS.format(t="c.event_time")}, created_at: {MICROS.format(t="c.created_at")},
+   updated_at: {MICROS.format(t="c.created_at")},
    fact_ids: COLLECT {{ {EXTRACTED} RETURN f.id ORDER BY f.id }}}}"""
 
 Q_CHUNKS = f"""

@@ -19,12 +19,14 @@ from neo4j import time as neo4j_time
 from engram_api.models import ChunkRecord, EntityRecord, FactRecord, check_aware
 from engram_api.naming import normalize_name
 from engram_api.storage.episodes import user_key
+from engram_api.storage.neo4j_cypher import FACT_TIMES
 
 __all__ = [
     "chunk_props",
     "entity_props",
     "episode_fields",
     "fact_props",
+    "fact_record",
     "from_db",
     "live_chunks",
     "live_facts",
@@ -109,9 +111,18 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _CHUNK_TIMES = ("event_time", "created_at", "updated_at")
 
 
+def fact_record(row: dict[str, Any]) -> FactRecord:
+    """A fact row of ``neo4j_cypher._FACT``: its times come as epoch microseconds."""
+    out = from_db(row)
+    for t in FACT_TIMES:
+        if t in out:
+            out[t] = _EPOCH + timedelta(microseconds=out[t])
+    return FactRecord.model_validate(out)
+
+
 def live_facts(rows: Sequence[dict[str, Any]]) -> list[FactRecord]:
-    """Fact rows (``from_db`` applied) minus those a concurrent forget deleted mid-read (see ``live_chunks``)."""
-    return [FactRecord.model_validate(r) for r in rows if r.get("statement") is not None]
+    """Fact rows minus those a concurrent forget deleted mid-read (see ``live_chunks``)."""
+    return [fact_record(r) for r in rows if r.get("statement") is not None]
 
 
 def live_chunks(rows: Sequence[dict[str, Any]]) -> list[ChunkRecord]:

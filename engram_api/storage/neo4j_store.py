@@ -92,7 +92,7 @@ class Neo4jGraphStore(Neo4jDeletion, Neo4jMaintenance, Neo4jConnection):
 
     def _facts_for_slots(self, user_id: str, slots: list[tuple[str, str]]) -> list[FactRecord]:
         rows = self._rows(cy.Q_SLOTS, user_id=user_id, slots=[list(slot) for slot in slots])
-        return [FactRecord.model_validate(r) for r in rows]
+        return [shape.fact_record(r) for r in rows]
 
     def _extraction_context(
         self,
@@ -114,8 +114,8 @@ class Neo4jGraphStore(Neo4jDeletion, Neo4jMaintenance, Neo4jConnection):
         (record,) = self._read_one(cy.Q_EXTRACTION_CONTEXT, params)
         return ExtractionContext(
             entities=[EntityRecord.model_validate(shape.from_db(r)) for r in record["entities"]],
-            facts=shape.live_facts([shape.from_db(r) for r in record["facts"]]),
-            slot_facts=[FactRecord.model_validate(shape.from_db(r)) for r in record["slot_facts"]],
+            facts=shape.live_facts(record["facts"]),
+            slot_facts=[shape.fact_record(r) for r in record["slot_facts"]],
             episodes=[
                 EpisodeRecord.model_validate(shape.episode_fields(shape.from_db(r)))
                 for r in reversed(record["episodes"])
@@ -211,9 +211,29 @@ class Neo4jGraphStore(Neo4jDeletion, Neo4jMaintenance, Neo4jConnection):
         return shape.live_facts(self._rows(cy.Q_GET_FACTS, user_id=user_id, fact_ids=fact_ids))
 
     def graph_step(self, user_id: str, query: GraphStepQuery) -> GraphStep:
+        cypher, params = self.graph_step_statement(user_id, query)
+        # The server counts planning against the timeout, and planning this query takes seconds on a loaded
+        # machine. It plans again per length bound and per size bucket of each list parameter: the first
+        # run of each such shape in this store gets an allowance.
+        plan_shape = (query.max_hops, *(cy.plan_bucket(len(v)) for v in params.values() if isinstance(v, list)))
+        timeout = self._query_timeout_s
+        if timeout is not None and plan_shape not in self._planned:
+            timeout += _PLANNING_ALLOWANCE_S
+
+        # A variable-length match can explode on a dense graph: the server ends it at the timeout.
+        (record,) = self._read_one(cypher, params, timeout=timeout)
+        self._planned.add(plan_shape)
+        return GraphStep(
+            facts=shape.live_facts(record["facts"]),
+            # A fact a concurrent forget deleted mid-read has a null id (see ``shape.live_facts``).
+            hops=[(fid, int(hops)) for fid, hops in record["hops"] if fid is not None],
+            chunks=shape.live_chunks(record["chunks"]),  # plain values: no driver types to convert
+        )
+
+    def graph_step_statement(self, user_id: str, query: GraphStepQuery) -> tuple[str, dict[str, Any]]:
+        """The Cypher and parameters ``graph_step`` runs (tests PROFILE it)."""
         expanding = query.expanding
-        max_len = 2 * int(query.max_hops) + 1
-        cypher = cy.Q_GRAPH_STEP.replace("{max_len}", str(max_len))
+        cypher = cy.Q_GRAPH_STEP.replace("{max_len}", str(2 * int(query.max_hops) + 1))
         params = {
             "user_id": user_id,
             "fact_ids": cy.plan_list(query.fact_ids),
@@ -233,22 +253,7 @@ class Neo4jGraphStore(Neo4jDeletion, Neo4jMaintenance, Neo4jConnection):
             "seed_chunks": cy.plan_list(query.seed_chunks if expanding else ()),
             "seed_chunk_count": int(query.seed_chunk_count),
         }
-        # The server counts planning against the timeout, and planning this query takes seconds on a loaded
-        # machine. It plans again per length bound and per size bucket of each list parameter: the first
-        # run of each such shape in this store gets an allowance.
-        plan_shape = (max_len, *(cy.plan_bucket(len(v)) for v in params.values() if isinstance(v, list)))
-        timeout = self._query_timeout_s
-        if timeout is not None and plan_shape not in self._planned:
-            timeout += _PLANNING_ALLOWANCE_S
-
-        # A variable-length match can explode on a dense graph: the server ends it at the timeout.
-        (record,) = self._read_one(cypher, params, timeout=timeout)
-        self._planned.add(plan_shape)
-        return GraphStep(
-            facts=shape.live_facts([shape.from_db(row) for row in record["facts"]]),
-            hops=[(fid, int(hops)) for fid, hops in record["hops"]],
-            chunks=shape.live_chunks(record["chunks"]),  # plain values: no driver types to convert
-        )
+        return cypher, params
 
     def _snapshot(self, user_id: str, max_records: int) -> tuple[Stamp, list[FactRecord], list[ChunkRecord]] | None:
         def work(tx: ManagedTransaction) -> tuple[Stamp, list[FactRecord], list[ChunkRecord]] | None:
@@ -256,7 +261,7 @@ class Neo4jGraphStore(Neo4jDeletion, Neo4jMaintenance, Neo4jConnection):
             stamp = ABSENT if found is None else Stamp(int(found["epoch"]), int(found["version"]))
             if tx.run(cy.Q_USER_SIZE, user_id=user_id).single(strict=True)["n"] > max_records:
                 return None
-            facts = shape.live_facts([shape.from_db(r["row"]) for r in tx.run(cy.Q_USER_FACTS, user_id=user_id)])
+            facts = shape.live_facts([r["row"] for r in tx.run(cy.Q_USER_FACTS, user_id=user_id)])
             chunks = shape.live_chunks([r["row"] for r in tx.run(episodes_cypher.Q_USER_CHUNKS, user_id=user_id)])
             return stamp, facts, chunks
 
@@ -264,14 +269,13 @@ class Neo4jGraphStore(Neo4jDeletion, Neo4jMaintenance, Neo4jConnection):
 
     def _history(self, user_id: str, norm: str, predicate: str | None, limit: int) -> list[FactRecord]:
         rows = self._rows(cy.Q_HISTORY, user_id=user_id, norm=norm, predicate=predicate, limit=int(limit))
-        return [FactRecord.model_validate(r) for r in rows]
+        return [shape.fact_record(r) for r in rows]
 
     def _page(self, user_id: str, *, skip: int, limit: int) -> tuple[int, list[FactRecord], list[EntityRecord]]:
         def work(tx: ManagedTransaction) -> tuple[int, list[FactRecord], list[EntityRecord]]:
             total = tx.run(cy.Q_COUNT_FACTS, user_id=user_id).single(strict=True)["n"]
             facts = [
-                FactRecord.model_validate(shape.from_db(r["row"]))
-                for r in tx.run(cy.Q_PAGE_FACTS, user_id=user_id, skip=skip, limit=limit)
+                shape.fact_record(r["row"]) for r in tx.run(cy.Q_PAGE_FACTS, user_id=user_id, skip=skip, limit=limit)
             ]
             entities = [
                 EntityRecord.model_validate(shape.from_db(r["row"]))

@@ -11,7 +11,7 @@ Invariants (those of the stores' step, which its docstring states in full):
 - a fact mentions its subject and its object (Neo4j's SUBJECT/OBJECT edges, SQLite's mentions rows);
 - the walk passes only facts not archived and valid at ``as_of`` (``valid_until`` unset when current);
   a seed fact must also have started by ``now`` when current and overlap [since, until);
-- each seed keeps its ``per_seed`` nearest facts by (hops, importance descending, id); a fact's hops is
+- each seed keeps its ``per_seed`` nearest facts by (hops, importance descending, id descending); a fact's hops is
   its minimum over the seeds that kept it; the walk from a seed stops at the first depth by which it has
   ``per_seed`` facts (deeper ones could not be kept), and never enters an entity in ``avoid``.
 """
@@ -134,7 +134,9 @@ class UserSnapshot:
                 frontier = later
                 if len(level) >= q.per_seed or not frontier:
                     break
-            nearest = sorted(level.items(), key=lambda kv: (kv[1], -self.facts[kv[0]].importance, kv[0]))
+            # (hops, importance descending, id descending): the stores read a seed's facts in that order
+            by_id = sorted(level.items(), reverse=True)
+            nearest = sorted(by_id, key=lambda kv: (kv[1], -self.facts[kv[0]].importance))
             for fid, hops in nearest[: q.per_seed]:
                 best[fid] = min(hops, best.get(fid, hops))
         ranked = sorted(best.items(), key=lambda kv: (kv[1], -self.facts[kv[0]].importance, kv[0]))

@@ -83,7 +83,10 @@ CREATE TABLE IF NOT EXISTS facts (
     updated_at    INTEGER NOT NULL
 );
 CREATE INDEX IF NOT EXISTS ix_facts_user_slot ON facts (user_id, subject_id, predicate);
-CREATE INDEX IF NOT EXISTS ix_facts_user_object ON facts (user_id, object_id);
+-- recall's graph step reads an entity's facts in this order (EXPAND: the early cut by hop)
+CREATE INDEX IF NOT EXISTS ix_facts_user_subject_rank ON facts (user_id, subject_id, importance DESC, id DESC);
+CREATE INDEX IF NOT EXISTS ix_facts_user_object_rank ON facts (user_id, object_id, importance DESC, id DESC);
+DROP INDEX IF EXISTS ix_facts_user_object;  -- a prefix of ix_facts_user_object_rank
 CREATE INDEX IF NOT EXISTS ix_facts_user_created ON facts (user_id, created_at, id);
 CREATE INDEX IF NOT EXISTS ix_facts_user_superseded_by ON facts (user_id, superseded_by);
 CREATE INDEX IF NOT EXISTS ix_facts_user_archived ON facts (user_id, archived);
@@ -216,13 +219,24 @@ _SEED_FACT_OK = """
 # The expansion of recall's graph step, ONE statement: `reach` walks entities level by level through
 # valid facts (UNION removes repeated (entity, level) pairs, so the recursion is bounded by entities x
 # (max_hops + 1) and stops at :max_hops); every valid fact mentioning a reached entity counts once per
-# seed, at the lowest level it was reached from. Early cut by hop: a seed with at least :per_seed valid
-# facts at level 0 (`enough`) keeps only level-0 facts (its nearest), so it is never walked further;
-# `enough` stops counting at :per_seed and skips the avoided ids (never walked anyway), or the user's own
-# node, a seed through the top facts, would count every fact of the user (INDEXED BY: for DISTINCT the
-# planner would rather walk all the user's mentions in fact order). CROSS JOIN pins the join order
-# (SQLite never reorders it): always from the reached entity outwards through the (user_id, entity_id)
-# and primary-key indexes, never a scan of the user's facts.
+# seed, at the lowest level it was reached from. Early cut by hop: `first` holds each seed's nearest
+# :per_seed valid level-0 facts, read in the order of the (subject_id | object_id, importance, id)
+# indexes and cut at :per_seed per side, so an entity with thousands of facts costs ~2x :per_seed index
+# entries, not its degree; a seed with :per_seed of them (`enough`) keeps those and is never walked
+# (nor is an avoided id: the user's own node would reach every fact of the user). A seed's nearest
+# facts are ordered by (level, importance descending, id descending): that index order. CROSS JOIN pins
+# the join order (SQLite never reorders it): always from the reached entity outwards through the
+# (user_id, entity_id) and primary-key indexes, never a scan of the user's facts.
+_FIRST = """
+    SELECT e.id, g.id, g.importance
+      FROM seed
+      CROSS JOIN entities e ON e.id = seed.id AND e.user_id = :user_id
+      CROSS JOIN facts g ON g.rowid IN (
+          SELECT f.rowid FROM facts f INDEXED BY ix_facts_user_{role}_rank
+           WHERE f.user_id = :user_id AND f.{role}_id = e.id AND {valid}
+           ORDER BY f.importance DESC, f.id DESC LIMIT :per_seed)
+     WHERE e.id NOT IN (SELECT value FROM json_each(:avoid))
+"""
 EXPAND = f"""
 WITH RECURSIVE
 seed(id) AS (
@@ -230,23 +244,20 @@ seed(id) AS (
     UNION SELECT f.subject_id FROM facts f WHERE {_SEED_FACT_OK}
     UNION SELECT f.object_id FROM facts f WHERE {_SEED_FACT_OK} AND f.object_id IS NOT NULL
 ),
+first(seed_id, fact_id, importance) AS (
+    {_FIRST.format(role="subject", valid=_VALID_AT)}
+    UNION
+    {_FIRST.format(role="object", valid=_VALID_AT)}
+),
 enough(seed_id) AS (
-    SELECT e.id
-      FROM seed
-      CROSS JOIN entities e ON e.id = seed.id AND e.user_id = :user_id
-     WHERE e.id NOT IN (SELECT value FROM json_each(:avoid))
-       AND (SELECT COUNT(*) FROM (
-               SELECT DISTINCT m.fact_id
-                 FROM mentions m INDEXED BY ix_mentions_user_entity
-                 CROSS JOIN facts f ON f.id = m.fact_id AND {_VALID_AT}
-                WHERE m.user_id = :user_id AND m.entity_id = e.id
-                LIMIT :per_seed)) >= :per_seed
+    SELECT seed_id FROM first GROUP BY seed_id HAVING COUNT(*) >= :per_seed
 ),
 reach(seed_id, entity_id, level) AS (
     SELECT e.id, e.id, 0
       FROM seed
       CROSS JOIN entities e ON e.id = seed.id AND e.user_id = :user_id
      WHERE e.id NOT IN (SELECT value FROM json_each(:avoid))
+       AND e.id NOT IN (SELECT seed_id FROM enough)
     UNION
     SELECT r.seed_id, far.entity_id, r.level + 1
       FROM reach r
@@ -254,10 +265,11 @@ reach(seed_id, entity_id, level) AS (
       CROSS JOIN facts f ON f.id = near.fact_id AND {_VALID_AT}
       CROSS JOIN mentions far ON far.fact_id = near.fact_id AND far.user_id = :user_id
      WHERE r.level < :max_hops
-       AND r.seed_id NOT IN (SELECT seed_id FROM enough)
        AND far.entity_id NOT IN (SELECT value FROM json_each(:avoid))
 ),
 seed_hop(seed_id, fact_id, level, importance) AS (
+    SELECT seed_id, fact_id, 0, importance FROM first WHERE seed_id IN (SELECT seed_id FROM enough)
+    UNION ALL
     SELECT r.seed_id, m.fact_id, MIN(r.level), f.importance
       FROM reach r
       CROSS JOIN mentions m ON m.user_id = :user_id AND m.entity_id = r.entity_id
@@ -267,7 +279,7 @@ seed_hop(seed_id, fact_id, level, importance) AS (
 kept(fact_id, level, importance) AS (
     SELECT fact_id, level, importance FROM (
         SELECT fact_id, level, importance, ROW_NUMBER() OVER (
-                   PARTITION BY seed_id ORDER BY level, importance DESC, fact_id) AS nth
+                   PARTITION BY seed_id ORDER BY level, importance DESC, fact_id DESC) AS nth
           FROM seed_hop)
      WHERE nth <= :per_seed
 )

@@ -26,6 +26,7 @@ from typing import Any
 
 BENCH_DIR = Path(__file__).resolve().parent
 REPO = BENCH_DIR.parents[1]
+BACKENDS = ("neo4j", "sqlite")
 
 
 def measure(user_id: str, n_queries: int) -> dict[str, Any]:
@@ -69,6 +70,12 @@ def measure(user_id: str, n_queries: int) -> dict[str, Any]:
     }
 
 
+def backend_redis(redis_url: str, backend: str) -> str:
+    """A Redis database per backend: the same user id lives in both, and a stamp one backend published
+    would send the other's reader into a rebuild of the user's index on every recall."""
+    return f"{redis_url.rsplit('/', 1)[0]}/{BACKENDS.index(backend)}"
+
+
 def load(neo4j_uri: str, data_dirs: dict[str, Path], redis_url: str, facts: int, out: Path) -> str:
     """Bulk-load one user of ``facts`` facts into each backend; returns the user id."""
     from bulk import bulk_load
@@ -80,7 +87,7 @@ def load(neo4j_uri: str, data_dirs: dict[str, Path], redis_url: str, facts: int,
     user_id = f"ab-{facts}"
     for backend, data_dir in data_dirs.items():
         settings = Settings(data_dir=data_dir, neo4j_uri=neo4j_uri if backend == "neo4j" else None)
-        client = MemoryClient(settings=settings, redis_url=redis_url)
+        client = MemoryClient(settings=settings, redis_url=backend_redis(redis_url, backend))
         reader = client.reader
         if client.graph.user_version(user_id) == 0:
             print(f"loading {facts} facts into {backend}", flush=True)
@@ -134,7 +141,7 @@ def main() -> None:
                         "PYTHONPATH": os.pathsep.join([str(tree), str(BENCH_DIR)]),
                         "ENGRAM_DATA_DIR": str(data_dir),
                         "NEO4J_URI": uri if backend == "neo4j" else "",
-                        "REDIS_URL": redis.url,  # the published stamp: a cache hit asks Redis, not the store
+                        "REDIS_URL": backend_redis(redis.url, backend),  # the published stamp: a cache hit asks Redis, not the store
                         "HF_HUB_OFFLINE": "1",
                         # Neo4j counts (re)planning against the timeout, and it replans after the bulk load and
                         # per list-size bucket: seconds each on a loaded machine. Latency is measured here, not that.

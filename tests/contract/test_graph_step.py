@@ -109,7 +109,8 @@ def reachable(facts: list[FactRecord], seeds: list[str], q: GraphStepQuery) -> l
                             seen.add(x)
                             later.append(x)
             frontier = later
-        nearest = sorted(level.items(), key=lambda kv: (kv[1], -importance[kv[0]], kv[0]))[: q.per_seed]
+        by_id = sorted(level.items(), reverse=True)  # ties by id descending: the stores' index order
+        nearest = sorted(by_id, key=lambda kv: (kv[1], -importance[kv[0]]))[: q.per_seed]
         for fid, hops in nearest:
             best[fid] = min(hops, best.get(fid, hops))
     return sorted(best.items(), key=lambda kv: (kv[1], -importance[kv[0]], kv[0]))[: q.limit]
