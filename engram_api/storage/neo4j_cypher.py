@@ -321,7 +321,8 @@ RETURN {_FACT} AS row
 # $per_seed valid facts at hop 0 keeps only hop-0 facts (its nearest), so it is never walked further.
 # Those are read in the order of the (subject_id | object_id, importance, id) indexes, backwards, and
 # the read stops after $per_seed valid ones per side: an entity with thousands of facts costs ~2x
-# $per_seed index entries, not its degree (PROFILE at 100K facts per user: 45K db hits -> 2K). So a
+# $per_seed index entries, not its degree (PROFILE at 100K facts per user: 45K db hits -> 2K). The hints
+# keep the planner from the (subject_id, predicate) slot index, which it takes on a small graph. So a
 # seed's nearest facts are ordered by (depth, importance descending, id descending): the index order.
 # Before the seeds, the chunks the caller lacks: the facts of the $chunk_facts chunks' episodes (hydrated) and
 # of the first $seed_chunk_count of $seed_chunks that are the user's (seed facts). Last, the records asked or
@@ -356,12 +357,14 @@ CALL (seeds) {{
   MATCH (s:Entity {{user_id: $user_id}}) WHERE s.id IN seeds
   CALL (s) {{
     CALL (s) {{
-      MATCH (f:Fact) WHERE f.subject_id = s.id AND f.importance IS NOT NULL AND f.id IS NOT NULL
+      MATCH (f:Fact) USING INDEX f:Fact(subject_id, importance, id)
+      WHERE f.subject_id = s.id AND f.importance IS NOT NULL AND f.id IS NOT NULL
         AND f.user_id = $user_id AND {_STEP_VALID_AT.format(v="f")}
       WITH f ORDER BY f.subject_id DESC, f.importance DESC, f.id DESC LIMIT $per_seed
       RETURN f
       UNION
-      MATCH (f:Fact) WHERE f.object_id = s.id AND f.importance IS NOT NULL AND f.id IS NOT NULL
+      MATCH (f:Fact) USING INDEX f:Fact(object_id, importance, id)
+      WHERE f.object_id = s.id AND f.importance IS NOT NULL AND f.id IS NOT NULL
         AND f.user_id = $user_id AND {_STEP_VALID_AT.format(v="f")}
       WITH f ORDER BY f.object_id DESC, f.importance DESC, f.id DESC LIMIT $per_seed
       RETURN f

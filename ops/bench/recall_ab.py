@@ -141,7 +141,8 @@ def main() -> None:
                         "PYTHONPATH": os.pathsep.join([str(tree), str(BENCH_DIR)]),
                         "ENGRAM_DATA_DIR": str(data_dir),
                         "NEO4J_URI": uri if backend == "neo4j" else "",
-                        "REDIS_URL": backend_redis(redis.url, backend),  # the published stamp: a cache hit asks Redis, not the store
+                        # the published stamp: a cache hit asks Redis, not the store
+                        "REDIS_URL": backend_redis(redis.url, backend),
                         "HF_HUB_OFFLINE": "1",
                         # Neo4j counts (re)planning against the timeout, and it replans after the bulk load and
                         # per list-size bucket: seconds each on a loaded machine. Latency is measured here, not that.
