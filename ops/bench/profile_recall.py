@@ -34,7 +34,7 @@ def main() -> None:
     sys.path[:0] = [str(BENCH_DIR)]
     from benchlib import dist, ratio
     from corpus import queries
-    from recall_ab import load
+    from recall_ab import backend_redis, load
 
     from engram_api import MemoryClient
     from engram_api.settings import Settings
@@ -45,7 +45,10 @@ def main() -> None:
     redis.start()
     try:
         user_id = load("", {"sqlite": data_dir}, redis.url, args.facts, args.workdir)
-        client = MemoryClient(settings=Settings(data_dir=data_dir, neo4j_uri=None), redis_url=redis.url)
+        # the database load() published the stamp in, as a reader process would find it
+        client = MemoryClient(
+            settings=Settings(data_dir=data_dir, neo4j_uri=None), redis_url=backend_redis(redis.url, "sqlite")
+        )
         reader = client.reader
         qs = queries(f"profile-{time.time_ns()}", 3 * args.queries + 5)
         for q in qs[:5]:  # warm: model, index load, fact cache, weights
