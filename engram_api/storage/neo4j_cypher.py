@@ -332,6 +332,13 @@ _STEP_VALID_AT = (
     "({v}.archived = false AND CASE WHEN $current THEN {v}.valid_until IS NULL "
     "ELSE {v}.valid_from <= $as_of AND ({v}.valid_until IS NULL OR $as_of < {v}.valid_until) END)"
 )
+# One side of a seed's hop-0 facts, its nearest first, read in the side's rank index order and cut at
+# $per_seed valid ones (see the early cut by hop above).
+_NEAREST_SIDE = f"""MATCH (f:Fact) USING INDEX f:Fact({{side}}, importance, id)
+      WHERE f.{{side}} = s.id AND f.importance IS NOT NULL AND f.id IS NOT NULL
+        AND f.user_id = $user_id AND {_STEP_VALID_AT.format(v="f")}
+      WITH f ORDER BY f.{{side}} DESC, f.importance DESC, f.id DESC LIMIT $per_seed
+      RETURN f"""
 Q_GRAPH_STEP = f"""
 CALL () {{
   OPTIONAL MATCH (c:Chunk {{user_id: $user_id}}) WHERE c.id IN $chunk_facts
@@ -357,17 +364,9 @@ CALL (seeds) {{
   MATCH (s:Entity {{user_id: $user_id}}) WHERE s.id IN seeds
   CALL (s) {{
     CALL (s) {{
-      MATCH (f:Fact) USING INDEX f:Fact(subject_id, importance, id)
-      WHERE f.subject_id = s.id AND f.importance IS NOT NULL AND f.id IS NOT NULL
-        AND f.user_id = $user_id AND {_STEP_VALID_AT.format(v="f")}
-      WITH f ORDER BY f.subject_id DESC, f.importance DESC, f.id DESC LIMIT $per_seed
-      RETURN f
+      {_NEAREST_SIDE.format(side="subject_id")}
       UNION
-      MATCH (f:Fact) USING INDEX f:Fact(object_id, importance, id)
-      WHERE f.object_id = s.id AND f.importance IS NOT NULL AND f.id IS NOT NULL
-        AND f.user_id = $user_id AND {_STEP_VALID_AT.format(v="f")}
-      WITH f ORDER BY f.object_id DESC, f.importance DESC, f.id DESC LIMIT $per_seed
-      RETURN f
+      {_NEAREST_SIDE.format(side="object_id")}
     }}
     WITH f ORDER BY f.importance DESC, f.id DESC LIMIT $per_seed
     RETURN collect(f) AS first

@@ -111,13 +111,14 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _CHUNK_TIMES = ("event_time", "created_at", "updated_at")
 
 
+def _with_times(row: dict[str, Any], times: Sequence[str]) -> dict[str, Any]:
+    """``row`` with its ``times`` (epoch microseconds, ``neo4j_episodes.MICROS``) as aware datetimes."""
+    return {**row, **{t: _EPOCH + timedelta(microseconds=row[t]) for t in times if row.get(t) is not None}}
+
+
 def fact_record(row: dict[str, Any]) -> FactRecord:
     """A fact row of ``neo4j_cypher._FACT``: its times come as epoch microseconds."""
-    out = from_db(row)
-    for t in FACT_TIMES:
-        if t in out:
-            out[t] = _EPOCH + timedelta(microseconds=out[t])
-    return FactRecord.model_validate(out)
+    return FactRecord.model_validate(_with_times(from_db(row), FACT_TIMES))
 
 
 def live_facts(rows: Sequence[dict[str, Any]]) -> list[FactRecord]:
@@ -129,11 +130,7 @@ def live_chunks(rows: Sequence[dict[str, Any]]) -> list[ChunkRecord]:
     """Chunk rows minus those a concurrent forget deleted mid-read: under read committed, a node matched
     before another transaction's delete committed reads back with null properties. Their times come as
     epoch microseconds (``neo4j_episodes.CHUNK_ROW``)."""
-    return [
-        ChunkRecord.model_validate({**r, **{t: _EPOCH + timedelta(microseconds=r[t]) for t in _CHUNK_TIMES}})
-        for r in rows
-        if r.get("text") is not None
-    ]
+    return [ChunkRecord.model_validate(_with_times(r, _CHUNK_TIMES)) for r in rows if r.get("text") is not None]
 
 
 def chunk_props(c: ChunkRecord, user_id: str, episode_id: str) -> dict[str, Any]:
