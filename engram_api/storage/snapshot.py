@@ -36,14 +36,16 @@ class UserSnapshot:
     stamp: Stamp
     facts: Mapping[str, FactRecord]
     chunks: Mapping[str, ChunkRecord]
-    touching: Mapping[str, tuple[str, ...]]  # entity id -> the facts mentioning it
+    touching: Mapping[str, tuple[str, ...]]  # entity id -> the facts mentioning it, in rank order
     episodes: Mapping[str, tuple[str, ...]]  # episode id -> its chunks, in conversation order
 
     @classmethod
     def of(cls, user_id: str, stamp: Stamp, facts: Iterable[FactRecord], chunks: Iterable[ChunkRecord]) -> UserSnapshot:
         by_id = {f.id: f for f in facts}
         touching: dict[str, list[str]] = {}
-        for f in by_id.values():
+        # Each entity's facts in the stores' rank order (importance descending, id descending): a walk reads
+        # an entity's facts only as far as it still needs, as the stores read their rank indexes.
+        for f in sorted(by_id.values(), key=lambda f: (f.importance, f.id), reverse=True):
             for entity in dict.fromkeys((f.subject_id, f.object_id)):
                 if entity:
                     touching.setdefault(entity, []).append(f.id)
@@ -117,15 +119,23 @@ class UserSnapshot:
             seen, frontier = {seed}, [seed]
             for depth in range(q.max_hops + 1):
                 later: list[str] = []
+                # An entity that yields ``need`` new facts at this depth ends the walk (the level is full),
+                # and the depth's best ``need`` are among each entity's first ``need``: read no further.
+                need = q.per_seed - len(level)
                 for entity in frontier:
+                    new = 0
                     for fid in self.touching.get(entity, ()):
+                        if new == need:
+                            break
                         fact = self.facts[fid]
                         ok = valid.get(fid)
                         if ok is None:
                             ok = valid[fid] = walkable(fact)
                         if not ok:
                             continue
-                        level.setdefault(fid, depth)
+                        if fid not in level:
+                            level[fid] = depth
+                            new += 1
                         if depth < q.max_hops:
                             for x in (fact.subject_id, fact.object_id):
                                 if x and x not in avoid and x not in seen:

@@ -238,13 +238,19 @@ class UserIndex:
         return sum(1 for vid in self.masked if self.base_rows[vid][1] == kind) if self.masked else 0
 
     def vectors_for(self, node_ids: Iterable[str]) -> dict[str, np.ndarray]:
-        out = {}
+        # One reconstruct_batch per layer and kind: FAISS's per-call Python wrapper costs ~5 us a vector, and
+        # recall asks for ~70 (0.37 -> 0.02 ms).
+        groups: dict[tuple[bool, str], list[tuple[str, int]]] = {}
         for node in node_ids:
             vid = vector_id(node)
             row = self._row(vid)
             if row is not None:
-                layer = self.indexes if vid in self.rows else self.base
-                out[node] = layer[row[1]].reconstruct(vid)  # type: ignore[attr-defined]
+                groups.setdefault((vid in self.rows, row[1]), []).append((node, vid))
+        out = {}
+        for (overlay, kind), members in groups.items():
+            index = (self.indexes if overlay else self.base)[kind]
+            vectors = index.reconstruct_batch(np.array([vid for _, vid in members], dtype=np.int64))  # type: ignore[attr-defined]
+            out.update({node: vectors[i] for i, (node, _) in enumerate(members)})
         return out
 
     def compacted(self, flat_max: int) -> UserIndex:
