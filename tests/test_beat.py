@@ -3,7 +3,8 @@ fire each job once per interval (RedBeat's Redis lock elects one), and the stand
 leader is SIGKILLed.
 
 Evidence is the fleet's own Celery events: Beat publishes a task-sent event (with its pid) for every job
-it fires, the maintenance worker a task-succeeded event for every job it ran.
+it fires (always), the maintenance worker a task-succeeded event for every job it ran (once asked for task
+events, as Flower asks).
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ def events(stack: Stack) -> Iterator[EventLog]:
     with worker:
         worker.wait_for_log("ready.", timeout=90)
         log = EventLog(stack.settings, stack.env["REDIS_URL"]).start()
+        assert log.ask_for_task_events() == {"maintenance"}
         try:
             yield log
         finally:

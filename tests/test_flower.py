@@ -20,8 +20,10 @@ from typing import Any
 import pytest
 
 from engram_api import keys
+from engram_api.settings import Settings
+from engram_workers.celery_config import celery_config
 from engram_workers.services.ports import free_port
-from tests.support.operator_processes import engram_process, wait_until
+from tests.support.operator_processes import EventLog, engram_process, wait_until
 from tests.support.stack import SETTLE_S, engram_stack
 
 pytestmark = pytest.mark.slow  # a fleet and a Flower process
@@ -191,3 +193,47 @@ def test_a_screenshot_of_the_tasks_page_is_a_png_of_the_window(flower: Flower, t
     assert struct.unpack(">II", data[16:24]) == (1280, 900)
     # A blank page compresses to a few KB; Flower's table, menus and text take far more.
     assert len(data) > 20_000, len(data)
+
+
+def test_workers_send_task_events_only_once_asked_for_them(redis_url: str, tmp_path: Path) -> None:
+    """By default a worker sends task events only once asked (Flower's ``enable_events`` broadcast): a
+    message applied before is invisible to a listener, and each stage of one applied after shows."""
+    with engram_stack(redis_url=redis_url, data_dir=tmp_path, neo4j_uri=None, llm_url=None) as stack:
+        assert stack.settings.task_events is False
+        events = EventLog(stack.settings, stack.env["REDIS_URL"]).start()
+        try:
+            both = {"extract", "apply"}
+            quiet = stack.client.enqueue("events_user", "I live in Porto and I work as a nurse.")
+            assert stack.client.wait(quiet, timeout=SETTLE_S).applied == [quiet.message_id]
+            after = len(events)
+            # A worker's events leave in order: a heartbeat from each after the message means none of it is due.
+            wait_until(lambda: events.heartbeats_since(after) >= both, timeout=30, what="heartbeats after it")
+            assert events.task_events() == []
+
+            assert events.ask_for_task_events() == both
+            shown = stack.client.enqueue("events_user", "My sister Ana lives in Braga.")
+            assert stack.client.wait(shown, timeout=SETTLE_S).applied == [shown.message_id]
+
+            def of_type(kind: str) -> list[dict[str, Any]]:
+                return [e for e in events.task_events() if e["type"] == kind]
+
+            wait_until(lambda: len(of_type("task-received")) >= 2, timeout=30, what="both stages' task-received")
+            received = of_type("task-received")
+            assert {e["name"] for e in received} == set(STAGE_TASKS)
+            assert all(shown.message_id in e["args"] and quiet.message_id not in e["args"] for e in received)
+            tasks = {e["uuid"] for e in received}
+            for kind in ("task-started", "task-succeeded"):
+                wait_until(
+                    lambda kind=kind: tasks <= {e["uuid"] for e in of_type(kind)},
+                    timeout=30,
+                    what=f"both stages' {kind}",
+                )
+        finally:
+            events.stop()
+
+
+def test_the_task_events_setting_turns_them_on_from_the_start() -> None:
+    config = celery_config(Settings(task_events=True), "redis://127.0.0.1:1/0")
+    assert config["worker_send_task_events"] is True and config["task_send_sent_event"] is True
+    config = celery_config(Settings(), "redis://127.0.0.1:1/0")
+    assert config["worker_send_task_events"] is False and config["task_send_sent_event"] is False

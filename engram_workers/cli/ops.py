@@ -62,6 +62,9 @@ def beat_config(redis_url: str) -> dict[str, Any]:
         "redbeat_key_prefix": REDBEAT_KEY_PREFIX,
         "redbeat_lock_key": keys.BEAT_LOCK,
         "redbeat_lock_timeout": BEAT_LOCK_TIMEOUT_S,
+        # A few sends a minute: their "sent" events (naming the scheduler's pid) always go, whatever
+        # ENGRAM_TASK_EVENTS says, so Flower shows when Beat fired a job and which Beat fired it.
+        "task_send_sent_event": True,
         # Ride out a short Redis restart; a longer outage ends this Beat (its lock may have passed on).
         "redbeat_redis_options": {
             "socket_timeout": 10,
@@ -176,7 +179,23 @@ def flower(port: int, address: str) -> None:
         err_console().print(
             f"[yellow]warning:[/yellow] Flower on {address} without a password; set ENGRAM_FLOWER_PASSWORD"
         )
+    _enable_task_events()
     _celery(["flower", f"--port={port}", f"--address={address}"])
+
+
+def _enable_task_events() -> None:
+    """Ask the running workers for task events at once (they send none unless ENGRAM_TASK_EVENTS is on).
+    Flower asks too, but first 5 s after its start: a task that ends before would never show."""
+    from kombu.exceptions import OperationalError
+
+    from engram_workers.app import app
+
+    try:
+        app.control.enable_events()
+    except OperationalError as exc:
+        err_console().print(
+            f"[yellow]warning:[/yellow] cannot reach the broker yet ({exc}); Flower asks again every 5 s"
+        )
 
 
 class _Stop(Exception):

@@ -66,6 +66,26 @@ class EventLog:
         wait_until(lambda: self.of_type("worker-heartbeat"), timeout=timeout, what="a worker heartbeat event")
         return self
 
+    def ask_for_task_events(self) -> set[str]:
+        """What Flower does: ask every running worker for task events (they send none unless asked or
+        ENGRAM_TASK_EVENTS is on); the names (before the @) of the workers that said yes."""
+        replies = self._app.control.enable_events(reply=True, timeout=5)
+        return {name.split("@")[0] for reply in replies for name in reply}
+
+    def task_events(self) -> list[dict[str, Any]]:
+        with self._lock:
+            return [e for e in self._events if e["type"].startswith("task-")]
+
+    def heartbeats_since(self, index: int) -> set[str]:
+        """The workers (names before the @) whose heartbeat came after the first ``index`` events."""
+        with self._lock:
+            later = self._events[index:]
+        return {e["hostname"].split("@")[0] for e in later if e["type"] == "worker-heartbeat"}
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._events)
+
     def stop(self) -> None:
         if self._receiver is not None:
             self._receiver.should_stop = True  # seen by the consume loop within its 1 s drain timeout
