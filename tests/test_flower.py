@@ -213,18 +213,14 @@ def test_workers_send_task_events_only_once_asked_for_them(redis_url: str, tmp_p
             assert events.ask_for_task_events() == both
             shown = stack.client.enqueue("events_user", "My sister Ana lives in Braga.")
             assert stack.client.wait(shown, timeout=SETTLE_S).applied == [shown.message_id]
-
-            def of_type(kind: str) -> list[dict[str, Any]]:
-                return [e for e in events.task_events() if e["type"] == kind]
-
-            wait_until(lambda: len(of_type("task-received")) >= 2, timeout=30, what="both stages' task-received")
-            received = of_type("task-received")
+            wait_until(lambda: len(events.of_type("task-received")) >= 2, timeout=30, what="both stages' task-received")
+            received = events.of_type("task-received")
             assert {e["name"] for e in received} == set(STAGE_TASKS)
             assert all(shown.message_id in e["args"] and quiet.message_id not in e["args"] for e in received)
             tasks = {e["uuid"] for e in received}
             for kind in ("task-started", "task-succeeded"):
                 wait_until(
-                    lambda kind=kind: tasks <= {e["uuid"] for e in of_type(kind)},
+                    lambda kind=kind: tasks <= {e["uuid"] for e in events.of_type(kind)},
                     timeout=30,
                     what=f"both stages' {kind}",
                 )

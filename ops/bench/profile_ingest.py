@@ -91,7 +91,7 @@ def main() -> None:
 
 def _measured(ctx: Any, stack: Any, label: str, args: argparse.Namespace, *, spy: Path | None) -> dict[str, Any]:
     import benchlib
-    from bench_ingest import _burst
+    from bench_ingest import _measured_burst
 
     workers = [p for p in stack.workers if p.name.startswith(("extract", "apply"))]
     spies = []
@@ -99,25 +99,11 @@ def _measured(ctx: Any, stack: Any, label: str, args: argparse.Namespace, *, spy
         spy.mkdir(parents=True, exist_ok=True)
         for p in workers:
             out = spy / f"{args.store}-{p.name.split('-')[0]}.txt"
-            argv = [
-                "py-spy",
-                "record",
-                "--gil",
-                "--subprocesses",
-                "-f",
-                "raw",
-                "-r",
-                "100",
-                "-p",
-                str(p.pid),
-                "-o",
-                str(out),
-            ]
+            argv = ["py-spy", "record", "--gil", "--subprocesses", "-f", "raw", "-r", "100", "-p", str(p.pid), "-o", str(out)]  # fmt: skip
             spies.append(subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         time.sleep(1.0)  # py-spy attaches
     before = {p.name: benchlib.cpu_seconds([p.pid]) for p in workers}
-    ctx.services.llm.latency_s = LATENCY_S
-    got = _burst(ctx, stack, label, args.messages, USERS)
+    got = _measured_burst(ctx, stack, label, args.messages, USERS, LATENCY_S, extract_threads=THREADS)
     per_worker = {
         p.name.split("-")[0]: (benchlib.cpu_seconds([p.pid]) - before[p.name]) / args.messages * 1e3 for p in workers
     }

@@ -38,6 +38,11 @@ def wait_until(probe: Callable[[], T], *, timeout: float, what: str, interval: f
         time.sleep(interval)
 
 
+def _worker_name(hostname: str) -> str:
+    """A worker's name as started ("apply"), from its Celery hostname ("apply@host")."""
+    return hostname.split("@")[0]
+
+
 class EventLog:
     """Every Celery event of one broker (task-sent from producers and Beat, task-* and worker-* from
     workers), as the fleet reports it to Flower; collected by a receiver thread of this process."""
@@ -70,7 +75,7 @@ class EventLog:
         """What Flower does: ask every running worker for task events (they send none unless asked or
         ENGRAM_TASK_EVENTS is on); the names (before the @) of the workers that said yes."""
         replies = self._app.control.enable_events(reply=True, timeout=5)
-        return {name.split("@")[0] for reply in replies for name in reply}
+        return {_worker_name(hostname) for reply in replies for hostname in reply}
 
     def task_events(self) -> list[dict[str, Any]]:
         with self._lock:
@@ -80,7 +85,7 @@ class EventLog:
         """The workers (names before the @) whose heartbeat came after the first ``index`` events."""
         with self._lock:
             later = self._events[index:]
-        return {e["hostname"].split("@")[0] for e in later if e["type"] == "worker-heartbeat"}
+        return {_worker_name(e["hostname"]) for e in later if e["type"] == "worker-heartbeat"}
 
     def __len__(self) -> int:
         with self._lock:
