@@ -67,7 +67,7 @@ class Neo4jMaintenance(Neo4jConnection):
                 "user_id": user_id,
                 "label": c.label,
                 "summary": c.summary,
-                "centroid": [float(x) for x in c.centroid],
+                "centroid": shape.vector([float(x) for x in c.centroid]),
                 "signature": c.signature,
                 "created_at": shape.utc(c.created_at),
                 "updated_at": shape.utc(c.updated_at),

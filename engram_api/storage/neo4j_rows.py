@@ -4,7 +4,8 @@ input.
 Invariants: datetimes go in as aware UTC ``DateTime`` values (a naive one is refused: it would be
 stored as a LocalDateTime that never compares with a DateTime) and come back as aware UTC
 ``datetime``; nulls read back are dropped so the models' defaults apply; node properties always carry
-the user they are written for, never the record's own claim.
+the user they are written for, never the record's own claim; an embedding goes in as a ``Vector`` (a
+list whose repr is short, see there).
 """
 
 from __future__ import annotations
@@ -33,7 +34,26 @@ __all__ = [
     "norms",
     "opt_utc",
     "utc",
+    "vector",
 ]
+
+
+class Vector(list[float]):
+    """An embedding as a query parameter: packed as the list it is (both of the driver's packstream codecs,
+    Python and Rust, take list subclasses: the same bytes), but shown as ``<vector of N>``. The driver
+    formats every RUN's query and parameters for its DEBUG log before the logger checks its level (neo4j
+    6.4, ``Bolt5x5.run``: ``" ".join(map(repr, fields))``); the repr of one 384-float list costs ~0.2 ms,
+    and a message's apply writes several: 9 % of the apply worker's Python CPU in an ingest burst went
+    there (py-spy, ``ops/bench/profile_ingest.py``). It also keeps vectors out of that log."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return f"<vector of {len(self)}>"
+
+
+def vector(values: Sequence[float] | None) -> Vector | None:
+    return None if values is None else Vector(values)
 
 
 def utc(value: datetime) -> datetime:
@@ -72,7 +92,7 @@ def entity_props(entity: EntityRecord, user_id: str) -> dict[str, Any]:
         "label": entity.label,
         "aliases": list(dict.fromkeys(entity.aliases)),
         "summary": entity.summary,
-        "embedding": entity.embedding,
+        "embedding": vector(entity.embedding),
         "created_at": utc(entity.created_at),
         "updated_at": utc(entity.updated_at),
     }
@@ -95,7 +115,7 @@ def fact_props(fact: FactRecord, user_id: str) -> dict[str, Any]:
         "superseded_by": fact.superseded_by,
         "archived": fact.archived,
         "last_decay_at": opt_utc(fact.last_decay_at),
-        "embedding": fact.embedding,
+        "embedding": vector(fact.embedding),
         "ukey": user_key(user_id),
         "created_at": utc(fact.created_at),
         "updated_at": utc(fact.updated_at),
@@ -146,6 +166,6 @@ def chunk_props(c: ChunkRecord, user_id: str, episode_id: str) -> dict[str, Any]
         "speaker": c.speaker,
         "role": c.role,
         "event_time": utc(c.event_time),
-        "embedding": c.embedding,
+        "embedding": vector(c.embedding),
         "created_at": utc(c.created_at),
     }

@@ -1,0 +1,59 @@
+"""What the Neo4j backend hands the driver as query parameters costs little CPU before it is sent.
+
+The driver formats every RUN's query and parameters for its DEBUG log before the logger checks its level,
+so an embedding goes in as ``neo4j_rows.Vector``: the list it is on the wire, a short repr in that log.
+These tests pin the driver behaviour that relies on: both packstream codecs (Python, and Rust when
+installed) pack a ``Vector`` to the bytes of its list. The round trip through a real server is the
+contract suite's (``test_vectors_return_every_fact_and_entity_embedding``).
+"""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+from neo4j._codec.packstream import v1 as packstream
+
+from engram_api.models import ChunkRecord
+from engram_api.storage import neo4j_rows as shape
+from tests.contract.factories import T0, make_entity, make_fact
+
+EMBEDDING = [0.125 * i - 24.0 for i in range(384)]
+
+
+def _python_pack(value: object) -> bytes:
+    out = io.BytesIO()
+    packstream.Packer(out)._py_pack(value, packstream.Packer._inject_hooks(None))
+    return out.getvalue()
+
+
+def test_a_vector_packs_to_the_bytes_of_its_list_in_the_python_codec() -> None:
+    params = {"rows": [{"embedding": shape.Vector(EMBEDDING)}]}
+    assert _python_pack(params) == _python_pack({"rows": [{"embedding": list(EMBEDDING)}]})
+
+
+@pytest.mark.skipif(packstream._rust_pack is None, reason="neo4j-rust-ext is not installed")
+def test_a_vector_packs_to_the_bytes_of_its_list_in_the_rust_codec() -> None:
+    hooks = packstream.Packer._inject_hooks(None)
+    params = {"rows": [{"embedding": shape.Vector(EMBEDDING)}]}
+    assert packstream._rust_pack(params, hooks) == packstream._rust_pack({"rows": [{"embedding": EMBEDDING}]}, hooks)
+    assert packstream._rust_pack(params, hooks) == _python_pack(params)
+
+
+def test_written_rows_show_their_embeddings_in_a_few_characters() -> None:
+    entity = make_entity("u1", "Alice").model_copy(update={"embedding": EMBEDDING})
+    fact = make_fact("u1", entity, "likes tea").model_copy(update={"embedding": EMBEDDING})
+    chunk = ChunkRecord(
+        id="c1", user_id="u1", episode_id="m1", seq=0, text="I like tea", speaker="Alice", event_time=T0,
+        embedding=EMBEDDING,
+    )  # fmt: skip
+    rows = [shape.entity_props(entity, "u1"), shape.fact_props(fact, "u1"), shape.chunk_props(chunk, "u1", "m1")]
+    for row in rows:
+        assert row["embedding"] == EMBEDDING
+        assert repr(row["embedding"]) == "<vector of 384>"
+    assert len(repr(rows)) < 2_000  # the three embeddings alone would print as ~20K characters
+
+
+def test_a_missing_embedding_stays_null() -> None:
+    fact = make_fact("u1", make_entity("u1", "Alice"), "likes tea", embedding=False)
+    assert shape.fact_props(fact, "u1")["embedding"] is None
