@@ -63,7 +63,9 @@ RETURN id ORDER BY id
 # come back as epoch microseconds (exact for a Python datetime): a recall reads ~70 chunks, and the
 # driver's hydration of three temporal values per chunk into neo4j.time objects was most of the Neo4j
 # recall's CPU (neo4j_rows.live_chunks turns them back into datetimes).
-MICROS = "{t}.epochSeconds * 1000000 + {t}.microsecond"  # null when {t} is null
+# epochMillis, not epochSeconds: before 1970 the server truncates epochSeconds toward zero (an instant 1 us
+# before the epoch has epochSeconds 0) but floors epochMillis.
+MICROS = "{t}.epochMillis * 1000 + {t}.microsecond % 1000"  # null when {t} is null
 # The facts extracted from chunk c's episode (``ChunkRecord.fact_ids``), as f.
 EXTRACTED = "MATCH (c)-[:PART_OF]->(:Episode)<-[:FROM]-(f:Fact) WHERE f.user_id = $user_id"
 CHUNK_ROW = f"""c {{.id, .user_id, .episode_id, .seq, .text, .speaker, .role,

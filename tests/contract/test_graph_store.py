@@ -21,6 +21,7 @@ from engram_api.errors import StoreUnavailableError
 from engram_api.models import (
     HISTORY_LIMIT,
     ApplyOutcome,
+    ChunkRecord,
     EntityChange,
     EntityRecord,
     FactChange,
@@ -200,6 +201,40 @@ def test_datetimes_come_back_as_utc_instants(graph_store: GraphStore, user: str)
     }
     before = got.valid_from - timedelta(seconds=1)
     assert expand(graph_store, user, [me.id], max_hops=0, as_of=before, limit=FAR, per_seed=FAR) == []
+
+
+def test_every_written_time_comes_back_to_the_microsecond_before_1970_too(graph_store: GraphStore, user: str) -> None:
+    """Each time an apply writes (episode, chunk, entity, fact, a supersession's valid_until), on either side
+    of the epoch, with microseconds: Neo4j's write path sends them as [seconds, nanoseconds]."""
+    early, late = datetime(1969, 12, 31, 23, 59, 59, 999_999, tzinfo=UTC), datetime(2024, 3, 1, 10, 0, 0, 7, tzinfo=UTC)
+    me = make_entity(user, "Ana", created_at=early)
+    old = make_fact(
+        user, me, "LIVES_IN Oslo", valid_from=datetime(1901, 6, 1, 0, 0, 0, 1, tzinfo=UTC), created_at=early
+    )
+    old = old.model_copy(update={"last_decay_at": late, "updated_at": late})
+    chunk = ChunkRecord(
+        id=new_id("chunk"), user_id=user, episode_id="m1", seq=0, text="I live in Oslo", speaker="Ana",
+        event_time=early, created_at=early, updated_at=early,
+    )  # fmt: skip
+    first = plan(user, "m1", early, entities=[me], facts=[old]).model_copy(update={"chunks": [chunk]})
+    graph_store.apply(first)
+    new = make_fact(user, me, "LIVES_IN Rome", valid_from=late)
+    graph_store.apply(
+        plan(
+            user, "m2", late, facts=[new], fact_changes=[FactChange(id=old.id, valid_until=late, superseded_by=new.id)]
+        )
+    )
+
+    got = one_fact(graph_store, user, old.id)
+    assert (got.valid_from, got.valid_until, got.last_decay_at) == (old.valid_from, late, late)
+    assert (got.created_at, got.updated_at >= late) == (early, True)  # the change stamps updated_at
+    assert graph_store.get_entities(user, [me.id])[0].created_at == early
+    episodes = {e.id: e for e in graph_store.episodes(user)}
+    assert (episodes["m1"].event_time, episodes["m1"].created_at, episodes["m2"].event_time) == (early, early, late)
+    (stored,) = graph_store.get_chunks(user, [chunk.id])
+    assert (stored.event_time, stored.created_at) == (early, early)
+    for value in (got.valid_from, got.valid_until, stored.event_time, episodes["m1"].event_time):
+        assert_utc(value)
 
 
 def test_apply_is_idempotent_by_episode(graph_store: GraphStore, user: str) -> None:
