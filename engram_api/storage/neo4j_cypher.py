@@ -13,10 +13,13 @@ from typing import Any
 
 from engram_api.models import FeedbackRow
 from engram_api.storage import neo4j_episodes as episodes_cypher
+from engram_api.storage.neo4j_episodes import CHUNK_TIMES, set_times
 
 __all__ = [
     "BEGINNING",
     "END",
+    "ENTITY_TIMES",
+    "EPISODE_TIMES",
     "FACT_TIMES",
     "FORGET_USER_LABELS",
     "NO_ID",
@@ -115,6 +118,8 @@ _FACT_FIELDS = (
     "last_decay_at", "created_at", "updated_at",
 )  # fmt: skip
 FACT_TIMES = ("valid_from", "valid_until", "last_decay_at", "created_at", "updated_at")
+ENTITY_TIMES = ("created_at", "updated_at")
+EPISODE_TIMES = ("event_time", "created_at", "updated_at")
 _ENTITY_FIELDS = (
     "id", "user_id", "name", "norm_name", "label", "aliases", "summary", "created_at", "updated_at",
 )  # fmt: skip
@@ -172,66 +177,66 @@ RETURN u.version AS version,
                  WITH rid WHERE rid <> "" AND NOT EXISTS { MATCH (:Entity {user_id: $user_id, id: rid}) }
                  RETURN rid } AS missing
 """
-Q_APPLY_WRITES = """
-CREATE (ep:Episode) SET ep = $episode
+Q_APPLY_WRITES = f"""
+CREATE (ep:Episode) SET ep = $episode, {set_times("ep", "$episode", EPISODE_TIMES)}
 WITH ep
-CALL (ep) {
+CALL (ep) {{
   UNWIND $chunks AS row
   WITH row WHERE row IS NOT NULL
-  CREATE (c:Chunk) SET c = row
+  CREATE (c:Chunk) SET c = row, {set_times("c", "row", CHUNK_TIMES)}
   CREATE (c)-[:PART_OF]->(ep)
-}
-CALL (ep) {
+}}
+CALL (ep) {{
   UNWIND $entities AS row
   WITH row WHERE row IS NOT NULL
-  CREATE (e:Entity) SET e = row.props
+  CREATE (e:Entity) SET e = row.props, {set_times("e", "row.props", ENTITY_TIMES)}
   CREATE (e)-[:FROM]->(ep)
-  FOREACH (norm IN row.norms | CREATE (e)-[:HAS_ALIAS]->(:Alias {user_id: $user_id, norm: norm}))
-}
-CALL () {
+  FOREACH (norm IN row.norms | CREATE (e)-[:HAS_ALIAS]->(:Alias {{user_id: $user_id, norm: norm}}))
+}}
+CALL () {{
   UNWIND $entity_changes AS c
   WITH c WHERE c IS NOT NULL
-  MATCH (e:Entity {user_id: $user_id, id: c.id})
+  MATCH (e:Entity {{user_id: $user_id, id: c.id}})
   SET e.aliases = reduce(acc = coalesce(e.aliases, []), a IN c.add_aliases |
                          CASE WHEN a IN acc THEN acc ELSE acc + a END),
       e.summary = coalesce(c.summary, e.summary),
       e.label = coalesce(c.label, e.label),
       e.updated_at = $now
-  FOREACH (norm IN c.norms | MERGE (e)-[:HAS_ALIAS]->(:Alias {user_id: $user_id, norm: norm}))
-}
-CALL (ep) {
+  FOREACH (norm IN c.norms | MERGE (e)-[:HAS_ALIAS]->(:Alias {{user_id: $user_id, norm: norm}}))
+}}
+CALL (ep) {{
   UNWIND $facts AS row
   WITH row WHERE row IS NOT NULL
-  MATCH (s:Entity {user_id: $user_id, id: row.props.subject_id})
-  CREATE (f:Fact) SET f = row.props
+  MATCH (s:Entity {{user_id: $user_id, id: row.props.subject_id}})
+  CREATE (f:Fact) SET f = row.props, {set_times("f", "row.props", FACT_TIMES)}
   CREATE (f)-[:SUBJECT]->(s)
   CREATE (f)-[:FROM]->(ep)
   WITH f, row
-  OPTIONAL MATCH (o:Entity {user_id: $user_id, id: row.props.object_id})
+  OPTIONAL MATCH (o:Entity {{user_id: $user_id, id: row.props.object_id}})
   FOREACH (_ IN CASE WHEN o IS NULL THEN [] ELSE [1] END | CREATE (f)-[:OBJECT]->(o))
-}
-CALL () {
+}}
+CALL () {{
   UNWIND $fact_changes AS c
   WITH c WHERE c IS NOT NULL
-  MATCH (f:Fact {user_id: $user_id, id: c.id})
-  SET f.valid_until = c.valid_until, f.superseded_by = c.superseded_by, f.updated_at = $now
-}
-CALL (ep) {
+  MATCH (f:Fact {{user_id: $user_id, id: c.id}})
+  SET {set_times("f", "c", ["valid_until"])}, f.superseded_by = c.superseded_by, f.updated_at = $now
+}}
+CALL (ep) {{
   UNWIND $reinforced AS fid
-  MATCH (f:Fact {user_id: $user_id, id: fid})
+  MATCH (f:Fact {{user_id: $user_id, id: fid}})
   SET f.strength = 1.0, f.archived = false, f.updated_at = $now
   MERGE (f)-[:FROM]->(ep)
-}
-CALL (ep) {
+}}
+CALL (ep) {{
   UNWIND $mentioned AS eid
-  MATCH (e:Entity {user_id: $user_id, id: eid})
+  MATCH (e:Entity {{user_id: $user_id, id: eid}})
   MERGE (e)-[:FROM]->(ep)
-}
-CALL (ep) {
+}}
+CALL (ep) {{
   UNWIND $linked AS fid
-  MATCH (f:Fact {user_id: $user_id, id: fid})
+  MATCH (f:Fact {{user_id: $user_id, id: fid}})
   MERGE (f)-[:FROM]->(ep)
-}
+}}
 """
 
 # ---------------------------------------------------------------------------------------- read

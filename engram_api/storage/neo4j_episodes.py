@@ -16,7 +16,9 @@ from collections.abc import Sequence
 
 __all__ = [
     "CHUNK_ROW",
+    "CHUNK_TIMES",
     "EXTRACTED",
+    "FROM_INSTANT",
     "KEYWORD_INDEX",
     "MICROS",
     "Q_CHUNKS",
@@ -28,6 +30,7 @@ __all__ = [
     "Q_UNKEYED_FACT_USERS",
     "SCHEMA",
     "lucene_query",
+    "set_times",
 ]
 
 KEYWORD_INDEX = "engram_keyword"
@@ -40,14 +43,28 @@ SCHEMA = (
     " OPTIONS {indexConfig: {`fulltext.analyzer`: 'english', `fulltext.eventually_consistent`: false}}",
 )
 
+# A written node's times go in as [epoch seconds, nanoseconds] parameters (``neo4j_rows.instant``) that
+# the query makes DateTimes. The driver's own conversion of a Python datetime (a pure-Python dehydration
+# hook, ~50 us a value; a message's apply writes ~20) was ~10 % of the apply worker's Python CPU in an
+# ingest burst (py-spy, ops/bench/profile_ingest.py). Two integers, floored, because fromepoch refuses
+# negative nanoseconds (an instant before 1970 has a negative second and positive nanoseconds).
+FROM_INSTANT = "CASE WHEN {v} IS NULL THEN null ELSE datetime.fromepoch({v}[0], {v}[1]) END"
+CHUNK_TIMES = ("event_time", "created_at")  # the times of ``neo4j_rows.chunk_props``
+
+
+def set_times(var: str, row: str, times: Sequence[str]) -> str:
+    """SET items giving node ``var`` the ``times`` of map ``row`` (``FROM_INSTANT``) as DateTimes."""
+    return ", ".join(f"{var}.{t} = {FROM_INSTANT.format(v=f'{row}.{t}')}" for t in times)
+
+
 # Backfill: only episodes with no chunk get the given ones (episode ids are distinct in $episodes).
-Q_ADD_CHUNKS = """
+Q_ADD_CHUNKS = f"""
 UNWIND $episodes AS e
-OPTIONAL MATCH (ep:Episode {user_id: $user_id, id: e.episode_id})
-WHERE NOT EXISTS { MATCH (:Chunk)-[:PART_OF]->(ep) }
+OPTIONAL MATCH (ep:Episode {{user_id: $user_id, id: e.episode_id}})
+WHERE NOT EXISTS {{ MATCH (:Chunk)-[:PART_OF]->(ep) }}
 WITH ep, e WHERE ep IS NOT NULL
 UNWIND e.chunks AS row
-CREATE (c:Chunk) SET c = row
+CREATE (c:Chunk) SET c = row, {set_times("c", "row", CHUNK_TIMES)}
 CREATE (c)-[:PART_OF]->(ep)
 RETURN count(c) AS n
 """

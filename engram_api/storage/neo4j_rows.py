@@ -1,9 +1,10 @@
 """Row shaping of the Neo4j backend (``neo4j_store``): model -> node properties and driver values -> model
 input.
 
-Invariants: datetimes go in as aware UTC ``DateTime`` values (a naive one is refused: it would be
-stored as a LocalDateTime that never compares with a DateTime) and come back as aware UTC
-``datetime``; nulls read back are dropped so the models' defaults apply; node properties always carry
+Invariants: datetimes are stored as aware UTC ``DateTime`` values (a naive one is refused: it would be
+stored as a LocalDateTime that never compares with a DateTime) and come back as aware UTC ``datetime``;
+the times of written nodes go in as [seconds, nanoseconds] since the epoch (``instant``) that the query
+turns into DateTimes (``neo4j_episodes.FROM_INSTANT``), other time parameters as datetimes; nulls read back are dropped so the models' defaults apply; node properties always carry
 the user they are written for, never the record's own claim; an embedding goes in as a ``Vector`` (a
 list whose repr is short, see there).
 """
@@ -23,12 +24,14 @@ from engram_api.storage.episodes import user_key
 from engram_api.storage.neo4j_cypher import FACT_TIMES
 
 __all__ = [
+    "Vector",
     "chunk_props",
     "entity_props",
     "episode_fields",
     "fact_props",
     "fact_record",
     "from_db",
+    "instant",
     "live_chunks",
     "live_facts",
     "norms",
@@ -65,6 +68,20 @@ def opt_utc(value: datetime | None) -> datetime | None:
     return check_aware(value)
 
 
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MICROSECOND = timedelta(microseconds=1)
+
+
+def instant(value: datetime | None) -> list[int] | None:
+    """An aware datetime as exact [seconds, nanoseconds] since the epoch, floored (before 1970 the seconds
+    are negative, the nanoseconds never are); None stays None."""
+    aware = check_aware(value)
+    if aware is None:
+        return None
+    seconds, micro = divmod((aware - _EPOCH) // _MICROSECOND, 1_000_000)
+    return [seconds, micro * 1000]
+
+
 def from_db(row: dict[str, Any]) -> dict[str, Any]:
     """Driver values -> model input: temporal types become aware UTC datetimes; nulls are dropped
     so the model's defaults (empty aliases, no embedding, ...) apply."""
@@ -93,8 +110,8 @@ def entity_props(entity: EntityRecord, user_id: str) -> dict[str, Any]:
         "aliases": list(dict.fromkeys(entity.aliases)),
         "summary": entity.summary,
         "embedding": vector(entity.embedding),
-        "created_at": utc(entity.created_at),
-        "updated_at": utc(entity.updated_at),
+        "created_at": instant(entity.created_at),
+        "updated_at": instant(entity.updated_at),
     }
 
 
@@ -110,15 +127,15 @@ def fact_props(fact: FactRecord, user_id: str) -> dict[str, Any]:
         "importance": float(fact.importance),
         "strength": float(fact.strength),
         "single_valued": fact.single_valued,
-        "valid_from": utc(fact.valid_from),
-        "valid_until": opt_utc(fact.valid_until),
+        "valid_from": instant(fact.valid_from),
+        "valid_until": instant(fact.valid_until),
         "superseded_by": fact.superseded_by,
         "archived": fact.archived,
-        "last_decay_at": opt_utc(fact.last_decay_at),
+        "last_decay_at": instant(fact.last_decay_at),
         "embedding": vector(fact.embedding),
         "ukey": user_key(user_id),
-        "created_at": utc(fact.created_at),
-        "updated_at": utc(fact.updated_at),
+        "created_at": instant(fact.created_at),
+        "updated_at": instant(fact.updated_at),
     }
 
 
@@ -127,7 +144,6 @@ def norms(names: Sequence[str]) -> list[str]:
     return list(dict.fromkeys(n for n in (normalize_name(a) for a in names) if n))
 
 
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _CHUNK_TIMES = ("event_time", "created_at", "updated_at")
 
 
@@ -165,7 +181,7 @@ def chunk_props(c: ChunkRecord, user_id: str, episode_id: str) -> dict[str, Any]
         "body": c.indexed_text,
         "speaker": c.speaker,
         "role": c.role,
-        "event_time": utc(c.event_time),
+        "event_time": instant(c.event_time),
         "embedding": vector(c.embedding),
-        "created_at": utc(c.created_at),
+        "created_at": instant(c.created_at),
     }

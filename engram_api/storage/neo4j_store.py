@@ -140,10 +140,10 @@ class Neo4jGraphStore(Neo4jDeletion, Neo4jMaintenance, Neo4jConnection):
             "user_id": user_id,
             "content": episode.content,
             "role": episode.role,
-            "event_time": shape.utc(episode.event_time),
+            "event_time": shape.instant(episode.event_time),
             "metadata": json.dumps(episode.metadata, sort_keys=True),
-            "created_at": shape.utc(episode.created_at),
-            "updated_at": shape.utc(episode.updated_at),
+            "created_at": shape.instant(episode.created_at),
+            "updated_at": shape.instant(episode.updated_at),
         }
         entity_rows = [
             {"props": shape.entity_props(e, user_id), "norms": shape.norms(e.aliases)} for e in plan.new_entities
@@ -161,7 +161,7 @@ class Neo4jGraphStore(Neo4jDeletion, Neo4jMaintenance, Neo4jConnection):
         fact_rows = [{"props": shape.fact_props(f, user_id)} for f in plan.new_facts]
         chunk_rows = [shape.chunk_props(c, user_id, episode.id) for c in plan.chunks]
         fact_change_rows = [
-            {"id": c.id, "valid_until": shape.opt_utc(c.valid_until), "superseded_by": c.superseded_by}
+            {"id": c.id, "valid_until": shape.instant(c.valid_until), "superseded_by": c.superseded_by}
             for c in plan.fact_changes
         ]
 
