@@ -10,6 +10,7 @@ imported lazily so that importing this module costs nothing.
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 from engram_api import keys
 from engram_api.settings import Settings
@@ -23,6 +24,8 @@ __all__ = ["celery_config", "make_celery"]
 def celery_config(settings: Settings, broker_url: str) -> dict[str, Any]:
     from kombu import Queue
 
+    from engram_workers.broker import TRANSPORT
+
     transport = {
         "visibility_timeout": settings.visibility_timeout_s,
         # Restore a dead worker's unacked messages promptly (kombu sweeps every interval x throttle).
@@ -34,6 +37,8 @@ def celery_config(settings: Settings, broker_url: str) -> dict[str, Any]:
     }
     return {
         "broker_url": broker_url,
+        # kombu's Redis transport keeping one client object per pool, not one per operation (see there)
+        **({"broker_transport": TRANSPORT} if urlsplit(broker_url).scheme == "redis" else {}),
         "broker_transport_options": transport,
         "broker_connection_retry_on_startup": True,
         "broker_connection_max_retries": None,

@@ -1,0 +1,69 @@
+"""The broker transport (``engram_workers.broker``): kombu's Redis transport keeping one client object per
+connection pool. Real Redis; the fleet and chaos suites run every worker on it too (Redis restarts
+included)."""
+
+from __future__ import annotations
+
+import pytest
+import redis
+
+from engram_api.settings import Settings
+from engram_workers.broker import Channel, Transport
+from engram_workers.celery_config import make_celery
+
+
+@pytest.mark.parametrize(
+    ("url", "ours"),
+    [
+        ("redis://127.0.0.1:6379/0", True),
+        ("rediss://127.0.0.1:6379/0", False),  # kombu turns TLS on by the scheme's name: kept as it is
+        ("sentinel://127.0.0.1:26379", False),
+        ("redis+socket:///tmp/redis.sock", False),
+    ],
+)
+def test_only_plain_redis_urls_get_the_transport(url: str, ours: bool) -> None:
+    connection = make_celery(Settings(), url).connection_for_write()
+    assert (type(connection.transport) is Transport) is ours
+
+
+def test_a_channel_reuses_one_client_until_its_pool_is_replaced(redis_url: str) -> None:
+    app = make_celery(Settings(), redis_url)
+    with app.connection_for_write() as connection:
+        channel = connection.default_channel
+        assert isinstance(channel, Channel)
+        with channel.conn_or_acquire() as first, channel.conn_or_acquire() as second:
+            assert first is second
+            assert first.connection_pool is channel.pool
+            assert first.ping()
+        old_pool = channel.pool
+        channel._disconnect_pools()  # as kombu does after a fork or a lost connection
+        with channel.conn_or_acquire() as third:
+            assert third is not first
+            assert third.connection_pool is channel.pool is not old_pool
+            assert third.ping()
+
+
+def test_messages_are_delivered_acked_and_their_unacked_bookkeeping_cleared(redis_url: str) -> None:
+    """A delivery records the message as unacked (the visibility-timeout restore reads it), the ack removes
+    it: both through the shared client."""
+    app = make_celery(Settings(), redis_url)
+    probe = redis.Redis.from_url(redis_url)
+    with app.connection_for_write() as connection:
+        queue = connection.SimpleQueue("engram-test-broker")
+        try:
+            for n in range(5):
+                queue.put({"n": n})
+            got = []
+            for _ in range(5):
+                message = queue.get(timeout=5)
+                got.append(message.payload["n"])
+                tag = message.delivery_tag
+                assert probe.hexists("unacked", tag)  # held as unacked until the ack
+                assert probe.zscore("unacked_index", tag) is not None
+                message.ack()
+                assert not probe.hexists("unacked", tag)
+                assert probe.zscore("unacked_index", tag) is None
+            assert sorted(got) == [0, 1, 2, 3, 4]
+        finally:
+            queue.clear()
+            queue.close()
