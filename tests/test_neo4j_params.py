@@ -3,17 +3,21 @@
 The driver formats every RUN's query and parameters for its DEBUG log before the logger checks its level,
 so an embedding goes in as ``neo4j_rows.Vector``: the list it is on the wire, a short repr in that log.
 These tests pin the driver behaviour that relies on: both packstream codecs (Python, and Rust when
-installed) pack a ``Vector`` to the bytes of its list. The round trip through a real server is the
-contract suite's (``test_vectors_return_every_fact_and_entity_embedding``).
+installed) pack a ``Vector`` to the bytes of its list. A written node's times go in as [seconds,
+nanoseconds] (``neo4j_rows.instant``), never through the driver's datetime conversion. The round trips
+through a real server are the contract suite's (``test_vectors_return_every_fact_and_entity_embedding``,
+``test_every_written_time_comes_back_to_the_microsecond_before_1970_too``).
 """
 
 from __future__ import annotations
 
 import io
+from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 from neo4j._codec.packstream import v1 as packstream
 
+from engram_api.errors import InvalidInputError
 from engram_api.models import ChunkRecord
 from engram_api.storage import neo4j_rows as shape
 from tests.contract.factories import T0, make_entity, make_fact
@@ -57,3 +61,36 @@ def test_written_rows_show_their_embeddings_in_a_few_characters() -> None:
 def test_a_missing_embedding_stays_null() -> None:
     fact = make_fact("u1", make_entity("u1", "Alice"), "likes tea", embedding=False)
     assert shape.fact_props(fact, "u1")["embedding"] is None
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        (datetime(1970, 1, 1, tzinfo=UTC), [0, 0]),
+        (datetime(2024, 1, 1, 0, 0, 0, 5, tzinfo=UTC), [1_704_067_200, 5_000]),
+        (datetime(1969, 12, 31, 23, 59, 59, 999_999, tzinfo=UTC), [-1, 999_999_000]),  # floored, never < 0 ns
+        (datetime(1, 1, 1, tzinfo=UTC), [-62_135_596_800, 0]),
+        (datetime(2024, 1, 1, 2, 0, tzinfo=timezone(timedelta(hours=2))), [1_704_067_200, 0]),  # the instant
+        (None, None),
+    ],
+)
+def test_an_instant_is_exact_floored_seconds_and_nanoseconds(
+    value: datetime | None, expected: list[int] | None
+) -> None:
+    assert shape.instant(value) == expected
+
+
+def test_written_rows_carry_no_datetime_for_the_driver_to_convert() -> None:
+    entity = make_entity("u1", "Alice")
+    fact = make_fact("u1", entity, "likes tea").model_copy(update={"valid_until": T0 + timedelta(days=1)})
+    chunk = ChunkRecord(
+        id="c1", user_id="u1", episode_id="m1", seq=0, text="I like tea", speaker="Alice", event_time=T0
+    )
+    for row in (shape.entity_props(entity, "u1"), shape.fact_props(fact, "u1"), shape.chunk_props(chunk, "u1", "m1")):
+        assert not [k for k, v in row.items() if isinstance(v, datetime)]
+    assert shape.fact_props(fact, "u1")["valid_until"] == shape.instant(T0 + timedelta(days=1))
+
+
+def test_a_naive_time_is_refused_by_name() -> None:
+    with pytest.raises(InvalidInputError, match="timezone-aware"):
+        shape.instant(datetime(2024, 1, 1))
