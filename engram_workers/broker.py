@@ -9,7 +9,8 @@ response-callback tables): 7 % of the extract worker's Python CPU in an ingest b
 ``ops/bench/profile_ingest.py``; docs/benchmarks.md, stop 31). Here a channel keeps the one it built until
 its pool is replaced (``_disconnect_pools``: after a fork, a lost connection, a close), then builds one for
 the new pool. A redis-py client is safe to share between threads: each command takes a connection from the
-pool and gives it back.
+pool and gives it back. Measured (``ops/bench/client_cpu_ab.py``): a publish, delivery and ack cost 0.69x
+the CPU they cost through kombu's transport.
 
 Everything else is kombu's. ``celery_config`` selects this transport for ``redis://`` broker URLs only:
 ``rediss://`` (kombu turns TLS on by that scheme name), ``sentinel://`` and the rest keep kombu's own.

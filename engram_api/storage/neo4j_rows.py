@@ -4,9 +4,9 @@ input.
 Invariants: datetimes are stored as aware UTC ``DateTime`` values (a naive one is refused: it would be
 stored as a LocalDateTime that never compares with a DateTime) and come back as aware UTC ``datetime``;
 the times of written nodes go in as [seconds, nanoseconds] since the epoch (``instant``) that the query
-turns into DateTimes (``neo4j_episodes.FROM_INSTANT``), other time parameters as datetimes; nulls read back are dropped so the models' defaults apply; node properties always carry
-the user they are written for, never the record's own claim; an embedding goes in as a ``Vector`` (a
-list whose repr is short, see there).
+turns into DateTimes (``neo4j_episodes.FROM_INSTANT``), other time parameters as datetimes; nulls read
+back are dropped so the models' defaults apply; node properties always carry the user they are written
+for, never the record's own claim; an embedding goes in as a ``Vector`` (a list whose repr is short).
 """
 
 from __future__ import annotations
