@@ -2,8 +2,8 @@
 
 The driver formats every RUN's query and parameters for its DEBUG log before the logger checks its level,
 so an embedding goes in as ``neo4j_rows.Vector``: the list it is on the wire, a short repr in that log.
-These tests pin the driver behaviour that relies on: both packstream codecs (Python, and Rust when
-installed) pack a ``Vector`` to the bytes of its list. A written node's times go in as [seconds,
+These tests pin the driver behaviour that relies on: both packstream codecs (Python, and the Rust one of
+neo4j-rust-ext, a dependency) pack a ``Vector`` to the bytes of its list. A written node's times go in as [seconds,
 nanoseconds] (``neo4j_rows.instant``), never through the driver's datetime conversion. The round trips
 through a real server are the contract suite's (``test_vectors_return_every_fact_and_entity_embedding``,
 ``test_every_written_time_comes_back_to_the_microsecond_before_1970_too``).
@@ -36,8 +36,9 @@ def test_a_vector_packs_to_the_bytes_of_its_list_in_the_python_codec() -> None:
     assert _python_pack(params) == _python_pack({"rows": [{"embedding": list(EMBEDDING)}]})
 
 
-@pytest.mark.skipif(packstream._rust_pack is None, reason="neo4j-rust-ext is not installed")
 def test_a_vector_packs_to_the_bytes_of_its_list_in_the_rust_codec() -> None:
+    # neo4j-rust-ext is a dependency (pyproject.toml): the driver packs with it, so it must be there
+    assert packstream._rust_pack is not None, "neo4j-rust-ext is not installed (pip install -e .)"
     hooks = packstream.Packer._inject_hooks(None)
     params = {"rows": [{"embedding": shape.Vector(EMBEDDING)}]}
     assert packstream._rust_pack(params, hooks) == packstream._rust_pack({"rows": [{"embedding": EMBEDDING}]}, hooks)
