@@ -144,7 +144,7 @@ def norms(names: Sequence[str]) -> list[str]:
     return list(dict.fromkeys(n for n in (normalize_name(a) for a in names) if n))
 
 
-_CHUNK_TIMES = ("event_time", "created_at", "updated_at")
+_CHUNK_ROW_TIMES = ("event_time", "created_at", "updated_at")  # read back (CHUNK_ROW); written: CHUNK_TIMES
 
 
 def _with_times(row: dict[str, Any], times: Sequence[str]) -> dict[str, Any]:
@@ -166,7 +166,7 @@ def live_chunks(rows: Sequence[dict[str, Any]]) -> list[ChunkRecord]:
     """Chunk rows minus those a concurrent forget deleted mid-read: under read committed, a node matched
     before another transaction's delete committed reads back with null properties. Their times come as
     epoch microseconds (``neo4j_episodes.CHUNK_ROW``)."""
-    return [ChunkRecord.model_validate(_with_times(r, _CHUNK_TIMES)) for r in rows if r.get("text") is not None]
+    return [ChunkRecord.model_validate(_with_times(r, _CHUNK_ROW_TIMES)) for r in rows if r.get("text") is not None]
 
 
 def chunk_props(c: ChunkRecord, user_id: str, episode_id: str) -> dict[str, Any]:
