@@ -174,10 +174,17 @@ class MemoryClient:
         """Queue many messages: every item is validated before any is published."""
         return self.producer.enqueue_many(items)
 
-    def wait(self, receipts: Sequence[Receipt | tuple[str, str]] | Receipt, timeout: float = 60.0) -> WaitResult:
-        """Block until the messages are applied or dead-lettered."""
+    def wait(
+        self,
+        receipts: Sequence[Receipt | tuple[str, str]] | Receipt,
+        timeout: float = 60.0,
+        *,
+        on_progress: Callable[[int, int], None] | None = None,
+    ) -> WaitResult:
+        """Block until the messages are applied or dead-lettered; ``on_progress(finished, total)`` after
+        each poll (a poll reads only the statuses still pending)."""
         items = [receipts] if isinstance(receipts, Receipt) else receipts
-        return self.producer.wait(items, timeout=timeout)
+        return self.producer.wait(items, timeout=timeout, on_progress=on_progress)
 
     def dead_letters(self, user_id: str | None = None) -> list[DeadLetter]:
         return self.producer.dead_letters.list(user_id)

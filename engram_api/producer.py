@@ -19,7 +19,7 @@ import socket
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -343,30 +343,55 @@ class Producer:
 
     def verdict(self, pairs: Sequence[tuple[str, str]]) -> WaitResult:
         """Where each (user_id, message_id) stands now: applied, dead-lettered or pending."""
-        result = WaitResult()
-        for (_, mid), state in zip(pairs, self.states(pairs), strict=True):
-            if state == MessageState.APPLIED:
-                result.applied.append(mid)
-            elif state == MessageState.DEAD:
-                result.dead_lettered.append(mid)
-            else:
-                result.pending.append(mid)
-        return result
+        return _result(pairs, self.states(pairs))
 
-    def wait(self, receipts: Sequence[Receipt | tuple[str, str]], timeout: float = 60.0) -> WaitResult:
-        """Block until every message is applied or dead-lettered; raises ``WaitTimeoutError`` otherwise."""
+    def wait(
+        self,
+        receipts: Sequence[Receipt | tuple[str, str]],
+        timeout: float = 60.0,
+        *,
+        on_progress: Callable[[int, int], None] | None = None,
+    ) -> WaitResult:
+        """Block until every message is applied or dead-lettered; raises ``WaitTimeoutError`` otherwise.
+        ``on_progress(finished, total)`` is called after each poll.
+
+        Each poll reads only the messages still pending: a wait on N messages costs Redis N reads in all
+        plus one per poll per message not yet finished, not N per poll (a 2,000-message burst polled
+        every 0.25 s read ~100 statuses a message). A message seen finished stays finished for this wait,
+        even if its status expires before the others finish."""
         pairs = [(r.user_id, r.message_id) if isinstance(r, Receipt) else (r[0], r[1]) for r in receipts]
+        states: list[str | None] = [None] * len(pairs)
+        pending = list(range(len(pairs)))
         started = time.monotonic()
         delay = 0.02
         while True:
-            result = self.verdict(pairs)
-            if result.done:
-                return result
+            for i, state in zip(pending, self.states([pairs[i] for i in pending]), strict=True):
+                states[i] = state
+            pending = [i for i in pending if states[i] not in _FINISHED]
+            if on_progress is not None:
+                on_progress(len(pairs) - len(pending), len(pairs))
+            if not pending:
+                return _result(pairs, states)
             waited = time.monotonic() - started
             if waited >= timeout:
-                raise still_pending(result, len(pairs), waited)
+                raise still_pending(_result(pairs, states), len(pairs), waited)
             time.sleep(min(delay, max(0.0, timeout - waited)))
             delay = min(delay * 1.5, 0.25)
+
+
+_FINISHED = (MessageState.APPLIED, MessageState.DEAD)
+
+
+def _result(pairs: Sequence[tuple[str, str]], states: Sequence[str | None]) -> WaitResult:
+    result = WaitResult()
+    for (_, mid), state in zip(pairs, states, strict=True):
+        if state == MessageState.APPLIED:
+            result.applied.append(mid)
+        elif state == MessageState.DEAD:
+            result.dead_lettered.append(mid)
+        else:
+            result.pending.append(mid)
+    return result
 
 
 def still_pending(result: WaitResult, total: int, waited: float) -> WaitTimeoutError:

@@ -78,3 +78,24 @@ def test_wait_without_workers_times_out_with_a_typed_error_naming_what_is_pendin
     assert isinstance(err.value, TimeoutError)  # callers catching the builtin catch it too
     assert "5 of 5 messages still pending" in str(err.value) and "w-0" in str(err.value)
     assert client.redis.llen(keys.EXTRACT_QUEUE) == 5  # waiting changed nothing
+
+
+def test_wait_reads_only_what_is_pending_and_keeps_what_it_saw_finished(client):
+    """A poll reads the statuses still pending: one seen applied stays applied for this wait even when its
+    status is gone by the next poll (expired), and the progress callback sees each poll's count."""
+    receipts = [client.enqueue("alice", f"note {n}", message_id=f"p-{n}") for n in range(3)]
+    status = [keys.status("alice", r.message_id) for r in receipts]
+    client.redis.hset(status[0], "state", "applied")
+    client.redis.hset(status[1], "state", "dead")
+    polls: list[tuple[int, int]] = []
+
+    def progress(finished: int, total: int) -> None:
+        polls.append((finished, total))
+        if len(polls) == 1:
+            client.redis.delete(status[0], status[1])  # a re-read would now see both pending
+        elif len(polls) == 3:
+            client.redis.hset(status[2], "state", "applied")
+
+    result = client.producer.wait(receipts, timeout=30, on_progress=progress)
+    assert result.applied == ["p-0", "p-2"] and result.dead_lettered == ["p-1"] and result.done
+    assert polls == [(2, 3), (2, 3), (2, 3), (3, 3)]

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 from collections.abc import Sequence
 from typing import IO, TYPE_CHECKING, Any
 
@@ -92,20 +91,11 @@ def enqueue_envelopes(client: MemoryClient, envelopes: Sequence[Envelope]) -> li
 def wait_with_progress(client: MemoryClient, receipts: Sequence[Receipt], timeout: float) -> WaitResult:
     """A bar of applied (or dead-lettered) messages; raises ``WaitTimeoutError`` (exit 2) naming the real
     time waited when messages are still pending after ``timeout`` seconds."""
-    from engram_api.producer import still_pending
-
-    pairs = [(r.user_id, r.message_id) for r in receipts]
-    started = time.monotonic()
     with _progress() as progress:
-        task = progress.add_task("apply", total=len(pairs))
-        while True:
-            result = client.producer.verdict(pairs)
-            progress.update(task, completed=len(pairs) - len(result.pending))
-            if result.done:
-                return result
-            if time.monotonic() - started >= timeout:
-                raise still_pending(result, len(pairs), time.monotonic() - started)
-            time.sleep(0.2)
+        task = progress.add_task("apply", total=len(receipts))
+        return client.producer.wait(
+            receipts, timeout, on_progress=lambda finished, _: progress.update(task, completed=finished)
+        )
 
 
 @click.command(short_help="Queue messages: text, a JSON lines file or stdin.")
