@@ -31,6 +31,7 @@ from benchlib import (
     BenchContext,
     BenchResult,
     Table,
+    command_calls,
     cpu_seconds,
     dist,
     process_cpu_seconds,
@@ -76,11 +77,19 @@ def _burst(ctx: BenchContext, stack: Any, label: str, n: int, users: int) -> dic
     ours = [p.pid for p in stack.workers if p.name.startswith(("extract", "apply"))]
     servers = ctx.services.server_pids()
     cpu_before = cpu_seconds(ours), {name: cpu_seconds([pid]) for name, pid in servers.items()}
+    calls_before = command_calls(stack.client.redis)
     start = time.time()
     receipts = []
     for lo in range(0, len(items), 500):
         receipts += stack.client.enqueue_many(items[lo : lo + 500])
-    result = stack.client.wait(receipts, timeout=600 + n)
+    polled = [n]  # the statuses each poll of the wait reads: those still pending after the poll before
+
+    def progress(finished: int, total: int) -> None:
+        polled.append(total - finished)
+
+    result = stack.client.wait(receipts, timeout=600 + n, on_progress=progress)
+    calls = command_calls(stack.client.redis, since=calls_before)
+    calls["hget"] -= sum(polled[:-1])  # the wait's own reads: the bench's, not the pipeline's
     ours_s = cpu_seconds(ours) - cpu_before[0]
     servers_s = {name: cpu_seconds([pid]) - cpu_before[1][name] for name, pid in servers.items()}
     rows = status_rows(stack, [(r.user_id, r.message_id) for r in receipts], fields=_FIELDS)
@@ -97,6 +106,8 @@ def _burst(ctx: BenchContext, stack: Any, label: str, n: int, users: int) -> dic
         "worker_processes": len(ours),
         "our_cpu_ms_per_msg": ours_s / n * 1e3,
         "server_cpu_ms_per_msg": {name: seconds / n * 1e3 for name, seconds in servers_s.items()},
+        "redis_commands_per_msg": sum(calls.values()) / n,
+        "top_redis_commands_per_msg": {c: round(k / n, 2) for c, k in calls.most_common(16)},
     }
 
 

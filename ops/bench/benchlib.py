@@ -8,6 +8,7 @@ baseline measured in the same run.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import json
 import os
@@ -16,7 +17,7 @@ import shutil
 import statistics
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -381,6 +382,15 @@ def process_cpu_seconds(pid: int) -> float:
         return float("nan")
     fields = stat[stat.rindex(")") + 2 :].split()
     return (int(fields[11]) + int(fields[12])) / _CLK_TCK
+
+
+def command_calls(client: Any, *, since: Mapping[str, int] | None = None) -> collections.Counter[str]:
+    """Calls per Redis command (``INFO commandstats``: a pipeline counts each of its commands, a script one
+    ``evalsha`` plus what it calls), since the server started or since an earlier reading."""
+    stats = client.info("commandstats")
+    calls = collections.Counter({name.removeprefix("cmdstat_"): int(row["calls"]) for name, row in stats.items()})
+    calls.subtract(since or {})
+    return calls
 
 
 def cpu_seconds(pids: Sequence[int]) -> float:

@@ -7,7 +7,8 @@ worker of 2 prefork processes, the LLM stand-in answering scripted extractions a
 50 users. Two unmeasured warm-ups (each fresh process loads its encoder and litellm), then ``--bursts``
 measured bursts, each printed as one JSON line: messages/s, our CPU per message (all worker processes),
 that CPU split by worker (extract, apply with its pool children), and the Redis and Neo4j servers' CPU
-per message. The first burst after the warm-ups also warms the JVM: compare like with like (the second
+per message, and the Redis commands per message (the pipeline's: the bench's own polling left out).
+The first burst after the warm-ups also warms the JVM: compare like with like (the second
 against the second). With ``--spy DIR`` the first burst runs under ``py-spy record --gil`` (samples of
 the thread holding the GIL: Python's CPU, not its waits) per worker, written to
 ``DIR/<store>-<worker>.txt`` as collapsed stacks, and the top frames by own samples are printed.
@@ -119,6 +120,8 @@ def _measured(ctx: Any, stack: Any, label: str, args: argparse.Namespace, *, spy
         "our_cpu_ms_per_msg": round(got["our_cpu_ms_per_msg"], 1),
         "by_worker_ms_per_msg": {name: round(ms, 1) for name, ms in per_worker.items()},
         "server_cpu_ms_per_msg": {name: round(ms, 1) for name, ms in got["server_cpu_ms_per_msg"].items()},
+        "redis_commands_per_msg": round(got["redis_commands_per_msg"], 1),
+        "top_redis_commands_per_msg": got["top_redis_commands_per_msg"],
         "dead": got["dead"],
         "profiled": spy is not None,
     }
