@@ -52,7 +52,10 @@ def _deliver(
     user_id: str,
     message_id: str,
 ) -> StageResult:
-    with deliveries(ctx, user_id, message_id, stage) as crashed:
+    with deliveries(ctx, user_id, message_id, stage) as delivery:
+        settled, crashed = delivery.settled, delivery.crashed
+        if settled is not None:  # nothing to do: answered between the hooks, as the stage itself would
+            return _attempt(ctx, task, stage, lambda *_: settled, user_id, message_id)
         if crashed >= ctx.settings.poison_max_deliveries:
             return dead_letter(
                 ctx,

@@ -17,11 +17,12 @@ import numpy as np
 import pytest
 
 from engram_api import keys
-from engram_api.models import ApplyOutcome, MessageState, StageOutcome
+from engram_api.models import ApplyOutcome, MessageState, StageOutcome, StageResult
 from engram_api.storage.base import GraphStore
 from engram_workers.context import WorkerContext
 from engram_workers.middleware import Middleware
 from engram_workers.stages.apply import run_apply
+from engram_workers.stages.common import deliveries
 from engram_workers.stages.extract import run_extract
 from tests.support.extractions import entity, fact, lives_in
 from tests.support.memory import Recording, memory, scripted_stack
@@ -255,6 +256,30 @@ def test_a_forgotten_member_is_never_applied_by_a_batch(stack: Stack) -> None:
         assert stack.client.redis.exists(keys.status(user, mid)) == 0
         assert run_apply(ctx, user, mid).outcome is StageOutcome.FORGOTTEN
     memory(stack, user)
+
+
+def test_a_start_is_counted_only_for_a_message_left_to_do_and_reads_its_state_with_the_count(stack: Stack) -> None:
+    """``deliveries``: one script counts the start and reads the state and tombstone; a finished or forgotten
+    message's start is not counted (its task has nothing to do) and the stage's answer is given."""
+    user, r = f"bd_{uuid.uuid4().hex[:8]}", stack.client.redis
+    ctx, _ = process(stack, 1)
+    counter, status = keys.deliveries(user, "m1", "apply"), keys.status(user, "m1")
+    with deliveries(ctx, user, "m1", "apply") as first:
+        assert (first.crashed, first.settled, r.get(counter)) == (0, None, "1")
+    assert r.get(counter) == "0"  # it finished
+    r.set(counter, 2)  # two starts died on it
+    with deliveries(ctx, user, "m1", "apply") as again:
+        assert again.crashed == 2 and again.settled is None
+    for state in (MessageState.APPLIED, MessageState.DEAD):
+        r.hset(status, "state", state)
+        with deliveries(ctx, user, "m1", "apply") as settled:
+            assert settled.settled == StageResult(StageOutcome.ALREADY, state)
+        assert r.get(counter) == "2"  # not counted, nothing to undo
+    r.hset(status, "state", MessageState.EXTRACTED)
+    r.set(keys.forgotten(user, "m1"), 1)
+    with deliveries(ctx, user, "m1", "apply") as forgotten:
+        assert forgotten.settled == StageResult(StageOutcome.FORGOTTEN)
+    assert r.get(counter) == "2"
 
 
 class Peeks(Middleware):

@@ -106,8 +106,9 @@ def test_forgetting_a_queued_or_in_flight_message_stores_nothing(stack: Stack) -
         what="apply to take the two forgotten in-flight messages",
     )
     extracted, applied = stage_outcomes(stack, "extract"), stage_outcomes(stack, "apply")
-    assert extracted[(queued_user, "m1")] == extracted[(queued_msg, "m1")] == "forgotten"  # the tombstone's word
-    assert applied[(flight_user, "m1")] == applied[(flight_msg, "m1")] == "forgotten: no payload"
+    # The tombstone's word, read as each stage's task starts: neither stage did anything for them.
+    assert extracted[(queued_user, "m1")] == extracted[(queued_msg, "m1")] == "forgotten"
+    assert applied[(flight_user, "m1")] == applied[(flight_msg, "m1")] == "forgotten"
     for user in (queued_user, queued_msg, flight_user, flight_msg):
         stats = client.stats(user)
         assert (stats.facts, stats.entities, stats.episodes) == (0, 0, 0), user

@@ -33,7 +33,6 @@ from engram_workers.stages.common import (
     dead_letter,
     load_envelope,
     set_state,
-    state_of,
 )
 
 __all__ = ["Written", "hand_over", "run_apply", "write_extraction"]
@@ -87,15 +86,31 @@ def write_extraction(
     return Written(outcome=outcome, planned=planned)
 
 
+def _first_look(ctx: WorkerContext, user_id: str, message_id: str) -> tuple[bool, str | None, str | None, str | None]:
+    """Forgotten?, state, payload, extraction: one Redis round trip. Read under the lease, so a message
+    forgotten before it is never applied (``forget`` waits for the lease)."""
+    pipe = ctx.redis.pipeline(transaction=False)
+    pipe.exists(keys.forgotten(user_id, message_id))
+    pipe.hget(keys.status(user_id, message_id), "state")
+    pipe.get(keys.message_payload(user_id, message_id))
+    pipe.get(keys.extraction(user_id, message_id))
+    forgotten, state, payload, stored = pipe.execute()
+    return bool(forgotten), state, payload, stored
+
+
 def _apply_locked(ctx: WorkerContext, write: UserWrite, message_id: str, claim: Claim) -> StageResult:
     graph, user_id = ctx.graph, write.user_id
+    forgotten, state, payload, stored = _first_look(ctx, user_id, message_id)
+    if forgotten:
+        return StageResult(StageOutcome.FORGOTTEN)
+    if state in (MessageState.APPLIED, MessageState.DEAD):
+        return StageResult(StageOutcome.ALREADY, state)
     if graph.is_applied(user_id, message_id):
         mark_applied(ctx, user_id, message_id, write.finish().version)
         return StageResult(StageOutcome.ALREADY, "applied (finished bookkeeping)")
-    envelope = load_envelope(ctx, user_id, message_id)
-    stored = ctx.redis.get(keys.extraction(user_id, message_id))
-    if envelope is None:
+    if payload is None:
         return StageResult(StageOutcome.FORGOTTEN, "no payload")
+    envelope = Envelope.model_validate_json(payload)
     if stored is None:
         set_state(ctx, user_id, message_id, MessageState.QUEUED)
         ctx.dispatch(keys.EXTRACT_TASK, (user_id, message_id))
@@ -113,9 +128,9 @@ def _apply_locked(ctx: WorkerContext, write: UserWrite, message_id: str, claim: 
 
 
 def run_apply(ctx: WorkerContext, user_id: str, message_id: str) -> StageResult:
-    state = state_of(ctx, user_id, message_id)
-    if state in (MessageState.APPLIED, MessageState.DEAD):
-        return StageResult(StageOutcome.ALREADY, state)
+    """Apply one message (and, batching, its user's other ready ones) under the user's lease. A task
+    reaches here only for a message neither finished nor forgotten (``tasks``: ``Delivery.settled``);
+    under the lease both are read again."""
     try:
         ctx.warm_up()
         claim = Claim()  # the batch members this task takes, kept when a fenced write re-plans

@@ -29,9 +29,9 @@ Invariants:
   that dies on it counts as one of its deaths, and a member that ever died is left to its own task, so
   poison is bounded as before), between its ``before_stage`` and ``after_stage`` hooks. Its own task,
   arriving later, finds it APPLIED and answers ALREADY.
-- A member is checked for its tombstone right before it is planned, so a message forgotten before then is
-  never applied by a batch; one forgotten after its commit is removed by ``forget``, which waits for this
-  lease (the same window as a single apply).
+- A member's tombstone and state are read with its delivery count, right before it is planned, so a
+  message forgotten (or finished) before then is never applied by a batch; one forgotten after its commit
+  is removed by ``forget``, which waits for this lease (the same window as a single apply).
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ from engram_workers.consolidation import message_texts, plan_message
 from engram_workers.context import WorkerContext
 from engram_workers.handover import HandOver
 from engram_workers.resolution import Vectors
-from engram_workers.stages.common import deliveries, is_forgotten, set_state
+from engram_workers.stages.common import deliveries, set_state
 
 __all__ = ["Claim", "Member", "apply_batch", "mark_applied", "summary"]
 
@@ -102,9 +102,9 @@ def summary(outcome: ApplyOutcome, plan: WritePlan) -> str:
 
 
 def mark_applied(ctx: WorkerContext, user_id: str, message_id: str, version: int) -> None:
-    """The message's bookkeeping once the graph holds it and the index and stamp are finished."""
+    """The message's bookkeeping once the graph holds it and the index and stamp are finished (its payload
+    and extraction are deleted in the same script)."""
     set_state(ctx, user_id, message_id, MessageState.APPLIED, version=str(version))
-    ctx.redis.delete(keys.message_payload(user_id, message_id), keys.extraction(user_id, message_id))
 
 
 def _load(ctx: WorkerContext, user_id: str, message_ids: list[str]) -> list[Member]:
@@ -215,12 +215,11 @@ class _Run:
     def member(self, member: Member) -> None:
         """A member other than the trigger, as its own task would take it: counted as a delivery (a batch
         that dies on it leaves the count up, so a message that kills workers is dead-lettered all the same,
-        and never batched again), tombstone checked first, between its own ``before_stage`` and ``after_stage``."""
+        and never batched again; its tombstone and state are read with the count), between its own
+        ``before_stage`` and ``after_stage``."""
         ctx, user_id, mid = self.ctx, self.write.user_id, member.message_id
-        if is_forgotten(ctx, user_id, mid):
-            return
-        with deliveries(ctx, user_id, mid, "apply") as crashed:
-            if crashed:
+        with deliveries(ctx, user_id, mid, "apply") as delivery:
+            if delivery.settled is not None or delivery.crashed:
                 return
             try:
                 for m in ctx.middleware:

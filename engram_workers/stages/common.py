@@ -6,6 +6,7 @@ import random
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
+from dataclasses import dataclass
 
 import redis
 from pydantic import ValidationError
@@ -16,6 +17,7 @@ from engram_api.redaction import redact
 from engram_workers.context import WorkerContext
 
 __all__ = [
+    "Delivery",
     "RetryLater",
     "backoff",
     "dead_letter",
@@ -32,8 +34,9 @@ __all__ = [
 # was running when the message was forgotten writes nothing back.
 # A stored extraction makes the message ready to apply (keys.ready, scored by event time); a finished
 # message leaves its user's backlog (keys.pending) and the ready set.
-# KEYS: tombstone, status, extraction, pending, ready. ARGV: ttl, extraction json ('' = none), event time,
-# finished ('1'/'0'), message id, field, value, ...
+# An applied message's payload and extraction go with its status write.
+# KEYS: tombstone, status, extraction, pending, ready, payload. ARGV: ttl, extraction json ('' = none), event
+# time, finished ('1'/'0'), message id, applied ('1'/'0'), field, value, ...
 _STAGE_WRITE = """
 if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
 if ARGV[2] ~= '' then
@@ -45,11 +48,23 @@ if ARGV[4] == '1' then
   redis.call('ZREM', KEYS[4], ARGV[5])
   redis.call('ZREM', KEYS[5], ARGV[5])
 end
-redis.call('HSET', KEYS[2], unpack(ARGV, 6))
+if ARGV[6] == '1' then redis.call('DEL', KEYS[6], KEYS[3]) end
+redis.call('HSET', KEYS[2], unpack(ARGV, 7))
 redis.call('EXPIRE', KEYS[2], ARGV[1])
 return 1
 """
 
+# A start of a stage, in one round trip: a message already finished (applied, dead) or forgotten is not
+# counted, since its task has nothing to do; otherwise the start is counted. Returns {count or 0, state,
+# forgotten}. KEYS: deliveries counter, status, tombstone. ARGV: ttl.
+_ENTER = """
+local state = redis.call('HGET', KEYS[2], 'state') or ''
+local forgotten = redis.call('EXISTS', KEYS[3])
+if forgotten == 1 or state == 'applied' or state == 'dead' then return {0, state, forgotten} end
+local n = redis.call('INCR', KEYS[1])
+redis.call('EXPIRE', KEYS[1], ARGV[1])
+return {n, state, forgotten}
+"""
 
 _DECR_IF_EXISTS = """
 if redis.call('EXISTS', KEYS[1]) == 1 then return redis.call('DECR', KEYS[1]) end
@@ -72,24 +87,47 @@ def backoff(attempt: int, *, base: float = 1.0, cap: float = 60.0) -> float:
     return random.uniform(base / 2, min(cap, base * 2 ** max(0, attempt - 1)))
 
 
+@dataclass(frozen=True)
+class Delivery:
+    """A start of a stage for one message: how many earlier starts died, and where the message stands."""
+
+    crashed: int
+    state: str | None
+    forgotten: bool
+
+    @property
+    def settled(self) -> StageResult | None:
+        """The stage's answer when there is nothing to do (then this start was not counted)."""
+        if self.forgotten:
+            return StageResult(StageOutcome.FORGOTTEN)
+        if self.state in (MessageState.APPLIED, MessageState.DEAD):
+            return StageResult(StageOutcome.ALREADY, self.state)
+        return None
+
+
 @contextmanager
-def deliveries(ctx: WorkerContext, user_id: str, message_id: str, stage: str) -> Iterator[int]:
+def deliveries(ctx: WorkerContext, user_id: str, message_id: str, stage: str) -> Iterator[Delivery]:
     """Count starts that never finished: a message whose processing kills the worker leaves its count up.
 
-    Yields how many earlier starts died; the caller dead-letters past ``poison_max_deliveries``.
+    Yields the ``Delivery``: how many earlier starts died (the caller dead-letters past
+    ``poison_max_deliveries``), the message's state and tombstone, read in the same round trip. A message
+    already ``settled`` is not counted.
     """
     key = keys.deliveries(user_id, message_id, stage)
-    pipe = ctx.redis.pipeline()
-    pipe.incr(key)
-    pipe.expire(key, ctx.settings.status_ttl_s)
-    started = int(pipe.execute()[0])
+    started, state, forgotten = ctx.redis.register_script(_ENTER)(
+        keys=[key, keys.status(user_id, message_id), keys.forgotten(user_id, message_id)],
+        args=[ctx.settings.status_ttl_s],
+    )
+    state = state.decode() if isinstance(state, bytes) else state
+    delivery = Delivery(crashed=max(0, int(started) - 1), state=state or None, forgotten=bool(forgotten))
     try:
-        yield started - 1
+        yield delivery
     finally:
-        # Redis may be the thing that failed: never let the bookkeeping mask the original error.
-        with suppress(redis.RedisError):
-            # Only an existing counter: one erased meanwhile (the message was forgotten) stays gone.
-            ctx.redis.register_script(_DECR_IF_EXISTS)(keys=[key])
+        if started:
+            # Redis may be the thing that failed: never let the bookkeeping mask the original error.
+            with suppress(redis.RedisError):
+                # Only an existing counter: one erased meanwhile (the message was forgotten) stays gone.
+                ctx.redis.register_script(_DECR_IF_EXISTS)(keys=[key])
 
 
 def set_state(
@@ -103,7 +141,8 @@ def set_state(
     **fields: str,
 ) -> bool:
     """Record the state (and store ``extraction`` JSON if given, which files the message as ready to apply
-    at ``event_time``, epoch seconds); False if the message was forgotten."""
+    at ``event_time``, epoch seconds; APPLIED deletes the payload and the extraction); False if the
+    message was forgotten."""
     mapping = {"state": state.value, f"{state.value}_at": str(time.time()), **fields}
     script = ctx.redis.register_script(_STAGE_WRITE)
     finished = "1" if state in (MessageState.APPLIED, MessageState.DEAD) else "0"
@@ -114,10 +153,11 @@ def set_state(
             keys.extraction(user_id, message_id),
             keys.pending(user_id),
             keys.ready(user_id),
+            keys.message_payload(user_id, message_id),
         ],
         args=[
             ctx.settings.status_ttl_s, extraction, repr(event_time), finished, message_id,
-            *(x for pair in mapping.items() for x in pair),
+            "1" if state is MessageState.APPLIED else "0", *(x for pair in mapping.items() for x in pair),
         ],
     )  # fmt: skip
     return bool(written)
@@ -135,10 +175,6 @@ def keep_alive(ctx: WorkerContext, user_id: str, message_id: str) -> None:
 
 def is_forgotten(ctx: WorkerContext, user_id: str, message_id: str) -> bool:
     return bool(ctx.redis.exists(keys.forgotten(user_id, message_id)))
-
-
-def state_of(ctx: WorkerContext, user_id: str, message_id: str) -> str | None:
-    return ctx.redis.hget(keys.status(user_id, message_id), "state")
 
 
 def load_envelope(ctx: WorkerContext, user_id: str, message_id: str) -> Envelope | None:
