@@ -21,6 +21,7 @@ __all__ = [
     "ENTITY_TIMES",
     "EPISODE_TIMES",
     "FACT_TIMES",
+    "FENCE_LOCK",
     "FORGET_USER_LABELS",
     "NO_ID",
     "PLAN_LIST_MIN",
@@ -155,13 +156,24 @@ VALID_AT = (
 )
 
 # --------------------------------------------------------------------------------------- apply
+# The fence's check: take the user node's write lock first (the documented dummy-property idiom), so
+# no other writer can move the stamp between this check and our commit. It opens ``Q_FENCE`` and the
+# statements that check the fence themselves (``Neo4jConnection._write_locking``).
+FENCE_LOCK = """
+OPTIONAL MATCH (found:User {user_id: $user_id})
+FOREACH (_ IN CASE WHEN found IS NULL THEN [] ELSE [1] END | SET found._lock = true REMOVE found._lock)
+WITH coalesce(found.epoch, 0) AS found_epoch, coalesce(found.version, 0) AS found_version
+"""
 # Taking the user's write lock first serializes every writer of one user, so the episode check
 # below cannot race with a concurrent apply of the same message.
-# An apply's own statements in its fenced transaction are two (each statement is a round trip and ~1.3 ms of
-# the server's CPU, measured): take the user's version (the lock) with the idempotency and reference checks,
-# then every write of the plan in one statement. Their lists are padded (``plan_rows``, ``plan_list``) into
-# one of Neo4j's list-size planning buckets, with nulls and "" that the queries skip.
-Q_APPLY_LOCK = """
+# An apply's transaction is two statements (each statement is a round trip and ~1.3 ms of the server's
+# CPU, measured): the fence's lock and check with the user's version, the idempotency and reference
+# checks, then every write of the plan in one statement; the stamp it leaves is the first one's. Their
+# lists are padded (``plan_rows``, ``plan_list``) into one of Neo4j's list-size planning buckets, with
+# nulls and "" that the queries skip.
+Q_APPLY_LOCK = (
+    FENCE_LOCK
+    + """
 MERGE (u:User {user_id: $user_id})
 ON CREATE SET u.version = 0, u.epoch = $epoch, u.prompt_tokens = 0, u.completion_tokens = 0, u.cost_usd = 0.0,
               u.llm_calls = 0, u.created_at = $now
@@ -171,12 +183,13 @@ SET u.version = u.version + 1,
     u.cost_usd = u.cost_usd + $usage.cost_usd,
     u.llm_calls = u.llm_calls + $usage.llm_calls,
     u.updated_at = $now
-RETURN u.version AS version,
+RETURN found_epoch, found_version, coalesce(u.epoch, 0) AS epoch, u.version AS version,
        EXISTS { MATCH (:Episode {user_id: $user_id, id: $episode_id}) } AS applied,
        COLLECT { UNWIND $entity_ids AS rid
                  WITH rid WHERE rid <> "" AND NOT EXISTS { MATCH (:Entity {user_id: $user_id, id: rid}) }
                  RETURN rid } AS missing
 """
+)
 Q_APPLY_WRITES = f"""
 CREATE (ep:Episode) SET ep = $episode, {set_times("ep", "$episode", EPISODE_TIMES)}
 WITH ep
@@ -242,13 +255,7 @@ CALL (ep) {{
 # ---------------------------------------------------------------------------------------- read
 Q_VERSION = "MATCH (u:User {user_id: $user_id}) RETURN u.version AS version"
 Q_STAMP = "MATCH (u:User {user_id: $user_id}) RETURN coalesce(u.epoch, 0) AS epoch, u.version AS version"
-# The fence's check: take the user node's write lock first (the documented dummy-property idiom), so
-# no other writer can move the stamp between this check and our commit.
-Q_FENCE = """
-OPTIONAL MATCH (u:User {user_id: $user_id})
-FOREACH (_ IN CASE WHEN u IS NULL THEN [] ELSE [1] END | SET u._lock = true REMOVE u._lock)
-RETURN coalesce(u.epoch, 0) AS epoch, coalesce(u.version, 0) AS version
-"""
+Q_FENCE = FENCE_LOCK + "RETURN found_epoch AS epoch, found_version AS version"
 Q_BUMP = "MATCH (u:User {user_id: $user_id}) SET u.version = u.version + 1, u.updated_at = $now"
 Q_EPISODES = "MATCH (ep:Episode {user_id: $user_id}) RETURN ep {.*} AS row"
 # Links as (owner, kind, node id): GraphStore groups and sorts them (see base.Link).

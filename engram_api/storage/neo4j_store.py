@@ -21,6 +21,7 @@ only ever a parameter value, never part of a query string.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
@@ -165,13 +166,14 @@ class Neo4jGraphStore(Neo4jDeletion, Neo4jMaintenance, Neo4jConnection):
             for c in plan.fact_changes
         ]
 
-        def work(tx: ManagedTransaction) -> ApplyOutcome:
+        def work(tx: ManagedTransaction, check: Callable[[Stamp], None]) -> tuple[ApplyOutcome, Stamp]:
             locked = tx.run(
                 cy.Q_APPLY_LOCK,
                 params,
                 usage=plan.usage.model_dump(),
                 entity_ids=cy.plan_list(sorted(referenced - new_entity_ids)),
             ).single(strict=True)
+            check(Stamp(int(locked["found_epoch"]), int(locked["found_version"])))
             version = int(locked["version"])
             if locked["applied"]:
                 raise _AlreadyApplied(version - 1)
@@ -193,10 +195,10 @@ class Neo4jGraphStore(Neo4jDeletion, Neo4jMaintenance, Neo4jConnection):
                 mentioned=cy.plan_list(plan.mentioned_entity_ids),
                 linked=cy.plan_list(plan.linked_fact_ids),
             ).consume()
-            return ApplyOutcome(applied=True, version=version)
+            return ApplyOutcome(applied=True, version=version), Stamp(int(locked["epoch"]), version)
 
         try:
-            return self._write(work)
+            return self._write_locking(work)
         except _AlreadyApplied as skipped:
             if self._batch_tx() is not None:
                 raise  # the lock statement's writes are in the block's transaction: the block must roll back

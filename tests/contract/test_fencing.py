@@ -62,6 +62,20 @@ def test_a_fenced_write_commits_only_on_the_planned_stamp(graph_store: GraphStor
         assert fence.expected == Stamp(moved.epoch, moved.version + 2) == graph_store.user_stamp(user)
 
 
+def test_a_stale_plan_is_refused_before_anything_else_is_checked(graph_store: GraphStore, user: str) -> None:
+    """The fence is checked first (on Neo4j, in the apply's own first statement): a stale plan of a message
+    the graph already holds is refused, not answered "already applied" from a view that moved."""
+    graph_store.apply(plan(user, "m1"))
+    planned_on = graph_store.user_stamp(user)
+    graph_store.apply(plan(user, "m2"))
+    moved = graph_store.user_stamp(user)
+    with graph_store.fenced(user, planned_on, planned_on.epoch), pytest.raises(StaleWriteError):
+        graph_store.apply(plan(user, "m2"))
+    with graph_store.fenced(user, ABSENT, new_epoch()), pytest.raises(StaleWriteError):
+        graph_store.apply(plan(user, "m3"))  # planned as a new user: it exists
+    assert graph_store.user_stamp(user) == moved and not graph_store.is_applied(user, "m3")
+
+
 def test_two_writers_creating_one_user_cannot_both_commit(graph_store: GraphStore, user: str) -> None:
     """Nothing can be locked before the user exists: each creator fences on ABSENT with its own epoch,
     and whichever commits second finds another epoch and is refused."""
