@@ -32,6 +32,7 @@ from engram_workers.stages.common import (
     backoff,
     dead_letter,
     load_envelope,
+    read_stored,
     set_state,
 )
 
@@ -86,36 +87,25 @@ def write_extraction(
     return Written(outcome=outcome, planned=planned)
 
 
-def _first_look(ctx: WorkerContext, user_id: str, message_id: str) -> tuple[bool, str | None, str | None, str | None]:
-    """Forgotten?, state, payload, extraction: one Redis round trip. Read under the lease, so a message
-    forgotten before it is never applied (``forget`` waits for the lease)."""
-    pipe = ctx.redis.pipeline(transaction=False)
-    pipe.exists(keys.forgotten(user_id, message_id))
-    pipe.hget(keys.status(user_id, message_id), "state")
-    pipe.get(keys.message_payload(user_id, message_id))
-    pipe.get(keys.extraction(user_id, message_id))
-    forgotten, state, payload, stored = pipe.execute()
-    return bool(forgotten), state, payload, stored
-
-
 def _apply_locked(ctx: WorkerContext, write: UserWrite, message_id: str, claim: Claim) -> StageResult:
     graph, user_id = ctx.graph, write.user_id
-    forgotten, state, payload, stored = _first_look(ctx, user_id, message_id)
-    if forgotten:
+    # Read under the lease, so a message forgotten before it is never applied (``forget`` waits for it).
+    found = read_stored(ctx, user_id, message_id)
+    if found.forgotten:
         return StageResult(StageOutcome.FORGOTTEN)
-    if state in (MessageState.APPLIED, MessageState.DEAD):
-        return StageResult(StageOutcome.ALREADY, state)
+    if found.state in (MessageState.APPLIED, MessageState.DEAD):
+        return StageResult(StageOutcome.ALREADY, found.state)
     if graph.is_applied(user_id, message_id):
         mark_applied(ctx, user_id, message_id, write.finish().version)
         return StageResult(StageOutcome.ALREADY, "applied (finished bookkeeping)")
-    if payload is None:
+    if found.payload is None:
         return StageResult(StageOutcome.FORGOTTEN, "no payload")
-    envelope = Envelope.model_validate_json(payload)
-    if stored is None:
+    envelope = Envelope.model_validate_json(found.payload)
+    if found.extraction is None:
         set_state(ctx, user_id, message_id, MessageState.QUEUED)
         ctx.dispatch(keys.EXTRACT_TASK, (user_id, message_id))
         return StageResult(StageOutcome.SENT_BACK, "extraction missing")
-    handed = HandOver.model_validate_json(stored)
+    handed = HandOver.model_validate_json(found.extraction)
     if ctx.settings.apply_batch > 1:
         return apply_batch(ctx, write, Member(envelope, handed), claim)
 

@@ -19,6 +19,7 @@ from engram_workers.context import WorkerContext
 __all__ = [
     "Delivery",
     "RetryLater",
+    "Stored",
     "backoff",
     "dead_letter",
     "deliveries",
@@ -27,6 +28,7 @@ __all__ = [
     "is_forgotten",
     "keep_alive",
     "load_envelope",
+    "read_stored",
     "set_state",
 ]
 
@@ -175,6 +177,27 @@ def keep_alive(ctx: WorkerContext, user_id: str, message_id: str) -> None:
 
 def is_forgotten(ctx: WorkerContext, user_id: str, message_id: str) -> bool:
     return bool(ctx.redis.exists(keys.forgotten(user_id, message_id)))
+
+
+@dataclass(frozen=True)
+class Stored:
+    """What Redis holds for a message, read in one round trip: its tombstone, state, payload (envelope
+    JSON) and extraction (hand-over JSON)."""
+
+    forgotten: bool
+    state: str | None
+    payload: str | None
+    extraction: str | None
+
+
+def read_stored(ctx: WorkerContext, user_id: str, message_id: str) -> Stored:
+    pipe = ctx.redis.pipeline(transaction=False)
+    pipe.exists(keys.forgotten(user_id, message_id))
+    pipe.hget(keys.status(user_id, message_id), "state")
+    pipe.get(keys.message_payload(user_id, message_id))
+    pipe.get(keys.extraction(user_id, message_id))
+    forgotten, state, payload, extraction = pipe.execute()
+    return Stored(bool(forgotten), state, payload, extraction)
 
 
 def load_envelope(ctx: WorkerContext, user_id: str, message_id: str) -> Envelope | None:

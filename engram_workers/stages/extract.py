@@ -36,6 +36,7 @@ from engram_workers.stages.common import (
     backoff,
     dead_letter,
     is_forgotten,
+    read_stored,
     set_state,
 )
 
@@ -132,32 +133,22 @@ def _store_and_hand_over(
     return stored
 
 
-def _first_look(ctx: WorkerContext, user_id: str, message_id: str) -> tuple[bool, str | None, bool, Envelope | None]:
-    """Forgotten?, state, extraction stored?, envelope: one Redis round trip instead of four."""
-    pipe = ctx.redis.pipeline(transaction=False)
-    pipe.exists(keys.forgotten(user_id, message_id))
-    pipe.hget(keys.status(user_id, message_id), "state")
-    pipe.exists(keys.extraction(user_id, message_id))
-    pipe.get(keys.message_payload(user_id, message_id))
-    forgotten, state, extracted, raw = pipe.execute()
-    return bool(forgotten), state, bool(extracted), Envelope.model_validate_json(raw) if raw else None
-
-
 _FORGOTTEN = StageResult(StageOutcome.FORGOTTEN)
 
 
 def run_extract(ctx: WorkerContext, user_id: str, message_id: str) -> StageResult:
-    forgotten, state, extracted, envelope = _first_look(ctx, user_id, message_id)
-    if forgotten:
+    found = read_stored(ctx, user_id, message_id)
+    if found.forgotten:
         return _FORGOTTEN
-    if state in (MessageState.APPLIED, MessageState.DEAD):
-        return StageResult(StageOutcome.ALREADY, state)
-    if extracted:
+    if found.state in (MessageState.APPLIED, MessageState.DEAD):
+        return StageResult(StageOutcome.ALREADY, found.state)
+    if found.extraction is not None:
         # Extracted before a crash or redelivery: just make sure apply runs (apply is idempotent).
         hand_over(ctx, user_id, message_id)
         return StageResult(StageOutcome.RE_HANDED, "extraction stored before, apply asked again")
-    if envelope is None:
+    if found.payload is None:
         return _payload_gone(ctx, user_id, message_id)
+    envelope = Envelope.model_validate_json(found.payload)
 
     # The user's own words: an assistant's "I love helping!" is not a fact about the user.
     said = "\n".join(m.content for m in envelope.messages if is_owner_turn(m, envelope.owner_name))
