@@ -318,3 +318,22 @@ def test_ingest_cpu_per_message_counts_a_workers_pool_children():
     finally:
         proc.stdin.close()
         proc.wait(timeout=30)
+
+
+def test_ingest_counts_redis_commands_since_an_earlier_reading(redis_url):
+    """The ingest bench's Redis commands per message: ``INFO commandstats`` differences, each command of a
+    pipeline counted (HyperLogLog commands: nothing else in the suite sends them)."""
+    from engram_api.connections import redis_client
+
+    sys.path.insert(0, str(REPO / "ops" / "bench"))
+    benchlib = importlib.import_module("benchlib")
+    client = redis_client(redis_url)
+    before = benchlib.command_calls(client)
+    pipe = client.pipeline(transaction=False)
+    pipe.pfadd("bench-smoke:hll", "a", "b")
+    pipe.pfcount("bench-smoke:hll")
+    pipe.pfcount("bench-smoke:hll")
+    assert pipe.execute() == [1, 2, 2]
+    calls = benchlib.command_calls(client, since=before)
+    assert (calls["pfadd"], calls["pfcount"]) == (1, 2)
+    client.delete("bench-smoke:hll")

@@ -321,6 +321,7 @@ def run(ctx: BenchContext) -> BenchResult:
             "extract-LLM p50 ms",
             "our CPU ms/msg",
             "Neo4j+Redis CPU ms/msg",
+            "Redis commands/msg",
             "lock retries",
             "dead",
         ],
@@ -371,6 +372,7 @@ def run(ctx: BenchContext) -> BenchResult:
                     got["extract_minus_llm_ms"]["p50"],
                     got["our_cpu_ms_per_msg"],
                     sum(got["server_cpu_ms_per_msg"].values()) if got["server_cpu_ms_per_msg"] else float("nan"),
+                    got["redis_commands_per_msg"],
                     got["lock_retries"],
                     got["dead"],
                 )
