@@ -3,9 +3,11 @@
 ``python ops/bench/client_cpu_ab.py [--other CHECKOUT] [--plans 150] [--rounds 3]``
 
 - **Store write** (with ``--other``): ``Neo4jGraphStore.apply`` of realistic plans (two entities, three
-  facts, one chunk, one supersession; 384-float vectors, as MiniLM's) for a fresh user, this checkout
-  against another one, in alternating fresh processes (``PYTHONPATH`` = that checkout) against one Neo4j
-  server this script starts: the process's CPU per plan, after a warm-up. The server's CPU is not in it.
+  facts, one chunk, one supersession; 384-float vectors, as MiniLM's) for a fresh user, each as the apply
+  stage writes it (the user's stamp read, then the write fenced on it), this checkout against another one,
+  in alternating fresh processes (``PYTHONPATH`` = that checkout) against one Neo4j server this script
+  starts: the process's CPU per plan after a warm-up, and the server's CPU over the same plans (``/proc``,
+  clock ticks) apart.
 - **Broker transport**: a publish, a delivery (with kombu's unacked-message bookkeeping) and an ack through
   kombu's Redis transport and through ``engram_workers.broker`` (one redis-py client object per pool), in
   alternating blocks in one process against one Redis this script starts: CPU per message.
@@ -29,14 +31,18 @@ BENCH_DIR = Path(__file__).resolve().parent
 REPO = BENCH_DIR.parents[1]
 
 
-def apply_cpu(uri: str, n: int) -> float:
-    """In a process of the checkout on ``PYTHONPATH``: ms of CPU per ``apply`` of ``n`` plans."""
+def apply_cpu(uri: str, n: int, server_pid: int) -> tuple[float, float]:
+    """In a process of the checkout on ``PYTHONPATH``: ms of this process's and of the server's CPU per
+    fenced ``apply`` of ``n`` plans."""
     import random
     import uuid
     from datetime import UTC, datetime, timedelta
 
+    from benchlib import process_cpu_seconds
+
     from engram_api.models import ChunkRecord, EntityRecord, EpisodeRecord, FactChange, FactRecord, WritePlan
     from engram_api.storage.neo4j_store import Neo4jGraphStore
+    from engram_api.versions import ABSENT, new_epoch
 
     rnd = random.Random(1)
     store = Neo4jGraphStore(uri=uri, user="neo4j", password=None, database="neo4j")
@@ -88,38 +94,48 @@ def apply_cpu(uri: str, n: int) -> float:
             )
         return out
 
+    def write(plan: WritePlan) -> None:
+        stamp = store.user_stamp(plan.user_id)
+        with store.fenced(plan.user_id, stamp, stamp.epoch if stamp != ABSENT else new_epoch()):
+            store.apply(plan)
+
     for plan in plans(f"warm-{uuid.uuid4().hex}", 10):
-        store.apply(plan)
+        write(plan)
     measured = plans(f"ab-{uuid.uuid4().hex}", n)
-    cpu = time.process_time()
+    cpu, server = time.process_time(), process_cpu_seconds(server_pid)
     for plan in measured:
-        store.apply(plan)
-    spent = time.process_time() - cpu
+        write(plan)
+    spent, served = time.process_time() - cpu, process_cpu_seconds(server_pid) - server
     store.close()
-    return spent / n * 1e3
+    return spent / n * 1e3, served / n * 1e3
 
 
 def store_write(other: Path, n: int, rounds: int) -> None:
     from engram_testing.neo4j_server import Neo4jServer
 
     roots = {"this": REPO, "other": other.resolve()}
-    got: dict[str, list[float]] = {k: [] for k in roots}
+    got: dict[str, list[tuple[float, float]]] = {k: [] for k in roots}
     with tempfile.TemporaryDirectory() as tmp, Neo4jServer(data_dir=Path(tmp)) as server:
         for r in range(rounds):
             for name in roots if r % 2 == 0 else reversed(list(roots)):
                 env = {**os.environ, "PYTHONPATH": str(roots[name])}
                 code = f"import sys; sys.path.insert(0, {str(BENCH_DIR)!r}); import client_cpu_ab as m; "
-                code += f"import engram_api; print(m.apply_cpu({server.uri!r}, {n}), engram_api.__file__)"
+                code += (
+                    f"import engram_api; print(*m.apply_cpu({server.uri!r}, {n}, {server.pid}), engram_api.__file__)"
+                )
                 # cwd too: ``python -c`` puts the working directory first on sys.path
                 out = subprocess.run(
                     [sys.executable, "-c", code], env=env, cwd=roots[name], capture_output=True, text=True, check=True
                 )
-                figure, source = out.stdout.strip().splitlines()[-1].split()
+                ours, served, source = out.stdout.strip().splitlines()[-1].split()
                 assert source.startswith(str(roots[name])), f"{name} ran {source}"
-                got[name].append(float(figure))
-                print(f"store write, round {r + 1}, {name} ({roots[name]}): {got[name][-1]:.3f} ms CPU a plan")
-    this, base = statistics.median(got["this"]), statistics.median(got["other"])
-    print(f"store write: median {this:.3f} vs {base:.3f} ms CPU a plan; this / other = {this / base:.3f}")
+                got[name].append((float(ours), float(served)))
+                print(f"store write, round {r + 1}, {name} ({roots[name]}): {float(ours):.3f} ms CPU a plan, "
+                      f"the server's {float(served):.3f}")  # fmt: skip
+    for i, what in enumerate(("our", "the server's")):
+        this = statistics.median(x[i] for x in got["this"])
+        base = statistics.median(x[i] for x in got["other"])
+        print(f"store write, {what} CPU: median {this:.3f} vs {base:.3f} ms a plan; this / other = {this / base:.3f}")
 
 
 def broker_transport(rounds: int, block: int = 400) -> None:
