@@ -8,7 +8,8 @@ stays down surfaces as ``StoreUnavailableError`` after it, and so does a query t
 transaction timeout. A single read query is an auto-commit transaction, retried here for as long as a
 managed one would be (a read is idempotent). Inside ``GraphStore.fenced`` every write transaction first
 checks the user's stamp against the fence and the fence follows the stamp the transaction leaves
-(``base.Fence``).
+(``base.Fence``): a statement of its own before and after the work, or, for the apply, in the work's own
+first statement (``_write_locking``).
 
 ``batched()`` opens one explicit transaction that this thread's reads and writes then run in, so an
 apply batch pays one commit, where most of a write's server CPU goes: measured on the test server, a
