@@ -91,10 +91,8 @@ def _apply_locked(ctx: WorkerContext, write: UserWrite, message_id: str, claim: 
     graph, user_id = ctx.graph, write.user_id
     # Read under the lease, so a message forgotten before it is never applied (``forget`` waits for it).
     found = read_stored(ctx, user_id, message_id)
-    if found.forgotten:
-        return StageResult(StageOutcome.FORGOTTEN)
-    if found.state in (MessageState.APPLIED, MessageState.DEAD):
-        return StageResult(StageOutcome.ALREADY, found.state)
+    if found.settled is not None:
+        return found.settled
     if graph.is_applied(user_id, message_id):
         mark_applied(ctx, user_id, message_id, write.finish().version)
         return StageResult(StageOutcome.ALREADY, "applied (finished bookkeeping)")

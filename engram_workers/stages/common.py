@@ -30,6 +30,7 @@ __all__ = [
     "load_envelope",
     "read_stored",
     "set_state",
+    "settled",
 ]
 
 # Stage writes check the message's tombstone in the same script (see engram_api.erasure): a stage that
@@ -89,6 +90,15 @@ def backoff(attempt: int, *, base: float = 1.0, cap: float = 60.0) -> float:
     return random.uniform(base / 2, min(cap, base * 2 ** max(0, attempt - 1)))
 
 
+def settled(forgotten: bool, state: str | None) -> StageResult | None:
+    """A stage's answer for a message with nothing left to do (forgotten, applied or dead), else None."""
+    if forgotten:
+        return StageResult(StageOutcome.FORGOTTEN)
+    if state in (MessageState.APPLIED, MessageState.DEAD):
+        return StageResult(StageOutcome.ALREADY, state)
+    return None
+
+
 @dataclass(frozen=True)
 class Delivery:
     """A start of a stage for one message: how many earlier starts died, and where the message stands."""
@@ -100,11 +110,7 @@ class Delivery:
     @property
     def settled(self) -> StageResult | None:
         """The stage's answer when there is nothing to do (then this start was not counted)."""
-        if self.forgotten:
-            return StageResult(StageOutcome.FORGOTTEN)
-        if self.state in (MessageState.APPLIED, MessageState.DEAD):
-            return StageResult(StageOutcome.ALREADY, self.state)
-        return None
+        return settled(self.forgotten, self.state)
 
 
 @contextmanager
@@ -188,6 +194,10 @@ class Stored:
     state: str | None
     payload: str | None
     extraction: str | None
+
+    @property
+    def settled(self) -> StageResult | None:
+        return settled(self.forgotten, self.state)
 
 
 def read_stored(ctx: WorkerContext, user_id: str, message_id: str) -> Stored:

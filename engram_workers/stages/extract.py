@@ -138,10 +138,8 @@ _FORGOTTEN = StageResult(StageOutcome.FORGOTTEN)
 
 def run_extract(ctx: WorkerContext, user_id: str, message_id: str) -> StageResult:
     found = read_stored(ctx, user_id, message_id)
-    if found.forgotten:
-        return _FORGOTTEN
-    if found.state in (MessageState.APPLIED, MessageState.DEAD):
-        return StageResult(StageOutcome.ALREADY, found.state)
+    if found.settled is not None:
+        return found.settled
     if found.extraction is not None:
         # Extracted before a crash or redelivery: just make sure apply runs (apply is idempotent).
         hand_over(ctx, user_id, message_id)
