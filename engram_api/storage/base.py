@@ -141,7 +141,7 @@ class GraphStep(BaseModel):
 
 class ExtractionContext(BaseModel):
     """What the extract stage reads for one message's prompt (``GraphStore.extraction_context``):
-    ``entities`` and ``facts`` by id, every fact of ``slots`` (as ``facts_for_slots``), and the user's
+    ``entities`` (without embeddings, as ``lookup_entities``) and ``facts`` by id, every fact of ``slots`` (as ``facts_for_slots``), and the user's
     last ``turns`` episodes before the message, oldest first (as ``recent_episodes``)."""
 
     entities: list[EntityRecord] = Field(default_factory=list)
@@ -224,7 +224,9 @@ class GraphStore(ABC):
         self, user_id: str, *, entity_ids: Sequence[str], norm_names: Sequence[str]
     ) -> list[EntityRecord]:
         """``get_entities`` and ``find_entities`` in ONE query: each entity whose id is in ``entity_ids``
-        or whose ``norm_name`` or any normalized alias is in ``norm_names``, once (with embeddings).
+        or whose ``norm_name`` or any normalized alias is in ``norm_names``, once, WITHOUT embeddings
+        (``embedding`` is None: consolidation resolves names through the index, never a stored vector,
+        and reading 384 floats an entity back was a third of the lookup's client CPU on Neo4j).
         Consolidation fetches everything a message may resolve to with it."""
         ids, names = _distinct(entity_ids), _distinct(norm_names)
         return self._lookup_entities(user_id, ids, names) if ids or names else []
@@ -261,8 +263,9 @@ class GraphStore(ABC):
         before: datetime,
         turns: int,
     ) -> ExtractionContext:
-        """``get_entities``, ``get_facts``, ``facts_for_slots`` and ``recent_episodes(limit=turns)`` in one
-        call: the extract stage's reads of a message, one round trip where the backend has round trips."""
+        """``lookup_entities`` by id (no embeddings), ``get_facts``, ``facts_for_slots`` and
+        ``recent_episodes(limit=turns)`` in one call: the extract stage's reads of a message, one round trip
+        where the backend has round trips."""
         ids, facts, pairs = _distinct(entity_ids), _distinct(fact_ids), _distinct([(s, p) for s, p in slots])
         if not (ids or facts or pairs or _count("turns", turns)):
             return ExtractionContext()
@@ -280,7 +283,7 @@ class GraphStore(ABC):
         """``extraction_context`` for distinct inputs, not all empty. By default the four reads one by one:
         an in-process store (SQLite) pays nothing per call; a server backend answers it in one query."""
         return ExtractionContext(
-            entities=self._get_entities(user_id, entity_ids) if entity_ids else [],
+            entities=self._lookup_entities(user_id, entity_ids, []) if entity_ids else [],
             facts=self._get_facts(user_id, fact_ids) if fact_ids else [],
             slot_facts=self._facts_for_slots(user_id, slots) if slots else [],
             episodes=self._recent_episodes(user_id, before=before, limit=turns) if turns else [],

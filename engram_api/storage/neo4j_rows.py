@@ -18,16 +18,18 @@ from typing import Any, cast
 
 from neo4j import time as neo4j_time
 
-from engram_api.models import ChunkRecord, EntityRecord, FactRecord, check_aware
+from engram_api.models import ChunkRecord, EntityRecord, EpisodeRecord, FactRecord, check_aware
 from engram_api.naming import normalize_name
 from engram_api.storage.episodes import user_key
-from engram_api.storage.neo4j_cypher import FACT_TIMES
+from engram_api.storage.neo4j_cypher import ENTITY_TIMES, EPISODE_TIMES, FACT_TIMES
 
 __all__ = [
     "Vector",
     "chunk_props",
     "entity_props",
+    "entity_record",
     "episode_fields",
+    "episode_record",
     "fact_props",
     "fact_record",
     "from_db",
@@ -155,6 +157,16 @@ def _with_times(row: dict[str, Any], times: Sequence[str]) -> dict[str, Any]:
 def fact_record(row: dict[str, Any]) -> FactRecord:
     """A fact row of ``neo4j_cypher._FACT``: its times come as epoch microseconds."""
     return FactRecord.model_validate(_with_times(from_db(row), FACT_TIMES))
+
+
+def entity_record(row: dict[str, Any]) -> EntityRecord:
+    """An entity row of ``neo4j_cypher._ENTITY`` or ``_ENTITY_EMB``: its times come as epoch microseconds."""
+    return EntityRecord.model_validate(_with_times(from_db(row), ENTITY_TIMES))
+
+
+def episode_record(row: dict[str, Any]) -> EpisodeRecord:
+    """An episode row of ``neo4j_cypher._EPISODE``: its times come as epoch microseconds."""
+    return EpisodeRecord.model_validate(episode_fields(_with_times(from_db(row), EPISODE_TIMES)))
 
 
 def live_facts(rows: Sequence[dict[str, Any]]) -> list[FactRecord]:

@@ -69,27 +69,25 @@ class Neo4jGraphStore(Neo4jDeletion, Neo4jMaintenance, Neo4jConnection):
 
     # ------------------------------------------------------------------------------- ingest
     def is_applied(self, user_id: str, message_id: str) -> bool:
-        def work(tx: ManagedTransaction) -> bool:
-            record = tx.run(cy.Q_IS_APPLIED, user_id=user_id, episode_id=message_id).single(strict=True)
-            return bool(record["applied"])
-
-        return self._read(work)
+        # One auto-commit read (``_read_one``): apply asks this first for every message it is handed.
+        (record,) = self._read_one(cy.Q_IS_APPLIED, {"user_id": user_id, "episode_id": message_id})
+        return bool(record["applied"])
 
     def _find_entities(self, user_id: str, norm_names: list[str]) -> list[EntityRecord]:
         rows = self._rows(cy.Q_FIND_ENTITIES, user_id=user_id, names=norm_names)
-        return [EntityRecord.model_validate(r) for r in rows]
+        return [shape.entity_record(r) for r in rows]
 
     def _get_entities(self, user_id: str, entity_ids: list[str]) -> list[EntityRecord]:
         rows = self._rows(cy.Q_GET_ENTITIES, user_id=user_id, entity_ids=entity_ids)
-        return [EntityRecord.model_validate(r) for r in rows]
+        return [shape.entity_record(r) for r in rows]
 
     def _lookup_entities(self, user_id: str, entity_ids: list[str], norm_names: list[str]) -> list[EntityRecord]:
         rows = self._rows(cy.Q_LOOKUP_ENTITIES, user_id=user_id, ids=entity_ids, names=norm_names)
-        return [EntityRecord.model_validate(r) for r in rows]
+        return [shape.entity_record(r) for r in rows]
 
     def _recent_episodes(self, user_id: str, *, before: datetime, limit: int) -> list[EpisodeRecord]:
         rows = self._rows(cy.Q_RECENT_EPISODES, user_id=user_id, before=shape.utc(before), limit=limit)
-        return [EpisodeRecord.model_validate(shape.episode_fields(r)) for r in reversed(rows)]
+        return [shape.episode_record(r) for r in reversed(rows)]
 
     def _facts_for_slots(self, user_id: str, slots: list[tuple[str, str]]) -> list[FactRecord]:
         rows = self._rows(cy.Q_SLOTS, user_id=user_id, slots=[list(slot) for slot in slots])
@@ -114,13 +112,10 @@ class Neo4jGraphStore(Neo4jDeletion, Neo4jMaintenance, Neo4jConnection):
         }
         (record,) = self._read_one(cy.Q_EXTRACTION_CONTEXT, params)
         return ExtractionContext(
-            entities=[EntityRecord.model_validate(shape.from_db(r)) for r in record["entities"]],
+            entities=[shape.entity_record(r) for r in record["entities"]],
             facts=shape.live_facts(record["facts"]),
             slot_facts=[shape.fact_record(r) for r in record["slot_facts"]],
-            episodes=[
-                EpisodeRecord.model_validate(shape.episode_fields(shape.from_db(r)))
-                for r in reversed(record["episodes"])
-            ],
+            episodes=[shape.episode_record(r) for r in reversed(record["episodes"])],
         )
 
     def _apply(self, plan: WritePlan) -> ApplyOutcome:
@@ -280,7 +275,7 @@ class Neo4jGraphStore(Neo4jDeletion, Neo4jMaintenance, Neo4jConnection):
                 shape.fact_record(r["row"]) for r in tx.run(cy.Q_PAGE_FACTS, user_id=user_id, skip=skip, limit=limit)
             ]
             entities = [
-                EntityRecord.model_validate(shape.from_db(r["row"]))
+                shape.entity_record(r["row"])
                 for r in tx.run(cy.Q_PAGE_ENTITIES, user_id=user_id, fact_ids=[f.id for f in facts])
             ]
             return total, facts, entities

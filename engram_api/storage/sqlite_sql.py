@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from engram_api.storage import sqlite_episodes as episodes_sql
 
-__all__ = ["ENTITY_LOOKUP", "EXPAND", "FACTS_BY_ID", "FACT_FROM", "FACT_SELECT", "SCHEMA"]
+__all__ = ["ENTITY_FIND", "ENTITY_LOOKUP", "EXPAND", "FACTS_BY_ID", "FACT_FROM", "FACT_SELECT", "SCHEMA"]
 
 _SCHEMA_TEMPLATE = """
 BEGIN IMMEDIATE;
@@ -191,9 +191,10 @@ FACTS_BY_ID = f"""{FACT_SELECT} {FACT_FROM}
 WHERE +f.user_id = ? AND f.id IN (SELECT value FROM json_each(?))"""
 
 # The user's entities whose id is in :ids or whose norm_name or a normalized alias is in :names (both
-# JSON lists; an empty one matches nothing), each once: find_entities and lookup_entities.
-ENTITY_LOOKUP = """
-SELECT e.* FROM entities e
+# JSON lists; an empty one matches nothing), each once: find_entities (whole rows) and lookup_entities
+# (without the embedding, which its readers never use).
+_ENTITY_MATCH = """
+ FROM entities e
  WHERE e.user_id = :user_id
    AND (e.id IN (SELECT value FROM json_each(:ids))
         OR e.norm_name IN (SELECT value FROM json_each(:names))
@@ -202,6 +203,11 @@ SELECT e.* FROM entities e
                        AND a.norm_alias IN (SELECT value FROM json_each(:names))))
  ORDER BY e.norm_name, e.id
 """
+ENTITY_FIND = "SELECT e.*" + _ENTITY_MATCH
+ENTITY_LOOKUP = (
+    "SELECT e.id, e.user_id, e.name, e.norm_name, e.label, e.aliases, e.summary, NULL AS embedding,"
+    " e.created_at, e.updated_at" + _ENTITY_MATCH
+)
 
 # Valid at :as_of (current when :as_of is NULL) and not archived: the only facts expansion may use.
 _VALID_AT = episodes_sql.FACT_VALID_AT

@@ -50,7 +50,8 @@ class SqliteGraphStore(SqliteDeletion, SqliteMaintenance, SqliteConnection):
         return row is not None
 
     def _find_entities(self, user_id: str, norm_names: list[str]) -> list[EntityRecord]:
-        return self._lookup_entities(user_id, [], norm_names)
+        params = {"user_id": user_id, "ids": "[]", "names": db.json_ids(norm_names)}
+        return [db.entity_row(r) for r in self._conn().execute(sql.ENTITY_FIND, params).fetchall()]
 
     def _get_entities(self, user_id: str, entity_ids: list[str]) -> list[EntityRecord]:
         rows = (

@@ -378,7 +378,7 @@ def test_get_entities_is_scoped_to_the_user(graph_store: GraphStore, user: str, 
 
 
 def test_lookup_entities_finds_by_id_or_name_in_one_call(graph_store: GraphStore, user: str, other_user: str) -> None:
-    ana = make_entity(user, "Ana", "Person", aliases=["Nana"])
+    ana = make_entity(user, "Ana", "Person", aliases=["Nana"], created_at=at(1) + timedelta(microseconds=123457))
     sao = make_entity(user, "São Paulo", "Place")
     bob = make_entity(user, "Bob", "Person", embedding=False)
     graph_store.apply(plan(user, "m1", entities=[ana, sao, bob]))
@@ -388,8 +388,12 @@ def test_lookup_entities_finds_by_id_or_name_in_one_call(graph_store: GraphStore
     found = graph_store.lookup_entities(user, entity_ids=[bob.id, ana.id, twin.id], norm_names=["nana", "sao paulo"])
     assert sorted(e.id for e in found) == sorted([ana.id, sao.id, bob.id])  # each once; never another user's
     got = by_id(found)
-    assert got[ana.id].embedding == pytest.approx(ana.embedding) and got[ana.id].aliases == ["Nana"]
-    assert got[bob.id].embedding is None
+    # Without embeddings (consolidation never reads one back), everything else as get_entities has it.
+    assert all(e.embedding is None for e in found) and got[ana.id].aliases == ["Nana"]
+    whole = by_id(graph_store.get_entities(user, [ana.id, sao.id, bob.id]))
+    assert whole[ana.id].embedding == pytest.approx(ana.embedding)
+    assert {i: e.model_copy(update={"embedding": None}) for i, e in whole.items()} == got
+    assert got[ana.id].created_at == ana.created_at  # to the microsecond
     assert ids(graph_store.lookup_entities(user, entity_ids=[sao.id], norm_names=[])) == {sao.id}
     assert ids(graph_store.lookup_entities(user, entity_ids=[], norm_names=["bob", "zed"])) == {bob.id}
     assert graph_store.lookup_entities(user, entity_ids=[], norm_names=[]) == []
@@ -445,9 +449,10 @@ def test_facts_for_slots_returns_current_superseded_and_archived(
 def test_the_extraction_context_is_the_four_reads_it_replaces(
     graph_store: GraphStore, user: str, other_user: str
 ) -> None:
-    """``extraction_context``: entities and facts by id, the facts of the slots (superseded ones too) and the
-    last ``turns`` episodes before the instant, exactly as ``get_entities``, ``get_facts``,
-    ``facts_for_slots`` and ``recent_episodes`` answer them; scoped to the user, empty without inputs."""
+    """``extraction_context``: entities (without embeddings) and facts by id, the facts of the slots
+    (superseded ones too) and the last ``turns`` episodes before the instant, exactly as
+    ``lookup_entities``, ``get_facts``, ``facts_for_slots`` and ``recent_episodes`` answer them; scoped to
+    the user, empty without inputs."""
     ana, paris, berlin, jazz = (make_entity(user, n) for n in ("Ana", "Paris", "Berlin", "Jazz"))
     in_paris = make_fact(user, ana, "LIVES_IN", paris, valid_from=at(1), single_valued=True)
     in_berlin = make_fact(user, ana, "LIVES_IN", berlin, valid_from=at(2), single_valued=True)
@@ -464,7 +469,8 @@ def test_the_extraction_context_is_the_four_reads_it_replaces(
     read = graph_store.extraction_context(
         user, entity_ids=entity_ids, fact_ids=fact_ids, slots=slots, before=at(3), turns=1
     )
-    assert read.entities == graph_store.get_entities(user, entity_ids) and len(read.entities) == 2
+    assert read.entities == graph_store.lookup_entities(user, entity_ids=entity_ids, norm_names=[])
+    assert len(read.entities) == 2 and all(e.embedding is None for e in read.entities)
     assert read.facts == graph_store.get_facts(user, fact_ids) and len(read.facts) == 2
     assert read.slot_facts == graph_store.facts_for_slots(user, slots)
     assert ids(read.slot_facts) == {in_paris.id, in_berlin.id}
