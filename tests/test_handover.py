@@ -19,12 +19,13 @@ import pytest
 
 from engram_api import keys
 from engram_api.errors import StoreUnavailableError
-from engram_api.models import MessageState, StageOutcome
+from engram_api.models import Envelope, MessageState, StageOutcome
+from engram_api.versions import read_stamp
 from engram_workers.context import WorkerContext
 from engram_workers.handover import CarriedVectors, HandOver, text_key
 from engram_workers.stages.apply import run_apply
 from engram_workers.stages.common import RetryLater
-from engram_workers.stages.extract import run_extract
+from engram_workers.stages.extract import read_context, run_extract
 from tests.support.extractions import entity, fact
 from tests.support.memory import Recording, memory, scripted_stack
 from tests.support.stack import Stack
@@ -206,3 +207,50 @@ def test_a_redelivered_apply_uses_the_same_carried_vectors_and_writes_once(stack
     assert again.keys() == after_first.keys()
     assert all(np.array_equal(again[k], after_first[k]) for k in again)
     assert stack.client.stats(user).episodes == 2
+
+
+class CountingStamps:
+    """The real graph store, counting the stamp reads asked of it."""
+
+    def __init__(self, real: Any) -> None:
+        self._real = real
+        self.stamps = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._real, name)
+
+    def user_stamp(self, user_id: str) -> Any:
+        self.stamps += 1
+        return self._real.user_stamp(user_id)
+
+
+def test_extract_takes_the_published_stamp_read_with_the_message_and_asks_the_graph_only_without_one(
+    stack: Stack,
+) -> None:
+    ctx, _ = process(stack)
+    counting = CountingStamps(ctx.graph)
+    ctx.__dict__["graph"] = counting  # before the keeper and the user writes take the real store
+    user = new_user()
+    extract(ctx, stack, user, "m0", FIRST, 0)
+    assert counting.stamps == 1  # a new user: nothing published, and the graph says it has no memory yet
+    apply(ctx, user, "m0")
+    published = read_stamp(ctx.redis, user)
+    assert published is not None and published == counting._real.user_stamp(user)
+
+    counting.stamps = 0
+    extract(ctx, stack, user, "m1", SECOND, 1)
+    assert counting.stamps == 0
+    assert handed_over(stack, user, "m1").vectors is not None  # the context was read: its query vector went along
+
+    # The same context either way; with the stamp gone from Redis (expired, a Redis restarted empty), the
+    # graph is asked.
+    stack.client.enqueue(user, FIRST, message_id="m2", timestamp=T0 + timedelta(days=2))
+    envelope = Envelope.model_validate_json(stack.client.redis.get(keys.message_payload(user, "m2")))
+    from_redis = read_context(ctx, envelope, published)
+    assert counting.stamps == 0 and "Lisbon" in [e.name for e in from_redis.slim.entities]
+    stack.client.redis.delete(keys.user_version(user))
+    counting.stamps = 0
+    assert run_extract(ctx, user, "m2").outcome is StageOutcome.LLM
+    assert counting.stamps == 1
+    asked = read_context(ctx, envelope)
+    assert (asked.slim, asked.earlier) == (from_redis.slim, from_redis.earlier)

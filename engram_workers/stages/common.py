@@ -14,6 +14,7 @@ from pydantic import ValidationError
 from engram_api import keys
 from engram_api.models import DeadLetter, Envelope, MessageState, StageOutcome, StageResult
 from engram_api.redaction import redact
+from engram_api.versions import Stamp
 from engram_workers.context import WorkerContext
 
 __all__ = [
@@ -188,26 +189,32 @@ def is_forgotten(ctx: WorkerContext, user_id: str, message_id: str) -> bool:
 @dataclass(frozen=True)
 class Stored:
     """What Redis holds for a message, read in one round trip: its tombstone, state, payload (envelope
-    JSON) and extraction (hand-over JSON)."""
+    JSON) and extraction (hand-over JSON); and, when asked for, the user's published stamp (None when
+    none is published, or not asked for)."""
 
     forgotten: bool
     state: str | None
     payload: str | None
     extraction: str | None
+    published: Stamp | None = None
 
     @property
     def settled(self) -> StageResult | None:
         return settled(self.forgotten, self.state)
 
 
-def read_stored(ctx: WorkerContext, user_id: str, message_id: str) -> Stored:
+def read_stored(ctx: WorkerContext, user_id: str, message_id: str, *, published: bool = False) -> Stored:
     pipe = ctx.redis.pipeline(transaction=False)
     pipe.exists(keys.forgotten(user_id, message_id))
     pipe.hget(keys.status(user_id, message_id), "state")
     pipe.get(keys.message_payload(user_id, message_id))
     pipe.get(keys.extraction(user_id, message_id))
-    forgotten, state, payload, extraction = pipe.execute()
-    return Stored(bool(forgotten), state, payload, extraction)
+    if published:
+        pipe.get(keys.user_version(user_id))
+    forgotten, state, payload, extraction, *stamp = pipe.execute()
+    return Stored(
+        bool(forgotten), state, payload, extraction, Stamp.parse(stamp[0]) if stamp and stamp[0] is not None else None
+    )
 
 
 def load_envelope(ctx: WorkerContext, user_id: str, message_id: str) -> Envelope | None:

@@ -22,7 +22,7 @@ from engram_api.errors import BreakerOpenError, LLMError, StoreUnavailableError
 from engram_api.models import Envelope, EpisodeRecord, Extraction, MessageState, StageOutcome, StageResult, Usage
 from engram_api.naming import SINGLE_VALUED, self_entity_id
 from engram_api.storage.episodes import chunk_envelope
-from engram_api.versions import ABSENT
+from engram_api.versions import ABSENT, Stamp
 from engram_workers import metrics
 from engram_workers.context import WorkerContext
 from engram_workers.extraction.llm import Completion, LLMAnswer, call_llm
@@ -64,12 +64,17 @@ class Context:
     vectors: dict[str, np.ndarray]
 
 
-def read_context(ctx: WorkerContext, envelope: Envelope) -> Context:
+def read_context(ctx: WorkerContext, envelope: Envelope, published: Stamp | None = None) -> Context:
     """The user's most similar existing entities and current facts, plus the owner's current one-value
     facts (home, employer, ...) whatever the similarity, so "I quit" can name the fact it ends; and the
-    user's last ``llm_context_turns`` episodes unless the producer sent its own earlier turns."""
+    user's last ``llm_context_turns`` episodes unless the producer sent its own earlier turns.
+
+    ``published``: the user's stamp as writers last published it (read with the message, no round trip
+    of its own), else the graph is asked. It may trail the graph by a write in progress, as a reader's
+    does; the index it selects is then at that version or newer, and the context is a prompt's hint,
+    which apply's consolidation checks against the graph anyway."""
     uid = envelope.user_id
-    stamp = ctx.graph.user_stamp(uid)
+    stamp = published if published is not None else ctx.graph.user_stamp(uid)
     if stamp == ABSENT:  # a user the store has never seen has no memory and no earlier episodes
         return Context(SlimContext(), [], {})
     index = ctx.keeper.current(uid, stamp)
@@ -93,9 +98,11 @@ def read_context(ctx: WorkerContext, envelope: Envelope) -> Context:
     )
 
 
-def _llm_extract(ctx: WorkerContext, envelope: Envelope) -> tuple[LLMAnswer, dict[str, np.ndarray]]:
+def _llm_extract(
+    ctx: WorkerContext, envelope: Envelope, published: Stamp | None
+) -> tuple[LLMAnswer, dict[str, np.ndarray]]:
     """The resolved answer, and the vectors encoded on the way that apply will need."""
-    context = read_context(ctx, envelope)
+    context = read_context(ctx, envelope, published)
     prompt = build_prompt(envelope, context.slim, context.earlier)
 
     def admit(call: Callable[[], Completion]) -> Completion:
@@ -137,7 +144,7 @@ _FORGOTTEN = StageResult(StageOutcome.FORGOTTEN)
 
 
 def run_extract(ctx: WorkerContext, user_id: str, message_id: str) -> StageResult:
-    found = read_stored(ctx, user_id, message_id)
+    found = read_stored(ctx, user_id, message_id, published=True)
     if found.settled is not None:
         return found.settled
     if found.extraction is not None:
@@ -158,7 +165,7 @@ def run_extract(ctx: WorkerContext, user_id: str, message_id: str) -> StageResul
         stored = _store_and_hand_over(ctx, envelope, extraction, Usage())
         return StageResult(StageOutcome.RULES, f"{len(extraction.facts)} facts") if stored else _FORGOTTEN
     try:
-        answer, vectors = _llm_extract(ctx, envelope)
+        answer, vectors = _llm_extract(ctx, envelope, found.published)
     except StoreUnavailableError as exc:
         # The slim-context lookup needs the graph store: an outage is a wait, not a failed message.
         raise RetryLater(backoff(2, base=1.0, cap=15.0), str(exc)) from exc
