@@ -282,6 +282,19 @@ def test_a_start_is_counted_only_for_a_message_left_to_do_and_reads_its_state_wi
     assert r.get(counter) == "2"
 
 
+def test_a_context_registers_each_script_once_on_its_client(stack: Stack) -> None:
+    ctx, _ = process(stack, 1)
+    source = "return redis.call('GET', KEYS[1])"
+    first = ctx.script(source)
+    assert ctx.script(source) is first and first.registered_client is ctx.redis
+    del ctx.__dict__["redis"]  # a new client (as after a reset): the script is registered on it
+    again = ctx.script(source)
+    assert again is not first and again.registered_client is ctx.redis
+    key = f"engram-test:{uuid.uuid4().hex}"
+    stack.client.redis.set(key, "ok", ex=60)
+    assert again(keys=[key]) in ("ok", b"ok")
+
+
 class Peeks(Middleware):
     """When the batch reaches ``at``, records which messages another connection sees applied."""
 

@@ -89,7 +89,7 @@ class Claim:
 
     def take(self, ctx: WorkerContext, user_id: str, trigger: str, others: int) -> list[str]:
         if self.ids is None:
-            claimed = ctx.redis.register_script(_CLAIM)(keys=[keys.ready(user_id)], args=[trigger, others])
+            claimed = ctx.script(_CLAIM)(keys=[keys.ready(user_id)], args=[trigger, others])
             self.ids = [i.decode() if isinstance(i, bytes) else str(i) for i in claimed]
         return self.ids
 

@@ -123,7 +123,7 @@ def deliveries(ctx: WorkerContext, user_id: str, message_id: str, stage: str) ->
     already ``settled`` is not counted.
     """
     key = keys.deliveries(user_id, message_id, stage)
-    started, state, forgotten = ctx.redis.register_script(_ENTER)(
+    started, state, forgotten = ctx.script(_ENTER)(
         keys=[key, keys.status(user_id, message_id), keys.forgotten(user_id, message_id)],
         args=[ctx.settings.status_ttl_s],
     )
@@ -136,7 +136,7 @@ def deliveries(ctx: WorkerContext, user_id: str, message_id: str, stage: str) ->
             # Redis may be the thing that failed: never let the bookkeeping mask the original error.
             with suppress(redis.RedisError):
                 # Only an existing counter: one erased meanwhile (the message was forgotten) stays gone.
-                ctx.redis.register_script(_DECR_IF_EXISTS)(keys=[key])
+                ctx.script(_DECR_IF_EXISTS)(keys=[key])
 
 
 def set_state(
@@ -153,7 +153,7 @@ def set_state(
     at ``event_time``, epoch seconds; APPLIED deletes the payload and the extraction); False if the
     message was forgotten."""
     mapping = {"state": state.value, f"{state.value}_at": str(time.time()), **fields}
-    script = ctx.redis.register_script(_STAGE_WRITE)
+    script = ctx.script(_STAGE_WRITE)
     finished = "1" if state in (MessageState.APPLIED, MessageState.DEAD) else "0"
     written = script(
         keys=[
