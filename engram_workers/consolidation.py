@@ -10,9 +10,9 @@ Runs under the user's apply lock, so what it reads cannot change under it. Decis
    event time (not arrival) makes the result independent of delivery order: a late message with an older
    event time lands in the past, already superseded.
 Ids are derived from (user, message, position), so re-planning the same message gives the same ids.
-Store reads per message are fixed, whatever it names: one entity lookup (``resolution``), one read of the
-facts it names or nearly restates (index hits, "updates" hints, "ends"), one read of its single-valued
-slots. The message itself is kept recallable: its chunks (``storage.episodes.chunk_envelope``) are embedded in
+Store reads per message are fixed, whatever it names: one entity lookup (``resolution``), and one read
+(``GraphStore.facts_and_slots``) of the facts it names or nearly restates (index hits, "updates" hints,
+"ends") and of its single-valued slots. The message itself is kept recallable: its chunks (``storage.episodes.chunk_envelope``) are embedded in
 the same single batch as the names and statements and go into the plan and the user's index; a chunk the
 extract stage already encoded (its slim-context query, ``engram_workers.handover``) is taken from the hand-over.
 
@@ -194,17 +194,17 @@ def _consolidate_multi(
 
 
 def _supersede_single(
-    uid: str,
     drafts: list[FactRecord],
-    graph: GraphStore,
+    slotted: list[FactRecord],
     ended: dict[str, datetime],
     new_facts: list[FactRecord],
     reinforced: list[str],
     changes: list[FactChange],
 ) -> None:
-    """Single-valued facts: rebuild each (subject, predicate) slot's chain in event-time order."""
+    """Single-valued facts: rebuild each (subject, predicate) slot's chain in event-time order (``slotted``:
+    the stored facts of the drafts' slots)."""
     slots = sorted({(f.subject_id, f.predicate) for f in drafts})
-    existing = [f for f in graph.facts_for_slots(uid, slots) if not f.archived] if slots else []
+    existing = [f for f in slotted if not f.archived]
     for slot in slots:
         slot_existing = [f for f in existing if (f.subject_id, f.predicate) == slot]
         slot_new: list[FactRecord] = []
@@ -269,14 +269,16 @@ def plan_message(
     multi = [d for d in drafts if not d.single_valued]
     single = [d for d in drafts if d.single_valued]
     hits = _duplicate_hits(multi, index)
-    # One read for every fact the message names or nearly restates: duplicate candidates, "updates" hints
-    # and "ends" (only this user's facts come back).
+    # One read for every fact the message names or nearly restates (duplicate candidates, "updates" hints
+    # and "ends"; only this user's facts come back) and every fact of its one-value slots.
     wanted = {h.node_id for hs in hits.values() for h in hs} | set(hints.values())
     wanted |= {i for i in extraction.ends if i.startswith("fact_")}
-    known = {f.id: f for f in graph.get_facts(uid, sorted(wanted))} if wanted else {}
+    slots = sorted({(f.subject_id, f.predicate) for f in single})
+    named, slotted = graph.facts_and_slots(uid, fact_ids=sorted(wanted), slots=slots)
+    known = {f.id: f for f in named}
     ended = _ended(extraction.ends, envelope.timestamp, known)
     _consolidate_multi(multi, hints, hits, known, new_facts, reinforced, changes)
-    _supersede_single(uid, single, graph, {f.id: when for f, when in ended}, new_facts, reinforced, changes)
+    _supersede_single(single, slotted, {f.id: when for f, when in ended}, new_facts, reinforced, changes)
     changed = {c.id for c in changes}
     changes += [FactChange(id=f.id, valid_until=when, superseded_by=None) for f, when in ended if f.id not in changed]
     first: dict[str, FactChange] = {}

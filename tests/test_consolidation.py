@@ -27,7 +27,7 @@ T0 = datetime(2024, 1, 1, tzinfo=UTC)
 class CountingStore(SqliteGraphStore):
     """The real embedded store, counting the reads consolidation makes (its store round trips)."""
 
-    READS = ("find_entities", "get_entities", "lookup_entities", "get_facts", "facts_for_slots")
+    READS = ("find_entities", "get_entities", "lookup_entities", "get_facts", "facts_for_slots", "facts_and_slots")
 
     def __init__(self, **kwargs) -> None:
         super().__init__(**kwargs)
@@ -185,7 +185,7 @@ def test_store_reads_per_message_do_not_grow_with_its_names_and_hits(world):
                                 fact("user", "OWNS", "guitar", "User owns a guitar"),
                                 fact("Tennis", "IS_A", "sport", "Tennis is a sport")],
                       "ends": [plays]}, T0 + timedelta(days=1))  # fmt: skip
-    assert graph.reads == Counter({"lookup_entities": 1, "get_facts": 1, "facts_for_slots": 1})
+    assert graph.reads == Counter({"lookup_entities": 1, "facts_and_slots": 1})
     by_name = {e.name for e in plan.new_entities}
     assert by_name == {"Denver", "Bob", "guitar", "sport"}  # alex, jazz, Acme Corp and tennis were known
     assert len(plan.reinforced_fact_ids) == 1 and [c.id for c in plan.fact_changes] == [plays]

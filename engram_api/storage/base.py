@@ -37,7 +37,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -240,6 +240,18 @@ class GraphStore(ABC):
         """All facts (current, superseded and archived) for the (subject_id, predicate) pairs."""
         pairs = _distinct([(subject_id, predicate) for subject_id, predicate in slots])
         return self._facts_for_slots(user_id, pairs) if pairs else []
+
+    def facts_and_slots(
+        self, user_id: str, *, fact_ids: Sequence[str], slots: Sequence[tuple[str, str]]
+    ) -> tuple[list[FactRecord], list[FactRecord]]:
+        """``get_facts(fact_ids)`` and ``facts_for_slots(slots)`` in one call (consolidation's read of the
+        facts a message names and of its one-value slots): one round trip where the backend has them, as
+        ``extraction_context`` without entities or turns."""
+        ids, pairs = _distinct(fact_ids), _distinct([(s, p) for s, p in slots])
+        if not (ids or pairs):
+            return [], []
+        read = self._extraction_context(user_id, [], ids, pairs, datetime(1970, 1, 1, tzinfo=UTC), 0)  # no turns
+        return read.facts, read.slot_facts
 
     def apply(self, plan: WritePlan) -> ApplyOutcome:
         """Write one message's plan in one transaction; a stored episode makes it a no-op.

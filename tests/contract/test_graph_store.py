@@ -486,6 +486,27 @@ def test_the_extraction_context_is_the_four_reads_it_replaces(
     assert nothing == type(nothing)()
 
 
+def test_facts_and_slots_is_the_two_reads_it_replaces(graph_store: GraphStore, user: str, other_user: str) -> None:
+    """Consolidation's read: ``get_facts`` and ``facts_for_slots`` (superseded facts too) in one call."""
+    ana, paris, berlin, jazz = (make_entity(user, n) for n in ("Ana", "Paris", "Berlin", "Jazz"))
+    in_paris = make_fact(user, ana, "LIVES_IN", paris, valid_from=at(1), single_valued=True)
+    in_berlin = make_fact(user, ana, "LIVES_IN", berlin, valid_from=at(2), single_valued=True)
+    likes = make_fact(user, ana, "LIKES", jazz, valid_from=at(1))
+    graph_store.apply(plan(user, "m1", at(1), entities=[ana, paris, jazz], facts=[in_paris, likes]))
+    graph_store.apply(
+        plan(user, "m2", at(2), entities=[berlin], facts=[in_berlin], fact_changes=[supersede(in_paris, in_berlin)])
+    )
+    fact_ids, slots = [likes.id, in_berlin.id, "missing", likes.id], [(ana.id, "LIVES_IN"), (ana.id, "WORKS_AT")]
+
+    named, slotted = graph_store.facts_and_slots(user, fact_ids=fact_ids, slots=slots)
+    assert named == graph_store.get_facts(user, fact_ids) and ids(named) == {likes.id, in_berlin.id}
+    assert slotted == graph_store.facts_for_slots(user, slots) and ids(slotted) == {in_paris.id, in_berlin.id}
+    assert graph_store.facts_and_slots(user, fact_ids=fact_ids, slots=[]) == (named, [])
+    assert graph_store.facts_and_slots(user, fact_ids=[], slots=slots) == ([], slotted)
+    assert graph_store.facts_and_slots(other_user, fact_ids=fact_ids, slots=slots) == ([], [])
+    assert graph_store.facts_and_slots(user, fact_ids=[], slots=[]) == ([], [])
+
+
 def test_fact_changes_supersede(graph_store: GraphStore, user: str) -> None:
     ana, paris, berlin = (make_entity(user, n) for n in ("Ana", "Paris", "Berlin"))
     old = make_fact(user, ana, "LIVES_IN", paris, valid_from=at(0), single_valued=True)
