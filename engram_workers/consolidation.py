@@ -12,9 +12,10 @@ Runs under the user's apply lock, so what it reads cannot change under it. Decis
 Ids are derived from (user, message, position), so re-planning the same message gives the same ids.
 Store reads per message are fixed, whatever it names: one entity lookup (``resolution``), and one read
 (``GraphStore.facts_and_slots``) of the facts it names or nearly restates (index hits, "updates" hints,
-"ends") and of its single-valued slots. The message itself is kept recallable: its chunks (``storage.episodes.chunk_envelope``) are embedded in
-the same single batch as the names and statements and go into the plan and the user's index; a chunk the
-extract stage already encoded (its slim-context query, ``engram_workers.handover``) is taken from the hand-over.
+"ends") and of its single-valued slots. The message itself is kept recallable: its chunks
+(``storage.episodes.chunk_envelope``) are embedded in the same single batch as the names and statements and
+go into the plan and the user's index; a chunk the extract stage already encoded (its slim-context query,
+``engram_workers.handover``) is taken from the hand-over.
 
 Model facts are mapped with these rules (docs/extraction.md):
 - a fact whose subject or object resolves to nothing (an unknown id) is skipped;

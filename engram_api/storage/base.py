@@ -141,8 +141,9 @@ class GraphStep(BaseModel):
 
 class ExtractionContext(BaseModel):
     """What the extract stage reads for one message's prompt (``GraphStore.extraction_context``):
-    ``entities`` (without embeddings, as ``lookup_entities``) and ``facts`` by id, every fact of ``slots`` (as ``facts_for_slots``), and the user's
-    last ``turns`` episodes before the message, oldest first (as ``recent_episodes``)."""
+    ``entities`` (without embeddings, as ``lookup_entities``) and ``facts`` by id, every fact of ``slots``
+    (as ``facts_for_slots``), and the user's last ``turns`` episodes before the message, oldest first (as
+    ``recent_episodes``)."""
 
     entities: list[EntityRecord] = Field(default_factory=list)
     facts: list[FactRecord] = Field(default_factory=list)

@@ -294,7 +294,8 @@ MATCH (f:Fact {subject_id: slot[0], predicate: slot[1]}) WHERE f.user_id = $user
 WITH DISTINCT f ORDER BY f.valid_from, f.created_at, f.id"""
 _RECENT_EPISODES = """MATCH (ep:Episode {user_id: $user_id}) WHERE ep.event_time < $before
 WITH ep ORDER BY ep.event_time DESC, ep.id DESC LIMIT $limit"""
-_EPISODE = _projection("ep", ("id", "user_id", "content", "role", "metadata", *EPISODE_TIMES), "", micros=EPISODE_TIMES)
+_EPISODE_FIELDS = ("id", "user_id", "content", "role", "metadata", *EPISODE_TIMES)
+_EPISODE = _projection("ep", _EPISODE_FIELDS, "", micros=EPISODE_TIMES)
 _EXTRACT_READS = {
     "entities": (_ENTITIES_BY_ID, _ENTITY),
     "facts": (_FACTS_BY_ID, _FACT),
