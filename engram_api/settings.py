@@ -179,10 +179,17 @@ class Settings(BaseSettings):
     recency_half_life_days: float = Field(30.0, gt=0, description="age at which the recency boost halves")
     cache_ttl_s: float = Field(30.0, ge=0, description="reader result cache lifetime (also invalidated by writes)")
     snapshot_max_records: int = Field(
-        5000,
+        20_000,
         ge=0,
-        description="a reader holds a user of at most this many facts + chunks whole in memory (~3.7 KB each; ten "
-        "such users at most), so recall's graph step makes no store round trip (0: never)",
+        description="a reader holds a user of at most this many facts + chunks whole in memory (~3.7 KB each), "
+        "kept current by reading only what each write changed, so recall's graph step makes no store round "
+        "trip (0: never)",
+    )
+    snapshot_budget_records: int = Field(
+        50_000,
+        ge=0,
+        description="the facts + chunks of all the snapshots one reader holds (~185 MB at the default), least "
+        "recently used dropped first",
     )
     broad_min_score: float = Field(0.45, description="search(auto): below this, fall back to facts")
 

@@ -85,7 +85,9 @@ class Reader:
         self.cache = ResultCache()
         self.facts = FactCache()
         self.chunks = ChunkCache()
-        self.snapshots = SnapshotCache(max_records=settings.snapshot_max_records)
+        self.snapshots = SnapshotCache(
+            max_records=settings.snapshot_max_records, budget_records=settings.snapshot_budget_records
+        )
         self._threads = ReaderThreads(threads=_IO_THREADS)
         self._weights = ResultCache(size=_WEIGHTS_CACHE_USERS)  # bounded: a reader may serve millions of users
         # Settings are frozen: the default recipe and its cache-key form are built once, not per recall.

@@ -71,7 +71,7 @@ from engram_api.versions import ABSENT, Stamp, new_epoch
 if TYPE_CHECKING:
     from engram_api.storage.snapshot import UserSnapshot
 
-__all__ = ["ExtractionContext", "Fence", "GraphStep", "GraphStepQuery", "GraphStore", "Link"]
+__all__ = ["ExtractionContext", "Fence", "GraphStep", "GraphStepQuery", "GraphStore", "Link", "SnapshotChanges"]
 
 _active = threading.local()
 _DAY = timedelta(days=1)
@@ -149,6 +149,19 @@ class ExtractionContext(BaseModel):
     facts: list[FactRecord] = Field(default_factory=list)
     slot_facts: list[FactRecord] = Field(default_factory=list)
     episodes: list[EpisodeRecord] = Field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotChanges:
+    """What ``refresh_snapshot`` reads: the user's stamp (read first), the version of the user's last
+    removal of a fact or chunk (0: none in this lifetime), how many facts and chunks the user has, and the
+    facts and chunks marked with a version after ``since``."""
+
+    stamp: Stamp
+    removed: int
+    size: int
+    facts: list[FactRecord]
+    chunks: list[ChunkRecord]
 
 
 class GraphStore(ABC):
@@ -382,6 +395,29 @@ class GraphStore(ABC):
 
     @abstractmethod
     def _snapshot(self, user_id: str, max_records: int) -> tuple[Stamp, list[FactRecord], list[ChunkRecord]] | None: ...
+
+    def refresh_snapshot(self, snapshot: UserSnapshot, *, max_records: int) -> UserSnapshot | None:
+        """``snapshot`` brought to the user's stamp by reading only the facts and chunks written since its
+        stamp, in one read transaction that reads the stamp first (every write marks the records it
+        creates or changes with the version it commits, ``SnapshotChanges``). None when only a whole load
+        can do it: another lifetime, a record removed since (a forget), more than ``max_records``, or a
+        count that disagrees with the merge (a writer that marked nothing: an older release's)."""
+        since = snapshot.stamp
+        changes = self._snapshot_changes(snapshot.user_id, since.version)
+        if changes.stamp == since:
+            return snapshot
+        if (
+            changes.stamp.epoch != since.epoch
+            or changes.stamp < since
+            or changes.removed > since.version
+            or changes.size > _count("max_records", max_records)
+        ):
+            return None
+        fresh = snapshot.updated(changes.stamp, changes.facts, changes.chunks)
+        return fresh if fresh.size == changes.size else None
+
+    @abstractmethod
+    def _snapshot_changes(self, user_id: str, since: int) -> SnapshotChanges: ...
 
     def history(
         self, user_id: str, subject: str, predicate: str | None, limit: int = HISTORY_LIMIT

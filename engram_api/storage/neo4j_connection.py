@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
@@ -54,7 +54,7 @@ from engram_api.storage.base import Fence, GraphStore, Link
 from engram_api.storage.episodes import user_key
 from engram_api.versions import ABSENT, Stamp
 
-__all__ = ["Neo4jConnection"]
+__all__ = ["Neo4jConnection", "bump"]
 
 _T = TypeVar("_T")
 
@@ -76,6 +76,20 @@ def _fenced(
     stamp = ABSENT if after is None else Stamp(int(after["epoch"]), int(after["version"]))
     fence.check_after(stamp)
     return result, stamp
+
+
+def bump(
+    tx: ManagedTransaction | Transaction,
+    user_id: str,
+    *,
+    now: Any,
+    facts: Iterable[str] = (),
+    chunks: Iterable[str] = (),
+    removed: bool = False,
+) -> None:
+    """Move the user's version, marking with it the ``facts`` and ``chunks`` the write created or changed,
+    or the user when it ``removed`` any (``cy.Q_BUMP``)."""
+    tx.run(cy.Q_BUMP, user_id=user_id, now=now, facts=list(facts), chunks=list(chunks), removed=removed).consume()
 
 
 def _unfenced(_found: Stamp) -> None:

@@ -28,6 +28,8 @@ __all__ = [
     "Q_APPLY_LOCK",
     "Q_APPLY_WRITES",
     "Q_BUMP",
+    "Q_CHANGED_FACTS",
+    "Q_CHANGES_STAMP",
     "Q_CLUSTERS",
     "Q_CLUSTERS_CREATE",
     "Q_CLUSTERS_DELETE",
@@ -99,6 +101,9 @@ SCHEMA = (
     # recall's graph step reads an entity's facts in this order (Q_GRAPH_STEP: the early cut by hop)
     "CREATE INDEX engram_fact_subject_rank IF NOT EXISTS FOR (n:Fact) ON (n.subject_id, n.importance, n.id)",
     "CREATE INDEX engram_fact_object_rank IF NOT EXISTS FOR (n:Fact) ON (n.object_id, n.importance, n.id)",
+    # a reader's snapshot refresh reads the records written since its stamp (Q_CHANGED_FACTS, Q_CHANGED_CHUNKS)
+    "CREATE INDEX engram_fact_changed IF NOT EXISTS FOR (n:Fact) ON (n.user_id, n.changed)",
+    "CREATE INDEX engram_chunk_changed IF NOT EXISTS FOR (n:Chunk) ON (n.user_id, n.changed)",
     "CREATE INDEX engram_cluster_user IF NOT EXISTS FOR (n:Cluster) ON (n.user_id)",
     "CREATE INDEX engram_feedback_user IF NOT EXISTS FOR (n:Feedback) ON (n.user_id)",
     "CREATE INDEX engram_feedback_created IF NOT EXISTS FOR (n:Feedback) ON (n.created_at)",
@@ -199,7 +204,7 @@ WITH ep
 CALL (ep) {{
   UNWIND $chunks AS row
   WITH row WHERE row IS NOT NULL
-  CREATE (c:Chunk) SET c = row, {set_times("c", "row", CHUNK_TIMES)}
+  CREATE (c:Chunk) SET c = row, {set_times("c", "row", CHUNK_TIMES)}, c.changed = $version
   CREATE (c)-[:PART_OF]->(ep)
 }}
 CALL (ep) {{
@@ -224,7 +229,7 @@ CALL (ep) {{
   UNWIND $facts AS row
   WITH row WHERE row IS NOT NULL
   MATCH (s:Entity {{user_id: $user_id, id: row.props.subject_id}})
-  CREATE (f:Fact) SET f = row.props, {set_times("f", "row.props", FACT_TIMES)}
+  CREATE (f:Fact) SET f = row.props, {set_times("f", "row.props", FACT_TIMES)}, f.changed = $version
   CREATE (f)-[:SUBJECT]->(s)
   CREATE (f)-[:FROM]->(ep)
   WITH f, row
@@ -235,12 +240,13 @@ CALL () {{
   UNWIND $fact_changes AS c
   WITH c WHERE c IS NOT NULL
   MATCH (f:Fact {{user_id: $user_id, id: c.id}})
-  SET {set_times("f", "c", ["valid_until"])}, f.superseded_by = c.superseded_by, f.updated_at = $now
+  SET {set_times("f", "c", ["valid_until"])}, f.superseded_by = c.superseded_by, f.updated_at = $now,
+      f.changed = $version
 }}
 CALL (ep) {{
   UNWIND $reinforced AS fid
   MATCH (f:Fact {{user_id: $user_id, id: fid}})
-  SET f.strength = 1.0, f.archived = false, f.updated_at = $now
+  SET f.strength = 1.0, f.archived = false, f.updated_at = $now, f.changed = $version
   MERGE (f)-[:FROM]->(ep)
 }}
 CALL (ep) {{
@@ -252,6 +258,7 @@ CALL (ep) {{
   UNWIND $linked AS fid
   MATCH (f:Fact {{user_id: $user_id, id: fid}})
   MERGE (f)-[:FROM]->(ep)
+  SET f.changed = $version
 }}
 """
 
@@ -259,7 +266,23 @@ CALL (ep) {{
 Q_VERSION = "MATCH (u:User {user_id: $user_id}) RETURN u.version AS version"
 Q_STAMP = "MATCH (u:User {user_id: $user_id}) RETURN coalesce(u.epoch, 0) AS epoch, u.version AS version"
 Q_FENCE = FENCE_LOCK + "RETURN found_epoch AS epoch, found_version AS version"
-Q_BUMP = "MATCH (u:User {user_id: $user_id}) SET u.version = u.version + 1, u.updated_at = $now"
+# Every write but apply's ends with this bump, which marks the facts and chunks the write created or
+# changed ($facts, $chunks) with the version it commits, or the user's node with it when the write removed
+# one ($removed): ``GraphStore.refresh_snapshot`` reads only what a reader's snapshot lacks. Apply marks its
+# own records with its version (``Q_APPLY_WRITES``' $version).
+Q_BUMP = """
+MATCH (u:User {user_id: $user_id})
+SET u.version = u.version + 1, u.updated_at = $now
+WITH u
+SET u.removed = CASE WHEN $removed THEN u.version ELSE u.removed END
+WITH u
+CALL (u) { MATCH (f:Fact {user_id: $user_id}) WHERE f.id IN $facts SET f.changed = u.version }
+CALL (u) { MATCH (c:Chunk {user_id: $user_id}) WHERE c.id IN $chunks SET c.changed = u.version }
+"""
+Q_CHANGES_STAMP = """
+OPTIONAL MATCH (u:User {user_id: $user_id})
+RETURN coalesce(u.epoch, 0) AS epoch, coalesce(u.version, 0) AS version, coalesce(u.removed, 0) AS removed
+"""
 Q_EPISODES = "MATCH (ep:Episode {user_id: $user_id}) RETURN ep {.*} AS row"
 # Links as (owner, kind, node id): GraphStore groups and sorts them (see base.Link).
 Q_EPISODE_LINKS = """
@@ -459,6 +482,7 @@ CALL () { MATCH (c:Chunk {user_id: $user_id}) RETURN count(c) AS chunks }
 RETURN facts + chunks AS n
 """
 Q_USER_FACTS = f"MATCH (f:Fact {{user_id: $user_id}}) RETURN {_FACT} AS row"
+Q_CHANGED_FACTS = f"MATCH (f:Fact {{user_id: $user_id}}) WHERE f.changed > $since RETURN {_FACT} AS row"
 Q_STATS = """
 OPTIONAL MATCH (u:User {user_id: $user_id})
 CALL () {

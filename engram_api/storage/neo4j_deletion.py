@@ -15,7 +15,7 @@ from engram_api.models import utcnow
 from engram_api.storage import neo4j_cypher as cy
 from engram_api.storage import neo4j_episodes as episodes_cypher
 from engram_api.storage.forgetting import ForgetPlan, ForgetScope, Removed
-from engram_api.storage.neo4j_connection import Neo4jConnection
+from engram_api.storage.neo4j_connection import Neo4jConnection, bump
 
 __all__ = ["Neo4jDeletion"]
 
@@ -58,7 +58,7 @@ class Neo4jDeletion(Neo4jConnection):
                 tx.run(episodes_cypher.Q_FORGET_CHUNKS, params).consume()
                 tx.run(cy.Q_FORGET_EPISODE, params).consume()
             orphans = [r["id"] for r in tx.run(cy.Q_FORGET_ORPHANS, params, candidates=plan.entity_candidates)]
-            tx.run(cy.Q_BUMP, params).consume()
+            bump(tx, plan.user_id, now=params["now"], removed=True)
             return orphans
 
         return self._write(work)

@@ -97,6 +97,7 @@ RETURN {CHUNK_ROW} AS row
 """
 
 Q_USER_CHUNKS = f"MATCH (c:Chunk {{user_id: $user_id}}) RETURN {CHUNK_ROW} AS row"
+Q_CHANGED_CHUNKS = f"MATCH (c:Chunk {{user_id: $user_id}}) WHERE c.changed > $since RETURN {CHUNK_ROW} AS row"
 
 _BEFORE = (
     "(n.event_time < x.event_time OR (n.event_time = x.event_time AND (n.episode_id < x.episode_id"

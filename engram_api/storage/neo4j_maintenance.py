@@ -18,7 +18,7 @@ from engram_api.models import ClusterRecord, FeedbackRow, LearnedWeights, utcnow
 from engram_api.storage import neo4j_cypher as cy
 from engram_api.storage import neo4j_rows as shape
 from engram_api.storage.base import Link
-from engram_api.storage.neo4j_connection import Neo4jConnection
+from engram_api.storage.neo4j_connection import Neo4jConnection, bump
 
 __all__ = ["Neo4jMaintenance"]
 
@@ -38,7 +38,7 @@ class Neo4jMaintenance(Neo4jConnection):
                 rows.append({"id": r["id"], "strength": strength, "archived": archived})
             if rows:
                 tx.run(cy.Q_DECAY_SET, params, rows=rows).consume()
-                tx.run(cy.Q_BUMP, params).consume()
+                bump(tx, user_id, now=params["now"], facts=[r["id"] for r in rows])
             return [r["archived"] for r in rows]
 
         return self._write(work)
@@ -54,7 +54,7 @@ class Neo4jMaintenance(Neo4jConnection):
         def work(tx: ManagedTransaction) -> int:
             changed = int(tx.run(cy.Q_REINFORCE, params).single(strict=True)["changed"])
             if changed:
-                tx.run(cy.Q_BUMP, params).consume()
+                bump(tx, user_id, now=params["now"], facts=fact_ids)
             return changed
 
         return self._write(work)
@@ -90,7 +90,7 @@ class Neo4jMaintenance(Neo4jConnection):
             if entity_links:
                 tx.run(cy.Q_CLUSTERS_LINK_ENTITIES, user_id=user_id, links=entity_links).consume()
             # A user with no User node yet has nothing recall could cache, so no bump is needed.
-            tx.run(cy.Q_BUMP, user_id=user_id, now=now).consume()
+            bump(tx, user_id, now=now)
 
         self._write(work)
 

@@ -40,9 +40,9 @@ from engram_api.models import (
 from engram_api.storage import neo4j_cypher as cy
 from engram_api.storage import neo4j_episodes as episodes_cypher
 from engram_api.storage import neo4j_rows as shape
-from engram_api.storage.base import ExtractionContext, GraphStep, GraphStepQuery, Link
+from engram_api.storage.base import ExtractionContext, GraphStep, GraphStepQuery, Link, SnapshotChanges
 from engram_api.storage.episodes import user_key
-from engram_api.storage.neo4j_connection import Neo4jConnection
+from engram_api.storage.neo4j_connection import Neo4jConnection, bump
 from engram_api.storage.neo4j_deletion import Neo4jDeletion
 from engram_api.storage.neo4j_maintenance import Neo4jMaintenance
 from engram_api.versions import ABSENT, Stamp
@@ -180,6 +180,7 @@ class Neo4jGraphStore(Neo4jDeletion, Neo4jMaintenance, Neo4jConnection):
             tx.run(
                 cy.Q_APPLY_WRITES,
                 params,
+                version=version,
                 episode=episode_props,
                 chunks=cy.plan_rows(chunk_rows),
                 entities=cy.plan_rows(entity_rows),
@@ -264,6 +265,22 @@ class Neo4jGraphStore(Neo4jDeletion, Neo4jMaintenance, Neo4jConnection):
 
         return self._read(work)
 
+    def _snapshot_changes(self, user_id: str, since: int) -> SnapshotChanges:
+        def work(tx: ManagedTransaction) -> SnapshotChanges:
+            found = tx.run(cy.Q_CHANGES_STAMP, user_id=user_id).single(strict=True)
+            size = tx.run(cy.Q_USER_SIZE, user_id=user_id).single(strict=True)["n"]
+            facts = shape.live_facts([r["row"] for r in tx.run(cy.Q_CHANGED_FACTS, user_id=user_id, since=since)])
+            chunk_rows = [r["row"] for r in tx.run(episodes_cypher.Q_CHANGED_CHUNKS, user_id=user_id, since=since)]
+            return SnapshotChanges(
+                stamp=Stamp(int(found["epoch"]), int(found["version"])),
+                removed=int(found["removed"]),
+                size=int(size),
+                facts=facts,
+                chunks=shape.live_chunks(chunk_rows),
+            )
+
+        return self._read(work)
+
     def _history(self, user_id: str, norm: str, predicate: str | None, limit: int) -> list[FactRecord]:
         rows = self._rows(cy.Q_HISTORY, user_id=user_id, norm=norm, predicate=predicate, limit=int(limit))
         return [shape.fact_record(r) for r in rows]
@@ -313,7 +330,7 @@ class Neo4jGraphStore(Neo4jDeletion, Neo4jMaintenance, Neo4jConnection):
         def work(tx: ManagedTransaction) -> int:
             added = int(tx.run(episodes_cypher.Q_ADD_CHUNKS, user_id=user_id, episodes=rows).single(strict=True)["n"])
             if added:
-                tx.run(cy.Q_BUMP, user_id=user_id, now=shape.utc(utcnow())).consume()
+                bump(tx, user_id, now=shape.utc(utcnow()), chunks=[c.id for c in chunks])
             return added
 
         return self._write(work)
@@ -322,7 +339,7 @@ class Neo4jGraphStore(Neo4jDeletion, Neo4jMaintenance, Neo4jConnection):
         def work(tx: ManagedTransaction) -> list[str]:
             removed = [r["id"] for r in tx.run(episodes_cypher.Q_REMOVE_CHUNKS, user_id=user_id, ids=chunk_ids)]
             if removed:
-                tx.run(cy.Q_BUMP, user_id=user_id, now=shape.utc(utcnow())).consume()
+                bump(tx, user_id, now=shape.utc(utcnow()), removed=True)
             return removed
 
         return self._write(work)

@@ -62,6 +62,34 @@ class UserSnapshot:
             episodes={e: tuple(ids) for e, ids in episodes.items()},
         )
 
+    def updated(self, stamp: Stamp, facts: Iterable[FactRecord], chunks: Iterable[ChunkRecord]) -> UserSnapshot:
+        """This snapshot at ``stamp``: its records, those of ``facts`` and ``chunks`` (written since) in
+        their place (``GraphStore.refresh_snapshot``, which knows nothing was removed). Only the entities
+        and episodes those records touch are re-ranked, so a refresh costs what changed, not the user's size."""
+        fresh = {f.id: f for f in facts}
+        by_id = {**self.facts, **fresh}
+        new_chunks = {c.id: c for c in chunks}
+        all_chunks = {**self.chunks, **new_chunks}
+        reached: dict[str, list[str]] = {}
+        for f in fresh.values():
+            for entity in dict.fromkeys((f.subject_id, f.object_id)):
+                if entity:
+                    reached.setdefault(entity, []).append(f.id)
+        touching = dict(self.touching)
+        for entity, ids in reached.items():
+            merged = dict.fromkeys([*touching.get(entity, ()), *ids])
+            touching[entity] = tuple(sorted(merged, key=lambda i: (by_id[i].importance, i), reverse=True))
+        joined: dict[str, list[str]] = {}
+        for c in new_chunks.values():
+            joined.setdefault(c.episode_id, []).append(c.id)
+        episodes = dict(self.episodes)
+        for episode, ids in joined.items():
+            merged = dict.fromkeys([*episodes.get(episode, ()), *ids])
+            episodes[episode] = tuple(sorted(merged, key=lambda i: all_chunks[i].conversation_order))
+        return UserSnapshot(
+            user_id=self.user_id, stamp=stamp, facts=by_id, chunks=all_chunks, touching=touching, episodes=episodes
+        )
+
     @property
     def size(self) -> int:
         return len(self.facts) + len(self.chunks)

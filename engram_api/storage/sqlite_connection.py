@@ -112,13 +112,16 @@ class SqliteConnection(GraphStore):
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
             raise
-        # Files created before user epochs existed: add the column (its users read as epoch 0).
-        if "epoch" not in {r["name"] for r in conn.execute("PRAGMA table_info(users)")}:
-            try:
-                conn.execute("ALTER TABLE users ADD COLUMN epoch INTEGER NOT NULL DEFAULT 0")
-            except sqlite3.OperationalError as exc:
-                if "duplicate column" not in str(exc):  # another process added it first
-                    raise
+        # Files created before these columns existed: add them. Users read as epoch 0; records as
+        # marked by no write (version 0), which every snapshot taken since holds already.
+        for table, column in (("users", "epoch"), ("users", "removed"), ("facts", "changed"), ("chunks", "changed")):
+            if column not in {r["name"] for r in conn.execute(f"PRAGMA table_info({table})")}:
+                try:
+                    conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} INTEGER NOT NULL DEFAULT 0")
+                except sqlite3.OperationalError as exc:
+                    if "duplicate column" not in str(exc):  # another process added it first
+                        raise
+        conn.executescript(sql.CHANGED_INDEXES)
 
     def ping(self) -> None:
         try:

@@ -104,7 +104,7 @@ class SqliteDeletion(SqliteConnection):
                 )
             ]
             db.delete_nodes(conn, user_id, "entities", orphans)
-            db.bump(conn, user_id, None)
+            db.bump(conn, user_id, None, removed=True)
         return orphans
 
     def _forget_user(self, user_id: str) -> Removed:

@@ -53,6 +53,7 @@ CREATE TABLE IF NOT EXISTS chunks (
     event_time INTEGER NOT NULL,
     embedding  BLOB,
     created_at INTEGER NOT NULL,
+    changed    INTEGER NOT NULL DEFAULT 0,  -- the version of the write that created it
     UNIQUE (user_id, id),
     FOREIGN KEY (user_id, episode_id) REFERENCES episodes (user_id, id) ON DELETE CASCADE
 );
@@ -201,9 +202,12 @@ def get_chunks(
     return [_chunk(r, dt) for r in rows]
 
 
-def user_chunks(conn: sqlite3.Connection, user_id: str, *, dt: Any) -> list[ChunkRecord]:
-    """Every chunk of the user, in no particular order (``UserSnapshot.of`` orders them)."""
-    rows = conn.execute(f"{_CHUNK_COLUMNS} FROM chunks c WHERE c.user_id = ?", (user_id,)).fetchall()
+def user_chunks(conn: sqlite3.Connection, user_id: str, *, dt: Any, since: int = -1) -> list[ChunkRecord]:
+    """Every chunk of the user marked after version ``since`` (all by default), in no particular order
+    (``UserSnapshot.of`` orders them)."""
+    rows = conn.execute(
+        f"{_CHUNK_COLUMNS} FROM chunks c WHERE c.user_id = ? AND c.changed > ?", (user_id, since)
+    ).fetchall()
     return [_chunk(r, dt) for r in rows]
 
 

@@ -41,7 +41,7 @@ class SqliteMaintenance(SqliteConnection):
                 [(strength, int(drop), now_us, now_us, user_id, fid) for fid, strength, drop in faded],
             )
             if faded:
-                db.bump(conn, user_id, None)
+                db.bump(conn, user_id, None, facts=[fid for fid, _, _ in faded])
         return [drop for _, _, drop in faded]
 
     def _reinforce(self, user_id: str, fact_ids: list[str], *, amount: float, now: datetime) -> int:
@@ -53,7 +53,7 @@ class SqliteMaintenance(SqliteConnection):
                 {"amount": amount, "now": db.to_us(now), "user_id": user_id, "ids": db.json_ids(fact_ids)},
             ).rowcount
             if changed:
-                db.bump(conn, user_id, None)
+                db.bump(conn, user_id, None, facts=fact_ids)
         return changed
 
     def _replace_clusters(self, user_id: str, clusters: list[ClusterRecord]) -> None:

@@ -159,8 +159,19 @@ def read_version(conn: sqlite3.Connection, user_id: str) -> int:
     return read_stamp(conn, user_id).version
 
 
-def bump(conn: sqlite3.Connection, user_id: str, usage: Usage | None, epoch: int | None = None) -> int:
-    """Bump the version; creates the user (with ``epoch``, else a fresh one) when absent."""
+def bump(
+    conn: sqlite3.Connection,
+    user_id: str,
+    usage: Usage | None,
+    epoch: int | None = None,
+    *,
+    facts: Sequence[str] = (),
+    chunks: Sequence[str] = (),
+    removed: bool = False,
+) -> int:
+    """Bump the version; creates the user (with ``epoch``, else a fresh one) when absent. Marks with the
+    new version the ``facts`` and ``chunks`` the write created or changed, or the user when it ``removed``
+    any (``GraphStore.refresh_snapshot`` reads what a reader's snapshot lacks by these marks)."""
     usage = usage or Usage()
     now = to_us(utcnow())
     row = conn.execute(
@@ -185,7 +196,16 @@ def bump(conn: sqlite3.Connection, user_id: str, usage: Usage | None, epoch: int
             "now": now,
         },
     ).fetchone()
-    return int(row["version"])
+    version = int(row["version"])
+    if removed:
+        conn.execute("UPDATE users SET removed = version WHERE user_id = ?", (user_id,))
+    for table, ids in (("facts", facts), ("chunks", chunks)):
+        if ids:
+            conn.execute(
+                f"UPDATE {table} SET changed = ? WHERE user_id = ? AND id IN (SELECT value FROM json_each(?))",
+                (version, user_id, json.dumps(list(dict.fromkeys(ids)))),
+            )
+    return version
 
 
 def episode_exists(conn: sqlite3.Connection, user_id: str, episode_id: str) -> bool:

@@ -9,7 +9,16 @@ from __future__ import annotations
 
 from engram_api.storage import sqlite_episodes as episodes_sql
 
-__all__ = ["ENTITY_FIND", "ENTITY_LOOKUP", "EXPAND", "FACTS_BY_ID", "FACT_FROM", "FACT_SELECT", "SCHEMA"]
+__all__ = [
+    "CHANGED_INDEXES",
+    "ENTITY_FIND",
+    "ENTITY_LOOKUP",
+    "EXPAND",
+    "FACTS_BY_ID",
+    "FACT_FROM",
+    "FACT_SELECT",
+    "SCHEMA",
+]
 
 _SCHEMA_TEMPLATE = """
 BEGIN IMMEDIATE;
@@ -22,6 +31,7 @@ CREATE TABLE IF NOT EXISTS users (
     completion_tokens INTEGER NOT NULL DEFAULT 0,
     cost_usd          REAL    NOT NULL DEFAULT 0,
     llm_calls         INTEGER NOT NULL DEFAULT 0,
+    removed           INTEGER NOT NULL DEFAULT 0,  -- the version of the last write that removed a record
     created_at        INTEGER NOT NULL,
     updated_at        INTEGER NOT NULL
 );
@@ -80,7 +90,8 @@ CREATE TABLE IF NOT EXISTS facts (
     last_decay_at INTEGER,
     embedding     BLOB,
     created_at    INTEGER NOT NULL,
-    updated_at    INTEGER NOT NULL
+    updated_at    INTEGER NOT NULL,
+    changed       INTEGER NOT NULL DEFAULT 0  -- the version of the last write that created or changed it
 );
 CREATE INDEX IF NOT EXISTS ix_facts_user_slot ON facts (user_id, subject_id, predicate);
 -- recall's graph step reads an entity's facts in this order (EXPAND: the early cut by hop)
@@ -168,6 +179,12 @@ COMMIT;
 """
 
 SCHEMA = _SCHEMA_TEMPLATE.replace("{episodes}", episodes_sql.SCHEMA)
+# After the columns' migration (``SqliteConnection.ensure_schema``): a reader's snapshot refresh reads the
+# records written since its stamp.
+CHANGED_INDEXES = """
+CREATE INDEX IF NOT EXISTS ix_facts_user_changed ON facts (user_id, changed);
+CREATE INDEX IF NOT EXISTS ix_chunks_user_changed ON chunks (user_id, changed);
+"""
 
 # Every fact read goes through these columns so subject/object names and sources are filled alike.
 # The entity joins repeat the user filter (defence in depth) and source ids come back as a JSON list.

@@ -28,7 +28,7 @@ from engram_api.models import (
 from engram_api.storage import sqlite_episodes as episodes_sql
 from engram_api.storage import sqlite_rows as db
 from engram_api.storage import sqlite_sql as sql
-from engram_api.storage.base import GraphStep, GraphStepQuery, Link
+from engram_api.storage.base import GraphStep, GraphStepQuery, Link, SnapshotChanges
 from engram_api.storage.sqlite_connection import SqliteConnection
 from engram_api.storage.sqlite_deletion import SqliteDeletion
 from engram_api.storage.sqlite_maintenance import SqliteMaintenance
@@ -141,7 +141,14 @@ class SqliteGraphStore(SqliteDeletion, SqliteMaintenance, SqliteConnection):
             for fact_id in dict.fromkeys(plan.linked_fact_ids):
                 if conn.execute("SELECT 1 FROM facts WHERE user_id = ? AND id = ?", (user_id, fact_id)).fetchone():
                     db.link_episode(conn, user_id, fact_id, "fact", episode_id)
-            version = db.bump(conn, user_id, plan.usage, self._creation_epoch())
+            touched = [
+                *(f.id for f in plan.new_facts),
+                *(c.id for c in plan.fact_changes),
+                *plan.reinforced_fact_ids,
+                *plan.linked_fact_ids,
+            ]
+            chunks = [c.id for c in plan.chunks]
+            version = db.bump(conn, user_id, plan.usage, self._creation_epoch(), facts=touched, chunks=chunks)
         return ApplyOutcome(applied=True, version=version)
 
     # -------------------------------------------------------------------------------------- read
@@ -211,6 +218,22 @@ class SqliteGraphStore(SqliteDeletion, SqliteMaintenance, SqliteConnection):
             rows = conn.execute(f"{sql.FACT_SELECT} {sql.FACT_FROM} WHERE f.user_id = ?", (user_id,)).fetchall()
             chunks = episodes_sql.user_chunks(conn, user_id, dt=db.from_us)
         return stamp, [db.fact_row(r) for r in rows], chunks
+
+    def _snapshot_changes(self, user_id: str, since: int) -> SnapshotChanges:
+        with self._read() as conn:
+            stamp = db.read_stamp(conn, user_id)
+            (size, removed) = conn.execute(
+                """SELECT (SELECT COUNT(*) FROM facts WHERE user_id = :u) + (SELECT COUNT(*) FROM chunks WHERE user_id = :u),
+                          COALESCE((SELECT removed FROM users WHERE user_id = :u), 0)""",
+                {"u": user_id},
+            ).fetchone()
+            rows = conn.execute(
+                f"{sql.FACT_SELECT} {sql.FACT_FROM} WHERE f.user_id = ? AND f.changed > ?", (user_id, since)
+            ).fetchall()
+            chunks = episodes_sql.user_chunks(conn, user_id, dt=db.from_us, since=since)
+        return SnapshotChanges(
+            stamp=stamp, removed=removed, size=size, facts=[db.fact_row(r) for r in rows], chunks=chunks
+        )
 
     def _history(self, user_id: str, norm: str, predicate: str | None, limit: int) -> list[FactRecord]:
         rows = (
@@ -298,14 +321,14 @@ class SqliteGraphStore(SqliteDeletion, SqliteMaintenance, SqliteConnection):
         with self._write() as conn:
             added = episodes_sql.add_chunks(conn, user_id, chunks, db.to_us, db.to_blob)
             if added:
-                db.bump(conn, user_id, None)
+                db.bump(conn, user_id, None, chunks=[c.id for c in chunks])
         return added
 
     def _remove_chunks(self, user_id: str, chunk_ids: list[str]) -> list[str]:
         with self._write() as conn:
             removed = episodes_sql.delete_chunks(conn, user_id, chunk_ids)
             if removed:
-                db.bump(conn, user_id, None)
+                db.bump(conn, user_id, None, removed=True)
         return removed
 
     def _neighbour_chunks(self, user_id: str, chunk_ids: list[str], window: int) -> list[ChunkRecord]:

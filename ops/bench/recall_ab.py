@@ -15,12 +15,14 @@ the ratios (and the two checkouts side by side) are what to read.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +33,7 @@ BACKENDS = ("neo4j", "sqlite")
 
 def measure(user_id: str, n_queries: int) -> dict[str, Any]:
     """In a reader process configured from the environment: recall, floor and cache hits for ``user_id``."""
-    from benchlib import dist, proc_memory, ratio
+    from benchlib import dist, proc_memory
     from corpus import queries
 
     from engram_api import MemoryClient
@@ -57,12 +59,8 @@ def measure(user_id: str, n_queries: int) -> dict[str, Any]:
         if not reader.recall(user_id, q, k=10).cached:
             raise RuntimeError(f"repeated recall of {q!r} missed the result cache")
         hits.append((time.perf_counter() - start) * 1e3)
-    total, base = dist(totals), dist(floor)
     return {
-        "recall_ms": total,
-        "floor_ms": base,
-        "ratio_p50": ratio(total["p50"], base["p50"]),
-        "ratio_p95": ratio(total["p95"], base["p95"]),
+        **against_floor(totals, floor),
         "cache_hit_ms": dist(hits),
         "vectors": len(index),
         "memory": proc_memory(os.getpid()),
@@ -70,10 +68,66 @@ def measure(user_id: str, n_queries: int) -> dict[str, Any]:
     }
 
 
+def against_floor(totals: list[float], floor: list[float]) -> dict[str, Any]:
+    """Recall and floor distributions (ms) and their ratios at p50 and p95."""
+    from benchlib import dist, ratio
+
+    total, base = dist(totals), dist(floor)
+    return {
+        "recall_ms": total,
+        "floor_ms": base,
+        "ratio_p50": ratio(total["p50"], base["p50"]),
+        "ratio_p95": ratio(total["p95"], base["p95"]),
+    }
+
+
 def backend_redis(redis_url: str, backend: str) -> str:
     """A Redis database per backend: the same user id lives in both, and a stamp one backend published
     would send the other's reader into a rebuild of the user's index on every recall."""
     return f"{redis_url.rsplit('/', 1)[0]}/{BACKENDS.index(backend)}"
+
+
+@contextlib.contextmanager
+def stores(workdir: Path, neo4j_uri: str = "") -> Iterator[tuple[str, str]]:
+    """A Redis, and a Neo4j unless ``neo4j_uri`` names one ("none": no Neo4j), with their data under
+    ``workdir``: yields (Redis URL, Neo4j URI or "")."""
+    from engram_testing import Neo4jServer
+    from engram_workers.services import RedisServer
+
+    workdir.mkdir(parents=True, exist_ok=True)
+    redis = RedisServer(data_dir=workdir / "redis", appendonly=False)
+    redis.start()
+    neo4j = Neo4jServer(data_dir=workdir / "neo4j").start() if not neo4j_uri else None
+    try:
+        yield redis.url, str(neo4j.uri) if neo4j is not None else ("" if neo4j_uri == "none" else neo4j_uri)
+    finally:
+        redis.stop()
+        if neo4j is not None:
+            neo4j.stop()
+
+
+def reader_env(tree: Path, data_dir: Path, backend: str, neo4j_uri: str, redis_url: str) -> dict[str, str]:
+    """The environment of a reader process of checkout ``tree`` over ``backend``'s stores."""
+    return {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(tree), str(BENCH_DIR)]),
+        "ENGRAM_DATA_DIR": str(data_dir),
+        "NEO4J_URI": neo4j_uri if backend == "neo4j" else "",
+        # the published stamp: a cache hit asks Redis, not the store
+        "REDIS_URL": backend_redis(redis_url, backend),
+        "HF_HUB_OFFLINE": "1",
+        # Neo4j counts (re)planning against the timeout, and it replans after the bulk load and
+        # per list-size bucket: seconds each on a loaded machine. Latency is measured here, not that.
+        "ENGRAM_NEO4J_QUERY_TIMEOUT_S": "300",
+    }
+
+
+def run_reader(cmd: list[str], env: dict[str, str], cwd: Path, what: str) -> dict[str, Any]:
+    """Run a measuring child process; the JSON its last line prints."""
+    done = subprocess.run(cmd, env=env, cwd=cwd, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"{what} failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def load(neo4j_uri: str, data_dirs: dict[str, Path], redis_url: str, facts: int, out: Path) -> str:
@@ -116,51 +170,22 @@ def main() -> None:
         print(json.dumps(measure(args.measure, args.queries)))
         return
 
-    from engram_testing import Neo4jServer
-    from engram_workers.services import RedisServer
-
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="recall-ab-"))
-    workdir.mkdir(parents=True, exist_ok=True)
-    redis = RedisServer(data_dir=workdir / "redis", appendonly=False)
-    redis.start()
-    neo4j = None
-    uri = args.neo4j_uri
-    if not uri:
-        neo4j = Neo4jServer(data_dir=workdir / "neo4j").start()
-        uri = str(neo4j.uri)
-    try:
+    with stores(workdir, args.neo4j_uri or ("" if "neo4j" in args.backends else "none")) as (redis_url, uri):
         data_dirs = {b: workdir / f"data-{b}" for b in args.backends.split(",")}
-        user_id = load(uri, data_dirs, redis.url, args.facts, workdir)
+        user_id = load(uri, data_dirs, redis_url, args.facts, workdir)
         trees = {"this": REPO, "other": args.other.resolve()}
         rows: dict[tuple[str, str], list[dict[str, Any]]] = {}
         for _ in range(args.rounds):
             for backend, data_dir in data_dirs.items():
                 for label, tree in trees.items():
-                    env = {
-                        **os.environ,
-                        "PYTHONPATH": os.pathsep.join([str(tree), str(BENCH_DIR)]),
-                        "ENGRAM_DATA_DIR": str(data_dir),
-                        "NEO4J_URI": uri if backend == "neo4j" else "",
-                        # the published stamp: a cache hit asks Redis, not the store
-                        "REDIS_URL": backend_redis(redis.url, backend),
-                        "HF_HUB_OFFLINE": "1",
-                        # Neo4j counts (re)planning against the timeout, and it replans after the bulk load and
-                        # per list-size bucket: seconds each on a loaded machine. Latency is measured here, not that.
-                        "ENGRAM_NEO4J_QUERY_TIMEOUT_S": "300",
-                    }
                     cmd = [sys.executable, str(Path(__file__).resolve()), "--other", str(tree)]
                     cmd += ["--measure", user_id, "--queries", str(args.queries)]
-                    done = subprocess.run(cmd, env=env, cwd=tree, capture_output=True, text=True, check=False)
-                    if done.returncode != 0:
-                        raise RuntimeError(f"{label} on {backend} failed:\n{done.stderr[-3000:]}")
-                    got = json.loads(done.stdout.strip().splitlines()[-1])
+                    env = reader_env(tree, data_dir, backend, uri, redis_url)
+                    got = run_reader(cmd, env, tree, f"{label} on {backend}")
                     rows.setdefault((backend, label), []).append(got)
                     print(_row(backend, label, tree, got), flush=True)
         (workdir / "recall_ab.json").write_text(json.dumps({f"{b}/{t}": v for (b, t), v in rows.items()}, indent=1))
-    finally:
-        redis.stop()
-        if neo4j is not None:
-            neo4j.stop()
 
 
 def _row(backend: str, label: str, tree: Path, got: dict[str, Any]) -> str:

@@ -398,6 +398,54 @@ def test_a_small_users_snapshot_answers_recall_as_the_store_does_and_only_at_its
     assert "aurora" not in {s for i in after for s in i.source_ids}
 
 
+def test_another_processs_write_refreshes_the_held_snapshot_and_recall_still_answers_as_the_store_does(
+    memory: Memory,
+) -> None:
+    """A write by another process (here ``memory.writes``, not the reader's own) moves the stamp: the first
+    recall at the new stamp goes to the store and refreshes the held snapshot with only what the write
+    changed, no whole load; from then on the snapshot answers, as a reader without snapshots does. A forget
+    (a removal) makes the next one a whole load."""
+    user = new_user()
+    _chatter(memory, user)
+    memory.say(user, "home", "I live in Tampa, by the bay.", at(11), lives_in("Tampa"))
+    reader, plain = memory.reader, memory.another_reader(snapshot_max_records=0)
+    for question in ("first question", "second question"):
+        reader.recall(user, question)
+        reader.flush()
+    assert reader.snapshots.get(user, memory.graph.user_stamp(user)) is not None
+    whole_loads: list[str] = []
+    real_snapshot = memory.graph.snapshot
+
+    def counted(user_id: str, *, max_records: int) -> Any:
+        whole_loads.append(user_id)
+        return real_snapshot(user_id, max_records=max_records)
+
+    memory.graph.snapshot = counted  # type: ignore[method-assign]
+    try:
+        memory.say(user, "move", "We moved to Denver this spring.", at(12), lives_in("Denver"))
+        memory.say(user, "aurora", "We finally saw the northern lights dancing over the fjord last night!", at(13))
+        stamp = memory.graph.user_stamp(user)
+        reader.recall(user, "where does the user live now?")
+        reader.flush()
+        refreshed = reader.snapshots.get(user, stamp)
+        assert refreshed is not None and whole_loads == []
+        whole = real_snapshot(user, max_records=10_000)
+        assert whole is not None and dict(refreshed.facts) == dict(whole.facts)
+        assert dict(refreshed.chunks) == dict(whole.chunks) and refreshed.touching == whole.touching
+        for question in ("where does the user live?", "northern lights over the fjord", "Denver", "the bay"):
+            got = reader.recall(user, question, k=10).items
+            want = plain.recall(user, question, k=10).items
+            assert [(i.id, i.channels, round(i.score, 4)) for i in got] == [
+                (i.id, i.channels, round(i.score, 4)) for i in want
+            ]
+        memory.writes.run(user, lambda w: (memory.graph.forget_message(user, "aurora"), w.finish()), wait=0)
+        reader.recall(user, "after the forget")
+        reader.flush()
+        assert whole_loads == [user] and reader.snapshots.get(user, memory.graph.user_stamp(user)) is not None
+    finally:
+        del memory.graph.snapshot
+
+
 def test_a_user_above_the_snapshot_bound_keeps_its_graph_step_in_the_store(memory: Memory) -> None:
     user = new_user()
     _chatter(memory, user)

@@ -1,0 +1,90 @@
+"""A reader's snapshot brought to the user's new stamp with only the records written since
+(``GraphStore.refresh_snapshot``), against a whole load, after every kind of write, on every backend.
+
+The oracle is ``GraphStore.snapshot``: after each write the refreshed snapshot must hold exactly the
+records (and the walk's indexes) a whole load reads at the same stamp; after a write that removes a record,
+in another lifetime, or past the bound, the refresh must refuse (None) so the reader loads it whole.
+"""
+
+from __future__ import annotations
+
+from engram_api.models import ChatMessage, EntityChange, Envelope
+from engram_api.storage import GraphStore
+from engram_api.storage.episodes import chunk_envelope
+from engram_api.storage.snapshot import UserSnapshot
+
+from .factories import at, make_entity, make_fact, plan, supersede, vec
+from .test_graph_step import FAR, build_world, said
+
+
+def _same(refreshed: UserSnapshot | None, whole: UserSnapshot | None) -> UserSnapshot:
+    assert refreshed is not None and whole is not None
+    assert refreshed.stamp == whole.stamp
+    assert dict(refreshed.facts) == dict(whole.facts)
+    assert dict(refreshed.chunks) == dict(whole.chunks)
+    assert refreshed.touching == whole.touching and refreshed.episodes == whole.episodes
+    return refreshed
+
+
+def test_a_refreshed_snapshot_is_what_a_whole_load_reads_after_every_kind_of_write(
+    graph_store: GraphStore, user: str, other_user: str
+) -> None:
+    world = build_world(graph_store, user)  # new facts, two supersessions, a decay that archives
+    held = graph_store.snapshot(user, max_records=FAR)
+    assert held is not None
+    assert graph_store.refresh_snapshot(held, max_records=FAR) is held  # nothing written: the same one
+
+    def step(note: str) -> None:
+        nonlocal held
+        assert held is not None
+        before = held.stamp
+        held = _same(graph_store.refresh_snapshot(held, max_records=FAR), graph_store.snapshot(user, max_records=FAR))
+        assert held.stamp > before, note
+
+    ana, paris = world.entities[1], world.entities[2]
+    rome = make_entity(user, "Rome")
+    moved = make_fact(user, ana, "LIVES_IN", rome, valid_from=at(31), single_valued=True)
+    old_city = next(f for f in world.facts if f.predicate == "LIVES_IN" and f.valid_until is None)
+    said(
+        graph_store, user, "m20", ["Ana moved to Rome."], at(31),
+        entities=[rome], facts=[moved], fact_changes=[supersede(old_city, moved)],
+        entity_changes=[EntityChange(id=paris.id, add_aliases=["City of Light"], summary="a city")],
+    )  # fmt: skip
+    step("an apply: a new entity, fact and chunk, a superseded fact, a changed entity")
+    again = world.facts[3]
+    said(graph_store, user, "m21", ["Ana said it again."], at(32), reinforced=[again.id], linked=[world.facts[4].id])
+    step("an apply that reinforces one fact and links another")
+    assert "m21" in held.facts[again.id].source_ids
+    assert "m21" in held.facts[world.facts[4].id].source_ids  # a link adds a source to an unchanged fact
+
+    graph_store.apply(plan(user, "m22", at(33)))
+    envelope = Envelope(user_id=user, message_id="m22", messages=[ChatMessage(content="Late words.")], timestamp=at(33))
+    chunks = [c.model_copy(update={"embedding": vec(c.id)}) for c in chunk_envelope(envelope)]
+    assert graph_store.add_chunks(user, chunks) == 1
+    step("chunks added to a stored message")
+    assert graph_store.decay(user, now=at(400), per_day=0.9, threshold=0.01, batch=FAR)[0] > 0
+    step("a decay")
+    archived = [fid for fid, f in held.facts.items() if f.archived]
+    assert archived and graph_store.reinforce(user, archived[:2], amount=0.5, now=at(401)) > 0
+    step("a reinforcement")
+
+    build_world(graph_store, other_user, seed=8)  # another user's writes move nothing of this one's
+    assert graph_store.refresh_snapshot(held, max_records=FAR) is held
+
+    said(graph_store, user, "m22b", ["One more turn."], at(34))
+    assert graph_store.refresh_snapshot(held, max_records=held.size) is None  # past the bound: the store's
+    step("a write within the bound")
+    graph_store.remove_chunks(user, [chunks[0].id])
+    assert graph_store.refresh_snapshot(held, max_records=FAR) is None  # a removal: only a whole load knows
+    held = graph_store.snapshot(user, max_records=FAR)
+    assert held is not None
+    graph_store.forget_fact(user, moved.id)
+    assert graph_store.refresh_snapshot(held, max_records=FAR) is None
+    held = graph_store.snapshot(user, max_records=FAR)
+    assert held is not None
+    said(graph_store, user, "m23", ["After the forget."], at(402))
+    step("a write after a removal refreshes again")
+
+    graph_store.forget_user(user)
+    said(graph_store, user, "m24", ["A new life."], at(403))
+    assert graph_store.refresh_snapshot(held, max_records=FAR) is None  # another lifetime
