@@ -404,15 +404,17 @@ def test_another_processs_write_refreshes_the_held_snapshot_and_recall_still_ans
     """A write by another process (here ``memory.writes``, not the reader's own) moves the stamp: the first
     recall at the new stamp goes to the store and refreshes the held snapshot with only what the write
     changed, no whole load; from then on the snapshot answers, as a reader without snapshots does. A forget
-    (a removal) makes the next one a whole load."""
+    (a removal) makes the next one a whole load. A snapshot that answered nothing before the next write is
+    refreshed only on the second recall at the new stamp (a user written between every recall)."""
     user = new_user()
     _chatter(memory, user)
     memory.say(user, "home", "I live in Tampa, by the bay.", at(11), lives_in("Tampa"))
     reader, plain = memory.reader, memory.another_reader(snapshot_max_records=0)
-    for question in ("first question", "second question"):
+    for question in ("first question", "second question", "third question"):  # the third: from the snapshot
         reader.recall(user, question)
         reader.flush()
-    assert reader.snapshots.get(user, memory.graph.user_stamp(user)) is not None
+    held = reader.snapshots.peek(user)
+    assert held is not None and held.stamp == memory.graph.user_stamp(user)
     whole_loads: list[str] = []
     real_snapshot = memory.graph.snapshot
 
@@ -427,8 +429,8 @@ def test_another_processs_write_refreshes_the_held_snapshot_and_recall_still_ans
         stamp = memory.graph.user_stamp(user)
         reader.recall(user, "where does the user live now?")
         reader.flush()
-        refreshed = reader.snapshots.get(user, stamp)
-        assert refreshed is not None and whole_loads == []
+        refreshed = reader.snapshots.peek(user)
+        assert refreshed is not None and refreshed.stamp == stamp and whole_loads == []
         whole = real_snapshot(user, max_records=10_000)
         assert whole is not None and dict(refreshed.facts) == dict(whole.facts)
         assert dict(refreshed.chunks) == dict(whole.chunks) and refreshed.touching == whole.touching
@@ -441,7 +443,17 @@ def test_another_processs_write_refreshes_the_held_snapshot_and_recall_still_ans
         memory.writes.run(user, lambda w: (memory.graph.forget_message(user, "aurora"), w.finish()), wait=0)
         reader.recall(user, "after the forget")
         reader.flush()
-        assert whole_loads == [user] and reader.snapshots.get(user, memory.graph.user_stamp(user)) is not None
+        reloaded = reader.snapshots.peek(user)
+        assert whole_loads == [user] and reloaded is not None and reloaded.stamp == memory.graph.user_stamp(user)
+
+        memory.say(user, "later", "Nothing much happened today.", at(14))  # the reloaded one answered nothing
+        reader.recall(user, "a first recall after the write")
+        reader.flush()
+        assert reader.snapshots.peek(user) is reloaded  # no refresh yet
+        reader.recall(user, "a second recall at the same stamp")
+        reader.flush()
+        later = reader.snapshots.peek(user)
+        assert later is not None and later.stamp == memory.graph.user_stamp(user) and whole_loads == [user]
     finally:
         del memory.graph.snapshot
 
