@@ -8,10 +8,13 @@ in another lifetime, or past the bound, the refresh must refuse (None) so the re
 
 from __future__ import annotations
 
+import random
+
 from engram_api.models import ChatMessage, EntityChange, Envelope
 from engram_api.storage import GraphStore
 from engram_api.storage.episodes import chunk_envelope
 from engram_api.storage.snapshot import UserSnapshot
+from engram_api.versions import Stamp
 
 from .factories import at, make_entity, make_fact, plan, supersede, vec
 from .test_graph_step import FAR, build_world, said
@@ -88,3 +91,28 @@ def test_a_refreshed_snapshot_is_what_a_whole_load_reads_after_every_kind_of_wri
     graph_store.forget_user(user)
     said(graph_store, user, "m24", ["A new life."], at(403))
     assert graph_store.refresh_snapshot(held, max_records=FAR) is None  # another lifetime
+
+
+def test_a_merge_ranks_each_entitys_facts_as_a_whole_build_does() -> None:
+    """``UserSnapshot.updated`` re-ranks by binary insertion: random graphs with tied importances, new
+    facts and facts whose importance changed, against ``UserSnapshot.of`` over the merged records."""
+    rng = random.Random(5)
+    user = "u-merge"
+    people = [make_entity(user, f"P{i}") for i in range(6)]
+    for _ in range(40):
+        facts = [
+            make_fact(
+                user, rng.choice(people), "R", rng.choice([None, *people]), importance=rng.choice((0.2, 0.5, 0.9))
+            )
+            for _ in range(rng.randint(1, 30))
+        ]
+        held = UserSnapshot.of(user, Stamp(1, 1), facts, [])
+        changed = [
+            f.model_copy(update={"importance": rng.choice((0.2, 0.5, 0.9))})
+            for f in rng.sample(facts, rng.randint(0, len(facts)))
+        ]
+        added = [make_fact(user, rng.choice(people), "S", rng.choice([None, *people]), importance=rng.choice((0.2, 0.5, 0.9))) for _ in range(rng.randint(0, 5))]  # fmt: skip
+        merged = UserSnapshot.of(
+            user, Stamp(1, 2), {**held.facts, **{f.id: f for f in [*changed, *added]}}.values(), []
+        )
+        assert held.updated(Stamp(1, 2), [*changed, *added], []).touching == merged.touching
