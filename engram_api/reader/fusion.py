@@ -7,8 +7,9 @@ Invariants:
   starves a channel; keyword search filters inside the store's query;
 - a linked item (a fact's source episode, an episode's extracted facts, a neighbouring turn) obeys the
   same window and only adds a share of its parent's fusion score, never more than the parent has;
-- zero LLM calls, and at most a fixed number of store round trips whatever the user's size: the keyword
-  search (started by the caller before it embedded the query), the graph step (hydrate the fact hits
+- zero LLM calls, and at most a fixed number of store round trips whatever the user's size (none for a
+  user whose snapshot the reader holds): the keyword search (started by the caller before it embedded the
+  query), the graph step (hydrate the fact hits
   and the chunk hits the cache lacks, expand from the seeds), and the linked items' chunk reads; fact
   records, chunks and each message's chunk list come from the per-user caches when the user's stamp has
   not moved (``reader.facts``).
@@ -17,7 +18,7 @@ Invariants:
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -319,11 +320,11 @@ class _Run:
 
 
 def keyword_hits(
-    graph: GraphStore, user_id: str, query: str, recipe: RecallRecipe, window: TimeWindow
+    search: Callable[..., list[KeywordHit]], query: str, recipe: RecallRecipe, window: TimeWindow
 ) -> list[KeywordHit]:
-    """The keyword channel: BM25 over the user's chunks and fact statements inside the time window."""
-    return graph.keyword_search(
-        user_id,
+    """The keyword channel: BM25 over the user's chunks and fact statements inside the time window, by
+    ``search`` (the store's ``GraphStore.keyword_search`` for the user, or a held ``UserSnapshot``'s)."""
+    return search(
         keyword_terms(query),
         recipe.k.get("keyword", 40),
         as_of=window.as_of,

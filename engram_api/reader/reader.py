@@ -14,8 +14,10 @@ import json
 import time
 import uuid
 from collections.abc import Sequence
+from concurrent.futures import Future
 from contextlib import suppress
 from datetime import datetime
+from functools import partial
 from typing import TYPE_CHECKING, Literal
 
 import numpy as np
@@ -32,6 +34,7 @@ from engram_api.models import (
     FeedbackRow,
     ForgetResult,
     GraphPage,
+    KeywordHit,
     RecallItem,
     RecallResult,
     SearchResult,
@@ -164,18 +167,18 @@ class Reader:
             return hit.model_copy(update={"cached": True, "timings_ms": {"cache": (time.perf_counter() - t0) * 1e3}})
 
         window = TimeWindow(as_of=as_of, since=since, until=until)
-        keyword = (
-            self._threads.submit(keyword_hits, self.graph, user_id, query, recipe, window)
-            if recipe.uses("keyword")
-            else None
-        )
+        snapshot = self.snapshots.get(user_id, version)
+        keyword: Future[list[KeywordHit]] | None = None
+        if recipe.uses("keyword"):
+            # The store's full-text search runs while the query is embedded; a held snapshot answers it here.
+            search = snapshot.keyword_search if snapshot is not None else partial(self.graph.keyword_search, user_id)
+            keyword = self._threads.submit(keyword_hits, search, query, recipe, window)
         qvec = self.embedder.encode_one(query)
         t1 = time.perf_counter()
         timings["embed"] = (t1 - t0) * 1e3
         index = self.keeper.current(user_id, version)
         timings["index"] = (time.perf_counter() - t1) * 1e3
         weights, weights_source = self.weights_for(user_id)
-        snapshot = self.snapshots.get(user_id, version)
         if snapshot is None:
             vectors = index.count("fact") + index.count("episode")
             self.snapshots.missed(self.graph, user_id, version, vectors, self._threads.behind)

@@ -27,6 +27,7 @@ __all__ = [
     "keyword_terms",
     "split_chunks",
     "user_key",
+    "words",
 ]
 
 MAX_CHUNK_CHARS = 600
@@ -182,10 +183,15 @@ def user_key(user_id: str) -> str:
     return "u" + str(int.from_bytes(hashlib.blake2b(user_id.encode(), digest_size=8).digest(), "little")).zfill(20)
 
 
+def words(text: str) -> list[str]:
+    """The lower-case words (runs of letters and digits) of ``text`` without stop words, repeats kept, in order:
+    what a keyword query is made of and what an in-memory keyword index counts (``keywords``)."""
+    return [t for t in _TERM.findall(text.lower()) if t not in _STOP and (len(t) > 1 or t.isdigit())]
+
+
 def keyword_terms(text: str) -> list[str]:
     """Distinct lower-case words (letters and digits) of ``text`` without stop words, in order (at most 32)."""
-    terms = [t for t in _TERM.findall(text.lower()) if t not in _STOP and (len(t) > 1 or t.isdigit())]
-    return list(dict.fromkeys(terms))[:MAX_TERMS]
+    return list(dict.fromkeys(words(text)))[:MAX_TERMS]
 
 
 def split_chunks(text: str, limit: int = MAX_CHUNK_CHARS) -> list[str]:

@@ -1,11 +1,14 @@
-"""A small user's whole graph in memory at one stamp, and recall's graph step answered from it.
+"""A small user's whole graph in memory at one stamp, and recall's graph step and keyword search answered
+from it.
 
 ``GraphStore.snapshot`` reads every fact and episode chunk of one user, the stamp read first, in one read
 transaction. ``UserSnapshot.graph_step`` is a third implementation of ``GraphStore.graph_step`` over those
 records, pinned to both stores' answers by the contract suite (tests/contract/test_graph_step.py). Why a
 third: on Neo4j the step is a round trip that cost ~5 ms of a 700-turn user's ~21 ms recall (graph 4.9 ms
 p50, docs/benchmarks.md), where the walk over a few hundred facts in Python takes a fraction of a
-millisecond. Users above a size bound are not snapshotted: their step stays in the store.
+millisecond. Users above a size bound are not snapshotted: their step stays in the store. The keyword search is
+answered from an in-memory BM25 index of the same records (``keywords``), so a snapshotted user's recall
+makes no store call at all.
 
 Invariants (those of the stores' step, which its docstring states in full):
 - a fact mentions its subject and its object (Neo4j's SUBJECT/OBJECT edges, SQLite's mentions rows);
@@ -20,9 +23,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 
-from engram_api.models import ChunkRecord, FactRecord
+from engram_api.models import ChunkRecord, FactRecord, KeywordHit
 from engram_api.storage.base import GraphStep, GraphStepQuery
+from engram_api.storage.keywords import KeywordIndex
 from engram_api.versions import Stamp
 
 __all__ = ["UserSnapshot"]
@@ -38,6 +43,7 @@ class UserSnapshot:
     chunks: Mapping[str, ChunkRecord]
     touching: Mapping[str, tuple[str, ...]]  # entity id -> the facts mentioning it, in rank order
     episodes: Mapping[str, tuple[str, ...]]  # episode id -> its chunks, in conversation order
+    keywords: KeywordIndex  # the chunks' indexed text and the facts' statements
 
     @classmethod
     def of(cls, user_id: str, stamp: Stamp, facts: Iterable[FactRecord], chunks: Iterable[ChunkRecord]) -> UserSnapshot:
@@ -60,6 +66,9 @@ class UserSnapshot:
             chunks={c.id: c for c in ordered},
             touching={e: tuple(ids) for e, ids in touching.items()},
             episodes={e: tuple(ids) for e, ids in episodes.items()},
+            keywords=KeywordIndex.of(
+                ((c.id, c.indexed_text) for c in ordered), ((f.id, f.statement) for f in by_id.values())
+            ),
         )
 
     def updated(self, stamp: Stamp, facts: Iterable[FactRecord], chunks: Iterable[ChunkRecord]) -> UserSnapshot:
@@ -86,9 +95,14 @@ class UserSnapshot:
         for episode, ids in joined.items():
             merged = dict.fromkeys([*episodes.get(episode, ()), *ids])
             episodes[episode] = tuple(sorted(merged, key=lambda i: all_chunks[i].conversation_order))
-        return UserSnapshot(
-            user_id=self.user_id, stamp=stamp, facts=by_id, chunks=all_chunks, touching=touching, episodes=episodes
+        keywords = self.keywords.added(
+            ((c.id, c.indexed_text) for i, c in new_chunks.items() if i not in self.chunks),
+            ((f.id, f.statement) for i, f in fresh.items() if i not in self.facts),  # a statement never changes
         )
+        return UserSnapshot(
+            user_id=self.user_id, stamp=stamp, facts=by_id, chunks=all_chunks, touching=touching, episodes=episodes,
+            keywords=keywords,
+        )  # fmt: skip
 
     @property
     def size(self) -> int:
@@ -98,6 +112,33 @@ class UserSnapshot:
         """Every chunk of the user's episodes among ``episode_ids``, in conversation order."""
         chunks = [self.chunks[c] for e in dict.fromkeys(episode_ids) for c in self.episodes.get(e, ())]
         return sorted(chunks, key=lambda c: c.conversation_order)
+
+    def keyword_search(
+        self,
+        terms: Sequence[str],
+        k: int,
+        *,
+        as_of: datetime | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
+    ) -> list[KeywordHit]:
+        """``GraphStore.keyword_search`` for this user at ``stamp``, with no store call: at most ``k`` chunks
+        (event time <= as_of, >= since, < until) and ``k`` facts (valid at ``as_of``, current when None, not
+        archived) holding any of ``terms``, best first (``keywords`` says how they are scored)."""
+
+        def chunk_ok(chunk_id: str) -> bool:
+            t = self.chunks[chunk_id].event_time
+            return (as_of is None or t <= as_of) and (since is None or t >= since) and (until is None or t < until)
+
+        def fact_ok(fact_id: str) -> bool:
+            f = self.facts[fact_id]
+            if f.archived:
+                return False
+            if as_of is None:
+                return f.valid_until is None
+            return f.valid_from <= as_of and (f.valid_until is None or as_of < f.valid_until)
+
+        return self.keywords.search(list(dict.fromkeys(terms)), k, chunk_ok=chunk_ok, fact_ok=fact_ok)
 
     def graph_step(self, query: GraphStepQuery) -> GraphStep:
         """``GraphStore.graph_step`` for this user at ``stamp``, with no store call."""

@@ -40,8 +40,9 @@ def measure(user_id: str, n_queries: int) -> dict[str, Any]:
 
     reader = MemoryClient().reader
     qs = queries(f"ab-{time.time_ns()}", n_queries + 5)
-    for q in qs[:5]:  # warm: model, index load, driver pool, query plans
+    for q in qs[:5]:  # warm: model, index load, driver pool, query plans, the user's snapshot (loaded behind)
         reader.recall(user_id, f"warm-up {q}", k=10)
+        reader.flush()
     index = reader.keeper.current(user_id, reader.graph.user_stamp(user_id))
     totals, floor, hits = [], [], []
     for q in qs[5:]:

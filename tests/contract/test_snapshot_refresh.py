@@ -12,7 +12,7 @@ import random
 
 from engram_api.models import ChatMessage, EntityChange, Envelope
 from engram_api.storage import GraphStore
-from engram_api.storage.episodes import chunk_envelope
+from engram_api.storage.episodes import chunk_envelope, keyword_terms
 from engram_api.storage.snapshot import UserSnapshot
 from engram_api.versions import Stamp
 
@@ -26,6 +26,9 @@ def _same(refreshed: UserSnapshot | None, whole: UserSnapshot | None) -> UserSna
     assert dict(refreshed.facts) == dict(whole.facts)
     assert dict(refreshed.chunks) == dict(whole.chunks)
     assert refreshed.touching == whole.touching and refreshed.episodes == whole.episodes
+    for query in ("Ana lives in Rome", "Paris, the City of Light", "late words said again", "E1 E2 REL3 REL17"):
+        terms = keyword_terms(query)
+        assert refreshed.keyword_search(terms, 5) == whole.keyword_search(terms, 5)  # its keyword index too
     return refreshed
 
 

@@ -1,0 +1,162 @@
+"""A snapshotted user's keyword index in memory: BM25 over the snapshot's chunks and fact statements, so
+recall of a user a reader holds whole asks the store nothing at all.
+
+Why: with the graph step answered from ``UserSnapshot``, the keyword search was the one store round trip
+left in such a recall (~5 ms on Neo4j for a 10K-fact user, docs/benchmarks.md, stop 36), and it made
+Neo4j's recall slower than SQLite's on the same snapshot. Why our own rather than a BM25 library
+(``bm25s``, ``rank_bm25``): a snapshot is refreshed with only what was written since
+(``UserSnapshot.updated``), and this index is too (``added``: the touched terms' postings grow, nothing
+else is rebuilt); the libraries score a corpus they index whole.
+
+What it computes, so a newcomer can hold it against the stores' full-text indexes:
+- analysis as the stores': the words of ``episodes.words`` (runs of letters and digits, lower-cased, the
+  stop words dropped) stemmed by the original Porter algorithm, the stemmer of Neo4j's ``english``
+  analyzer (Lucene's ``PorterStemFilter``) and of SQLite's ``porter`` tokenizer (PyStemmer, C);
+- two tables as in the stores: chunks (``ChunkRecord.indexed_text``: the speaker's name with the words)
+  and facts (``statement``), each with its own statistics and each giving its own top k;
+- BM25 with k1 = 1.2, b = 0.75 and Lucene's IDF ``ln(1 + (N - n + 0.5) / (n + 0.5))`` (never zero, so
+  every document holding a query word scores), over the user's own documents only: the stores compute
+  IDF and average length over every user's rows of the index, so their scores, and the order of near
+  ties, can differ from these; which documents match is the same (``tests/test_keyword_index.py`` and
+  the contract suite hold it against both stores);
+- ties are broken by node id, as the stores' answers are sorted, so a refreshed index answers exactly as
+  a freshly built one.
+
+Invariants: immutable once built (a reader thread swaps a new snapshot in; a recall holds the one it
+read); a fact's statement never changes, so a refresh that brings a known fact again leaves its entry be.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+import Stemmer
+
+from engram_api.models import KeywordHit
+from engram_api.storage.episodes import words
+
+__all__ = ["KeywordIndex", "KeywordTable", "stems"]
+
+_K1 = 1.2
+_B = 0.75
+_Postings = tuple[np.ndarray, np.ndarray]  # (document positions int32, term frequencies float64)
+
+
+@lru_cache(maxsize=1)
+def _stemmer() -> Stemmer.Stemmer:
+    return Stemmer.Stemmer("porter")  # keeps its own cache of the words it has stemmed
+
+
+def stems(text: str) -> list[str]:
+    """The indexed terms of ``text``: its words (``episodes.words``), Porter-stemmed, repeats kept."""
+    return _stemmer().stemWords(words(text))
+
+
+@dataclass(frozen=True, slots=True)
+class KeywordTable:
+    """One table's documents (ids in position order), their lengths in terms, each one's rank by id (the
+    tie-break), and each term's postings."""
+
+    ids: tuple[str, ...]
+    lengths: np.ndarray
+    rank: np.ndarray
+    postings: Mapping[str, _Postings]
+
+    @classmethod
+    def of(cls, docs: Iterable[tuple[str, str]]) -> KeywordTable:
+        """The table of ``docs``: (node id, text) pairs with distinct ids."""
+        return cls(ids=(), lengths=np.zeros(0), rank=np.zeros(0, dtype=np.int64), postings={}).added(docs)
+
+    def added(self, docs: Iterable[tuple[str, str]]) -> KeywordTable:
+        """This table with ``docs`` (distinct ids it does not hold) appended; only their terms are touched."""
+        ids, lengths = list(self.ids), []
+        grown: dict[str, tuple[list[int], list[int]]] = {}
+        for node_id, text in docs:
+            terms = stems(text)
+            for term, tf in Counter(terms).items():
+                at, freq = grown.setdefault(term, ([], []))
+                at.append(len(ids))
+                freq.append(tf)
+            ids.append(node_id)
+            lengths.append(len(terms))
+        if not lengths:
+            return self
+        postings = dict(self.postings)
+        for term, (at, freq) in grown.items():
+            old = postings.get(term)
+            new = (np.asarray(at, dtype=np.int32), np.asarray(freq, dtype=np.float64))
+            postings[term] = (
+                new if old is None else (np.concatenate([old[0], new[0]]), np.concatenate([old[1], new[1]]))
+            )
+        rank = np.empty(len(ids), dtype=np.int64)
+        rank[np.argsort(np.asarray(ids))] = np.arange(len(ids))
+        return KeywordTable(
+            ids=tuple(ids),
+            lengths=np.concatenate([self.lengths, np.asarray(lengths, dtype=np.float64)]),
+            rank=rank,
+            postings=postings,
+        )
+
+    def ranked(self, terms: Sequence[str], k: int, keep: Callable[[str], bool]) -> list[tuple[str, float]]:
+        """The best ``k`` documents ``keep`` accepts holding any of ``terms`` (stemmed query words), as
+        (node id, BM25 score), best first, ties by node id."""
+        n = len(self.ids)
+        if not n or k <= 0:
+            return []
+        scores = np.zeros(n)
+        avg = float(self.lengths.sum()) / n or 1.0
+        for term in terms:
+            posting = self.postings.get(term)
+            if posting is None:
+                continue
+            at, tf = posting
+            idf = math.log(1.0 + (n - len(at) + 0.5) / (len(at) + 0.5))
+            scores[at] += idf * tf * (_K1 + 1.0) / (tf + _K1 * (1.0 - _B + _B * self.lengths[at] / avg))
+        matched = np.flatnonzero(scores)
+        kept: list[tuple[str, float]] = []
+        # Ordered first are only the documents scoring at least the (4k)th best (``keep`` refuses few),
+        # then, if ``keep`` refused too many of them, the rest.
+        parts = [matched]
+        if len(matched) > 4 * k:
+            cut = np.partition(scores[matched], len(matched) - 4 * k)[len(matched) - 4 * k]
+            first = scores[matched] >= cut
+            parts = [matched[first], matched[~first]]
+        for part in parts:
+            for pos in part[np.lexsort((self.rank[part], -scores[part]))].tolist():
+                node_id = self.ids[pos]
+                if keep(node_id):
+                    kept.append((node_id, float(scores[pos])))
+                    if len(kept) == k:
+                        return kept
+        return kept
+
+
+@dataclass(frozen=True, slots=True)
+class KeywordIndex:
+    """A user's chunks and fact statements, each table apart (as the stores keep them)."""
+
+    chunks: KeywordTable
+    facts: KeywordTable
+
+    @classmethod
+    def of(cls, chunks: Iterable[tuple[str, str]], facts: Iterable[tuple[str, str]]) -> KeywordIndex:
+        return cls(chunks=KeywordTable.of(chunks), facts=KeywordTable.of(facts))
+
+    def added(self, chunks: Iterable[tuple[str, str]], facts: Iterable[tuple[str, str]]) -> KeywordIndex:
+        """This index with new chunks and facts (ids it does not hold)."""
+        return KeywordIndex(chunks=self.chunks.added(chunks), facts=self.facts.added(facts))
+
+    def search(
+        self, terms: Sequence[str], k: int, *, chunk_ok: Callable[[str], bool], fact_ok: Callable[[str], bool]
+    ) -> list[KeywordHit]:
+        """``GraphStore.keyword_search`` over this index: the best ``k`` chunks ``chunk_ok`` accepts and
+        the best ``k`` facts ``fact_ok`` accepts holding any of ``terms`` (query words), best first."""
+        stemmed = _stemmer().stemWords(list(terms))
+        hits = [KeywordHit(node_id=i, kind="episode", score=s) for i, s in self.chunks.ranked(stemmed, k, chunk_ok)]
+        hits += [KeywordHit(node_id=i, kind="fact", score=s) for i, s in self.facts.ranked(stemmed, k, fact_ok)]
+        return sorted(hits, key=lambda h: (-h.score, h.node_id))

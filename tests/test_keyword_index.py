@@ -1,0 +1,88 @@
+"""The in-memory keyword index a snapshot answers keyword search with (``engram_api.storage.keywords``):
+its analysis, BM25's ordering, the tie-break, the filter, and that an index grown by ``added`` answers
+exactly as one built whole. Its agreement with the stores' full-text indexes is the contract suite's
+(tests/contract/test_snapshot_keywords.py)."""
+
+from __future__ import annotations
+
+import math
+import random
+
+from engram_api.storage.keywords import KeywordIndex, KeywordTable, stems
+
+
+def _all(_: str) -> bool:
+    return True
+
+
+def test_stems_are_the_query_words_porter_stemmed_as_the_stores_analyzers_do() -> None:
+    assert stems("Caroline's paintings of sunsets; running the LGBTQ support groups in 2023!") == [
+        "carolin", "paint", "sunset", "run", "lgbtq", "support", "group", "2023",
+    ]  # fmt: skip
+    assert stems("the and of a") == []  # stop words only
+    assert stems("Paris") == stems("paris")
+
+
+def test_a_document_is_found_by_any_form_of_a_word_it_holds_and_only_then() -> None:
+    table = KeywordTable.of([("d1", "We were painting the fence"), ("d2", "Nothing to see"), ("d3", "Paints")])
+    assert [i for i, _ in table.ranked(stems("painted"), 10, _all)] == ["d3", "d1"]  # shorter document first
+    assert table.ranked(stems("sculpture"), 10, _all) == []
+    assert table.ranked([], 10, _all) == []
+    assert KeywordTable.of([]).ranked(stems("paint"), 10, _all) == []
+
+
+def test_bm25_orders_by_rarity_frequency_and_length_with_lucenes_idf() -> None:
+    docs = [
+        ("common-1", "dog walk"),
+        ("common-2", "dog park"),
+        ("common-3", "dog food"),
+        ("common-4", "dog bowl"),
+        ("rare", "zebra walk"),
+        ("twice", "zebra zebra walk"),
+        ("long", "zebra " + " ".join(f"filler{i}" for i in range(20))),
+    ]
+    table = KeywordTable.of(docs)
+    ranked = table.ranked(stems("zebra dog"), 10, _all)
+    order = [i for i, _ in ranked]
+    assert order[:2] == ["twice", "rare"]  # a rarer word outweighs a common one; more of it counts more
+    assert order.index("long") > order.index("rare")  # the same word in a longer document counts less
+    assert set(order) == {i for i, _ in docs}
+    # The score itself: Lucene's IDF, k1 1.2, b 0.75, over this table's own statistics.
+    n, avg = len(docs), sum(len(stems(t)) for _, t in docs) / len(docs)
+    idf = math.log(1 + (n - 3 + 0.5) / (3 + 0.5))
+    want = idf * 2.2 / (1 + 1.2 * (0.25 + 0.75 * 2 / avg))
+    assert math.isclose(dict(ranked)["rare"], want)
+
+
+def test_ties_go_by_node_id_and_the_filter_refuses_before_k_is_counted() -> None:
+    docs = [(f"d{i:03d}", "same words here") for i in range(300)]
+    random.Random(3).shuffle(docs)
+    table = KeywordTable.of(docs)
+    assert [i for i, _ in table.ranked(stems("words"), 5, _all)] == ["d000", "d001", "d002", "d003", "d004"]
+    odd = table.ranked(stems("words"), 5, lambda i: int(i[1:]) % 2 == 1)
+    assert [i for i, _ in odd] == ["d001", "d003", "d005", "d007", "d009"]
+    late = table.ranked(stems("words"), 3, lambda i: int(i[1:]) >= 290)  # past the first 4k ordered
+    assert [i for i, _ in late] == ["d290", "d291", "d292"]
+    assert table.ranked(stems("words"), 5, lambda i: False) == []
+
+
+def test_an_index_grown_by_added_answers_exactly_as_one_built_whole() -> None:
+    rng = random.Random(11)
+    vocab = [f"word{i}" for i in range(60)] + ["user", "likes"]
+
+    def text() -> str:
+        return " ".join(rng.choice(vocab) for _ in range(rng.randint(1, 12)))
+
+    chunks = [(f"c{i}", text()) for i in range(200)]
+    facts = [(f"f{i}", "User likes " + text()) for i in range(300)]
+    grown = KeywordIndex.of(chunks[:50], facts[:100])
+    for lo in range(50, 200, 50):
+        grown = grown.added(chunks[lo : lo + 50], facts[2 * lo : 2 * lo + 100])
+    whole = KeywordIndex.of(reversed(chunks), reversed(facts))  # another order of positions
+    for _ in range(50):
+        query = [rng.choice(vocab) for _ in range(rng.randint(1, 4))]
+        keep = rng.choice([_all, lambda i: i.endswith(("1", "4", "7"))])
+        got = grown.search(query, 10, chunk_ok=keep, fact_ok=keep)
+        assert got == whole.search(query, 10, chunk_ok=keep, fact_ok=keep)
+        assert len([h for h in got if h.kind == "fact"]) <= 10 and len(got) <= 20
+        assert [h.score for h in got] == sorted((h.score for h in got), reverse=True)
