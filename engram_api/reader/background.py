@@ -3,8 +3,9 @@ not wait for where it is.
 
 Invariants:
 - a cached result is only served at the user stamp it was computed at and within its TTL; bounded LRU;
-- the keyword channel's store query runs on a reader thread while the calling thread embeds the query
-  (it needs only the text, so the encoder, ONNX on one thread, and the store's full-text search overlap);
+- the keyword channel's search runs on a reader thread while the calling thread embeds the query (it
+  needs only the text, so the encoder, ONNX on one thread, and the store's full-text search, or a held
+  snapshot's in-memory one, overlap);
 - the recall log is written on a reader thread after the result is returned (a Redis round trip, ~0.6 ms
   of a ~20 ms recall, measured), serialized by the caller so almost no Python is left there to compete for
   the GIL; ``wait_logged`` lets this process's ``feedback`` wait for it;

@@ -12,8 +12,9 @@ Invariants:
   (``GraphStore.graph_step``); records the cache holds are named in ``known`` and not sent back, and the
   chunks it does not hold come in the same round trip, with the facts extracted from them;
 - a user's whole graph (``UserSnapshot``, at most ``snapshot_max_records`` facts and chunks) is loaded
-  on a reader thread once a second recall finds the same stamp without it, and then answers the step and
-  every record read with no store call, at that stamp only. After a write, the first recall at the new
+  on a reader thread once a second recall finds the same stamp without it, and then answers the step,
+  every record read and the keyword search (``UserSnapshot.keyword_search``) with no store call, at that
+  stamp only. After a write, the first recall at the new
   stamp goes to the store and refreshes the held snapshot on a reader thread with only the records written
   since (``GraphStore.refresh_snapshot``: a 10K-fact user's refresh read ~20-40 ms on Neo4j against ~1.1 s
   for a whole load, measured); a forget, another lifetime or the bound makes it a whole load. That first
