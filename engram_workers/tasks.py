@@ -22,7 +22,7 @@ from engram_workers.app import app
 from engram_workers.context import WorkerContext, get_context
 from engram_workers.stages import RetryLater
 from engram_workers.stages.apply import run_apply
-from engram_workers.stages.common import dead_letter, deliveries, envelope_or_none, hooked, keep_alive
+from engram_workers.stages.common import Delivery, dead_letter, deliveries, envelope_or_none, hooked, keep_alive
 from engram_workers.stages.extract import run_extract
 
 __all__ = ["apply", "decay_task", "extract", "hierarchy_task", "reconcile_task", "redeliver_task", "weights_task"]
@@ -32,9 +32,10 @@ __all__ = ["apply", "decay_task", "extract", "hierarchy_task", "reconcile_task",
 _UNEXPECTED_ATTEMPTS = 3
 
 
-def _run_stage(
-    task: Task, stage: str, fn: Callable[[WorkerContext, str, str], StageResult], user_id: str, message_id: str
-) -> StageResult:
+StageFn = Callable[[WorkerContext, str, str, Delivery], StageResult]
+
+
+def _run_stage(task: Task, stage: str, fn: StageFn, user_id: str, message_id: str) -> StageResult:
     ctx = get_context()
     try:
         return _deliver(ctx, task, stage, fn, user_id, message_id)
@@ -44,14 +45,7 @@ def _run_stage(
         raise Reject(f"Redis unavailable: {exc}", requeue=True) from exc
 
 
-def _deliver(
-    ctx: WorkerContext,
-    task: Task,
-    stage: str,
-    fn: Callable[[WorkerContext, str, str], StageResult],
-    user_id: str,
-    message_id: str,
-) -> StageResult:
+def _deliver(ctx: WorkerContext, task: Task, stage: str, fn: StageFn, user_id: str, message_id: str) -> StageResult:
     with deliveries(ctx, user_id, message_id, stage) as delivery:
         settled, crashed = delivery.settled, delivery.crashed
         if settled is not None:  # nothing to do: answered between the hooks, as the stage itself would
@@ -66,7 +60,7 @@ def _deliver(
                 reason=f"the worker died {crashed} times while processing this message ({stage})",
                 attempts=crashed,
             )
-        return _attempt(ctx, task, stage, fn, user_id, message_id)
+        return _attempt(ctx, task, stage, lambda c, u, m: fn(c, u, m, delivery), user_id, message_id)
 
 
 def _attempt(
@@ -111,12 +105,15 @@ def _retry(task: Task, countdown: float) -> Exception:
 
 @app.task(name=keys.EXTRACT_TASK, bind=True, max_retries=None)
 def extract(self: Task, user_id: str, message_id: str) -> str:
-    return str(_run_stage(self, "extract", run_extract, user_id, message_id))
+    return str(_run_stage(self, "extract", lambda c, u, m, _: run_extract(c, u, m), user_id, message_id))
 
 
 @app.task(name=keys.APPLY_TASK, bind=True, max_retries=None)
 def apply(self: Task, user_id: str, message_id: str) -> str:
-    return str(_run_stage(self, "apply", run_apply, user_id, message_id))
+    def run(ctx: WorkerContext, user: str, message: str, delivery: Delivery) -> StageResult:
+        return run_apply(ctx, user, message, first_start=delivery.first)
+
+    return str(_run_stage(self, "apply", run, user_id, message_id))
 
 
 # ------------------------------------------------------------------------------------- maintenance

@@ -264,12 +264,17 @@ def test_a_start_is_counted_only_for_a_message_left_to_do_and_reads_its_state_wi
     user, r = f"bd_{uuid.uuid4().hex[:8]}", stack.client.redis
     ctx, _ = process(stack, 1)
     counter, status = keys.deliveries(user, "m1", "apply"), keys.status(user, "m1")
+    r.hset(status, "state", MessageState.EXTRACTED)
     with deliveries(ctx, user, "m1", "apply") as first:
-        assert (first.crashed, first.settled, r.get(counter)) == (0, None, "1")
+        assert (first.crashed, first.settled, first.first, r.get(counter)) == (0, None, True, "1")
     assert r.get(counter) == "0"  # it finished
+    with deliveries(ctx, user, "m1", "apply") as retried:
+        assert (retried.crashed, retried.first) == (0, False)  # a start came before (a retry, a redelivery)
     r.set(counter, 2)  # two starts died on it
     with deliveries(ctx, user, "m1", "apply") as again:
-        assert again.crashed == 2 and again.settled is None
+        assert again.crashed == 2 and again.settled is None and not again.first
+    with deliveries(ctx, user, "m1", "extract") as other_stage:
+        assert other_stage.first  # counted per stage
     for state in (MessageState.APPLIED, MessageState.DEAD):
         r.hset(status, "state", state)
         with deliveries(ctx, user, "m1", "apply") as settled:
@@ -280,6 +285,54 @@ def test_a_start_is_counted_only_for_a_message_left_to_do_and_reads_its_state_wi
     with deliveries(ctx, user, "m1", "apply") as forgotten:
         assert forgotten.settled == StageResult(StageOutcome.FORGOTTEN)
     assert r.get(counter) == "2"
+
+
+class CountingReads:
+    """The real graph store, counting ``is_applied`` reads."""
+
+    def __init__(self, real: GraphStore) -> None:
+        self._real, self.asked = real, 0
+
+    def is_applied(self, user_id: str, message_id: str) -> bool:
+        self.asked += 1
+        return self._real.is_applied(user_id, message_id)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._real, name)
+
+
+def test_a_first_apply_does_not_ask_the_graph_whether_it_is_applied_and_a_later_one_does(stack: Stack) -> None:
+    """``Delivery.first`` (no earlier apply of the message started): the graph cannot hold the message yet,
+    so the stage does not ask; a later start asks, and finishes a message the graph holds without planning
+    it again. Were a first start ever wrong (a counter expired with the status TTL, a restored backup), the
+    graph write's own idempotency answers, and nothing is written twice."""
+    user = f"bf_{uuid.uuid4().hex[:8]}"
+    ctx, recorded = process(stack, 1)
+    reads = CountingReads(ctx.graph)
+    ctx.__dict__["graph"] = reads  # before the keeper and the user writes take the real store
+    mids = queue(ctx, stack, user)
+    assert reads.asked == 1  # the seed's apply, run as a later start (the default)
+    reads.asked = 0
+    r = stack.client.redis
+    saved = {key: r.get(key) for key in (keys.extraction(user, mids[0]), keys.message_payload(user, mids[0]))}
+    assert run_apply(ctx, user, mids[0], first_start=True).outcome is StageOutcome.APPLIED
+    assert reads.asked == 0
+
+    def bookkeeping_lost() -> None:  # the graph holds m0, a crash came between the commit and the status write
+        for key, value in saved.items():
+            assert value is not None
+            r.set(key, value)
+        r.hset(keys.status(user, mids[0]), "state", MessageState.EXTRACTED.value)
+
+    bookkeeping_lost()
+    version = stack.client.graph.user_version(user)
+    recorded.calls.clear()
+    assert run_apply(ctx, user, mids[0]).outcome is StageOutcome.ALREADY  # a later start: asked, not planned
+    assert reads.asked == 1 and recorded.calls == []
+    bookkeeping_lost()
+    result = run_apply(ctx, user, mids[0], first_start=True)  # wrongly first: planned, and the write refused
+    assert result.outcome is StageOutcome.ALREADY and reads.asked == 1
+    assert stack.client.graph.user_version(user) == version and stack.client.stats(user).episodes == 2
 
 
 def test_a_context_registers_each_script_once_on_its_client(stack: Stack) -> None:

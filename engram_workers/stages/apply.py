@@ -87,13 +87,17 @@ def write_extraction(
     return Written(outcome=outcome, planned=planned)
 
 
-def _apply_locked(ctx: WorkerContext, write: UserWrite, message_id: str, claim: Claim) -> StageResult:
+def _apply_locked(
+    ctx: WorkerContext, write: UserWrite, message_id: str, claim: Claim, *, first_start: bool
+) -> StageResult:
     graph, user_id = ctx.graph, write.user_id
     # Read under the lease, so a message forgotten before it is never applied (``forget`` waits for it).
     found = read_stored(ctx, user_id, message_id)
     if found.settled is not None:
         return found.settled
-    if graph.is_applied(user_id, message_id):
+    # A later start may follow one that committed and died before marking the message: finish it without
+    # planning again. A first start cannot (the write below is idempotent all the same).
+    if not first_start and graph.is_applied(user_id, message_id):
         mark_applied(ctx, user_id, message_id, write.finish().version)
         return StageResult(StageOutcome.ALREADY, "applied (finished bookkeeping)")
     if found.payload is None:
@@ -112,17 +116,23 @@ def _apply_locked(ctx: WorkerContext, write: UserWrite, message_id: str, claim: 
         envelope=envelope, extraction=handed.extraction, usage=handed.usage, carried=handed.vectors,
     )  # fmt: skip
     mark_applied(ctx, user_id, message_id, write.stamp.version)
-    return StageResult(StageOutcome.APPLIED, summary(written.outcome, written.planned.plan))
+    outcome = StageOutcome.APPLIED if written.outcome.applied else StageOutcome.ALREADY
+    return StageResult(outcome, summary(written.outcome, written.planned.plan))
 
 
-def run_apply(ctx: WorkerContext, user_id: str, message_id: str) -> StageResult:
+def run_apply(ctx: WorkerContext, user_id: str, message_id: str, *, first_start: bool = False) -> StageResult:
     """Apply one message (and, batching, its user's other ready ones) under the user's lease. A task
     reaches here only for a message neither finished nor forgotten (``tasks``: ``Delivery.settled``);
-    under the lease both are read again."""
+    under the lease both are read again. ``first_start``: no earlier apply of this message started
+    (``Delivery.first``), so the graph cannot hold it yet and is not asked (one store read less)."""
     try:
         ctx.warm_up()
         claim = Claim()  # the batch members this task takes, kept when a fenced write re-plans
-        return ctx.writes.run(user_id, lambda write: _apply_locked(ctx, write, message_id, claim), wait=0.2)
+        return ctx.writes.run(
+            user_id,
+            lambda write: _apply_locked(ctx, write, message_id, claim, first_start=first_start),
+            wait=0.2,
+        )
     except UserBusyError:
         raise RetryLater(random.uniform(0.05, 0.4), "another worker is applying this user's messages") from None
     except StoreUnavailableError as exc:

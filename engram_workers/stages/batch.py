@@ -203,8 +203,8 @@ class _Run:
         except Exception as exc:  # as in a single apply: committed, its status left to a retry (own task)
             self._failed(mid, exc, is_trigger)
             return
-        result = StageResult(StageOutcome.APPLIED, summary(outcome, plan))
-        self.progress.done[mid] = (result, time.perf_counter() - started)
+        done = StageOutcome.APPLIED if outcome.applied else StageOutcome.ALREADY
+        self.progress.done[mid] = (StageResult(done, summary(outcome, plan)), time.perf_counter() - started)
 
     def _failed(self, mid: str, exc: Exception, is_trigger: bool) -> None:
         if is_trigger:
@@ -280,7 +280,7 @@ def _finish(ctx: WorkerContext, write: UserWrite, trigger: str, size: int, progr
     if trigger not in progress.done:
         # A store outage stopped the batch before the trigger's turn: the trigger's own retry path.
         raise StoreUnavailableError("the graph store failed earlier in this apply batch")
-    detail = progress.done[trigger][0].detail
+    result = progress.done[trigger][0]
     if size > 1:
-        detail += f"; batch of {len(progress.done)}/{size}"
-    return StageResult(StageOutcome.APPLIED, detail)
+        return StageResult(result.outcome, f"{result.detail}; batch of {len(progress.done)}/{size}")
+    return result

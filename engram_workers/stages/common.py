@@ -59,15 +59,17 @@ return 1
 """
 
 # A start of a stage, in one round trip: a message already finished (applied, dead) or forgotten is not
-# counted, since its task has nothing to do; otherwise the start is counted. Returns {count or 0, state,
-# forgotten}. KEYS: deliveries counter, status, tombstone. ARGV: ttl.
+# counted, since its task has nothing to do; otherwise the start is counted. The counter outlives a
+# finished start (back at 0), so its absence says no start of this stage came before. Returns {count or 0,
+# state, forgotten, earlier start}. KEYS: deliveries counter, status, tombstone. ARGV: ttl.
 _ENTER = """
 local state = redis.call('HGET', KEYS[2], 'state') or ''
 local forgotten = redis.call('EXISTS', KEYS[3])
-if forgotten == 1 or state == 'applied' or state == 'dead' then return {0, state, forgotten} end
+local earlier = redis.call('EXISTS', KEYS[1])
+if forgotten == 1 or state == 'applied' or state == 'dead' then return {0, state, forgotten, earlier} end
 local n = redis.call('INCR', KEYS[1])
 redis.call('EXPIRE', KEYS[1], ARGV[1])
-return {n, state, forgotten}
+return {n, state, forgotten, earlier}
 """
 
 _DECR_IF_EXISTS = """
@@ -102,11 +104,14 @@ def settled(forgotten: bool, state: str | None) -> StageResult | None:
 
 @dataclass(frozen=True)
 class Delivery:
-    """A start of a stage for one message: how many earlier starts died, and where the message stands."""
+    """A start of a stage for one message: how many earlier starts died, where the message stands, and
+    whether this is the stage's first start for it (no earlier one, finished or not, within the status
+    TTL): a first apply cannot find its own write in the graph, so it need not look."""
 
     crashed: int
     state: str | None
     forgotten: bool
+    first: bool = False
 
     @property
     def settled(self) -> StageResult | None:
@@ -119,16 +124,18 @@ def deliveries(ctx: WorkerContext, user_id: str, message_id: str, stage: str) ->
     """Count starts that never finished: a message whose processing kills the worker leaves its count up.
 
     Yields the ``Delivery``: how many earlier starts died (the caller dead-letters past
-    ``poison_max_deliveries``), the message's state and tombstone, read in the same round trip. A message
-    already ``settled`` is not counted.
+    ``poison_max_deliveries``), whether any start came before, the message's state and tombstone, read in
+    the same round trip. A message already ``settled`` is not counted.
     """
     key = keys.deliveries(user_id, message_id, stage)
-    started, state, forgotten = ctx.script(_ENTER)(
+    started, state, forgotten, earlier = ctx.script(_ENTER)(
         keys=[key, keys.status(user_id, message_id), keys.forgotten(user_id, message_id)],
         args=[ctx.settings.status_ttl_s],
     )
     state = state.decode() if isinstance(state, bytes) else state
-    delivery = Delivery(crashed=max(0, int(started) - 1), state=state or None, forgotten=bool(forgotten))
+    delivery = Delivery(
+        crashed=max(0, int(started) - 1), state=state or None, forgotten=bool(forgotten), first=not earlier
+    )
     try:
         yield delivery
     finally:
