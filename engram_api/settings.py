@@ -182,8 +182,8 @@ class Settings(BaseSettings):
         20_000,
         ge=0,
         description="a reader holds a user of at most this many facts + chunks whole in memory (~3.7 KB each), "
-        "kept current by reading only what each write changed, so recall's graph step makes no store round "
-        "trip (0: never)",
+        "kept current by reading only what each write changed, so recall's graph step and keyword search make "
+        "no store round trip (0: never)",
     )
     snapshot_budget_records: int = Field(
         50_000,
