@@ -131,12 +131,7 @@ class UserSnapshot:
             return (as_of is None or t <= as_of) and (since is None or t >= since) and (until is None or t < until)
 
         def fact_ok(fact_id: str) -> bool:
-            f = self.facts[fact_id]
-            if f.archived:
-                return False
-            if as_of is None:
-                return f.valid_until is None
-            return f.valid_from <= as_of and (f.valid_until is None or as_of < f.valid_until)
+            return _valid_at(self.facts[fact_id], as_of)
 
         return self.keywords.search(list(dict.fromkeys(terms)), k, chunk_ok=chunk_ok, fact_ok=fact_ok)
 
@@ -159,11 +154,7 @@ class UserSnapshot:
 
     def _expand(self, q: GraphStepQuery, seed_facts: list[str]) -> list[tuple[str, int]]:
         def walkable(f: FactRecord) -> bool:
-            if f.archived:
-                return False
-            if q.as_of is None:
-                return f.valid_until is None
-            return f.valid_from <= q.as_of and (f.valid_until is None or q.as_of < f.valid_until)
+            return _valid_at(f, q.as_of)
 
         def seeding(f: FactRecord) -> bool:
             return (
@@ -220,6 +211,16 @@ class UserSnapshot:
                 best[fid] = min(hops, best.get(fid, hops))
         ranked = sorted(best.items(), key=lambda kv: (kv[1], -self.facts[kv[0]].importance, kv[0]))
         return ranked[: q.limit]
+
+
+def _valid_at(f: FactRecord, as_of: datetime | None) -> bool:
+    """Not archived, and valid at ``as_of`` (current when None): what the stores' walk and keyword search
+    keep (``VALID_AT`` in neo4j_cypher, ``FACT_VALID_AT`` in sqlite_episodes)."""
+    if f.archived:
+        return False
+    if as_of is None:
+        return f.valid_until is None
+    return f.valid_from <= as_of and (f.valid_until is None or as_of < f.valid_until)
 
 
 def _reranked(order: tuple[str, ...], moving: list[str], facts: Mapping[str, FactRecord]) -> tuple[str, ...]:
