@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import math
 import random
+import threading
+from concurrent.futures import ThreadPoolExecutor
 
-from engram_api.storage.keywords import KeywordIndex, KeywordTable, stems
+from engram_api.storage.keywords import KeywordIndex, KeywordTable, _stemmer, stems
 
 
 def _all(_: str) -> bool:
@@ -86,3 +88,19 @@ def test_an_index_grown_by_added_answers_exactly_as_one_built_whole() -> None:
         assert got == whole.search(query, 10, chunk_ok=keep, fact_ok=keep)
         assert len([h for h in got if h.kind == "fact"]) <= 10 and len(got) <= 20
         assert [h.score for h in got] == sorted((h.score for h in got), reverse=True)
+
+
+def test_threads_stem_alike_each_with_its_own_stemmer() -> None:
+    """The reader's threads search while another builds a snapshot's index: each thread stems with its own
+    PyStemmer object (one is not to be shared), and all of them agree."""
+    texts = [f"running {i} painted libraries counselling agencies {i % 7} horses" for i in range(400)]
+    want = [stems(t) for t in texts]
+    together = threading.Barrier(3)
+
+    def own(_: int) -> int:
+        together.wait(timeout=10)  # three threads at once: three stemmers
+        return id(_stemmer())
+
+    with ThreadPoolExecutor(max_workers=6) as pool:
+        assert list(pool.map(stems, texts)) == want
+        assert len(set(pool.map(own, range(3)))) == 3

@@ -29,10 +29,10 @@ read); a fact's statement never changes, so a refresh that brings a known fact a
 from __future__ import annotations
 
 import math
+import threading
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from functools import lru_cache
 
 import numpy as np
 import Stemmer
@@ -47,9 +47,16 @@ _B = 0.75
 _Postings = tuple[np.ndarray, np.ndarray]  # (document positions int32, term frequencies float64)
 
 
-@lru_cache(maxsize=1)
+_local = threading.local()
+
+
 def _stemmer() -> Stemmer.Stemmer:
-    return Stemmer.Stemmer("porter")  # keeps its own cache of the words it has stemmed
+    """This thread's stemmer: a PyStemmer object (which keeps a cache of the words it stemmed) is not to be
+    shared between threads, and the reader's threads search while another loads a snapshot."""
+    stemmer = getattr(_local, "stemmer", None)
+    if stemmer is None:
+        stemmer = _local.stemmer = Stemmer.Stemmer("porter")
+    return stemmer
 
 
 def stems(text: str) -> list[str]:
