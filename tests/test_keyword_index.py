@@ -81,6 +81,8 @@ def test_an_index_grown_by_added_answers_exactly_as_one_built_whole() -> None:
     for lo in range(50, 200, 50):
         grown = grown.added(chunks[lo : lo + 50], facts[2 * lo : 2 * lo + 100])
     whole = KeywordIndex.of(reversed(chunks), reversed(facts))  # another order of positions
+    for table in (grown.chunks, grown.facts):  # ids merged in as they grew longer ("c49", then "c100")
+        assert [table.ids[p] for p in table.by_id] == sorted(table.ids) == table.sorted_ids.tolist()
     for _ in range(50):
         query = [rng.choice(vocab) for _ in range(rng.randint(1, 4))]
         keep = rng.choice([_all, lambda i: i.endswith(("1", "4", "7"))])
