@@ -108,10 +108,10 @@ class KeywordTable:
             )
         fresh = np.asarray(ids[len(self.ids) :])
         order = np.argsort(fresh)
-        at = np.searchsorted(self.sorted_ids, fresh[order])
+        slots = np.searchsorted(self.sorted_ids, fresh[order])
         wide = np.result_type(self.sorted_ids, fresh)  # a longer id widens the string array, never cut
-        sorted_ids = np.insert(self.sorted_ids.astype(wide, copy=False), at, fresh[order])
-        by_id = np.insert(self.by_id, at, order + len(self.ids))
+        sorted_ids = np.insert(self.sorted_ids.astype(wide, copy=False), slots, fresh[order])
+        by_id = np.insert(self.by_id, slots, order + len(self.ids))
         rank = np.empty(len(ids), dtype=np.int64)
         rank[by_id] = np.arange(len(ids))
         return KeywordTable(
