@@ -82,7 +82,8 @@ def test_an_index_grown_by_added_answers_exactly_as_one_built_whole() -> None:
         grown = grown.added(chunks[lo : lo + 50], facts[2 * lo : 2 * lo + 100])
     whole = KeywordIndex.of(reversed(chunks), reversed(facts))  # another order of positions
     for table in (grown.chunks, grown.facts):  # ids merged in as they grew longer ("c49", then "c100")
-        assert [table.ids[p] for p in table.by_id] == sorted(table.ids) == table.sorted_ids.tolist()
+        held = [i.decode() for i in table.sorted_ids.tolist()]
+        assert [table.ids[p] for p in table.by_id] == sorted(table.ids) == held
     for _ in range(50):
         query = [rng.choice(vocab) for _ in range(rng.randint(1, 4))]
         keep = rng.choice([_all, lambda i: i.endswith(("1", "4", "7"))])
@@ -90,6 +91,13 @@ def test_an_index_grown_by_added_answers_exactly_as_one_built_whole() -> None:
         assert got == whole.search(query, 10, chunk_ok=keep, fact_ok=keep)
         assert len([h for h in got if h.kind == "fact"]) <= 10 and len(got) <= 20
         assert [h.score for h in got] == sorted((h.score for h in got), reverse=True)
+
+
+def test_ids_beyond_ascii_break_ties_in_the_order_of_their_characters() -> None:
+    """The sorted ids are held as UTF-8 bytes: their order is that of the strings' code points."""
+    ids = ["z", "\u00e9t\u00e9", "e", "\u00df", "\U0001f600", "E", "\u00e9"]
+    table = KeywordTable.of((i, "same words") for i in ids[:3]).added((i, "same words") for i in ids[3:])
+    assert [i for i, _ in table.ranked(stems("same words"), 10, _all)] == sorted(ids)
 
 
 def test_threads_stem_alike_each_with_its_own_stemmer() -> None:
