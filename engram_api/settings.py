@@ -179,16 +179,17 @@ class Settings(BaseSettings):
     recency_half_life_days: float = Field(30.0, gt=0, description="age at which the recency boost halves")
     cache_ttl_s: float = Field(30.0, ge=0, description="reader result cache lifetime (also invalidated by writes)")
     snapshot_max_records: int = Field(
-        20_000,
+        150_000,
         ge=0,
-        description="a reader holds a user of at most this many facts + chunks whole in memory (~3.7 KB each), "
+        description="a reader holds a user of at most this many facts + chunks whole in memory (~0.9 KB a fact, "
+        "~1.4 KB a chunk; a whole load briefly holds ~2 KB a record more), "
         "kept current by reading only what each write changed, so recall's graph step and keyword search make "
         "no store round trip (0: never)",
     )
     snapshot_budget_records: int = Field(
-        50_000,
+        200_000,
         ge=0,
-        description="the facts + chunks of all the snapshots one reader holds (~185 MB at the default), least "
+        description="the facts + chunks of all the snapshots one reader holds (~180-280 MB at the default), least "
         "recently used dropped first",
     )
     broad_min_score: float = Field(0.45, description="search(auto): below this, fall back to facts")
