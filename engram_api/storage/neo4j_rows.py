@@ -12,7 +12,7 @@ for, never the record's own claim; an embedding goes in as a ``Vector`` (a list 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any, cast
 
@@ -26,6 +26,8 @@ from engram_api.storage.neo4j_cypher import ENTITY_TIMES, EPISODE_TIMES, FACT_TI
 __all__ = [
     "Vector",
     "chunk_props",
+    "each_live_chunk",
+    "each_live_fact",
     "entity_props",
     "entity_record",
     "episode_fields",
@@ -169,16 +171,26 @@ def episode_record(row: dict[str, Any]) -> EpisodeRecord:
     return EpisodeRecord.model_validate(episode_fields(_with_times(from_db(row), EPISODE_TIMES)))
 
 
-def live_facts(rows: Sequence[dict[str, Any]]) -> list[FactRecord]:
+def live_facts(rows: Iterable[dict[str, Any]]) -> list[FactRecord]:
     """Fact rows minus those a concurrent forget deleted mid-read (see ``live_chunks``)."""
-    return [fact_record(r) for r in rows if r.get("statement") is not None]
+    return list(each_live_fact(rows))
 
 
-def live_chunks(rows: Sequence[dict[str, Any]]) -> list[ChunkRecord]:
+def each_live_fact(rows: Iterable[dict[str, Any]]) -> Iterator[FactRecord]:
+    """``live_facts``, one at a time as ``rows`` are read (a snapshot's whole load holds no list of them)."""
+    return (fact_record(r) for r in rows if r.get("statement") is not None)
+
+
+def live_chunks(rows: Iterable[dict[str, Any]]) -> list[ChunkRecord]:
     """Chunk rows minus those a concurrent forget deleted mid-read: under read committed, a node matched
     before another transaction's delete committed reads back with null properties. Their times come as
     epoch microseconds (``neo4j_episodes.CHUNK_ROW``)."""
-    return [ChunkRecord.model_validate(_with_times(r, _CHUNK_ROW_TIMES)) for r in rows if r.get("text") is not None]
+    return list(each_live_chunk(rows))
+
+
+def each_live_chunk(rows: Iterable[dict[str, Any]]) -> Iterator[ChunkRecord]:
+    """``live_chunks``, one at a time as ``rows`` are read."""
+    return (ChunkRecord.model_validate(_with_times(r, _CHUNK_ROW_TIMES)) for r in rows if r.get("text") is not None)
 
 
 def chunk_props(c: ChunkRecord, user_id: str, episode_id: str) -> dict[str, Any]:

@@ -21,7 +21,7 @@ only ever a parameter value, never part of a query string.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import datetime
 from typing import Any
 
@@ -40,11 +40,12 @@ from engram_api.models import (
 from engram_api.storage import neo4j_cypher as cy
 from engram_api.storage import neo4j_episodes as episodes_cypher
 from engram_api.storage import neo4j_rows as shape
-from engram_api.storage.base import ExtractionContext, GraphStep, GraphStepQuery, Link, SnapshotChanges
+from engram_api.storage.base import ExtractionContext, GraphStep, GraphStepQuery, Link, SnapshotBuild, SnapshotChanges
 from engram_api.storage.episodes import user_key
 from engram_api.storage.neo4j_connection import Neo4jConnection, bump
 from engram_api.storage.neo4j_deletion import Neo4jDeletion
 from engram_api.storage.neo4j_maintenance import Neo4jMaintenance
+from engram_api.storage.snapshot import UserSnapshot
 from engram_api.versions import ABSENT, Stamp
 
 __all__ = ["Neo4jGraphStore"]
@@ -253,15 +254,21 @@ class Neo4jGraphStore(Neo4jDeletion, Neo4jMaintenance, Neo4jConnection):
         }
         return cypher, params
 
-    def _snapshot(self, user_id: str, max_records: int) -> tuple[Stamp, list[FactRecord], list[ChunkRecord]] | None:
-        def work(tx: ManagedTransaction) -> tuple[Stamp, list[FactRecord], list[ChunkRecord]] | None:
+    def _snapshot(self, user_id: str, max_records: int, build: SnapshotBuild) -> UserSnapshot | None:
+        def work(tx: ManagedTransaction) -> UserSnapshot | None:
             found = tx.run(cy.Q_STAMP, user_id=user_id).single()
             stamp = ABSENT if found is None else Stamp(int(found["epoch"]), int(found["version"]))
             if tx.run(cy.Q_USER_SIZE, user_id=user_id).single(strict=True)["n"] > max_records:
                 return None
-            facts = shape.live_facts([r["row"] for r in tx.run(cy.Q_USER_FACTS, user_id=user_id)])
-            chunks = shape.live_chunks([r["row"] for r in tx.run(episodes_cypher.Q_USER_CHUNKS, user_id=user_id)])
-            return stamp, facts, chunks
+
+            def chunks() -> Iterator[ChunkRecord]:  # run once the facts are read: one result streams at a time
+                yield from shape.each_live_chunk(
+                    r["row"] for r in tx.run(episodes_cypher.Q_USER_CHUNKS, user_id=user_id)
+                )
+
+            return build(
+                stamp, shape.each_live_fact(r["row"] for r in tx.run(cy.Q_USER_FACTS, user_id=user_id)), chunks()
+            )
 
         return self._read(work)
 

@@ -28,10 +28,12 @@ __all__ = [
     "ARCHIVED",
     "CHUNK_FACTS",
     "CHUNK_ROWS",
+    "EPISODE",
     "EVENT_TIME",
     "FACT_ROWS",
     "IMPORTANCE",
     "OBJECT",
+    "STATEMENT",
     "SUBJECT",
     "VALID_FROM",
     "VALID_UNTIL",
@@ -91,7 +93,8 @@ CHUNK_ROWS = RowShape.of(ChunkRecord, ("user_id", "episode_id", "speaker", "role
 SUBJECT, OBJECT, IMPORTANCE = FACT_ROWS.at("subject_id"), FACT_ROWS.at("object_id"), FACT_ROWS.at("importance")
 VALID_FROM, VALID_UNTIL, ARCHIVED = FACT_ROWS.at("valid_from"), FACT_ROWS.at("valid_until"), FACT_ROWS.at("archived")
 EVENT_TIME, CHUNK_FACTS = CHUNK_ROWS.at("event_time"), CHUNK_ROWS.at("fact_ids")
-_EPISODE, _SEQ = CHUNK_ROWS.at("episode_id"), CHUNK_ROWS.at("seq")
+EPISODE, _SEQ = CHUNK_ROWS.at("episode_id"), CHUNK_ROWS.at("seq")
+STATEMENT = FACT_ROWS.at("statement")
 
 
 def valid_at(fact: Row, as_of: datetime | None) -> bool:
@@ -107,7 +110,7 @@ def valid_at(fact: Row, as_of: datetime | None) -> bool:
 
 def conversation_order(chunk: Row) -> tuple[datetime, str, int]:
     """``ChunkRecord.conversation_order`` of a held chunk."""
-    return chunk[EVENT_TIME], chunk[_EPISODE], chunk[_SEQ]
+    return chunk[EVENT_TIME], chunk[EPISODE], chunk[_SEQ]
 
 
 class RecordRows(Mapping[str, M]):

@@ -21,7 +21,7 @@ Invariants (those of the stores' step, which its docstring states in full):
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -31,10 +31,12 @@ from engram_api.storage.keywords import KeywordIndex
 from engram_api.storage.record_rows import (
     CHUNK_FACTS,
     CHUNK_ROWS,
+    EPISODE,
     EVENT_TIME,
     FACT_ROWS,
     IMPORTANCE,
     OBJECT,
+    STATEMENT,
     SUBJECT,
     VALID_FROM,
     VALID_UNTIL,
@@ -62,28 +64,36 @@ class UserSnapshot:
 
     @classmethod
     def of(cls, user_id: str, stamp: Stamp, facts: Iterable[FactRecord], chunks: Iterable[ChunkRecord]) -> UserSnapshot:
-        by_id = {f.id: f for f in facts}
+        """The snapshot of these records; each is made a row as it comes (``GraphStore.snapshot`` reads them
+        lazily, facts first), so the models are never all held at once."""
+        fact_rows = RecordRows.of(FACT_ROWS, facts)
+        chunk_texts: dict[str, str] = {}
+
+        def texts(records: Iterable[ChunkRecord]) -> Iterator[ChunkRecord]:
+            for c in records:
+                chunk_texts[c.id] = c.indexed_text
+                yield c
+
+        chunk_rows = RecordRows.of(CHUNK_ROWS, texts(chunks))
+        rows, held = fact_rows.rows(), chunk_rows.rows()
         touching: dict[str, list[str]] = {}
         # Each entity's facts in the stores' rank order (importance descending, id descending): a walk reads
         # an entity's facts only as far as it still needs, as the stores read their rank indexes.
-        for f in sorted(by_id.values(), key=lambda f: (f.importance, f.id), reverse=True):
-            for entity in dict.fromkeys((f.subject_id, f.object_id)):
+        for fid in sorted(rows, key=lambda i: (rows[i][IMPORTANCE], i), reverse=True):
+            for entity in dict.fromkeys((rows[fid][SUBJECT], rows[fid][OBJECT])):
                 if entity:
-                    touching.setdefault(entity, []).append(f.id)
-        ordered = sorted(chunks, key=lambda c: c.conversation_order)
+                    touching.setdefault(entity, []).append(fid)
         episodes: dict[str, list[str]] = {}
-        for c in ordered:
-            episodes.setdefault(c.episode_id, []).append(c.id)
+        for cid in sorted(held, key=lambda i: conversation_order(held[i])):
+            episodes.setdefault(held[cid][EPISODE], []).append(cid)
         return cls(
             user_id=user_id,
             stamp=stamp,
-            facts=RecordRows.of(FACT_ROWS, by_id.values()),
-            chunks=RecordRows.of(CHUNK_ROWS, ordered),
+            facts=fact_rows,
+            chunks=chunk_rows,
             touching={e: tuple(ids) for e, ids in touching.items()},
             episodes={e: tuple(ids) for e, ids in episodes.items()},
-            keywords=KeywordIndex.of(
-                ((c.id, c.indexed_text) for c in ordered), ((f.id, f.statement) for f in by_id.values())
-            ),
+            keywords=KeywordIndex.of(chunk_texts.items(), ((i, row[STATEMENT]) for i, row in rows.items())),
         )
 
     def updated(self, stamp: Stamp, facts: Iterable[FactRecord], chunks: Iterable[ChunkRecord]) -> UserSnapshot:

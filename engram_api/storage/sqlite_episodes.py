@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from engram_api.models import ChunkRecord, KeywordHit
@@ -205,10 +205,13 @@ def get_chunks(
 def user_chunks(conn: sqlite3.Connection, user_id: str, *, dt: Any, since: int = -1) -> list[ChunkRecord]:
     """Every chunk of the user marked after version ``since`` (all by default), in no particular order
     (``UserSnapshot.of`` orders them)."""
-    rows = conn.execute(
-        f"{_CHUNK_COLUMNS} FROM chunks c WHERE c.user_id = ? AND c.changed > ?", (user_id, since)
-    ).fetchall()
-    return [_chunk(r, dt) for r in rows]
+    return list(each_user_chunk(conn, user_id, dt=dt, since=since))
+
+
+def each_user_chunk(conn: sqlite3.Connection, user_id: str, *, dt: Any, since: int = -1) -> Iterator[ChunkRecord]:
+    """``user_chunks``, one at a time as the rows are read (run when first asked)."""
+    for row in conn.execute(f"{_CHUNK_COLUMNS} FROM chunks c WHERE c.user_id = ? AND c.changed > ?", (user_id, since)):
+        yield _chunk(row, dt)
 
 
 def neighbour_chunks(

@@ -28,7 +28,8 @@ from engram_api.models import (
 from engram_api.storage import sqlite_episodes as episodes_sql
 from engram_api.storage import sqlite_rows as db
 from engram_api.storage import sqlite_sql as sql
-from engram_api.storage.base import GraphStep, GraphStepQuery, Link, SnapshotChanges
+from engram_api.storage.base import GraphStep, GraphStepQuery, Link, SnapshotBuild, SnapshotChanges
+from engram_api.storage.snapshot import UserSnapshot
 from engram_api.storage.sqlite_connection import SqliteConnection
 from engram_api.storage.sqlite_deletion import SqliteDeletion
 from engram_api.storage.sqlite_maintenance import SqliteMaintenance
@@ -206,7 +207,7 @@ class SqliteGraphStore(SqliteDeletion, SqliteMaintenance, SqliteConnection):
         rows = conn.execute(sql.FACTS_BY_ID, (user_id, db.json_ids(wanted))).fetchall()
         return hops, [db.fact_row(r) for r in rows]
 
-    def _snapshot(self, user_id: str, max_records: int) -> tuple[Stamp, list[FactRecord], list[ChunkRecord]] | None:
+    def _snapshot(self, user_id: str, max_records: int, build: SnapshotBuild) -> UserSnapshot | None:
         with self._read() as conn:
             stamp = db.read_stamp(conn, user_id)
             (size,) = conn.execute(
@@ -215,9 +216,9 @@ class SqliteGraphStore(SqliteDeletion, SqliteMaintenance, SqliteConnection):
             ).fetchone()
             if size > max_records:
                 return None
-            rows = conn.execute(f"{sql.FACT_SELECT} {sql.FACT_FROM} WHERE f.user_id = ?", (user_id,)).fetchall()
-            chunks = episodes_sql.user_chunks(conn, user_id, dt=db.from_us)
-        return stamp, [db.fact_row(r) for r in rows], chunks
+            rows = conn.execute(f"{sql.FACT_SELECT} {sql.FACT_FROM} WHERE f.user_id = ?", (user_id,))
+            chunks = episodes_sql.each_user_chunk(conn, user_id, dt=db.from_us)
+            return build(stamp, (db.fact_row(r) for r in rows), chunks)
 
     def _snapshot_changes(self, user_id: str, since: int) -> SnapshotChanges:
         with self._read() as conn:
