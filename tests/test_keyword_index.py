@@ -93,6 +93,47 @@ def test_an_index_grown_by_added_answers_exactly_as_one_built_whole() -> None:
         assert [h.score for h in got] == sorted((h.score for h in got), reverse=True)
 
 
+def _reference(docs: list[tuple[str, str]], query: list[str], k: int, keep: object) -> list[tuple[str, float]]:
+    """BM25 as ``keywords`` states it, one document at a time, the rare terms' shares summed first."""
+    terms = {i: stems(t) for i, t in docs}
+    n, avg = len(docs), sum(len(t) for t in terms.values()) / len(docs)
+    df = {w: sum(w in t for t in terms.values()) for w in dict.fromkeys(query)}
+    held = [w for w in df if df[w]]
+    order = [w for w in held if 4 * df[w] < n] + [w for w in held if 4 * df[w] >= n]
+    scored = []
+    for i, t in terms.items():
+        score, hit = 0.0, False
+        for w in order:
+            if w in t:
+                tf, hit = float(t.count(w)), True
+                idf = math.log(1.0 + (n - df[w] + 0.5) / (df[w] + 0.5))
+                score += idf * tf * 2.2 / (tf + 1.2 * (1.0 - 0.75 + 0.75 * len(t) / avg))
+        if hit and keep(i):  # type: ignore[operator]
+            scored.append((i, score))
+    return sorted(scored, key=lambda d: (-d[1], d[0]))[:k]
+
+
+def test_words_in_most_documents_rank_as_bm25_whether_or_not_the_rarer_words_settle_the_top() -> None:
+    """A word in a quarter of the documents or more is first added only to the documents a rarer word
+    found (``ranked``'s shortcut); the answers are BM25's all the same, shortcut taken or not."""
+    rng = random.Random(5)
+    rare = [f"topic{i}" for i in range(40)]
+    docs = []
+    for i in range(1_500):
+        words = ["user"] * (rng.random() < 0.8) + ["likes"] * (rng.random() < 0.4) + ["weekend"] * (i % 50 == 0)
+        words += rng.sample(rare, rng.randint(0, 3)) + ["filler"] * rng.randint(0, 6)
+        rng.shuffle(words)
+        docs.append((f"f{i:04d}", " ".join(words)))
+    table = KeywordTable.of(docs)
+    queries = [["user"], ["user", "topic3"], ["topic7", "user", "likes"], ["user", "weekend"], ["likes", "weekend"]]
+    queries += [["user", "likes", *rng.sample(rare, rng.randint(1, 3))] for _ in range(25)]
+    for words in queries:
+        query = stems(" ".join(words))
+        for k in (1, 5, 30, 400):
+            for keep in (_all, lambda i: i.endswith(("1", "4", "7")), lambda i: int(i[1:]) > 1_400):
+                assert table.ranked(query, k, keep) == _reference(docs, query, k, keep), (words, k)
+
+
 def test_ids_beyond_ascii_break_ties_in_the_order_of_their_characters() -> None:
     """The sorted ids are held as UTF-8 bytes: their order is that of the strings' code points."""
     ids = ["z", "\u00e9t\u00e9", "e", "\u00df", "\U0001f600", "E", "\u00e9"]
