@@ -9,7 +9,6 @@ from datetime import UTC, datetime, timedelta
 
 from engram_api.models import ChunkRecord, FactRecord
 from engram_api.storage.record_rows import (
-    BUILT_MAX,
     CHUNK_ROWS,
     FACT_ROWS,
     SUBJECT,
@@ -103,15 +102,3 @@ def test_a_record_added_or_replaced_leaves_the_rows_it_came_from_as_they_were() 
     grown = rows.with_records([moved, _fact(3)])
     assert list(grown) == ["fact-1", "fact-2", "fact-3"] and grown["fact-2"] == moved
     assert list(rows) == ["fact-1", "fact-2"] and rows["fact-2"] == _fact(2)
-
-
-def test_a_record_read_again_is_the_model_built_the_first_time_until_a_refresh_replaces_it() -> None:
-    rows = RecordRows.of(FACT_ROWS, [_fact(i) for i in range(BUILT_MAX + 10)])
-    first = rows["fact-1"]
-    assert rows["fact-1"] is first
-    grown = rows.with_records([_fact(2, importance=0.9)])
-    assert grown["fact-1"] is first  # kept across a refresh that did not touch it
-    assert grown["fact-2"].importance == 0.9 and rows["fact-2"].importance != 0.9
-    for i in range(BUILT_MAX + 10):  # more than it keeps: dropped, then built again, equal
-        assert rows[f"fact-{i}"] == _fact(i)
-    assert rows["fact-1"] == first

@@ -8,14 +8,12 @@ and keyword search stayed in the store, 5-6x the floor). A row is one tuple; the
 repeat (owner, entity ids and names, predicates, episode ids, speakers) are interned, so one copy serves
 every record and every snapshot after a refresh (a fact with its keyword entry: ~0.8 KB). The walk
 (``UserSnapshot.graph_step``) and the keyword filters read the fields they need from the rows by position
-(``SUBJECT``, ``EVENT_TIME``, ...); only the records a recall returns are built (~6 us a fact), and the
-last ``BUILT_MAX`` built are kept (a recall of the 100K-fact user returns ~110 facts, most of them those
-of the user's central entities again: 0.7 ms a recall spent building them before they were kept).
+(``SUBJECT``, ``EVENT_TIME``, ...); only the records a recall returns are built (~5 us a fact; a recall
+of the 100K-fact user builds ~110, ~0.5 ms). Keeping the models built was tried: four in five of the
+100K-fact user's were new to the next recall, and the keeping cost more than it saved.
 
 Invariants: a row holds its model's fields in their declared order, lists as tuples; ``RecordRows`` is
-immutable (``with_records`` returns a new one, keeping the built models of the records it does not
-replace), as its snapshot is; a kept model is shared by the recalls that read it, as the models a
-snapshot held were.
+immutable (``with_records`` returns a new one), as its snapshot is; each read builds a new model.
 """
 
 from __future__ import annotations
@@ -30,7 +28,6 @@ from engram_api.models import ChunkRecord, FactRecord, Record
 
 __all__ = [
     "ARCHIVED",
-    "BUILT_MAX",
     "CHUNK_FACTS",
     "CHUNK_ROWS",
     "EPISODE",
@@ -51,7 +48,6 @@ __all__ = [
 
 Row = tuple[Any, ...]
 M = TypeVar("M", bound=Record)
-BUILT_MAX = 2_048  # built models a ``RecordRows`` keeps (~4 MB), all dropped when full
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,12 +118,11 @@ def conversation_order(chunk: Row) -> tuple[datetime, str, int]:
 class RecordRows(Mapping[str, M]):
     """Records by id, held as rows of ``shape``; reading one builds its model, ``rows`` reads them as held."""
 
-    __slots__ = ("_built", "_rows", "shape")
+    __slots__ = ("_rows", "shape")
 
-    def __init__(self, shape: RowShape[M], rows: dict[str, Row], built: dict[str, M] | None = None) -> None:
+    def __init__(self, shape: RowShape[M], rows: dict[str, Row]) -> None:
         self.shape = shape
         self._rows = rows
-        self._built: dict[str, M] = built or {}
 
     @classmethod
     def of(cls, shape: RowShape[M], records: Iterable[M]) -> RecordRows[M]:
@@ -135,22 +130,14 @@ class RecordRows(Mapping[str, M]):
 
     def with_records(self, records: Iterable[M]) -> RecordRows[M]:
         """These rows with those of ``records`` added or in their place."""
-        fresh = {r.id: self.shape.row(r) for r in records}
-        built = {i: m for i, m in self._built.items() if i not in fresh}
-        return RecordRows(self.shape, {**self._rows, **fresh}, built)
+        return RecordRows(self.shape, {**self._rows, **{r.id: self.shape.row(r) for r in records}})
 
     def rows(self) -> Mapping[str, Row]:
         """The rows by id, as held (the walk reads them by position)."""
         return self._rows
 
     def __getitem__(self, record_id: str) -> M:
-        built = self._built.get(record_id)
-        if built is None:
-            built = self.shape.record(self._rows[record_id])
-            if len(self._built) >= BUILT_MAX:
-                self._built.clear()  # a reader thread may be reading it: a dict's clear and set are atomic
-            self._built[record_id] = built
-        return built
+        return self.shape.record(self._rows[record_id])
 
     def __contains__(self, record_id: object) -> bool:
         return record_id in self._rows
