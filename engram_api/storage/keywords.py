@@ -20,7 +20,10 @@ What it computes, so a newcomer can hold it against the stores' full-text indexe
   ties, can differ from these; which documents match is the same (``tests/test_keyword_index.py`` and
   the contract suite hold it against both stores);
 - ties are broken by node id, as the stores' answers are sorted, so a refreshed index answers exactly as
-  a freshly built one.
+  a freshly built one;
+- a word in a quarter of the documents or more is first added only to the documents a rarer query word
+  found, which settles the top k when its k-th outscores every common word together (MaxScore): the same
+  answers, a 100K-fact user's search 3.1 -> 1.8 ms with its "user" in 79K statements.
 
 Invariants: immutable once built (a reader thread swaps a new snapshot in; a recall holds the one it
 read); a fact's statement never changes, so a refresh that brings a known fact again leaves its entry be.
