@@ -9,8 +9,9 @@ repeat (owner, entity ids and names, predicates, episode ids, speakers) are inte
 every record and every snapshot after a refresh (a fact with its keyword entry: ~0.8 KB). The walk
 (``UserSnapshot.graph_step``) and the keyword filters read the fields they need from the rows by position
 (``SUBJECT``, ``EVENT_TIME``, ...); only the records a recall returns are built (~5 us a fact; a recall
-of the 100K-fact user builds ~110, ~0.5 ms). Keeping the models built was tried: four in five of the
-100K-fact user's were new to the next recall, and the keeping cost more than it saved.
+of the 100K-fact user builds ~110, ~0.5 ms). Keeping the models built was tried twice: four in five of
+the 100K-fact user's were new to the next recall, and for a 2K-fact user recall against its floor did not
+move (1.47-1.48x kept, 1.48-1.51x built on every read; ops/bench/recall_ab.py, docs/benchmarks.md).
 
 Invariants: a row holds its model's fields in their declared order, lists as tuples; ``RecordRows`` is
 immutable (``with_records`` returns a new one), as its snapshot is; each read builds a new model.
