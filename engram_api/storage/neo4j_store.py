@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterator
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from neo4j import ManagedTransaction
 
@@ -45,8 +45,10 @@ from engram_api.storage.episodes import user_key
 from engram_api.storage.neo4j_connection import Neo4jConnection, bump
 from engram_api.storage.neo4j_deletion import Neo4jDeletion
 from engram_api.storage.neo4j_maintenance import Neo4jMaintenance
-from engram_api.storage.snapshot import UserSnapshot
 from engram_api.versions import ABSENT, Stamp
+
+if TYPE_CHECKING:
+    from engram_api.storage.snapshot import UserSnapshot  # imports numpy: the CLI's light reads must not
 
 __all__ = ["Neo4jGraphStore"]
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import sqlite3
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from engram_api.models import (
     ApplyOutcome,
@@ -29,11 +29,13 @@ from engram_api.storage import sqlite_episodes as episodes_sql
 from engram_api.storage import sqlite_rows as db
 from engram_api.storage import sqlite_sql as sql
 from engram_api.storage.base import GraphStep, GraphStepQuery, Link, SnapshotBuild, SnapshotChanges
-from engram_api.storage.snapshot import UserSnapshot
 from engram_api.storage.sqlite_connection import SqliteConnection
 from engram_api.storage.sqlite_deletion import SqliteDeletion
 from engram_api.storage.sqlite_maintenance import SqliteMaintenance
 from engram_api.versions import Stamp
+
+if TYPE_CHECKING:
+    from engram_api.storage.snapshot import UserSnapshot  # imports numpy: the CLI's light reads must not
 
 __all__ = ["SqliteGraphStore"]
 
