@@ -114,7 +114,7 @@ class UserSnapshot:
         touching = dict(self.touching)
         moved = {i for i, f in fresh.items() if i not in held or held[i][IMPORTANCE] != f.importance}
         for entity, ids in reached.items():
-            touching[entity] = _reranked(touching.get(entity, ()), [i for i in ids if i in moved], by_id.rows())
+            touching[entity] = _reranked(touching.get(entity, ()), [i for i in ids if i in moved], by_id.rows(), held)
         joined: dict[str, list[str]] = {}
         for c in new_chunks.values():
             joined.setdefault(c.episode_id, []).append(c.id)
@@ -245,14 +245,18 @@ class UserSnapshot:
         return ranked[: q.limit]
 
 
-def _reranked(order: tuple[str, ...], moving: list[str], facts: Mapping[str, Row]) -> tuple[str, ...]:
+def _reranked(
+    order: tuple[str, ...], moving: list[str], facts: Mapping[str, Row], before: Mapping[str, Row]
+) -> tuple[str, ...]:
     """``order`` (an entity's facts, importance descending, id descending) with ``moving`` (new facts, or
     facts whose importance changed) in their place, each inserted by binary search: a hub entity's tens of
-    thousands of facts cost O(log n) rank reads per change, not a sort (4.6 of a 10K-fact refresh's 6 ms)."""
+    thousands of facts cost O(log n) rank reads per change, not a sort (4.6 of a 10K-fact refresh's 6 ms).
+    Only facts held ``before`` are looked for in ``order``: new ones only are copied past (the 100K-fact
+    user's owner, in 80K facts: 6 of a one-fact refresh's 11 ms went to looking)."""
     if not moving:
         return order
-    gone = set(moving)
-    out = [i for i in order if i not in gone]
+    gone = {i for i in moving if i in before}
+    out = [i for i in order if i not in gone] if gone else list(order)
     for fid in moving:
         rank = (facts[fid][IMPORTANCE], fid)
         lo, hi = 0, len(out)
