@@ -76,9 +76,8 @@ class KeywordTable:
 
     ids: tuple[str, ...]
     lengths: np.ndarray
-    sorted_ids: (
-        np.ndarray
-    )  # the ids as UTF-8, sorted (bytes order is code point order; a quarter of str's 4 B a character)
+    # the ids as UTF-8, sorted (bytes order is code point order; a quarter of str's 4 B a character)
+    sorted_ids: np.ndarray
     by_id: np.ndarray  # the positions of ``sorted_ids``
     rank: np.ndarray  # position -> its place in ``sorted_ids``
     postings: Mapping[str, _Postings]
@@ -138,17 +137,17 @@ class KeywordTable:
             return []
         avg = float(self.lengths.sum()) / n or 1.0
         held = [self.postings[term] for term in dict.fromkeys(terms) if term in self.postings]
-        # The rare terms' shares are added first, then the common ones', on both paths: the same sums.
-        found = [p for p in held if 4 * len(p[0]) < n] + [p for p in held if 4 * len(p[0]) >= n]
+        rare = [p for p in held if 4 * len(p[0]) < n]
+        common = [p for p in held if 4 * len(p[0]) >= n]
+        found = rare + common  # the rare terms' shares added first on both paths: the same sums
         # Terms in a quarter of the documents or more (the 100K-fact user's "user": 79K) score little each
         # (IDF <= 1.2) and cost the most: first rank the documents holding a rarer term, adding the common
         # terms' share to those alone; that is the answer when the k-th kept of them outscores all the common
         # terms together (a document holding only those), else score them all (MaxScore, Turtle and Flood 1995).
-        common = [p for p in found if 4 * len(p[0]) >= n]
-        if common and len(common) < len(found):
+        if common and rare:
             ceiling = sum(self._idf(len(at)) * (_K1 + 1.0) for at, _ in common)
             scores = np.zeros(n)
-            for at, tf in found[: len(found) - len(common)]:
+            for at, tf in rare:
                 scores[at] += self._weights(at, tf, avg, len(at))
             cand = np.flatnonzero(scores)
             for at, tf in common:
