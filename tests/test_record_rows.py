@@ -1,5 +1,6 @@
-"""A snapshot's records held as rows (``engram_api.storage.record_rows``): read back as the very records
-held, their repeated strings one object, far smaller than the models, immutable."""
+"""A snapshot's records held as rows (``engram_api.storage.record_rows``): views that read as the records
+held (every field by name, the models' own methods), built back into the very records, their repeated
+strings one object, far smaller than the models, immutable."""
 
 from __future__ import annotations
 
@@ -12,8 +13,9 @@ from engram_api.storage.record_rows import (
     CHUNK_ROWS,
     FACT_ROWS,
     SUBJECT,
+    ChunkView,
+    FactView,
     RecordRows,
-    conversation_order,
     valid_at,
 )
 
@@ -45,15 +47,24 @@ def test_a_held_record_reads_back_as_the_record_held_every_field_alike() -> None
     rows = RecordRows.of(FACT_ROWS, facts)
     assert list(rows) == [f.id for f in facts] and len(rows) == 4 and "fact-9" not in rows
     for fact in facts:
-        back = rows[fact.id]
+        back = rows.record(fact.id)
         assert back == fact and back.model_dump() == fact.model_dump()
-        assert isinstance(back.source_ids, list)  # held as a tuple, read as the field's list
+        assert isinstance(back.source_ids, list)  # held as a tuple, built as the field's list
+        view = rows[fact.id]
+        assert isinstance(view, FactView)
+        for name, value in fact:
+            assert getattr(view, name) == (tuple(value) if isinstance(value, list) else value), name
+        for at in (None, T0, T0 + timedelta(days=3), T0 + timedelta(days=20)):
+            assert view.current_at(at) == fact.current_at(at)
     chunk = ChunkRecord(
         id="c1", user_id="user-1", episode_id="m1", seq=2, text="I moved to Paris.", speaker="Ana",
         event_time=T0, fact_ids=["fact-1", "fact-2"],
     )  # fmt: skip
     held = RecordRows.of(CHUNK_ROWS, [chunk])
-    assert held["c1"] == chunk and conversation_order(held.rows()["c1"]) == chunk.conversation_order
+    view = held["c1"]
+    assert held.record("c1") == chunk and isinstance(view, ChunkView)
+    assert view.conversation_order == chunk.conversation_order and view.indexed_text == "Ana: I moved to Paris."
+    assert view.fact_ids == ("fact-1", "fact-2") and view.text == chunk.text
 
 
 def test_the_rows_answer_validity_as_the_record_does() -> None:
@@ -100,5 +111,6 @@ def test_a_record_added_or_replaced_leaves_the_rows_it_came_from_as_they_were() 
     rows = RecordRows.of(FACT_ROWS, [_fact(1), _fact(2)])
     moved = _fact(2, importance=0.9)
     grown = rows.with_records([moved, _fact(3)])
-    assert list(grown) == ["fact-1", "fact-2", "fact-3"] and grown["fact-2"] == moved
-    assert list(rows) == ["fact-1", "fact-2"] and rows["fact-2"] == _fact(2)
+    assert list(grown) == ["fact-1", "fact-2", "fact-3"] and grown.record("fact-2") == moved
+    assert list(rows) == ["fact-1", "fact-2"] and rows.record("fact-2") == _fact(2)
+    assert grown["fact-2"].importance == 0.9 and rows["fact-2"].importance == _fact(2).importance

@@ -31,7 +31,7 @@ import logging
 import os
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Generic, TypeVar
@@ -39,7 +39,8 @@ from typing import Generic, TypeVar
 from engram_api.errors import EngramError
 from engram_api.models import ChunkRecord, FactRecord
 from engram_api.storage.base import GraphStep, GraphStepQuery, GraphStore
-from engram_api.storage.snapshot import UserSnapshot
+from engram_api.storage.record_rows import AnyChunk, AnyFact
+from engram_api.storage.snapshot import HeldStep, UserSnapshot
 from engram_api.versions import Stamp
 
 __all__ = [
@@ -252,14 +253,15 @@ class UserFacts:
     stamp: Stamp
     snapshot: UserSnapshot | None = None  # the user's whole graph at ``stamp``: no store call at all
 
-    def load(self, ids: Sequence[str]) -> dict[str, FactRecord]:
+    def load(self, ids: Sequence[str]) -> Mapping[str, AnyFact]:
         """The user's facts among ``ids`` (another user's or unknown ids are absent): one store read
         for those the cache does not hold, none when it holds them all."""
         if self.snapshot is not None:
-            return {i: self.snapshot.facts[i] for i in ids if i in self.snapshot.facts}
+            held = self.snapshot.facts.rows()
+            return {i: held[i] for i in ids if i in held}
         return self.cache.through(self.user_id, self.stamp, ids, partial(self.graph.get_facts, self.user_id))
 
-    def step(self, query: GraphStepQuery) -> GraphStep:
+    def step(self, query: GraphStepQuery) -> GraphStep | HeldStep:
         """Hydrate ``query.fact_ids`` (and the chunks named) and expand, in one store round trip, none
         when the cache holds every fact asked and nothing else is. Returns the records of every asked or
         reached fact of the user, the reached facts as (id, hops), nearest first, and the chunks asked."""
@@ -291,25 +293,26 @@ class UserChunks:
     stamp: Stamp
     snapshot: UserSnapshot | None = None  # the user's whole graph at ``stamp``: no store call at all
 
-    def load(self, ids: Sequence[str]) -> dict[str, ChunkRecord]:
+    def load(self, ids: Sequence[str]) -> Mapping[str, AnyChunk]:
         """The user's chunks among ``ids`` (another user's, unknown or since forgotten ids are absent):
         one store read for those the cache does not hold, none when it holds them all."""
         if self.snapshot is not None:
             return self.held(ids)
         return self.cache.through(self.user_id, self.stamp, ids, partial(self.graph.get_chunks, self.user_id))
 
-    def held(self, ids: Iterable[str]) -> dict[str, ChunkRecord]:
+    def held(self, ids: Iterable[str]) -> Mapping[str, AnyChunk]:
         """Those of ``ids`` the cache holds; no read."""
         if self.snapshot is not None:
-            return {i: self.snapshot.chunks[i] for i in ids if i in self.snapshot.chunks}
+            held = self.snapshot.chunks.rows()
+            return {i: held[i] for i in ids if i in held}
         return self.cache.get(self.user_id, self.stamp, ids)
 
-    def keep(self, chunks: Iterable[ChunkRecord]) -> None:
-        """Chunks read at this stamp by another query (the graph step's)."""
-        if self.snapshot is None:
-            self.cache.put(self.user_id, self.stamp, chunks)
+    def keep(self, step: GraphStep | HeldStep) -> None:
+        """The chunks a graph step read at this stamp (a held snapshot's are held already)."""
+        if isinstance(step, GraphStep):
+            self.cache.put(self.user_id, self.stamp, step.chunks)
 
-    def of_episodes(self, episode_ids: Sequence[str]) -> list[ChunkRecord]:
+    def of_episodes(self, episode_ids: Sequence[str]) -> list[AnyChunk]:
         """Every chunk of the user's episodes among ``episode_ids``, in conversation order (as
         ``GraphStore.get_chunks`` returns them): none read when the cache holds them all."""
         if self.snapshot is not None:

@@ -29,7 +29,7 @@ from typing import Literal
 import numpy as np
 
 from engram_api.models import Channel as ChannelName
-from engram_api.models import ChunkRecord, FactRecord, RecallItem, ScoreBreakdown, utcnow
+from engram_api.models import RecallItem, ScoreBreakdown, utcnow
 from engram_api.naming import self_entity_id
 from engram_api.reader.facts import UserChunks, UserFacts
 from engram_api.reader.items import Candidate, Row, novel_first, recall_item
@@ -38,6 +38,7 @@ from engram_api.reader.scoring import Weights, components, named
 from engram_api.settings import Settings
 from engram_api.storage.base import GraphStepQuery, GraphStore, KeywordHit
 from engram_api.storage.episodes import keyword_terms
+from engram_api.storage.record_rows import AnyChunk, AnyFact
 from engram_api.storage.vectors import Kind, UserIndex, VectorHit
 
 __all__ = ["TimeWindow", "keyword_hits", "recall_items"]
@@ -58,7 +59,7 @@ class TimeWindow:
     def filtering(self) -> bool:
         return self.as_of is not None or self.since is not None or self.until is not None
 
-    def chunk_ok(self, chunk: ChunkRecord) -> bool:
+    def chunk_ok(self, chunk: AnyChunk) -> bool:
         t = chunk.event_time
         return (
             (self.as_of is None or t <= self.as_of)
@@ -66,7 +67,7 @@ class TimeWindow:
             and (self.until is None or t < self.until)
         )
 
-    def fact_ok(self, fact: FactRecord) -> bool:
+    def fact_ok(self, fact: AnyFact) -> bool:
         return (
             fact.current_at(self.as_of)
             and (self.until is None or fact.valid_from < self.until)
@@ -87,8 +88,8 @@ class _Run:
     window: TimeWindow
     graph_expansion: bool
     keyword: Future[list[KeywordHit]] | None
-    facts: dict[str, FactRecord] = field(default_factory=dict)
-    chunks: dict[str, ChunkRecord] = field(default_factory=dict)
+    facts: dict[str, AnyFact] = field(default_factory=dict)  # models, or a held snapshot's views of them
+    chunks: dict[str, AnyChunk] = field(default_factory=dict)
     sims: dict[str, float] = field(default_factory=dict)
     hops: dict[str, int] = field(default_factory=dict)
     cands: dict[str, Candidate] = field(default_factory=dict)
@@ -240,7 +241,7 @@ class _Run:
             step = self.user_facts.step(query)
         for fact in step.facts:
             self.facts.setdefault(fact.id, fact)
-        self.user_chunks.keep(step.chunks)
+        self.user_chunks.keep(step)
         self.chunks.update((c.id, c) for c in step.chunks)
         self.hops.update(step.hops)
 

@@ -8,8 +8,9 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from engram_api.models import Channel as ChannelName
-from engram_api.models import ChunkRecord, FactRecord, RecallItem, ScoreBreakdown
+from engram_api.models import RecallItem, ScoreBreakdown
 from engram_api.reader.scoring import ComponentValues
+from engram_api.storage.record_rows import AnyChunk, AnyFact
 
 __all__ = ["Candidate", "Row", "novel_first", "recall_item"]
 
@@ -19,8 +20,8 @@ class Candidate:
     """A recall candidate: a fact or an episode chunk, its fusion score and the channels that found it."""
 
     kind: Literal["fact", "episode"]
-    fact: FactRecord | None = None
-    chunk: ChunkRecord | None = None
+    fact: AnyFact | None = None  # a model, or a held snapshot's view of one: read by field name alike
+    chunk: AnyChunk | None = None
     fusion: float = 0.0
     channels: list[ChannelName] = field(default_factory=list)
 

@@ -1,29 +1,31 @@
-"""A snapshot's facts and chunks held as rows (tuples of their field values), built into their models only
-when read.
+"""A snapshot's facts and chunks held as rows: named tuples of their models' fields (``FactView``,
+``ChunkView``), read by the walk, the keyword filters and recall as they are held.
 
 Why: a pydantic model costs ~1.5 KB of its own (its ``__dict__``, its set of fields set) beyond its values
 (a ``FactRecord`` as read from a store: ~2.1 KB, tracemalloc), so a snapshot of a 100K-fact user held as
 models took ~370 MB and readers held no user above 20K records (issue 14: the 100K-fact user's graph step
-and keyword search stayed in the store, 5-6x the floor). A row is one tuple; the strings many records
-repeat (owner, entity ids and names, predicates, episode ids, speakers) are interned, so one copy serves
-every record and every snapshot after a refresh (a fact with its keyword entry: ~0.8 KB). The walk
-(``UserSnapshot.graph_step``) and the keyword filters read the fields they need from the rows by position
-(``SUBJECT``, ``EVENT_TIME``, ...); only the records a recall returns are built (~5 us a fact; a recall
-of the 100K-fact user builds ~110, ~0.5 ms). Keeping the models built was tried twice: four in five of
-the 100K-fact user's were new to the next recall, and for a 2K-fact user recall against its floor did not
-move (1.47-1.48x kept, 1.48-1.51x built on every read; ops/bench/recall_ab.py, docs/benchmarks.md).
+and keyword search stayed in the store, 5-6x the floor). A row is one tuple (a named tuple has no
+``__dict__``: the same size); the strings many records repeat (owner, entity ids and names, predicates,
+episode ids, speakers) are interned, so one copy serves every record and every snapshot after a refresh
+(a fact with its keyword entry: ~0.8 KB). The walk (``UserSnapshot.graph_step``) and the keyword filters
+read fields by position (``SUBJECT``, ``EVENT_TIME``, ...); recall reads a view's fields by name, as it
+reads a model's, so no model is built for a recall at all. Building the models a recall read (~3 us each,
+~80 a recall of a 369-turn conversation, ~110 of the 100K-fact user) cost small users ~8 % of a recall
+against their floor (1.40x -> 1.51x, docs/benchmarks.md "Stop 39").
 
-Invariants: a row holds its model's fields in their declared order, lists as tuples; ``RecordRows`` is
-immutable (``with_records`` returns a new one), as its snapshot is; each read builds a new model.
+Invariants: a row holds its model's fields in their declared order, lists as tuples; a view's methods
+and properties are its model's own (``current_at``, ``conversation_order``, ``indexed_text``), borrowed,
+not copied; ``RecordRows`` is immutable (``with_records`` returns a new one), as its snapshot is.
 """
 
 from __future__ import annotations
 
 import sys
+from collections import namedtuple
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypeAlias, TypeVar, get_args, get_origin
 
 from engram_api.models import ChunkRecord, FactRecord, Record
 
@@ -40,48 +42,74 @@ __all__ = [
     "SUBJECT",
     "VALID_FROM",
     "VALID_UNTIL",
+    "AnyChunk",
+    "AnyFact",
+    "ChunkView",
+    "FactView",
     "RecordRows",
     "Row",
     "RowShape",
-    "conversation_order",
     "valid_at",
 ]
 
 Row = tuple[Any, ...]
 M = TypeVar("M", bound=Record)
+V = TypeVar("V", bound=tuple[Any, ...])
+
+
+class FactView(namedtuple("FactView", tuple(FactRecord.model_fields))):  # type: ignore[misc]
+    """A held fact: ``FactRecord``'s fields by name and by position, read-only."""
+
+    __slots__ = ()
+    current_at = FactRecord.current_at
+
+
+class ChunkView(namedtuple("ChunkView", tuple(ChunkRecord.model_fields))):  # type: ignore[misc]
+    """A held episode chunk: ``ChunkRecord``'s fields by name and by position, read-only."""
+
+    __slots__ = ()
+    indexed_text = ChunkRecord.__dict__["indexed_text"]
+    conversation_order = ChunkRecord.__dict__["conversation_order"]
+
+
+# What recall reads: a record from a store or a cache, or a snapshot's view of one.
+AnyFact: TypeAlias = FactRecord | FactView
+AnyChunk: TypeAlias = ChunkRecord | ChunkView
 
 
 @dataclass(frozen=True, slots=True)
-class RowShape(Generic[M]):
-    """How one model is held as a row: its fields in order, those interned, those that are lists."""
+class RowShape(Generic[M, V]):
+    """How one model is held as a row (its ``view``): its fields in order, those interned, those that are
+    lists."""
 
     model: type[M]
+    view: type[V]
     fields: tuple[str, ...]
     shared: frozenset[int]
     lists: frozenset[int]
 
     @classmethod
-    def of(cls, model: type[M], shared: Iterable[str]) -> RowShape[M]:
+    def of(cls, model: type[M], view: type[V], shared: Iterable[str]) -> RowShape[M, V]:
         fields = tuple(model.model_fields)
-        lists = (
-            i for i, n in enumerate(fields) if getattr(model.model_fields[n].annotation, "__origin__", None) is list
-        )
-        return cls(model, fields, frozenset(fields.index(n) for n in shared), frozenset(lists))
+        if getattr(view, "_fields", None) != fields:
+            raise TypeError(f"{view.__name__} does not hold {model.__name__}'s fields in their order")
+        lists = (i for i, n in enumerate(fields) if _holds_list(model.model_fields[n].annotation))
+        return cls(model, view, fields, frozenset(fields.index(n) for n in shared), frozenset(lists))
 
     def at(self, name: str) -> int:
         return self.fields.index(name)
 
-    def row(self, record: M) -> Row:
+    def row(self, record: M) -> V:
         values = record.__dict__
         row: list[Any] = []
         for i, name in enumerate(self.fields):
             value = values[name]
             if value and i in self.shared:
                 value = sys.intern(value)
-            elif i in self.lists:
+            elif i in self.lists and value is not None:
                 value = tuple(value)
             row.append(value)
-        return tuple(row)
+        return tuple.__new__(self.view, row)
 
     def record(self, row: Row) -> M:
         # Validated again: pydantic-core's validation of these values (3.1 us a fact) is faster than
@@ -89,14 +117,21 @@ class RowShape(Generic[M]):
         return self.model.model_validate(dict(zip(self.fields, row, strict=True)))
 
 
+def _holds_list(annotation: Any) -> bool:
+    """``list[X]``, or ``list[X] | None``."""
+    return get_origin(annotation) is list or any(get_origin(a) is list for a in get_args(annotation))
+
+
 FACT_ROWS = RowShape.of(
-    FactRecord, ("user_id", "subject_id", "subject_name", "predicate", "object_id", "object_name", "memory_type")
+    FactRecord,
+    FactView,
+    ("user_id", "subject_id", "subject_name", "predicate", "object_id", "object_name", "memory_type"),
 )
-CHUNK_ROWS = RowShape.of(ChunkRecord, ("user_id", "episode_id", "speaker", "role"))
+CHUNK_ROWS = RowShape.of(ChunkRecord, ChunkView, ("user_id", "episode_id", "speaker", "role"))
 SUBJECT, OBJECT, IMPORTANCE = FACT_ROWS.at("subject_id"), FACT_ROWS.at("object_id"), FACT_ROWS.at("importance")
 VALID_FROM, VALID_UNTIL, ARCHIVED = FACT_ROWS.at("valid_from"), FACT_ROWS.at("valid_until"), FACT_ROWS.at("archived")
 EVENT_TIME, CHUNK_FACTS = CHUNK_ROWS.at("event_time"), CHUNK_ROWS.at("fact_ids")
-EPISODE, _SEQ = CHUNK_ROWS.at("episode_id"), CHUNK_ROWS.at("seq")
+EPISODE = CHUNK_ROWS.at("episode_id")
 STATEMENT = FACT_ROWS.at("statement")
 
 
@@ -111,34 +146,33 @@ def valid_at(fact: Row, as_of: datetime | None) -> bool:
     return fact[VALID_FROM] <= as_of and (until is None or as_of < until)
 
 
-def conversation_order(chunk: Row) -> tuple[datetime, str, int]:
-    """``ChunkRecord.conversation_order`` of a held chunk."""
-    return chunk[EVENT_TIME], chunk[EPISODE], chunk[_SEQ]
-
-
-class RecordRows(Mapping[str, M]):
-    """Records by id, held as rows of ``shape``; reading one builds its model, ``rows`` reads them as held."""
+class RecordRows(Mapping[str, V], Generic[M, V]):
+    """Records by id, held as rows of ``shape`` (its views); ``record`` builds one's model."""
 
     __slots__ = ("_rows", "shape")
 
-    def __init__(self, shape: RowShape[M], rows: dict[str, Row]) -> None:
+    def __init__(self, shape: RowShape[M, V], rows: dict[str, V]) -> None:
         self.shape = shape
         self._rows = rows
 
     @classmethod
-    def of(cls, shape: RowShape[M], records: Iterable[M]) -> RecordRows[M]:
+    def of(cls, shape: RowShape[M, V], records: Iterable[M]) -> RecordRows[M, V]:
         return cls(shape, {r.id: shape.row(r) for r in records})
 
-    def with_records(self, records: Iterable[M]) -> RecordRows[M]:
+    def with_records(self, records: Iterable[M]) -> RecordRows[M, V]:
         """These rows with those of ``records`` added or in their place."""
         return RecordRows(self.shape, {**self._rows, **{r.id: self.shape.row(r) for r in records}})
 
-    def rows(self) -> Mapping[str, Row]:
-        """The rows by id, as held (the walk reads them by position)."""
+    def rows(self) -> Mapping[str, V]:
+        """The rows by id, as held (the plain dict: the hot loops' lookups skip ``Mapping``'s)."""
         return self._rows
 
-    def __getitem__(self, record_id: str) -> M:
+    def record(self, record_id: str) -> M:
+        """The model of one held record (``KeyError`` when not held)."""
         return self.shape.record(self._rows[record_id])
+
+    def __getitem__(self, record_id: str) -> V:
+        return self._rows[record_id]
 
     def __contains__(self, record_id: object) -> bool:
         return record_id in self._rows

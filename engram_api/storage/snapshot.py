@@ -22,11 +22,11 @@ Invariants (those of the stores' step, which its docstring states in full):
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 
 from engram_api.models import ChunkRecord, FactRecord, KeywordHit
-from engram_api.storage.base import GraphStep, GraphStepQuery
+from engram_api.storage.base import GraphStepQuery
 from engram_api.storage.keywords import KeywordIndex
 from engram_api.storage.record_rows import (
     CHUNK_FACTS,
@@ -40,14 +40,25 @@ from engram_api.storage.record_rows import (
     SUBJECT,
     VALID_FROM,
     VALID_UNTIL,
+    ChunkView,
+    FactView,
     RecordRows,
     Row,
-    conversation_order,
     valid_at,
 )
 from engram_api.versions import Stamp
 
-__all__ = ["UserSnapshot"]
+__all__ = ["HeldStep", "UserSnapshot"]
+
+
+@dataclass(frozen=True, slots=True)
+class HeldStep:
+    """``GraphStep``'s answer from a held snapshot: the same fields, the records as held (views, never
+    models: ``record_rows`` says why)."""
+
+    facts: list[FactView] = field(default_factory=list)
+    hops: list[tuple[str, int]] = field(default_factory=list)
+    chunks: list[ChunkView] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,8 +67,8 @@ class UserSnapshot:
 
     user_id: str
     stamp: Stamp
-    facts: RecordRows[FactRecord]  # held as rows (``record_rows``), not as models: a fifth of the memory
-    chunks: RecordRows[ChunkRecord]
+    facts: RecordRows[FactRecord, FactView]  # held as rows (``record_rows``), not as models: a fifth of the memory
+    chunks: RecordRows[ChunkRecord, ChunkView]
     touching: Mapping[str, tuple[str, ...]]  # entity id -> the facts mentioning it, in rank order
     episodes: Mapping[str, tuple[str, ...]]  # episode id -> its chunks, in conversation order
     keywords: KeywordIndex  # the chunks' indexed text and the facts' statements
@@ -84,7 +95,7 @@ class UserSnapshot:
                 if entity:
                     touching.setdefault(entity, []).append(fid)
         episodes: dict[str, list[str]] = {}
-        for cid in sorted(held, key=lambda i: conversation_order(held[i])):
+        for cid in sorted(held, key=lambda i: held[i].conversation_order):
             episodes.setdefault(held[cid][EPISODE], []).append(cid)
         return cls(
             user_id=user_id,
@@ -121,7 +132,7 @@ class UserSnapshot:
         episodes = dict(self.episodes)
         for episode, ids in joined.items():
             merged = dict.fromkeys([*episodes.get(episode, ()), *ids])
-            episodes[episode] = tuple(sorted(merged, key=lambda i: conversation_order(chunk_rows[i])))
+            episodes[episode] = tuple(sorted(merged, key=lambda i: chunk_rows[i].conversation_order))
         keywords = self.keywords.added(
             ((c.id, c.indexed_text) for i, c in new_chunks.items() if i not in self.chunks),
             ((f.id, f.statement) for i, f in fresh.items() if i not in held),  # a statement never changes
@@ -135,11 +146,11 @@ class UserSnapshot:
     def size(self) -> int:
         return len(self.facts) + len(self.chunks)
 
-    def episode_chunks(self, episode_ids: Sequence[str]) -> list[ChunkRecord]:
+    def episode_chunks(self, episode_ids: Sequence[str]) -> list[ChunkView]:
         """Every chunk of the user's episodes among ``episode_ids``, in conversation order."""
         rows = self.chunks.rows()
-        held = [c for e in dict.fromkeys(episode_ids) for c in self.episodes.get(e, ())]
-        return [self.chunks[c] for c in sorted(held, key=lambda c: conversation_order(rows[c]))]
+        held = [rows[c] for e in dict.fromkeys(episode_ids) for c in self.episodes.get(e, ())]
+        return sorted(held, key=lambda c: c.conversation_order)
 
     def keyword_search(
         self,
@@ -167,7 +178,7 @@ class UserSnapshot:
 
         return self.keywords.search(list(dict.fromkeys(terms)), k, chunk_ok=chunk_ok, fact_ok=fact_ok)
 
-    def graph_step(self, query: GraphStepQuery) -> GraphStep:
+    def graph_step(self, query: GraphStepQuery) -> HeldStep:
         """``GraphStore.graph_step`` for this user at ``stamp``, with no store call."""
         chunks = self.chunks.rows()
         sourced = [f for cid in query.chunk_facts if cid in chunks for f in chunks[cid][CHUNK_FACTS]]
@@ -179,10 +190,11 @@ class UserSnapshot:
             hops = self._expand(query, [*query.seed_facts, *chunk_seeds])
         known = set(query.known)
         wanted = dict.fromkeys([*query.fact_ids, *sourced, *chunk_seeds, *(fid for fid, _ in hops)])
-        return GraphStep(
-            facts=[self.facts[i] for i in wanted if i in self.facts and i not in known],
+        facts = self.facts.rows()
+        return HeldStep(
+            facts=[facts[i] for i in wanted if i in facts and i not in known],
             hops=hops,
-            chunks=[self.chunks[c] for c in dict.fromkeys(query.chunk_ids) if c in self.chunks],
+            chunks=[chunks[c] for c in dict.fromkeys(query.chunk_ids) if c in chunks],
         )
 
     def _expand(self, q: GraphStepQuery, seed_facts: list[str]) -> list[tuple[str, int]]:

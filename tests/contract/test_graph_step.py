@@ -21,6 +21,8 @@ from engram_api.reader.facts import FactCache, UserFacts
 from engram_api.reader.fusion import TimeWindow
 from engram_api.storage import GraphStep, GraphStepQuery, GraphStore
 from engram_api.storage.episodes import chunk_envelope
+from engram_api.storage.record_rows import CHUNK_ROWS, FACT_ROWS, ChunkView, FactView
+from engram_api.storage.snapshot import HeldStep
 
 from .factories import at, make_entity, make_fact, plan, supersede, vec
 
@@ -132,9 +134,16 @@ def two_step(store: GraphStore, user: str, q: GraphStepQuery) -> GraphStep:
     return GraphStep(facts=facts, hops=hops)
 
 
-def same(got: GraphStep, want: GraphStep) -> None:
+def model(record: Any) -> Any:
+    """A held snapshot's view as the model the stores return; a model as it is."""
+    if isinstance(record, FactView):
+        return FACT_ROWS.record(record)
+    return CHUNK_ROWS.record(record) if isinstance(record, ChunkView) else record
+
+
+def same(got: GraphStep | HeldStep, want: GraphStep | HeldStep) -> None:
     assert got.hops == want.hops  # ids, hops and order
-    assert sorted(got.facts, key=lambda f: f.id) == sorted(want.facts, key=lambda f: f.id)
+    assert sorted(map(model, got.facts), key=lambda f: f.id) == sorted(map(model, want.facts), key=lambda f: f.id)
 
 
 def test_graph_step_answers_like_the_two_step_path(graph_store: GraphStore, user: str, other_user: str) -> None:
@@ -220,7 +229,7 @@ def test_graph_step_brings_the_chunks_the_caller_lacks_and_the_facts_of_their_me
     ):
         in_process, stored = snapshot.graph_step(q), graph_store.graph_step(user, q)
         same(in_process, stored)
-        assert sorted(in_process.chunks, key=lambda c: c.id) == sorted(stored.chunks, key=lambda c: c.id)
+        assert sorted(map(model, in_process.chunks), key=lambda c: c.id) == sorted(stored.chunks, key=lambda c: c.id)
     by_chunk_id = {c.id: c for c in graph_store.get_chunks(user, [c1, c3])}
     assert {c.id: c for c in got.chunks} == by_chunk_id  # the same records get_chunks reads
     same(
@@ -257,9 +266,14 @@ def test_a_snapshot_holds_the_users_whole_graph_at_its_stamp_and_nothing_of_anot
     snapshot = graph_store.snapshot(user, max_records=FAR)
     assert snapshot is not None and snapshot.stamp == stamp
     stored = {f.id: f for f in graph_store.page(user, 1, FAR).facts}
-    assert dict(snapshot.facts) == stored and set(stored) == {f.id for f in world.facts}  # archived, superseded too
-    assert dict(snapshot.chunks) == {c.id: c for c in graph_store.get_chunks(user, [chunk])}
-    assert snapshot.episode_chunks(["m9", "m1", "missing"]) == graph_store.get_chunks(user, episode_ids=["m9", "m1"])
+    assert {i: snapshot.facts.record(i) for i in snapshot.facts} == stored
+    assert set(stored) == {f.id for f in world.facts}  # archived, superseded too
+    assert {i: snapshot.chunks.record(i) for i in snapshot.chunks} == {
+        c.id: c for c in graph_store.get_chunks(user, [chunk])
+    }
+    assert [model(c) for c in snapshot.episode_chunks(["m9", "m1", "missing"])] == graph_store.get_chunks(
+        user, episode_ids=["m9", "m1"]
+    )
     assert not set(snapshot.facts) & {f.id for f in theirs.facts}
     size = snapshot.size
     assert size == len(world.facts) + 1

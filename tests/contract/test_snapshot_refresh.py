@@ -116,6 +116,6 @@ def test_a_merge_ranks_each_entitys_facts_as_a_whole_build_does() -> None:
         ]
         added = [make_fact(user, rng.choice(people), "S", rng.choice([None, *people]), importance=rng.choice((0.2, 0.5, 0.9))) for _ in range(rng.randint(0, 5))]  # fmt: skip
         merged = UserSnapshot.of(
-            user, Stamp(1, 2), {**held.facts, **{f.id: f for f in [*changed, *added]}}.values(), []
+            user, Stamp(1, 2), {**{f.id: f for f in facts}, **{f.id: f for f in [*changed, *added]}}.values(), []
         )
         assert held.updated(Stamp(1, 2), [*changed, *added], []).touching == merged.touching
