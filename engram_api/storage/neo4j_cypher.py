@@ -301,17 +301,26 @@ Q_FIND_ENTITIES = f"""
 CALL () {{{_BY_NAME}}}
 RETURN {_ENTITY_EMB} AS row ORDER BY e.norm_name, e.id
 """
+# Reads by id seek the unique id index by hint: on statistics not yet caught up with a user's new nodes the
+# planner scanned the user's index instead (5,000 entities: 5,000 db hits against 17; docs/benchmarks.md
+# "Stop 39").
 # find and get in one round trip: by id, or by name (UNION returns each entity once).
 Q_LOOKUP_ENTITIES = f"""
 CALL () {{
-  MATCH (e:Entity {{user_id: $user_id}}) WHERE e.id IN $ids RETURN e
+  MATCH (e:Entity) USING INDEX e:Entity(id) WHERE e.id IN $ids AND e.user_id = $user_id RETURN e
   UNION{_BY_NAME}}}
 RETURN {_ENTITY} AS row ORDER BY e.norm_name, e.id
 """
 # Each of the extract stage's reads as a match and its projection: a query of its own (``AS row``), and the
 # four of them together as COLLECT subqueries in one round trip (Q_EXTRACTION_CONTEXT).
-_ENTITIES_BY_ID = "MATCH (e:Entity {user_id: $user_id}) WHERE e.id IN $entity_ids WITH e ORDER BY e.norm_name, e.id"
-_FACTS_BY_ID = "MATCH (f:Fact {user_id: $user_id}) WHERE f.id IN $fact_ids WITH f ORDER BY f.created_at, f.id"
+_ENTITIES_BY_ID = (
+    "MATCH (e:Entity) USING INDEX e:Entity(id) WHERE e.id IN $entity_ids AND e.user_id = $user_id"
+    " WITH e ORDER BY e.norm_name, e.id"
+)
+_FACTS_BY_ID = (
+    "MATCH (f:Fact) USING INDEX f:Fact(id) WHERE f.id IN $fact_ids AND f.user_id = $user_id"
+    " WITH f ORDER BY f.created_at, f.id"
+)
 _SLOT_FACTS = """UNWIND $slots AS slot
 MATCH (f:Fact {subject_id: slot[0], predicate: slot[1]}) WHERE f.user_id = $user_id
 WITH DISTINCT f ORDER BY f.valid_from, f.created_at, f.id"""
