@@ -47,7 +47,7 @@ def test_a_held_record_reads_back_as_the_record_held_every_field_alike() -> None
     rows = RecordRows.of(FACT_ROWS, facts)
     assert list(rows) == [f.id for f in facts] and len(rows) == 4 and "fact-9" not in rows
     for fact in facts:
-        back = rows.record(fact.id)
+        back = FACT_ROWS.record(rows[fact.id])
         assert back == fact and back.model_dump() == fact.model_dump()
         assert isinstance(back.source_ids, list)  # held as a tuple, built as the field's list
         view = rows[fact.id]
@@ -62,7 +62,7 @@ def test_a_held_record_reads_back_as_the_record_held_every_field_alike() -> None
     )  # fmt: skip
     held = RecordRows.of(CHUNK_ROWS, [chunk])
     view = held["c1"]
-    assert held.record("c1") == chunk and isinstance(view, ChunkView)
+    assert CHUNK_ROWS.record(view) == chunk and isinstance(view, ChunkView)
     assert view.conversation_order == chunk.conversation_order and view.indexed_text == "Ana: I moved to Paris."
     assert view.fact_ids == ("fact-1", "fact-2") and view.text == chunk.text
 
@@ -111,6 +111,6 @@ def test_a_record_added_or_replaced_leaves_the_rows_it_came_from_as_they_were() 
     rows = RecordRows.of(FACT_ROWS, [_fact(1), _fact(2)])
     moved = _fact(2, importance=0.9)
     grown = rows.with_records([moved, _fact(3)])
-    assert list(grown) == ["fact-1", "fact-2", "fact-3"] and grown.record("fact-2") == moved
-    assert list(rows) == ["fact-1", "fact-2"] and rows.record("fact-2") == _fact(2)
+    assert list(grown) == ["fact-1", "fact-2", "fact-3"] and FACT_ROWS.record(grown["fact-2"]) == moved
+    assert list(rows) == ["fact-1", "fact-2"] and FACT_ROWS.record(rows["fact-2"]) == _fact(2)
     assert grown["fact-2"].importance == 0.9 and rows["fact-2"].importance == _fact(2).importance

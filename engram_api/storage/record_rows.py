@@ -147,7 +147,7 @@ def valid_at(fact: Row, as_of: datetime | None) -> bool:
 
 
 class RecordRows(Mapping[str, V], Generic[M, V]):
-    """Records by id, held as rows of ``shape`` (its views); ``record`` builds one's model."""
+    """Records by id, held as rows of ``shape`` (its views; ``shape.record`` builds one's model back)."""
 
     __slots__ = ("_rows", "shape")
 
@@ -166,10 +166,6 @@ class RecordRows(Mapping[str, V], Generic[M, V]):
     def rows(self) -> Mapping[str, V]:
         """The rows by id, as held (the plain dict: the hot loops' lookups skip ``Mapping``'s)."""
         return self._rows
-
-    def record(self, record_id: str) -> M:
-        """The model of one held record (``KeyError`` when not held)."""
-        return self.shape.record(self._rows[record_id])
 
     def __getitem__(self, record_id: str) -> V:
         return self._rows[record_id]

@@ -266,11 +266,9 @@ def test_a_snapshot_holds_the_users_whole_graph_at_its_stamp_and_nothing_of_anot
     snapshot = graph_store.snapshot(user, max_records=FAR)
     assert snapshot is not None and snapshot.stamp == stamp
     stored = {f.id: f for f in graph_store.page(user, 1, FAR).facts}
-    assert {i: snapshot.facts.record(i) for i in snapshot.facts} == stored
+    assert {i: model(f) for i, f in snapshot.facts.items()} == stored
     assert set(stored) == {f.id for f in world.facts}  # archived, superseded too
-    assert {i: snapshot.chunks.record(i) for i in snapshot.chunks} == {
-        c.id: c for c in graph_store.get_chunks(user, [chunk])
-    }
+    assert {i: model(c) for i, c in snapshot.chunks.items()} == {c.id: c for c in graph_store.get_chunks(user, [chunk])}
     assert [model(c) for c in snapshot.episode_chunks(["m9", "m1", "missing"])] == graph_store.get_chunks(
         user, episode_ids=["m9", "m1"]
     )
