@@ -65,6 +65,16 @@ def _redacted_logs(logger: logging.Logger, **_: Any) -> None:
 
 
 @after_setup_logger.connect
+def _no_received_lines(loglevel: int | None = None, **_: Any) -> None:
+    """Celery's "Task ... received" line, one per task in the consumer's thread (the extract worker's busiest),
+    says nothing the stage's own line (``LoggingMiddleware``: outcome, ids, seconds) and Celery's
+    "succeeded" line do not: off unless the worker runs at DEBUG. Retries, failures and rejects keep their
+    lines (``celery.app.trace``)."""
+    if loglevel is None or loglevel > logging.DEBUG:
+        logging.getLogger("celery.worker.strategy").setLevel(logging.WARNING)
+
+
+@after_setup_logger.connect
 @after_setup_task_logger.connect
 def _json_logs(logger: logging.Logger, **_: Any) -> None:
     """ENGRAM_LOG_FORMAT=json: one JSON object a line, with user and message ids as fields."""
