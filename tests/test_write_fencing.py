@@ -22,6 +22,7 @@ from engram_api import keys
 from engram_api.locks import Lease
 from engram_api.models import MessageState
 from engram_api.storage.vectors import VectorStore
+from engram_api.versions import Stamp, read_stamp
 from engram_workers.context import WorkerContext
 from engram_workers.stages.apply import run_apply
 from engram_workers.stages.extract import run_extract
@@ -167,6 +168,55 @@ def test_the_lease_is_renewed_while_its_holder_works(stack: Stack) -> None:
         threading.Event().wait(1.5)  # more than twice the TTL
         assert lease.held() and lease.renewals >= 2
     assert not stack.client.redis.exists(keys.apply_lock(user))
+
+
+class CountingStamps:
+    """The real graph store, counting ``user_stamp`` reads (everything else passes through)."""
+
+    def __init__(self, real: Any) -> None:
+        self._real, self.asked = real, 0
+
+    def user_stamp(self, user_id: str) -> Stamp:
+        self.asked += 1
+        return self._real.user_stamp(user_id)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._real, name)
+
+
+def test_a_first_apply_is_fenced_on_the_published_stamp_and_a_stale_one_only_costs_a_replan(stack: Stack) -> None:
+    """A first apply takes the stamp writers published (no graph read). When that stamp trails the graph (a
+    writer died between its commit and its publish), the fence refuses the write, the re-plan reads the
+    graph's stamp, and the message, the index and the published stamp all end at the graph's state."""
+    user = new_user()
+    ctx = process(stack)
+    reads = CountingStamps(ctx.graph)
+    ctx.__dict__["graph"] = reads  # before the keeper and the user writes take the real store
+    deliver(ctx, stack, user, "I live in Oslo.", 0)
+
+    def first_apply(text: str, day: int) -> None:
+        receipt = stack.client.enqueue(user, text, timestamp=T0 + timedelta(days=day))
+        run_extract(ctx, user, receipt.message_id)
+        result = run_apply(ctx, user, receipt.message_id, first_start=True)
+        assert ctx.redis.hget(keys.status(user, receipt.message_id), "state") == MessageState.APPLIED, result
+
+    reads.asked = 0
+    first_apply("I work at Acme.", 1)
+    assert reads.asked == 0
+    graph = stack.client.graph
+    assert read_stamp(ctx.redis, user) == graph.user_stamp(user)
+
+    now = graph.user_stamp(user)
+    ctx.redis.set(keys.user_version(user), str(Stamp(now.epoch, now.version - 1)))  # the lost publish
+    first_apply("I moved to Bergen.", 2)
+    assert reads.asked == 1  # the re-plan's
+    after = graph.user_stamp(user)
+    assert after.version == now.version + 1
+    assert read_stamp(ctx.redis, user) == after
+    store = VectorStore(root=stack.settings.index_dir, dim=stack.client.reader.embedder.dim)
+    assert store.file_stamp(user) == after
+    assert index_ids(stack, user) == graph_ids(stack, user)
+    assert [f.statement for f in graph.history(user, "user", "LIVES_IN")][-1] == "User lives in Bergen"
 
 
 # ------------------------------------------------------------------------------------------ finding 6

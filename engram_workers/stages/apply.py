@@ -124,7 +124,8 @@ def run_apply(ctx: WorkerContext, user_id: str, message_id: str, *, first_start:
     """Apply one message (and, batching, its user's other ready ones) under the user's lease. A task
     reaches here only for a message neither finished nor forgotten (``tasks``: ``Delivery.settled``);
     under the lease both are read again. ``first_start``: no earlier apply of this message started
-    (``Delivery.first``), so the graph cannot hold it yet and is not asked (one store read less)."""
+    (``Delivery.first``), so the graph cannot hold it yet and is not asked (one store read less), and the
+    write is fenced on the user's published stamp (``UserWrites.run``: another read less)."""
     try:
         ctx.warm_up()
         claim = Claim()  # the batch members this task takes, kept when a fenced write re-plans
@@ -132,6 +133,9 @@ def run_apply(ctx: WorkerContext, user_id: str, message_id: str, *, first_start:
             user_id,
             lambda write: _apply_locked(ctx, write, message_id, claim, first_start=first_start),
             wait=0.2,
+            # A later start may follow a writer that died between its commit and its publish; it must
+            # finish from the graph's stamp, so only a first start trusts the published one.
+            published=first_start,
         )
     except UserBusyError:
         raise RetryLater(random.uniform(0.05, 0.4), "another worker is applying this user's messages") from None
