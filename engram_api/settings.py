@@ -84,7 +84,9 @@ class Settings(BaseSettings):
     model_cache_dir: Path | None = Field(
         None, description="where the ONNX export of the embedding model is kept; unset: ~/.cache/engram/models"
     )
-    query_cache_size: int = Field(4096, ge=0, description="recent query embeddings kept per process (0: off)")
+    query_cache_size: int = Field(
+        4096, ge=0, description="recently encoded texts (queries, entity names, statements) kept per process (0: off)"
+    )
     torch_threads: int = Field(
         1, ge=1, description="threads of the embedding model per process (workers already run one process per core)"
     )

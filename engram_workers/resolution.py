@@ -57,7 +57,8 @@ class Vectors:
                 self._known.update(handed.for_texts(embedder, unique))
         missing = [t for t in unique if t not in self._known]
         if missing:
-            self._known.update(zip(missing, embedder.encode(missing), strict=True))
+            # Through the cache: "User" and the names a user keeps mentioning cost no model call.
+            self._known.update(zip(missing, embedder.encode_cached(missing), strict=True))
 
     def __call__(self, text: str) -> np.ndarray:
         if text not in self._known:

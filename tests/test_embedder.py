@@ -45,6 +45,29 @@ def test_onnx_vectors_equal_torch_vectors(onnx: Embedder) -> None:
     np.testing.assert_allclose(single, a, atol=1e-5)
 
 
+def test_recent_texts_are_served_from_the_cache_and_only_the_others_reach_the_model(model_cache: Path) -> None:
+    enc = Embedder(model="all-MiniLM-L6-v2", backend="onnx", cache_dir=model_cache, query_cache_size=3)
+    fresh = enc.encode(_TEXTS[:4])
+    first = enc.encode_cached([_TEXTS[0], _TEXTS[1], _TEXTS[0]])  # a text twice in one batch: encoded once
+    assert (enc.cache_hits, enc.cache_misses) == (0, 2)
+    np.testing.assert_allclose(first, fresh[[0, 1, 0]], atol=1e-5)
+    again = enc.encode_cached([_TEXTS[2], _TEXTS[1]])
+    assert (enc.cache_hits, enc.cache_misses) == (1, 3)
+    np.testing.assert_array_equal(again[1], first[1])  # the cached vector itself
+    again[1] = 0.0  # the caller's array is its own: the cache is untouched
+    np.testing.assert_array_equal(enc.encode_one(_TEXTS[1]), first[1])
+    assert not enc.encode_one(_TEXTS[1]).flags.writeable
+    enc.encode_cached([_TEXTS[3]])  # a fourth text: the least recent (texts[0]) leaves the 3-entry cache
+    enc.encode_cached([_TEXTS[0]])
+    assert enc.cache_misses == 5
+    enc.encode([_TEXTS[3]])  # ``encode`` never reads nor fills the cache
+    assert (enc.cache_hits, enc.cache_misses) == (3, 5)
+    off = Embedder(model="all-MiniLM-L6-v2", backend="onnx", cache_dir=model_cache, query_cache_size=0)
+    off.encode_cached(["x"])
+    off.encode_cached(["x"])
+    assert (off.cache_hits, off.cache_misses) == (0, 2)
+
+
 def test_a_batch_is_cut_into_model_calls_of_similar_length() -> None:
     """Names (3 tokens) are not padded to a chunk's width: each call's longest text is within 1.5x + 2 of its
     shortest, calls hold at most 64 texts, and every text is in exactly one call, in length order."""
@@ -109,5 +132,5 @@ def test_unexportable_model_fails_clearly_on_onnx(tmp_path: Path) -> None:
 def test_settings_choose_the_encoder(tmp_path: Path) -> None:
     settings = Settings(embedding_backend="torch", model_cache_dir=tmp_path, query_cache_size=7)
     enc = embedder_for(settings)
-    assert (enc.requested_backend, enc.cache_dir, enc._query_cache_size) == ("torch", tmp_path, 7)
+    assert (enc.requested_backend, enc.cache_dir, enc._cache_size) == ("torch", tmp_path, 7)
     assert embedder_for(settings) is enc  # one per process

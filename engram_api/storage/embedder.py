@@ -11,7 +11,13 @@ Backends (``ENGRAM_EMBEDDING_BACKEND``):
 - ``auto`` (default): ``onnx`` when onnxruntime is installed and the export verifies, else ``torch``.
 Both give the same vectors (the export is rejected below cosine 0.9999 on a fixed probe set).
 
-``encode_one`` (the query path) keeps an LRU cache of recent texts: repeated queries skip the encoder.
+An LRU cache of recently encoded texts (``ENGRAM_QUERY_CACHE_SIZE`` entries) serves ``encode_cached`` and
+``encode_one``: repeated queries, and the names and statements a user's messages repeat (apply's batches),
+skip the encoder. ``encode`` itself always runs the model (benchmarks time it as the floor).
+Measured reason (ONNX Runtime, this project's 2-core machine): a model call has a fixed cost of ~2.3 ms of
+CPU whatever its texts, and apply's batch of a message (its statements, its entity names, "User") took
+two calls, ~14 ms; with the names served from the cache it is one call, ~7 ms (see docs/benchmarks.md,
+stop 40, for the hit rates on the bench's corpus and on LoCoMo conversations).
 Only encoding loads a model: ``dim`` is read from the model's files when they declare it, so calls that
 never embed (stats, history, export, reindex, forget, health) stay cheap.
 """
@@ -186,9 +192,11 @@ class Embedder:
         self._encoder: _Encoder | None = None
         self.backend: str | None = None  # "onnx" or "torch" once loaded
         self._lock = threading.Lock()
-        self._queries: OrderedDict[str, np.ndarray] = OrderedDict()
-        self._query_cache_size = query_cache_size
-        self._query_lock = threading.Lock()
+        self._recent: OrderedDict[str, np.ndarray] = OrderedDict()  # text -> its read-only vector
+        self._cache_size = query_cache_size
+        self._recent_lock = threading.Lock()
+        self.cache_hits = 0  # texts served from the cache, and texts encoded: observable by tests and benches
+        self.cache_misses = 0
 
     def _load_torch(self) -> SentenceTransformer:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -248,24 +256,55 @@ class Embedder:
         return self._load().dim
 
     def encode(self, texts: list[str]) -> np.ndarray:
+        """One row a text, every one through the model (no cache)."""
         if not texts:
             return np.zeros((0, self.dim), dtype=np.float32)
         return np.ascontiguousarray(self._load().encode(list(texts)), dtype=np.float32)
 
+    def encode_cached(self, texts: list[str]) -> np.ndarray:
+        """``encode``, but texts seen recently come from the cache and the others go in one model batch."""
+        if not texts:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        out = np.empty((len(texts), self.dim), dtype=np.float32)
+        missing: dict[str, list[int]] = {}  # text -> its rows in ``out``
+        with self._recent_lock:
+            for row, text in enumerate(texts):
+                hit = self._recent.get(text)
+                if hit is None:
+                    missing.setdefault(text, []).append(row)
+                else:
+                    self._recent.move_to_end(text)
+                    out[row] = hit
+            self.cache_hits += len(texts) - sum(len(rows) for rows in missing.values())
+            self.cache_misses += len(missing)
+        if missing:
+            fresh = self.encode(list(missing))
+            for rows, vec in zip(missing.values(), fresh, strict=True):
+                out[rows] = vec
+            self._remember(list(missing), fresh)
+        return out
+
+    def _remember(self, texts: list[str], vectors: np.ndarray) -> None:
+        if self._cache_size <= 0:
+            return
+        kept = vectors.copy()  # the caller owns the array it got; the cache holds its own, read-only
+        kept.setflags(write=False)
+        with self._recent_lock:
+            for text, vec in zip(texts, kept, strict=True):
+                self._recent[text] = vec
+                self._recent.move_to_end(text)
+            while len(self._recent) > self._cache_size:
+                self._recent.popitem(last=False)
+
     def encode_one(self, text: str) -> np.ndarray:
-        """One text (a query), served from the LRU cache when seen recently; the array is read-only."""
-        with self._query_lock:
-            hit = self._queries.get(text)
-            if hit is not None:
-                self._queries.move_to_end(text)
-                return hit
-        vec = self.encode([text])[0]
-        vec.setflags(write=False)
-        if self._query_cache_size > 0:
-            with self._query_lock:
-                self._queries[text] = vec
-                while len(self._queries) > self._query_cache_size:
-                    self._queries.popitem(last=False)
+        """One text (a query), served from the cache when seen recently; the array is read-only (the
+        cached one itself, while the cache holds it)."""
+        vec = self.encode_cached([text])[0]
+        with self._recent_lock:
+            kept = self._recent.get(text)
+        if kept is not None:
+            return kept
+        vec.setflags(write=False)  # the cache is off
         return vec
 
 

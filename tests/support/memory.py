@@ -79,6 +79,10 @@ class Recording:
         self.calls.append(list(texts))
         return self._real.encode(texts)
 
+    def encode_cached(self, texts: list[str]) -> np.ndarray:
+        self.calls.append(list(texts))  # what was asked for: the process-wide cache may answer some of it
+        return self._real.encode_cached(texts)
+
     def encode_one(self, text: str) -> np.ndarray:
         self.calls.append([text])
         return self._real.encode_one(text)
