@@ -284,28 +284,31 @@ class Embedder:
             self._remember(list(missing), fresh)
         return out
 
-    def _remember(self, texts: list[str], vectors: np.ndarray) -> None:
-        if self._cache_size <= 0:
-            return
-        kept = vectors.copy()  # the caller owns the array it got; the cache holds its own, read-only
+    def _remember(self, texts: list[str], vectors: np.ndarray) -> list[np.ndarray]:
+        """Read-only copies of ``vectors`` (the caller keeps the array it got), cached under ``texts``."""
+        kept = vectors.copy()
         kept.setflags(write=False)
-        with self._recent_lock:
-            for text, vec in zip(texts, kept, strict=True):
-                self._recent[text] = vec
-                self._recent.move_to_end(text)
-            while len(self._recent) > self._cache_size:
-                self._recent.popitem(last=False)
+        rows = list(kept)
+        if self._cache_size > 0:
+            with self._recent_lock:
+                for text, row in zip(texts, rows, strict=True):
+                    self._recent[text] = row
+                    self._recent.move_to_end(text)
+                while len(self._recent) > self._cache_size:
+                    self._recent.popitem(last=False)
+        return rows
 
     def encode_one(self, text: str) -> np.ndarray:
         """One text (a query), served from the cache when seen recently; the array is read-only (the
-        cached one itself, while the cache holds it)."""
-        vec = self.encode_cached([text])[0]
+        cached one itself)."""
         with self._recent_lock:
-            kept = self._recent.get(text)
-        if kept is not None:
-            return kept
-        vec.setflags(write=False)  # the cache is off
-        return vec
+            hit = self._recent.get(text)
+            if hit is not None:
+                self._recent.move_to_end(text)
+                self.cache_hits += 1
+                return hit
+            self.cache_misses += 1
+        return self._remember([text], self.encode([text]))[0]
 
 
 _shared: dict[tuple[Any, ...], Embedder] = {}
