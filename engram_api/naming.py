@@ -16,6 +16,8 @@ __all__ = [
     "PREDICATE_SYNONYMS",
     "SINGLE_VALUED",
     "canonical_predicate",
+    "negated_predicate",
+    "split_negation",
     "normalize_name",
     "sanitize_label",
     "sanitize_predicate",
@@ -89,7 +91,6 @@ SINGLE_VALUED: frozenset[str] = frozenset(
     {
         "LIVES_IN",
         "WORKS_AT",
-        "WORKS_AS",
         "JOB_TITLE",
         "MARRIED_TO",
         "AGE",
@@ -117,6 +118,7 @@ PREDICATE_SYNONYMS: dict[str, str] = {
     "WORKS_FOR": "WORKS_AT",
     "EMPLOYER": "WORKS_AT",
     "HAS_JOB_TITLE": "JOB_TITLE",
+    "WORKS_AS": "JOB_TITLE",  # "works as a nurse" and "job title: nurse" are one slot, or both stay current
     "OCCUPATION": "JOB_TITLE",
     "PROFESSION": "JOB_TITLE",
     "HAS_SPOUSE": "MARRIED_TO",
@@ -173,6 +175,43 @@ def canonical_predicate(predicate: str) -> str:
     """Sanitized, with the synonyms of single-valued slots folded in ("resides in" -> "LIVES_IN")."""
     clean = sanitize_predicate(predicate)
     return PREDICATE_SYNONYMS.get(clean, clean)
+
+
+# Prefixes a model writes for "the opposite of P" (NOT_ALLERGIC_TO, DOES_NOT_LIKE, NO_LONGER_WORKS_AT).
+_NEGATIONS = ("NOT_", "NO_LONGER_", "DOES_NOT_", "DOESNT_", "DO_NOT_", "DONT_", "IS_NOT_", "NEVER_")
+_DO_NEGATIONS = ("DOES_NOT_", "DOESNT_", "DO_NOT_", "DONT_")
+NEGATION_PREFIX = "NOT_"
+
+
+def split_negation(predicate: str) -> tuple[str, bool]:
+    """A canonical predicate's positive form and whether it was negated: 'NO_LONGER_WORKS_FOR' ->
+    ('WORKS_AT', True), 'LIKES' -> ('LIKES', False). One spelling per negation (``negated_predicate``), so
+    "not allergic" and "no longer allergic" land on one fact and close the same positive one."""
+    for prefix in _NEGATIONS:
+        if predicate.startswith(prefix) and len(predicate) > len(prefix):
+            base = predicate[len(prefix) :]
+            if prefix in _DO_NEGATIONS:
+                base = _third_person(base)  # DOES_NOT_LIKE is the negation of LIKES
+            return canonical_predicate(base), True
+    return predicate, False
+
+
+def _third_person(base: str) -> str:
+    verb, _, rest = base.partition("_")
+    if verb == "HAVE":
+        verb = "HAS"
+    elif verb.endswith(("SS", "SH", "CH", "X", "O")):
+        verb += "ES"
+    elif verb.endswith("Y") and len(verb) > 1 and verb[-2] not in "AEIOU":
+        verb = verb[:-1] + "IES"
+    elif not verb.endswith("S"):
+        verb += "S"
+    return "_".join(p for p in (verb, rest) if p)
+
+
+def negated_predicate(positive: str) -> str:
+    """The one stored spelling of "not ``positive``" (``NOT_`` + the canonical positive form)."""
+    return (NEGATION_PREFIX + positive)[:40].rstrip("_")
 
 
 def self_entity_id(user_id: str) -> str:

@@ -220,6 +220,11 @@ class Resolver:
             rec = self.new[target]
             self._add_aliases(target, names, {normalize_name(n) for n in [rec.name, *rec.aliases]})
 
+    def names_of(self, entity_id: str | None) -> list[str]:
+        """The name and aliases of an entity this message resolved to (none for an unknown id)."""
+        rec = self.new.get(entity_id or "") or self._fetched.get(entity_id or "")
+        return [] if rec is None else [rec.name, *rec.aliases]
+
     def entity_for(self, ref: str | None) -> str | None:
         """A fact may name a thing the model did not list as an entity: create it on the fly."""
         if ref is None or not ref.strip():
