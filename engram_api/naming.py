@@ -16,12 +16,13 @@ __all__ = [
     "PREDICATE_SYNONYMS",
     "SINGLE_VALUED",
     "canonical_predicate",
+    "is_single_valued",
     "negated_predicate",
-    "split_negation",
     "normalize_name",
     "sanitize_label",
     "sanitize_predicate",
     "self_entity_id",
+    "split_negation",
 ]
 
 LABELS: frozenset[str] = frozenset(
@@ -212,6 +213,11 @@ def _third_person(base: str) -> str:
 def negated_predicate(positive: str) -> str:
     """The one stored spelling of "not ``positive``" (``NOT_`` + the canonical positive form)."""
     return (NEGATION_PREFIX + positive)[:40].rstrip("_")
+
+
+def is_single_valued(predicate: str) -> bool:
+    """Whether a new value of ``predicate`` (any spelling of a one-value slot) retires the old one."""
+    return canonical_predicate(predicate) in SINGLE_VALUED
 
 
 def self_entity_id(user_id: str) -> str:

@@ -246,11 +246,7 @@ def _consolidate_multi(
     reinforced instead of duplicated; a fact the model says replaces a context fact supersedes it."""
     for draft in drafts:
         dup = next(
-            (
-                h.node_id
-                for h in hits[draft.id]
-                if draft.valid_until is None and _restates(known.get(h.node_id), draft)
-            ),
+            (h.node_id for h in hits[draft.id] if draft.valid_until is None and _restates(known.get(h.node_id), draft)),
             None,
         )
         target = known.get(hints.get(draft.id, ""))

@@ -11,7 +11,8 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 from tests.support.extractions import entity, fact
-from tests.test_consolidation import T0, world  # noqa: F401  (the fixture)
+from tests.test_consolidation import T0
+from tests.test_consolidation import world as world  # the fixture, re-exported under its name
 
 DAY = timedelta(days=1)
 
@@ -142,3 +143,4 @@ def test_a_similar_fact_with_another_object_is_not_a_restatement(world):
     assert plan.reinforced_fact_ids == [] and len(plan.new_facts) == 1
     plan = say("m4", one("jazz", "Thing", "user", "LIKES", "User really likes jazz music"), T0 + 3 * DAY)
     assert len(plan.reinforced_fact_ids) == 1 and plan.new_facts == []
+    assert current(graph, user) == [("DISLIKES", "jazz"), ("LIKES", "blues"), ("LIKES", "jazz")]
