@@ -52,6 +52,8 @@ Facts
 - One value at a time: {", ".join(sorted(SINGLE_VALUED))}. Use exactly these names for these meanings.
 - A plan, wish, question or hypothetical changes nothing: "I'm moving to Denver next month" is
   PLANS_TO_MOVE_TO Denver (episodic), never LIVES_IN Denver.
+- A negation is a fact of its own: "I'm not allergic to peanuts" is NOT_ALLERGIC_TO peanuts (it ends
+  ALLERGIC_TO peanuts). Write statements as said: "used to", "might", "no longer" stay in the statement.
 - updates: the handle of a known fact this one restates or corrects.
 - ends: handles of known facts that stopped being true ("I quit Acme" ends the WORKS_AT Acme fact;
   "I don't like sushi anymore" ends the LIKES sushi fact). A new value of a one-value predicate needs no ends.
@@ -61,6 +63,8 @@ Time
   from the message time in the sender's time zone ("yesterday" = the sender's previous day); a bare date is
   that day at 00:00; a bare year is 1 January; present tense with no date: null (= the message time).
   Never a date after the message time.
+- valid_until: only when the text says when it stopped being true ("I left Google in 2022": WORKS_AT Google,
+  valid_until "2022-01-01T00:00:00+00:00"); else null.
 
 Importance (0 to 1)
 - 0.9 identity, health, family, major life events; 0.7 home, work, relationships, strong preferences;
