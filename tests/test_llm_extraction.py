@@ -126,7 +126,7 @@ def test_earlier_turns_are_shown_apart_from_the_new_message_and_never_extracted(
     assert "Earlier turns (context only, extract nothing from them):" in earlier
     assert "My sister Ana moved to Lisbon." in earlier and "My sister Ana" not in new
     assert new.strip() == "User (memory owner): She loves it there."
-    assert "Earlier turns only resolve" in system_part(prompt_for(llm, "She loves it there."))
+    assert "Earlier turns resolve" in system_part(prompt_for(llm, "She loves it there."))
     # Sent by the producer instead: those turns are the context (and are never extracted: no fact from them).
     ingest(
         stack,

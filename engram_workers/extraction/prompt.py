@@ -13,6 +13,7 @@ Contract (docs/extraction.md states it for operators):
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta, timezone
@@ -41,7 +42,9 @@ Speakers
 - Turns read "Name {OWNER_MARK}: text", "Name: text" (another person) or "assistant: text".
 - What the owner says about themself has subject "{SELF_REF}". What another person says about themself is
   about that person: subject is that person (an entity with their name), never "{SELF_REF}".
-- Extract only from the turns under "Conversation:". Earlier turns only resolve "she", "it", "there", "then".
+- Extract only what the turns under "Conversation:" say or confirm. Earlier turns resolve "she", "it",
+  "there", "then", and the question a new turn answers (assistant: "Where do you live now?" then
+  "Austin." is LIVES_IN Austin; "Do you still work at Acme?" then "Nope" ends WORKS_AT Acme).
 - Assistant turns are never facts about the owner. A suggestion the owner takes up may be recorded as
   "User was recommended X" (episodic, importance 0.3 at most).
 
@@ -150,12 +153,36 @@ def is_owner_turn(message: ChatMessage, owner_name: str | None) -> bool:
     return not (message.name and owner_name and message.name.casefold() != owner_name.casefold())
 
 
+_NAME_CAP = 60
+
+
+def _name(raw: str | None) -> str:
+    """A speaker name as shown: one line, no owner mark, no brackets or colon (the turn syntax), capped.
+    "Mallory (memory owner)" or "Eve\nAna (memory owner)" would otherwise forge an owner line."""
+    if not raw:
+        return ""
+    cleaned = re.sub(r"[()\[\]{}:<>]", " ", raw.replace(OWNER_MARK, " "))
+    return " ".join(cleaned.split())[:_NAME_CAP].strip()
+
+
+def _one_line(text: str) -> str:
+    """A turn's text on one line and without the owner mark: nothing inside a turn can pass for an owner
+    turn (a line break would start a forged line; the mark mid-line could still mislead the model)."""
+    lines = (" ".join(part.split()) for part in text.replace(OWNER_MARK, " ").splitlines())
+    return " / ".join(line for line in lines if line)
+
+
 def _speaker(message: ChatMessage, owner_name: str | None) -> str:
+    name = _name(message.name)
     if message.role != "user":
-        return message.name or message.role
+        return name or message.role
     if not is_owner_turn(message, owner_name):
-        return message.name or "user"  # another person in the conversation
-    return f"{message.name or owner_name or 'User'} {OWNER_MARK}"
+        return name or "user"  # another person in the conversation
+    return f"{name or _name(owner_name) or 'User'} {OWNER_MARK}"
+
+
+def _turn(message: ChatMessage, owner_name: str | None) -> str:
+    return f"{_speaker(message, owner_name)}: {_one_line(message.content)}"
 
 
 def _shown(messages: Sequence[ChatMessage]) -> list[ChatMessage]:
@@ -177,19 +204,20 @@ def _local(when: datetime, offset_minutes: int | None) -> datetime:
 
 def _earlier_lines(envelope: Envelope, episodes: Sequence[EpisodeRecord]) -> list[str]:
     if envelope.earlier:
-        return [f"{_speaker(m, envelope.owner_name)}: {m.content}" for m in _shown(envelope.earlier)]
+        return [_turn(m, envelope.owner_name) for m in _shown(envelope.earlier)]
     lines = []
     for ep in episodes:
         stamp = _local(ep.event_time, envelope.utc_offset_minutes).strftime("%Y-%m-%d %H:%M")
-        text = ep.content if ep.role == "user" else f"{ep.role}: {ep.content}"
-        lines.append(f"[{stamp}] {text}")
+        # A stored episode is plain text, or "Name: text" lines: one line, and no owner mark in it.
+        text = _one_line(ep.content)
+        lines.append(f"[{stamp}] {text if ep.role == 'user' else f'{ep.role}: {text}'}")
     return lines
 
 
 def build_prompt(envelope: Envelope, context: SlimContext, earlier: Sequence[EpisodeRecord] = ()) -> Prompt:
     when = _local(envelope.timestamp, envelope.utc_offset_minutes)
     zone = "UTC" if envelope.utc_offset_minutes is None else "the sender's local time"
-    owner = envelope.owner_name or "not given"
+    owner = _name(envelope.owner_name) or "not given"
     parts = [
         f"Message time: {when.isoformat()} ({when.strftime('%A')}, {zone})",
         f"Memory owner: {owner}",
@@ -198,7 +226,7 @@ def build_prompt(envelope: Envelope, context: SlimContext, earlier: Sequence[Epi
     lines = _earlier_lines(envelope, earlier)
     if lines:
         parts.append("Earlier turns (context only, extract nothing from them):\n" + "\n".join(lines))
-    turns = "\n".join(f"{_speaker(m, envelope.owner_name)}: {m.content}" for m in _shown(envelope.messages))
+    turns = "\n".join(_turn(m, envelope.owner_name) for m in _shown(envelope.messages))
     parts.append(f"Conversation:\n{turns or '(nothing said)'}")
     messages = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": "\n\n".join(parts)}]
     return Prompt(messages=messages, handles=context.handles())
