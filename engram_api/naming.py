@@ -14,6 +14,7 @@ import unicodedata
 __all__ = [
     "LABELS",
     "PREDICATE_SYNONYMS",
+    "RELATIONS",
     "SINGLE_VALUED",
     "canonical_predicate",
     "is_single_valued",
@@ -23,6 +24,7 @@ __all__ = [
     "sanitize_predicate",
     "self_entity_id",
     "split_negation",
+    "unnamed_relation",
 ]
 
 LABELS: frozenset[str] = frozenset(
@@ -213,6 +215,28 @@ def _third_person(base: str) -> str:
 def negated_predicate(positive: str) -> str:
     """The one stored spelling of "not ``positive``" (``NOT_`` + the canonical positive form)."""
     return (NEGATION_PREFIX + positive)[:40].rstrip("_")
+
+
+# Words for the people in someone's life, as a regex alternation (the one list: stance cues and the naming
+# of unnamed relatives both read it).
+RELATIONS = (
+    r"sister|brother|sibling|mother|mom|mum|father|dad|parents?|wife|husband|spouse|partner|girlfriend|boyfriend|"
+    r"fianc[eé]e?|son|daughter|kids?|child|children|baby|aunt|uncle|cousin|niece|nephew|grand(?:mother|father|ma|"
+    r"pa|parents?|son|daughter|child)|friend|best friend|roommate|flatmate|neighbou?r|boss|manager|colleague|"
+    r"coworker|co-worker|teammate|mentor|ex|in-laws?|(?:mother|father|sister|brother)-in-law|family"
+)
+_UNNAMED = re.compile(
+    rf"^(?:my|our|the|user(?:'s|’s|s')|his|her|their)\s+(?:(?:older|younger|little|big|elder|baby|twin|"
+    rf"new|old)\s+)?({RELATIONS})$",
+    re.IGNORECASE,
+)
+
+
+def unnamed_relation(name: str) -> str | None:
+    """'my sister' / "User's older sister" / 'the boss' -> 'sister' / 'sister' / 'boss': the one name an
+    unnamed person gets, so every mention lands on one entity; None when ``name`` is not such a phrase."""
+    match = _UNNAMED.match(" ".join(name.split()))
+    return match.group(1).lower() if match else None
 
 
 def is_single_valued(predicate: str) -> bool:

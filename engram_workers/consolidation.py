@@ -58,7 +58,7 @@ from engram_api.storage.episodes import chunk_envelope
 from engram_api.storage.vectors import Kind, UserIndex, VectorHit
 from engram_workers.extraction.prompt import speaker_transcript
 from engram_workers.handover import CarriedVectors
-from engram_workers.resolution import Resolver, Vectors, hashed_id
+from engram_workers.resolution import Resolver, Vectors, hashed_id, named_entities
 from engram_workers.stance import read_stance
 
 __all__ = ["Planned", "message_texts", "plan_message"]
@@ -70,7 +70,7 @@ DATE_SKEW = timedelta(days=1)
 
 def message_texts(envelope: Envelope, extraction: Extraction) -> list[str]:
     """Every text planning this message embeds (names, statements, its chunks): one encoder batch's worth."""
-    return [*_texts(extraction), *(c.indexed_text for c in chunk_envelope(envelope))]
+    return [*_texts(named_entities(extraction)), *(c.indexed_text for c in chunk_envelope(envelope))]
 
 
 def _texts(extraction: Extraction) -> list[str]:
@@ -319,6 +319,7 @@ def plan_message(
     """``vectors``: texts already encoded for a batch of messages (``message_texts`` of each); without it,
     this message's texts are encoded in one batch here (``carried`` ones excepted)."""
     uid, mid = envelope.user_id, envelope.message_id
+    extraction = named_entities(extraction)
     chunks = chunk_envelope(envelope)
     if vectors is None:
         vectors = Vectors(embedder, message_texts(envelope, extraction), [carried])

@@ -19,6 +19,8 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from engram_api.naming import RELATIONS
+
 __all__ = ["Stance", "read_stance"]
 
 _NEGATION = re.compile(
@@ -44,15 +46,8 @@ _PAST = re.compile(
 _LEFT = re.compile(r"\b(?:left|quit|retired from|moved (?:away )?(?:from|out of)|divorced)\s+(?:the\s+)?(\w+)", re.I)
 # A clause boundary: "used to live in Tampa, now lives in Austin" says two things; each object gets its own.
 _CLAUSE = re.compile(r"[,;]|\b(?:but|while|whereas|then|now|currently|these days|nowadays|since)\b", re.I)
-# The user's relations: "User's sister lives in Paris" is about the sister, whatever subject the model wrote.
-_RELATIONS = (
-    r"sister|brother|sibling|mother|mom|mum|father|dad|parents?|wife|husband|spouse|partner|girlfriend|boyfriend|"
-    r"fianc[eé]e?|son|daughter|kids?|child|children|baby|aunt|uncle|cousin|niece|nephew|grand(?:mother|father|ma|"
-    r"pa|parents?|son|daughter|child)|friend|best friend|roommate|flatmate|neighbou?r|boss|manager|colleague|"
-    r"coworker|co-worker|teammate|mentor|ex|in-laws?|(?:mother|father|sister|brother)-in-law|family"
-)
 _OTHER_SUBJECT = re.compile(
-    rf"^\s*(?:the\s+)?(?:user(?:'s|’s|s')|my|his|her|their)\s+(?:\w+\s+)?(?:{_RELATIONS})\b", re.IGNORECASE
+    rf"^\s*(?:the\s+)?(?:user(?:'s|’s|s')|my|his|her|their)\s+(?:\w+\s+)?(?:{RELATIONS})\b", re.IGNORECASE
 )
 
 

@@ -144,3 +144,21 @@ def test_a_similar_fact_with_another_object_is_not_a_restatement(world):
     plan = say("m4", one("jazz", "Thing", "user", "LIKES", "User really likes jazz music"), T0 + 3 * DAY)
     assert len(plan.reinforced_fact_ids) == 1 and plan.new_facts == []
     assert current(graph, user) == [("DISLIKES", "jazz"), ("LIKES", "blues"), ("LIKES", "jazz")]
+
+
+def test_an_unnamed_relative_is_one_person_however_the_model_words_it(world):
+    """ "My sister is visiting." / "Sister called." / "My older sister is a nurse." then she is named."""
+    graph, user, say = world
+    person = {"label": "Person"}
+    say("m1", {"entities": [entity("N1", "my sister", **person)],
+               "facts": [fact("user", "HAS_SISTER", "N1", "User has a sister")]}, T0)  # fmt: skip
+    say("m2", {"entities": [entity("N1", "sister", **person)],
+               "facts": [fact("N1", "CALLED", "user", "User's sister called")]}, T0 + DAY)  # fmt: skip
+    say("m3", {"entities": [entity("N1", "User's older sister", **person, summary="User's sister, a nurse")],
+               "facts": [fact("N1", "JOB_TITLE", "nurse", "User's sister is a nurse")]}, T0 + 2 * DAY)  # fmt: skip
+    say("m4", {"entities": [entity("N1", "Mia", **person, aliases=["my sister"])],
+               "facts": [fact("N1", "LIVES_IN", "Porto", "Mia lives in Porto")]}, T0 + 3 * DAY)  # fmt: skip
+    sisters = graph.lookup_entities(user, entity_ids=[], norm_names=["sister", "my sister", "mia"])
+    assert [(e.name, e.summary) for e in sisters] == [("sister", "User's sister, a nurse")]
+    assert {"my sister", "User's older sister", "Mia"} <= set(sisters[0].aliases)
+    assert {f.predicate for f in graph.history(user, "Mia", None)} == {"CALLED", "JOB_TITLE", "LIVES_IN"}

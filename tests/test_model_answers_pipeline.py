@@ -27,6 +27,14 @@ def _one(name: str, label: str, predicate: str, statement: str, **extra) -> dict
 ANSWERS = {
     # Someone else's question, then the owner's one-word answer (a competent model reads them together).
     "Yes!": _one("Austin", "Place", "LIVES_IN", "User moved to Austin"),
+    "My sister is visiting next week.": {
+        "entities": [entity("N1", "my sister", "Person")],
+        "facts": [fact("user", "HAS_SISTER", "N1", "User has a sister")],
+    },
+    "Sister called, she got the nursing job!": {
+        "entities": [entity("N1", "sister", "Person", summary="User's sister, a nurse")],
+        "facts": [fact("N1", "JOB_TITLE", "nurse", "User's sister is a nurse")],
+    },
     "I'm allergic to peanuts.": _one("peanuts", "Food", "ALLERGIC_TO", "User is allergic to peanuts"),
     "Turns out I'm not allergic to peanuts!": _one(
         "peanuts", "Food", "NOT_ALLERGIC_TO", "User is not allergic to peanuts"
@@ -174,3 +182,11 @@ def test_yes_to_someones_question_reaches_the_model(stack):
         ("LIVES_IN", "Tampa", T0, T0 + timedelta(days=3)),
         ("LIVES_IN", "Austin", T0 + timedelta(days=3), None),
     ]
+
+
+def test_my_sister_and_sister_are_one_person(stack):
+    user = uid()
+    say(stack, user, ("My sister is visiting next week.", T0), ("Sister called, she got the nursing job!", T0))
+    sister = stack.client.history(user, "my sister")
+    assert [(f.predicate, f.subject_name) for f in sister] == [("JOB_TITLE", "sister")]
+    assert [(f.predicate, f.object_name) for f in stack.client.history(user, "user")] == [("HAS_SISTER", "sister")]
