@@ -190,3 +190,12 @@ def test_my_sister_and_sister_are_one_person(stack):
     sister = stack.client.history(user, "my sister")
     assert [(f.predicate, f.subject_name) for f in sister] == [("JOB_TITLE", "sister")]
     assert [(f.predicate, f.object_name) for f in stack.client.history(user, "user")] == [("HAS_SISTER", "sister")]
+
+
+def test_an_assistant_turn_alone_costs_no_model_call_and_stays_recallable(stack, llm_server):
+    user = uid()
+    before = len(llm_server.requests)
+    turn = [{"role": "assistant", "content": "Lisbon has lovely tiled facades."}]
+    stack.client.wait(stack.client.enqueue(user, turn, timestamp=T0), timeout=SETTLE_S)
+    assert len(llm_server.requests) == before
+    assert facts(stack, user) == [] and stack.client.stats(user).episodes == 1

@@ -27,10 +27,10 @@ OWNER_MARK = "(memory owner)"
 
 SYSTEM_PROMPT = f"""You extract long-term memory about one person, the memory owner, from the newest turns of a chat.
 Answer with ONE JSON object and nothing else, in this shape:
-{{"entities":[{{"ref":"N1","name":"Lisbon","label":"Place","aliases":[],"summary":""}}],
- "facts":[{{"subject":"{SELF_REF}","predicate":"LIVES_IN","object":"N1","statement":"User lives in Lisbon",
- "memory_type":"semantic","importance":0.7,"valid_from":null,"updates":null}}],
- "ends":[]}}
+{{"entities":[{{"ref":"N1","name":"Lisbon","label":"Place"}}],
+ "facts":[{{"subject":"{SELF_REF}","predicate":"LIVES_IN","object":"N1","statement":"User lives in Lisbon","importance":0.7}}]}}
+Leave out a field at its default: label "Thing", aliases [], summary "", memory_type "semantic",
+importance 0.5, valid_from, valid_until and updates null, ends [].
 
 References
 - "{SELF_REF}" is the memory owner. Never list the owner under entities.
@@ -75,20 +75,20 @@ Importance (0 to 1)
 
 Examples
 1. Conversation: "Ana (memory owner): My sister Mia moved to Porto last year." (message time 2026-03-10)
-{{"entities":[{{"ref":"N1","name":"Mia","label":"Person","aliases":[],"summary":"Ana's sister"}},
- {{"ref":"N2","name":"Porto","label":"Place","aliases":[],"summary":""}}],
- "facts":[{{"subject":"{SELF_REF}","predicate":"HAS_SISTER","object":"N1","statement":"User has a sister, Mia",
- "memory_type":"semantic","importance":0.9,"valid_from":null,"updates":null}},
- {{"subject":"N1","predicate":"LIVES_IN","object":"N2","statement":"Mia moved to Porto in 2025",
- "memory_type":"semantic","importance":0.6,"valid_from":"2025-01-01T00:00:00+00:00","updates":null}}],"ends":[]}}
+{{"entities":[{{"ref":"N1","name":"Mia","label":"Person","summary":"Ana's sister"}},{{"ref":"N2","name":"Porto","label":"Place"}}],
+ "facts":[{{"subject":"{SELF_REF}","predicate":"HAS_SISTER","object":"N1","statement":"User has a sister, Mia","importance":0.9}},
+ {{"subject":"N1","predicate":"LIVES_IN","object":"N2","statement":"Mia moved to Porto in 2025","importance":0.6,
+ "valid_from":"2025-01-01T00:00:00+00:00"}}]}}
 2. Known: F1 [WORKS_AT] User works at Acme. Conversation: "User {OWNER_MARK}: I quit Acme, taking a break."
-{{"entities":[],"facts":[],"ends":["F1"]}}
+{{"ends":["F1"]}}
 3. Conversation: "Jo {OWNER_MARK}: How's it going?" / "Sam: Great, I just adopted a cat named Rex!"
-{{"entities":[{{"ref":"N1","name":"Sam","label":"Person","aliases":[],"summary":""}},
- {{"ref":"N2","name":"Rex","label":"Pet","aliases":[],"summary":"Sam's cat"}}],
- "facts":[{{"subject":"N1","predicate":"HAS_PET","object":"N2","statement":"Sam adopted a cat named Rex",
- "memory_type":"episodic","importance":0.5,"valid_from":null,"updates":null}}],"ends":[]}}
-4. Conversation: "User {OWNER_MARK}: thanks!" -> {{"entities":[],"facts":[],"ends":[]}}
+{{"entities":[{{"ref":"N1","name":"Sam","label":"Person"}},{{"ref":"N2","name":"Rex","label":"Pet","summary":"Sam's cat"}}],
+ "facts":[{{"subject":"N1","predicate":"HAS_PET","object":"N2","statement":"Sam adopted a cat named Rex","memory_type":"episodic"}}]}}
+4. Known: E1 guitar (Activity); F1 [PLAYS] User plays guitar. Conversation: "User {OWNER_MARK}: I don't play
+guitar anymore, might pick up drums."
+{{"entities":[{{"ref":"N1","name":"drums","label":"Activity"}}],"facts":[{{"subject":"{SELF_REF}","predicate":"PLANS_TO_PLAY",
+ "object":"N1","statement":"User might pick up drums","memory_type":"episodic","importance":0.3}}],"ends":["F1"]}}
+5. Conversation: "User {OWNER_MARK}: thanks!" -> {{"facts":[]}}
 """
 
 # The JSON Schema for providers that constrain output to one (litellm's json_schema response format).
