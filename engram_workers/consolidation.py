@@ -23,7 +23,9 @@ Model facts are mapped with these rules (docs/extraction.md):
   (RESIDES_IN -> LIVES_IN); the model's flag is ignored, so "LIKES jazz" cannot close every other LIKES;
 - a model date later than the message's event time + ``DATE_SKEW`` is not trusted: the fact is dated at the
   event time, and a one-value fact dated ahead is a plan (``PLANS_<PREDICATE>``, episodic), not a change;
-- ``ends`` closes the named current facts at the message's event time (kept when the slot is rebuilt).
+- ``ends`` closes the named current facts at the message's event time (kept when the slot is rebuilt);
+- the statement is read before the triple is trusted (``_draft_facts``, ``engram_workers.stance``): negations,
+  past states and ``valid_until`` end facts, plans and other people's values change no slot.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from engram_api.models import (
     FactRecord,
     Usage,
     WritePlan,
+    utcnow,
 )
 from engram_api.naming import (
     SINGLE_VALUED,
@@ -126,6 +129,9 @@ def _draft_facts(envelope: Envelope, extraction: Extraction, resolver: Resolver)
     out = Drafts()
     seen: set[str] = set()
     at = envelope.timestamp
+    # An end may lie after the message when it is known by now (a late message dated before a known fact that
+    # replaced it); an end still ahead of the clock is only announced ("leaving Google next month"): ignored.
+    latest_end = max(at + DATE_SKEW, utcnow())
     for pos, fact in enumerate(extraction.facts):
         subject_id = resolver.entity_for(fact.subject)
         object_id = resolver.entity_for(fact.object)
@@ -141,7 +147,7 @@ def _draft_facts(envelope: Envelope, extraction: Extraction, resolver: Resolver)
         dated_ahead = valid_from > at + DATE_SKEW
         if dated_ahead:
             valid_from = at
-        until = fact.valid_until if fact.valid_until is not None and fact.valid_until <= at + DATE_SKEW else None
+        until = fact.valid_until if fact.valid_until is not None and fact.valid_until <= latest_end else None
         fid = hashed_id("fact_", uid, mid, str(pos))
         valid_until = None
         if negated or stance.negated:

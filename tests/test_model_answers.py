@@ -162,3 +162,25 @@ def test_an_unnamed_relative_is_one_person_however_the_model_words_it(world):
     assert [(e.name, e.summary) for e in sisters] == [("sister", "User's sister, a nurse")]
     assert {"my sister", "User's older sister", "Mia"} <= set(sisters[0].aliases)
     assert {f.predicate for f in graph.history(user, "Mia", None)} == {"CALLED", "JOB_TITLE", "LIVES_IN"}
+
+
+def test_a_late_older_message_ended_by_a_known_later_fact_is_history(world):
+    """ "I study marine biology now." (2026) applied first; then the late "I study chemistry." (2024): the
+    model sees the 2026 fact in its context and ends chemistry there (valid_until after the message time)."""
+    graph, user, say = world
+    y2024, y2026 = datetime(2024, 5, 1, tzinfo=UTC), datetime(2026, 2, 1, tzinfo=UTC)
+    say("m2", one("marine biology", "Subject", "user", "STUDIES", "User studies marine biology now"), y2026)
+    late = one("chemistry", "Subject", "user", "STUDIES", "User studies chemistry", valid_until=y2026.isoformat())
+    say("m1", late, y2024)
+    assert facts(graph, user) == [("STUDIES", "chemistry", y2024, y2026), ("STUDIES", "marine biology", y2026, None)]
+
+
+def test_an_end_still_ahead_of_the_clock_is_only_announced(world):
+    """ "I'm leaving Google next month." said now: the job is still current."""
+    graph, user, say = world
+    now = datetime.now(UTC).replace(microsecond=0)
+    say("m1", one("Google", "Organization", "user", "WORKS_AT", "User works at Google"), now - 30 * DAY)
+    leaving = one("Google", "Organization", "user", "WORKS_AT", "User works at Google until next month",
+                  valid_until=(now + 30 * DAY).isoformat())  # fmt: skip
+    say("m2", leaving, now)
+    assert current(graph, user) == [("WORKS_AT", "Google")]

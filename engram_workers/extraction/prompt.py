@@ -67,7 +67,8 @@ Time
   that day at 00:00; a bare year is 1 January; present tense with no date: null (= the message time).
   Never a date after the message time.
 - valid_until: only when the text says when it stopped being true ("I left Google in 2022": WORKS_AT Google,
-  valid_until "2022-01-01T00:00:00+00:00"); else null.
+  valid_until "2022-01-01T00:00:00+00:00"), or when the message is older than a known fact that replaced what
+  it says (its time is before that fact's "since": valid_until is that date); else null.
 
 Importance (0 to 1)
 - 0.9 identity, health, family, major life events; 0.7 home, work, relationships, strong preferences;
