@@ -254,3 +254,20 @@ def test_extract_takes_the_published_stamp_read_with_the_message_and_asks_the_gr
     assert counting.stamps == 1
     asked = read_context(ctx, envelope)
     assert (asked.slim, asked.earlier) == (from_redis.slim, from_redis.earlier)
+
+
+def test_a_redelivered_extract_whose_answer_is_stored_asks_for_apply_again_without_a_model_call(
+    stack: Stack, llm_standin: Any
+) -> None:
+    """A worker that died after storing the answer but before its apply task went out: the redelivered
+    extract finds the stored answer, publishes apply again (RE_HANDED) and calls no model; apply then writes."""
+    sent: list[tuple[str, tuple[str, ...]]] = []
+    ctx = WorkerContext(settings=stack.settings, dispatch=lambda task, args: sent.append((task, tuple(args))))
+    user = new_user()
+    extract(ctx, stack, user, "m1", FIRST, 0)
+    assert sent == [(keys.APPLY_TASK, (user, "m1"))]  # this publish is the one the dead worker never made
+    calls = len(llm_standin.requests)
+    assert run_extract(ctx, user, "m1").outcome is StageOutcome.RE_HANDED
+    assert sent == [(keys.APPLY_TASK, (user, "m1"))] * 2 and len(llm_standin.requests) == calls
+    assert apply(ctx, user, "m1") is StageOutcome.APPLIED
+    assert [f.object_name for f in stack.client.history(user, "user", "LIVES_IN")] == ["Lisbon"]
