@@ -16,6 +16,7 @@ import base64
 import json
 import math
 import socket
+import threading
 import time
 import uuid
 from collections import Counter
@@ -55,16 +56,21 @@ MessageInput = str | Sequence[Mapping[str, Any] | ChatMessage]
 # KEYS: payload, status, queue, pending, tombstone. ARGV: envelope json, task id, ttl, now, task message, message id,
 # pending limit. Returns the existing task id for a known message id, {pending} when the user's backlog is
 # full (nothing written), else "".
+# The payload's SET is the script's first write on purpose: Redis checks maxmemory only at a script's first
+# write, and a ZREMRANGEBYSCORE first (which never refuses) let every enqueue past the limit.
 _ENQUEUE = """
 local existing = redis.call('HGET', KEYS[2], 'task_id')
 if existing then return existing end
+redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[3])
 redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', tonumber(ARGV[4]) - tonumber(ARGV[3]))
 local pending = redis.call('ZCARD', KEYS[4])
-if pending >= tonumber(ARGV[7]) then return {pending} end
+if pending >= tonumber(ARGV[7]) then
+  redis.call('DEL', KEYS[1])
+  return {pending}
+end
 redis.call('ZADD', KEYS[4], ARGV[4], ARGV[6])
 redis.call('DEL', KEYS[5])
 redis.call('EXPIRE', KEYS[4], ARGV[3])
-redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[3])
 redis.call('HSET', KEYS[2], 'state', 'queued', 'task_id', ARGV[2], 'enqueued_at', ARGV[4])
 redis.call('EXPIRE', KEYS[2], ARGV[3])
 redis.call('LPUSH', KEYS[3], ARGV[5])
@@ -248,6 +254,41 @@ def build_envelope(
     )
 
 
+class MemoryGuard:
+    """Refuses producers while Redis is past ``headroom`` of its ``maxmemory``, so the workers, whose leases and
+    status writes need memory too, can still drain the queue (under ``noeviction`` a full Redis refuses every
+    write: the pipeline would stop while producers kept filling it). Reads ``INFO memory`` at most once per
+    ``interval_s`` per producer: one round trip a second, not one per message."""
+
+    def __init__(self, redis_client: redis.Redis, headroom: float, interval_s: float = 1.0) -> None:
+        self.redis = redis_client
+        self.headroom = headroom
+        self.interval_s = interval_s
+        self._checked_at = -math.inf
+        self._full: str | None = None
+        self._lock = threading.Lock()
+
+    def check(self) -> None:
+        now = time.monotonic()
+        with self._lock:
+            if now - self._checked_at >= self.interval_s:
+                self._checked_at = now
+                self._full = self._read()
+            full = self._full
+        if full is not None:
+            raise BackPressureError(f"{full}; nothing enqueued", retry_after_s=5.0)
+
+    def _read(self) -> str | None:
+        try:
+            info = self.redis.info("memory")
+        except redis.RedisError:
+            return None  # the enqueue itself reports an unreachable Redis, with its own error
+        limit, used = int(info.get("maxmemory") or 0), int(info.get("used_memory") or 0)
+        if limit and used >= self.headroom * limit:
+            return f"Redis holds {used:,} bytes of its maxmemory {limit:,} (producers stop at {self.headroom:.0%})"
+        return None
+
+
 class Producer:
     """Publishes messages for the workers; thread-safe."""
 
@@ -255,12 +296,14 @@ class Producer:
         self.settings = settings
         self.redis = redis_client
         self._enqueue = self.redis.register_script(_ENQUEUE)
+        self.memory = MemoryGuard(redis_client, settings.redis_memory_headroom)
         self.dead_letters = DeadLetterStore(
             redis_client=redis_client, status_ttl_s=settings.status_ttl_s, secrets=settings.secrets
         )
 
     def submit(self, envelope: Envelope) -> Receipt:
         """Register and publish an already-validated envelope (idempotent by message id)."""
+        self.memory.check()
         task_id = uuid.uuid4().hex
         uid, mid = envelope.user_id, envelope.message_id
         queue = keys.queue_for(keys.EXTRACT_TASK)
@@ -276,6 +319,11 @@ class Producer:
                     self.settings.max_pending_per_user,
                 ],
             )  # fmt: skip
+        except redis.ResponseError as exc:
+            # A full Redis refuses the script's first write, so nothing was written.
+            if not isinstance(exc, redis.exceptions.OutOfMemoryError) and "OOM" not in str(exc):
+                raise
+            raise BackPressureError("Redis is full (maxmemory), nothing enqueued", retry_after_s=5.0) from None
         except redis.RedisError as exc:
             raise StoreUnavailableError(f"Redis unavailable, nothing enqueued: {exc}") from exc
         if isinstance(existing, list):
@@ -306,6 +354,7 @@ class Producer:
                 envelopes.append(build_envelope(self.settings, item["user_id"], item["messages"], **extra))
             except InvalidInputError as exc:
                 raise InvalidInputError(f"items[{i}].{exc.field}", exc.problem) from None
+        self.memory.check()
         self._check_backlog(Counter(env.user_id for env in envelopes))
         return [self.submit(env) for env in envelopes]
 

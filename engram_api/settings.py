@@ -118,6 +118,13 @@ class Settings(BaseSettings):
     max_pending_per_user: int = Field(
         10_000, ge=1, description="messages of one user queued but not finished; beyond: BackPressureError"
     )
+    redis_memory_headroom: float = Field(
+        0.9,
+        gt=0.0,
+        le=1.0,
+        description="share of Redis maxmemory past which producers refuse new messages (BackPressureError), "
+        "so the workers keep room to drain the queue; 1 = only at maxmemory itself",
+    )
 
     # --- delivery ---
     visibility_timeout_s: int = Field(3600, ge=60, description="must exceed any task run + countdown")
