@@ -44,12 +44,16 @@ def test_readme_links_point_at_existing_files():
 MARKDOWN = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 
 
+def prose(doc: Path) -> str:
+    """``doc``'s text without its fenced code blocks (a ``# comment`` there is no heading, a link no link)."""
+    return re.sub(r"```.*?```", "", doc.read_text(), flags=re.DOTALL)
+
+
 def heading_anchors(doc: Path) -> set[str]:
     """The anchors GitHub gives ``doc``'s headings: lower case, punctuation but ``-`` and ``_`` dropped,
     spaces as ``-``, a repeated one suffixed ``-1``, ``-2``..."""
     anchors: set[str] = set()
-    prose = re.sub(r"```.*?```", "", doc.read_text(), flags=re.DOTALL)
-    for title in re.findall(r"^#+ +(.+?) *$", prose, flags=re.MULTILINE):
+    for title in re.findall(r"^#+ +(.+?) *$", prose(doc), flags=re.MULTILINE):
         slug = re.sub(r"[^\w\- ]", "", title.lower()).replace(" ", "-")
         repeats = sum(1 for a in anchors if a == slug or re.fullmatch(re.escape(slug) + r"-\d+", a))
         anchors.add(f"{slug}-{repeats}" if repeats else slug)
@@ -58,8 +62,7 @@ def heading_anchors(doc: Path) -> set[str]:
 
 @pytest.mark.parametrize("doc", MARKDOWN, ids=lambda d: str(d.relative_to(ROOT)))
 def test_every_relative_link_names_an_existing_file_and_heading(doc):
-    prose = re.sub(r"```.*?```", "", doc.read_text(), flags=re.DOTALL)
-    for target in re.findall(r"\]\(([^)\s]+)\)", prose):
+    for target in re.findall(r"\]\(([^)\s]+)\)", prose(doc)):
         if target.startswith(("http://", "https://", "mailto:")):
             continue
         path, _, anchor = target.partition("#")
@@ -103,8 +106,8 @@ def test_the_benchmarks_page_opens_with_its_summary_table_of_reproducible_figure
 def test_user_docs_speak_of_the_product_not_of_its_development_log():
     """Development steps live in docs/benchmarks/history.md; the rest of the docs say what is, not when."""
     for doc in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
-        prose = re.sub(r"\]\([^)]*\)", "]", doc.read_text())  # a link's target may name a history section
-        found = re.findall(r"\b(?:stops? \d+|issue \d+|this session|this stop)\b", prose, flags=re.IGNORECASE)
+        text = re.sub(r"\]\([^)]*\)", "]", doc.read_text())  # a link's target may name a history section
+        found = re.findall(r"\b(?:stops? \d+|issue \d+|this session|this stop)\b", text, flags=re.IGNORECASE)
         assert not found, f"{doc.name}: {found}"
 
 
