@@ -6,7 +6,7 @@ consumer's own BRPOP (``Channel.conn_or_acquire`` -> ``_create_client``): the un
 of every delivery and every ack, every publish. A client object is only a view over the channel's
 connection pool (it holds no connection of its own), but building one costs ~56 us of Python (its
 response-callback tables): 7 % of the extract worker's Python CPU in an ingest burst (py-spy GIL samples,
-``ops/bench/profile_ingest.py``; docs/benchmarks.md, stop 31). Here a channel keeps the one it built until
+``ops/bench/profile_ingest.py``; docs/benchmarks/history.md, stop 31). Here a channel keeps the one it built until
 its pool is replaced (``_disconnect_pools``: after a fork, a lost connection, a close), then builds one for
 the new pool. A redis-py client is safe to share between threads: each command takes a connection from the
 pool and gives it back. Measured (``ops/bench/client_cpu_ab.py``): a publish, delivery and ack cost 0.69x

@@ -67,7 +67,7 @@ def celery_config(settings: Settings, broker_url: str) -> dict[str, Any]:
         "task_routes": {task: {"queue": q, "routing_key": q} for task, q in keys.TASK_QUEUES.items()},
         # Task events are what Flower shows, and Flower turns them on in every worker it sees (the
         # ``enable_events`` broadcast, at its start and every 5 s), so by default a worker sends them only while
-        # someone watches: ~7 events a message cost ~3 ms of worker CPU (docs/benchmarks.md, stop 30). "sent"
+        # someone watches: ~7 events a message cost ~3 ms of worker CPU (docs/benchmarks/history.md, stop 30). "sent"
         # events come from hand-overs to apply and from Beat, never from the producer's Lua enqueue.
         "worker_send_task_events": settings.task_events,
         "task_send_sent_event": settings.task_events,

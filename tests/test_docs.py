@@ -3,6 +3,7 @@ every `engram` command line the docs show exists and (where cheap) runs against 
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import shlex
@@ -37,6 +38,77 @@ def test_readme_links_point_at_existing_files():
     for link in links:
         if not link.startswith("http"):
             assert (ROOT / link).exists(), link
+
+
+# ------------------------------------------------------------------ links and the benchmarks page
+MARKDOWN = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+
+
+def prose(doc: Path) -> str:
+    """``doc``'s text without its fenced code blocks (a ``# comment`` there is no heading, a link no link)."""
+    return re.sub(r"```.*?```", "", doc.read_text(), flags=re.DOTALL)
+
+
+def heading_anchors(doc: Path) -> set[str]:
+    """The anchors GitHub gives ``doc``'s headings: lower case, punctuation but ``-`` and ``_`` dropped,
+    spaces as ``-``, a repeated one suffixed ``-1``, ``-2``..."""
+    anchors: set[str] = set()
+    for title in re.findall(r"^#+ +(.+?) *$", prose(doc), flags=re.MULTILINE):
+        slug = re.sub(r"[^\w\- ]", "", title.lower()).replace(" ", "-")
+        repeats = sum(1 for a in anchors if a == slug or re.fullmatch(re.escape(slug) + r"-\d+", a))
+        anchors.add(f"{slug}-{repeats}" if repeats else slug)
+    return anchors
+
+
+@pytest.mark.parametrize("doc", MARKDOWN, ids=lambda d: str(d.relative_to(ROOT)))
+def test_every_relative_link_names_an_existing_file_and_heading(doc):
+    for target in re.findall(r"\]\(([^)\s]+)\)", prose(doc)):
+        if target.startswith(("http://", "https://", "mailto:")):
+            continue
+        path, _, anchor = target.partition("#")
+        linked = (doc.parent / path).resolve() if path else doc
+        assert linked.exists(), f"{doc.name}: ({target}): no {linked}"
+        if anchor and linked.suffix == ".md":
+            assert anchor in heading_anchors(linked), f"{doc.name}: ({target}): no such heading in {linked.name}"
+
+
+def test_the_benchmarks_page_opens_with_its_summary_table_of_reproducible_figures():
+    """The first screen is the table; each row's command names a real script, benchmark and option."""
+    spec = importlib.util.spec_from_file_location("bench_run", ROOT / "ops" / "bench" / "run.py")
+    run = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(run)  # its parser knows the benchmarks and their options
+
+    lines = (ROOT / "docs" / "benchmarks.md").read_text().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("|"))
+    assert start < 10, "the summary table must open the page"
+    assert lines[start].split("|")[1:-1] == [
+        " What is measured ",
+        " Figure ",
+        " Baseline (same run) ",
+        " Machine ",
+        " Reproduce ",
+    ]
+    end = next(i for i in range(start, len(lines)) if not lines[i].startswith("|"))
+    rows = lines[start + 2 : end]
+    commands = [span for row in rows for span in re.findall(r"`(python ops/bench/[^`]+)`", row)]
+    assert len(commands) >= 10
+    for command in commands:
+        _, script, *args = shlex.split(command)
+        assert (ROOT / script).is_file(), command
+        if script.endswith("run.py"):
+            run.parse_args(args)  # an unknown benchmark or option exits
+        else:
+            source = (ROOT / script).read_text()
+            for option in (a for a in args if a.startswith("--")):
+                assert f'"{option}"' in source, f"{command}: {script} has no {option}"
+
+
+def test_user_docs_speak_of_the_product_not_of_its_development_log():
+    """Development steps live in docs/benchmarks/history.md; the rest of the docs say what is, not when."""
+    for doc in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        text = re.sub(r"\]\([^)]*\)", "]", doc.read_text())  # a link's target may name a history section
+        found = re.findall(r"\b(?:stops? \d+|issue \d+|this session|this stop)\b", text, flags=re.IGNORECASE)
+        assert not found, f"{doc.name}: {found}"
 
 
 # ------------------------------------------------------------------ every example and command in the docs

@@ -35,7 +35,7 @@ class RecallRecipe(BaseModel):
     weights: dict[RetrievalChannel, float] = Field(
         # BM25 carries names, places and dates where MiniLM is weak; fact vectors mostly re-find what the
         # episode vectors found. Chosen on LoCoMo dev conversations, confirmed on held-out ones
-        # (docs/benchmarks.md, "Choosing the fusion").
+        # (docs/benchmarks/history.md, "Choosing the fusion").
         default_factory=lambda: {"fact_vector": 0.5, "episode_vector": 1.0, "keyword": 2.0, "graph": 0.5},
         description="each channel's weight in reciprocal-rank fusion",
     )

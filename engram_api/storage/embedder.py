@@ -16,7 +16,7 @@ An LRU cache of recently encoded texts (``ENGRAM_QUERY_CACHE_SIZE`` entries) ser
 skip the encoder. ``encode`` itself always runs the model (benchmarks time it as the floor).
 Measured reason (ONNX Runtime, this project's 2-core machine): a model call has a fixed cost of ~2.3 ms of
 CPU whatever its texts, and apply's batch of a message (its statements, its entity names, "User") took
-two calls, ~14 ms; with the names served from the cache it is one call, ~7 ms (see docs/benchmarks.md,
+two calls, ~14 ms; with the names served from the cache it is one call, ~7 ms (see docs/benchmarks/history.md,
 stop 40, for the hit rates on the bench's corpus and on LoCoMo conversations).
 Only encoding loads a model: ``dim`` is read from the model's files when they declare it, so calls that
 never embed (stats, history, export, reindex, forget, health) stay cheap.

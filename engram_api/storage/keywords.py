@@ -2,7 +2,7 @@
 recall of a user a reader holds whole asks the store nothing at all.
 
 Why: with the graph step answered from ``UserSnapshot``, the keyword search was the one store round trip
-left in such a recall (~5 ms on Neo4j for a 10K-fact user, docs/benchmarks.md, stop 36), and it made
+left in such a recall (~5 ms on Neo4j for a 10K-fact user, docs/benchmarks/history.md, stop 36), and it made
 Neo4j's recall slower than SQLite's on the same snapshot. Why our own rather than a BM25 library
 (``bm25s``, ``rank_bm25``): a snapshot is refreshed with only what was written since
 (``UserSnapshot.updated``), and this index is too (``added``: the touched terms' postings grow, nothing

@@ -303,7 +303,7 @@ RETURN {_ENTITY_EMB} AS row ORDER BY e.norm_name, e.id
 """
 # The reads by id below (consolidation's lookup, extract's context) seek the unique id index by hint: on
 # statistics not yet caught up with a user's new nodes the planner scanned the user's index instead (5,000
-# entities: 5,000 db hits against 17; docs/benchmarks.md "Stop 39").
+# entities: 5,000 db hits against 17; docs/benchmarks/history.md "Stop 39").
 # find and get in one round trip: by id, or by name (UNION returns each entity once).
 Q_LOOKUP_ENTITIES = f"""
 CALL () {{

@@ -11,7 +11,7 @@ episode ids, speakers) are interned, so one copy serves every record and every s
 read fields by position (``SUBJECT``, ``EVENT_TIME``, ...); recall reads a view's fields by name, as it
 reads a model's, so no model is built for a recall at all. Building the models a recall read (~3 us each,
 ~80 a recall of a 369-turn conversation, ~110 of the 100K-fact user) cost small users ~8 % of a recall
-against their floor (1.40x -> 1.51x, docs/benchmarks.md "Stop 39").
+against their floor (1.40x -> 1.51x, docs/benchmarks/history.md "Stop 39").
 
 Invariants: a row holds its model's fields in their declared order, lists as tuples; a view's methods
 and properties are its model's own (``current_at``, ``conversation_order``, ``indexed_text``), borrowed,

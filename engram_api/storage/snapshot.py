@@ -5,7 +5,7 @@ from it.
 transaction. ``UserSnapshot.graph_step`` is a third implementation of ``GraphStore.graph_step`` over those
 records, pinned to both stores' answers by the contract suite (tests/contract/test_graph_step.py). Why a
 third: on Neo4j the step is a round trip that cost ~5 ms of a 700-turn user's ~21 ms recall (graph 4.9 ms
-p50, docs/benchmarks.md), where the walk over a few hundred facts in Python takes a fraction of a
+p50, docs/benchmarks/history.md), where the walk over a few hundred facts in Python takes a fraction of a
 millisecond. Users above a size bound are not snapshotted: their step stays in the store. The keyword search is
 answered from an in-memory BM25 index of the same records (``keywords``), so a snapshotted user's recall
 makes no store call at all.
