@@ -26,22 +26,32 @@ and the same calls in flight measured ~1.1-1.25x the pool's CPU per call, so it 
 from __future__ import annotations
 
 import functools
-import json
 import logging
 import math
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
-from pydantic import TypeAdapter, ValidationError
+from pydantic import ValidationError
 
 from engram_api.errors import LLMError
 from engram_api.models import ExtractedEntity, ExtractedFact, Extraction, Usage
 from engram_api.settings import Settings
+from engram_workers.extraction.dates import read_date
 from engram_workers.extraction.prompt import RESPONSE_SCHEMA
+from engram_workers.extraction.repair import (
+    ENTITY_KEYS,
+    FACT_KEYS,
+    answer_items,
+    answer_object,
+    blank,
+    end_ref,
+    fact_refs,
+    item_keys,
+)
 
 __all__ = [
     "Completion",
@@ -57,13 +67,9 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-_FENCE = re.compile(r"```(?:json|JSON)?")
 _MEMORY_TYPES = ("semantic", "episodic", "procedural")
 _LIST_CAP = 100  # Extraction's own bound on entities and facts
-_SCAN_TRIES = 20  # '{' positions tried in a prose-wrapped answer (bounds the work on hostile text)
-_DATE: TypeAdapter[datetime] = TypeAdapter(datetime)
 _SURROGATE = re.compile("[\ud800-\udfff]")
-
 Completion = tuple[str, Usage]
 
 
@@ -75,27 +81,8 @@ class LLMAnswer:
     skipped: list[str] = field(default_factory=list)
 
 
-def _outermost_json(raw: str) -> Any:
-    """The answer's JSON value: the whole text, else the first complete object in it (prose, fences)."""
-    text = _FENCE.sub("", raw).strip()
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError:
-        pass
-    except (RecursionError, ValueError) as exc:
-        # Nesting too deep, or a number too long to convert: unusable, and scanning further would not help.
-        raise LLMError(f"model answer is not usable JSON: {type(exc).__name__}", transient=False, raw=raw) from None
-    decoder = json.JSONDecoder()
-    for tries, match in enumerate(re.finditer(r"\{", text)):
-        if tries >= _SCAN_TRIES:
-            break
-        try:
-            value, _ = decoder.raw_decode(text, match.start())
-        except (RecursionError, ValueError):
-            continue
-        if isinstance(value, dict):
-            return value
-    raise LLMError("model answer holds no JSON object", transient=False, raw=raw)
+class CutOff(LLMError):
+    """The model stopped at ``max_tokens``: ``raw`` is the answer as far as it got."""
 
 
 def _importance(value: Any) -> float:
@@ -106,17 +93,16 @@ def _importance(value: Any) -> float:
             return 0.5
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
         return 0.5
-    if 1 < value <= 10:
+    if 10 < value <= 100:
+        value = value / 100  # a 0-100 scale (or a percentage)
+    elif 1 < value <= 10:
         value = value / 10  # a 1-10 scale
     return min(1.0, max(0.0, float(value)))
 
 
 def _date_or_none(value: Any) -> datetime | None:
-    try:
-        when = _DATE.validate_python(value)
-        return when.replace(tzinfo=UTC) if when.tzinfo is None else when.astimezone(UTC)
-    except (ValidationError, OverflowError):
-        return None  # "last week", "2024-13-45": a date we cannot read is no date
+    read = read_date(value)
+    return read[0] if read else None
 
 
 def _repaired(value: Any) -> Any:
@@ -137,8 +123,8 @@ def _clean_fact(item: dict[str, Any]) -> dict[str, Any]:
     if out.get("memory_type") is not None:
         kind = str(out["memory_type"]).strip().lower()
         out["memory_type"] = kind if kind in _MEMORY_TYPES else "semantic"
-    for key in ("object", "updates", "valid_from"):
-        if isinstance(out.get(key), str) and out[key].strip().lower() in ("", "null", "none"):
+    for key in ("object", "updates", "valid_from", "statement"):
+        if key in out and blank(out[key]):
             out[key] = None
     if out.get("valid_from") is not None:
         out["valid_from"] = _date_or_none(out["valid_from"])
@@ -159,38 +145,42 @@ def _clean_entity(item: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _items(data: dict[str, Any], key: str, raw: str) -> list[Any]:
-    value = data.get(key)
-    if value is None:
-        return []
-    if not isinstance(value, list):
-        raise LLMError(f"model answer breaks the schema at {key}: must be a list", transient=False, raw=raw)
-    return value
-
-
-def read_answer(raw: str) -> tuple[Extraction, list[str]]:
-    """The answer as an ``Extraction`` and a note per skipped item; ``LLMError`` when nothing is usable."""
-    data = _outermost_json(raw)
-    if isinstance(data, list) and data and all(isinstance(x, dict) for x in data):
-        data = data[0] if len(data) == 1 and ("facts" in data[0] or "entities" in data[0]) else {"facts": data}
-    if not isinstance(data, dict):
-        raise LLMError("model answer is not a JSON object", transient=False, raw=raw)
+def read_answer(raw: str, names: Mapping[str, str] | None = None) -> tuple[Extraction, list[str]]:
+    """The answer as an ``Extraction`` and a note per skipped item; ``LLMError`` when nothing is usable.
+    ``names`` are the names of the context handles the prompt showed (for statements the model left out)."""
+    data, cut = answer_object(raw)
     if not any(k in data for k in ("facts", "entities", "ends")):
         raise LLMError("model answer has none of entities, facts, ends", transient=False, raw=raw)
-    skipped: list[str] = []
-    kept: dict[str, list[Any]] = {"entities": [], "facts": []}
-    for kind, model, clean in (("entities", ExtractedEntity, _clean_entity), ("facts", ExtractedFact, _clean_fact)):
-        for i, item in enumerate(_items(data, kind, raw)[:_LIST_CAP]):
+    skipped = ["answer cut off: its last, incomplete item was dropped"] if cut else []
+    entities: list[ExtractedEntity] = []
+    for i, item in enumerate(answer_items(data, "entities", raw)[:_LIST_CAP]):
+        try:
             if not isinstance(item, dict):
-                skipped.append(f"{kind}.{i}: not an object")
-                continue
-            try:
-                kept[kind].append(model.model_validate(clean(_repaired(item))))
-            except ValidationError as exc:
-                first = exc.errors()[0]
-                skipped.append(f"{kind}.{i}.{'.'.join(str(p) for p in first['loc'])}: {first['msg']}")
-    ends = [str(h)[:100] for h in _items(data, "ends", raw) if isinstance(h, str | int) and not isinstance(h, bool)]
-    extraction = Extraction(entities=kept["entities"], facts=kept["facts"], ends=ends[:50])
+                raise ValueError("not an object")
+            entities.append(ExtractedEntity.model_validate(_clean_entity(item_keys(_repaired(item), ENTITY_KEYS))))
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            skipped.append(f"entities.{i}.{'.'.join(str(p) for p in first['loc'])}: {first['msg']}")
+        except ValueError as exc:
+            skipped.append(f"entities.{i}: {exc}")
+    listed = {e.ref: e.name for e in entities}
+    facts: list[ExtractedFact] = []
+    for i, item in enumerate(answer_items(data, "facts", raw)[:_LIST_CAP]):
+        if not isinstance(item, dict):
+            skipped.append(f"facts.{i}: not an object")
+            continue
+        fact = item_keys(_repaired(item), FACT_KEYS)
+        refused = fact_refs(fact, listed, names or {})
+        if refused:
+            skipped.append(f"facts.{i}.{refused}")
+            continue
+        try:
+            facts.append(ExtractedFact.model_validate(_clean_fact(fact)))
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            skipped.append(f"facts.{i}.{'.'.join(str(p) for p in first['loc'])}: {first['msg']}")
+    ends = [e for e in (end_ref(h) for h in answer_items(data, "ends", raw)) if e]
+    extraction = Extraction(entities=entities, facts=facts, ends=ends[:50])
     if skipped and not (extraction.entities or extraction.facts or extraction.ends):
         # Items were given and none is usable: that is a bad answer (retried once, then dead-lettered with
         # the raw text for an operator), not "nothing worth remembering".
@@ -260,7 +250,9 @@ def response_format(model: str) -> dict[str, Any]:
     return {"type": "json_object"}
 
 
-def completion_kwargs(settings: Settings, messages: list[dict[str, str]]) -> dict[str, Any]:
+def completion_kwargs(
+    settings: Settings, messages: list[dict[str, str]], max_tokens: int | None = None
+) -> dict[str, Any]:
     """The arguments of every model call (``litellm.completion`` and ``acompletion`` take the same)."""
     model = settings.llm_model or ""
     return {
@@ -271,7 +263,7 @@ def completion_kwargs(settings: Settings, messages: list[dict[str, str]]) -> dic
         "timeout": settings.llm_timeout_s,
         "num_retries": 0,  # retries are the task's job: with backoff, the breaker and the DLQ
         "temperature": 0,
-        "max_tokens": settings.llm_max_output_tokens,
+        "max_tokens": max_tokens or settings.llm_max_output_tokens,
         "response_format": response_format(model),
         # Our own prices: litellm prices every answer itself (for its logging), and an unknown model name
         # (a self-hosted one, the stand-in) sends it through a cost-map search on every call; given the
@@ -281,11 +273,12 @@ def completion_kwargs(settings: Settings, messages: list[dict[str, str]]) -> dic
     }
 
 
-def complete(settings: Settings, messages: list[dict[str, str]]) -> Completion:
-    """One model call: the answer's text and what it cost; ``LLMError`` (classified) when it fails."""
+def complete(settings: Settings, messages: list[dict[str, str]], max_tokens: int | None = None) -> Completion:
+    """One model call: the answer's text and what it cost; ``LLMError`` (classified) when it fails,
+    ``CutOff`` (with the text so far) when the model stopped at ``max_tokens``."""
     litellm = _litellm()
     try:
-        response = litellm.completion(**completion_kwargs(settings, messages))
+        response = litellm.completion(**completion_kwargs(settings, messages, max_tokens))
     except Exception as exc:
         raise _classify(exc) from exc
     choice = response.choices[0]
@@ -299,7 +292,8 @@ def complete(settings: Settings, messages: list[dict[str, str]]) -> Completion:
     )
     usage = Usage(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens, cost_usd=cost, llm_calls=1)
     if getattr(choice, "finish_reason", None) == "length":
-        err = LLMError(f"model answer cut off at max_tokens={settings.llm_max_output_tokens}", transient=False, raw=raw)
+        room = max_tokens or settings.llm_max_output_tokens
+        err = CutOff(f"model answer cut off at max_tokens={room}", transient=False, raw=raw)
         err.usage = usage  # type: ignore[attr-defined]
         raise err
     return raw, usage
@@ -323,31 +317,56 @@ def call_llm(
     messages: list[dict[str, str]],
     *,
     admit: Callable[[Callable[[], Completion]], Completion] = _direct,
+    names: Mapping[str, str] | None = None,
 ) -> LLMAnswer:
-    """The model's extraction: one call, and once more with the error appended when its answer is unusable.
-    ``admit`` wraps every model call (the stage passes its rate limit and circuit breaker), so the retry
-    is admitted like the first call and no call reaches the model while the breaker is open."""
-    raw, usage = admit(lambda: complete(settings, messages))
+    """The model's extraction: one call, and at most one more. An answer cut off at ``max_tokens`` is asked
+    again once with twice the room (resent as it was, it would be cut at the same place); cut off again,
+    its complete items are kept. An unusable answer is asked again once with the real error appended.
+    ``admit`` wraps every model call (the stage passes its rate limit and circuit breaker), so a second
+    call is admitted like the first and no call reaches the model while the breaker is open. ``names``:
+    the names of the context handles, for statements the model left out."""
+    spent = Usage()
+    room = settings.llm_max_output_tokens
+
+    def ask(turns: list[dict[str, str]]) -> tuple[str, bool]:
+        """The answer's text, and whether it was cut off; every call's tokens are counted in ``spent``."""
+        nonlocal spent
+        try:
+            raw, usage = admit(lambda: complete(settings, turns, room))
+        except LLMError as exc:
+            spent = _add(spent, getattr(exc, "usage", None) or Usage())
+            exc.usage = spent  # type: ignore[attr-defined]  # tokens were spent even on failed calls
+            if not isinstance(exc, CutOff):
+                raise
+            return exc.raw or "", True
+        spent = _add(spent, usage)
+        return raw, False
+
+    raw, cut = ask(messages)
+    if cut:
+        room *= 2
+        raw, cut = ask(messages)
+        tries_left = 0
+    else:
+        tries_left = 1
     try:
-        extraction, skipped = read_answer(raw)
-    except LLMError as first:
-        # Once, with the model's own answer and what is wrong with it: models fix what they are told.
-        fix = (
-            f"Your answer could not be used: {first}. Answer again with only the JSON object "
-            'with keys "entities", "facts" and "ends".'
-        )
-        retry = [*messages, {"role": "assistant", "content": raw[:4000]}, {"role": "user", "content": fix}]
         try:
-            raw, more = admit(lambda: complete(settings, retry))
-        except LLMError as exc:
-            exc.usage = _add(usage, getattr(exc, "usage", None) or Usage())  # type: ignore[attr-defined]
-            raise
-        usage = _add(usage, more)
-        try:
-            extraction, skipped = read_answer(raw)
-        except LLMError as exc:
-            exc.usage = usage  # type: ignore[attr-defined]  # tokens were spent even on bad answers
-            raise
+            extraction, skipped = read_answer(raw, names)
+        except LLMError as first:
+            if not tries_left:
+                raise
+            # Once, with the model's own answer and what is wrong with it: models fix what they are told.
+            fix = (
+                f"Your answer could not be used: {first}. Answer again with only the JSON object "
+                'with keys "entities", "facts" and "ends".'
+            )
+            raw, cut = ask([*messages, {"role": "assistant", "content": raw[:4000]}, {"role": "user", "content": fix}])
+            extraction, skipped = read_answer(raw, names)
+    except LLMError as exc:
+        exc.usage = spent  # type: ignore[attr-defined]
+        raise
+    if cut:
+        skipped.insert(0, f"answer cut off at max_tokens={room}: only its complete items were kept")
     if skipped:
         log.info("extraction: kept %d facts, skipped %s", len(extraction.facts), "; ".join(skipped)[:500])
-    return LLMAnswer(extraction=extraction, usage=usage, raw=raw, skipped=skipped)
+    return LLMAnswer(extraction=extraction, usage=spent, raw=raw, skipped=skipped)

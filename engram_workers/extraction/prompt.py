@@ -104,6 +104,10 @@ class SlimContext:
         out.update({f"F{i}": f.id for i, f in enumerate(self.facts, 1)})
         return out
 
+    def names(self) -> dict[str, str]:
+        """The entity handles' names: a statement the model left out is written with them."""
+        return {f"E{i}": e.name for i, e in enumerate(self.entities, 1)}
+
     def render(self) -> str:
         lines = [
             f"E{i} {e.name} ({e.label})" + (f": {e.summary[:120]}" if e.summary else "")
@@ -120,6 +124,7 @@ class SlimContext:
 class Prompt:
     messages: list[dict[str, str]]
     handles: dict[str, str]
+    names: dict[str, str] = field(default_factory=dict)  # entity handle -> name (``SlimContext.names``)
 
     def resolve(self, extraction: Extraction) -> Extraction:
         """The answer with every handle this prompt showed replaced by the id it stands for."""
@@ -197,4 +202,4 @@ def build_prompt(envelope: Envelope, context: SlimContext, earlier: Sequence[Epi
     turns = "\n".join(f"{_speaker(m, envelope.owner_name)}: {m.content}" for m in _shown(envelope.messages))
     parts.append(f"Conversation:\n{turns or '(nothing said)'}")
     messages = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": "\n\n".join(parts)}]
-    return Prompt(messages=messages, handles=context.handles())
+    return Prompt(messages=messages, handles=context.handles(), names=context.names())
