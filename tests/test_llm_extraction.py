@@ -534,10 +534,16 @@ def test_an_unusable_answer_is_retried_once_with_the_error_appended(stack, llm):
     assert stack.client.stats(user).usage.llm_calls == 2
 
 
-def test_request_sets_max_tokens_and_json_mode_and_a_cut_off_answer_is_not_taken(stack, llm):
+def test_request_sets_max_tokens_and_json_mode_and_a_cut_off_answer_keeps_only_complete_items(stack, llm):
     user = new_user()
     cut = json.dumps({"entities": CHESS, "facts": [GOOD]})[:60]
-    script(llm, {"cutoff chess": Reply(content=cut, finish_reason="length"), "plain chess": {"facts": [GOOD]}})
+    script(
+        llm,
+        {
+            "cutoff chess": Reply(content=cut, finish_reason="length"),
+            "plain chess": {"entities": CHESS, "facts": [GOOD]},
+        },
+    )
     ingest(stack, user, "plain chess: I like chess.", T0)
     body = llm.requests[-1].body
     assert body["max_tokens"] == stack.settings.llm_max_output_tokens == 1500
@@ -545,10 +551,60 @@ def test_request_sets_max_tokens_and_json_mode_and_a_cut_off_answer_is_not_taken
     system = system_part(llm.requests[-1])
     assert llm.requests[-1].messages[0]["role"] == "system" and "Importance (0 to 1)" in system
     assert "Examples" in system and system.count('{"entities"') >= 4
-    receipt = stack.client.enqueue(user, "cutoff chess: I like chess.", timestamp=T0)
-    assert stack.client.wait(receipt, timeout=SETTLE_S).dead_lettered == [receipt.message_id]
-    (letter,) = [d for d in stack.client.dead_letters(user) if d.message_id == receipt.message_id]
-    assert "cut off at max_tokens=1500" in letter.reason and letter.raw_llm == cut
+    # Cut off: asked once more with twice the room; cut off again, only the complete items are kept (here
+    # the entity; the fact was never finished), never half an item, and no third call at full price.
+    llm.reset()
+    script(llm, {"cutoff chess": Reply(content=cut, finish_reason="length")})
+    ingest(stack, user, "cutoff chess: I like chess.", T0)
+    assert [r.body["max_tokens"] for r in llm.requests] == [1500, 3000]
+    assert [f.statement for f in facts(stack, user)] == ["User likes chess"]  # the first message's only
+    assert "chess" in {e.name for e in stack.client.get_graph(user).entities}
+
+
+def test_stray_subjects_and_refs_resolve_to_the_owner_and_known_entities(stack, llm):
+    """ "me" and the owner's own name are the self node; "E1 Tampa" is the known Tampa; an assistant's fact
+    and an unlisted "N3" are skipped, never made entities; an ``ends`` line copied whole closes its fact."""
+    user = new_user()
+    script(
+        llm,
+        {
+            "I live in Tampa": {
+                "entities": [entity("N1", "Tampa", "Place")],
+                "facts": [fact("user", "LIVES_IN", "N1", "User lives in Tampa")],
+            },
+            "I love the beaches": lambda req: {
+                "entities": [entity("N1", "Acme", "Organization")],
+                "facts": [
+                    {"subject": "me", "predicate": "LIKES", "object": f"{handle(req, 'Tampa')} Tampa"},
+                    fact("Kim", "WORKS_AT", "N1", "Kim works at Acme"),
+                    fact("assistant", "RECOMMENDED", "N1", "Assistant recommended Acme"),
+                    fact("the user", "VISITED", "N3", "User visited somewhere"),
+                ],
+                "ends": [handle(req, r"\[LIVES_IN\]") + ": User lives in Tampa"],
+            },
+        },
+    )
+    ingest(stack, user, "I live in Tampa.", T0, owner_name="Kim")
+    ingest(
+        stack,
+        user,
+        "I love the beaches of Tampa, moving out though; I work at Acme.",
+        T0 + timedelta(days=1),
+        owner_name="Kim",
+    )
+    page = stack.client.get_graph(user, page_size=200)
+    me = self_entity_id(user)
+    tampa = next(e for e in page.entities if e.name == "Tampa")
+    got = {(f.subject_id, f.predicate, f.object_name, f.statement) for f in page.facts}
+    assert got == {
+        (me, "LIVES_IN", "Tampa", "User lives in Tampa"),
+        (me, "LIKES", "Tampa", "User likes Tampa"),
+        (me, "WORKS_AT", "Acme", "Kim works at Acme"),
+    }
+    assert next(f for f in page.facts if f.predicate == "LIKES").object_id == tampa.id
+    assert not current(stack, user, "LIVES_IN")  # the whole-line ``ends`` closed it
+    names = {e.name for e in page.entities}
+    assert not names & {"me", "Kim", "assistant", "N3", "E1 Tampa", "the user"}, names
 
 
 def test_providers_that_take_a_json_schema_get_one():

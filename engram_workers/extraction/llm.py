@@ -1,17 +1,24 @@
 """One litellm call per message, its JSON answer read tolerantly into ``Extraction``.
 
 Errors are classified once, here: transport trouble (timeouts, 5xx, 429, connection) is transient and
-trips the circuit breaker; an answer with no usable JSON is retried once at once with the problem
+trips the circuit breaker; an answer with no usable JSON is retried once at once with the real problem
 appended (a model told what was wrong usually fixes it; resending the same prompt at temperature 0 gets
-the same answer), then fails the attempt without saying anything about the service's health.
+the same answer), then fails the attempt without saying anything about the service's health. An answer
+cut off at ``max_tokens`` is asked again once with twice the room; cut off again, its complete items are
+kept. At most two calls per attempt, whatever goes wrong.
 
-Tolerance rules (what a real model's slightly-off answer still yields; each one is a test):
-- the outermost JSON object is taken from prose or code fences around it; a top-level list of facts is
-  read as ``{"facts": [...]}``;
-- entities and facts are validated one by one: a bad one is skipped, never the whole message (unless no
-  item at all is usable: then the answer is an error); lone surrogates are replaced by U+FFFD;
-- importance on a 1-10 scale is divided by 10, anything else is clamped to 0..1; memory_type is matched
-  case-insensitively (unknown -> semantic); a ``valid_from`` that is not a date is dropped ("last week").
+Tolerance rules (what a real model's slightly-off answer still yields; each one is a test, and the corpus
+in tests/support/off_spec.py measures them together):
+- the answer object is found by ``repair.answer_object`` (its keys, not the first inner object that
+  decodes; lenient decoding; a cut-off answer closed at its last complete item; ``<think>`` blocks gone);
+- entities and facts are validated one by one: a bad one is skipped with a note, never the whole message
+  (unless no item at all is usable: then the answer is an error); lone surrogates are replaced by U+FFFD;
+  item keys are read case-insensitively; refs are read by ``repair.fact_refs`` (the owner's stray names,
+  ``{"name": ..}`` refs, "E1 Tampa"; an assistant's fact or an unlisted ``N3`` skipped with a note) and a
+  missing statement is written from the triple;
+- importance on a 1-10 or 0-100 scale is scaled down, anything else is clamped to 0..1; memory_type is
+  matched case-insensitively (unknown -> semantic); ``valid_from`` is read by ``dates.read_date`` (years,
+  year-months, month names; epochs refused), a date it cannot read is dropped ("last week").
 
 The call's own CPU (``ops/bench/run.py --only llm`` measures it against a bare httpx POST in the same run):
 litellm costs ~5x a bare HTTP call (~10 ms against ~2 ms), spread thin over its request building, response
@@ -51,6 +58,7 @@ from engram_workers.extraction.repair import (
     end_ref,
     fact_refs,
     item_keys,
+    triple_item,
 )
 
 __all__ = [
@@ -165,7 +173,8 @@ def read_answer(raw: str, names: Mapping[str, str] | None = None) -> tuple[Extra
             skipped.append(f"entities.{i}: {exc}")
     listed = {e.ref: e.name for e in entities}
     facts: list[ExtractedFact] = []
-    for i, item in enumerate(answer_items(data, "facts", raw)[:_LIST_CAP]):
+    for i, given in enumerate(answer_items(data, "facts", raw)[:_LIST_CAP]):
+        item = triple_item(given)
         if not isinstance(item, dict):
             skipped.append(f"facts.{i}: not an object")
             continue

@@ -39,6 +39,7 @@ __all__ = [
     "end_ref",
     "fact_refs",
     "item_keys",
+    "triple_item",
 ]
 
 ANSWER_KEYS = ("entities", "facts", "ends")
@@ -198,6 +199,11 @@ def answer_object(raw: str) -> Found:
     except (RecursionError, ValueError) as exc:
         # Nesting too deep, or a number too long to convert: unusable, and repairing it would not help.
         raise LLMError(f"model answer is not usable JSON: {type(exc).__name__}", transient=False, raw=raw) from None
+    if isinstance(whole, str) and whole.lstrip()[:1] in ("{", "["):
+        try:  # the answer double-encoded as one JSON string (each level is shorter: the recursion ends)
+            return answer_object(whole)
+        except LLMError as exc:
+            raise LLMError(str(exc), transient=False, raw=raw) from None
     found = _answer_in(whole) if whole is not None else _strict_scan(text)
     if found is not None or whole is not None:
         if found is None:
@@ -226,21 +232,30 @@ def answer_object(raw: str) -> Found:
 FACT_KEYS = {"relation": "predicate", "relationship": "predicate", "fact": "statement", "text": "statement"}
 ENTITY_KEYS = {"id": "ref", "type": "label"}
 _ASSISTANT = frozenset({"assistant", "the assistant", "ai assistant", "chatbot"})
+_CAMEL = re.compile(r"(?<=[a-z])(?=[A-Z])")
 _HANDLE = re.compile(r"^[A-Za-z]\d{1,4}$")
 _CONTEXT_HANDLE = re.compile(r"^[EFef]\d{1,4}$")  # known things: resolved (or refused) by their ids later
 _LEADING_HANDLE = re.compile(r"^\W*((?:ent|fact)_[0-9a-f]{4,}|[A-Za-z]\d{1,4})\b[\]):.\s-]*")
 
 
 def item_keys(item: dict[str, Any], synonyms: Mapping[str, str]) -> dict[str, Any]:
-    """Lower-cased keys, synonyms read as ours (ours win when both are given)."""
+    """Keys in lower snake case ("Subject", "validFrom" -> "subject", "valid_from"), synonyms read as ours
+    (ours win when both are given)."""
     out: dict[str, Any] = {}
     for key, value in item.items():
-        low = str(key).strip().lower()
+        low = _CAMEL.sub("_", str(key).strip()).lower()
         if low in synonyms and synonyms[low] not in item:
             out.setdefault(synonyms[low], value)
         else:
             out[low] = value
     return out
+
+
+def triple_item(item: Any) -> Any:
+    """A fact written as a list, ``["user", "LIVES_IN", "Austin"]``, as the object it stands for."""
+    if isinstance(item, list) and len(item) in (2, 3) and all(isinstance(x, str) for x in item):
+        return dict(zip(("subject", "predicate", "object"), item, strict=False))
+    return item
 
 
 def blank(value: Any) -> bool:

@@ -96,6 +96,14 @@ CASES: list[Case] = [
         ' "facts": [{"subject": "user", "predicate": "LIVES_IN", "object": "N1", "statement": "User lives in Austin",}],}',
         (T_LIVES,),
     ),
+    Case("byte-order-mark", "\ufeff" + COMPACT, (T_LIVES, T_WORKS)),
+    Case("xml-tags", f"<answer>\n{PRETTY}\n</answer>", (T_LIVES, T_WORKS)),
+    Case("double-encoded", json.dumps(COMPACT), (T_LIVES, T_WORKS)),
+    Case(
+        "two-objects-answer-first",
+        COMPACT + '\nAn empty answer would be {"entities": [], "facts": [], "ends": []}.',
+        (T_LIVES, T_WORKS),
+    ),
     # ---- lenient decoding
     Case(
         "trailing-comma-list", PRETTY_ONE.replace('"summary": ""\n    }\n  ]', '"summary": ""\n    },\n  ]'), (T_LIVES,)
@@ -177,6 +185,28 @@ CASES: list[Case] = [
         (T_LIVES, T_WORKS),
     ),
     Case("facts-one-object", json.dumps({"entities": [AUSTIN], "facts": LIVES}), (T_LIVES,)),
+    Case(
+        "facts-as-triples",
+        json.dumps({"entities": [], "facts": [["user", "LIVES_IN", "Austin"], ["user", "WORKS_AT", "Google"]]}),
+        ((U, "LIVES_IN", "Austin"), (U, "WORKS_AT", "Google")),
+    ),
+    Case(
+        "entities-as-strings",
+        json.dumps({"entities": ["Austin"], "facts": [{**LIVES, "object": "Austin"}]}),
+        ((U, "LIVES_IN", "Austin"),),
+    ),
+    Case("predicate-words", _with(predicate="lives in"), (T_LIVES,)),
+    Case(
+        "camel-case-keys",
+        json.dumps(
+            {
+                "entities": [AUSTIN],
+                "facts": [{**LIVES, "valid_from": None, "validFrom": "2023-06-01", "memoryType": "episodic"}],
+            }
+        ),
+        (T_LIVES,),
+        dates=("2023-06-01T00:00:00+00:00",),
+    ),
     # ---- casing and wrappers
     Case(
         "key-casing",
