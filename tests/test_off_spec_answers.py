@@ -101,6 +101,16 @@ def test_a_fact_without_statement_is_written_from_the_names_it_links():
     answer = {"facts": [{"subject": "user", "predicate": "WORKS_AT", "object": "E2 Acme"}]}
     extraction, _ = read_answer(json.dumps(answer), {"E2": "Acme Corp"})
     assert [(f.object, f.statement) for f in extraction.facts] == [("E2", "User works at Acme Corp")]
+    # A handle the prompt did not show in front of a name is refused with a note, never made an entity;
+    # other letters and digits are names ("F1 racing", "K2").
+    objects = ("E7 Acme", "N4: Porto", "F1 racing", "K2")
+    answer = {"facts": [{"subject": "user", "predicate": "LIKES", "object": o} for o in objects]}
+    extraction, skipped = read_answer(json.dumps(answer), {"E2": "Acme Corp"})
+    assert [f.object for f in extraction.facts] == ["F1 racing", "K2"]
+    assert skipped == [
+        "facts.0.object: E7 (in 'E7 Acme') is not a handle the prompt showed or the answer lists",
+        "facts.1.object: N4 (in 'N4: Porto') is not a handle the prompt showed or the answer lists",
+    ]
 
 
 def test_stray_subjects_and_refs_are_named_when_refused():

@@ -179,7 +179,7 @@ def read_answer(raw: str, names: Mapping[str, str] | None = None) -> tuple[Extra
             skipped.append(f"facts.{i}: not an object")
             continue
         fact = item_keys(_repaired(item), FACT_KEYS)
-        refused = fact_refs(fact, listed, names or {})
+        refused = fact_refs(fact, listed, names)
         if refused:
             skipped.append(f"facts.{i}.{refused}")
             continue
@@ -245,16 +245,18 @@ def _classify(exc: Exception) -> LLMError:
 
 
 @functools.lru_cache(maxsize=64)
-def response_format(model: str) -> dict[str, Any]:
-    """A JSON-schema constraint where litellm knows the provider takes one (it maps it to a tool call for
-    Anthropic, whose API ignores ``json_object``); plain JSON mode elsewhere. Looked up once per model
-    name (litellm's model-info lookup walks its cost map); callers must not mutate the answer."""
-    litellm = _litellm()
-    try:
-        schema_ok = bool(litellm.supports_response_schema(model=model))
-    except Exception:  # an unknown model name: litellm raises rather than answer "no"
-        schema_ok = False
-    if schema_ok:
+def response_format(model: str, mode: str = "auto") -> dict[str, Any]:
+    """The answer's shape as the request asks for it (``Settings.llm_output_mode``): the extraction's JSON
+    Schema (``schema``; litellm maps it to a forced tool for Anthropic, whose API ignores ``json_object``,
+    and to a grammar for Ollama), plain JSON mode (``json``), or ``auto``: the schema where litellm says
+    the provider takes one. Looked up once per model name and mode (litellm's model-info lookup walks its
+    cost map); callers must not mutate the answer."""
+    if mode == "auto":
+        try:
+            mode = "schema" if _litellm().supports_response_schema(model=model) else "json"
+        except Exception:  # an unknown model name: litellm raises rather than answer "no"
+            mode = "json"
+    if mode == "schema":
         return {"type": "json_schema", "json_schema": {"name": "extraction", "schema": RESPONSE_SCHEMA}}
     return {"type": "json_object"}
 
@@ -273,12 +275,14 @@ def completion_kwargs(
         "num_retries": 0,  # retries are the task's job: with backoff, the breaker and the DLQ
         "temperature": 0,
         "max_tokens": max_tokens or settings.llm_max_output_tokens,
-        "response_format": response_format(model),
+        "response_format": response_format(model, settings.llm_output_mode),
         # Our own prices: litellm prices every answer itself (for its logging), and an unknown model name
         # (a self-hosted one, the stand-in) sends it through a cost-map search on every call; given the
         # prices, it reads them from here. Its figure then also agrees with ours (Usage.cost_usd).
         "input_cost_per_token": settings.llm_input_cost_per_1k / 1000,
         "output_cost_per_token": settings.llm_output_cost_per_1k / 1000,
+        # Provider parameters (num_ctx, top_p, ...): the settings refuse the keys above except temperature.
+        **settings.llm_extra_params,
     }
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta, timezone
+from typing import Any
 
 from engram_api.models import SELF_REF, ChatMessage, EntityRecord, Envelope, EpisodeRecord, Extraction, FactRecord
 from engram_api.naming import SINGLE_VALUED
@@ -84,8 +85,54 @@ Examples
 4. Conversation: "User {OWNER_MARK}: thanks!" -> {{"entities":[],"facts":[],"ends":[]}}
 """
 
-# The JSON Schema for providers that constrain output to one (litellm's json_schema response format).
-RESPONSE_SCHEMA = Extraction.model_json_schema()
+# The JSON Schema for providers that constrain output to one (litellm's json_schema response format): written
+# from the prompt's own wording (the same refs, handles and fields, nothing the prompt does not ask for), so a
+# constrained model is never told something the prompt contradicts. Optional fields are left out of
+# "required": a model may omit them, and the reader fills the defaults.
+_HANDLE = '"user" (the memory owner), E1.. (known) or N1.. (new, listed under entities)'
+RESPONSE_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "entities": {
+            "type": "array",
+            "description": "new things only (refs N1, N2), never the owner or a known E handle",
+            "items": {
+                "type": "object",
+                "properties": {
+                    "ref": {"type": "string"},
+                    "name": {"type": "string"},
+                    "label": {"type": "string"},
+                    "aliases": {"type": "array", "items": {"type": "string"}},
+                    "summary": {"type": "string"},
+                },
+                "required": ["ref", "name", "label"],
+            },
+        },
+        "facts": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "properties": {
+                    "subject": {"type": "string", "description": _HANDLE},
+                    "predicate": {"type": "string"},
+                    "object": {"type": ["string", "null"], "description": "as subject, or null"},
+                    "statement": {"type": "string"},
+                    "memory_type": {"type": "string", "enum": ["semantic", "episodic", "procedural"]},
+                    "importance": {"type": "number", "minimum": 0, "maximum": 1},
+                    "valid_from": {"type": ["string", "null"], "description": "ISO 8601, or null"},
+                    "updates": {"type": ["string", "null"], "description": "an F handle, or null"},
+                },
+                "required": ["subject", "predicate", "statement"],
+            },
+        },
+        "ends": {
+            "type": "array",
+            "items": {"type": "string"},
+            "description": "F handles of known facts that stopped being true",
+        },
+    },
+    "required": ["entities", "facts", "ends"],
+}
 
 
 @dataclass

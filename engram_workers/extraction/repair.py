@@ -233,8 +233,11 @@ FACT_KEYS = {"relation": "predicate", "relationship": "predicate", "fact": "stat
 ENTITY_KEYS = {"id": "ref", "type": "label"}
 _ASSISTANT = frozenset({"assistant", "the assistant", "ai assistant", "chatbot"})
 _CAMEL = re.compile(r"(?<=[a-z])(?=[A-Z])")
-_HANDLE = re.compile(r"^[A-Za-z]\d{1,4}$")
-_CONTEXT_HANDLE = re.compile(r"^[EFef]\d{1,4}$")  # known things: resolved (or refused) by their ids later
+# The prompt's handles: N1.. for new entities (the answer must list them), E1.. for known ones (resolution
+# refuses one the prompt did not show). Other letters are names ("K2", "F1 racing", "B2 Bomber").
+_NEW_REF = re.compile(r"^N\d{1,4}$")
+_ENTITY_HANDLE = re.compile(r"^E\d{1,4}$")
+_HANDLE_AND_NAME = re.compile(r"^([EN]\d{1,4})\b[\]):.\s-]+\S")
 _LEADING_HANDLE = re.compile(r"^\W*((?:ent|fact)_[0-9a-f]{4,}|[A-Za-z]\d{1,4})\b[\]):.\s-]*")
 
 
@@ -262,10 +265,11 @@ def blank(value: Any) -> bool:
     return value is None or (isinstance(value, str) and value.strip().lower() in ("", "null", "none"))
 
 
-def _ref(value: Any, listed: Mapping[str, str]) -> Any:
+def _ref(value: Any, listed: Mapping[str, str], shown: Mapping[str, str] | None) -> Any:
     """A subject or object as one ref: ``{"ref"|"id"|"name": ..}`` read as its ref, the owner's stray
-    names ("me", "the user") as ``SELF_REF``, "N1 Austin" / "E1: Austin" (a handle and its name) as the
-    handle when it is one the answer listed or a context handle. Anything else is returned unchanged."""
+    names ("me", "the user") as ``SELF_REF``, a handle written with its name ("N1 Austin", "E1: Austin")
+    as the handle when the answer lists it or the prompt showed it (``shown``; None: not known, any E
+    handle). Anything else is returned unchanged."""
     if isinstance(value, dict):
         low = item_keys(value, {})
         value = next((low[k] for k in ("ref", "id", "name") if isinstance(low.get(k), str) and low[k].strip()), value)
@@ -275,29 +279,34 @@ def _ref(value: Any, listed: Mapping[str, str]) -> Any:
     if normalize_name(text) in SELF_WORDS:
         return SELF_REF
     match = _LEADING_HANDLE.match(text)
-    if match and match.end() < len(text) and (match[1] in listed or _CONTEXT_HANDLE.match(match[1])):
-        return match[1]
+    if match and match.end() < len(text):
+        handle = match[1]
+        if handle in listed or (handle in shown if shown is not None else bool(_ENTITY_HANDLE.match(handle))):
+            return handle
     return text
 
 
-def fact_refs(item: dict[str, Any], listed: Mapping[str, str], names: Mapping[str, str]) -> str | None:
+def fact_refs(item: dict[str, Any], listed: Mapping[str, str], shown: Mapping[str, str] | None) -> str | None:
     """Subject and object read as refs in place, the statement built from them when the model left it
-    out; the reason to skip the fact when it has one (an assistant's fact, an unlisted new ref)."""
+    out; the reason to skip the fact when it has one (an assistant's fact, an unlisted new ref).
+    ``shown``: the names of the entity handles the prompt showed (None when not known)."""
     for key in ("subject", "object"):
         if key in item:
-            item[key] = _ref(item[key], listed)
+            item[key] = _ref(item[key], listed, shown)
         ref = item.get(key)
         if not isinstance(ref, str):
             continue
         if key == "subject" and ref.lower() in _ASSISTANT:
             return "subject: the assistant is not the memory owner (facts are about the owner or people)"
-        if _HANDLE.match(ref) and ref not in listed and not _CONTEXT_HANDLE.match(ref):
+        if _NEW_REF.match(ref) and ref not in listed:
             return f"{key}: {ref} is not an entity the answer lists"
+        if named := _HANDLE_AND_NAME.match(ref):  # not read as a handle above: one nobody showed or listed
+            return f"{key}: {named[1]} (in {ref!r}) is not a handle the prompt showed or the answer lists"
     subject, predicate, obj = item.get("subject"), item.get("predicate"), item.get("object")
     parts = (subject, predicate, obj)
     if blank(item.get("statement")) and all(isinstance(p, str) and p.strip() for p in parts):
         # "LIVES_IN" -> "lives in": the statement a model would have written, from the triple's names.
-        said = {**names, **listed, SELF_REF: "User"}
+        said = {**(shown or {}), **listed, SELF_REF: "User"}
         words = str(predicate).replace("_", " ").strip().lower()
         item["statement"] = f"{said.get(str(subject), subject)} {words} {said.get(str(obj), obj)}"
     return None
