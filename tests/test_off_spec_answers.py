@@ -142,7 +142,12 @@ def test_stray_subjects_and_refs_are_named_when_refused():
         ('{"summary": "User lives in Austin"}', "has none of entities, facts, ends"),
         ("I'm sorry, I can only answer in prose.", "holds no JSON object"),
         ('<think>The user lives in Austin, so {"facts": [', "holds no JSON object"),
+        # Hostile shapes get bounded work (no lenient decoding past 64 levels or 50,000 characters).
+        ("{" * 50_000, "not valid JSON: Expecting property name"),
+        ("[{" * 25_000, "not valid JSON: Expecting property name"),
+        ('{"facts": [{"statement": "' + "x" * 60_000, "not valid JSON: Unterminated string"),
     ],
+    ids=["braces", "no-answer-keys", "prose", "think-cut-off", "deep-braces", "deep-mixed", "long-string"],
 )
 def test_an_unusable_answer_names_its_real_problem(raw, error):
     with pytest.raises(LLMError) as info:

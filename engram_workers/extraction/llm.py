@@ -153,24 +153,25 @@ def _clean_entity(item: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _note(kind: str, i: int, exc: ValidationError) -> str:
+    first = exc.errors()[0]
+    return f"{kind}.{i}.{'.'.join(str(p) for p in first['loc'])}: {first['msg']}"
+
+
 def read_answer(raw: str, names: Mapping[str, str] | None = None) -> tuple[Extraction, list[str]]:
     """The answer as an ``Extraction`` and a note per skipped item; ``LLMError`` when nothing is usable.
     ``names`` are the names of the context handles the prompt showed (for statements the model left out)."""
-    data, cut = answer_object(raw)
-    if not any(k in data for k in ("facts", "entities", "ends")):
-        raise LLMError("model answer has none of entities, facts, ends", transient=False, raw=raw)
-    skipped = ["answer cut off: its last, incomplete item was dropped"] if cut else []
+    data, cut = answer_object(raw)  # an object with at least one of entities, facts, ends
+    skipped: list[str] = []
     entities: list[ExtractedEntity] = []
     for i, item in enumerate(answer_items(data, "entities", raw)[:_LIST_CAP]):
+        if not isinstance(item, dict):
+            skipped.append(f"entities.{i}: not an object")
+            continue
         try:
-            if not isinstance(item, dict):
-                raise ValueError("not an object")
             entities.append(ExtractedEntity.model_validate(_clean_entity(item_keys(_repaired(item), ENTITY_KEYS))))
         except ValidationError as exc:
-            first = exc.errors()[0]
-            skipped.append(f"entities.{i}.{'.'.join(str(p) for p in first['loc'])}: {first['msg']}")
-        except ValueError as exc:
-            skipped.append(f"entities.{i}: {exc}")
+            skipped.append(_note("entities", i, exc))
     listed = {e.ref: e.name for e in entities}
     facts: list[ExtractedFact] = []
     for i, given in enumerate(answer_items(data, "facts", raw)[:_LIST_CAP]):
@@ -186,8 +187,9 @@ def read_answer(raw: str, names: Mapping[str, str] | None = None) -> tuple[Extra
         try:
             facts.append(ExtractedFact.model_validate(_clean_fact(fact)))
         except ValidationError as exc:
-            first = exc.errors()[0]
-            skipped.append(f"facts.{i}.{'.'.join(str(p) for p in first['loc'])}: {first['msg']}")
+            skipped.append(_note("facts", i, exc))
+    if cut:
+        skipped.append("answer cut off: its last, incomplete item was dropped")
     ends = [e for e in (end_ref(h) for h in answer_items(data, "ends", raw)) if e]
     extraction = Extraction(entities=entities, facts=facts, ends=ends[:50])
     if skipped and not (extraction.entities or extraction.facts or extraction.ends):

@@ -13,14 +13,19 @@ Steps, each only when the ones before found no answer:
    newlines, unquoted keys, missing commas) of the text from its first bracket.
 Nothing found: ``LLMError`` with the strict decoder's own error on the text's first object, so the retry
 tells the model what is really wrong. Bounds: hostile answers cost bounded work (``_SCAN_TRIES`` start
-positions, ``_LENIENT_MAX`` characters, ``_DEPTH_MAX`` nesting for the cut-off repair).
+positions; the cut-off repair and lenient decoding only up to ``_LENIENT_MAX`` characters nested at most
+``_DEPTH_MAX`` deep).
+
+The items of the answer are read here too (``item_keys``, ``fact_refs``, ``end_ref``, ``triple_item``):
+keys in any casing, the owner's stray names as ``SELF_REF``, handles written with their names, a missing
+statement written from the triple; what cannot be read is named in a note by the caller, never dropped.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import json_repair
@@ -42,13 +47,13 @@ __all__ = [
     "triple_item",
 ]
 
-ANSWER_KEYS = ("entities", "facts", "ends")
-_FACT_KEYS = frozenset({"subject", "predicate", "relation", "statement"})
+_ANSWER_KEYS = ("entities", "facts", "ends")
+_FACT_SHAPE = frozenset({"subject", "predicate", "relation", "statement"})
 _REASONING = re.compile(r"<(think|thinking|reasoning)>.*?(?:</\1>|\Z)", re.IGNORECASE | re.DOTALL)
 _FENCE = re.compile(r"```[A-Za-z]*")
 _LANG_WORD = re.compile(r"^\s*json\s*\n", re.IGNORECASE)
 _SCAN_TRIES = 20  # start positions tried in a prose-wrapped answer
-_LENIENT_MAX = 100_000  # characters handed to the lenient decoder (an answer of 3000 tokens is ~12K)
+_LENIENT_MAX = 50_000  # characters handed to the lenient decoder (an answer of 3000 tokens is ~12K)
 _DEPTH_MAX = 64
 _WRAPPER_DEPTH = 3
 
@@ -70,14 +75,14 @@ _DECODER = json.JSONDecoder(object_pairs_hook=_merge_pairs)
 
 
 def _is_fact(value: Any) -> bool:
-    return isinstance(value, dict) and bool(_FACT_KEYS & {str(k).lower() for k in value})
+    return isinstance(value, dict) and bool(_FACT_SHAPE & {str(k).lower() for k in value})
 
 
 def _answer_in(value: Any, depth: int = 0) -> dict[str, Any] | None:
     """The answer object in a decoded value: itself, under a wrapper, or a list of facts as ``facts``."""
     if isinstance(value, dict):
         lowered = {str(k).strip().lower(): v for k, v in value.items()}
-        if any(k in lowered for k in ANSWER_KEYS):
+        if any(k in lowered for k in _ANSWER_KEYS):
             return lowered
         if depth < _WRAPPER_DEPTH:
             for inner in value.values():
@@ -128,12 +133,10 @@ def _strict_scan(text: str) -> dict[str, Any] | None:
     return {"facts": loose} if loose else None
 
 
-def _cut_back(text: str) -> str | None:
-    """A cut-off answer ended at its last complete list item and closed; None when nothing is left open
-    (or nothing complete can be kept). Strings are tracked, so brackets inside them do not count."""
-    stack: list[str] = []
+def _structure(text: str) -> Iterator[tuple[int, str]]:
+    """The brackets outside strings, and each string's closing quote, with their positions: what the
+    cut-off repair and the depth guard read (a bracket inside a string is text, not structure)."""
     in_string = escaped = False
-    cut: tuple[int, str] | None = None
     for i, ch in enumerate(text):
         if in_string:
             if escaped:
@@ -142,21 +145,30 @@ def _cut_back(text: str) -> str | None:
                 escaped = True
             elif ch == '"':
                 in_string = False
-                if stack and stack[-1] == "[":
-                    cut = (i + 1, "".join(stack))  # a complete string item of a list ("ends": ["F1", ..)
-            continue
-        if ch == '"':
+                yield i, ch
+        elif ch == '"':
             in_string = True
-        elif ch in "{[":
+        elif ch in "{[]}":
+            yield i, ch
+
+
+def _cut_back(text: str) -> str | None:
+    """A cut-off answer ended at its last complete list item and closed; None when nothing is left open
+    (or nothing complete can be kept, or it nests deeper than ``_DEPTH_MAX``)."""
+    stack: list[str] = []
+    cut: tuple[int, str] | None = None
+    for i, ch in _structure(text):
+        if ch in "{[":
             stack.append(ch)
             if len(stack) > _DEPTH_MAX:
                 return None
-        elif ch in "}]":
+            continue
+        if ch != '"':
             if not stack:
                 return None
             stack.pop()
-            if stack and stack[-1] == "[":
-                cut = (i + 1, "".join(stack))  # a complete object or list item of a list
+        if stack and stack[-1] == "[":
+            cut = (i + 1, "".join(stack))  # a complete item of a list: an object, a list or a string
     if not stack or cut is None:
         return None
     pos, open_at_cut = cut
@@ -164,8 +176,19 @@ def _cut_back(text: str) -> str | None:
     return text[:pos] + closers
 
 
+def _shallow(text: str) -> bool:
+    """Brackets nest at most ``_DEPTH_MAX`` deep: the lenient decoder recurses, and took seconds on a
+    hostile "{{{{..." that no model answer resembles."""
+    depth = 0
+    for _, ch in _structure(text):
+        depth += 1 if ch in "{[" else -1 if ch in "]}" else 0
+        if depth > _DEPTH_MAX:
+            return False
+    return True
+
+
 def _lenient(text: str) -> Any:
-    if len(text) > _LENIENT_MAX:
+    if len(text) > _LENIENT_MAX or not _shallow(text):
         return None
     try:
         return json_repair.loads(text)
@@ -210,7 +233,7 @@ def answer_object(raw: str) -> Found:
             raise LLMError(_decode_error(text), transient=False, raw=raw)
         return found, False
     start = min((i for i in (text.find("{"), text.find("[")) if i >= 0), default=0)
-    closed = _cut_back(text[start:])
+    closed = _cut_back(text[start:]) if len(text) <= _LENIENT_MAX else None
     if closed is not None:
         try:
             found = _answer_in(_DECODER.decode(closed))
