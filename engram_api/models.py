@@ -224,12 +224,13 @@ class ExtractedFact(_ModelOutput):
     memory_type: MemoryType = "semantic"
     importance: float = Field(0.5, ge=0.0, le=1.0)
     valid_from: datetime | None = Field(None, description="when it became true, if the text says")
+    valid_until: datetime | None = Field(None, description="when it stopped being true, if it has")
     single_valued: bool = Field(
         False, description="a new value replaces the old; honoured only for naming.SINGLE_VALUED predicates"
     )
     updates: _Ref | None = Field(None, description="id of a context fact this one restates or replaces")
 
-    @field_validator("valid_from")
+    @field_validator("valid_from", "valid_until")
     @classmethod
     def _utc(cls, value: datetime | None) -> datetime | None:
         # A model that writes "2024-01-05" means a date, not a local time somewhere: read it as UTC.
@@ -238,7 +239,7 @@ class ExtractedFact(_ModelOutput):
         try:
             return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
         except OverflowError:
-            raise ValueError("valid_from is out of range") from None
+            raise ValueError("the date is out of range") from None
 
 
 class Extraction(_Model):

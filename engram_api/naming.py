@@ -14,13 +14,18 @@ import unicodedata
 __all__ = [
     "LABELS",
     "PREDICATE_SYNONYMS",
+    "RELATIONS",
     "SELF_WORDS",
     "SINGLE_VALUED",
     "canonical_predicate",
+    "is_single_valued",
+    "negated_predicate",
     "normalize_name",
     "sanitize_label",
     "sanitize_predicate",
     "self_entity_id",
+    "split_negation",
+    "unnamed_relation",
 ]
 
 LABELS: frozenset[str] = frozenset(
@@ -90,7 +95,6 @@ SINGLE_VALUED: frozenset[str] = frozenset(
     {
         "LIVES_IN",
         "WORKS_AT",
-        "WORKS_AS",
         "JOB_TITLE",
         "MARRIED_TO",
         "AGE",
@@ -118,6 +122,7 @@ PREDICATE_SYNONYMS: dict[str, str] = {
     "WORKS_FOR": "WORKS_AT",
     "EMPLOYER": "WORKS_AT",
     "HAS_JOB_TITLE": "JOB_TITLE",
+    "WORKS_AS": "JOB_TITLE",  # "works as a nurse" and "job title: nurse" are one slot, or both stay current
     "OCCUPATION": "JOB_TITLE",
     "PROFESSION": "JOB_TITLE",
     "HAS_SPOUSE": "MARRIED_TO",
@@ -177,6 +182,70 @@ def canonical_predicate(predicate: str) -> str:
     """Sanitized, with the synonyms of single-valued slots folded in ("resides in" -> "LIVES_IN")."""
     clean = sanitize_predicate(predicate)
     return PREDICATE_SYNONYMS.get(clean, clean)
+
+
+# Prefixes a model writes for "the opposite of P" (NOT_ALLERGIC_TO, DOES_NOT_LIKE, NO_LONGER_WORKS_AT).
+_NEGATIONS = ("NOT_", "NO_LONGER_", "DOES_NOT_", "DOESNT_", "DO_NOT_", "DONT_", "IS_NOT_", "NEVER_")
+_DO_NEGATIONS = ("DOES_NOT_", "DOESNT_", "DO_NOT_", "DONT_")
+NEGATION_PREFIX = "NOT_"
+
+
+def split_negation(predicate: str) -> tuple[str, bool]:
+    """A canonical predicate's positive form and whether it was negated: 'NO_LONGER_WORKS_FOR' ->
+    ('WORKS_AT', True), 'LIKES' -> ('LIKES', False). One spelling per negation (``negated_predicate``), so
+    "not allergic" and "no longer allergic" land on one fact and close the same positive one."""
+    for prefix in _NEGATIONS:
+        if predicate.startswith(prefix) and len(predicate) > len(prefix):
+            base = predicate[len(prefix) :]
+            if prefix in _DO_NEGATIONS:
+                base = _third_person(base)  # DOES_NOT_LIKE is the negation of LIKES
+            return canonical_predicate(base), True
+    return predicate, False
+
+
+def _third_person(base: str) -> str:
+    verb, _, rest = base.partition("_")
+    if verb == "HAVE":
+        verb = "HAS"
+    elif verb.endswith(("SS", "SH", "CH", "X", "O")):
+        verb += "ES"
+    elif verb.endswith("Y") and len(verb) > 1 and verb[-2] not in "AEIOU":
+        verb = verb[:-1] + "IES"
+    elif not verb.endswith("S"):
+        verb += "S"
+    return "_".join(p for p in (verb, rest) if p)
+
+
+def negated_predicate(positive: str) -> str:
+    """The one stored spelling of "not ``positive``" (``NOT_`` + the canonical positive form)."""
+    return (NEGATION_PREFIX + positive)[:40].rstrip("_")
+
+
+# Words for the people in someone's life, as a regex alternation (the one list: stance cues and the naming
+# of unnamed relatives both read it).
+RELATIONS = (
+    r"sister|brother|sibling|mother|mom|mum|father|dad|parents?|wife|husband|spouse|partner|girlfriend|boyfriend|"
+    r"fianc[eé]e?|son|daughter|kids?|child|children|baby|aunt|uncle|cousin|niece|nephew|grand(?:mother|father|ma|"
+    r"pa|parents?|son|daughter|child)|friend|best friend|roommate|flatmate|neighbou?r|boss|manager|colleague|"
+    r"coworker|co-worker|teammate|mentor|ex|in-laws?|(?:mother|father|sister|brother)-in-law|family"
+)
+_UNNAMED = re.compile(
+    rf"^(?:my|our|the|user(?:'s|’s|s')|his|her|their)\s+(?:(?:older|younger|little|big|elder|baby|twin|"
+    rf"new|old)\s+)?({RELATIONS})$",
+    re.IGNORECASE,
+)
+
+
+def unnamed_relation(name: str) -> str | None:
+    """'my sister' / "User's older sister" / 'the boss' -> 'sister' / 'sister' / 'boss': the one name an
+    unnamed person gets, so every mention lands on one entity; None when ``name`` is not such a phrase."""
+    match = _UNNAMED.match(" ".join(name.split()))
+    return match.group(1).lower() if match else None
+
+
+def is_single_valued(predicate: str) -> bool:
+    """Whether a new value of ``predicate`` (any spelling of a one-value slot) retires the old one."""
+    return canonical_predicate(predicate) in SINGLE_VALUED
 
 
 def self_entity_id(user_id: str) -> str:

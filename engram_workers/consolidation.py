@@ -23,7 +23,9 @@ Model facts are mapped with these rules (docs/extraction.md):
   (RESIDES_IN -> LIVES_IN); the model's flag is ignored, so "LIKES jazz" cannot close every other LIKES;
 - a model date later than the message's event time + ``DATE_SKEW`` is not trusted: the fact is dated at the
   event time, and a one-value fact dated ahead is a plan (``PLANS_<PREDICATE>``, episodic), not a change;
-- ``ends`` closes the named current facts at the message's event time (kept when the slot is rebuilt).
+- ``ends`` closes the named current facts at the message's event time (kept when the slot is rebuilt);
+- the statement is read before the triple is trusted (``_draft_facts``, ``engram_workers.stance``): negations,
+  past states and ``valid_until`` end facts, plans and other people's values change no slot.
 """
 
 from __future__ import annotations
@@ -43,12 +45,15 @@ from engram_api.models import (
     FactRecord,
     Usage,
     WritePlan,
+    utcnow,
 )
 from engram_api.naming import (
     SINGLE_VALUED,
     canonical_predicate,
+    negated_predicate,
     normalize_name,
     sanitize_predicate,
+    split_negation,
 )
 from engram_api.storage.base import GraphStore
 from engram_api.storage.embedder import Embedder
@@ -56,7 +61,8 @@ from engram_api.storage.episodes import chunk_envelope
 from engram_api.storage.vectors import Kind, UserIndex, VectorHit
 from engram_workers.extraction.prompt import speaker_transcript
 from engram_workers.handover import CarriedVectors
-from engram_workers.resolution import Resolver, Vectors, hashed_id
+from engram_workers.resolution import Resolver, Vectors, hashed_id, named_entities
+from engram_workers.stance import read_stance
 
 __all__ = ["Planned", "message_texts", "plan_message"]
 
@@ -67,7 +73,7 @@ DATE_SKEW = timedelta(days=1)
 
 def message_texts(envelope: Envelope, extraction: Extraction) -> list[str]:
     """Every text planning this message embeds (names, statements, its chunks): one encoder batch's worth."""
-    return [*_texts(extraction), *(c.indexed_text for c in chunk_envelope(envelope))]
+    return [*_texts(named_entities(extraction)), *(c.indexed_text for c in chunk_envelope(envelope))]
 
 
 def _texts(extraction: Extraction) -> list[str]:
@@ -99,16 +105,33 @@ def _chain(slot_facts: list[FactRecord], ended: dict[str, datetime]) -> dict[str
     return out
 
 
-def _draft_facts(
-    envelope: Envelope, extraction: Extraction, resolver: Resolver
-) -> tuple[list[FactRecord], dict[str, str]]:
-    """Fact records for the extraction (deduplicated within the message, embedded), and the model's
-    "updates" hints by draft id."""
+@dataclass
+class Drafts:
+    """A message's fact drafts and what consolidation must do beside writing them.
+
+    ``closes``: by draft id, the (subject, predicate, object) whose current facts the draft ends and when
+    ("not allergic" ends "allergic", "used to live in Tampa" ends "lives in Tampa", "allergic" again ends
+    "not allergic"). ``history``: past-state drafts that are only kept when they end nothing (the ended fact
+    already is that history)."""
+
+    facts: list[FactRecord] = field(default_factory=list)
+    hints: dict[str, str] = field(default_factory=dict)
+    closes: dict[str, tuple[str, str, str | None, datetime]] = field(default_factory=dict)
+    history: set[str] = field(default_factory=set)
+
+
+def _draft_facts(envelope: Envelope, extraction: Extraction, resolver: Resolver) -> Drafts:
+    """Fact records for the extraction (deduplicated within the message, embedded), read against the model's
+    own statement (``engram_workers.stance``): a negation is stored as ``NOT_<P>`` and ends ``P``; a past
+    state (said so, or with a ``valid_until`` up to the message) is history and ends the current fact; a
+    plan or a one-value fact about someone else changes no slot."""
     uid, mid = envelope.user_id, envelope.message_id
-    drafts: list[FactRecord] = []
-    hints: dict[str, str] = {}
+    out = Drafts()
     seen: set[str] = set()
     at = envelope.timestamp
+    # An end may lie after the message when it is known by now (a late message dated before a known fact that
+    # replaced it); an end still ahead of the clock is only announced ("leaving Google next month"): ignored.
+    latest_end = max(at + DATE_SKEW, utcnow())
     for pos, fact in enumerate(extraction.facts):
         subject_id = resolver.entity_for(fact.subject)
         object_id = resolver.entity_for(fact.object)
@@ -117,17 +140,41 @@ def _draft_facts(
         if subject_id is None or dangling or normalize_name(statement) in seen:
             continue
         seen.add(normalize_name(statement))
-        predicate = canonical_predicate(fact.predicate)
-        single = predicate in SINGLE_VALUED  # the declared list decides, not the model's flag
+        stance = read_stance(statement, resolver.names_of(object_id))
+        predicate, negated = split_negation(canonical_predicate(fact.predicate))
         memory_type = fact.memory_type
         valid_from = fact.valid_from or at
-        if valid_from > at + DATE_SKEW:
-            # Dated ahead of the message: a plan ("moving to Denver next month") changes no state yet.
+        dated_ahead = valid_from > at + DATE_SKEW
+        if dated_ahead:
             valid_from = at
-            if single:
-                predicate, single, memory_type = sanitize_predicate(f"PLANS_{predicate}"), False, "episodic"
+        until = fact.valid_until if fact.valid_until is not None and fact.valid_until <= latest_end else None
+        fid = hashed_id("fact_", uid, mid, str(pos))
+        valid_until = None
+        if negated or stance.negated:
+            # "not P" is its own fact, and P is over from then on.
+            out.closes[fid] = (subject_id, predicate, object_id, valid_from)
+            predicate = negated_predicate(predicate)
+        elif stance.past or until is not None:
+            valid_until = until or at
+            out.closes[fid] = (subject_id, predicate, object_id, valid_until)
+            if fact.valid_from is None:
+                # Undated history: no place in a slot's timeline, so never a slot member.
+                valid_from = min(valid_from, valid_until)
+                out.history.add(fid)
+        else:
+            # A positive fact ends its stored negation ("allergic after all").
+            out.closes[fid] = (subject_id, negated_predicate(predicate), object_id, valid_from)
+        single = predicate in SINGLE_VALUED and fid not in out.history  # the declared list decides
+        if single and (dated_ahead or stance.hypothetical):
+            # A plan or a maybe ("moving to Denver next month", "might move to Berlin") changes no state yet.
+            predicate, single, memory_type = sanitize_predicate(f"PLANS_{predicate}"), False, "episodic"
+            out.closes.pop(fid, None)
+        elif single and stance.other_subject and subject_id == resolver.self_id:
+            # "User's sister lives in Paris" under subject "user": true words, but not the user's slot.
+            predicate, single = sanitize_predicate(f"RELATED_{predicate}"), False
+            out.closes.pop(fid, None)
         draft = FactRecord(
-            id=hashed_id("fact_", uid, mid, str(pos)),
+            id=fid,
             user_id=uid,
             subject_id=subject_id,
             predicate=predicate,
@@ -139,14 +186,35 @@ def _draft_facts(
             # created_at is when Engram learned it (decay counts from there): a backfill of old chats is
             # not "forgotten" on its first decay run.
             valid_from=valid_from,
+            valid_until=valid_until,
         )
-        drafts.append(draft)
+        out.facts.append(draft)
         if fact.updates:
-            hints[draft.id] = fact.updates
-    if drafts:
-        for draft in drafts:
-            draft.embedding = resolver.vectors(draft.statement).tolist()
-    return drafts, hints
+            out.hints[draft.id] = fact.updates
+    for draft in out.facts:
+        draft.embedding = resolver.vectors(draft.statement).tolist()
+    return out
+
+
+def _closings(
+    drafts: Drafts, slotted: list[FactRecord], at: datetime
+) -> tuple[list[tuple[FactRecord, datetime]], set[str]]:
+    """The stored current facts the drafts end (fact, end), and the history drafts made redundant by it.
+    Only facts that were current when the message was sent are ended (a late older message ends nothing
+    that started after it); an end before the fact's start (the model's date contradicts the record) is
+    the message time."""
+    ended: dict[str, tuple[FactRecord, datetime]] = {}
+    redundant: set[str] = set()
+    for fid, (subject, predicate, obj, when) in drafts.closes.items():
+        for fact in slotted:
+            if (fact.subject_id, fact.predicate, fact.object_id) != (subject, predicate, obj) or fact.id == fid:
+                continue
+            if fact.archived or fact.valid_until is not None or fact.valid_from > at:
+                continue
+            ended.setdefault(fact.id, (fact, when if when >= fact.valid_from else at))
+            if fid in drafts.history:
+                redundant.add(fid)
+    return list(ended.values()), redundant
 
 
 def _duplicate_hits(drafts: list[FactRecord], index: UserIndex) -> dict[str, list[VectorHit]]:
@@ -161,6 +229,16 @@ def _duplicate_hits(drafts: list[FactRecord], index: UserIndex) -> dict[str, lis
     }
 
 
+def _restates(known: FactRecord | None, draft: FactRecord) -> bool:
+    """A current fact with the draft's subject, predicate and object: what reinforcement may merge. Wording
+    similarity alone is not enough: "not allergic to peanuts" embeds within 0.98 of "allergic to peanuts"."""
+    return (
+        known is not None
+        and known.valid_until is None
+        and (known.subject_id, known.predicate, known.object_id) == (draft.subject_id, draft.predicate, draft.object_id)
+    )
+
+
 def _consolidate_multi(
     drafts: list[FactRecord],
     hints: dict[str, str],
@@ -170,17 +248,11 @@ def _consolidate_multi(
     reinforced: list[str],
     changes: list[FactChange],
 ) -> None:
-    """Multi-valued facts: a near-identical current fact of the same subject is reinforced instead of
-    duplicated; a fact the model says replaces a context fact supersedes it."""
+    """Multi-valued facts: a near-identical current fact of the same subject, predicate and object is
+    reinforced instead of duplicated; a fact the model says replaces a context fact supersedes it."""
     for draft in drafts:
         dup = next(
-            (
-                h.node_id
-                for h in hits[draft.id]
-                if h.node_id in known
-                and known[h.node_id].valid_until is None
-                and known[h.node_id].subject_id == draft.subject_id
-            ),
+            (h.node_id for h in hits[draft.id] if draft.valid_until is None and _restates(known.get(h.node_id), draft)),
             None,
         )
         target = known.get(hints.get(draft.id, ""))
@@ -205,7 +277,7 @@ def _supersede_single(
     """Single-valued facts: rebuild each (subject, predicate) slot's chain in event-time order (``slotted``:
     the stored facts of the drafts' slots)."""
     slots = sorted({(f.subject_id, f.predicate) for f in drafts})
-    existing = [f for f in slotted if not f.archived]
+    existing = [f for f in slotted if not f.archived and f.single_valued]  # undated history is no member
     for slot in slots:
         slot_existing = [f for f in existing if (f.subject_id, f.predicate) == slot]
         slot_new: list[FactRecord] = []
@@ -253,6 +325,7 @@ def plan_message(
     """``vectors``: texts already encoded for a batch of messages (``message_texts`` of each); without it,
     this message's texts are encoded in one batch here (``carried`` ones excepted)."""
     uid, mid = envelope.user_id, envelope.message_id
+    extraction = named_entities(extraction)
     chunks = chunk_envelope(envelope)
     if vectors is None:
         vectors = Vectors(embedder, message_texts(envelope, extraction), [carried])
@@ -263,25 +336,33 @@ def plan_message(
     )
     resolver.resolve(extraction)
 
-    drafts, hints = _draft_facts(envelope, extraction, resolver)
+    drafts = _draft_facts(envelope, extraction, resolver)
+    hints = drafts.hints
     new_facts: list[FactRecord] = []
     reinforced: list[str] = []
     changes: list[FactChange] = []
-    multi = [d for d in drafts if not d.single_valued]
-    single = [d for d in drafts if d.single_valued]
+    multi = [d for d in drafts.facts if not d.single_valued]
+    single = [d for d in drafts.facts if d.single_valued]
     hits = _duplicate_hits(multi, index)
     # One read for every fact the message names or nearly restates (duplicate candidates, "updates" hints
-    # and "ends"; only this user's facts come back) and every fact of its one-value slots.
+    # and "ends"; only this user's facts come back), every fact of its one-value slots and of the slots its
+    # drafts may end (negations, past states).
     wanted = {h.node_id for hs in hits.values() for h in hs} | set(hints.values())
     wanted |= {i for i in extraction.ends if i.startswith("fact_")}
-    slots = sorted({(f.subject_id, f.predicate) for f in single})
-    named, slotted = graph.facts_and_slots(uid, fact_ids=sorted(wanted), slots=slots)
+    slots = {(f.subject_id, f.predicate) for f in single} | {(s, p) for s, p, _, _ in drafts.closes.values()}
+    named, slotted = graph.facts_and_slots(uid, fact_ids=sorted(wanted), slots=sorted(slots))
     known = {f.id: f for f in named}
-    ended = _ended(extraction.ends, envelope.timestamp, known)
+    closed, redundant = _closings(drafts, slotted, envelope.timestamp)
+    multi = [d for d in multi if d.id not in redundant]
+    ended = {f.id: (f, when) for f, when in _ended(extraction.ends, envelope.timestamp, known)}
+    for fact, when in closed:
+        ended.setdefault(fact.id, (fact, when))
     _consolidate_multi(multi, hints, hits, known, new_facts, reinforced, changes)
-    _supersede_single(single, slotted, {f.id: when for f, when in ended}, new_facts, reinforced, changes)
+    _supersede_single(single, slotted, {i: when for i, (_, when) in ended.items()}, new_facts, reinforced, changes)
     changed = {c.id for c in changes}
-    changes += [FactChange(id=f.id, valid_until=when, superseded_by=None) for f, when in ended if f.id not in changed]
+    changes += [
+        FactChange(id=f.id, valid_until=when, superseded_by=None) for f, when in ended.values() if f.id not in changed
+    ]
     first: dict[str, FactChange] = {}
     for change in changes:  # one change per fact: an explicit end and an "updates" may name the same one
         first.setdefault(change.id, change)

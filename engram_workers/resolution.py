@@ -24,13 +24,13 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from engram_api.models import SELF_REF, EntityChange, EntityRecord, Extraction
-from engram_api.naming import SELF_WORDS, normalize_name, sanitize_label, self_entity_id
+from engram_api.naming import SELF_WORDS, normalize_name, sanitize_label, self_entity_id, unnamed_relation
 from engram_api.storage.base import GraphStore
 from engram_api.storage.embedder import Embedder
 from engram_api.storage.vectors import UserIndex, VectorHit
 from engram_workers.handover import CarriedVectors
 
-__all__ = ["ENTITY_MATCH", "Resolver", "Vectors", "hashed_id"]
+__all__ = ["ENTITY_MATCH", "Resolver", "Vectors", "hashed_id", "named_entities"]
 
 ENTITY_MATCH = 0.90
 _ID_SHAPED = re.compile(r"^(?:(?:ent|fact)_[0-9a-f]{4,}|[EF][0-9]{1,4})$", re.IGNORECASE)
@@ -38,6 +38,23 @@ _ID_SHAPED = re.compile(r"^(?:(?:ent|fact)_[0-9a-f]{4,}|[EF][0-9]{1,4})$", re.IG
 
 def hashed_id(prefix: str, *parts: str) -> str:
     return prefix + hashlib.blake2b("\x1f".join(parts).encode(), digest_size=12).hexdigest()
+
+
+def named_entities(extraction: Extraction) -> Extraction:
+    """The extraction with every unnamed person named by the relation alone ("my sister", "User's older
+    sister" -> "sister", the phrase kept as an alias), so "my sister" then "sister" is one entity (their
+    vectors are only ~0.70 alike, below ``ENTITY_MATCH``). The same input gives the same output, so a
+    re-planned message resolves as before; an extraction with nothing to rename is returned as is."""
+    renamed = {i: unnamed_relation(e.name) for i, e in enumerate(extraction.entities)}
+    if not any(renamed.values()):
+        return extraction
+    out = extraction.model_copy(deep=True)
+    for i, name in renamed.items():
+        if name:
+            ent = out.entities[i]
+            ent.aliases = list(dict.fromkeys([ent.name.strip(), *ent.aliases]))[:20]
+            ent.name = name
+    return out
 
 
 class Vectors:
@@ -176,7 +193,7 @@ class Resolver:
             if target is None:
                 unresolved.append((ent, norms))
                 continue
-            self._link(ent.ref, target, names, by_id)
+            self._link(ent.ref, target, names, by_id, ent.summary)
 
         if not unresolved:
             return
@@ -206,17 +223,27 @@ class Resolver:
                 )
             for n in norms:
                 self.by_norm.setdefault(n, target)
-            self._link(ent.ref, target, [ent.name, *ent.aliases], by_id)
+            self._link(ent.ref, target, [ent.name, *ent.aliases], by_id, ent.summary)
 
-    def _link(self, ref: str, target: str, names: Sequence[str], by_id: dict[str, EntityRecord]) -> None:
+    def _link(
+        self, ref: str, target: str, names: Sequence[str], by_id: dict[str, EntityRecord], summary: str = ""
+    ) -> None:
         self.by_ref[ref] = target
         if target in by_id:
             rec = by_id[target]
             self.mentioned.add(target)
             self._add_aliases(target, names, {normalize_name(n) for n in [rec.name, *rec.aliases]})
+            if summary.strip() and summary.strip() != rec.summary:
+                # What the model now says the entity is ("Ana's sister, a nurse in Porto") replaces the old line.
+                self.changes.setdefault(target, EntityChange(id=target)).summary = summary.strip()
         elif target in self.new:
             rec = self.new[target]
             self._add_aliases(target, names, {normalize_name(n) for n in [rec.name, *rec.aliases]})
+
+    def names_of(self, entity_id: str | None) -> list[str]:
+        """The name and aliases of an entity this message resolved to (none for an unknown id)."""
+        rec = self.new.get(entity_id or "") or self._fetched.get(entity_id or "")
+        return [] if rec is None else [rec.name, *rec.aliases]
 
     def entity_for(self, ref: str | None) -> str | None:
         """A fact may name a thing the model did not list as an entity: create it on the fly."""

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 
 from engram_api.models import SELF_REF, ExtractedEntity, ExtractedFact, Extraction
-from engram_api.naming import LABELS, SINGLE_VALUED, sanitize_predicate
+from engram_api.naming import LABELS, is_single_valued, sanitize_predicate
 from engram_workers.extraction import rules
 from engram_workers.extraction.rules import extract_rules
 from engram_workers.extraction.trivial import is_trivial
@@ -39,7 +39,7 @@ def check_valid(ex: Extraction) -> None:
         assert f.subject == SELF_REF or f.subject in refs
         assert f.object is None or f.object in refs
         assert sanitize_predicate(f.predicate) == f.predicate
-        assert f.single_valued is (f.predicate in SINGLE_VALUED)
+        assert f.single_valued is is_single_valued(f.predicate)
         assert 0.5 <= f.importance <= 0.9
         assert f.statement.strip() and f.statement[0].isupper()
         assert f.updates is None
@@ -476,7 +476,7 @@ def test_favorites(text: str, predicate: str, thing: str, label: str) -> None:
     fact = only(ex, predicate)
     obj = entity(ex, fact.object)
     assert (obj.name, obj.label) == (thing, label)
-    assert fact.single_valued is (predicate in SINGLE_VALUED)
+    assert fact.single_valued is is_single_valued(predicate)
     assert fact.statement.startswith("User's favorite")
 
 

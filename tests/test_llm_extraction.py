@@ -126,7 +126,7 @@ def test_earlier_turns_are_shown_apart_from_the_new_message_and_never_extracted(
     assert "Earlier turns (context only, extract nothing from them):" in earlier
     assert "My sister Ana moved to Lisbon." in earlier and "My sister Ana" not in new
     assert new.strip() == "User (memory owner): She loves it there."
-    assert "Earlier turns only resolve" in system_part(prompt_for(llm, "She loves it there."))
+    assert "Earlier turns resolve" in system_part(prompt_for(llm, "She loves it there."))
     # Sent by the producer instead: those turns are the context (and are never extracted: no fact from them).
     ingest(
         stack,
@@ -623,9 +623,10 @@ def test_the_schema_says_what_the_prompt_says():
     props = {k: v["items"]["properties"] for k, v in RESPONSE_SCHEMA["properties"].items() if k != "ends"}
     assert set(props["facts"]) <= set(ExtractedFact.model_fields) - {"single_valued"}
     assert set(props["entities"]) <= set(ExtractedEntity.model_fields)
-    shape = SYSTEM_PROMPT.split("References", 1)[0]  # the answer shape the prompt shows
-    assert all(f'"{key}"' in shape for part in props.values() for key in part)
-    assert all(f'"{key}"' in shape for key in RESPONSE_SCHEMA["properties"])
+    shape = SYSTEM_PROMPT.split("References", 1)[0]  # the answer shape and the fields it may leave out
+    assert all(re.search(rf"\b{key}\b", shape) for part in props.values() for key in part)
+    assert all(f'"{key}"' in SYSTEM_PROMPT for key in RESPONSE_SCHEMA["properties"])
+    assert "required" not in RESPONSE_SCHEMA  # the prompt's answers leave out empty lists ({"ends": ["F1"]})
     described = json.dumps(RESPONSE_SCHEMA)
     assert '\\"user\\" (the memory owner)' in described and "speaker" not in described and " id" not in described
     assert len(described) < 0.6 * len(json.dumps(Extraction.model_json_schema()))  # 380 tokens against 802

@@ -131,11 +131,12 @@ def _clean_fact(item: dict[str, Any]) -> dict[str, Any]:
     if out.get("memory_type") is not None:
         kind = str(out["memory_type"]).strip().lower()
         out["memory_type"] = kind if kind in _MEMORY_TYPES else "semantic"
-    for key in ("object", "updates", "valid_from", "statement"):
+    for key in ("object", "updates", "valid_from", "valid_until", "statement"):
         if key in out and blank(out[key]):
             out[key] = None
-    if out.get("valid_from") is not None:
-        out["valid_from"] = _date_or_none(out["valid_from"])
+    for key in ("valid_from", "valid_until"):
+        if out.get(key) is not None:
+            out[key] = _date_or_none(out[key])
     return out
 
 

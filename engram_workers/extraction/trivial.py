@@ -2,7 +2,8 @@
 
 A message is trivial when, case and punctuation aside, it is made only of greetings, thanks,
 acknowledgements, laughter and goodbyes ("ok thanks", "Sounds good!", "lol 😂", "👍"). Anything else,
-even one content word ("thanks, I moved to Austin"), goes to an extractor. Bare "no"/"nope" are not on
+even one content word ("thanks, I moved to Austin"), goes to an extractor, and so does small talk that
+answers a question someone else asked in the message or just before it ("Still in Tampa?" / "Yes!"). Bare "no"/"nope" are not on
 the list on purpose: a short negation can retract something said before, which is worth an extraction.
 """
 
@@ -11,7 +12,10 @@ from __future__ import annotations
 import re
 import unicodedata
 
-__all__ = ["is_trivial"]
+from engram_api.models import Envelope
+from engram_workers.extraction.prompt import is_owner_turn
+
+__all__ = ["answers_a_question", "is_trivial"]
 
 # Small talk is short; a long message made of these words is unusual enough to deserve a look.
 _MAX_WORDS = 8
@@ -66,3 +70,12 @@ def is_trivial(text: str) -> bool:
     norm = " ".join(words)
     # Stretched words ("okkk", "thanksss", "cooool") collapse to one or two letters; try both.
     return any(_TRIVIAL.fullmatch(form) for form in (norm, _RUN3.sub(r"\1", norm), _RUN3.sub(r"\1\1", norm)))
+
+
+def answers_a_question(envelope: Envelope) -> bool:
+    """True when a turn by someone else than the sender, in the message or the last earlier turn, asks a
+    question: then "yes" or "sure" is an answer that may hold a fact, not small talk."""
+    turns = [*envelope.earlier[-1:], *envelope.messages]
+    owners = [i for i, m in enumerate(turns) if is_owner_turn(m, envelope.owner_name)]
+    last = owners[-1] if owners else len(turns)
+    return any("?" in m.content for m in turns[:last] if not is_owner_turn(m, envelope.owner_name))

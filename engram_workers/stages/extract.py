@@ -28,7 +28,7 @@ from engram_workers.context import WorkerContext
 from engram_workers.extraction.llm import Completion, LLMAnswer, call_llm
 from engram_workers.extraction.prompt import SlimContext, build_prompt, is_owner_turn
 from engram_workers.extraction.rules import extract_rules
-from engram_workers.extraction.trivial import is_trivial
+from engram_workers.extraction.trivial import answers_a_question, is_trivial
 from engram_workers.handover import HandOver
 from engram_workers.stages.apply import hand_over
 from engram_workers.stages.common import (
@@ -157,7 +157,9 @@ def run_extract(ctx: WorkerContext, user_id: str, message_id: str) -> StageResul
 
     # The user's own words: an assistant's "I love helping!" is not a fact about the user.
     said = "\n".join(m.content for m in envelope.messages if is_owner_turn(m, envelope.owner_name))
-    if is_trivial(said or envelope.text):
+    # No person spoke (an assistant's or a tool's turn alone): nothing a model could learn about anyone.
+    nobody = not any(m.role == "user" for m in envelope.messages)
+    if nobody or (is_trivial(said or envelope.text) and not answers_a_question(envelope)):
         stored = _store_and_hand_over(ctx, envelope, Extraction(), Usage())
         return StageResult(StageOutcome.TRIVIAL) if stored else _FORGOTTEN
     if ctx.settings.offline_extractor:

@@ -11,7 +11,7 @@ from datetime import datetime
 from typing import NamedTuple
 
 from engram_api.models import SELF_REF, ExtractedEntity, ExtractedFact, MemoryType
-from engram_api.naming import SINGLE_VALUED, normalize_name
+from engram_api.naming import is_single_valued, normalize_name
 from engram_workers.extraction.rules.lexicon import (
     _FAMILY_PREDICATES,
     _IMPORTANCE,
@@ -108,7 +108,7 @@ class _Ctx:
         valid_from: datetime | None = None,
     ) -> None:
         """Add one fact, creating its subject (a relative met in passing) and object entities as needed."""
-        if (self.routine and predicate in SINGLE_VALUED) or len(self.facts) >= _MAX_ITEMS:
+        if (self.routine and is_single_valued(predicate)) or len(self.facts) >= _MAX_ITEMS:
             return
         if self.subject_ref(subject) is None:
             return
@@ -148,6 +148,6 @@ class _Ctx:
                 memory_type=memory_type,
                 importance=round(importance, 2),
                 valid_from=valid_from,
-                single_valued=predicate in SINGLE_VALUED,
+                single_valued=is_single_valued(predicate),
             )
         )

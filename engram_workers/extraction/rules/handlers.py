@@ -10,7 +10,7 @@ import re
 from collections.abc import Callable
 from datetime import datetime
 
-from engram_api.naming import SINGLE_VALUED
+from engram_api.naming import is_single_valued
 from engram_workers.extraction.rules.context import _Ctx, _Obj, _Subject
 from engram_workers.extraction.rules.objects import _things
 from engram_workers.extraction.rules.text import _possessive
@@ -40,7 +40,7 @@ def _simple(predicate: str, template: str, parse: Callable[[str, _Ctx], _Obj | N
 
 def _emit_list(subj: _Subject, ctx: _Ctx, raw: str, predicate: str, template: str, default_label: str) -> None:
     """One fact per listed thing; ``template`` may use {s} subject, {p} its possessive, {o} the thing."""
-    for obj in _things(raw, ctx, default_label, single=predicate in SINGLE_VALUED):
+    for obj in _things(raw, ctx, default_label, single=is_single_valued(predicate)):
         ctx.emit(subj, predicate, template.format(s=subj.name, p=_possessive(subj.name), o=obj.phrase), obj)
 
 

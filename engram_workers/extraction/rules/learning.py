@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from engram_api.naming import SINGLE_VALUED
+from engram_api.naming import is_single_valued
 from engram_workers.extraction.rules.context import _Ctx, _Obj, _Subject
 from engram_workers.extraction.rules.handlers import _emit_list, _Handler, _since
 from engram_workers.extraction.rules.lexicon import _LANGUAGES
@@ -26,7 +26,7 @@ def _language(item: _Obj, ctx: _Ctx) -> _Obj | None:
 
 def _languages(predicate: str, template: str) -> _Handler:
     def handle(m: re.Match[str], subj: _Subject, ctx: _Ctx) -> bool:
-        for item in _things(m.group("o"), ctx, "Thing", single=predicate in SINGLE_VALUED):
+        for item in _things(m.group("o"), ctx, "Thing", single=is_single_valued(predicate)):
             lang = _language(item, ctx)
             if lang is not None:
                 statement = template.format(s=subj.name, p=_possessive(subj.name), o=lang.phrase)
