@@ -15,6 +15,7 @@ __all__ = [
     "LABELS",
     "PREDICATE_SYNONYMS",
     "RELATIONS",
+    "SELF_WORDS",
     "SINGLE_VALUED",
     "canonical_predicate",
     "is_single_valued",
@@ -134,6 +135,9 @@ PREDICATE_SYNONYMS: dict[str, str] = {
     "DATING": "PARTNER_OF",
     "IN_RELATIONSHIP_WITH": "PARTNER_OF",
 }
+# Words a model writes for the memory owner instead of "user" (normalized): they mean the self node, and
+# they say nothing about the owner, so they are never stored as the owner's aliases.
+SELF_WORDS = frozenset({"user", "the user", "me", "i", "myself", "owner", "memory owner", "the memory owner"})
 _NON_WORD = re.compile(r"[^0-9a-z]+")
 _PRED_BAD = re.compile(r"[^A-Z0-9]+")
 

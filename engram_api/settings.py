@@ -8,7 +8,7 @@ variable and what it expects, so a mistyped deployment fails at start-up, not at
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -17,6 +17,24 @@ from engram_api.errors import ConfigError
 
 __all__ = ["EXAMPLE_PASSWORDS", "ApiKeySpec", "Settings", "load_settings", "variable_for"]
 
+# The litellm arguments Engram sets on every call (``completion_kwargs``): not overridable by
+# ``llm_extra_params`` (each has its own setting, or is how Engram reads the answer).
+_LLM_PARAMS_OURS = frozenset(
+    {
+        "model",
+        "messages",
+        "api_key",
+        "api_base",
+        "timeout",
+        "num_retries",
+        "max_tokens",
+        "response_format",
+        "stream",
+        "n",
+        "input_cost_per_token",
+        "output_cost_per_token",
+    }
+)
 # Placeholders shipped in .env.example (and other well-known defaults): refused as real passwords.
 EXAMPLE_PASSWORDS = frozenset({"change-me-please", "change-me-too", "change-me"})
 
@@ -105,10 +123,24 @@ class Settings(BaseSettings):
     llm_input_cost_per_1k: float = Field(0.00015, ge=0, description="USD per 1K prompt tokens (estimate)")
     llm_output_cost_per_1k: float = Field(0.0006, ge=0, description="USD per 1K completion tokens")
     llm_max_output_tokens: int = Field(
-        1500, ge=100, le=16_000, description="max_tokens of one extraction answer (a cut-off answer is an error)"
+        1500,
+        ge=100,
+        le=16_000,
+        description="max_tokens of one extraction answer (a cut-off answer is asked again once with twice this)",
     )
     llm_context_turns: int = Field(
         6, ge=0, le=20, description="the user's earlier messages shown to the extractor as context (0 = none)"
+    )
+    llm_output_mode: Literal["auto", "schema", "json"] = Field(
+        "auto",
+        description="how the answer's shape is asked for: schema (the extraction's JSON Schema; litellm sends it "
+        "to Anthropic as a forced tool, to ollama_chat/ models as a grammar), json (JSON mode), or auto (schema "
+        "where litellm says the model takes one, else json)",
+    )
+    llm_extra_params: dict[str, Any] = Field(
+        {},
+        description='provider parameters passed through litellm with every call, as JSON (e.g. {"num_ctx": 8192} '
+        "for ollama_chat/ models); temperature may be set here, the other parameters Engram sets may not",
     )
 
     # --- input limits ---
@@ -278,6 +310,14 @@ class Settings(BaseSettings):
             return None
         if not v.startswith(("redis://", "rediss://", "unix://")):
             raise ValueError("expected a URL such as redis://127.0.0.1:6379/0")
+        return v
+
+    @field_validator("llm_extra_params")
+    @classmethod
+    def _not_ours(cls, v: dict[str, Any]) -> dict[str, Any]:
+        taken = sorted(set(v) & _LLM_PARAMS_OURS)
+        if taken:
+            raise ValueError(f"sets {', '.join(taken)}, which Engram sets itself (the other settings say how)")
         return v
 
     @field_validator("llm_model", "llm_api_key", "llm_api_base", "neo4j_password", "api_key")

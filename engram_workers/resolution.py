@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from engram_api.models import SELF_REF, EntityChange, EntityRecord, Extraction
-from engram_api.naming import normalize_name, sanitize_label, self_entity_id, unnamed_relation
+from engram_api.naming import SELF_WORDS, normalize_name, sanitize_label, self_entity_id, unnamed_relation
 from engram_api.storage.base import GraphStore
 from engram_api.storage.embedder import Embedder
 from engram_api.storage.vectors import UserIndex, VectorHit
@@ -34,8 +34,6 @@ __all__ = ["ENTITY_MATCH", "Resolver", "Vectors", "hashed_id", "named_entities"]
 
 ENTITY_MATCH = 0.90
 _ID_SHAPED = re.compile(r"^(?:(?:ent|fact)_[0-9a-f]{4,}|[EF][0-9]{1,4})$", re.IGNORECASE)
-# Names a model gives the owner that say nothing: never stored as aliases.
-_GENERIC_SELF = frozenset({"user", "the user", "me", "i", "myself", "owner", "memory owner", "the memory owner"})
 
 
 def hashed_id(prefix: str, *parts: str) -> str:
@@ -130,7 +128,7 @@ class Resolver:
 
     def _alias_self(self, me: EntityRecord, names: Sequence[str]) -> None:
         """The owner's names the model gave become aliases of the self node; the node itself stays."""
-        known = {normalize_name(n) for n in [me.name, *me.aliases]} | _GENERIC_SELF
+        known = {normalize_name(n) for n in [me.name, *me.aliases]} | SELF_WORDS
         self._add_aliases(self.self_id, [n.strip()[:200] for n in names], known)
 
     def _add_aliases(self, entity_id: str, names: Sequence[str], known: set[str]) -> None:
@@ -167,7 +165,7 @@ class Resolver:
         self._prefetch(extraction, wanted, context_ids)
         me = self._existing_self()
         for n in [me.name, *me.aliases, self.owner_name or ""]:
-            if normalize_name(n) and normalize_name(n) not in _GENERIC_SELF:
+            if normalize_name(n) and normalize_name(n) not in SELF_WORDS:
                 self.by_norm[normalize_name(n)] = self.self_id
         if self.owner_name:
             self._alias_self(me, [self.owner_name])

@@ -17,10 +17,10 @@ from typing import Any
 
 import pytest
 
-from engram_api.errors import InvalidInputError
-from engram_api.models import FactRecord
+from engram_api.errors import ConfigError, InvalidInputError
+from engram_api.models import ExtractedEntity, ExtractedFact, Extraction, FactRecord
 from engram_api.naming import self_entity_id
-from engram_api.settings import Settings
+from engram_api.settings import Settings, load_settings
 from engram_testing.llm_standin import LLMStandin, RecordedRequest, Reply
 from engram_workers.extraction.llm import call_llm, response_format
 from engram_workers.extraction.prompt import RESPONSE_SCHEMA, SYSTEM_PROMPT
@@ -534,10 +534,16 @@ def test_an_unusable_answer_is_retried_once_with_the_error_appended(stack, llm):
     assert stack.client.stats(user).usage.llm_calls == 2
 
 
-def test_request_sets_max_tokens_and_json_mode_and_a_cut_off_answer_is_not_taken(stack, llm):
+def test_request_sets_max_tokens_and_json_mode_and_a_cut_off_answer_keeps_only_complete_items(stack, llm):
     user = new_user()
     cut = json.dumps({"entities": CHESS, "facts": [GOOD]})[:60]
-    script(llm, {"cutoff chess": Reply(content=cut, finish_reason="length"), "plain chess": {"facts": [GOOD]}})
+    script(
+        llm,
+        {
+            "cutoff chess": Reply(content=cut, finish_reason="length"),
+            "plain chess": {"entities": CHESS, "facts": [GOOD]},
+        },
+    )
     ingest(stack, user, "plain chess: I like chess.", T0)
     body = llm.requests[-1].body
     assert body["max_tokens"] == stack.settings.llm_max_output_tokens == 1500
@@ -545,16 +551,118 @@ def test_request_sets_max_tokens_and_json_mode_and_a_cut_off_answer_is_not_taken
     system = system_part(llm.requests[-1])
     assert llm.requests[-1].messages[0]["role"] == "system" and "Importance (0 to 1)" in system
     assert "Examples" in system and system.count('{"entities"') >= 4
-    receipt = stack.client.enqueue(user, "cutoff chess: I like chess.", timestamp=T0)
-    assert stack.client.wait(receipt, timeout=SETTLE_S).dead_lettered == [receipt.message_id]
-    (letter,) = [d for d in stack.client.dead_letters(user) if d.message_id == receipt.message_id]
-    assert "cut off at max_tokens=1500" in letter.reason and letter.raw_llm == cut
+    # Cut off: asked once more with twice the room; cut off again, only the complete items are kept (here
+    # the entity; the fact was never finished), never half an item, and no third call at full price.
+    llm.reset()
+    script(llm, {"cutoff chess": Reply(content=cut, finish_reason="length")})
+    ingest(stack, user, "cutoff chess: I like chess.", T0)
+    assert [r.body["max_tokens"] for r in llm.requests] == [1500, 3000]
+    assert [f.statement for f in facts(stack, user)] == ["User likes chess"]  # the first message's only
+    assert "chess" in {e.name for e in stack.client.get_graph(user).entities}
+
+
+def test_stray_subjects_and_refs_resolve_to_the_owner_and_known_entities(stack, llm):
+    """ "me" and the owner's own name are the self node; "E1 Tampa" is the known Tampa; an assistant's fact
+    and an unlisted "N3" are skipped, never made entities; an ``ends`` line copied whole closes its fact."""
+    user = new_user()
+    script(
+        llm,
+        {
+            "I live in Tampa": {
+                "entities": [entity("N1", "Tampa", "Place")],
+                "facts": [fact("user", "LIVES_IN", "N1", "User lives in Tampa")],
+            },
+            "I love the beaches": lambda req: {
+                "entities": [entity("N1", "Acme", "Organization")],
+                "facts": [
+                    {"subject": "me", "predicate": "LIKES", "object": f"{handle(req, 'Tampa')} Tampa"},
+                    fact("Kim", "WORKS_AT", "N1", "Kim works at Acme"),
+                    fact("assistant", "RECOMMENDED", "N1", "Assistant recommended Acme"),
+                    fact("the user", "VISITED", "N3", "User visited somewhere"),
+                ],
+                "ends": [handle(req, r"\[LIVES_IN\]") + ": User lives in Tampa"],
+            },
+        },
+    )
+    ingest(stack, user, "I live in Tampa.", T0, owner_name="Kim")
+    ingest(
+        stack,
+        user,
+        "I love the beaches of Tampa, moving out though; I work at Acme.",
+        T0 + timedelta(days=1),
+        owner_name="Kim",
+    )
+    page = stack.client.get_graph(user, page_size=200)
+    me = self_entity_id(user)
+    tampa = next(e for e in page.entities if e.name == "Tampa")
+    got = {(f.subject_id, f.predicate, f.object_name, f.statement) for f in page.facts}
+    assert got == {
+        (me, "LIVES_IN", "Tampa", "User lives in Tampa"),
+        (me, "LIKES", "Tampa", "User likes Tampa"),
+        (me, "WORKS_AT", "Acme", "Kim works at Acme"),
+    }
+    assert next(f for f in page.facts if f.predicate == "LIKES").object_id == tampa.id
+    assert not current(stack, user, "LIVES_IN")  # the whole-line ``ends`` closed it
+    names = {e.name for e in page.entities}
+    assert not names & {"me", "Kim", "assistant", "N3", "E1 Tampa", "the user"}, names
 
 
 def test_providers_that_take_a_json_schema_get_one():
     strict = response_format("gpt-4o-mini")
     assert strict["type"] == "json_schema" and "facts" in strict["json_schema"]["schema"]["properties"]
     assert response_format("openai/some-unknown-model") == {"type": "json_object"}
+    # ENGRAM_LLM_OUTPUT_MODE forces either (Ollama: litellm maps a schema to grammar-constrained output).
+    assert response_format("ollama_chat/llama3.2", "schema") == strict
+    assert response_format("gpt-4o-mini", "json") == {"type": "json_object"}
+
+
+def test_the_schema_says_what_the_prompt_says():
+    """The schema is written from the prompt's wording: every field it names is one the prompt's answer
+    shape shows and the reader keeps, refs are handles ("user", E1, N1) as in the prompt, nothing the
+    prompt never mentions (``single_valued``), and it costs far fewer tokens than the model-derived one."""
+    props = {k: v["items"]["properties"] for k, v in RESPONSE_SCHEMA["properties"].items() if k != "ends"}
+    assert set(props["facts"]) <= set(ExtractedFact.model_fields) - {"single_valued"}
+    assert set(props["entities"]) <= set(ExtractedEntity.model_fields)
+    shape = SYSTEM_PROMPT.split("References", 1)[0]  # the answer shape and the fields it may leave out
+    assert all(re.search(rf"\b{key}\b", shape) for part in props.values() for key in part)
+    assert all(f'"{key}"' in SYSTEM_PROMPT for key in RESPONSE_SCHEMA["properties"])
+    assert "required" not in RESPONSE_SCHEMA  # the prompt's answers leave out empty lists ({"ends": ["F1"]})
+    described = json.dumps(RESPONSE_SCHEMA)
+    assert '\\"user\\" (the memory owner)' in described and "speaker" not in described and " id" not in described
+    assert len(described) < 0.6 * len(json.dumps(Extraction.model_json_schema()))  # 387 tokens against 856
+
+
+def test_forced_schema_mode_and_provider_parameters_reach_the_wire(llm):
+    """ENGRAM_LLM_OUTPUT_MODE=schema asks for the schema from a model litellm knows nothing about (a local
+    server); ENGRAM_LLM_EXTRA_PARAMS goes through litellm with every call (``num_ctx`` here: litellm puts it
+    in Ollama's options for ollama_chat/ models, and passes it on as it is to an OpenAI-compatible server)."""
+    script(llm, {"local chess": {"entities": CHESS, "facts": [GOOD]}})
+    settings = Settings(
+        llm_model="openai/local-model",
+        llm_api_base=llm.url,
+        llm_api_key="test-key",
+        llm_output_mode="schema",
+        llm_extra_params={"num_ctx": 8192, "temperature": 0.2},
+    )
+    answer = call_llm(
+        settings, [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": "local chess"}]
+    )
+    (request,) = llm.requests
+    assert request.body["response_format"]["json_schema"]["schema"] == RESPONSE_SCHEMA
+    assert (request.body["num_ctx"], request.body["temperature"]) == (8192, 0.2)
+    assert [f.statement for f in answer.extraction.facts] == ["User likes chess"]
+
+
+@pytest.mark.parametrize("key", ["model", "max_tokens", "response_format", "api_base"])
+def test_provider_parameters_are_read_as_json_and_cannot_override_what_engram_sets(monkeypatch, key):
+    monkeypatch.setenv("ENGRAM_LLM_EXTRA_PARAMS", '{"num_ctx": 8192, "top_p": 0.9}')
+    monkeypatch.setenv("ENGRAM_LLM_OUTPUT_MODE", "schema")
+    settings = load_settings()
+    assert (settings.llm_extra_params, settings.llm_output_mode) == ({"num_ctx": 8192, "top_p": 0.9}, "schema")
+    monkeypatch.setenv("ENGRAM_LLM_EXTRA_PARAMS", json.dumps({key: "x", "num_ctx": 8192}))
+    with pytest.raises(ConfigError) as info:
+        load_settings()
+    assert "ENGRAM_LLM_EXTRA_PARAMS" in str(info.value) and key in str(info.value)
 
 
 def test_a_claude_request_carries_the_extraction_schema_as_a_forced_tool(llm):
@@ -573,10 +681,10 @@ def test_a_claude_request_carries_the_extraction_schema_as_a_forced_tool(llm):
     assert body["model"] == "claude-sonnet-4-20250514" and "response_format" not in body
     assert body["tool_choice"] == {"type": "tool", "name": "json_tool_call"}
     (tool,) = body["tools"]
-    schema = tool["input_schema"]  # litellm's Anthropic form of Extraction's schema (refs as "/$defs/...")
+    schema = tool["input_schema"]  # litellm's Anthropic form of the extraction schema
     assert tool["name"] == "json_tool_call" and set(schema["properties"]) == {"entities", "facts", "ends"}
-    assert schema["properties"]["facts"]["items"]["$ref"].endswith("$defs/ExtractedFact")
-    assert schema["$defs"]["ExtractedFact"]["required"] == RESPONSE_SCHEMA["$defs"]["ExtractedFact"]["required"]
+    facts_schema = RESPONSE_SCHEMA["properties"]["facts"]["items"]
+    assert schema["properties"]["facts"]["items"]["required"] == facts_schema["required"]
     assert body["system"][0]["text"] == SYSTEM_PROMPT  # Anthropic takes the system part apart from the turns
     assert (body["max_tokens"], body["temperature"]) == (settings.llm_max_output_tokens, 0)
     assert [f.statement for f in answer.extraction.facts] == ["User likes chess"]

@@ -1,17 +1,24 @@
 """One litellm call per message, its JSON answer read tolerantly into ``Extraction``.
 
 Errors are classified once, here: transport trouble (timeouts, 5xx, 429, connection) is transient and
-trips the circuit breaker; an answer with no usable JSON is retried once at once with the problem
+trips the circuit breaker; an answer with no usable JSON is retried once at once with the real problem
 appended (a model told what was wrong usually fixes it; resending the same prompt at temperature 0 gets
-the same answer), then fails the attempt without saying anything about the service's health.
+the same answer), then fails the attempt without saying anything about the service's health. An answer
+cut off at ``max_tokens`` is asked again once with twice the room; cut off again, its complete items are
+kept. At most two calls per attempt, whatever goes wrong.
 
-Tolerance rules (what a real model's slightly-off answer still yields; each one is a test):
-- the outermost JSON object is taken from prose or code fences around it; a top-level list of facts is
-  read as ``{"facts": [...]}``;
-- entities and facts are validated one by one: a bad one is skipped, never the whole message (unless no
-  item at all is usable: then the answer is an error); lone surrogates are replaced by U+FFFD;
-- importance on a 1-10 scale is divided by 10, anything else is clamped to 0..1; memory_type is matched
-  case-insensitively (unknown -> semantic); a ``valid_from`` that is not a date is dropped ("last week").
+Tolerance rules (what a real model's slightly-off answer still yields; each one is a test, and the corpus
+in tests/support/off_spec.py measures them together):
+- the answer object is found by ``repair.answer_object`` (its keys, not the first inner object that
+  decodes; lenient decoding; a cut-off answer closed at its last complete item; ``<think>`` blocks gone);
+- entities and facts are validated one by one: a bad one is skipped with a note, never the whole message
+  (unless no item at all is usable: then the answer is an error); lone surrogates are replaced by U+FFFD;
+  item keys are read case-insensitively; refs are read by ``repair.fact_refs`` (the owner's stray names,
+  ``{"name": ..}`` refs, "E1 Tampa"; an assistant's fact or an unlisted ``N3`` skipped with a note) and a
+  missing statement is written from the triple;
+- importance on a 1-10 or 0-100 scale is scaled down, anything else is clamped to 0..1; memory_type is
+  matched case-insensitively (unknown -> semantic); ``valid_from`` is read by ``dates.read_date`` (years,
+  year-months, month names; epochs refused), a date it cannot read is dropped ("last week").
 
 The call's own CPU (``ops/bench/run.py --only llm`` measures it against a bare httpx POST in the same run):
 litellm costs ~5x a bare HTTP call (~10 ms against ~2 ms), spread thin over its request building, response
@@ -26,22 +33,33 @@ and the same calls in flight measured ~1.1-1.25x the pool's CPU per call, so it 
 from __future__ import annotations
 
 import functools
-import json
 import logging
 import math
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
-from pydantic import TypeAdapter, ValidationError
+from pydantic import ValidationError
 
 from engram_api.errors import LLMError
 from engram_api.models import ExtractedEntity, ExtractedFact, Extraction, Usage
 from engram_api.settings import Settings
+from engram_workers.extraction.dates import read_date
 from engram_workers.extraction.prompt import RESPONSE_SCHEMA
+from engram_workers.extraction.repair import (
+    ENTITY_KEYS,
+    FACT_KEYS,
+    answer_items,
+    answer_object,
+    blank,
+    end_ref,
+    fact_refs,
+    item_keys,
+    triple_item,
+)
 
 __all__ = [
     "Completion",
@@ -57,13 +75,9 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-_FENCE = re.compile(r"```(?:json|JSON)?")
 _MEMORY_TYPES = ("semantic", "episodic", "procedural")
 _LIST_CAP = 100  # Extraction's own bound on entities and facts
-_SCAN_TRIES = 20  # '{' positions tried in a prose-wrapped answer (bounds the work on hostile text)
-_DATE: TypeAdapter[datetime] = TypeAdapter(datetime)
 _SURROGATE = re.compile("[\ud800-\udfff]")
-
 Completion = tuple[str, Usage]
 
 
@@ -75,27 +89,8 @@ class LLMAnswer:
     skipped: list[str] = field(default_factory=list)
 
 
-def _outermost_json(raw: str) -> Any:
-    """The answer's JSON value: the whole text, else the first complete object in it (prose, fences)."""
-    text = _FENCE.sub("", raw).strip()
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError:
-        pass
-    except (RecursionError, ValueError) as exc:
-        # Nesting too deep, or a number too long to convert: unusable, and scanning further would not help.
-        raise LLMError(f"model answer is not usable JSON: {type(exc).__name__}", transient=False, raw=raw) from None
-    decoder = json.JSONDecoder()
-    for tries, match in enumerate(re.finditer(r"\{", text)):
-        if tries >= _SCAN_TRIES:
-            break
-        try:
-            value, _ = decoder.raw_decode(text, match.start())
-        except (RecursionError, ValueError):
-            continue
-        if isinstance(value, dict):
-            return value
-    raise LLMError("model answer holds no JSON object", transient=False, raw=raw)
+class CutOff(LLMError):
+    """The model stopped at ``max_tokens``: ``raw`` is the answer as far as it got."""
 
 
 def _importance(value: Any) -> float:
@@ -106,17 +101,16 @@ def _importance(value: Any) -> float:
             return 0.5
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
         return 0.5
-    if 1 < value <= 10:
+    if 10 < value <= 100:
+        value = value / 100  # a 0-100 scale (or a percentage)
+    elif 1 < value <= 10:
         value = value / 10  # a 1-10 scale
     return min(1.0, max(0.0, float(value)))
 
 
 def _date_or_none(value: Any) -> datetime | None:
-    try:
-        when = _DATE.validate_python(value)
-        return when.replace(tzinfo=UTC) if when.tzinfo is None else when.astimezone(UTC)
-    except (ValidationError, OverflowError):
-        return None  # "last week", "2024-13-45": a date we cannot read is no date
+    read = read_date(value)
+    return read[0] if read else None
 
 
 def _repaired(value: Any) -> Any:
@@ -137,8 +131,8 @@ def _clean_fact(item: dict[str, Any]) -> dict[str, Any]:
     if out.get("memory_type") is not None:
         kind = str(out["memory_type"]).strip().lower()
         out["memory_type"] = kind if kind in _MEMORY_TYPES else "semantic"
-    for key in ("object", "updates", "valid_from", "valid_until"):
-        if isinstance(out.get(key), str) and out[key].strip().lower() in ("", "null", "none"):
+    for key in ("object", "updates", "valid_from", "valid_until", "statement"):
+        if key in out and blank(out[key]):
             out[key] = None
     for key in ("valid_from", "valid_until"):
         if out.get(key) is not None:
@@ -160,38 +154,45 @@ def _clean_entity(item: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _items(data: dict[str, Any], key: str, raw: str) -> list[Any]:
-    value = data.get(key)
-    if value is None:
-        return []
-    if not isinstance(value, list):
-        raise LLMError(f"model answer breaks the schema at {key}: must be a list", transient=False, raw=raw)
-    return value
+def _note(kind: str, i: int, exc: ValidationError) -> str:
+    first = exc.errors()[0]
+    return f"{kind}.{i}.{'.'.join(str(p) for p in first['loc'])}: {first['msg']}"
 
 
-def read_answer(raw: str) -> tuple[Extraction, list[str]]:
-    """The answer as an ``Extraction`` and a note per skipped item; ``LLMError`` when nothing is usable."""
-    data = _outermost_json(raw)
-    if isinstance(data, list) and data and all(isinstance(x, dict) for x in data):
-        data = data[0] if len(data) == 1 and ("facts" in data[0] or "entities" in data[0]) else {"facts": data}
-    if not isinstance(data, dict):
-        raise LLMError("model answer is not a JSON object", transient=False, raw=raw)
-    if not any(k in data for k in ("facts", "entities", "ends")):
-        raise LLMError("model answer has none of entities, facts, ends", transient=False, raw=raw)
+def read_answer(raw: str, names: Mapping[str, str] | None = None) -> tuple[Extraction, list[str]]:
+    """The answer as an ``Extraction`` and a note per skipped item; ``LLMError`` when nothing is usable.
+    ``names`` are the names of the context handles the prompt showed (for statements the model left out)."""
+    data, cut = answer_object(raw)  # an object with at least one of entities, facts, ends
     skipped: list[str] = []
-    kept: dict[str, list[Any]] = {"entities": [], "facts": []}
-    for kind, model, clean in (("entities", ExtractedEntity, _clean_entity), ("facts", ExtractedFact, _clean_fact)):
-        for i, item in enumerate(_items(data, kind, raw)[:_LIST_CAP]):
-            if not isinstance(item, dict):
-                skipped.append(f"{kind}.{i}: not an object")
-                continue
-            try:
-                kept[kind].append(model.model_validate(clean(_repaired(item))))
-            except ValidationError as exc:
-                first = exc.errors()[0]
-                skipped.append(f"{kind}.{i}.{'.'.join(str(p) for p in first['loc'])}: {first['msg']}")
-    ends = [str(h)[:100] for h in _items(data, "ends", raw) if isinstance(h, str | int) and not isinstance(h, bool)]
-    extraction = Extraction(entities=kept["entities"], facts=kept["facts"], ends=ends[:50])
+    entities: list[ExtractedEntity] = []
+    for i, item in enumerate(answer_items(data, "entities", raw)[:_LIST_CAP]):
+        if not isinstance(item, dict):
+            skipped.append(f"entities.{i}: not an object")
+            continue
+        try:
+            entities.append(ExtractedEntity.model_validate(_clean_entity(item_keys(_repaired(item), ENTITY_KEYS))))
+        except ValidationError as exc:
+            skipped.append(_note("entities", i, exc))
+    listed = {e.ref: e.name for e in entities}
+    facts: list[ExtractedFact] = []
+    for i, given in enumerate(answer_items(data, "facts", raw)[:_LIST_CAP]):
+        item = triple_item(given)
+        if not isinstance(item, dict):
+            skipped.append(f"facts.{i}: not an object")
+            continue
+        fact = item_keys(_repaired(item), FACT_KEYS)
+        refused = fact_refs(fact, listed, names)
+        if refused:
+            skipped.append(f"facts.{i}.{refused}")
+            continue
+        try:
+            facts.append(ExtractedFact.model_validate(_clean_fact(fact)))
+        except ValidationError as exc:
+            skipped.append(_note("facts", i, exc))
+    if cut:
+        skipped.append("answer cut off: its last, incomplete item was dropped")
+    ends = [e for e in (end_ref(h) for h in answer_items(data, "ends", raw)) if e]
+    extraction = Extraction(entities=entities, facts=facts, ends=ends[:50])
     if skipped and not (extraction.entities or extraction.facts or extraction.ends):
         # Items were given and none is usable: that is a bad answer (retried once, then dead-lettered with
         # the raw text for an operator), not "nothing worth remembering".
@@ -247,21 +248,25 @@ def _classify(exc: Exception) -> LLMError:
 
 
 @functools.lru_cache(maxsize=64)
-def response_format(model: str) -> dict[str, Any]:
-    """A JSON-schema constraint where litellm knows the provider takes one (it maps it to a tool call for
-    Anthropic, whose API ignores ``json_object``); plain JSON mode elsewhere. Looked up once per model
-    name (litellm's model-info lookup walks its cost map); callers must not mutate the answer."""
-    litellm = _litellm()
-    try:
-        schema_ok = bool(litellm.supports_response_schema(model=model))
-    except Exception:  # an unknown model name: litellm raises rather than answer "no"
-        schema_ok = False
-    if schema_ok:
+def response_format(model: str, mode: str = "auto") -> dict[str, Any]:
+    """The answer's shape as the request asks for it (``Settings.llm_output_mode``): the extraction's JSON
+    Schema (``schema``; litellm maps it to a forced tool for Anthropic, whose API ignores ``json_object``,
+    and to a grammar for Ollama), plain JSON mode (``json``), or ``auto``: the schema where litellm says
+    the provider takes one. Looked up once per model name and mode (litellm's model-info lookup walks its
+    cost map); callers must not mutate the answer."""
+    if mode == "auto":
+        try:
+            mode = "schema" if _litellm().supports_response_schema(model=model) else "json"
+        except Exception:  # an unknown model name: litellm raises rather than answer "no"
+            mode = "json"
+    if mode == "schema":
         return {"type": "json_schema", "json_schema": {"name": "extraction", "schema": RESPONSE_SCHEMA}}
     return {"type": "json_object"}
 
 
-def completion_kwargs(settings: Settings, messages: list[dict[str, str]]) -> dict[str, Any]:
+def completion_kwargs(
+    settings: Settings, messages: list[dict[str, str]], max_tokens: int | None = None
+) -> dict[str, Any]:
     """The arguments of every model call (``litellm.completion`` and ``acompletion`` take the same)."""
     model = settings.llm_model or ""
     return {
@@ -272,21 +277,24 @@ def completion_kwargs(settings: Settings, messages: list[dict[str, str]]) -> dic
         "timeout": settings.llm_timeout_s,
         "num_retries": 0,  # retries are the task's job: with backoff, the breaker and the DLQ
         "temperature": 0,
-        "max_tokens": settings.llm_max_output_tokens,
-        "response_format": response_format(model),
+        "max_tokens": max_tokens or settings.llm_max_output_tokens,
+        "response_format": response_format(model, settings.llm_output_mode),
         # Our own prices: litellm prices every answer itself (for its logging), and an unknown model name
         # (a self-hosted one, the stand-in) sends it through a cost-map search on every call; given the
         # prices, it reads them from here. Its figure then also agrees with ours (Usage.cost_usd).
         "input_cost_per_token": settings.llm_input_cost_per_1k / 1000,
         "output_cost_per_token": settings.llm_output_cost_per_1k / 1000,
+        # Provider parameters (num_ctx, top_p, ...): the settings refuse the keys above except temperature.
+        **settings.llm_extra_params,
     }
 
 
-def complete(settings: Settings, messages: list[dict[str, str]]) -> Completion:
-    """One model call: the answer's text and what it cost; ``LLMError`` (classified) when it fails."""
+def complete(settings: Settings, messages: list[dict[str, str]], max_tokens: int | None = None) -> Completion:
+    """One model call: the answer's text and what it cost; ``LLMError`` (classified) when it fails,
+    ``CutOff`` (with the text so far) when the model stopped at ``max_tokens``."""
     litellm = _litellm()
     try:
-        response = litellm.completion(**completion_kwargs(settings, messages))
+        response = litellm.completion(**completion_kwargs(settings, messages, max_tokens))
     except Exception as exc:
         raise _classify(exc) from exc
     choice = response.choices[0]
@@ -300,7 +308,8 @@ def complete(settings: Settings, messages: list[dict[str, str]]) -> Completion:
     )
     usage = Usage(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens, cost_usd=cost, llm_calls=1)
     if getattr(choice, "finish_reason", None) == "length":
-        err = LLMError(f"model answer cut off at max_tokens={settings.llm_max_output_tokens}", transient=False, raw=raw)
+        room = max_tokens or settings.llm_max_output_tokens
+        err = CutOff(f"model answer cut off at max_tokens={room}", transient=False, raw=raw)
         err.usage = usage  # type: ignore[attr-defined]
         raise err
     return raw, usage
@@ -324,31 +333,56 @@ def call_llm(
     messages: list[dict[str, str]],
     *,
     admit: Callable[[Callable[[], Completion]], Completion] = _direct,
+    names: Mapping[str, str] | None = None,
 ) -> LLMAnswer:
-    """The model's extraction: one call, and once more with the error appended when its answer is unusable.
-    ``admit`` wraps every model call (the stage passes its rate limit and circuit breaker), so the retry
-    is admitted like the first call and no call reaches the model while the breaker is open."""
-    raw, usage = admit(lambda: complete(settings, messages))
+    """The model's extraction: one call, and at most one more. An answer cut off at ``max_tokens`` is asked
+    again once with twice the room (resent as it was, it would be cut at the same place); cut off again,
+    its complete items are kept. An unusable answer is asked again once with the real error appended.
+    ``admit`` wraps every model call (the stage passes its rate limit and circuit breaker), so a second
+    call is admitted like the first and no call reaches the model while the breaker is open. ``names``:
+    the names of the context handles, for statements the model left out."""
+    spent = Usage()
+    room = settings.llm_max_output_tokens
+
+    def ask(turns: list[dict[str, str]]) -> tuple[str, bool]:
+        """The answer's text, and whether it was cut off; every call's tokens are counted in ``spent``."""
+        nonlocal spent
+        try:
+            raw, usage = admit(lambda: complete(settings, turns, room))
+        except LLMError as exc:
+            spent = _add(spent, getattr(exc, "usage", None) or Usage())
+            exc.usage = spent  # type: ignore[attr-defined]  # tokens were spent even on failed calls
+            if not isinstance(exc, CutOff):
+                raise
+            return exc.raw or "", True
+        spent = _add(spent, usage)
+        return raw, False
+
+    raw, cut = ask(messages)
+    if cut:
+        room *= 2
+        raw, cut = ask(messages)
+        tries_left = 0
+    else:
+        tries_left = 1
     try:
-        extraction, skipped = read_answer(raw)
-    except LLMError as first:
-        # Once, with the model's own answer and what is wrong with it: models fix what they are told.
-        fix = (
-            f"Your answer could not be used: {first}. Answer again with only the JSON object "
-            'with keys "entities", "facts" and "ends".'
-        )
-        retry = [*messages, {"role": "assistant", "content": raw[:4000]}, {"role": "user", "content": fix}]
         try:
-            raw, more = admit(lambda: complete(settings, retry))
-        except LLMError as exc:
-            exc.usage = _add(usage, getattr(exc, "usage", None) or Usage())  # type: ignore[attr-defined]
-            raise
-        usage = _add(usage, more)
-        try:
-            extraction, skipped = read_answer(raw)
-        except LLMError as exc:
-            exc.usage = usage  # type: ignore[attr-defined]  # tokens were spent even on bad answers
-            raise
+            extraction, skipped = read_answer(raw, names)
+        except LLMError as first:
+            if not tries_left:
+                raise
+            # Once, with the model's own answer and what is wrong with it: models fix what they are told.
+            fix = (
+                f"Your answer could not be used: {first}. Answer again with only the JSON object "
+                'with keys "entities", "facts" and "ends".'
+            )
+            raw, cut = ask([*messages, {"role": "assistant", "content": raw[:4000]}, {"role": "user", "content": fix}])
+            extraction, skipped = read_answer(raw, names)
+    except LLMError as exc:
+        exc.usage = spent  # type: ignore[attr-defined]
+        raise
+    if cut:
+        skipped.insert(0, f"answer cut off at max_tokens={room}: only its complete items were kept")
     if skipped:
         log.info("extraction: kept %d facts, skipped %s", len(extraction.facts), "; ".join(skipped)[:500])
-    return LLMAnswer(extraction=extraction, usage=usage, raw=raw, skipped=skipped)
+    return LLMAnswer(extraction=extraction, usage=spent, raw=raw, skipped=skipped)

@@ -17,6 +17,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta, timezone
+from typing import Any
 
 from engram_api.models import SELF_REF, ChatMessage, EntityRecord, Envelope, EpisodeRecord, Extraction, FactRecord
 from engram_api.naming import SINGLE_VALUED
@@ -92,8 +93,54 @@ guitar anymore, might pick up drums."
 5. Conversation: "User {OWNER_MARK}: thanks!" -> {{"facts":[]}}
 """
 
-# The JSON Schema for providers that constrain output to one (litellm's json_schema response format).
-RESPONSE_SCHEMA = Extraction.model_json_schema()
+# The JSON Schema for providers that constrain output to one (litellm's json_schema response format): written
+# from the prompt's own wording (the same refs, handles and fields, nothing the prompt does not ask for), so a
+# constrained model is never told something the prompt contradicts. Only what the prompt never lets a model
+# leave out is "required": it tells the model to leave out every field at its default (the reader fills it).
+_HANDLE = '"user" (the memory owner), E1.. (known) or N1.. (new, listed under entities)'
+RESPONSE_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "entities": {
+            "type": "array",
+            "description": "new things only (refs N1, N2), never the owner or a known E handle",
+            "items": {
+                "type": "object",
+                "properties": {
+                    "ref": {"type": "string"},
+                    "name": {"type": "string"},
+                    "label": {"type": "string"},
+                    "aliases": {"type": "array", "items": {"type": "string"}},
+                    "summary": {"type": "string"},
+                },
+                "required": ["ref", "name"],
+            },
+        },
+        "facts": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "properties": {
+                    "subject": {"type": "string", "description": _HANDLE},
+                    "predicate": {"type": "string"},
+                    "object": {"type": ["string", "null"], "description": "as subject, or null"},
+                    "statement": {"type": "string"},
+                    "memory_type": {"type": "string", "enum": ["semantic", "episodic", "procedural"]},
+                    "importance": {"type": "number", "minimum": 0, "maximum": 1},
+                    "valid_from": {"type": ["string", "null"], "description": "ISO 8601, or null"},
+                    "valid_until": {"type": ["string", "null"], "description": "ISO 8601, or null"},
+                    "updates": {"type": ["string", "null"], "description": "an F handle, or null"},
+                },
+                "required": ["subject", "predicate", "statement"],
+            },
+        },
+        "ends": {
+            "type": "array",
+            "items": {"type": "string"},
+            "description": "F handles of known facts that stopped being true",
+        },
+    },
+}
 
 
 @dataclass
@@ -112,6 +159,10 @@ class SlimContext:
         out.update({f"F{i}": f.id for i, f in enumerate(self.facts, 1)})
         return out
 
+    def names(self) -> dict[str, str]:
+        """The entity handles' names: a statement the model left out is written with them."""
+        return {f"E{i}": e.name for i, e in enumerate(self.entities, 1)}
+
     def render(self) -> str:
         lines = [
             f"E{i} {e.name} ({e.label})" + (f": {e.summary[:120]}" if e.summary else "")
@@ -128,6 +179,7 @@ class SlimContext:
 class Prompt:
     messages: list[dict[str, str]]
     handles: dict[str, str]
+    names: dict[str, str] = field(default_factory=dict)  # entity handle -> name (``SlimContext.names``)
 
     def resolve(self, extraction: Extraction) -> Extraction:
         """The answer with every handle this prompt showed replaced by the id it stands for."""
@@ -230,4 +282,4 @@ def build_prompt(envelope: Envelope, context: SlimContext, earlier: Sequence[Epi
     turns = "\n".join(_turn(m, envelope.owner_name) for m in _shown(envelope.messages))
     parts.append(f"Conversation:\n{turns or '(nothing said)'}")
     messages = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": "\n\n".join(parts)}]
-    return Prompt(messages=messages, handles=context.handles())
+    return Prompt(messages=messages, handles=context.handles(), names=context.names())

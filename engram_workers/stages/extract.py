@@ -112,7 +112,7 @@ def _llm_extract(
             raise RetryLater(1.0, "fleet-wide LLM rate limit")
         return ctx.breaker.call(call)
 
-    answer = call_llm(ctx.settings, prompt.messages, admit=admit)
+    answer = call_llm(ctx.settings, prompt.messages, admit=admit, names=prompt.names)
     # Stored with ids, not handles: apply (and a replay) never needs this prompt again.
     return replace(answer, extraction=prompt.resolve(answer.extraction)), context.vectors
 
