@@ -686,6 +686,7 @@ def test_a_claude_request_carries_the_extraction_schema_as_a_forced_tool(llm):
     facts_schema = RESPONSE_SCHEMA["properties"]["facts"]["items"]
     assert schema["properties"]["facts"]["items"]["required"] == facts_schema["required"]
     assert body["system"][0]["text"] == SYSTEM_PROMPT  # Anthropic takes the system part apart from the turns
+    assert body["system"][0]["cache_control"] == {"type": "ephemeral"}  # the fixed part is cached
     assert (body["max_tokens"], body["temperature"]) == (settings.llm_max_output_tokens, 0)
     assert [f.statement for f in answer.extraction.facts] == ["User likes chess"]
     assert answer.usage.llm_calls == 1 and answer.usage.prompt_tokens > 0

@@ -51,7 +51,11 @@ ANSWERS = {
     "My sister lives in Paris.": _one("Paris", "Place", "LIVES_IN", "User's sister lives in Paris"),
     "I work at Google.": _one("Google", "Organization", "WORKS_AT", "User works at Google"),
     "I left Google in 2022.": _one(
-        "Google", "Organization", "WORKS_AT", "User left Google in 2022", valid_until="2022-01-01T00:00:00Z"
+        "Google", "Organization", "WORKS_AT", "User left Google in 2022", valid_until="2022"
+    ),
+    # A bare year, as models write it: 1 January of that year, never 1970 (Unix seconds).
+    "We moved to Austin in 2024.": _one(
+        "Austin", "Place", "LIVES_IN", "User moved to Austin in 2024", valid_from="2024"
     ),
     "I don't work at Acme anymore.": _one("Acme", "Organization", "WORKS_AT", "User no longer works at Acme"),
     "I work at Acme.": _one("Acme", "Organization", "WORKS_AT", "User works at Acme"),
@@ -199,3 +203,10 @@ def test_an_assistant_turn_alone_costs_no_model_call_and_stays_recallable(stack,
     stack.client.wait(stack.client.enqueue(user, turn, timestamp=T0), timeout=SETTLE_S)
     assert len(llm_server.requests) == before
     assert facts(stack, user) == [] and stack.client.stats(user).episodes == 1
+
+
+def test_a_bare_year_dates_the_move(stack):
+    user, said = uid(), datetime(2024, 6, 1, tzinfo=UTC)
+    y2019, y2024 = datetime(2019, 5, 1, tzinfo=UTC), datetime(2024, 1, 1, tzinfo=UTC)
+    say(stack, user, ("I live in Tampa.", y2019), ("We moved to Austin in 2024.", said))
+    assert facts(stack, user) == [("LIVES_IN", "Tampa", y2019, y2024), ("LIVES_IN", "Austin", y2024, None)]

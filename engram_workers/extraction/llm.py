@@ -264,6 +264,20 @@ def response_format(model: str, mode: str = "auto") -> dict[str, Any]:
     return {"type": "json_object"}
 
 
+def cache_marked(model: str, messages: list[dict[str, str]]) -> list[dict[str, Any]]:
+    """The messages, with the fixed system part marked cacheable for Claude: Anthropic caches a prefix only
+    where the request says so (OpenAI and others cache long prefixes by themselves), and the ~1,400-token
+    system part is the same for every call, so the mark makes it ~10% of its price after the first call."""
+    if "claude" not in model.lower():
+        return messages
+    return [
+        {**m, "content": [{"type": "text", "text": m["content"], "cache_control": {"type": "ephemeral"}}]}
+        if m["role"] == "system" and isinstance(m["content"], str)
+        else m
+        for m in messages
+    ]
+
+
 def completion_kwargs(
     settings: Settings, messages: list[dict[str, str]], max_tokens: int | None = None
 ) -> dict[str, Any]:
@@ -271,7 +285,7 @@ def completion_kwargs(
     model = settings.llm_model or ""
     return {
         "model": model,
-        "messages": messages,
+        "messages": cache_marked(model, messages),
         "api_key": settings.llm_api_key,
         "api_base": settings.llm_api_base,
         "timeout": settings.llm_timeout_s,
