@@ -8,12 +8,13 @@ variable and what it expects, so a mistyped deployment fails at start-up, not at
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from engram_api.errors import ConfigError
+from engram_api.models import MAX_BATCH_CAP, MAX_TURNS_CAP
 
 __all__ = ["EXAMPLE_PASSWORDS", "ApiKeySpec", "Settings", "load_settings", "variable_for"]
 
@@ -113,8 +114,8 @@ class Settings(BaseSettings):
 
     # --- input limits ---
     max_message_chars: int = Field(20_000, ge=1, description="characters per enqueued message (all turns)")
-    max_messages_per_call: int = Field(100, ge=1, description="chat turns per enqueued message")
-    max_batch: int = Field(1_000, ge=1, description="messages per enqueue_many call")
+    max_messages_per_call: int = Field(100, ge=1, le=MAX_TURNS_CAP, description="chat turns per enqueued message")
+    max_batch: int = Field(1_000, ge=1, le=MAX_BATCH_CAP, description="messages per enqueue_many call")
     max_pending_per_user: int = Field(
         10_000, ge=1, description="messages of one user queued but not finished; beyond: BackPressureError"
     )
@@ -252,6 +253,14 @@ class Settings(BaseSettings):
     gateway_max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024, description="largest request body (413 beyond)")
     gateway_max_queue_depth: int = Field(
         100_000, ge=1, description="extract-queue length beyond which gateway enqueues answer 429 (back-pressure)"
+    )
+    gateway_trusted_hosts: list[Annotated[str, Field(pattern=r"^[A-Za-z0-9.:\[\]-]{1,253}$")]] = Field(
+        [],
+        description="with no API key configured, Host names answered besides localhost / 127.0.0.1 / [::1], JSON: "
+        '["engram.internal"] (any other Host gets 421: no DNS rebinding)',
+    )
+    gateway_public_docs: bool = Field(
+        False, description="serve /docs, /redoc and /openapi.json without a key when keys are configured"
     )
 
     @field_validator("neo4j_uri")

@@ -5,6 +5,8 @@ Invariants:
 - ``serve`` refuses a non-loopback address when no API key is configured (``check_bind``), before the
   socket is opened.
 - The body limit wraps everything, the MCP endpoint included: an oversized body never reaches a parser.
+- ``RequestGuard`` (trusted hosts in local mode, keys for the API description) runs before any route;
+  the routes' own key and scope checks run before their body is read (``engram_gateway.guard``).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from engram_api.settings import Settings, load_settings
 from engram_gateway.auth import check_bind
+from engram_gateway.guard import RequestGuard
 from engram_gateway.mcp_server import build_mcp, mcp_http_endpoint
 from engram_gateway.problems import BodyLimit, install_handlers
 from engram_gateway.routes import router
@@ -100,7 +103,14 @@ def create_app(gateway: Gateway) -> FastAPI:
     install_handlers(app)
     app.include_router(router)
     app.add_route("/mcp", endpoint, methods=["GET", "POST", "DELETE"], include_in_schema=False)
-    app.add_middleware(BodyLimit, limit=gateway.settings.gateway_max_body_bytes)
+    settings = gateway.settings
+    app.add_middleware(BodyLimit, limit=settings.gateway_max_body_bytes)
+    app.add_middleware(
+        RequestGuard,
+        ring=gateway.ring,
+        trusted_hosts=settings.gateway_trusted_hosts,
+        public_docs=settings.gateway_public_docs,
+    )
     app.add_middleware(_Metrics, counters=counters)
     return app
 

@@ -26,7 +26,8 @@ from starlette.types import Receive, Scope, Send
 
 from engram_api.errors import EngramError, InvalidInputError
 from engram_gateway.auth import AccessDeniedError, Principal
-from engram_gateway.problems import problem_response
+from engram_gateway.guard import principal_of
+from engram_gateway.problems import buffered, problem_response
 from engram_gateway.service import Gateway
 
 __all__ = ["build_mcp", "mcp_http_endpoint", "run_stdio"]
@@ -120,9 +121,9 @@ def build_mcp(gateway: Gateway, *, stdio_principal: Principal | None = None) -> 
 
 def mcp_http_endpoint(mcp: MCPServer, gateway: Gateway) -> Any:
     """The streamable-HTTP ASGI endpoint, behind the key check."""
-    # Keys authenticate every request, so the SDK's Host/Origin allow-list (for unauthenticated local
-    # servers) would only refuse legitimate hosts such as a compose service name; in local mode keep it.
-    security = TransportSecuritySettings(enable_dns_rebinding_protection=False) if not gateway.ring.local_mode else None
+    # The SDK's own Host/Origin allow-list is off: the app's RequestGuard applies the same rule to /v1 and
+    # /mcp alike (local mode only, with ENGRAM_GATEWAY_TRUSTED_HOSTS), and keys authenticate the rest.
+    security = TransportSecuritySettings(enable_dns_rebinding_protection=False)
     mcp.streamable_http_app(streamable_http_path="/mcp", transport_security=security, json_response=True)
     return _KeyedEndpoint(StreamableHTTPASGIApp(mcp.session_manager), gateway)
 
@@ -135,13 +136,14 @@ class _KeyedEndpoint:
         self.gateway = gateway
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
         try:
-            self.gateway.ring.from_headers(headers.get("authorization"), headers.get("x-api-key"))
+            principal_of(self.gateway.ring, scope.get("headers") or [])
         except AccessDeniedError as exc:
             await problem_response(401, "unauthorized", "Unauthorized", str(exc))(scope, receive, send)
             return
-        await self.inner(scope, receive, send)
+        # The key is good: read the body now, so that one past the limit reaches BodyLimit (413) instead
+        # of the SDK, which would answer a reading error with a 500.
+        await self.inner(scope, await buffered(receive), send)
 
 
 def run_stdio(gateway: Gateway) -> None:
