@@ -151,7 +151,7 @@ def test_every_endpoint(fleet: tuple[Stack, GatewayProcess, dict], http: httpx.C
         and 'engram_gateway_requests_total{route="/v1/users/{user_id}/recall"' in metrics.text
     )
     assert uid not in metrics.text  # route templates, never user ids
-    schema = http.get("/openapi.json").json()
+    schema = http.get("/openapi.json", headers=a).json()
     assert {"/v1/messages", "/v1/users/{user_id}/recall", "/v1/dead-letters"} <= set(schema["paths"])
     assert "RecallResult" in schema["components"]["schemas"]
 
