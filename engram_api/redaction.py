@@ -12,7 +12,7 @@ import logging
 import re
 from collections.abc import Iterable
 
-__all__ = ["MASK", "RedactingFilter", "redact"]
+__all__ = ["MASK", "RedactingFilter", "mask_userinfo", "redact"]
 
 MASK = "***"
 
@@ -38,6 +38,17 @@ def redact(text: str, secrets: Iterable[str | None] = ()) -> str:
     text = _BEARER.sub(lambda m: m.group("head") + MASK, text)
     text = _ASSIGNED.sub(lambda m: m.group("head") + MASK, text)
     return _KEY_SHAPES.sub(MASK, text)
+
+
+def mask_userinfo(url: str) -> str:
+    """A URL as it may be shown: whatever precedes its last '@' after the scheme (user and password) is
+    masked, even when the URL is malformed (``redact`` only recognizes a well-formed ``//user:pw@``)."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        scheme, rest = "", url
+    if "@" not in rest:
+        return url
+    return f"{scheme}{sep}{MASK}@{rest.rsplit('@', 1)[1]}"
 
 
 class RedactingFilter(logging.Filter):

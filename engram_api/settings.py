@@ -15,6 +15,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from engram_api.errors import ConfigError
 from engram_api.models import MAX_BATCH_CAP, MAX_TURNS_CAP
+from engram_api.redaction import mask_userinfo
 
 __all__ = ["EXAMPLE_PASSWORDS", "ApiKeySpec", "Settings", "load_settings", "variable_for"]
 
@@ -328,11 +329,27 @@ def variable_for(loc: str) -> str:
     return loc.upper()
 
 
+# Settings whose value is a credential (never echoed), and URLs that may carry one (echoed masked).
+_SECRET_VARIABLES = frozenset(
+    variable_for(n) for n in ("llm_api_key", "neo4j_password", "flower_password", "api_key")
+)
+_URL_VARIABLES = frozenset(variable_for(n) for n in ("redis_url", "neo4j_uri", "llm_api_base"))
+
+
+def _shown(variable: str, value: object) -> str:
+    """How a refused value is quoted in a ``ConfigError``: never a password, even in a malformed URL."""
+    if variable in _SECRET_VARIABLES:
+        return "(value not shown)"
+    if variable in _URL_VARIABLES and isinstance(value, str):
+        return f"(got {mask_userinfo(value)!r})"
+    return f"(got {value!r})"
+
+
 def load_settings(**overrides: object) -> Settings:
     """Read the environment (plus ``overrides``); a bad value raises ``ConfigError`` naming the variable."""
     try:
         return Settings(**overrides)  # type: ignore[arg-type]
     except ValidationError as exc:
         err = exc.errors()[0]
-        field = str(err["loc"][0]) if err["loc"] else "?"
-        raise ConfigError(variable_for(field), f"{err['msg']} (got {err.get('input')!r})") from None
+        variable = variable_for(str(err["loc"][0]) if err["loc"] else "?")
+        raise ConfigError(variable, f"{err['msg']} {_shown(variable, err.get('input'))}") from None

@@ -7,7 +7,8 @@ Invariants:
 - The same keys and namespaces as the HTTP API. Over HTTP the key comes with every request
   (``Authorization: Bearer`` or ``X-API-Key``): a request without a valid key is refused with a 401
   problem before the MCP session sees it, and each tool call resolves its principal from that request's
-  headers. Over stdio the key is the process's ``ENGRAM_API_KEY``, checked once at start.
+  headers. Over stdio the key is the process's ``ENGRAM_API_KEY``, checked once at start (refused when
+  no key is configured to check it against).
 - Tools go through ``Gateway`` like the routes, so validation, scopes, namespaces and back-pressure are
   the same; a refused call is an MCP tool error whose text starts with the error kind and names the
   field, and it changed nothing.
@@ -24,7 +25,7 @@ from mcp.server.streamable_http_manager import StreamableHTTPASGIApp
 from mcp.server.transport_security import TransportSecuritySettings
 from starlette.types import Receive, Scope, Send
 
-from engram_api.errors import EngramError, InvalidInputError
+from engram_api.errors import ConfigError, EngramError, InvalidInputError
 from engram_gateway.auth import AccessDeniedError, Principal
 from engram_gateway.guard import principal_of
 from engram_gateway.problems import buffered, problem_response
@@ -147,7 +148,16 @@ class _KeyedEndpoint:
 
 
 def run_stdio(gateway: Gateway) -> None:
-    """Serve MCP over stdin/stdout as the principal of ``ENGRAM_API_KEY`` (any key in local mode)."""
+    """Serve MCP over stdin/stdout as the principal of ``ENGRAM_API_KEY``; with no key configured, as the
+    local caller, and then only if ``ENGRAM_API_KEY`` is unset too: a key that scopes nothing is refused
+    rather than silently ignored (the session would reach every user)."""
+    if gateway.ring.local_mode and gateway.settings.api_key:
+        raise ConfigError(
+            "ENGRAM_API_KEY",
+            "is set but ENGRAM_API_KEYS configures no key, so it would scope nothing and the session would "
+            "reach every user: add the key's entry (`engram keys new`) to ENGRAM_API_KEYS, or unset "
+            "ENGRAM_API_KEY to run as the local caller",
+        )
     principal = gateway.ring.principal(gateway.settings.api_key)
     mcp = build_mcp(gateway, stdio_principal=principal)
     try:
