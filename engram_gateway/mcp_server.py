@@ -138,7 +138,8 @@ class _KeyedEndpoint:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
-            principal_of(self.gateway.ring, scope.get("headers") or [])
+            # Kept in the request's state for the access log line (the key's name).
+            scope.setdefault("state", {})["principal"] = principal_of(self.gateway.ring, scope.get("headers") or [])
         except AccessDeniedError as exc:
             await problem_response(401, "unauthorized", "Unauthorized", str(exc))(scope, receive, send)
             return

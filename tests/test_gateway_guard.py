@@ -180,3 +180,25 @@ def test_local_mode_answers_only_trusted_hosts_and_origins(redis_url: str, tmp_p
                 assert r.status_code == 200 and "Austin" in r.text, (host, r.status_code)
             same_origin = {"Origin": f"http://localhost:{port}"}
             assert http.post(f"/v1/users/{uid}/recall", headers=same_origin, json={"query": "x"}).status_code == 200
+
+
+def test_access_log_names_route_status_and_key_but_no_user_text(fleet: tuple[Stack, GatewayProcess, dict]) -> None:
+    _, gw, secrets = fleet
+    a = auth(secrets, "a_rw")
+    uid, word = f"appA.{uuid.uuid4().hex[:8]}", f"walrus{uuid.uuid4().hex[:6]}"
+    with httpx.Client(base_url=gw.url, timeout=60) as http:
+        assert http.post("/v1/messages", headers=a, json={"user_id": uid, "messages": f"I own a {word}", "message_id": "m1"}).status_code == 202  # fmt: skip
+        wait_state(http, a, uid, "m1")
+        assert http.post(f"/v1/users/{uid}/recall", headers=a, json={"query": word}).status_code == 200
+        assert http.get(f"/v1/users/{uid}/graph", headers=auth(secrets, "b_rw")).status_code == 403
+        hello = {"jsonrpc": "2.0", "id": 1, "method": "ping"}
+        http.post("/mcp", json=hello, headers={**a, "accept": "application/json, text/event-stream"})
+    deadline = time.monotonic() + 10  # the log file is written by another process
+    while "/mcp" not in gw.process.log_path.read_text() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    log = gw.process.log_path.read_text()
+    assert "POST /v1/messages 202 " in log and "key=a_rw" in log
+    assert "POST /v1/users/{user_id}/recall 200 " in log
+    assert "GET /v1/users/{user_id}/graph 403 " in log and "key=b_rw" in log
+    assert "POST /mcp " in log
+    assert uid not in log and word not in log and secrets["a_rw"] not in log
