@@ -213,6 +213,12 @@ class Settings(BaseSettings):
     weights_rows_per_user: int = Field(
         500, ge=1, description="feedback rows one user contributes at most to the global weight fit"
     )
+    weights_rows_per_tenant: int = Field(
+        2_000,
+        ge=1,
+        description="feedback rows one tenant (the users '<namespace>.*' of a gateway key; a user id without a "
+        "'.' is its own) contributes at most to the global weight fit, however many user ids it spreads over",
+    )
     decay_interval_s: float = Field(24 * 3600, gt=0, description="Beat: decay and archival")
     hierarchy_interval_s: float = Field(6 * 3600, gt=0, description="Beat: cluster hierarchy rebuild")
     weights_interval_s: float = Field(12 * 3600, gt=0, description="Beat: scoring-weight learning")
@@ -330,9 +336,7 @@ def variable_for(loc: str) -> str:
 
 
 # Settings whose value is a credential (never echoed), and URLs that may carry one (echoed masked).
-_SECRET_VARIABLES = frozenset(
-    variable_for(n) for n in ("llm_api_key", "neo4j_password", "flower_password", "api_key")
-)
+_SECRET_VARIABLES = frozenset(variable_for(n) for n in ("llm_api_key", "neo4j_password", "flower_password", "api_key"))
 _URL_VARIABLES = frozenset(variable_for(n) for n in ("redis_url", "neo4j_uri", "llm_api_base"))
 
 
