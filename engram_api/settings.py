@@ -261,6 +261,16 @@ class Settings(BaseSettings):
     gateway_max_queue_depth: int = Field(
         100_000, ge=1, description="extract-queue length beyond which gateway enqueues answer 429 (back-pressure)"
     )
+    gateway_key_rate: float = Field(
+        200.0, ge=0, description="requests a second one key may make of one gateway process, on average (0: no limit)"
+    )
+    gateway_key_burst: int = Field(1_000, ge=1, description="requests one key may make at once beyond its rate")
+    gateway_key_mcp_sessions: int = Field(
+        100, ge=1, description="MCP sessions one key may hold open on one gateway process (429 beyond)"
+    )
+    gateway_mcp_session_idle_s: float = Field(
+        1800.0, gt=0, description="an MCP session without a request for this long is closed"
+    )
     gateway_trusted_hosts: list[Annotated[str, Field(pattern=r"^[A-Za-z0-9.:\[\]-]{1,253}$")]] = Field(
         [],
         description="with no API key configured, Host names answered besides localhost / 127.0.0.1 / [::1], JSON: "

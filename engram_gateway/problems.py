@@ -3,7 +3,8 @@
 Invariants:
 - The library's typed errors map one to one: ``InvalidInputError`` 400 (``field`` named), ``NotFoundError``
   404, a duplicate message id 409 (with the original receipt), ``BackPressureError`` 429 and
-  ``StoreUnavailableError`` 503 (both with ``Retry-After``), a missing/unknown key 401, a key without the
+  ``StoreUnavailableError`` 503 (both with ``Retry-After``), a key over its quota 429 (``rate-limited``,
+  with ``Retry-After``), a missing/unknown key 401, a key without the
   scope or namespace 403, a body over ``ENGRAM_GATEWAY_MAX_BODY_BYTES`` 413.
 - Request-model validation errors (wrong types, unknown fields) are 400 too, naming the first bad field
   the way the library does (``items[3].messages``), so clients handle one shape; only the first is
@@ -35,8 +36,17 @@ from engram_api.errors import (
 )
 from engram_api.models import Receipt
 from engram_gateway.auth import AccessDeniedError
+from engram_gateway.quotas import RateLimitedError
 
-__all__ = ["BodyLimit", "DuplicateMessageError", "Problem", "buffered", "install_handlers", "problem_response"]
+__all__ = [
+    "BodyLimit",
+    "DuplicateMessageError",
+    "Problem",
+    "buffered",
+    "install_handlers",
+    "problem_response",
+    "rate_limited_response",
+]
 
 log = logging.getLogger("engram.gateway")
 STORE_RETRY_AFTER_S = 5
@@ -73,6 +83,12 @@ def problem_response(
 # How pydantic tags the branch of a union (or a wrapped validator) in an error location.
 _BRANCH_TAGS = ("function-", "union[", "str", "constrained-", "list[", "json-or-python")
 _UNION_BRANCHES = 8  # errors looked at for the deepest branch: the request models' unions have two
+
+
+def rate_limited_response(exc: RateLimitedError) -> JSONResponse:
+    return problem_response(
+        429, "rate-limited", "Key over its quota", str(exc), headers={"Retry-After": exc.retry_after}
+    )
 
 
 def _loc(loc: tuple[Any, ...]) -> str:
@@ -148,6 +164,10 @@ def install_handlers(app: FastAPI) -> None:
     async def _back_pressure(_: Request, exc: BackPressureError) -> JSONResponse:
         retry = str(max(1, math.ceil(exc.retry_after_s)))
         return problem_response(429, "back-pressure", "Too many queued", str(exc), headers={"Retry-After": retry})
+
+    @app.exception_handler(RateLimitedError)
+    async def _rate_limited(_: Request, exc: RateLimitedError) -> JSONResponse:
+        return rate_limited_response(exc)
 
     @app.exception_handler(StoreUnavailableError)
     async def _unavailable(_: Request, exc: StoreUnavailableError) -> JSONResponse:

@@ -202,3 +202,48 @@ def test_access_log_names_route_status_and_key_but_no_user_text(fleet: tuple[Sta
     assert "GET /v1/users/{user_id}/graph 403 " in log and "key=b_rw" in log
     assert "POST /mcp " in log
     assert uid not in log and word not in log and secrets["a_rw"] not in log
+
+
+def _initialize(http: httpx.Client, key: str) -> httpx.Response:
+    """The request that opens an MCP session (streamable HTTP): its answer names the session id."""
+    hello = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
+             "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}  # fmt: skip
+    return http.post("/mcp", json=hello, headers={"Authorization": f"Bearer {key}", "accept": "application/json, text/event-stream"})  # fmt: skip
+
+
+def test_per_key_rate_and_session_cap_leave_other_keys_served(
+    fleet: tuple[Stack, GatewayProcess, dict], tmp_path: Path
+) -> None:
+    """Issue 44, finding 8: one key (tenant) cannot take every request slot or every MCP session."""
+    _, _, secrets = fleet
+    # A burst of 5, then one request every 100 s: the rest of this test is refused, however slow the machine.
+    quotas = {
+        "ENGRAM_GATEWAY_KEY_RATE": "0.01",
+        "ENGRAM_GATEWAY_KEY_BURST": "5",
+        "ENGRAM_GATEWAY_KEY_MCP_SESSIONS": "2",
+    }
+    env = {**fleet[1].process.env, **quotas}
+    with gateway_process(env, tmp_path, name="gateway-quotas") as gw, httpx.Client(base_url=gw.url, timeout=60) as http:
+        a, b = auth(secrets, "a_rw"), auth(secrets, "b_rw")
+        answers = [http.get(f"/v1/users/appA.q{i}/stats", headers=a) for i in range(8)]
+        assert [r.status_code for r in answers] == [200] * 5 + [429] * 3
+        refused = answers[-1].json()
+        assert refused["type"] == "urn:engram:problem:rate-limited" and int(answers[-1].headers["retry-after"]) > 1
+        assert http.get("/v1/users/appB.q/stats", headers=b).status_code == 200  # the other tenant is served
+        # Refused before the body is read: an over-rate key's unparseable body is a 429, not a 400; MCP too.
+        junk = http.post("/v1/messages", headers={**a, "content-type": "application/json"}, content=b"{")
+        assert junk.status_code == 429
+        assert _initialize(http, secrets["a_rw"]).status_code == 429
+
+    with gateway_process({**env, "ENGRAM_GATEWAY_KEY_RATE": "0"}, tmp_path, name="gateway-sessions") as gw, httpx.Client(base_url=gw.url, timeout=60) as http:  # fmt: skip
+        first, second = _initialize(http, secrets["a_rw"]), _initialize(http, secrets["a_op"])
+        assert first.status_code == 200 and second.status_code == 200
+        opened = [_initialize(http, secrets["a_rw"]) for _ in range(2)]
+        assert [r.status_code for r in opened] == [200, 429], [r.text[:200] for r in opened]
+        assert opened[1].json()["type"] == "urn:engram:problem:rate-limited"
+        assert _initialize(http, secrets["b_rw"]).status_code == 200  # another key still opens sessions
+        # Ending one of a_rw's sessions makes room for another.
+        sid = first.headers["mcp-session-id"]
+        ended = http.delete("/mcp", headers={**auth(secrets, "a_rw"), "mcp-session-id": sid})
+        assert ended.status_code == 200, ended.text[:200]
+        assert _initialize(http, secrets["a_rw"]).status_code == 200
