@@ -253,7 +253,9 @@ class Settings(BaseSettings):
         "(`engram keys new` prints one); none: the gateway only binds to 127.0.0.1",
     )
     api_key: str | None = Field(
-        None, description="`engram serve --mcp-stdio`: the key the stdio session acts as (any in local mode)"
+        None,
+        description="`engram serve --mcp-stdio`: the key the stdio session acts as (one of ENGRAM_API_KEYS; with none "
+        "configured, leave it unset: it is refused)",
     )
     gateway_host: str = Field("127.0.0.1", description="interface `engram serve` listens on")
     gateway_port: int = Field(8080, ge=1, le=65535, description="port `engram serve` listens on")

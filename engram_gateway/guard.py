@@ -4,7 +4,8 @@ Invariants:
 - A ``/v1`` route names its scope once, in its signature (``who: Reader`` / ``Writer`` / ``Operator``);
   ``GuardedRoute`` authenticates the key and checks that scope before a byte of the body is read, so a
   key without the scope (or no key) costs one digest and a dict lookup however large the body is. Then
-  the key's request rate is counted (429 past it), and only then is the body read, bounded by ``BodyLimit`` (413 past the limit, chunked or not), and parsed.
+  the key's request rate is counted (429 past it), and only then is the body read, bounded by
+  ``BodyLimit`` (413 past the limit, chunked or not), and parsed.
 - Local mode (no key configured) answers only requests whose ``Host`` is loopback (``localhost``,
   ``127.0.0.1``, ``[::1]``, any port) or one of ``ENGRAM_GATEWAY_TRUSTED_HOSTS``, and refuses a browser
   ``Origin`` that is not one of those: a web page the user visits cannot reach the keyless gateway by
