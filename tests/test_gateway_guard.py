@@ -115,7 +115,11 @@ def test_bodies_a_key_may_send_stop_at_the_first_bad_item(fleet: tuple[Stack, Ga
         for payload, field in cases:
             path = "/v1/messages/batch" if isinstance(payload, bytes) or "items" in payload else "/v1/messages"
             kwargs = {"content": payload, "headers": {**a, **json_type}} if isinstance(payload, bytes) else {"json": payload, "headers": a}  # fmt: skip
+            cpu_before, t0 = cpu_seconds(gw.process.pid), time.perf_counter()
             r = http.post(path, **kwargs)  # type: ignore[arg-type]
+            if isinstance(payload, bytes):
+                print(f"\n4 MiB of empty items, write key: {r.status_code} in {(time.perf_counter() - t0) * 1000:.1f} ms "
+                      f"(gateway CPU {(cpu_seconds(gw.process.pid) - cpu_before) * 1000:.0f} ms)")  # fmt: skip
             assert r.status_code == 400, (field, r.status_code, r.text[:300])
             assert r.json()["field"].startswith(field), (field, r.json())
         # feedback's ids are bounded the same way
