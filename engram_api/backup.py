@@ -22,7 +22,7 @@ import json
 from collections.abc import Iterable, Iterator
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, Field, ValidationError, ValidationInfo, field_validator
 
 from engram_api.errors import InvalidInputError
 from engram_api.models import (
@@ -34,6 +34,7 @@ from engram_api.models import (
     LearnedWeights,
     StoredEpisode,
     Usage,
+    UserId,
     WritePlan,
     utcnow,
 )
@@ -51,10 +52,13 @@ _EMBED_BATCH = 256
 
 
 class ExportHeader(BaseModel):
+    """The first line. The file is untrusted: its user id passes the rules of every user id, and the
+    learned weights it carries can only be that user's own (never another user's, never the global ones)."""
+
     type: Literal["header"] = "header"
     format: Literal["engram-export"] = FORMAT
     version: int = VERSION
-    user_id: str
+    user_id: UserId
     exported_at: str
     episodes: int
     chunks: int
@@ -62,6 +66,13 @@ class ExportHeader(BaseModel):
     facts: int
     usage: Usage = Field(default_factory=Usage)
     weights: LearnedWeights | None = None
+
+    @field_validator("weights")
+    @classmethod
+    def _own_weights(cls, value: LearnedWeights | None, info: ValidationInfo) -> LearnedWeights | None:
+        if value is not None and value.scope != info.data.get("user_id"):
+            raise ValueError(f"are scoped to {value.scope[:40]!r}, not to the file's user")
+        return value
 
 
 class Snapshot(BaseModel):

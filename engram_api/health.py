@@ -18,8 +18,10 @@ if TYPE_CHECKING:
 __all__ = ["check_all", "timed"]
 
 
-def timed(fn: Callable[[], str], secrets: Iterable[str] = ()) -> CheckResult:
-    """Run one check; its detail (a URL, an error) is redacted: a health report is shown to operators."""
+def timed(fn: Callable[[], str], secrets: Iterable[str]) -> CheckResult:
+    """Run one check; its detail (a URL, an error) is redacted: a health report is shown to operators.
+    ``secrets`` (``Settings.secrets``) has no default, so no check can forget them: a provider may echo
+    the configured key in its error."""
     start = time.perf_counter()
     try:
         detail = fn()

@@ -31,6 +31,15 @@ MESSAGE_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:@-]{0,127}$")
 HISTORY_LIMIT = 100
 HISTORY_MAX_LIMIT = 1000
 
+# What one enqueued message may carry besides its text: the producer checks these for Python callers, the
+# gateway's request models declare them, so an oversized body fails validation after bounded work.
+META_KEYS = 50
+META_KEY_CHARS = 64
+META_VALUE_CHARS = 1_000
+# The most ``max_batch`` and ``max_messages_per_call`` may be configured to: the request models' bounds.
+MAX_BATCH_CAP = 10_000
+MAX_TURNS_CAP = 1_000
+
 # The scope name of fleet-wide learned weights; no user may be called this.
 GLOBAL_SCOPE = "global"
 

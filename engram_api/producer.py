@@ -36,6 +36,9 @@ from engram_api.errors import (
     WaitTimeoutError,
 )
 from engram_api.models import (
+    META_KEY_CHARS,
+    META_KEYS,
+    META_VALUE_CHARS,
     ChatMessage,
     Envelope,
     MessageState,
@@ -158,9 +161,6 @@ _CONTEXT_KEYS = ("owner_name", "earlier", "utc_offset_minutes")
 _ITEM_KEYS = {"user_id", "messages", "message_id", "timestamp", "metadata", *_CONTEXT_KEYS}
 _NAME_CHARS = 100
 _EARLIER_TURNS = 20
-_META_KEYS = 50
-_META_KEY_CHARS = 64
-_META_VALUE_CHARS = 1_000
 
 
 def _utf8(text: str, field: str) -> str:
@@ -176,12 +176,12 @@ def _metadata(metadata: object) -> dict[str, Any]:
         return {}
     if not isinstance(metadata, Mapping):
         raise InvalidInputError("metadata", "must be a mapping of str to str/int/float/bool")
-    if len(metadata) > _META_KEYS:
-        raise InvalidInputError("metadata", f"at most {_META_KEYS} keys")
+    if len(metadata) > META_KEYS:
+        raise InvalidInputError("metadata", f"at most {META_KEYS} keys")
     for k, v in metadata.items():
         field = f"metadata[{str(k)[:30]!r}]"
-        if not isinstance(k, str) or not k or len(k) > _META_KEY_CHARS:
-            raise InvalidInputError(field, f"keys are non-empty strings of at most {_META_KEY_CHARS} characters")
+        if not isinstance(k, str) or not k or len(k) > META_KEY_CHARS:
+            raise InvalidInputError(field, f"keys are non-empty strings of at most {META_KEY_CHARS} characters")
         _utf8(k, field)
         if not isinstance(v, str | int | float | bool):
             raise InvalidInputError(field, "values are str/int/float/bool")
@@ -189,8 +189,8 @@ def _metadata(metadata: object) -> dict[str, Any]:
             raise InvalidInputError(field, "must be a finite number (JSON has no NaN or Infinity)")
         if isinstance(v, str):
             _utf8(v, field)
-            if len(v) > _META_VALUE_CHARS:
-                raise InvalidInputError(field, f"at most {_META_VALUE_CHARS} characters")
+            if len(v) > META_VALUE_CHARS:
+                raise InvalidInputError(field, f"at most {META_VALUE_CHARS} characters")
     return dict(metadata)
 
 

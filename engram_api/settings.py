@@ -8,12 +8,14 @@ variable and what it expects, so a mistyped deployment fails at start-up, not at
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from engram_api.errors import ConfigError
+from engram_api.models import MAX_BATCH_CAP, MAX_TURNS_CAP
+from engram_api.redaction import mask_userinfo
 
 __all__ = ["EXAMPLE_PASSWORDS", "ApiKeySpec", "Settings", "load_settings", "variable_for"]
 
@@ -145,8 +147,8 @@ class Settings(BaseSettings):
 
     # --- input limits ---
     max_message_chars: int = Field(20_000, ge=1, description="characters per enqueued message (all turns)")
-    max_messages_per_call: int = Field(100, ge=1, description="chat turns per enqueued message")
-    max_batch: int = Field(1_000, ge=1, description="messages per enqueue_many call")
+    max_messages_per_call: int = Field(100, ge=1, le=MAX_TURNS_CAP, description="chat turns per enqueued message")
+    max_batch: int = Field(1_000, ge=1, le=MAX_BATCH_CAP, description="messages per enqueue_many call")
     max_pending_per_user: int = Field(
         10_000, ge=1, description="messages of one user queued but not finished; beyond: BackPressureError"
     )
@@ -250,6 +252,12 @@ class Settings(BaseSettings):
     weights_rows_per_user: int = Field(
         500, ge=1, description="feedback rows one user contributes at most to the global weight fit"
     )
+    weights_rows_per_tenant: int = Field(
+        2_000,
+        ge=1,
+        description="feedback rows one tenant (the users '<namespace>.*' of a gateway key; a user id without a "
+        "'.' is its own) contributes at most to the global weight fit, however many user ids it spreads over",
+    )
     decay_interval_s: float = Field(24 * 3600, gt=0, description="Beat: decay and archival")
     hierarchy_interval_s: float = Field(6 * 3600, gt=0, description="Beat: cluster hierarchy rebuild")
     weights_interval_s: float = Field(12 * 3600, gt=0, description="Beat: scoring-weight learning")
@@ -284,13 +292,33 @@ class Settings(BaseSettings):
         "(`engram keys new` prints one); none: the gateway only binds to 127.0.0.1",
     )
     api_key: str | None = Field(
-        None, description="`engram serve --mcp-stdio`: the key the stdio session acts as (any in local mode)"
+        None,
+        description="`engram serve --mcp-stdio`: the key the stdio session acts as (one of ENGRAM_API_KEYS; with none "
+        "configured, leave it unset: it is refused)",
     )
     gateway_host: str = Field("127.0.0.1", description="interface `engram serve` listens on")
     gateway_port: int = Field(8080, ge=1, le=65535, description="port `engram serve` listens on")
     gateway_max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024, description="largest request body (413 beyond)")
     gateway_max_queue_depth: int = Field(
         100_000, ge=1, description="extract-queue length beyond which gateway enqueues answer 429 (back-pressure)"
+    )
+    gateway_key_rate: float = Field(
+        200.0, ge=0, description="requests a second one key may make of one gateway process, on average (0: no limit)"
+    )
+    gateway_key_burst: int = Field(1_000, ge=1, description="requests one key may make at once beyond its rate")
+    gateway_key_mcp_sessions: int = Field(
+        100, ge=1, description="MCP sessions one key may hold open on one gateway process (429 beyond)"
+    )
+    gateway_mcp_session_idle_s: float = Field(
+        1800.0, gt=0, description="an MCP session without a request for this long is closed"
+    )
+    gateway_trusted_hosts: list[Annotated[str, Field(pattern=r"^[A-Za-z0-9.:\[\]-]{1,253}$")]] = Field(
+        [],
+        description="with no API key configured, Host names answered besides localhost / 127.0.0.1 / [::1], JSON: "
+        '["engram.internal"] (any other Host gets 421: no DNS rebinding)',
+    )
+    gateway_public_docs: bool = Field(
+        False, description="serve /docs, /redoc and /openapi.json without a key when keys are configured"
     )
 
     @field_validator("neo4j_uri")
@@ -366,11 +394,25 @@ def variable_for(loc: str) -> str:
     return loc.upper()
 
 
+# Settings whose value is a credential (never echoed), and URLs that may carry one (echoed masked).
+_SECRET_VARIABLES = frozenset(variable_for(n) for n in ("llm_api_key", "neo4j_password", "flower_password", "api_key"))
+_URL_VARIABLES = frozenset(variable_for(n) for n in ("redis_url", "neo4j_uri", "llm_api_base"))
+
+
+def _shown(variable: str, value: object) -> str:
+    """How a refused value is quoted in a ``ConfigError``: never a password, even in a malformed URL."""
+    if variable in _SECRET_VARIABLES:
+        return "(value not shown)"
+    if variable in _URL_VARIABLES and isinstance(value, str):
+        return f"(got {mask_userinfo(value)!r})"
+    return f"(got {value!r})"
+
+
 def load_settings(**overrides: object) -> Settings:
     """Read the environment (plus ``overrides``); a bad value raises ``ConfigError`` naming the variable."""
     try:
         return Settings(**overrides)  # type: ignore[arg-type]
     except ValidationError as exc:
         err = exc.errors()[0]
-        field = str(err["loc"][0]) if err["loc"] else "?"
-        raise ConfigError(variable_for(field), f"{err['msg']} (got {err.get('input')!r})") from None
+        variable = variable_for(str(err["loc"][0]) if err["loc"] else "?")
+        raise ConfigError(variable, f"{err['msg']} {_shown(variable, err.get('input'))}") from None

@@ -5,21 +5,27 @@ Invariants:
 - ``serve`` refuses a non-loopback address when no API key is configured (``check_bind``), before the
   socket is opened.
 - The body limit wraps everything, the MCP endpoint included: an oversized body never reaches a parser.
+- ``RequestGuard`` (trusted hosts in local mode, keys for the API description) runs before any route;
+  the routes' own key and scope checks run before their body is read (``engram_gateway.guard``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
 import logging
 import time
 from collections.abc import AsyncIterator
+from typing import Any
 
 from fastapi import FastAPI
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from engram_api.redaction import RedactingFilter
 from engram_api.settings import Settings, load_settings
 from engram_gateway.auth import check_bind
+from engram_gateway.guard import RequestGuard
 from engram_gateway.mcp_server import build_mcp, mcp_http_endpoint
 from engram_gateway.problems import BodyLimit, install_handlers
 from engram_gateway.routes import router
@@ -28,6 +34,7 @@ from engram_gateway.service import Gateway
 __all__ = ["create_app", "serve"]
 
 log = logging.getLogger("engram.gateway")
+access = logging.getLogger("engram.gateway.access")
 
 
 class _Counters:
@@ -44,7 +51,10 @@ class _Counters:
 
 
 class _Metrics:
-    """Pure ASGI (no BaseHTTPMiddleware: that one copies every request and response through a second task)."""
+    """Counts, times and logs every request: one access line (``engram.gateway.access``) naming the method,
+    the route template, the status, the time and the key's name; never the path (it holds user ids), a
+    query or a body. Pure ASGI (no BaseHTTPMiddleware: that one copies every request and response through
+    a second task)."""
 
     def __init__(self, app: ASGIApp, counters: _Counters) -> None:
         self.app = app
@@ -67,9 +77,14 @@ class _Metrics:
             await self.app(scope, receive, recording_send)
         finally:
             # The route template, not the path: user ids must not become label values.
-            route = getattr(scope.get("route"), "path", "unmatched")
+            # A plain (non-API) route matched, /mcp or the docs, has a fixed path: that is its template.
+            route = getattr(scope.get("route"), "path", None) or (scope["path"] if "endpoint" in scope else "unmatched")
+            seconds = time.perf_counter() - start
             self.counters.requests.labels(route, str(status)).inc()
-            self.counters.seconds.labels(route).observe(time.perf_counter() - start)
+            self.counters.seconds.labels(route).observe(seconds)
+            principal = scope.get("state", {}).get("principal")
+            key = principal.name if principal is not None else "-"
+            access.info("%s %s %d %.1f ms key=%s", scope["method"], route, status, seconds * 1e3, key)
 
 
 def create_app(gateway: Gateway) -> FastAPI:
@@ -100,7 +115,14 @@ def create_app(gateway: Gateway) -> FastAPI:
     install_handlers(app)
     app.include_router(router)
     app.add_route("/mcp", endpoint, methods=["GET", "POST", "DELETE"], include_in_schema=False)
-    app.add_middleware(BodyLimit, limit=gateway.settings.gateway_max_body_bytes)
+    settings = gateway.settings
+    app.add_middleware(BodyLimit, limit=settings.gateway_max_body_bytes)
+    app.add_middleware(
+        RequestGuard,
+        ring=gateway.ring,
+        trusted_hosts=settings.gateway_trusted_hosts,
+        public_docs=settings.gateway_public_docs,
+    )
     app.add_middleware(_Metrics, counters=counters)
     return app
 
@@ -114,4 +136,19 @@ def serve(settings: Settings | None = None, *, host: str | None = None, port: in
     host = host or settings.gateway_host
     check_bind(host, gateway.ring)
     app = create_app(gateway)
-    uvicorn.run(app, host=host, port=port or settings.gateway_port, log_level="info", access_log=False)
+    uvicorn.run(app, host=host, port=port or settings.gateway_port, log_config=_log_config(settings))
+
+
+def _log_config(settings: Settings) -> dict[str, Any]:
+    """uvicorn's logging, with the gateway's own lines (``engram.gateway``: warnings and the access line)
+    on the same handler, and every line redacted. uvicorn's access log stays off: it prints the path,
+    which holds user ids."""
+    from uvicorn.config import LOGGING_CONFIG
+
+    config = copy.deepcopy(LOGGING_CONFIG)
+    config["filters"] = {"redact": {"()": RedactingFilter, "secrets": settings.secrets}}
+    for handler in config["handlers"].values():
+        handler["filters"] = ["redact"]
+    config["loggers"]["uvicorn.access"] = {"handlers": [], "level": "WARNING", "propagate": False}
+    config["loggers"]["engram.gateway"] = {"handlers": ["default"], "level": "INFO", "propagate": False}
+    return config

@@ -7,7 +7,9 @@ Invariants:
 - The same keys and namespaces as the HTTP API. Over HTTP the key comes with every request
   (``Authorization: Bearer`` or ``X-API-Key``): a request without a valid key is refused with a 401
   problem before the MCP session sees it, and each tool call resolves its principal from that request's
-  headers. Over stdio the key is the process's ``ENGRAM_API_KEY``, checked once at start.
+  headers. Each request counts against its key's rate, and a new session against its key's session cap
+  (429 ``rate-limited`` beyond either). Over stdio the key is the process's ``ENGRAM_API_KEY``, checked once at start (refused when
+  no key is configured to check it against).
 - Tools go through ``Gateway`` like the routes, so validation, scopes, namespaces and back-pressure are
   the same; a refused call is an MCP tool error whose text starts with the error kind and names the
   field, and it changed nothing.
@@ -22,14 +24,18 @@ from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.server.streamable_http_manager import StreamableHTTPASGIApp
 from mcp.server.transport_security import TransportSecuritySettings
-from starlette.types import Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
-from engram_api.errors import EngramError, InvalidInputError
+from engram_api.errors import ConfigError, EngramError, InvalidInputError
 from engram_gateway.auth import AccessDeniedError, Principal
-from engram_gateway.problems import problem_response
+from engram_gateway.guard import principal_of
+from engram_gateway.problems import buffered, problem_response, rate_limited_response
+from engram_gateway.quotas import RateLimitedError
 from engram_gateway.service import Gateway
 
 __all__ = ["build_mcp", "mcp_http_endpoint", "run_stdio"]
+
+_SESSION_HEADER = b"mcp-session-id"
 
 _INSTRUCTIONS = (
     "Long-term memory of users. `remember` queues what a user said (extraction runs in the background, "
@@ -119,11 +125,16 @@ def build_mcp(gateway: Gateway, *, stdio_principal: Principal | None = None) -> 
 
 
 def mcp_http_endpoint(mcp: MCPServer, gateway: Gateway) -> Any:
-    """The streamable-HTTP ASGI endpoint, behind the key check."""
-    # Keys authenticate every request, so the SDK's Host/Origin allow-list (for unauthenticated local
-    # servers) would only refuse legitimate hosts such as a compose service name; in local mode keep it.
-    security = TransportSecuritySettings(enable_dns_rebinding_protection=False) if not gateway.ring.local_mode else None
-    mcp.streamable_http_app(streamable_http_path="/mcp", transport_security=security, json_response=True)
+    """The streamable-HTTP ASGI endpoint, behind the key check and the key's quotas."""
+    # The SDK's own Host/Origin allow-list is off: the app's RequestGuard applies the same rule to /v1 and
+    # /mcp alike (local mode only, with ENGRAM_GATEWAY_TRUSTED_HOSTS), and keys authenticate the rest.
+    security = TransportSecuritySettings(enable_dns_rebinding_protection=False)
+    mcp.streamable_http_app(
+        streamable_http_path="/mcp",
+        transport_security=security,
+        json_response=True,
+        session_idle_timeout=gateway.sessions.idle_s,  # the session ledger's idle timeout is the SDK's
+    )
     return _KeyedEndpoint(StreamableHTTPASGIApp(mcp.session_manager), gateway)
 
 
@@ -135,17 +146,49 @@ class _KeyedEndpoint:
         self.gateway = gateway
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+        headers = dict(scope.get("headers") or [])
+        session = headers.get(_SESSION_HEADER, b"").decode("latin-1") or None
         try:
-            self.gateway.ring.from_headers(headers.get("authorization"), headers.get("x-api-key"))
+            principal = principal_of(self.gateway.ring, scope.get("headers") or [])
+            self.gateway.rates.admit(principal.name)
+            if session is None and scope["method"] == "POST":  # an opening request
+                self.gateway.sessions.check_room(principal.name)
         except AccessDeniedError as exc:
             await problem_response(401, "unauthorized", "Unauthorized", str(exc))(scope, receive, send)
             return
-        await self.inner(scope, receive, send)
+        except RateLimitedError as exc:
+            await rate_limited_response(exc)(scope, receive, send)
+            return
+        scope.setdefault("state", {})["principal"] = principal  # for the access log line (the key's name)
+        key, sessions = principal.name, self.gateway.sessions
+        if session is not None:
+            sessions.touched(key, session)
+
+        async def recording_send(message: Message) -> None:
+            if message["type"] == "http.response.start" and session is None and message["status"] < 400:
+                opened = dict(message.get("headers") or []).get(_SESSION_HEADER)
+                if opened:
+                    sessions.opened(key, opened.decode("latin-1"))
+            await send(message)
+
+        # The key is good: read the body now, so that one past the limit reaches BodyLimit (413) instead
+        # of the SDK, which would answer a reading error with a 500.
+        await self.inner(scope, await buffered(receive), recording_send)
+        if session is not None and scope["method"] == "DELETE":
+            sessions.closed(key, session)
 
 
 def run_stdio(gateway: Gateway) -> None:
-    """Serve MCP over stdin/stdout as the principal of ``ENGRAM_API_KEY`` (any key in local mode)."""
+    """Serve MCP over stdin/stdout as the principal of ``ENGRAM_API_KEY``; with no key configured, as the
+    local caller, and then only if ``ENGRAM_API_KEY`` is unset too: a key that scopes nothing is refused
+    rather than silently ignored (the session would reach every user)."""
+    if gateway.ring.local_mode and gateway.settings.api_key:
+        raise ConfigError(
+            "ENGRAM_API_KEY",
+            "is set but ENGRAM_API_KEYS configures no key, so it would scope nothing and the session would "
+            "reach every user: add the key's entry (`engram keys new`) to ENGRAM_API_KEYS, or unset "
+            "ENGRAM_API_KEY to run as the local caller",
+        )
     principal = gateway.ring.principal(gateway.settings.api_key)
     mcp = build_mcp(gateway, stdio_principal=principal)
     try:

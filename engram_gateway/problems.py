@@ -3,10 +3,12 @@
 Invariants:
 - The library's typed errors map one to one: ``InvalidInputError`` 400 (``field`` named), ``NotFoundError``
   404, a duplicate message id 409 (with the original receipt), ``BackPressureError`` 429 and
-  ``StoreUnavailableError`` 503 (both with ``Retry-After``), a missing/unknown key 401, a key without the
+  ``StoreUnavailableError`` 503 (both with ``Retry-After``), a key over its quota 429 (``rate-limited``,
+  with ``Retry-After``), a missing/unknown key 401, a key without the
   scope or namespace 403, a body over ``ENGRAM_GATEWAY_MAX_BODY_BYTES`` 413.
 - Request-model validation errors (wrong types, unknown fields) are 400 too, naming the first bad field
-  the way the library does (``items[3].messages``), so clients handle one shape.
+  the way the library does (``items[3].messages``), so clients handle one shape; only the first is
+  reported (the models' bounds keep the list pydantic builds short).
 - Handlers only format: every check ran before anything was written, so an error response means nothing
   changed.
 """
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Sequence
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -33,8 +36,17 @@ from engram_api.errors import (
 )
 from engram_api.models import Receipt
 from engram_gateway.auth import AccessDeniedError
+from engram_gateway.quotas import RateLimitedError
 
-__all__ = ["BodyLimit", "DuplicateMessageError", "Problem", "install_handlers", "problem_response"]
+__all__ = [
+    "BodyLimit",
+    "DuplicateMessageError",
+    "Problem",
+    "buffered",
+    "install_handlers",
+    "problem_response",
+    "rate_limited_response",
+]
 
 log = logging.getLogger("engram.gateway")
 STORE_RETRY_AFTER_S = 5
@@ -68,6 +80,17 @@ def problem_response(
     )
 
 
+# How pydantic tags the branch of a union (or a wrapped validator) in an error location.
+_BRANCH_TAGS = ("function-", "union[", "str", "constrained-", "list[", "json-or-python")
+_UNION_BRANCHES = 8  # errors looked at for the deepest branch: the request models' unions have two
+
+
+def rate_limited_response(exc: RateLimitedError) -> JSONResponse:
+    return problem_response(
+        429, "rate-limited", "Key over its quota", str(exc), headers={"Retry-After": exc.retry_after}
+    )
+
+
 def _loc(loc: tuple[Any, ...]) -> str:
     """('body', 'items', 3, 'messages') -> 'items[3].messages' (the library's way of naming a field)."""
     parts = [p for p in loc if p not in ("body", "query", "path", "header")]
@@ -75,17 +98,35 @@ def _loc(loc: tuple[Any, ...]) -> str:
     for part in parts:
         if isinstance(part, int):
             out += f"[{part}]"
-        elif not str(part).startswith(("function-", "union[", "str", "list[", "json-or-python")):
+        elif not str(part).startswith(_BRANCH_TAGS):
             out += f".{part}" if out else str(part)
     return out or "body"
+
+
+def _first_error(errors: Sequence[Any]) -> Any:
+    """The first field that failed. A union (``messages``: string or list of turns) fails once per branch, on
+    consecutive errors of the same field: the deepest of those is the branch the input was meant for (a list
+    with a bad role), the others only say "not a string"."""
+    first = errors[0]
+    field = _field_part(tuple(first.get("loc", ())))
+    same = [e for e in errors[:_UNION_BRANCHES] if _field_part(tuple(e.get("loc", ()))) == field]
+    # Deepest first; at equal depth, a branch that took the input's type (a list too long) over one that
+    # did not (not a string).
+    return max(same, key=lambda e: (len(e.get("loc", ())), not str(e.get("type", "")).endswith("_type")))
+
+
+def _field_part(loc: tuple[Any, ...]) -> tuple[Any, ...]:
+    """The location up to the first union branch tag: what names the field, whichever branch failed."""
+    for i, part in enumerate(loc):
+        if isinstance(part, str) and part.startswith(_BRANCH_TAGS):
+            return loc[:i]
+    return loc
 
 
 def install_handlers(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
-        # A union (``messages``: string or list of turns) fails once per branch: the deepest error is the
-        # branch the input was meant for (a list with a bad role), the others only say "not a string".
-        err = max(exc.errors(), key=lambda e: len(e.get("loc", ())))
+        err = _first_error(exc.errors())
         field = _loc(tuple(err.get("loc", ())))
         kind = "unknown-field" if err.get("type") == "extra_forbidden" else "invalid-input"
         return problem_response(400, kind, "Invalid input", f"invalid {field}: {err.get('msg')}", field=field)
@@ -123,6 +164,10 @@ def install_handlers(app: FastAPI) -> None:
     async def _back_pressure(_: Request, exc: BackPressureError) -> JSONResponse:
         retry = str(max(1, math.ceil(exc.retry_after_s)))
         return problem_response(429, "back-pressure", "Too many queued", str(exc), headers={"Retry-After": retry})
+
+    @app.exception_handler(RateLimitedError)
+    async def _rate_limited(_: Request, exc: RateLimitedError) -> JSONResponse:
+        return rate_limited_response(exc)
 
     @app.exception_handler(StoreUnavailableError)
     async def _unavailable(_: Request, exc: StoreUnavailableError) -> JSONResponse:
@@ -194,3 +239,24 @@ class BodyLimit:
             413, "too-large", "Request body too large", f"request bodies are limited to {self.limit} bytes"
         )
         await response(scope, receive, send)
+
+
+async def buffered(receive: Receive) -> Receive:
+    """Read the whole request body now (under ``BodyLimit``: ``BodyTooLarge`` past the limit) and return a
+    ``receive`` that hands it over in one message, then passes through (``http.disconnect``)."""
+    chunks: list[bytes] = []
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            first: Message = message
+            break
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            first = {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+            break
+    pending = [first]
+
+    async def replay() -> Message:
+        return pending.pop() if pending else await receive()
+
+    return replay

@@ -4,9 +4,13 @@ Invariants:
 - Request bodies are pydantic models with ``extra="forbid"`` and strict scalars: an unknown field or a
   wrong type is a 400 naming it, before anything runs. Responses are the library's own models, so the
   OpenAPI schema is generated from the same contracts the Python API returns.
+- Every list and mapping of a request model has a bound and a list stops at its first bad item, so a
+  body fails validation after a bounded amount of work, whatever it holds (the body limit bounds strings).
 - Routes are ``def`` (not ``async``): the library is synchronous and FastAPI runs them in its thread pool.
 - Scopes: ``write`` enqueues, gives feedback and forgets; ``read`` reads; ``operator`` handles dead
-  letters and metrics. ``/v1/health`` needs no key and says only what is up.
+  letters and metrics. Each route names its scope in its signature (``who: Reader``...), and
+  ``GuardedRoute`` checks key and scope before the body is read. ``/v1/health`` needs no key and says
+  only what is up.
 """
 
 from __future__ import annotations
@@ -14,12 +18,17 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Depends, Header, Query, Request
+from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import JSONResponse, Response
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, StringConstraints
 
 from engram_api.models import (
     HISTORY_LIMIT,
+    MAX_BATCH_CAP,
+    MAX_TURNS_CAP,
+    META_KEY_CHARS,
+    META_KEYS,
+    META_VALUE_CHARS,
     ChatMessage,
     DeadLetter,
     FactRecord,
@@ -30,13 +39,19 @@ from engram_api.models import (
     SearchResult,
     UserStats,
 )
-from engram_gateway.auth import Principal
+from engram_gateway.guard import GuardedRoute, Operator, Reader, Writer
 from engram_gateway.problems import DuplicateMessageError, Problem
 from engram_gateway.service import Gateway
 
 __all__ = ["router"]
 
-MetaValue = StrictStr | StrictBool | StrictInt | StrictFloat
+MetaKey = Annotated[StrictStr, StringConstraints(min_length=1, max_length=META_KEY_CHARS)]
+MetaValue = Annotated[StrictStr, StringConstraints(max_length=META_VALUE_CHARS)] | StrictBool | StrictInt | StrictFloat
+Metadata = Annotated[dict[MetaKey, MetaValue], Field(max_length=META_KEYS)]
+Turns = Annotated[list[ChatMessage], Field(max_length=MAX_TURNS_CAP, fail_fast=True)]
+MemoryIds = Annotated[
+    list[Annotated[StrictStr, StringConstraints(max_length=128)]], Field(max_length=1_000, fail_fast=True)
+]
 
 
 class _Body(BaseModel):
@@ -45,14 +60,14 @@ class _Body(BaseModel):
 
 class EnqueueRequest(_Body):
     user_id: StrictStr = Field(description="'<namespace>.<user>' of the key's namespace")
-    messages: StrictStr | list[ChatMessage] = Field(description="a string, or chat turns {role, content}")
+    messages: StrictStr | Turns = Field(description="a string, or chat turns {role, content}")
     message_id: StrictStr | None = Field(None, description="your id: enqueueing it again is a no-op (409)")
     timestamp: datetime | None = Field(None, description="when it was said, ISO 8601 with a zone")
-    metadata: dict[StrictStr, MetaValue] | None = None
+    metadata: Metadata | None = None
 
 
 class EnqueueManyRequest(_Body):
-    items: list[EnqueueRequest]
+    items: list[EnqueueRequest] = Field(max_length=MAX_BATCH_CAP, fail_fast=True)
 
 
 class ReceiptList(BaseModel):
@@ -93,7 +108,7 @@ class ContextResponse(BaseModel):
 
 class FeedbackRequest(_Body):
     recall_id: StrictStr
-    useful_ids: list[StrictStr]
+    useful_ids: MemoryIds
 
 
 class FeedbackResponse(BaseModel):
@@ -114,21 +129,12 @@ async def gateway(request: Request) -> Gateway:
     return request.app.state.gateway  # type: ignore[no-any-return]
 
 
-async def principal(
-    request: Request,
-    authorization: Annotated[str | None, Header(include_in_schema=False)] = None,
-    x_api_key: Annotated[str | None, Header(include_in_schema=False)] = None,
-) -> Principal:
-    return (await gateway(request)).ring.from_headers(authorization, x_api_key)
-
-
 Gw = Annotated[Gateway, Depends(gateway)]
-Who = Annotated[Principal, Depends(principal)]
 _ERRORS: dict[int | str, dict[str, Any]] = {
     code: {"model": Problem, "content": {"application/problem+json": {}}} for code in (400, 401, 403, 413, 503)
 }
 
-router = APIRouter(prefix="/v1", responses=_ERRORS)
+router = APIRouter(prefix="/v1", responses=_ERRORS, route_class=GuardedRoute)
 
 
 # ------------------------------------------------------------------------------------------ write side
@@ -139,7 +145,7 @@ router = APIRouter(prefix="/v1", responses=_ERRORS)
     responses={409: {"model": Problem}, 429: {"model": Problem}},
     summary="Enqueue one message (returns at once; extraction runs in the workers)",
 )
-def enqueue(body: EnqueueRequest, gw: Gw, who: Who) -> Receipt:
+def enqueue(body: EnqueueRequest, gw: Gw, who: Writer) -> Receipt:
     receipt = gw.enqueue(
         who, body.user_id, body.messages, message_id=body.message_id, timestamp=body.timestamp, metadata=body.metadata
     )
@@ -155,37 +161,37 @@ def enqueue(body: EnqueueRequest, gw: Gw, who: Who) -> Receipt:
     responses={429: {"model": Problem}},
     summary="Enqueue many messages: all validated before any is queued; known ids come back duplicate=true",
 )
-def enqueue_many(body: EnqueueManyRequest, gw: Gw, who: Who) -> ReceiptList:
+def enqueue_many(body: EnqueueManyRequest, gw: Gw, who: Writer) -> ReceiptList:
     items = [item.model_dump(exclude_none=True) for item in body.items]
     return ReceiptList(receipts=gw.enqueue_many(who, items))
 
 
 @router.get("/users/{user_id}/messages/{message_id}", response_model=MessageStatus, responses={404: {"model": Problem}})
-def message_status(user_id: str, message_id: str, gw: Gw, who: Who) -> dict[str, str]:
+def message_status(user_id: str, message_id: str, gw: Gw, who: Reader) -> dict[str, str]:
     return gw.status(who, user_id, message_id)
 
 
 @router.post("/users/{user_id}/feedback", response_model=FeedbackResponse)
-def feedback(user_id: str, body: FeedbackRequest, gw: Gw, who: Who) -> FeedbackResponse:
+def feedback(user_id: str, body: FeedbackRequest, gw: Gw, who: Writer) -> FeedbackResponse:
     reader, uid = gw.reader_for(who, user_id, "write")
     return FeedbackResponse(rows=reader.feedback(uid, body.recall_id, body.useful_ids))
 
 
 @router.delete("/users/{user_id}/memories/{memory_id}", response_model=ForgetResult)
-def forget(user_id: str, memory_id: str, gw: Gw, who: Who) -> ForgetResult:
+def forget(user_id: str, memory_id: str, gw: Gw, who: Writer) -> ForgetResult:
     reader, uid = gw.reader_for(who, user_id, "write")
     return reader.forget(uid, memory_id)  # type: ignore[no-any-return]
 
 
 @router.delete("/users/{user_id}", response_model=ForgetResult, summary="Forget everything of one user")
-def forget_user(user_id: str, gw: Gw, who: Who) -> ForgetResult:
+def forget_user(user_id: str, gw: Gw, who: Writer) -> ForgetResult:
     reader, uid = gw.reader_for(who, user_id, "write")
     return reader.forget_user(uid)  # type: ignore[no-any-return]
 
 
 # ------------------------------------------------------------------------------------------- read side
 @router.post("/users/{user_id}/recall", response_model=RecallResult)
-def recall(user_id: str, body: RecallRequest, gw: Gw, who: Who) -> RecallResult:
+def recall(user_id: str, body: RecallRequest, gw: Gw, who: Reader) -> RecallResult:
     reader, uid = gw.reader_for(who, user_id)
     return reader.recall(  # type: ignore[no-any-return]
         uid,
@@ -199,13 +205,13 @@ def recall(user_id: str, body: RecallRequest, gw: Gw, who: Who) -> RecallResult:
 
 
 @router.post("/users/{user_id}/search", response_model=SearchResult)
-def search(user_id: str, body: SearchRequest, gw: Gw, who: Who) -> SearchResult:
+def search(user_id: str, body: SearchRequest, gw: Gw, who: Reader) -> SearchResult:
     reader, uid = gw.reader_for(who, user_id)
     return reader.search(uid, body.query, body.k, body.detail_level)  # type: ignore[no-any-return]
 
 
 @router.post("/users/{user_id}/context", response_model=ContextResponse)
-def context(user_id: str, body: ContextRequest, gw: Gw, who: Who) -> ContextResponse:
+def context(user_id: str, body: ContextRequest, gw: Gw, who: Reader) -> ContextResponse:
     reader, uid = gw.reader_for(who, user_id)
     return ContextResponse(user_id=uid, context=reader.get_context(uid, body.query, body.max_tokens))
 
@@ -214,7 +220,7 @@ def context(user_id: str, body: ContextRequest, gw: Gw, who: Who) -> ContextResp
 def history(
     user_id: str,
     gw: Gw,
-    who: Who,
+    who: Reader,
     subject: Annotated[str, Query()],
     predicate: Annotated[str | None, Query()] = None,
     limit: Annotated[int, Query()] = HISTORY_LIMIT,
@@ -225,39 +231,38 @@ def history(
 
 @router.get("/users/{user_id}/graph", response_model=GraphPage)
 def graph(
-    user_id: str, gw: Gw, who: Who, page: Annotated[int, Query()] = 1, page_size: Annotated[int, Query()] = 50
+    user_id: str, gw: Gw, who: Reader, page: Annotated[int, Query()] = 1, page_size: Annotated[int, Query()] = 50
 ) -> GraphPage:
     reader, uid = gw.reader_for(who, user_id)
     return reader.get_graph(uid, page, page_size)  # type: ignore[no-any-return]
 
 
 @router.get("/users/{user_id}/stats", response_model=UserStats)
-def stats(user_id: str, gw: Gw, who: Who) -> UserStats:
+def stats(user_id: str, gw: Gw, who: Reader) -> UserStats:
     reader, uid = gw.reader_for(who, user_id)
     return reader.stats(uid)  # type: ignore[no-any-return]
 
 
 # ---------------------------------------------------------------------------------------- operators
 @router.get("/dead-letters", response_model=list[DeadLetter], summary="Dead letters of the key's namespace")
-def dead_letters(gw: Gw, who: Who, user_id: Annotated[str | None, Query()] = None) -> list[DeadLetter]:
+def dead_letters(gw: Gw, who: Operator, user_id: Annotated[str | None, Query()] = None) -> list[DeadLetter]:
     return gw.dead_letters(who, user_id)
 
 
 @router.post("/dead-letters/{user_id}/{message_id}/replay", status_code=202, response_model=Receipt)
-def replay(user_id: str, message_id: str, gw: Gw, who: Who) -> Receipt:
+def replay(user_id: str, message_id: str, gw: Gw, who: Operator) -> Receipt:
     return gw.replay(who, user_id, message_id)
 
 
 @router.delete("/dead-letters/{user_id}/{message_id}", response_model=Dropped, responses={404: {"model": Problem}})
-def drop(user_id: str, message_id: str, gw: Gw, who: Who) -> Dropped:
+def drop(user_id: str, message_id: str, gw: Gw, who: Operator) -> Dropped:
     return Dropped(dropped=gw.drop(who, user_id, message_id))
 
 
 @router.get("/metrics", response_class=Response, summary="Prometheus metrics of this gateway (operator)")
-def metrics(request: Request, who: Who) -> Response:
+def metrics(request: Request, who: Operator) -> Response:
     from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-    who.require("operator")
     return Response(generate_latest(request.app.state.registry), media_type=CONTENT_TYPE_LATEST)
 
 

@@ -6,6 +6,7 @@ Invariants:
   (``MemoryClient.enqueue`` is one Redis round trip; reads go to the reader).
 - Every user id passes ``Principal.user`` (syntax, then namespace) before the library sees it, and every
   check runs before anything is written, so a refused request changed nothing.
+- Per-key quotas (``engram_gateway.quotas``): a request rate and a cap on open MCP sessions, per key.
 - Back-pressure: when the extract queue is longer than ``ENGRAM_GATEWAY_MAX_QUEUE_DEPTH`` an enqueue is
   refused with ``BackPressureError`` (429) instead of growing a ``noeviction`` Redis without bound. The
   depth is read at most every ``_DEPTH_TTL_S`` so the check costs no round trip per request.
@@ -26,6 +27,7 @@ from engram_api.errors import BackPressureError, NotFoundError, StoreUnavailable
 from engram_api.models import ChatMessage, Receipt, check_message_id
 from engram_api.settings import Settings
 from engram_gateway.auth import KeyRing, Principal
+from engram_gateway.quotas import KeyRates, SessionLedger
 
 __all__ = ["Gateway"]
 
@@ -37,6 +39,8 @@ class Gateway:
         self.settings = settings
         self.client = client or MemoryClient(settings=settings)
         self.ring = KeyRing(settings.api_keys)
+        self.rates = KeyRates(settings.gateway_key_rate, settings.gateway_key_burst)
+        self.sessions = SessionLedger(settings.gateway_key_mcp_sessions, settings.gateway_mcp_session_idle_s)
         self._depth = (0.0, 0)
         self._depth_lock = threading.Lock()
 

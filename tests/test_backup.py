@@ -127,6 +127,42 @@ def test_import_refuses_bad_files_and_a_user_with_other_messages_and_changes_not
     assert err.value.field == "user_id" and "forget-user" in err.value.problem
 
 
+def test_import_validates_the_header_and_never_sets_other_weights(stack):
+    """Issue 44, finding 6: the file is untrusted. Its user id obeys the rules of every user id, and the
+    weights it carries are refused unless they are its own user's: another user's and the global learned
+    weights stay as they were."""
+    client, user, victim = stack.client, f"b_{uuid.uuid4().hex[:10]}", f"v_{uuid.uuid4().hex[:10]}"
+    remember(client, user)
+    remember(client, victim)  # the victim has learned weights of its own
+    exported = list(client.export_memory(user))
+    client.forget_user(user)
+    header = json.loads(exported[0])
+    assert header["weights"]["scope"] == user, "premise: the export carries the user's weights"
+    victim_weights, global_weights = client.graph.load_weights(victim), client.graph.load_weights("global")
+
+    def with_header(**changes: object) -> list[str]:
+        return [json.dumps({**header, **changes}), *exported[1:]]
+
+    cases = [
+        (with_header(user_id="beta.dave:x"), "line 1.user_id"),
+        (with_header(user_id="../../etc"), "line 1.user_id"),
+        (with_header(user_id="global"), "line 1.user_id"),
+        (with_header(weights={**header["weights"], "scope": victim}), "line 1.weights"),
+        (with_header(weights={**header["weights"], "scope": "global"}), "line 1.weights"),
+    ]
+    for lines, field in cases:
+        with pytest.raises(InvalidInputError) as err:
+            client.import_memory(lines)
+        assert err.value.field == field, (field, err.value)
+        assert client.stats(user).episodes == 0
+    assert client.graph.load_weights(victim) == victim_weights
+    assert client.graph.load_weights("global") == global_weights
+    # The file as exported still imports, with its own user's weights.
+    client.import_memory(exported)
+    assert client.graph.load_weights(user).scope == user
+    assert client.graph.load_weights(victim) == victim_weights
+
+
 def test_engram_import_restores_an_engram_export(stack, tmp_path: Path):
     client, user = stack.client, f"b_{uuid.uuid4().hex[:10]}"
     remember(client, user)

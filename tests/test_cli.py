@@ -315,6 +315,25 @@ def test_health_pings_a_configured_llm(stack: Stack) -> None:
         assert sick.exit_code == 1
         assert json.loads(sick.stdout)["checks"]["llm"]["ok"] is False
 
+        # Issue 44, finding 9: a provider that echoes the configured key (of no known shape) in its error.
+        key = "standin-key-Zq8vN2rT5wX1yB4c"
+        llm.script(lambda request: Reply.error(401, f"Incorrect API key provided: {key}. Find your key at ..."))
+        for args in (["health", "--json"], ["health"]):
+            echoed = invoke(args, {**env, "LLM_API_KEY": key})
+            assert echoed.exit_code == 1 and key not in echoed.output and "***" in echoed.output, echoed.output
+
+
+def test_config_errors_never_echo_a_password() -> None:
+    """Issue 44, finding 9: a malformed URL is quoted with its user and password masked, a secret not at all."""
+    for name, value, shown in (
+        ("REDIS_URL", "redis:/default:hunter2-pw@cache:6379/0", "***@cache:6379/0"),
+        ("NEO4J_URI", "http://neo4j:hunter2-pw@graph:7474", "http://***@graph:7474"),
+        ("ENGRAM_FLOWER_PASSWORD", "change-me", "(value not shown)"),
+    ):
+        done = engram(["stats", "x"], clean_env(**{name: value}))
+        assert done.returncode == 2 and done.stderr.startswith(f"error: {name}: "), done.stderr
+        assert shown in done.stderr and value.split("@")[0] not in done.stderr, done.stderr
+
 
 def test_recall_through_the_console_script_shows_supersession(moved_user: str, env: dict[str, str]) -> None:
     done = engram(["recall", moved_user, "where does the user live?", "--json"], env)

@@ -151,7 +151,7 @@ def test_every_endpoint(fleet: tuple[Stack, GatewayProcess, dict], http: httpx.C
         and 'engram_gateway_requests_total{route="/v1/users/{user_id}/recall"' in metrics.text
     )
     assert uid not in metrics.text  # route templates, never user ids
-    schema = http.get("/openapi.json").json()
+    schema = http.get("/openapi.json", headers=a).json()
     assert {"/v1/messages", "/v1/users/{user_id}/recall", "/v1/dead-letters"} <= set(schema["paths"])
     assert "RecallResult" in schema["components"]["schemas"]
 
@@ -193,7 +193,9 @@ def _bad_requests(secrets: dict[str, str], uid: str) -> list[tuple[str, str, dic
         ("POST", "/v1/messages", {"json": {**ok, "timestamp": "2024-05-01T10:00:00"}}, 400, "timestamp"),
         ("POST", "/v1/messages", {"json": {**ok, "messages": "   "}}, 400, "messages"),
         ("POST", "/v1/messages", {"json": {**ok, "metadata": {"k": [1]}}}, 400, "metadata.k"),
-        ("POST", "/v1/messages", {"content": b"not json", "headers": {"content-type": "application/json"}}, 400, None),
+        ("POST", "/v1/messages", {"content": b"not json", "headers": {**a, "content-type": "application/json"}}, 400, None),
+        # The key is checked before the body is read: no key, nothing parsed.
+        ("POST", "/v1/messages", {"content": b"not json", "headers": {"content-type": "application/json"}}, 401, None),
         ("POST", "/v1/messages/batch", {"json": {"items": [ok, {**ok, "messages": ""}]}}, 400, "items[1].messages"),
         ("POST", "/v1/messages/batch", {"json": {"items": [ok, {**ok, "user_id": "appB.x"}]}}, 403, "items[1].user_id"),
         ("POST", f"/v1/users/{uid}/recall", {"json": {"query": "x", "k": "5"}}, 400, "k"),

@@ -171,3 +171,16 @@ def test_stdio_with_a_wrong_key_does_not_start(fleet: tuple[Stack, GatewayProces
         env=env, cwd=REPO_ROOT, input="", capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert done.returncode == 2 and "unknown API key" in done.stderr
+
+
+def test_stdio_key_that_scopes_nothing_is_refused(fleet: tuple[Stack, GatewayProcess, dict]) -> None:
+    """Issue 44, finding 11: ENGRAM_API_KEY without ENGRAM_API_KEYS used to run unscoped (every user)."""
+    import subprocess
+
+    env = {**fleet[1].process.env, "ENGRAM_API_KEY": fleet[2]["a_read"], "ENGRAM_API_KEYS": "[]"}
+    done = subprocess.run(
+        [sys.executable, "-m", "engram_workers.cli", "serve", "--mcp-stdio"],
+        env=env, cwd=REPO_ROOT, input="", capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.startswith("error: ENGRAM_API_KEY: is set but ENGRAM_API_KEYS configures no key"), done.stderr

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import re
+import time
 from datetime import timedelta
 from pathlib import Path
 
@@ -20,7 +21,7 @@ from engram_api import keys
 from engram_api.errors import BackPressureError, ConfigError, InvalidInputError, StoreUnavailableError
 from engram_api.models import Extraction, utcnow
 from engram_api.naming import normalize_name
-from engram_api.redaction import RedactingFilter
+from engram_api.redaction import RedactingFilter, redact
 from engram_api.settings import EXAMPLE_PASSWORDS, Settings, load_settings
 from engram_api.storage import GraphStepQuery, neo4j_connection, open_graph_store
 from engram_api.storage import neo4j_cypher as cy
@@ -263,3 +264,18 @@ def test_log_lines_are_redacted(caplog) -> None:
     for secret in ("pw-in-url-123", "sk-abcdefghijklmnopqrstuv", "configured-secret-value"):
         assert secret not in text
     assert text.count("***") == 3
+
+
+def test_redaction_is_linear_on_hostile_text() -> None:
+    """Issue 44, finding 7: long runs of URL-scheme characters made the URL pattern rescan the run from every
+    position (20,000 characters: seconds of a held GIL). The answer must still be exact."""
+    runs = ["a" * 5000, "sk-" * 1500, "ab.c-d+e" * 500, "x://u:" + "y" * 3500, "token" + " " * 2000]
+    credentials = "redis://default:pw-in-url-123@redis:6379/0 Bearer abcdefgh12345678 sk-abcdefghijklmnop"
+    text = " ".join([*runs, credentials])
+    assert 19_000 < len(text) <= 20_000
+    start = time.perf_counter()
+    cleaned = redact(text, ["configured-secret"])
+    print(f"\nredact of {len(text):,} hostile characters: {time.perf_counter() - start:.4f} s")
+    # The run of "sk-" is one key shape (masked whole); the "://" run without an '@' keeps its text.
+    kept = ["a" * 5000, "***", "ab.c-d+e" * 500, "x://u:" + "y" * 3500, "token" + " " * 2000]
+    assert cleaned == " ".join([*kept, "redis://default:***@redis:6379/0 Bearer *** ***"])

@@ -3,7 +3,7 @@
 Every command module imports only click at import time; Celery, torch, litellm and the stores are
 imported inside the commands that need them, so ``engram --help`` answers at once.
 
-Errors end as one line on stderr (``error: ...``): exit code 2 for bad input or configuration (and any
+Errors end as one line on stderr (``error: ...``), credentials redacted: exit code 2 for bad input or configuration (and any
 other ``EngramError``), 1 for anything unexpected. ``ENGRAM_DEBUG=1`` shows the traceback instead.
 """
 
@@ -26,15 +26,17 @@ def _is_engram_error(exc: BaseException) -> bool:
     return errors is not None and isinstance(exc, errors.EngramError)
 
 
-def _debug() -> bool:
-    """ENGRAM_DEBUG, through Settings; settings too broken to load cannot ask for a traceback."""
+def _debug_and_secrets() -> tuple[bool, tuple[str, ...]]:
+    """ENGRAM_DEBUG and the configured secrets, through Settings; settings too broken to load cannot ask
+    for a traceback (and their error already hides what it must)."""
     from engram_api.errors import ConfigError
     from engram_api.settings import load_settings
 
     try:
-        return load_settings().debug
+        current = load_settings()
     except ConfigError:
-        return False
+        return False, ()
+    return current.debug, current.secrets
 
 
 class EngramGroup(click.Group):
@@ -56,10 +58,14 @@ class EngramGroup(click.Group):
             click.echo(f"error: {exc.format_message()}{hint}", err=True)
             sys.exit(exc.exit_code)
         except Exception as exc:
-            if _debug():
+            debug, secrets = _debug_and_secrets()
+            if debug:
                 raise
+            from engram_api.redaction import redact
+
             # One line, always: a driver's message may span several (Neo4j's "Couldn't connect ...:\n...").
-            message = " ".join(str(exc).split())
+            # Redacted: a driver or provider error may quote a URL with its password, or a key.
+            message = redact(" ".join(str(exc).split()), secrets)
             if _is_engram_error(exc):
                 click.echo(f"error: {message}", err=True)
                 sys.exit(2)

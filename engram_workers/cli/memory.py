@@ -259,7 +259,7 @@ def _llm_check(client: MemoryClient) -> CheckResult:
         )
         return f"{client.settings.llm_model}: {answer.usage.prompt_tokens + answer.usage.completion_tokens} tokens"
 
-    return timed(ping)
+    return timed(ping, client.settings.secrets)
 
 
 @click.command(short_help="Check every dependency (exit 1 when unhealthy).")

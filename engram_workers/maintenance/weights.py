@@ -36,6 +36,7 @@ __all__ = [
     "effective_weights",
     "fit_logistic",
     "learn_weights",
+    "tenant_of",
 ]
 
 # Newest rows per scope: recent behaviour is what the weights should follow, and it bounds the fit.
@@ -78,8 +79,9 @@ def learn_weights(
     configured = Weights.from_settings(settings)
     report = WeightsReport(configured=configured)
     # The global fit moves every user's ranking, so no tenant may dominate it: each user contributes
-    # at most ``weights_rows_per_user`` of their newest rows (gathered from the per-user reads below).
-    pooled: list[FeedbackRow] = []
+    # at most ``weights_rows_per_user`` of their newest rows (gathered from the per-user reads below), and
+    # each tenant at most ``weights_rows_per_tenant``, however many user ids it spreads its feedback over.
+    pooled: dict[str, list[FeedbackRow]] = {}
     for user_id in target_users(graph, user_ids):
         if user_id == GLOBAL_SCOPE:
             # User ids and "global" share LearnedWeights.scope: this user's fit would replace everyone's.
@@ -87,7 +89,7 @@ def learn_weights(
             continue
         with isolate("weights", user_id, report.failed):
             rows = graph.feedback(user_id, MAX_ROWS)
-            pooled.extend(rows[: settings.weights_rows_per_user])
+            pooled.setdefault(tenant_of(user_id), []).extend(rows[: settings.weights_rows_per_user])
             outcome, fitted = _learn_scope(user_id, rows, configured, settings)
             if fitted is not None:
                 with guard(user_id):
@@ -97,12 +99,22 @@ def learn_weights(
         return report
     # The global row is no user's data, so there is no user lock to take: apply never writes weights.
     with isolate("weights", GLOBAL_SCOPE, report.failed):
-        newest_first = sorted(pooled, key=lambda r: r.created_at, reverse=True)[:MAX_ROWS]
+        shares = [_newest(rows, settings.weights_rows_per_tenant) for rows in pooled.values()]
+        newest_first = _newest([row for share in shares for row in share], MAX_ROWS)
         outcome, fitted = _learn_scope(GLOBAL_SCOPE, newest_first, configured, settings)
         if fitted is not None:
             graph.save_weights(fitted)
         _record(report, outcome)
     return report
+
+
+def tenant_of(user_id: str) -> str:
+    """The namespace a gateway key binds (``shop`` of ``shop.alice``); a user id without a '.' is its own."""
+    return user_id.split(".", 1)[0]
+
+
+def _newest(rows: Sequence[FeedbackRow], limit: int) -> list[FeedbackRow]:
+    return sorted(rows, key=lambda r: r.created_at, reverse=True)[:limit]
 
 
 def _record(report: WeightsReport, outcome: ScopeOutcome) -> None:

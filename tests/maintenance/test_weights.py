@@ -3,6 +3,8 @@ too little feedback keeps the configured weights and says so."""
 
 from __future__ import annotations
 
+import uuid
+
 import numpy as np
 import pytest
 
@@ -10,7 +12,7 @@ from engram_api.models import FeedbackRow
 from engram_api.settings import Settings
 from engram_api.storage.base import GraphStore
 from engram_workers.maintenance import Weights, effective_weights, learn_weights
-from engram_workers.maintenance.weights import GLOBAL_SCOPE, auc
+from engram_workers.maintenance.weights import GLOBAL_SCOPE, auc, tenant_of
 
 from .builders import GuardSpy, UserGraph, new_user
 
@@ -165,6 +167,28 @@ def test_one_tenant_contributes_at_most_its_share_to_the_global_fit(
     [global_outcome] = [s for s in report.scopes if s.scope == GLOBAL_SCOPE]
     assert global_outcome.samples == 40 + 24 + 24
     assert Settings().weights_rows_per_user == 500
+
+
+@pytest.mark.parametrize("backend", ["sqlite"])
+def test_a_tenant_spreading_feedback_over_many_user_ids_contributes_at_most_its_cap(
+    backend: str, store: GraphStore, graph: GraphStore, guard: GuardSpy
+) -> None:
+    """Issue 44, finding 12: the per-user cap alone let one tenant (one key's namespace) steer the global
+    weights by spreading its feedback over many user ids."""
+    settings = SETTINGS.model_copy(update={"weights_rows_per_user": 40, "weights_rows_per_tenant": 60})
+    tenant = f"t{uuid.uuid4().hex[:8]}"
+    flooders, quiet = [f"{tenant}.{new_user()}" for _ in range(5)], [new_user(), new_user()]
+    for seed, user in enumerate([*flooders, *quiet]):
+        UserGraph(store, user).say([("Alex", "PLAYS", "chess", "Alex plays chess")])
+        count = 50 if user in flooders else 3  # 5 x 400 rows (5 x 40 after the per-user cap) against 24 + 24
+        store.add_feedback(_rows(user, _recalls(seed=30 + seed, count=count), f"t{seed}"))
+
+    report = learn_weights(graph=graph, settings=settings, guard=guard)
+
+    [global_outcome] = [s for s in report.scopes if s.scope == GLOBAL_SCOPE]
+    assert global_outcome.samples == 60 + 24 + 24
+    assert Settings().weights_rows_per_tenant == 2_000
+    assert tenant_of(flooders[0]) == tenant and tenant_of(quiet[0]) == quiet[0]
 
 
 def test_feedback_with_one_outcome_only_teaches_nothing(
