@@ -80,3 +80,9 @@ class Neo4jDeletion(Neo4jConnection):
             )
 
         return self._write(work)
+
+    def purge_erased(self) -> None:
+        """Nothing Engram can do from a client: the deleted nodes stay in the server's transaction logs
+        (until rotation and ``db.tx_log.rotation.retention_policy`` prune them), in the full-text index's
+        Lucene segments (until they merge) and in any backup; docs/operations.md "Data retention and
+        erasure" gives the settings that bound that (the operator's part)."""

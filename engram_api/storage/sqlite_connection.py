@@ -23,7 +23,10 @@ from engram_api.storage import sqlite_rows as db
 from engram_api.storage import sqlite_sql as sql
 from engram_api.storage.base import GraphStore
 
-__all__ = ["SqliteConnection"]
+__all__ = ["FTS_SECURE_DELETE", "SqliteConnection"]
+
+# FTS5's secure-delete option exists from SQLite 3.42; older libraries purge by merging the index instead.
+FTS_SECURE_DELETE = sqlite3.sqlite_version_info >= (3, 42, 0)
 
 
 class SqliteConnection(GraphStore):
@@ -69,6 +72,9 @@ class SqliteConnection(GraphStore):
         conn.execute("PRAGMA journal_mode = WAL")
         conn.execute("PRAGMA synchronous = NORMAL")
         conn.execute("PRAGMA foreign_keys = ON")
+        # Deleted rows and freed pages are overwritten with zeros, not left in the file (erasure is final
+        # once the WAL is checkpointed: see SqliteDeletion.purge_erased).
+        conn.execute("PRAGMA secure_delete = ON")
         episodes_sql.register_functions(conn)
         return conn
 
@@ -122,6 +128,11 @@ class SqliteConnection(GraphStore):
                     if "duplicate column" not in str(exc):  # another process added it first
                         raise
         conn.executescript(sql.CHANGED_INDEXES)
+        if FTS_SECURE_DELETE:
+            # Persistent in each table's config: a delete then removes the row's terms from the index
+            # segments at once instead of adding a tombstone next to them.
+            for table in episodes_sql.FTS_TABLES:
+                conn.execute(f"INSERT INTO {table} ({table}, rank) VALUES ('secure-delete', 1)")
 
     def ping(self) -> None:
         try:

@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from engram_workers.services.fleet import parent_death_signal
@@ -64,10 +65,17 @@ class RedisServer(ServiceProcess):
     """
 
     def __init__(
-        self, *, data_dir: Path, port: int | None = None, appendonly: bool = True, die_with_parent: bool = False
+        self,
+        *,
+        data_dir: Path,
+        port: int | None = None,
+        appendonly: bool = True,
+        die_with_parent: bool = False,
+        extra_config: Sequence[str] = (),
     ) -> None:
         super().__init__(data_dir=data_dir, port=port, die_with_parent=die_with_parent)
         self.appendonly = appendonly
+        self.extra_config = list(extra_config)  # redis.conf lines after Engram's (a later line wins)
         self._binary: Path | None = None
 
     @property
@@ -107,6 +115,7 @@ class RedisServer(ServiceProcess):
             lines += ["appendonly yes", "appendfsync everysec"]
         else:
             lines.append("appendonly no")
+        lines += self.extra_config
         conf = self.data_dir / "redis.conf"
         conf.write_text("\n".join(lines) + "\n")
         return conf
