@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from engram_api.errors import StoreUnavailableError
+from engram_api.storage import sqlite_edits as edits_sql
 from engram_api.storage import sqlite_episodes as episodes_sql
 from engram_api.storage import sqlite_rows as db
 from engram_api.storage import sqlite_sql as sql
@@ -113,6 +114,7 @@ class SqliteConnection(GraphStore):
         conn = self._conn()
         try:
             conn.executescript(sql.SCHEMA)
+            conn.executescript(edits_sql.SCHEMA)
         except BaseException:
             # executescript stops at the failing statement and would leave the script's BEGIN open.
             if conn.in_transaction:

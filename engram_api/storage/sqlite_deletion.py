@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from engram_api.errors import StoreUnavailableError
 from engram_api.models import utcnow
+from engram_api.storage import sqlite_edits as edits
 from engram_api.storage import sqlite_rows as db
 from engram_api.storage.forgetting import ForgetPlan, ForgetScope, Removed
 from engram_api.storage.sqlite_connection import FTS_SECURE_DELETE, SqliteConnection
@@ -85,10 +86,14 @@ class SqliteDeletion(SqliteConnection):
     def _apply_forget(self, plan: ForgetPlan) -> list[str]:
         user_id = plan.user_id
         with self._write() as conn:
+            reverted = []
             if plan.episode_id is not None:
-                # Cascades to every remaining FROM link to the episode and to its chunks (whose triggers
-                # drop their keyword entries).
+                # What the message did to entities it does not take with it (aliases, summaries): undone.
+                reverted = edits.revert_edits(conn, user_id, plan.episode_id)
+                # Cascades to every remaining FROM link to the episode, its edits and its chunks (whose
+                # triggers drop their keyword entries).
                 conn.execute("DELETE FROM episodes WHERE user_id = ? AND id = ?", (user_id, plan.episode_id))
+            edits.drop_clusters(conn, user_id, [*plan.fact_ids, *plan.entity_candidates, *reverted])
             now = db.to_us(utcnow())
             conn.executemany(
                 """UPDATE facts SET superseded_by = :successor, updated_at = :now,
@@ -127,7 +132,7 @@ class SqliteDeletion(SqliteConnection):
             episodes = conn.execute("DELETE FROM episodes WHERE user_id = ?", (user_id,)).rowcount
             for table, node_ids in ids.items():
                 db.delete_nodes(conn, user_id, table, node_ids)
-            for table in ("provenance", "cluster_members", "clusters", "feedback", "users"):
+            for table in ("provenance", "entity_edits", "cluster_members", "clusters", "feedback", "users"):
                 conn.execute(f"DELETE FROM {table} WHERE user_id = ?", (user_id,))
             conn.execute("DELETE FROM weights WHERE scope = ?", (user_id,))
         return Removed(
