@@ -62,9 +62,11 @@ class SqliteConnection(GraphStore):
 
     def _open(self) -> sqlite3.Connection:
         try:
-            self._path.parent.mkdir(parents=True, exist_ok=True)
+            self._path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            # Created 0600 before SQLite opens it: its WAL and shared-memory files take the same mode.
+            os.close(os.open(self._path, os.O_RDWR | os.O_CREAT, 0o600))
         except OSError as exc:
-            raise StoreUnavailableError(f"cannot create {self._path.parent}: {exc}") from exc
+            raise StoreUnavailableError(f"cannot create {self._path}: {exc}") from exc
         # isolation_level=None: transactions are explicit (BEGIN IMMEDIATE for writes) instead of the
         # module's implicit ones; check_same_thread=False only so close() can close every thread's one.
         conn = sqlite3.connect(self._path, timeout=30.0, isolation_level=None, check_same_thread=False)

@@ -7,6 +7,7 @@ check a configured one).
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import IO, TYPE_CHECKING
@@ -307,23 +308,38 @@ def health(as_json: bool) -> None:
 
 @click.command(short_help="Back up one user's memory as JSON lines.")
 @user_id_argument
-@click.option("--output", "-o", type=click.File("w"), default="-", help="File to write (default: stdout).")
-def export(user_id: str, output: IO[str]) -> None:
+@click.option(
+    "--output", "-o", type=click.Path(dir_okay=False, allow_dash=True), default="-",
+    help="File to write, readable by you only (default: stdout).",
+)  # fmt: skip
+def export(user_id: str, output: str) -> None:
     """Back up one user's memory as JSON lines: a header, then every message (episode), entity and fact.
 
     Superseded and archived facts are included (history survives); embeddings are not (they are
     recomputed from the text on import). Works with the embedded fleet stopped. Restore with `engram import`.
     """
-    with open_client() as client:
+    with open_client() as client, _private_output(output) as out:
         lines = client.export_memory(user_id)
         first = next(lines)  # the header: always there, even for a user with no memory
         header = json.loads(first)
-        output.writelines(f"{line}\n" for line in (first, *lines))
+        out.writelines(f"{line}\n" for line in (first, *lines))
     click.echo(
         f"exported {header['episodes']} messages, {header['facts']} facts and {header['entities']} entities "
         f"of {user_id}",
         err=True,
     )
+
+
+@contextmanager
+def _private_output(path: str) -> Iterator[IO[str]]:
+    """stdout for "-", else ``path`` opened for writing with mode 0600 (an export holds every message)."""
+    if path == "-":
+        yield click.get_text_stream("stdout")
+        return
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)  # an existing file keeps its mode through O_CREAT
+    with os.fdopen(fd, "w", encoding="utf-8") as out:
+        yield out
 
 
 @click.command("import", short_help="Restore a user's memory from an export.")
