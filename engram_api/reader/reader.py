@@ -360,9 +360,7 @@ class Reader:
         return result
 
     def _erasure_redis(self) -> redis.Redis:
-        """The Redis an erasure must reach: queued payloads, extractions and dead letters live there, and
-        a queued message of an erased user would be applied later and bring it back. Checked before
-        anything is erased."""
+        """Checked before anything is erased: a queued message of an erased user would come back."""
         if self.redis is None:
             raise StoreUnavailableError(
                 "forget needs Redis (the user's queued messages and dead letters live there, and would be "
@@ -371,8 +369,7 @@ class Reader:
             )
         return self.redis
 
-    def _purge(self, redis_client: redis.Redis) -> None:
-        """The last step of every erasure: the deleted bytes leave the store's and Redis's files."""
+    def _purge(self, redis_client: redis.Redis) -> None:  # every erasure's last step: bytes leave the files
         self.graph.purge_erased()
         purge_redis(redis_client, timeout_s=_PURGE_TIMEOUT_S)
 

@@ -334,7 +334,8 @@ def export(user_id: str, output: str) -> None:
 def _private_output(path: str) -> Iterator[IO[str]]:
     """stdout for "-", else ``path`` opened for writing with mode 0600 (an export holds every message)."""
     if path == "-":
-        yield click.get_text_stream("stdout")
+        with click.open_file("-", "w") as stdout:  # stdout, left open
+            yield stdout
         return
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     os.fchmod(fd, 0o600)  # an existing file keeps its mode through O_CREAT
