@@ -1,7 +1,7 @@
 """Forgetting a message takes back what it added to entities that outlive it (aliases, the summary it gave)
 and the topic clusters that held its facts; every other message's facts, aliases and entities stay, and
-the export shows the same. Both graph stores, real Redis, FAISS; memory written by the apply stage's own
-write with scripted model answers."""
+the export shows the same, and so do the bytes under the data directory. Both graph stores, real Redis,
+FAISS; memory written by the apply stage's own write with scripted model answers."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ import pytest
 from engram_workers.maintenance import rebuild_hierarchy
 from tests.support.extractions import entity, fact
 from tests.support.memory import apply_in_process
+from tests.support.scan import file_hits
 from tests.support.stack import Stack, engram_stack
 
 T0 = datetime(2024, 8, 1, 9, 0, tzinfo=UTC)
@@ -68,6 +69,9 @@ def test_forgetting_a_message_takes_back_its_aliases_summary_and_clusters(stack:
     assert not report.failed and report.clusters >= 1
     assert any("rehab" in c.summary for c in client.graph.clusters(user)), "premise: a cluster quotes the fact"
 
+    if stack.settings.neo4j_uri is None:  # Neo4j keeps its files with its server, not here
+        assert "addict" in file_hits(stack.data_dir, ["addict"]), "premise: the scan sees the store's bytes"
+
     client.forget(user, f"{user}-m1")
 
     kept = bob(stack, user)
@@ -82,3 +86,5 @@ def test_forgetting_a_message_takes_back_its_aliases_summary_and_clusters(stack:
     assert "bob plays chess" in exported and "user works at acme" in exported
     statements = {f.statement for f in client.get_graph(user, 1, 100).facts}
     assert statements == {"User lives in Tampa", "User likes hiking", "Bob plays chess", "User works at Acme"}
+    # Nor on disk: the SQLite store (file and WAL) and the FAISS files under the data directory.
+    assert file_hits(stack.data_dir, [*SECRET, "bobby"]) == {}
