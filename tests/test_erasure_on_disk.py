@@ -16,7 +16,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 
+from engram_api.erasure import purge_redis
 from engram_api.storage.episodes import user_key
 from engram_testing.llm_standin import Reply
 from engram_workers.services import RedisServer
@@ -115,3 +117,20 @@ def test_forget_user_and_forget_leave_no_byte_of_what_they_erased(stack: Any) ->
     assert client.stats(gina).episodes == 0 and client.dead_letters(gina) == []
     statements = [f.statement for f in client.history(hank, "user")]
     assert statements == [f"User visited {HANK[0].title()}", "User knows Bob"], statements
+
+
+def test_a_purge_that_finds_a_rewrite_running_waits_for_it_and_rewrites_again(tmp_path: Path) -> None:
+    """The running rewrite may have forked before the erasure's deletes: it cannot count as the purge."""
+    server = RedisServer(data_dir=tmp_path / "redis", appendonly=True)
+    server.start()
+    try:
+        client = redis.Redis.from_url(server.url, decode_responses=True)
+        client.set("engram:msg:someone:m1", "text")
+        forks = int(client.info("stats")["total_forks"])  # this server forks for AOF rewrites only
+        client.bgrewriteaof()  # running (or done) when the purge starts
+        assert purge_redis(client, timeout_s=120) == ["aof"]
+        assert int(client.info("stats")["total_forks"]) == forks + 2
+        assert client.info("persistence")["aof_last_bgrewrite_status"] == "ok"
+        client.close()
+    finally:
+        server.stop()

@@ -131,7 +131,10 @@ class EntityRevert(_Frozen):
     summary: str = Field(description="its summary: the one the message replaced, if the message's was current")
     drop_norms: list[str] = Field(description="normalized aliases no remaining alias has: their index entries go")
     summary_set: str | None = Field(description="the summary the message set (None: it set none)")
-    replaced: str = Field(description="the summary the message's replaced: later edits that recorded")
+    replaced: str = Field(
+        description="the summary the message replaced: later edits that recorded the message's as the one they"
+        " replaced record this one instead"
+    )
 
 
 def revert_edit(

@@ -53,6 +53,7 @@ def record_edit(
     summary: str | None,
     replaced: str | None,
 ) -> None:
+    """One message's edit of an entity (none when it added no alias and set no summary)."""
     if not aliases and summary is None:
         return
     conn.execute(
