@@ -8,6 +8,7 @@ scripts work against the embedded stack without configuration.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -27,9 +28,13 @@ def _services_path(settings: Settings) -> Path:
 
 
 def write_services_file(settings: Settings, **urls: str) -> Path:
+    """Written 0600: the embedded Redis's URL carries its password."""
     path = _services_path(settings)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(urls))
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)  # a file from before may have other bits
+    with os.fdopen(fd, "w") as out:
+        out.write(json.dumps(urls))
     return path
 
 

@@ -5,19 +5,30 @@ counters, dead letter) and, for ``status_ttl_s`` (longer than any payload lives)
 stage write checks atomically (``stage_write`` in the workers, ``DeadLetterStore.put``): an extract that
 was already running when ``forget`` came cannot write its extraction, status or dead letter back. The
 tombstone is set before anything is deleted, so there is no window in between.
+
+Deleting a key does not take its bytes off the disk: the AOF still holds every command that wrote the
+message text, and an RDB snapshot taken before holds the value. ``purge_redis`` is the last step of every
+erasure (``Reader.forget`` / ``forget_user`` run it): it rewrites the AOF (and, when the server takes RDB
+snapshots, writes a fresh one) and waits until the files that held the erased text are replaced.
+Concurrent erasures share rewrites: one that finds a rewrite running waits for it and starts another,
+since the running one may have forked before its deletes.
 """
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING
 
 from engram_api import keys
+from engram_api.errors import StoreUnavailableError
 from engram_api.models import check_message_id, check_user_id
 
 if TYPE_CHECKING:
     import redis
 
-__all__ = ["erase_message", "erase_user"]
+__all__ = ["erase_message", "erase_user", "purge_redis"]
+
+_POLL_S = 0.05
 
 
 def _message_keys(user_id: str, message_id: str) -> list[str]:
@@ -70,3 +81,70 @@ def erase_user(client: redis.Redis, user_id: str, *, tombstone_ttl_s: int) -> in
         pipe.hdel(keys.dead_letters(), *letters)
     pipe.execute()
     return len(message_ids)
+
+
+def _wait_idle(client: redis.Redis, deadline: float, what: str) -> None:
+    """Until Redis has no persistence child running or scheduled (it allows one at a time)."""
+    while True:
+        info = client.info("persistence")
+        if not any(info.get(f) for f in ("aof_rewrite_in_progress", "rdb_bgsave_in_progress", "aof_rewrite_scheduled")):
+            return
+        if time.monotonic() > deadline:
+            raise StoreUnavailableError(
+                f"Redis did not finish {what} in time: the erased data stays in its files until it does "
+                '(run the erasure again, or see docs/operations.md "Data retention and erasure")'
+            )
+        time.sleep(_POLL_S)
+
+
+# command -> (its INFO persistence status field, what it is)
+_BACKGROUND = {
+    "BGREWRITEAOF": ("aof_last_bgrewrite_status", "the AOF rewrite"),
+    "BGSAVE": ("rdb_last_bgsave_status", "the RDB snapshot"),
+}
+
+
+def _rewrite(client: redis.Redis, command: str, deadline: float) -> None:
+    """Start a background rewrite that forks after this call (waiting out one already running), then wait
+    for it and check it succeeded."""
+    import redis
+
+    status_field, what = _BACKGROUND[command]
+    while True:
+        try:
+            client.execute_command(command)
+            break
+        except redis.ResponseError as exc:
+            # "already in progress" (it may have forked before our deletes) or, for BGSAVE, an AOF rewrite
+            # holding the one child Redis allows: wait for that one, then start ours.
+            if "progress" not in str(exc):
+                raise
+            _wait_idle(client, deadline, what)
+    _wait_idle(client, deadline, what)
+    status = client.info("persistence").get(status_field)
+    if status != "ok":
+        raise StoreUnavailableError(f"Redis failed {what} (status {status!r}); see the Redis log")
+
+
+def purge_redis(client: redis.Redis, *, timeout_s: float) -> list[str]:
+    """Replace the Redis files that may hold erased data; returns what was rewritten ("aof", "rdb").
+
+    The AOF is rewritten when it is on; a new RDB snapshot is written when the server is configured to take
+    snapshots (``save`` not empty: Redis's default, and compose's). A server whose CONFIG command is
+    disabled (managed Redis) is asked for the AOF only: its snapshots and backups are the operator's part.
+    """
+    import redis
+
+    deadline = time.monotonic() + timeout_s
+    done: list[str] = []
+    if client.info("persistence").get("aof_enabled"):
+        _rewrite(client, "BGREWRITEAOF", deadline)
+        done.append("aof")
+    try:
+        snapshots = bool(str(client.config_get("save").get("save", "")).strip())
+    except redis.ResponseError:
+        snapshots = False
+    if snapshots:
+        _rewrite(client, "BGSAVE", deadline)
+        done.append("rdb")
+    return done

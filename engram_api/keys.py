@@ -6,6 +6,8 @@ name can only drift in one file.
 
 from __future__ import annotations
 
+import hashlib
+
 __all__ = [
     "APPLY_QUEUE",
     "APPLY_TASK",
@@ -88,8 +90,12 @@ def dead_letter_field(user_id: str, message_id: str) -> str:
 
 
 def forgotten(user_id: str, message_id: str) -> str:
-    """Tombstone of a forgotten message: while it exists no stage may write anything for the message."""
-    return f"{PREFIX}:forgotten:{user_id}:{message_id}"
+    """Tombstone of a forgotten message: while it exists no stage may write anything for the message.
+
+    Named by a hash of the ids, not the ids: an erased user's id is not kept in Redis (nor its AOF) for the
+    tombstone's lifetime. Only a caller who knows both ids can tell the message was forgotten."""
+    digest = hashlib.blake2b(f"{user_id}:{message_id}".encode(), digest_size=16).hexdigest()
+    return f"{PREFIX}:forgotten:{digest}"
 
 
 def pending(user_id: str) -> str:

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Literal
 import numpy as np
 
 from engram_api import graph_reads, keys
-from engram_api.erasure import erase_message, erase_user
+from engram_api.erasure import erase_message, erase_user, purge_redis
 from engram_api.errors import InvalidInputError, NotFoundError, StoreUnavailableError
 from engram_api.graph_reads import check_k, check_text
 from engram_api.models import (
@@ -68,6 +68,7 @@ _CONTEXT_CANDIDATES = 40
 _WEIGHTS_CACHE_USERS = 10_000
 _IO_THREADS = 4  # concurrent recalls' keyword searches in flight; more wait their turn
 _WRITE_WAIT_S = 30.0  # a caller's forget/feedback waits this long for a worker's write of the user
+_PURGE_TIMEOUT_S = 300.0  # an erasure waits this long for Redis to rewrite its files (O(dataset) each)
 
 
 class Reader:
@@ -328,19 +329,21 @@ class Reader:
         """Forget a message (its episode and chunks, the facts and entities only it stated, and every Redis
         trace of it), or given a recall item's ``id``: a fact id forgets that one fact, an excerpt (chunk)
         id forgets the message it is a piece of. ``NotFoundError`` when the user has none of them, and then
-        nothing is written (no tombstone: the id may still be enqueued later)."""
+        nothing is written (no tombstone: the id may still be enqueued later). Then the purge (``_purge``);
+        refused (``StoreUnavailableError``, nothing erased) without Redis."""
         check_user_id(user_id)
         check_message_id(memory_id, "memory_id")
-        message_id = memory_id if self._knows_message(user_id, memory_id) else None
+        redis_client = self._erasure_redis()
+        message_id = memory_id if self._knows_message(redis_client, user_id, memory_id) else None
         if message_id is None and not self.graph.get_facts(user_id, [memory_id]):
             # An excerpt is verbatim text of its message: forgetting it alone would leave the message.
             excerpt = self.graph.get_chunks(user_id, [memory_id])
             if not excerpt:
                 raise NotFoundError(f"{user_id!r} has no message, fact or excerpt {memory_id[:80]!r}")
             message_id = excerpt[0].episode_id
-        if message_id is not None and self.redis is not None:
+        if message_id is not None:
             # First: from here on no stage can write this message back (see engram_api.erasure).
-            erase_message(self.redis, user_id, message_id, tombstone_ttl_s=self.settings.status_ttl_s)
+            erase_message(redis_client, user_id, message_id, tombstone_ttl_s=self.settings.status_ttl_s)
 
         def forget(write: UserWrite) -> ForgetResult:
             if message_id is None:
@@ -352,30 +355,46 @@ class Reader:
             write.finish(removals=[*result.removed_fact_ids, *result.removed_entity_ids, *result.removed_chunk_ids])
             return result  # its vector count is the store's, which deleted the embeddings
 
-        return self.writes.run(user_id, forget, wait=_WRITE_WAIT_S)
+        result = self.writes.run(user_id, forget, wait=_WRITE_WAIT_S)
+        self._purge(redis_client)
+        return result
 
-    def _knows_message(self, user_id: str, message_id: str) -> bool:
+    def _erasure_redis(self) -> redis.Redis:
+        """Checked before anything is erased: a queued message of an erased user would come back."""
+        if self.redis is None:
+            raise StoreUnavailableError(
+                "forget needs Redis (the user's queued messages and dead letters live there, and would be "
+                "applied or listed later): start the fleet with `engram up` or set REDIS_URL; the `engram "
+                "forget` and `engram forget-user` commands start the embedded Redis themselves"
+            )
+        return self.redis
+
+    def _purge(self, redis_client: redis.Redis) -> None:  # every erasure's last step: bytes leave the files
+        self.graph.purge_erased()
+        purge_redis(redis_client, timeout_s=_PURGE_TIMEOUT_S)
+
+    def _knows_message(self, redis_client: redis.Redis, user_id: str, message_id: str) -> bool:
         """Applied, or still known to Redis (queued, in a stage, finished recently, or dead-lettered)."""
         if self.graph.is_applied(user_id, message_id):
             return True
-        if self.redis is None:
-            return False
         traces = (keys.message_payload, keys.extraction, keys.status)
-        return bool(self.redis.exists(*(key(user_id, message_id) for key in traces))) or bool(
-            self.redis.hexists(keys.dead_letters(), keys.dead_letter_field(user_id, message_id))
+        return bool(redis_client.exists(*(key(user_id, message_id) for key in traces))) or bool(
+            redis_client.hexists(keys.dead_letters(), keys.dead_letter_field(user_id, message_id))
         )
 
     def forget_user(self, user_id: str) -> ForgetResult:
-        """Everything of one user: graph, vectors, caches, queued payloads, dead letters."""
+        """Everything of one user: graph, vectors, caches, queued payloads, dead letters; then the purge
+        (``_purge``). Refused (``StoreUnavailableError``, nothing erased) without Redis."""
         check_user_id(user_id)
+        redis_client = self._erasure_redis()
 
         def forget_user(write: UserWrite) -> ForgetResult:
             result = self.graph.forget_user(user_id)
             write.finish()  # the stamp is ABSENT now: the index file, cache and published stamp go
-            if self.redis is not None:
-                erase_user(self.redis, user_id, tombstone_ttl_s=self.settings.status_ttl_s)
+            erase_user(redis_client, user_id, tombstone_ttl_s=self.settings.status_ttl_s)
             return result
 
         result = self.writes.run(user_id, forget_user, wait=_WRITE_WAIT_S)
         self._weights.drop_user(user_id)
+        self._purge(redis_client)
         return result

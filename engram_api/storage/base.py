@@ -620,6 +620,12 @@ class GraphStore(ABC):
     def _forget_user(self, user_id: str) -> Removed:
         """``forget_user``'s one transaction; the ids it deleted, and which of them had an embedding."""
 
+    @abstractmethod
+    def purge_erased(self) -> None:
+        """Take what ``forget*`` deleted off the store's own files as far as the store can; the last step
+        of every erasure, run after the deletes committed (docs/operations.md "Data retention and erasure"
+        says what each store keeps beyond it)."""
+
     # --------------------------------------------------------------------------------- maintenance
     def decay(self, user_id: str, *, now: datetime, per_day: float, threshold: float, batch: int) -> tuple[int, int]:
         """strength *= per_day ** (days since the fact's ``last_decay_at`` or ``created_at``), set

@@ -20,8 +20,9 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field
 
 from engram_api.models import ForgetResult
+from engram_api.naming import normalize_name
 
-__all__ = ["ChainRepair", "ForgetPlan", "ForgetScope", "Removed", "plan_forget"]
+__all__ = ["ChainRepair", "EntityRevert", "ForgetPlan", "ForgetScope", "Removed", "plan_forget", "revert_edit"]
 
 
 class _Frozen(BaseModel):
@@ -119,4 +120,38 @@ def plan_forget(user_id: str, scope: ForgetScope, *, episode_id: str | None = No
         entity_candidates=sorted(set(scope.entity_candidates)),
         chunk_ids=sorted(scope.chunk_ids),
         vectored=frozenset(scope.vectored),
+    )
+
+
+class EntityRevert(_Frozen):
+    """One entity once a forgotten message's edit of it is undone (the stores' ``*_edits`` modules)."""
+
+    entity_id: str
+    aliases: list[str] = Field(description="the entity's aliases without the ones the message added")
+    summary: str = Field(description="its summary: the one the message replaced, if the message's was current")
+    drop_norms: list[str] = Field(description="normalized aliases no remaining alias has: their index entries go")
+    summary_set: str | None = Field(description="the summary the message set (None: it set none)")
+    replaced: str = Field(
+        description="the summary the message replaced: later edits that recorded the message's as the one they"
+        " replaced record this one instead"
+    )
+
+
+def revert_edit(
+    entity_id: str, *, added: list[str], summary_set: str | None, replaced: str | None, aliases: list[str], summary: str
+) -> EntityRevert:
+    """Undo one message's edit (``added`` aliases, ``summary_set`` replacing ``replaced``) of an entity that
+    now has ``aliases`` and ``summary``: the aliases it added go, and its summary, if still current, gives
+    way to the one it replaced. An alias said again by a later message (which added nothing then) goes too."""
+    gone = set(added)
+    kept = [a for a in aliases if a not in gone]
+    kept_norms = {normalize_name(a) for a in kept}
+    current = summary_set is not None and summary == summary_set
+    return EntityRevert(
+        entity_id=entity_id,
+        aliases=kept,
+        summary=(replaced or "") if current else summary,
+        drop_norms=sorted({normalize_name(a) for a in gone} - kept_norms - {""}),
+        summary_set=summary_set,
+        replaced=replaced or "",
     )

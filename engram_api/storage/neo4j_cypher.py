@@ -105,6 +105,8 @@ SCHEMA = (
     "CREATE INDEX engram_fact_changed IF NOT EXISTS FOR (n:Fact) ON (n.user_id, n.changed)",
     "CREATE INDEX engram_chunk_changed IF NOT EXISTS FOR (n:Chunk) ON (n.user_id, n.changed)",
     "CREATE INDEX engram_cluster_user IF NOT EXISTS FOR (n:Cluster) ON (n.user_id)",
+    "CREATE INDEX engram_entity_edit_episode IF NOT EXISTS FOR (n:EntityEdit) ON (n.user_id, n.episode_id)",
+    "CREATE INDEX engram_entity_edit_entity IF NOT EXISTS FOR (n:EntityEdit) ON (n.user_id, n.entity_id)",
     "CREATE INDEX engram_feedback_user IF NOT EXISTS FOR (n:Feedback) ON (n.user_id)",
     "CREATE INDEX engram_feedback_created IF NOT EXISTS FOR (n:Feedback) ON (n.created_at)",
     *episodes_cypher.SCHEMA,
@@ -213,11 +215,19 @@ CALL (ep) {{
   CREATE (e:Entity) SET e = row.props, {set_times("e", "row.props", ENTITY_TIMES)}
   CREATE (e)-[:FROM]->(ep)
   FOREACH (norm IN row.norms | CREATE (e)-[:HAS_ALIAS]->(:Alias {{user_id: $user_id, norm: norm}}))
+  FOREACH (_ IN CASE WHEN size(row.props.aliases) > 0 OR row.props.summary <> '' THEN [1] ELSE [] END |
+    CREATE (:EntityEdit {{user_id: $user_id, entity_id: e.id, episode_id: ep.id, seq: $version,
+                         added: row.props.aliases,
+                         summary_set: CASE WHEN row.props.summary = '' THEN null ELSE row.props.summary END}}))
 }}
 CALL () {{
   UNWIND $entity_changes AS c
   WITH c WHERE c IS NOT NULL
   MATCH (e:Entity {{user_id: $user_id, id: c.id}})
+  WITH c, e, [a IN c.add_aliases WHERE NOT a IN coalesce(e.aliases, [])] AS added
+  FOREACH (_ IN CASE WHEN size(added) > 0 OR c.summary IS NOT NULL THEN [1] ELSE [] END |
+    CREATE (:EntityEdit {{user_id: $user_id, entity_id: e.id, episode_id: $episode.id, seq: $version,
+                         added: added, summary_set: c.summary, replaced: e.summary}}))
   SET e.aliases = reduce(acc = coalesce(e.aliases, []), a IN c.add_aliases |
                          CASE WHEN a IN acc THEN acc ELSE acc + a END),
       e.summary = coalesce(c.summary, e.summary),
@@ -583,7 +593,7 @@ RETURN COLLECT { MATCH (f:Fact {user_id: $user_id}) RETURN f.id } AS facts,
        COUNT { MATCH (ep:Episode {user_id: $user_id}) } AS episodes
 """
 # Labels are constants of this module; one statement per label keeps each delete on an index.
-FORGET_USER_LABELS = ("Fact", "Alias", "Entity", "Chunk", "Episode", "Cluster", "Feedback", "User")
+FORGET_USER_LABELS = ("Fact", "Alias", "Entity", "EntityEdit", "Chunk", "Episode", "Cluster", "Feedback", "User")
 
 # --------------------------------------------------------------------------------- maintenance
 Q_DECAY_BATCH = """

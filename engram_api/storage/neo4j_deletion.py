@@ -13,6 +13,7 @@ from neo4j import ManagedTransaction
 
 from engram_api.models import utcnow
 from engram_api.storage import neo4j_cypher as cy
+from engram_api.storage import neo4j_edits as edits
 from engram_api.storage import neo4j_episodes as episodes_cypher
 from engram_api.storage.forgetting import ForgetPlan, ForgetScope, Removed
 from engram_api.storage.neo4j_connection import Neo4jConnection, bump
@@ -50,6 +51,11 @@ class Neo4jDeletion(Neo4jConnection):
         params = {"user_id": plan.user_id, "episode_id": plan.episode_id, "now": utcnow()}
 
         def work(tx: ManagedTransaction) -> list[str]:
+            reverted = []
+            if plan.episode_id is not None:
+                # What the message did to entities it does not take with it (aliases, summaries): undone.
+                reverted = edits.revert_edits(tx, plan.user_id, plan.episode_id, params["now"])
+            edits.drop_clusters(tx, plan.user_id, [*plan.fact_ids, *plan.entity_candidates, *reverted])
             if plan.repairs:
                 tx.run(cy.Q_FORGET_RESTORE, params, rows=[r.model_dump() for r in plan.repairs]).consume()
             tx.run(cy.Q_FORGET_FACTS, params, doomed=plan.fact_ids).consume()
@@ -80,3 +86,9 @@ class Neo4jDeletion(Neo4jConnection):
             )
 
         return self._write(work)
+
+    def purge_erased(self) -> None:
+        """Nothing Engram can do from a client: the deleted nodes stay in the server's transaction logs
+        (until rotation and ``db.tx_log.rotation.retention_policy`` prune them), in the full-text index's
+        Lucene segments (until they merge) and in any backup; docs/operations.md "Data retention and
+        erasure" gives the settings that bound that (the operator's part)."""

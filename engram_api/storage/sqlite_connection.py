@@ -18,12 +18,16 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from engram_api.errors import StoreUnavailableError
+from engram_api.storage import sqlite_edits as edits_sql
 from engram_api.storage import sqlite_episodes as episodes_sql
 from engram_api.storage import sqlite_rows as db
 from engram_api.storage import sqlite_sql as sql
 from engram_api.storage.base import GraphStore
 
-__all__ = ["SqliteConnection"]
+__all__ = ["FTS_SECURE_DELETE", "SqliteConnection"]
+
+# FTS5's secure-delete option exists from SQLite 3.42; older libraries purge by merging the index instead.
+FTS_SECURE_DELETE = sqlite3.sqlite_version_info >= (3, 42, 0)
 
 
 class SqliteConnection(GraphStore):
@@ -58,9 +62,11 @@ class SqliteConnection(GraphStore):
 
     def _open(self) -> sqlite3.Connection:
         try:
-            self._path.parent.mkdir(parents=True, exist_ok=True)
+            self._path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            # Created 0600 before SQLite opens it: its WAL and shared-memory files take the same mode.
+            os.close(os.open(self._path, os.O_RDWR | os.O_CREAT, 0o600))
         except OSError as exc:
-            raise StoreUnavailableError(f"cannot create {self._path.parent}: {exc}") from exc
+            raise StoreUnavailableError(f"cannot create {self._path}: {exc}") from exc
         # isolation_level=None: transactions are explicit (BEGIN IMMEDIATE for writes) instead of the
         # module's implicit ones; check_same_thread=False only so close() can close every thread's one.
         conn = sqlite3.connect(self._path, timeout=30.0, isolation_level=None, check_same_thread=False)
@@ -69,6 +75,9 @@ class SqliteConnection(GraphStore):
         conn.execute("PRAGMA journal_mode = WAL")
         conn.execute("PRAGMA synchronous = NORMAL")
         conn.execute("PRAGMA foreign_keys = ON")
+        # Deleted rows and freed pages are overwritten with zeros, not left in the file (erasure is final
+        # once the WAL is checkpointed: see SqliteDeletion.purge_erased).
+        conn.execute("PRAGMA secure_delete = ON")
         episodes_sql.register_functions(conn)
         return conn
 
@@ -107,6 +116,7 @@ class SqliteConnection(GraphStore):
         conn = self._conn()
         try:
             conn.executescript(sql.SCHEMA)
+            conn.executescript(edits_sql.SCHEMA)
         except BaseException:
             # executescript stops at the failing statement and would leave the script's BEGIN open.
             if conn.in_transaction:
@@ -122,6 +132,11 @@ class SqliteConnection(GraphStore):
                     if "duplicate column" not in str(exc):  # another process added it first
                         raise
         conn.executescript(sql.CHANGED_INDEXES)
+        if FTS_SECURE_DELETE:
+            # Persistent in each table's config: a delete then removes the row's terms from the index
+            # segments at once instead of adding a tombstone next to them.
+            for table in episodes_sql.FTS_TABLES:
+                conn.execute(f"INSERT INTO {table} ({table}, rank) VALUES ('secure-delete', 1)")
 
     def ping(self) -> None:
         try:

@@ -4,14 +4,21 @@
 
 Deleting an episode cascades to its remaining provenance links and its chunks (whose triggers drop their
 keyword entries); entities that no provenance or mention keeps go with it.
+
+Deleted bytes leave the files too: every connection runs with ``secure_delete`` (deleted rows and freed
+pages are zeroed), and ``purge_erased`` (the last step of every erasure) takes the deleted terms and the
+user's token out of the FTS5 index segments and checkpoints the WAL, whose frames still held the rows.
 """
 
 from __future__ import annotations
 
+from engram_api.errors import StoreUnavailableError
 from engram_api.models import utcnow
+from engram_api.storage import sqlite_edits as edits
 from engram_api.storage import sqlite_rows as db
 from engram_api.storage.forgetting import ForgetPlan, ForgetScope, Removed
-from engram_api.storage.sqlite_connection import SqliteConnection
+from engram_api.storage.sqlite_connection import FTS_SECURE_DELETE, SqliteConnection
+from engram_api.storage.sqlite_episodes import FTS_TABLES
 
 __all__ = ["SqliteDeletion"]
 
@@ -79,10 +86,14 @@ class SqliteDeletion(SqliteConnection):
     def _apply_forget(self, plan: ForgetPlan) -> list[str]:
         user_id = plan.user_id
         with self._write() as conn:
+            reverted = []
             if plan.episode_id is not None:
-                # Cascades to every remaining FROM link to the episode and to its chunks (whose triggers
-                # drop their keyword entries).
+                # What the message did to entities it does not take with it (aliases, summaries): undone.
+                reverted = edits.revert_edits(conn, user_id, plan.episode_id)
+                # Cascades to every remaining FROM link to the episode, its edits and its chunks (whose
+                # triggers drop their keyword entries).
                 conn.execute("DELETE FROM episodes WHERE user_id = ? AND id = ?", (user_id, plan.episode_id))
+            edits.drop_clusters(conn, user_id, [*plan.fact_ids, *plan.entity_candidates, *reverted])
             now = db.to_us(utcnow())
             conn.executemany(
                 """UPDATE facts SET superseded_by = :successor, updated_at = :now,
@@ -121,7 +132,7 @@ class SqliteDeletion(SqliteConnection):
             episodes = conn.execute("DELETE FROM episodes WHERE user_id = ?", (user_id,)).rowcount
             for table, node_ids in ids.items():
                 db.delete_nodes(conn, user_id, table, node_ids)
-            for table in ("provenance", "cluster_members", "clusters", "feedback", "users"):
+            for table in ("provenance", "entity_edits", "cluster_members", "clusters", "feedback", "users"):
                 conn.execute(f"DELETE FROM {table} WHERE user_id = ?", (user_id,))
             conn.execute("DELETE FROM weights WHERE scope = ?", (user_id,))
         return Removed(
@@ -132,3 +143,22 @@ class SqliteDeletion(SqliteConnection):
             chunk_ids=chunk_ids,
             vectored=frozenset(r["id"] for r in nodes if r["vectored"]),
         )
+
+    def purge_erased(self) -> None:
+        """After deletes committed: no copy of the deleted rows is left in the database file or its WAL.
+
+        Without FTS5's secure-delete (SQLite < 3.42) a delete only adds a tombstone segment and the old
+        segments keep the row's terms and user token, so the index is merged into one segment ('optimize':
+        it rewrites the whole keyword index, all users'). The TRUNCATE checkpoint copies the WAL into the
+        file and empties it; it waits (busy_timeout) for readers of older snapshots to finish.
+        """
+        if not FTS_SECURE_DELETE:
+            with self._write() as conn:
+                for table in FTS_TABLES:
+                    conn.execute(f"INSERT INTO {table} ({table}) VALUES ('optimize')")
+        busy, _, _ = self._conn().execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+        if busy:
+            raise StoreUnavailableError(
+                f"SQLite store {self._path}: the WAL could not be checkpointed (a reader held it past the busy "
+                "timeout); it still holds erased rows until the next checkpoint: run the erasure again"
+            )

@@ -22,6 +22,7 @@ from engram_api.storage.episodes import user_key
 
 __all__ = [
     "FACT_VALID_AT",
+    "FTS_TABLES",
     "SCHEMA",
     "add_chunks",
     "chunk_counts",
@@ -32,6 +33,8 @@ __all__ = [
     "neighbour_chunks",
     "register_functions",
 ]
+
+FTS_TABLES = ("chunks_fts", "facts_fts")
 
 # Valid at :as_of (current when :as_of is NULL) and not archived.
 FACT_VALID_AT = """

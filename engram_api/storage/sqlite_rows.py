@@ -270,13 +270,16 @@ def change_entity(
     add_aliases: Sequence[str],
     summary: str | None,
     label: str | None,
-) -> None:
+) -> tuple[list[str], str] | None:
+    """Apply one entity change; (the aliases it really added, the summary it replaced), None when the
+    entity is gone."""
     row = conn.execute(
         "SELECT aliases, summary, label FROM entities WHERE user_id = ? AND id = ?", (user_id, entity_id)
     ).fetchone()
     if row is None:
-        return
-    aliases = list(dict.fromkeys([*json.loads(row["aliases"]), *add_aliases]))
+        return None
+    before = json.loads(row["aliases"])
+    aliases = list(dict.fromkeys([*before, *add_aliases]))
     conn.execute(
         "UPDATE entities SET aliases = ?, summary = ?, label = ?, updated_at = ? WHERE user_id = ? AND id = ?",
         (
@@ -289,6 +292,7 @@ def change_entity(
         ),
     )
     index_aliases(conn, user_id, entity_id, aliases)
+    return aliases[len(before) :], row["summary"]
 
 
 def check_fact_entities(conn: sqlite3.Connection, plan: WritePlan) -> None:

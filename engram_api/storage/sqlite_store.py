@@ -25,6 +25,7 @@ from engram_api.models import (
     WritePlan,
     utcnow,
 )
+from engram_api.storage import sqlite_edits as edits
 from engram_api.storage import sqlite_episodes as episodes_sql
 from engram_api.storage import sqlite_rows as db
 from engram_api.storage import sqlite_sql as sql
@@ -111,8 +112,11 @@ class SqliteGraphStore(SqliteDeletion, SqliteMaintenance, SqliteConnection):
             for entity in plan.new_entities:
                 db.insert_entity(conn, entity)
                 db.link_episode(conn, user_id, entity.id, "entity", episode_id)
+                edits.record_edit(conn, user_id, entity.id, episode_id, entity.aliases, entity.summary or None, None)
             for change in plan.entity_changes:
-                db.change_entity(conn, user_id, change.id, change.add_aliases, change.summary, change.label)
+                changed = db.change_entity(conn, user_id, change.id, change.add_aliases, change.summary, change.label)
+                if changed is not None:
+                    edits.record_edit(conn, user_id, change.id, episode_id, changed[0], change.summary, changed[1])
             db.check_fact_entities(conn, plan)
             for fact in plan.new_facts:
                 db.insert_fact(conn, fact)

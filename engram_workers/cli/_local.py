@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -118,7 +119,13 @@ class LocalStack:
                 )
             self.redis_url = running
             return running
-        server = RedisServer(data_dir=self.data_dir / "redis", appendonly=True, die_with_parent=True)
+        # Only its user may read the data directory (message text, the SQLite store, the Redis password in
+        # services.json), and only with the password, new at every start, may anyone talk to the Redis.
+        self.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self.data_dir.chmod(0o700)
+        server = RedisServer(
+            data_dir=self.data_dir / "redis", appendonly=True, die_with_parent=True, password=secrets.token_urlsafe(24)
+        )
         try:
             server.start()
         except ServiceStartError as exc:

@@ -144,6 +144,7 @@ def demo(timeout: float) -> None:
     honours REDIS_URL, NEO4J_URI and LLM_MODEL when they are set.
     """
     from engram_api import MemoryClient
+    from engram_api.redaction import redact
     from engram_workers.cli._local import LocalStack, describe_reaped
     from engram_workers.cli.ingest import enqueue_envelopes, wait_with_progress
 
@@ -178,7 +179,7 @@ def demo(timeout: float) -> None:
             "setup",
             ["", ""],
             [
-                ("queue", f"Redis {url}" + (" (embedded)" if stack.redis_server else "")),
+                ("queue", f"Redis {redact(url)}" + (" (embedded)" if stack.redis_server else "")),
                 ("graph", current.neo4j_uri or f"SQLite {stack.data_dir / 'graph.sqlite3'}"),
                 ("extractor", current.llm_model or "offline rules (LLM_MODEL is not set)"),
                 ("embeddings", f"{current.embedding_model}, local"),

@@ -7,12 +7,14 @@ check a configured one).
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+import os
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import IO, TYPE_CHECKING
 
 import click
 
-from engram_workers.cli._common import TIME_HELP, open_client, parse_time, user_id_argument
+from engram_workers.cli._common import TIME_HELP, open_client, parse_time, settings, user_id_argument
 from engram_workers.cli._output import console, emit_json, fmt_time, json_option, table
 
 if TYPE_CHECKING:
@@ -207,6 +209,22 @@ def stats(user_id: str, as_json: bool) -> None:
     table(f"memory of {user_id}", ["", "value"], rows)
 
 
+@contextmanager
+def erasure_client() -> Iterator[MemoryClient]:
+    """A client whose erasures reach Redis. With the embedded default and the fleet stopped, the embedded
+    Redis is started on its own files for the command (its AOF holds the queue and the dead letters: an
+    erasure that skipped them would be undone by the next `engram up`) and stopped after."""
+    from engram_workers.cli._local import LocalStack
+
+    stack = LocalStack(settings())
+    url = stack.start_redis(reuse=True)  # REDIS_URL, or the running embedded Redis, or one started here
+    try:
+        with open_client(url) as client:
+            yield client
+    finally:
+        stack.stop()
+
+
 @click.command(short_help="Forget one message, or one fact.")
 @user_id_argument
 @click.argument("memory_id")
@@ -214,8 +232,8 @@ def stats(user_id: str, as_json: bool) -> None:
 def forget(user_id: str, memory_id: str, as_json: bool) -> None:
     """Forget MEMORY_ID: a message id (the message and the facts only it stated), or the `id` of a recall
     item in --json output: a fact's (that fact) or an excerpt's (the message it comes from). Exits 2 when
-    the user has none of them."""
-    with open_client() as client:
+    the user has none of them. Starts the embedded Redis for the erasure when the fleet is stopped."""
+    with erasure_client() as client:
         result = client.forget(user_id, memory_id)
     if as_json:
         emit_json(result)
@@ -233,10 +251,11 @@ def forget(user_id: str, memory_id: str, as_json: bool) -> None:
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
 @json_option
 def forget_user(user_id: str, yes: bool, as_json: bool) -> None:
-    """Erase everything of one user: graph, vectors, queued messages, dead letters."""
+    """Erase everything of one user: graph, vectors, queued messages, dead letters (and their copies in the
+    store's and Redis's files). Starts the embedded Redis for the erasure when the fleet is stopped."""
     if not yes:
         click.confirm(f"Erase all memory of {user_id}? This cannot be undone", abort=True, err=True)
-    with open_client() as client:
+    with erasure_client() as client:
         result = client.forget_user(user_id)
     if as_json:
         emit_json(result)
@@ -289,23 +308,39 @@ def health(as_json: bool) -> None:
 
 @click.command(short_help="Back up one user's memory as JSON lines.")
 @user_id_argument
-@click.option("--output", "-o", type=click.File("w"), default="-", help="File to write (default: stdout).")
-def export(user_id: str, output: IO[str]) -> None:
+@click.option(
+    "--output", "-o", type=click.Path(dir_okay=False, allow_dash=True), default="-",
+    help="File to write, readable by you only (default: stdout).",
+)  # fmt: skip
+def export(user_id: str, output: str) -> None:
     """Back up one user's memory as JSON lines: a header, then every message (episode), entity and fact.
 
     Superseded and archived facts are included (history survives); embeddings are not (they are
     recomputed from the text on import). Works with the embedded fleet stopped. Restore with `engram import`.
     """
-    with open_client() as client:
+    with open_client() as client, _private_output(output) as out:
         lines = client.export_memory(user_id)
         first = next(lines)  # the header: always there, even for a user with no memory
         header = json.loads(first)
-        output.writelines(f"{line}\n" for line in (first, *lines))
+        out.writelines(f"{line}\n" for line in (first, *lines))
     click.echo(
         f"exported {header['episodes']} messages, {header['facts']} facts and {header['entities']} entities "
         f"of {user_id}",
         err=True,
     )
+
+
+@contextmanager
+def _private_output(path: str) -> Iterator[IO[str]]:
+    """stdout for "-", else ``path`` opened for writing with mode 0600 (an export holds every message)."""
+    if path == "-":
+        with click.open_file("-", "w") as stdout:  # stdout, left open
+            yield stdout
+        return
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)  # an existing file keeps its mode through O_CREAT
+    with os.fdopen(fd, "w", encoding="utf-8") as out:
+        yield out
 
 
 @click.command("import", short_help="Restore a user's memory from an export.")

@@ -230,8 +230,10 @@ def up(
     gateway (on 127.0.0.1).
 
     The graph is Neo4j when NEO4J_URI is set, else SQLite in ENGRAM_DATA_DIR. Logs go to
-    ENGRAM_DATA_DIR/logs. Clients on this machine find the embedded Redis by themselves.
+    ENGRAM_DATA_DIR/logs. Clients on this machine find the embedded Redis by themselves (its URL, with a
+    password generated at each start, is in ENGRAM_DATA_DIR/services.json, readable by this user only).
     """
+    from engram_api.redaction import redact
     from engram_workers.cli._local import LocalStack, describe_reaped
 
     current = settings()
@@ -253,7 +255,7 @@ def up(
             if with_gateway:
                 stack.start_gateway(gateway_port)
             stack.wait_ready()
-        out.print(f"redis      {url}" + ("" if stack.redis_server else " (REDIS_URL)"))
+        out.print(f"redis      {redact(url)}" + ("" if stack.redis_server else " (REDIS_URL)"))
         out.print(f"extract    threads x{extract_concurrency}")
         out.print(f"apply      prefork x{apply_concurrency} (+ maintenance queue)")
         if with_beat:

@@ -13,7 +13,9 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from urllib.parse import quote
 
 from engram_workers.services.fleet import parent_death_signal
 from engram_workers.services.process import HOST, ServiceProcess, ServiceStartError, file_size, kill_process, log_tail
@@ -47,27 +49,57 @@ def find_redis_server() -> Path:
     )
 
 
-def _ping(port: int) -> bool:
+def _ping(port: int, password: str | None) -> bool:
     """True when the server answers PING with PONG (not while it is still loading the AOF)."""
+    auth = b"" if password is None else f"AUTH {password}\r\n".encode()
     try:
         with socket.create_connection((HOST, port), timeout=0.5) as sock:
-            sock.sendall(b"PING\r\n")
-            return sock.recv(64).startswith(b"+PONG")
+            sock.sendall(auth + b"PING\r\n")
+            reply = b""
+            while reply.count(b"\r\n") < (2 if auth else 1):
+                chunk = sock.recv(64)
+                if not chunk:
+                    return False
+                reply += chunk
+            return reply.splitlines()[-1].startswith(b"+PONG")
     except OSError:
         return False
+
+
+def _private(then: Callable[[], None] | None) -> Callable[[], None]:
+    """A ``preexec_fn``: files the server creates are its user's only (umask 077), then ``then``."""
+
+    def arm() -> None:
+        os.umask(0o077)
+        if then is not None:
+            then()
+
+    return arm
 
 
 class RedisServer(ServiceProcess):
     """One ``redis-server`` child process bound to 127.0.0.1.
 
-    ``data_dir`` holds redis.conf, the AOF files and redis.log (the server's stdout and stderr).
+    ``data_dir`` holds redis.conf, the AOF files and redis.log (the server's stdout and stderr). With a
+    ``password`` (``requirepass``; `engram up` generates one each time it starts the embedded Redis) no other local user can
+    talk to it; the directory is made 0700 and the server creates its files 0600 (umask 077), since the
+    AOF holds message text.
     """
 
     def __init__(
-        self, *, data_dir: Path, port: int | None = None, appendonly: bool = True, die_with_parent: bool = False
+        self,
+        *,
+        data_dir: Path,
+        port: int | None = None,
+        appendonly: bool = True,
+        die_with_parent: bool = False,
+        extra_config: Sequence[str] = (),
+        password: str | None = None,
     ) -> None:
         super().__init__(data_dir=data_dir, port=port, die_with_parent=die_with_parent)
         self.appendonly = appendonly
+        self.password = password
+        self.extra_config = list(extra_config)  # redis.conf lines after Engram's (a later line wins)
         self._binary: Path | None = None
 
     @property
@@ -76,7 +108,8 @@ class RedisServer(ServiceProcess):
 
     @property
     def url(self) -> str:
-        return f"redis://{HOST}:{self.port}/0"
+        auth = "" if self.password is None else f":{quote(self.password, safe='')}@"
+        return f"redis://{auth}{HOST}:{self.port}/0"
 
     @property
     def binary(self) -> Path:
@@ -107,14 +140,21 @@ class RedisServer(ServiceProcess):
             lines += ["appendonly yes", "appendfsync everysec"]
         else:
             lines.append("appendonly no")
+        if self.password is not None:
+            lines.append(f"requirepass {self.password}")
+        lines += self.extra_config
+        self.data_dir.chmod(0o700)
         conf = self.data_dir / "redis.conf"
-        conf.write_text("\n".join(lines) + "\n")
+        fd = os.open(conf, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # it may hold the password
+        os.fchmod(fd, 0o600)
+        with os.fdopen(fd, "w") as out:
+            out.write("\n".join(lines) + "\n")
         return conf
 
     def _start_once(self, timeout: float) -> None:
         conf = self._write_config(self.port)
         since = file_size(self.log_path)
-        with self.log_path.open("ab") as log:
+        with os.fdopen(os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab") as log:
             # Own session: a Ctrl-C in the terminal reaches the test runner, which then stops Redis
             # cleanly, instead of hitting Redis directly in the middle of a test.
             self._proc = subprocess.Popen(
@@ -124,11 +164,11 @@ class RedisServer(ServiceProcess):
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
-                preexec_fn=parent_death_signal() if self.die_with_parent else None,
+                preexec_fn=_private(parent_death_signal() if self.die_with_parent else None),
             )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if _ping(self.port):
+            if _ping(self.port, self.password):
                 return
             code = self._proc.poll()
             if code is not None:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 
 from engram_api.errors import InvalidInputError
 from engram_api.models import ChatMessage, Envelope, EpisodeRecord, Extraction, Usage, WritePlan
@@ -53,13 +54,14 @@ def embedder() -> Embedder:
 class Memory:
     """The write path of the apply stage (plan, one transaction, FAISS delta) and a Reader over it."""
 
-    def __init__(self, graph: GraphStore, root: Path, embedder: Embedder) -> None:
+    def __init__(self, graph: GraphStore, root: Path, embedder: Embedder, redis_client: redis.Redis) -> None:
         self.graph = graph
         self.embedder = embedder
+        self.redis = redis_client  # forget reaches Redis (and refuses without it)
         self.vectors = VectorStore(root=root, dim=embedder.dim)
         self.keeper = IndexKeeper(graph=graph, vectors=self.vectors)
-        self.reader = Reader(settings=Settings(), graph=graph, keeper=self.keeper, embedder=embedder, redis_client=None)
-        self.writes = UserWrites(graph=graph, keeper=self.keeper, redis_client=None, lease_ttl_s=30)
+        self.reader = self.another_reader()
+        self.writes = UserWrites(graph=graph, keeper=self.keeper, redis_client=redis_client, lease_ttl_s=30)
 
     def say(self, user: str, mid: str, text: str, when: datetime, extraction: dict[str, Any] | None = None) -> None:
         envelope = Envelope(
@@ -102,7 +104,7 @@ class Memory:
             graph=self.graph,
             keeper=self.keeper,
             embedder=self.embedder,
-            redis_client=None,
+            redis_client=self.redis,
         )
 
     def sources(self, user: str, query: str, **kwargs: Any) -> list[str]:
@@ -110,8 +112,8 @@ class Memory:
 
 
 @pytest.fixture
-def memory(graph_store: GraphStore, tmp_path: Path, embedder: Embedder) -> Iterator[Memory]:
-    memory = Memory(graph_store, tmp_path / "indexes", embedder)
+def memory(graph_store: GraphStore, tmp_path: Path, embedder: Embedder, redis_client: redis.Redis) -> Iterator[Memory]:
+    memory = Memory(graph_store, tmp_path / "indexes", embedder, redis_client)
     yield memory
     memory.reader.flush()  # no snapshot load left running when the store closes
 

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from engram_api import MemoryClient
-from engram_api.models import Usage
+from engram_api.models import Extraction, Usage
 from engram_api.producer import build_envelope
 from engram_api.storage.embedder import Embedder
 from engram_api.storage.userwrite import UserWrite
@@ -48,18 +48,26 @@ def scripted_stack(
         yield s
 
 
-def apply_in_process(client: MemoryClient, user: str, message_id: str, text: str, when: datetime) -> None:
-    """What the apply stage does for one message (offline rules): ``write_extraction`` inside the user's
-    fenced ``UserWrite``, so the graph, the FAISS index and the published stamp move together."""
+def apply_in_process(
+    client: MemoryClient,
+    user: str,
+    message_id: str,
+    text: str,
+    when: datetime,
+    extraction: Mapping[str, Any] | None = None,
+) -> None:
+    """What the apply stage does for one message (``extraction``, the model's answer, or the offline rules):
+    ``write_extraction`` inside the user's fenced ``UserWrite``, so the graph, the FAISS index and the
+    published stamp move together."""
     reader = client.reader
     envelope = build_envelope(client.settings, user, text, message_id=message_id, timestamp=when)
-    extraction = extract_rules(text, event_time=when)
+    answer = extract_rules(text, event_time=when) if extraction is None else Extraction.model_validate(extraction)
     usage = Usage(prompt_tokens=100, completion_tokens=20, cost_usd=0.0005, llm_calls=1)
 
     def write(w: UserWrite) -> None:
         write_extraction(
             write=w, graph=client.graph, embedder=reader.embedder, middleware=(),
-            envelope=envelope, extraction=extraction, usage=usage,
+            envelope=envelope, extraction=answer, usage=usage,
         )  # fmt: skip
 
     reader.writes.run(user, write, wait=30.0)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
@@ -97,12 +97,14 @@ def engram_stack(
     llm_url: str | None,
     workers: bool = True,
     llm_env: Mapping[str, str] | None = None,
+    database: int | None = None,
     **settings: object,
 ) -> Iterator[Stack]:
     """``llm_env`` (LLM_MODEL, LLM_API_KEY, LLM_API_BASE) points the stack at a real model instead of the
-    stand-in at ``llm_url`` (``engram bench --llm``)."""
-    with own_database() as database:
-        yield from _stack(redis_url=redis_db_url(redis_url, database), data_dir=data_dir, neo4j_uri=neo4j_uri,
+    stand-in at ``llm_url`` (``engram bench --llm``). ``database`` uses that database of ``redis_url`` (a
+    server of the caller's own, e.g. as the embedded one, on database 0) instead of a free one."""
+    with own_database() if database is None else nullcontext(database) as number:
+        yield from _stack(redis_url=redis_db_url(redis_url, number), data_dir=data_dir, neo4j_uri=neo4j_uri,
                           llm_url=llm_url, workers=workers, llm_env=llm_env, settings=settings)  # fmt: skip
 
 
