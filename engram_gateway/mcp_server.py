@@ -72,9 +72,27 @@ def build_mcp(gateway: Gateway, *, stdio_principal: Principal | None = None) -> 
             raise _tool_error(exc) from None
 
     @mcp.tool()
-    def remember(user_id: str, text: str, ctx: Context, message_id: str | None = None) -> dict[str, Any]:
-        """Queue something the user said for memory; returns a receipt at once (never waits for extraction)."""
-        receipt = call(ctx, lambda p: gateway.enqueue(p, user_id, text, message_id=message_id))
+    def remember(
+        user_id: str,
+        text: str,
+        ctx: Context,
+        message_id: str | None = None,
+        timestamp: datetime | None = None,
+        owner_name: str | None = None,
+        earlier: list[dict[str, str]] | None = None,
+        utc_offset_minutes: int | None = None,
+    ) -> dict[str, Any]:
+        """Queue something the user said for memory; returns a receipt at once (never waits for extraction).
+        timestamp: when it was said; owner_name: the user's name in the chat; earlier: preceding turns
+        ({role, content, name?}) shown to the extractor as context only; utc_offset_minutes: the sender's."""
+        context = {
+            k: v
+            for k, v in {"owner_name": owner_name, "earlier": earlier, "utc_offset_minutes": utc_offset_minutes}.items()
+            if v is not None
+        }
+        receipt = call(
+            ctx, lambda p: gateway.enqueue(p, user_id, text, message_id=message_id, timestamp=timestamp, **context)
+        )
         return receipt.model_dump(mode="json")  # type: ignore[no-any-return]
 
     @mcp.tool()

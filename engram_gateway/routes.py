@@ -64,6 +64,15 @@ class EnqueueRequest(_Body):
     message_id: StrictStr | None = Field(None, description="your id: enqueueing it again is a no-op (409)")
     timestamp: datetime | None = Field(None, description="when it was said, ISO 8601 with a zone")
     metadata: Metadata | None = None
+    owner_name: Annotated[StrictStr, StringConstraints(max_length=200)] | None = Field(
+        None, description="the memory owner's name: a turn with another `name` is another person"
+    )
+    earlier: Annotated[list[ChatMessage], Field(max_length=20, fail_fast=True)] | None = Field(
+        None, description="preceding turns the extractor sees as context only (never extracted from)"
+    )
+    utc_offset_minutes: StrictInt | None = Field(
+        None, description="the sender's UTC offset, so 'yesterday' is read in the sender's day"
+    )
 
 
 class EnqueueManyRequest(_Body):
@@ -146,9 +155,11 @@ router = APIRouter(prefix="/v1", responses=_ERRORS, route_class=GuardedRoute)
     summary="Enqueue one message (returns at once; extraction runs in the workers)",
 )
 def enqueue(body: EnqueueRequest, gw: Gw, who: Writer) -> Receipt:
+    context = body.model_dump(include={"owner_name", "earlier", "utc_offset_minutes"}, exclude_none=True)
     receipt = gw.enqueue(
-        who, body.user_id, body.messages, message_id=body.message_id, timestamp=body.timestamp, metadata=body.metadata
-    )
+        who, body.user_id, body.messages, message_id=body.message_id, timestamp=body.timestamp, metadata=body.metadata,
+        **context,
+    )  # fmt: skip
     if receipt.duplicate:
         raise DuplicateMessageError(receipt)
     return receipt

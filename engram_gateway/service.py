@@ -71,12 +71,14 @@ class Gateway:
         message_id: str | None = None,
         timestamp: datetime | None = None,
         metadata: Mapping[str, str | int | float | bool] | None = None,
+        **context: Any,
     ) -> Receipt:
+        """``context``: ``owner_name``, ``earlier``, ``utc_offset_minutes`` as the producer takes them."""
         principal.require("write")
         uid = principal.user(user_id)
         self._check_backlog(1)
         return self.client.producer.enqueue(
-            uid, messages, message_id=message_id, timestamp=timestamp, metadata=metadata
+            uid, messages, message_id=message_id, timestamp=timestamp, metadata=metadata, **context
         )
 
     def enqueue_many(self, principal: Principal, items: Sequence[Mapping[str, Any]]) -> list[Receipt]:
