@@ -2,6 +2,7 @@
 
 Celery's prefork children each count on their own: with ``PROMETHEUS_MULTIPROC_DIR`` set (``engram
 worker --metrics-port`` sets it, to ENGRAM_METRICS_DIR or a temporary directory) prometheus_client aggregates them and ``engram worker --metrics-port`` serves the sum.
+Queue depths and lags (the autoscaling signals) are read from the broker at scrape time (``QueueDepth``).
 """
 
 from __future__ import annotations

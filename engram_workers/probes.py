@@ -8,7 +8,8 @@ leader lock by design. The file lives in the temporary directory (TMPDIR; an emp
 is removed when the process exits normally.
 
 Readiness adds the dependencies the role needs to do any work: Redis for every role, the graph store for
-the roles that write or read it (apply, maintenance, all); see ``engram_api.health.check_ready``.
+every worker (extract reads a user's context from it; Beat only publishes); see
+``engram_api.health.check_ready``.
 """
 
 from __future__ import annotations
@@ -27,8 +28,8 @@ __all__ = ["HEARTBEAT_S", "ROLES", "check_live", "check_role_ready", "heartbeat_
 
 HEARTBEAT_S = 10.0
 ROLES = ("extract", "apply", "maintenance", "all", "beat")
-# Roles whose work touches the graph store; extract reads and writes Redis only, Beat only publishes.
-_GRAPH_ROLES = frozenset({"apply", "maintenance", "all"})
+# Roles whose work touches the graph store (extract reads a user's context from it); Beat only publishes.
+_GRAPH_ROLES = frozenset({"extract", "apply", "maintenance", "all"})
 
 
 def heartbeat_path(role: str) -> Path:
@@ -69,7 +70,7 @@ def check_live(role: str, max_age_s: float) -> CheckResult:
 
 
 def check_role_ready(role: str, max_age_s: float) -> HealthReport:
-    """Live, and the dependencies of the role answer (Redis; the graph store for apply and maintenance)."""
+    """Live, and the dependencies of the role answer (Redis; the graph store for every worker role)."""
     from engram_api.client import MemoryClient
     from engram_api.health import check_ready
     from engram_api.models import HealthReport

@@ -25,6 +25,14 @@ PLANTED = {
     "LLM_API_KEY": "sk-planted-llm-key",
     "ENGRAM_API_KEYS": '[{"name":"app","sha256":"' + "a" * 64 + '","scopes":["read"],"namespace":"app"}]',
 }
+# The secrets each workload gets: only those it uses.
+USES = {
+    "extract": {"REDIS_URL", "NEO4J_PASSWORD", "LLM_API_KEY"},
+    "apply": {"REDIS_URL", "NEO4J_PASSWORD"},
+    "maintenance": {"REDIS_URL", "NEO4J_PASSWORD"},
+    "beat": {"REDIS_URL"},
+    "gateway": {"REDIS_URL", "NEO4J_PASSWORD", "ENGRAM_API_KEYS"},
+}
 WORKLOAD_KINDS = {"Deployment", "StatefulSet", "DaemonSet", "Job", "CronJob"}
 COMPONENTS = {"extract", "apply", "maintenance", "beat", "gateway"}
 
@@ -53,19 +61,20 @@ def render(*args: str) -> list[dict[str, Any]]:
     return [doc for doc in yaml.safe_load_all(out) if doc]
 
 
-def planted_args() -> list[str]:
-    return [arg for name, value in PLANTED.items() for arg in ("--set-string", f"secrets.values.{name}={value}")]
+VALUE_SETS = ("default", "production")
 
 
-VALUE_SETS = {
-    "default": planted_args(),
-    "production": ["-f", str(PRODUCTION)],
-}
+@pytest.fixture(scope="module")
+def value_args(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[str]]:
+    """helm arguments per value set: the defaults (plus planted secrets in the chart-made Secret), production."""
+    planted = tmp_path_factory.mktemp("helm") / "planted.yaml"
+    planted.write_text(yaml.safe_dump({"secrets": {"values": PLANTED}}))
+    return {"default": ["-f", str(planted)], "production": ["-f", str(PRODUCTION)]}
 
 
-@pytest.fixture(scope="module", params=list(VALUE_SETS))
-def rendered(request: pytest.FixtureRequest) -> list[dict[str, Any]]:
-    return render(*VALUE_SETS[request.param])
+@pytest.fixture(scope="module", params=VALUE_SETS)
+def rendered(request: pytest.FixtureRequest, value_args: dict[str, list[str]]) -> list[dict[str, Any]]:
+    return render(*value_args[request.param])
 
 
 def pod_spec(doc: dict[str, Any]) -> dict[str, Any]:
@@ -82,9 +91,9 @@ def component(doc: dict[str, Any]) -> str:
     return doc["metadata"]["labels"]["app.kubernetes.io/component"]
 
 
-@pytest.mark.parametrize("values", list(VALUE_SETS))
-def test_the_chart_lints(values: str) -> None:
-    result = helm("lint", "--strict", str(CHART), *VALUE_SETS[values])
+@pytest.mark.parametrize("values", VALUE_SETS)
+def test_the_chart_lints(values: str, value_args: dict[str, list[str]]) -> None:
+    result = helm("lint", "--strict", str(CHART), *value_args[values])
     assert "0 chart(s) failed" in result.stdout
 
 
@@ -131,11 +140,13 @@ def test_no_secret_in_plain_env_or_a_config_map(rendered: list[dict[str, Any]]) 
                     assert "value" not in var and "secretKeyRef" in var["valueFrom"], var
                 else:
                     assert not any(secret in str(var.get("value", "")) for secret in PLANTED.values()), var
-            assert {"REDIS_URL", "NEO4J_PASSWORD", "LLM_API_KEY", "ENGRAM_API_KEYS"} <= names
+            assert names & SECRET_NAMES == USES[component(doc)], f"{component(doc)} gets {names & SECRET_NAMES}"
     for config in (d for d in rendered if d["kind"] == "ConfigMap"):
         assert not SECRET_NAMES & set(config["data"])
         assert not any(secret in str(config["data"]) for secret in PLANTED.values())
-    # The planted values reach the chart-made Secret and nothing else.
+    # The planted values reach the chart-made Secret (production names an existing one) and nothing else.
+    made = [d["stringData"] for d in rendered if d["kind"] == "Secret"]
+    assert made in ([PLANTED], [])
     outside = [d for d in rendered if d["kind"] != "Secret"]
     assert not any(secret in yaml.safe_dump_all(outside) for secret in PLANTED.values())
 

@@ -4,6 +4,7 @@ makes the process unready and never unlive, so it is taken out of rotation, not 
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -87,3 +88,11 @@ def test_the_gateway_is_live_without_its_dependencies_and_ready_only_with_them(
         down = wait_until(lambda: unready(http), timeout=60, what="readyz to answer 503")
         assert down.json()["checks"]["redis"] is False and down.json()["checks"]["graph_store"] is True
         assert http.get("/v1/livez").status_code == 200
+
+
+def test_beat_readiness_needs_redis_not_the_graph(redis_url: str, tmp_path: Path) -> None:
+    # No Beat runs with this TMPDIR: not live, hence not ready, whatever Redis says; Neo4j is never asked.
+    env = {**os.environ, "REDIS_URL": redis_url, "NEO4J_URI": "bolt://127.0.0.1:9", "TMPDIR": str(tmp_path)}
+    result = probe("ready", "beat", env)
+    assert result.returncode == 1
+    assert [line.split(":")[0] for line in result.stdout.splitlines()] == ["FAIL heartbeat", "ok   redis"]

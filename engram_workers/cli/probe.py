@@ -58,8 +58,8 @@ def live(role: str, max_age_s: float) -> None:
 @role_option
 @max_age_option
 def ready(role: str, max_age_s: float) -> None:
-    """Exit 0 when the process is alive and Redis answers (and the graph store, for apply, maintenance
-    and all)."""
+    """Exit 0 when the process is alive and Redis answers (and the graph store, for every worker role;
+    Beat does not use it)."""
     from engram_workers.probes import check_role_ready
 
     report = check_role_ready(role, max_age_s)

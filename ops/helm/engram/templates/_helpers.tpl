@@ -41,8 +41,9 @@ app.kubernetes.io/component: {{ .component }}
 {{- end -}}
 
 {{/*
-The environment of every Engram container: the ConfigMap (no secret in it), every secret by secretKeyRef,
-then the workload's own non-secret variables. engram.env (dict "root" $ "env" .env "resources" .resources)
+The environment of every Engram container: the ConfigMap (no secret in it), the secrets this component
+uses by secretKeyRef, then the workload's own non-secret variables.
+engram.env (dict "root" $ "component" "apply" "env" .env "resources" .resources)
 */}}
 {{- define "engram.env" -}}
 {{- $root := .root -}}
@@ -51,12 +52,14 @@ envFrom:
       name: {{ include "engram.fullname" $root }}-config
 env:
 {{- range $key, $spec := $root.Values.secrets.keys }}
+{{- if has $.component $spec.components }}
   - name: {{ $key }}
     valueFrom:
       secretKeyRef:
         name: {{ include "engram.secretName" $root }}
         key: {{ $key }}
         optional: {{ $spec.optional }}
+{{- end }}
 {{- end }}
 {{- with .resources }}{{ with .limits }}{{ with .cpu }}
   # Prefork pools size to this many CPUs (the cgroup quota would give the same; explicit is deterministic).
