@@ -64,7 +64,7 @@ else
   if [ "$(printf '%s\n' "$HELM_GO" "$have_go" | sort -V | head -n1)" != "$HELM_GO" ]; then
     toolchain="golang.org/toolchain@v0.0.1-go${HELM_GO}.$(go env GOOS)-$(go env GOARCH)"
     echo "Go $have_go is older than helm needs: fetching $toolchain"
-    dir="$(GOFLAGS=-mod=mod go mod download -json "$toolchain" | python3 -c 'import json, sys; print(json.load(sys.stdin)["Dir"])')"
+    dir="$(go mod download -json "$toolchain" | python3 -c 'import json, sys; print(json.load(sys.stdin)["Dir"])')"
     # A module zip keeps no file modes: set the execute bits, as Go's own toolchain switch does.
     chmod +x "$dir"/bin/* "$dir"/pkg/tool/*/*
     go_bin="$dir/bin/go"
