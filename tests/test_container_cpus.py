@@ -108,3 +108,13 @@ def test_children_are_recycled_after_max_tasks(redis_url: str, tmp_path: Path) -
                 what="the pool child to be replaced",
             )
             assert len(replaced) == 1
+
+
+def test_memory_recycling_is_given_to_celery_in_kib(redis_url: str) -> None:
+    from engram_api.settings import load_settings
+    from engram_workers.celery_config import celery_config
+
+    off = celery_config(load_settings(), redis_url)
+    assert off["worker_max_tasks_per_child"] is None and off["worker_max_memory_per_child"] is None
+    on = celery_config(load_settings(worker_max_tasks_per_child=7, worker_max_memory_per_child_mb=512), redis_url)
+    assert on["worker_max_tasks_per_child"] == 7 and on["worker_max_memory_per_child"] == 512 * 1024
