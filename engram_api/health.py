@@ -15,7 +15,7 @@ from engram_api.redaction import redact
 if TYPE_CHECKING:
     from engram_api.client import MemoryClient
 
-__all__ = ["check_all", "timed"]
+__all__ = ["check_all", "check_ready", "timed"]
 
 
 def timed(fn: Callable[[], str], secrets: Iterable[str]) -> CheckResult:
@@ -32,7 +32,8 @@ def timed(fn: Callable[[], str], secrets: Iterable[str]) -> CheckResult:
     return CheckResult(ok=ok, detail=detail, latency_ms=round((time.perf_counter() - start) * 1e3, 2))
 
 
-def check_all(client: MemoryClient) -> HealthReport:
+def _dependencies(client: MemoryClient) -> tuple[Callable[[], str], Callable[[], str]]:
+    """The graph-store and Redis checks: what a process needs to serve at all."""
     settings = client.settings
 
     def graph() -> str:
@@ -42,6 +43,22 @@ def check_all(client: MemoryClient) -> HealthReport:
     def redis_check() -> str:
         client.redis.ping()
         return client.redis_url
+
+    return graph, redis_check
+
+
+def check_ready(client: MemoryClient, *, graph: bool = True) -> HealthReport:
+    """Readiness: Redis (and the graph store unless ``graph`` is False), nothing else; an outage of
+    either takes a process out of rotation without restarting it (liveness checks no dependency)."""
+    graph_check, redis_check = _dependencies(client)
+    named = [("redis", redis_check), *([("graph_store", graph_check)] if graph else [])]
+    checks = {name: timed(fn, client.settings.secrets) for name, fn in named}
+    return HealthReport(ok=all(c.ok for c in checks.values()), checks=checks)
+
+
+def check_all(client: MemoryClient) -> HealthReport:
+    settings = client.settings
+    graph, redis_check = _dependencies(client)
 
     def embedder() -> str:
         # Its own check, not the reader's: a Redis outage must not show up as an embedder failure, and

@@ -17,6 +17,7 @@ __all__ = [
     "MAINTENANCE_TASKS",
     "PREFIX",
     "QUEUES",
+    "SENT_AT_HEADER",
     "TASK_QUEUES",
     "queue_for",
 ]
@@ -48,6 +49,11 @@ TASK_QUEUES = {
     APPLY_TASK: APPLY_QUEUE,
     **dict.fromkeys(MAINTENANCE_TASKS, MAINTENANCE_QUEUE),
 }
+
+
+# Task-message header: when the message was published, in epoch seconds (the producer's enqueue and every
+# Celery publish set it); the age of a queue's oldest message (``engram_queue_lag_seconds``) is read from it.
+SENT_AT_HEADER = "engram_sent_at"
 
 
 def queue_for(task: str) -> str:

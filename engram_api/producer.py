@@ -93,14 +93,16 @@ def _backlog_full(user_id: str, pending: int, limit: int) -> BackPressureError:
 _ORIGIN = f"engram-producer@{socket.gethostname()}"
 
 
-def task_message(task: str, task_id: str, args: tuple[str, ...], queue: str) -> str:
-    """A Celery protocol-2 task message as kombu's Redis transport LPUSHes it onto ``queue``."""
+def task_message(task: str, task_id: str, args: tuple[str, ...], queue: str, sent_at: float) -> str:
+    """A Celery protocol-2 task message as kombu's Redis transport LPUSHes it onto ``queue``, stamped with
+    ``sent_at`` (``keys.SENT_AT_HEADER``) as every Celery publish of the fleet is."""
     body = json.dumps([list(args), {}, {"callbacks": None, "errbacks": None, "chain": None, "chord": None}])
     headers = {
         "lang": "py", "task": task, "id": task_id, "shadow": None, "eta": None, "expires": None,
         "group": None, "group_index": None, "retries": 0, "timelimit": [None, None], "root_id": task_id,
         "parent_id": None, "argsrepr": repr(args), "kwargsrepr": "{}", "origin": _ORIGIN,
         "ignore_result": True, "replaced_task_nesting": 0, "stamped_headers": None, "stamps": {},
+        keys.SENT_AT_HEADER: sent_at,
     }  # fmt: skip
     return json.dumps(
         {
@@ -307,7 +309,8 @@ class Producer:
         task_id = uuid.uuid4().hex
         uid, mid = envelope.user_id, envelope.message_id
         queue = keys.queue_for(keys.EXTRACT_TASK)
-        message = task_message(keys.EXTRACT_TASK, task_id, (uid, mid), queue)
+        now = time.time()
+        message = task_message(keys.EXTRACT_TASK, task_id, (uid, mid), queue, now)
         try:
             existing = self._enqueue(
                 keys=[
@@ -315,7 +318,7 @@ class Producer:
                     keys.forgotten(uid, mid),
                 ],
                 args=[
-                    envelope.model_dump_json(exclude_none=True), task_id, self.settings.status_ttl_s, time.time(), message, mid,
+                    envelope.model_dump_json(exclude_none=True), task_id, self.settings.status_ttl_s, now, message, mid,
                     self.settings.max_pending_per_user,
                 ],
             )  # fmt: skip

@@ -180,6 +180,23 @@ class Settings(BaseSettings):
         3000, ge=60, description="hard limit on one maintenance job run (soft limit at 90%)"
     )
 
+    # --- worker processes ---
+    cpu_limit: float | None = Field(
+        None,
+        gt=0,
+        description="CPUs a worker may use, sizing prefork pools (apply: one child per CPU, rounded down); unset: "
+        "the cgroup CPU quota, the CPU affinity and the core count, whichever is smallest",
+    )
+    worker_max_tasks_per_child: int = Field(
+        0, ge=0, description="prefork pools: a child is replaced after this many tasks (0: never)"
+    )
+    worker_max_memory_per_child_mb: int = Field(
+        0,
+        ge=0,
+        description="prefork pools: a child whose resident memory passes this many MB is replaced after its "
+        "current task (0: never)",
+    )
+
     # --- recall scoring: alpha*similarity + beta*hop_decay**hops + gamma*strength (+ boosts) ---
     alpha: float = Field(0.6, description="recall weight of vector similarity")
     beta: float = Field(0.25, description="recall weight of graph proximity (hop_decay ** hops)")

@@ -9,8 +9,8 @@ Invariants:
 - Routes are ``def`` (not ``async``): the library is synchronous and FastAPI runs them in its thread pool.
 - Scopes: ``write`` enqueues, gives feedback and forgets; ``read`` reads; ``operator`` handles dead
   letters and metrics. Each route names its scope in its signature (``who: Reader``...), and
-  ``GuardedRoute`` checks key and scope before the body is read. ``/v1/health`` needs no key and says
-  only what is up.
+  ``GuardedRoute`` checks key and scope before the body is read. ``/v1/health``, ``/v1/livez`` and
+  ``/v1/readyz`` need no key and say only what is up.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from engram_api.models import (
     FactRecord,
     ForgetResult,
     GraphPage,
+    HealthReport,
     RecallResult,
     Receipt,
     SearchResult,
@@ -277,8 +278,25 @@ def metrics(request: Request, who: Operator) -> Response:
     return Response(generate_latest(request.app.state.registry), media_type=CONTENT_TYPE_LATEST)
 
 
-@router.get("/health", response_model=Health, responses={503: {"model": Health}}, summary="Liveness (no key)")
+@router.get("/health", response_model=Health, responses={503: {"model": Health}}, summary="Every check (no key)")
 def health(gw: Gw) -> JSONResponse:
-    report = gw.client.health()
+    return _health_response(gw.client.health())
+
+
+@router.get("/livez", response_model=Health, summary="Liveness: the process answers (no key, no dependency)")
+async def livez() -> Health:
+    # Async and dependency-free: answers even while the thread pool is busy or Neo4j is down.
+    return Health(ok=True, checks={})
+
+
+@router.get("/readyz", response_model=Health, responses={503: {"model": Health}}, summary="Readiness (no key)")
+def readyz(gw: Gw) -> JSONResponse:
+    """Redis and the graph store answer: 503 takes this replica out of the Service, without a restart."""
+    from engram_api.health import check_ready
+
+    return _health_response(check_ready(gw.client))
+
+
+def _health_response(report: HealthReport) -> JSONResponse:
     body = Health(ok=report.ok, checks={name: check.ok for name, check in report.checks.items()})
     return JSONResponse(body.model_dump(), status_code=200 if report.ok else 503)

@@ -9,6 +9,7 @@ imported lazily so that importing this module costs nothing.
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
@@ -21,11 +22,21 @@ if TYPE_CHECKING:
 __all__ = ["celery_config", "make_celery"]
 
 
+def _stamp_sent_at(headers: dict[str, Any] | None = None, **_: Any) -> None:
+    """Every task message this process publishes (hand-overs, retries, Beat's jobs) carries its publish time,
+    as the producer's enqueue does: the queue-lag metric reads it from the oldest waiting message."""
+    if headers is not None:
+        headers[keys.SENT_AT_HEADER] = time.time()
+
+
 def celery_config(settings: Settings, broker_url: str) -> dict[str, Any]:
+    from celery.signals import before_task_publish
     from kombu import Queue
 
     from engram_workers.broker import TRANSPORT
 
+    # Every Celery client of the broker builds its config here; connecting twice is a no-op.
+    before_task_publish.connect(_stamp_sent_at)
     transport = {
         "visibility_timeout": settings.visibility_timeout_s,
         # Restore a dead worker's unacked messages promptly (kombu sweeps every interval x throttle).
@@ -50,6 +61,10 @@ def celery_config(settings: Settings, broker_url: str) -> dict[str, Any]:
         "task_acks_late": True,
         "task_reject_on_worker_lost": True,
         "worker_prefetch_multiplier": 1,
+        # Recycle prefork children (a fresh child reloads the encoder and starts with empty caches): bounds
+        # what a slow leak or a fragmented heap can grow to. Celery counts memory in KiB; None is "never".
+        "worker_max_tasks_per_child": settings.worker_max_tasks_per_child or None,
+        "worker_max_memory_per_child": settings.worker_max_memory_per_child_mb * 1024 or None,
         # No single message or job may hold a pool slot forever: soft limit -> SoftTimeLimitExceeded (the
         # stage counts an error, retries, then dead-letters), hard limit -> the pool child is killed.
         # Celery's threads pool (extract) enforces neither; there the extractor's own input bounds hold.

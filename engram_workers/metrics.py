@@ -2,11 +2,14 @@
 
 Celery's prefork children each count on their own: with ``PROMETHEUS_MULTIPROC_DIR`` set (``engram
 worker --metrics-port`` sets it, to ENGRAM_METRICS_DIR or a temporary directory) prometheus_client aggregates them and ``engram worker --metrics-port`` serves the sum.
+Queue depths and lags (the autoscaling signals) are read from the broker at scrape time (``QueueDepth``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import json
+import time
+from collections.abc import Callable, Iterator
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram, start_http_server
 from prometheus_client.core import GaugeMetricFamily
@@ -35,13 +38,20 @@ DEAD_LETTERS = Counter("engram_dead_letters_total", "Messages dead-lettered", ["
 
 
 class QueueDepth(Collector):
-    """``engram_queue_depth{queue}``, read from the broker at each scrape: no process has to keep a gauge
-    current, and only the serving process talks to Redis for it."""
+    """``engram_queue_depth{queue}`` and ``engram_queue_lag_seconds{queue}``, read from the broker at each
+    scrape: no process has to keep a gauge current, and only the serving process talks to Redis for it.
 
-    def __init__(self, redis_url: str) -> None:
+    Lag is the age of the oldest waiting message: kombu LPUSHes and consumes from the tail, so the tail
+    (``LINDEX -1``) is next out, and its ``keys.SENT_AT_HEADER`` is its publish time. 0 for an empty queue;
+    no sample when the oldest message carries no stamp (published by an older Engram), rather than a guess.
+    Messages a worker already took (unacked, or waiting for a retry's ETA) are not waiting in the queue.
+    """
+
+    def __init__(self, redis_url: str, clock: Callable[[], float] = time.time) -> None:
         from engram_api.connections import redis_client
 
         self._redis = redis_client(redis_url, timeout_s=5, decode_responses=False)
+        self._clock = clock
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         import redis
@@ -52,18 +62,38 @@ class QueueDepth(Collector):
         pipe = self._redis.pipeline(transaction=False)
         for name in names:
             pipe.llen(name)
+            pipe.lindex(name, -1)
         try:
-            depths = pipe.execute()
+            replies = pipe.execute()
         except redis.RedisError:
             return  # Redis down: the other metrics still serve; the missing series is the signal
-        family = GaugeMetricFamily("engram_queue_depth", "Messages waiting per queue", labels=["queue"])
-        for name, depth in zip(names, depths, strict=True):
-            family.add_metric([name], depth)
-        yield family
+        now = self._clock()
+        depth = GaugeMetricFamily("engram_queue_depth", "Messages waiting per queue", labels=["queue"])
+        lag = GaugeMetricFamily(
+            "engram_queue_lag_seconds", "Age of the oldest message waiting per queue (0: empty)", labels=["queue"]
+        )
+        for name, length, oldest in zip(names, replies[0::2], replies[1::2], strict=True):
+            depth.add_metric([name], length)
+            sent_at = _sent_at(oldest) if oldest is not None else now
+            if sent_at is not None:
+                lag.add_metric([name], max(0.0, now - sent_at))
+        yield depth
+        yield lag
+
+
+def _sent_at(raw: bytes) -> float | None:
+    """The publish stamp of a raw kombu message, or None when it has none (or is not a task message)."""
+    from engram_api import keys
+
+    try:
+        stamp = json.loads(raw)["headers"][keys.SENT_AT_HEADER]
+    except (ValueError, KeyError, TypeError):
+        return None
+    return float(stamp) if isinstance(stamp, int | float) else None
 
 
 def serve(port: int, redis_url: str, *, multiprocess: bool) -> None:
-    """Expose /metrics on ``port`` with queue depths; ``multiprocess`` sums the pool children's files."""
+    """Expose /metrics on ``port`` with queue depths and lags; ``multiprocess`` sums the pool children's files."""
     registry = REGISTRY
     if multiprocess:
         from prometheus_client import multiprocess

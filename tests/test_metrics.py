@@ -18,6 +18,7 @@ from engram_api.models import StageOutcome
 from engram_api.settings import load_settings
 from engram_testing.llm_standin import LLMStandin, Reply, approx_tokens
 from engram_workers.celery_config import make_celery
+from engram_workers.metrics import QueueDepth
 from engram_workers.services.ports import free_port
 from tests.support.extractions import entity, fact, lives_in, message_text
 from tests.support.operator_processes import engram_process
@@ -203,3 +204,44 @@ def test_queue_depth_is_read_from_the_broker_at_scrape_time(scrape: Scrape) -> N
     assert scrape.value("engram_queue_depth", queue=keys.MAINTENANCE_QUEUE) == MAINTENANCE_BACKLOG
     assert scrape.value("engram_queue_depth", queue=keys.EXTRACT_QUEUE) == 0
     assert scrape.value("engram_queue_depth", queue=keys.APPLY_QUEUE) >= 0
+
+
+def test_queue_lag_is_served_with_the_depths(scrape: Scrape) -> None:
+    # The maintenance jobs sent before the scrape wait unconsumed: their age is the lag; extract is empty.
+    assert scrape.value("engram_queue_lag_seconds", queue=keys.MAINTENANCE_QUEUE) > 0
+    assert scrape.value("engram_queue_lag_seconds", queue=keys.EXTRACT_QUEUE) == 0
+
+
+def _lags(collector: QueueDepth) -> dict[str, float]:
+    return {
+        s.labels["queue"]: s.value
+        for f in collector.collect()
+        if f.name == "engram_queue_lag_seconds"
+        for s in f.samples
+    }
+
+
+def test_queue_lag_is_the_age_of_the_oldest_waiting_message(redis_url: str, tmp_path: Path) -> None:
+    """On the real broker: the producer's and Celery's publishes carry their time; the oldest one counts."""
+    with engram_stack(redis_url=redis_url, data_dir=tmp_path, neo4j_uri=None, llm_url=None, workers=False) as stack:
+        url = stack.env["REDIS_URL"]
+        stamps: list[float] = []
+        now = 0.0
+        collector = QueueDepth(url, clock=lambda: now)
+        assert _lags(collector) == dict.fromkeys(keys.QUEUES, 0.0)  # empty queues: no lag
+        for n in range(2):
+            stack.client.enqueue("lag_user", f"message {n}")
+            stamps.append(json.loads(stack.client.redis.lindex(keys.EXTRACT_QUEUE, 0))["headers"][keys.SENT_AT_HEADER])
+        celery = make_celery(stack.settings, url)
+        celery.send_task(keys.DECAY_TASK, queue=keys.MAINTENANCE_QUEUE, routing_key=keys.MAINTENANCE_QUEUE)
+        job_stamp = json.loads(stack.client.redis.lindex(keys.MAINTENANCE_QUEUE, 0))["headers"][keys.SENT_AT_HEADER]
+        assert stamps[0] <= stamps[1] <= job_stamp
+        now = job_stamp + 42.5
+        lags = _lags(collector)
+        # The first enqueued message is the next one out (the tail): its age, not the newest one's.
+        assert lags[keys.EXTRACT_QUEUE] == pytest.approx(now - stamps[0])
+        assert lags[keys.MAINTENANCE_QUEUE] == pytest.approx(42.5)
+        assert lags[keys.APPLY_QUEUE] == 0
+        # A message without a stamp (an older Engram's) gives no sample rather than a made-up age.
+        stack.client.redis.rpush(keys.APPLY_QUEUE, json.dumps({"headers": {"task": keys.APPLY_TASK}}))
+        assert keys.APPLY_QUEUE not in _lags(collector)

@@ -15,7 +15,7 @@ from typing import Any
 
 import click
 
-from engram_workers.cli import demo, dlq, gateway, ingest, maintenance, memory, ops
+from engram_workers.cli import demo, dlq, gateway, ingest, maintenance, memory, ops, probe
 
 __all__ = ["main"]
 
@@ -92,6 +92,7 @@ for command in (
     *dlq.COMMANDS,
     *maintenance.COMMANDS,
     *gateway.COMMANDS,
+    *probe.COMMANDS,
 ):
     main.add_command(command)
 del command

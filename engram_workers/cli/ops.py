@@ -28,11 +28,13 @@ __all__ = ["COMMANDS", "REDBEAT_KEY_PREFIX", "beat_config", "stage_defaults"]
 STAGES = ("extract", "apply", "maintenance", "all")
 
 
-def stage_defaults(stage: str) -> tuple[list[str], str, int]:
-    """(queues, pool, concurrency) of a stage."""
+def stage_defaults(stage: str, cpu_limit: float | None = None) -> tuple[list[str], str, int]:
+    """(queues, pool, concurrency) of a stage; prefork stages size to the CPUs the container may use
+    (``cpu_limit``, ENGRAM_CPU_LIMIT, else the cgroup quota: ``engram_workers.cpus``)."""
     from engram_api import keys
+    from engram_workers.cpus import usable_cpus
 
-    cpus = os.cpu_count() or 1
+    cpus = usable_cpus(cpu_limit)
     return {
         # Extraction waits on the LLM: many threads in one process keep many calls in flight.
         "extract": ([keys.EXTRACT_QUEUE], "threads", 32),
@@ -104,7 +106,8 @@ def _metrics_dir(chosen: Path | None) -> str:
     type=click.Choice(STAGES),
     default="all",
     show_default=True,
-    help="extract: threads x32; apply: prefork x CPUs; maintenance: prefork x1; all: every queue, prefork x CPUs.",
+    help="extract: threads x32; apply: prefork x CPUs (ENGRAM_CPU_LIMIT, else the cgroup quota); maintenance: "
+    "prefork x1; all: every queue, prefork x CPUs.",
 )
 @click.option("--queues", "-Q", help="Comma-separated queues to consume (overrides --stage's).")
 @click.option("--pool", type=click.Choice(["prefork", "threads", "solo"]), help="Overrides --stage's pool.")
@@ -123,7 +126,7 @@ def worker(
 ) -> None:
     """Run a Celery worker for one stage of the pipeline (or all of them)."""
     current = settings()  # a bad environment fails here with the variable's name, not deep inside Celery
-    stage_queues, stage_pool, stage_concurrency = stage_defaults(stage)
+    stage_queues, stage_pool, stage_concurrency = stage_defaults(stage, current.cpu_limit)
     chosen_queues = [q.strip() for q in queues.split(",") if q.strip()] if queues else stage_queues
     if not chosen_queues:
         raise click.BadParameter("no queue given", param_hint="--queues")
@@ -135,6 +138,9 @@ def worker(
         from engram_workers import metrics
 
         metrics.serve(metrics_port, resolve_redis_url(current), multiprocess=True)
+    from engram_workers.probes import start_heartbeat
+
+    start_heartbeat(stage)  # `engram probe live --role <stage>` reads it
     argv = [
         "worker",
         "--queues", ",".join(chosen_queues),
@@ -158,8 +164,10 @@ def beat(loglevel: str) -> None:
     """
     from engram_api.connections import resolve_redis_url
     from engram_workers.app import app
+    from engram_workers.probes import start_heartbeat
 
     app.conf.update(beat_config(resolve_redis_url(settings())))
+    start_heartbeat("beat")  # `engram probe live --role beat` reads it
     _celery(["beat", "--loglevel", loglevel])
 
 
