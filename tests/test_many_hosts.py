@@ -169,3 +169,23 @@ def test_a_copy_behind_the_removal_horizon_is_rebuilt_once(
     write_on(a, said, 9, messages)
     assert_reader_matches_whole(reader, graph, user, tmp_path)
     assert (reader.keeper.rebuilds, reader.keeper.catchups) == (2, 1)
+
+
+def test_the_health_probe_lists_no_index_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from engram_api.client import MemoryClient
+    from engram_api.health import check_all
+
+    settings = Settings(data_dir=tmp_path)
+    settings.index_dir.mkdir(parents=True)
+    (settings.index_dir / f"{VectorStore.stem('someone')}.faiss").write_bytes(b"cache")
+
+    def listing(*_: object, **__: object) -> None:
+        raise AssertionError("the health probe listed a directory")
+
+    for name in ("glob", "iterdir", "rglob"):
+        monkeypatch.setattr(Path, name, listing)
+    monkeypatch.setattr("os.scandir", listing)
+    monkeypatch.setattr("os.listdir", listing)
+    with MemoryClient(settings=settings) as client:
+        row = check_all(client).checks["index_dir"]
+    assert row.ok and str(settings.index_dir) in row.detail, row
