@@ -25,6 +25,7 @@ from engram_workers.control import LLMBreaker, LLMRateLimiter
 from engram_workers.dispatch import Dispatch, send
 from engram_workers.extraction.llm import is_service_failure
 from engram_workers.extraction.query_batch import QueryBatcher
+from engram_workers.metrics import INDEX_LOADS
 from engram_workers.middleware import Middleware, build_middleware
 
 __all__ = ["WorkerContext", "get_context", "reset_context"]
@@ -81,7 +82,12 @@ class WorkerContext:
     @cached_property
     def keeper(self) -> IndexKeeper:
         vectors = VectorStore.from_settings(self.settings, self.embedder.dim)
-        keeper = IndexKeeper(graph=self.graph, vectors=vectors, cache_size=self.settings.index_cache_users)
+        keeper = IndexKeeper(
+            graph=self.graph,
+            vectors=vectors,
+            cache_size=self.settings.index_cache_users,
+            on_load=lambda how: INDEX_LOADS.labels(how=how).inc(),
+        )
         # This process's share of erasure on every host: its local files of forgotten users go (``erasure``).
         self.sweeper = IndexSweeper(keeper, self.redis, self.settings.index_sweep_interval_s).start()
         return keeper

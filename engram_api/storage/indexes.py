@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from engram_api.storage.base import GraphStore
 from engram_api.storage.vectors import Kind, UserIndex, VectorStore
@@ -54,6 +54,7 @@ class IndexKeeper:
         cache: bool = True,
         cache_size: int = 256,
         persist: bool = True,
+        on_load: Callable[[str], None] | None = None,
     ) -> None:
         self.graph = graph
         self.vectors = vectors
@@ -65,6 +66,7 @@ class IndexKeeper:
         self.rebuilds = 0  # full reads of a user's vectors from the graph
         self.catchups = 0  # reads of only what changed since a copy's version
         self.catchup_vector_bytes = 0  # float32 bytes those catch-ups brought in (benchmarks report it)
+        self._on_load = on_load  # told "rebuild" or "catchup" at each (a worker's Prometheus counter)
 
     def _remember(self, user_id: str, index: UserIndex) -> UserIndex:
         if self._cache_enabled:
@@ -74,6 +76,10 @@ class IndexKeeper:
                 while len(self._cache) > self._cache_size:
                     self._cache.popitem(last=False)
         return index
+
+    def _loaded_by(self, how: str) -> None:
+        if self._on_load is not None:
+            self._on_load(how)
 
     def forget(self, user_id: str, *, up_to_epoch: int | None = None) -> None:
         """Drop the cached copy (with ``up_to_epoch``: only a copy of that lifetime or an earlier one)."""
@@ -87,22 +93,37 @@ class IndexKeeper:
         with self._lock:
             return list(self._cache)
 
-    def rebuild(self, user_id: str) -> UserIndex:
-        """Read the user's vectors from the graph whole (bounded: ``stamped_vectors``), keep the index as
-        this process's copy (and its local file with ``persist``); returns it."""
+    def _read_whole(self, user_id: str) -> UserIndex:
+        """The user's vectors read from the graph whole (bounded: ``stamped_vectors``), kept nowhere."""
         items, stamp = self.graph.stamped_vectors(user_id)
         index = self.vectors.new()
         index.upsert((item.node_id, item.kind, item.embedding) for item in items)
         index.stamp = stamp
-        if stamp == ABSENT:
+        if stamp != ABSENT:
+            self.rebuilds += 1
+            self._loaded_by("rebuild")
+        return index
+
+    def rebuild(self, user_id: str) -> UserIndex:
+        """Read the user's vectors from the graph whole, keep the index as this process's copy (and its
+        local file with ``persist``); returns it."""
+        index = self._read_whole(user_id)
+        if index.stamp == ABSENT:
             # A user the graph does not hold: answer empty, but never let read traffic create files.
             self.forget(user_id)
             return index
         if self.persist:
             with self.vectors.lock(user_id):
                 index = self.vectors.save(user_id, index)
-        self.rebuilds += 1
         return self._remember(user_id, index)
+
+    def peek(self, user_id: str, expected: Stamp) -> UserIndex:
+        """``current`` when this process holds a copy; else the user's vectors read from the graph whole and
+        kept nowhere: a job that visits every user (the hierarchy) does not fill this host's memory and
+        disk with copies of users it does not serve."""
+        if self._loaded(user_id) is None:
+            return self._read_whole(user_id)
+        return self.current(user_id, expected)
 
     def _loaded(self, user_id: str) -> UserIndex | None:
         """This process's copy: the cached one, moved on by its local log when that grew; the local file
@@ -149,6 +170,7 @@ class IndexKeeper:
             return self._remember(user_id, index)
         self.catchups += 1
         self.catchup_vector_bytes += changes.vector_bytes
+        self._loaded_by("catchup")
         return self._moved(user_id, index, changes.stamp, changes.upserts, changes.removed)
 
     def advance(
