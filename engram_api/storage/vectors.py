@@ -1,5 +1,6 @@
-"""Per-user FAISS index files: a base file plus an append-only delta log, derived from the graph store
-and rebuildable from it.
+"""Per-user FAISS index files: a base file plus an append-only delta log, one process's local copy of the
+vectors the graph store holds (``vectorsync``: a warm-start cache that any process may delete at any time,
+which no process on another host ever reads).
 
 A global index filtered after top-k lets one user's results shrink as others add data; one index per
 user cannot. Each user has ``<hash>.faiss`` (the base: magic ``EGI4``, u64 epoch, u64 version, u64
@@ -11,8 +12,9 @@ the log and fsyncs it, so its cost follows the change, not the user's size; when
 
 Invariants:
 - The index's stamp is that of the last whole record of the chain (or the base's without one); it is
-  the graph stamp the index reflects, so a reader or the reconcile job can tell a stale, missing or
-  other-lifetime index and rebuild it from the graph (the source of truth).
+  the graph stamp the index reflects, so a process can tell a stale index (and catch it up from the graph
+  by version) from a missing or other-lifetime one (read from the graph whole).
+- Temp files are named by host, process and a random part: writers sharing a directory never collide.
 - A crash at any point leaves a readable index at a stamp some write reached: mid-append the torn
   record is ignored; between the base's and the log's rename the old log's token no longer matches and
   the new base alone is complete. A removal (forget, erasure) is in the log before the write returns and
