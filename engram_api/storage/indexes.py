@@ -151,11 +151,16 @@ class IndexKeeper:
         to_stamp: Stamp,
         upserts: Iterable[tuple[str, Kind, Sequence[float]]],
         removals: Iterable[str],
+        *,
+        durable: bool = True,
     ) -> UserIndex:
-        """``index`` moved to ``to_stamp`` by one delta: appended to the local log with ``persist``."""
+        """``index`` moved to ``to_stamp`` by one delta: appended to the local log with ``persist`` (fsynced
+        unless ``durable`` is False: a catch-up the graph can give again)."""
         if self.persist:
             with self.vectors.lock(user_id):
-                index = self.vectors.append(user_id, index, to_stamp=to_stamp, upserts=upserts, removals=removals)
+                index = self.vectors.append(
+                    user_id, index, to_stamp=to_stamp, upserts=upserts, removals=removals, durable=durable
+                )
         else:
             index = self.vectors.moved(index, to_stamp=to_stamp, upserts=upserts, removals=removals)
         return self._remember(user_id, index)
@@ -171,7 +176,7 @@ class IndexKeeper:
         self.catchups += 1
         self.catchup_vector_bytes += changes.vector_bytes
         self._loaded_by("catchup")
-        return self._moved(user_id, index, changes.stamp, changes.upserts, changes.removed)
+        return self._moved(user_id, index, changes.stamp, changes.upserts, changes.removed, durable=False)
 
     def advance(
         self,

@@ -3,13 +3,11 @@
 
 Writes mark their facts, entities and chunks with ``changed`` (``Q_APPLY_WRITES``, ``Q_BUMP``) and log the
 ids they delete as ``(:Removal {user_id, version, ids})`` nodes (``Q_BUMP``); this reads both back through
-the ``(user_id, changed)`` and ``(user_id, version)`` indexes, so a catch-up costs what changed, not the
-user's size.
+the ``(user_id, changed)`` and ``(user_id, version)`` indexes in one statement, so a catch-up costs one
+round trip and what changed, not the user's size.
 """
 
 from __future__ import annotations
-
-from neo4j import ManagedTransaction
 
 from engram_api.storage.neo4j_connection import Neo4jConnection
 from engram_api.storage.vectorsync import VectorChanges
@@ -17,27 +15,32 @@ from engram_api.versions import Stamp
 
 __all__ = ["Neo4jVectors"]
 
-Q_VECTOR_STAMP = """
+# One statement, one round trip (an auto-commit read, ``_read_one``): the stamp, the removals, the records,
+# the stamp again, in that order for the user's one row (the order ``vectorsync`` relies on under read
+# committed isolation).
+Q_VECTOR_CHANGES = """
 OPTIONAL MATCH (u:User {user_id: $user_id})
-RETURN coalesce(u.epoch, 0) AS epoch, coalesce(u.version, 0) AS version, u.vectors_from AS horizon
-"""
-Q_VECTOR_REMOVALS = """
-MATCH (r:Removal {user_id: $user_id}) WHERE r.version > $since
-UNWIND r.ids AS id
-RETURN DISTINCT id
-"""
-Q_VECTOR_UPSERTS = """
+WITH coalesce(u.epoch, 0) AS epoch, coalesce(u.version, 0) AS version, u.vectors_from AS horizon
 CALL () {
-  MATCH (f:Fact {user_id: $user_id}) WHERE f.changed > $since AND f.embedding IS NOT NULL
-  RETURN f.id AS node_id, 'fact' AS kind, f.embedding AS embedding
-  UNION ALL
-  MATCH (e:Entity {user_id: $user_id}) WHERE e.changed > $since AND e.embedding IS NOT NULL
-  RETURN e.id AS node_id, 'entity' AS kind, e.embedding AS embedding
-  UNION ALL
-  MATCH (c:Chunk {user_id: $user_id}) WHERE c.changed > $since AND c.embedding IS NOT NULL
-  RETURN c.id AS node_id, 'episode' AS kind, c.embedding AS embedding
+  OPTIONAL MATCH (r:Removal {user_id: $user_id}) WHERE r.version > $since
+  UNWIND coalesce(r.ids, []) AS id
+  RETURN collect(DISTINCT id) AS removed
 }
-RETURN node_id, kind, embedding
+CALL () {
+  CALL () {
+    MATCH (f:Fact {user_id: $user_id}) WHERE f.changed > $since AND f.embedding IS NOT NULL
+    RETURN f.id AS node_id, 'fact' AS kind, f.embedding AS embedding
+    UNION ALL
+    MATCH (e:Entity {user_id: $user_id}) WHERE e.changed > $since AND e.embedding IS NOT NULL
+    RETURN e.id AS node_id, 'entity' AS kind, e.embedding AS embedding
+    UNION ALL
+    MATCH (c:Chunk {user_id: $user_id}) WHERE c.changed > $since AND c.embedding IS NOT NULL
+    RETURN c.id AS node_id, 'episode' AS kind, c.embedding AS embedding
+  }
+  RETURN collect([node_id, kind, embedding]) AS upserts
+}
+OPTIONAL MATCH (after:User {user_id: $user_id})
+RETURN epoch, version, horizon, removed, upserts, coalesce(after.epoch, 0) AS epoch_after
 """
 
 
@@ -45,21 +48,12 @@ class Neo4jVectors(Neo4jConnection):
     """``_vector_changes`` of the graph-store contract on Neo4j."""
 
     def _vector_changes(self, user_id: str, since: int) -> VectorChanges:
-        params = {"user_id": user_id, "since": since}
-
-        def stamp(tx: ManagedTransaction) -> tuple[Stamp, int | None]:
-            found = tx.run(Q_VECTOR_STAMP, params).single(strict=True)
-            horizon = found["horizon"]
-            return Stamp(int(found["epoch"]), int(found["version"])), None if horizon is None else int(horizon)
-
-        def work(tx: ManagedTransaction) -> VectorChanges:
-            # Stamp, removals, records, stamp: the order ``vectorsync`` relies on (read committed).
-            before, horizon = stamp(tx)
-            removed = tuple(r["id"] for r in tx.run(Q_VECTOR_REMOVALS, params))
-            upserts = [(r["node_id"], r["kind"], r["embedding"]) for r in tx.run(Q_VECTOR_UPSERTS, params)]
-            after, _ = stamp(tx)
-            return VectorChanges(
-                stamp=before, horizon=horizon, removed=removed, upserts=upserts, settled=after.epoch == before.epoch
-            )
-
-        return self._read(work)
+        (row,) = self._read_one(Q_VECTOR_CHANGES, {"user_id": user_id, "since": since})
+        horizon = row["horizon"]
+        return VectorChanges(
+            stamp=Stamp(int(row["epoch"]), int(row["version"])),
+            horizon=None if horizon is None else int(horizon),
+            removed=tuple(row["removed"]),
+            upserts=[(node, kind, embedding) for node, kind, embedding in row["upserts"]],
+            settled=int(row["epoch_after"]) == int(row["epoch"]),
+        )

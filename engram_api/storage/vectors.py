@@ -218,14 +218,17 @@ class VectorStore:
         to_stamp: Stamp,
         upserts: Iterable[tuple[str, Kind, Sequence[float]]] = (),
         removals: Iterable[str] = (),
+        durable: bool = True,
     ) -> UserIndex:
         """Record one batch of changes from ``index`` (the stored index, at its stamp) to ``to_stamp``:
-        one log record, or a compaction when the log has grown past its threshold. Returns the new index."""
+        one log record, or a compaction when the log has grown past its threshold. Returns the new index.
+        ``durable=False`` skips the fsync: for a change read back from the graph (a catch-up), which a
+        lost record only makes the next start of a process read again."""
         delta = self._delta(index.stamp, to_stamp, upserts, removals)
         changed = index.copy()
         delta.apply(changed)
         record = encode_record(delta)
-        if index.token == 0 or index.log_end == 0 or not self._append(user_id, index, record):
+        if index.token == 0 or index.log_end == 0 or not self._append(user_id, index, record, durable):
             return self.save(user_id, changed)  # no log of this base to extend: write it whole
         changed.log_end = index.log_end + len(record)
         if changed.log_end - LOG_HEADER.size > max(self.compact_min_bytes, self.compact_ratio * index.base_bytes):
@@ -261,7 +264,7 @@ class VectorStore:
             vectors=np.array([v for _, _, v in added], dtype=np.float32).reshape(len(added), self.dim),
         )
 
-    def _append(self, user_id: str, index: UserIndex, record: bytes) -> bool:
+    def _append(self, user_id: str, index: UserIndex, record: bytes, durable: bool) -> bool:
         try:
             with self.log_path_for(user_id).open("r+b") as fh:
                 if log_token(fh.read(LOG_HEADER.size)) != index.token:
@@ -271,7 +274,8 @@ class VectorStore:
                 fh.seek(index.log_end)
                 fh.write(record)
                 fh.flush()
-                os.fsync(fh.fileno())
+                if durable:
+                    os.fsync(fh.fileno())
         except FileNotFoundError:
             return False
         return True

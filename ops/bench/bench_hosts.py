@@ -14,8 +14,9 @@ a fresh query right after the write:
 Both as a ratio to the floor measured in the same loop (query embedding + FAISS search of the user, top
 30). Apply: the ``UserWrites.run`` time of one write when consecutive writes alternate hosts (each write
 finds its host's copy one write behind and catches up) against writes all on one host (a delta append),
-interleaved. Bytes: ``/proc/self/io`` ``rchar`` (bytes this process read, the Bolt socket's included) around
-one ``GraphStore.vector_changes`` after a write, against one ``stamped_vectors`` (a whole read).
+interleaved. Bytes: what the graph sent for one ``GraphStore.vector_changes`` one write behind, against one
+``stamped_vectors`` (a whole read): the bytes the Neo4j driver's Bolt sockets received, plus ``/proc/self/io``
+``rchar`` (file reads: SQLite's pages).
 """
 
 from __future__ import annotations
@@ -33,12 +34,39 @@ from corpus import queries
 __all__ = ["run"]
 
 
-def _rchar() -> int:
-    """Bytes this process has read so far (files and sockets), from /proc/self/io."""
-    for line in Path("/proc/self/io").read_text().splitlines():
-        if line.startswith("rchar:"):
-            return int(line.split()[1])
-    raise RuntimeError("no rchar in /proc/self/io")
+class _Received:
+    """Bytes the Neo4j driver's Bolt sockets received since ``install``, and this process's file reads."""
+
+    def __init__(self) -> None:
+        self.socket = 0
+
+    def install(self) -> _Received:
+        from neo4j._async_compat.network._bolt_socket import BoltSocketBase
+
+        original = BoltSocketBase.recv_into
+        received = self
+
+        def counting(sock: Any, buffer: Any, nbytes: int) -> int:
+            n = original(sock, buffer, nbytes)
+            received.socket += n
+            return n
+
+        BoltSocketBase.recv_into = counting  # type: ignore[method-assign]
+        return self
+
+    def total(self) -> int:
+        for line in Path("/proc/self/io").read_text().splitlines():
+            if line.startswith("rchar:"):
+                return self.socket + int(line.split()[1])
+        raise RuntimeError("no rchar in /proc/self/io")
+
+    def of(self, call: Any) -> int:
+        """Bytes read while ``call()`` ran (less what reading /proc itself costs)."""
+        mark = self.total()
+        idle = self.total() - mark  # one read of /proc/self/io, itself counted in rchar
+        mark += idle
+        call()
+        return self.total() - mark - idle
 
 
 def _write(client: Any, user_id: str, n: int) -> float:
@@ -88,7 +116,8 @@ def _measure(ctx: BenchContext, stack: Any, size: int, writes: int) -> dict[str,
     for n, client in enumerate((reader, before)):
         client.recall(uid, f"warm-up {qs[n]}", k=10)
     loads = {name: hosts[name].reader.keeper.rebuilds for name in hosts}
-    recall: dict[str, list[float]] = {"catch-up": [], "rebuild": []}
+    recall: dict[str, list[float]] = {"catch-up": [], "rebuild": [], "no write since": []}
+    index_ms: dict[str, list[float]] = {"catch-up": [], "rebuild": []}
     floor: list[float] = []
     apply: dict[str, list[float]] = {"alternating hosts": [], "one host": []}
     for i in range(writes):
@@ -103,21 +132,21 @@ def _measure(ctx: BenchContext, stack: Any, size: int, writes: int) -> dict[str,
             start = time.perf_counter()
             got = client.recall(uid, qs[4 + 2 * i + (label == "rebuild")], k=10)
             recall[label].append((time.perf_counter() - start) * 1e3)
+            index_ms[label].append(got.timings_ms["index"])
             assert not got.cached
+        start = time.perf_counter()  # the same reader again, nothing written since: its steady state
+        assert not reader.recall(uid, f"again {qs[4 + 2 * i]}", k=10).cached
+        recall["no write since"].append((time.perf_counter() - start) * 1e3)
         index = reader.reader.keeper.current(uid, reader.graph.user_stamp(uid))
         start = time.perf_counter()
         index.search(reader.reader.embedder.encode([qs[4 + 2 * i]])[0], 30)
         floor.append((time.perf_counter() - start) * 1e3)
-    catchup_bytes, whole_bytes = [], []
+    received, catchup_bytes = _Received().install(), []
     for i in range(3):
         since = a.graph.user_stamp(uid).version
         _write(b, uid, 3 * writes + i)
-        mark = _rchar()
-        a.graph.vector_changes(uid, since)
-        catchup_bytes.append(_rchar() - mark)
-    mark = _rchar()
-    a.graph.stamped_vectors(uid)
-    whole_bytes.append(_rchar() - mark)
+        catchup_bytes.append(received.of(lambda since=since: a.graph.vector_changes(uid, since)))
+    whole_bytes = received.of(lambda: a.graph.stamped_vectors(uid))
     extra = {name: hosts[name].reader.keeper.rebuilds - loads[name] for name in ("apply-a", "apply-b", "reader")}
     keeper = reader.reader.keeper
     for client in hosts.values():
@@ -129,10 +158,11 @@ def _measure(ctx: BenchContext, stack: Any, size: int, writes: int) -> dict[str,
         "recall_ms": {k: dist(v) for k, v in recall.items()},
         "floor_ms": floor_d,
         "ratio_p50": {k: ratio(dist(v)["p50"], floor_d["p50"]) for k, v in recall.items()},
+        "index_ms": {k: dist(v) for k, v in index_ms.items()},
         "apply_ms": {k: dist(v) for k, v in apply.items()},
         "apply_ratio_p50": ratio(dist(apply["alternating hosts"])["p50"], dist(apply["one host"])["p50"]),
         "catchup_bytes_p50": statistics.median(catchup_bytes),
-        "whole_read_bytes": whole_bytes[0],
+        "whole_read_bytes": whole_bytes,
         "rebuilds_after_first_load": extra,
         "reader_catchups": keeper.catchups,
     }
@@ -143,7 +173,19 @@ def run(ctx: BenchContext) -> BenchResult:
     writes = ctx.size(12, 40)
     recall = Table(
         "recall on a reader host right after another host's write (ms); floor = query embedding + FAISS search",
-        ["facts", "catch-up p50", "catch-up p95", "rebuild p50", "floor p50", "catch-up / floor", "rebuild / floor"],
+        [
+            "facts",
+            "catch-up p50",
+            "catch-up p95",
+            "index step p50",
+            "rebuild p50",
+            "index step p50",
+            "no write since p50",
+            "floor p50",
+            "catch-up / floor",
+            "rebuild / floor",
+            "no write / floor",
+        ],
     )
     apply = Table(
         "apply (one write through UserWrites, ms): writes alternating two hosts vs all on one host",
@@ -159,9 +201,11 @@ def run(ctx: BenchContext) -> BenchResult:
             got = _measure(ctx, stack, size, writes)
             summary["sizes"].append(got)
             r, f = got["recall_ms"], got["floor_ms"]
+            ix = got["index_ms"]
             recall.add(
-                size, r["catch-up"]["p50"], r["catch-up"]["p95"], r["rebuild"]["p50"], f["p50"],
-                got["ratio_p50"]["catch-up"], got["ratio_p50"]["rebuild"],
+                size, r["catch-up"]["p50"], r["catch-up"]["p95"], ix["catch-up"]["p50"], r["rebuild"]["p50"],
+                ix["rebuild"]["p50"], r["no write since"]["p50"], f["p50"], got["ratio_p50"]["catch-up"],
+                got["ratio_p50"]["rebuild"], got["ratio_p50"]["no write since"],
             )  # fmt: skip
             ap = got["apply_ms"]
             apply.add(
