@@ -25,7 +25,7 @@ from engram_api.storage.indexes import IndexKeeper
 from engram_api.storage.sqlite_store import SqliteGraphStore
 from engram_api.storage.userwrite import UserWrite, UserWrites
 from engram_api.storage.vectors import VectorStore
-from engram_api.versions import ABSENT
+from engram_api.versions import ABSENT, Stamp
 from tests.maintenance.builders import DIM, UserGraph, at, new_user, random_encode
 
 
@@ -189,3 +189,29 @@ def test_the_health_probe_lists_no_index_directory(tmp_path: Path, monkeypatch: 
     with MemoryClient(settings=settings) as client:
         row = check_all(client).checks["index_dir"]
     assert row.ok and str(settings.index_dir) in row.detail, row
+
+
+def test_each_reader_process_sweeps_on_its_own_timer(tmp_path: Path, redis_url: str, redis_client: redis.Redis) -> None:
+    """The reader library's sweeper (started with the reader when Redis is configured) deletes this host's
+    files of a user erased by another host, with no call from the application."""
+    from engram_api.client import MemoryClient
+    from engram_api.storage.erasure import record_erasure
+    from tests.support.operator_processes import wait_until
+
+    settings = Settings(data_dir=tmp_path, index_sweep_interval_s=0.05)
+    with MemoryClient(settings=settings, redis_url=redis_url) as client:
+        keeper = client.reader.keeper
+        assert client.sweeper is not None and client.sweeper.keeper is keeper
+        user, other = new_user(), new_user()
+        for u, epoch in ((user, 7), (other, 7)):
+            index = keeper.vectors.new()
+            index.upsert([(f"{u}-fact", "fact", random_encode([u])[0])])
+            index.stamp = Stamp(epoch, 3)
+            keeper.vectors.save(u, index)
+        record_erasure(redis_client, user, 7)  # what another host's forget_user leaves
+        wait_until(lambda: not keeper.vectors.path_for(user).exists(), timeout=30, what="the reader's sweep")
+        assert keeper.vectors.path_for(other).exists() and client.sweeper.sweeps >= 1
+        record_erasure(redis_client, other, 6)  # an earlier lifetime's tombstone: the newer files stay
+        sweeps = client.sweeper.sweeps
+        wait_until(lambda: client.sweeper.sweeps > sweeps + 1, timeout=30, what="two more sweeps")
+        assert keeper.vectors.path_for(other).exists()
