@@ -196,8 +196,8 @@ class IndexKeeper:
             self.vectors.delete(user_id)
             return self.vectors.new()
         index = self._loaded(user_id)
-        if index is None and from_stamp == ABSENT:
-            index = self.vectors.new()  # the write created the user: the batch is all it holds
+        if from_stamp == ABSENT and (index is None or index.epoch != to_stamp.epoch):
+            index = self.vectors.new()  # the write created the user (a copy left is an earlier lifetime's)
         if index is None:
             return None
         if index.stamp == to_stamp:
