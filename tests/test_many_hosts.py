@@ -10,7 +10,6 @@ no byte of the user's vectors on any host once each has swept (``engram_api.stor
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,13 +18,13 @@ import pytest
 import redis
 
 from engram_api.settings import Settings
-from engram_api.storage import GraphStore, open_graph_store
+from engram_api.storage import GraphStore
 from engram_api.storage.erasure import sweep_erased
 from engram_api.storage.indexes import IndexKeeper
-from engram_api.storage.sqlite_store import SqliteGraphStore
 from engram_api.storage.userwrite import UserWrite, UserWrites
 from engram_api.storage.vectors import VectorStore
 from engram_api.versions import ABSENT, Stamp
+from tests.maintenance import conftest as maintenance
 from tests.maintenance.builders import DIM, UserGraph, at, new_user, random_encode
 
 
@@ -37,15 +36,14 @@ class Host:
     writes: UserWrites
 
 
-@pytest.fixture(params=["sqlite", "neo4j"])
-def graph(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[GraphStore]:
-    if request.param == "sqlite":
-        store: GraphStore = SqliteGraphStore(path=tmp_path / "g.db")
-    else:
-        store = open_graph_store(Settings(neo4j_uri=request.getfixturevalue("neo4j_uri")))
-    store.ensure_schema()
-    yield store
-    store.close()
+# The maintenance suite's store fixtures (SQLite, then Neo4j), shared here by name.
+backend, store = maintenance.backend, maintenance.store
+
+
+@pytest.fixture
+def graph(store: GraphStore) -> GraphStore:
+    """One real graph store every host shares (the maintenance suite's: SQLite, then Neo4j)."""
+    return store
 
 
 def host(name: str, graph: GraphStore, tmp_path: Path, client: redis.Redis) -> Host:

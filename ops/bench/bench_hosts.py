@@ -30,6 +30,7 @@ from typing import Any
 from benchlib import BenchContext, BenchResult, Table, dist, ratio
 from bulk import bulk_load
 from corpus import queries
+from snapshot_refresh import write_one
 
 __all__ = ["run"]
 
@@ -70,27 +71,8 @@ class _Received:
 
 
 def _write(client: Any, user_id: str, n: int) -> float:
-    """One message with one new fact through ``client``'s UserWrites; returns the write's milliseconds."""
-    from engram_api.models import EpisodeRecord, FactRecord, WritePlan, utcnow
-    from engram_api.naming import self_entity_id
-
-    text = f"The user noted host probe {n} at {time.time_ns()}."
-    embedding = client.reader.embedder.encode([text])[0].tolist()
-
-    def body(write: Any) -> None:
-        write.index()  # the plan reads the writer's copy, as consolidation does
-        now, tag = utcnow(), f"{os.getpid()}-{time.time_ns()}"
-        fact = FactRecord(
-            id=f"hosts-{tag}", user_id=user_id, subject_id=self_entity_id(user_id), predicate="NOTED",
-            statement=text, valid_from=now, created_at=now, embedding=embedding,
-        )  # fmt: skip
-        episode = EpisodeRecord(id=f"hosts-ep-{tag}", user_id=user_id, content=text, event_time=now)
-        client.graph.apply(WritePlan(user_id=user_id, episode=episode, new_facts=[fact]))
-        write.finish(upserts=[(fact.id, "fact", embedding)])
-
-    start = time.perf_counter()
-    client.reader.writes.run(user_id, body, wait=10.0)
-    return (time.perf_counter() - start) * 1e3
+    """One fact through ``client``'s UserWrites, the plan reading the writer's copy; the write's ms."""
+    return write_one(client, user_id, n, read_index=True)
 
 
 def _hosts(ctx: BenchContext, stack: Any, size: int) -> dict[str, Any]:
