@@ -9,8 +9,6 @@ the contract says).
 
 from __future__ import annotations
 
-import numpy as np
-
 from engram_api.storage import sqlite_rows as db
 from engram_api.storage.sqlite_connection import SqliteConnection
 from engram_api.storage.vectorsync import VectorChanges
@@ -33,6 +31,8 @@ class SqliteVectors(SqliteConnection):
     """``_vector_changes`` of the graph-store contract on SQLite."""
 
     def _vector_changes(self, user_id: str, since: int) -> VectorChanges:
+        import numpy as np  # here: a process that only reads counts and facts never imports numpy
+
         params = {"user_id": user_id, "since": since}
         with self._read() as conn:
             before = db.read_stamp(conn, user_id)

@@ -34,9 +34,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from engram_api.storage.userindex import Kind
 from engram_api.versions import Stamp
+
+if TYPE_CHECKING:  # the stores import this module: no numpy (userindex's) for a process that reads no vectors
+    from engram_api.storage.userindex import Kind
 
 __all__ = ["REMOVAL_RETAIN", "VectorChanges"]
 
