@@ -100,6 +100,7 @@ def _measure(ctx: BenchContext, stack: Any, size: int, writes: int) -> dict[str,
     loads = {name: hosts[name].reader.keeper.rebuilds for name in hosts}
     recall: dict[str, list[float]] = {"catch-up": [], "rebuild": [], "no write since": []}
     index_ms: dict[str, list[float]] = {"catch-up": [], "rebuild": []}
+    parts: dict[str, list[dict[str, float]]] = {"catch-up": [], "no write since": []}
     floor: list[float] = []
     apply: dict[str, list[float]] = {"alternating hosts": [], "one host": []}
     for i in range(writes):
@@ -115,10 +116,13 @@ def _measure(ctx: BenchContext, stack: Any, size: int, writes: int) -> dict[str,
             got = client.recall(uid, qs[4 + 2 * i + (label == "rebuild")], k=10)
             recall[label].append((time.perf_counter() - start) * 1e3)
             index_ms[label].append(got.timings_ms["index"])
+            parts.setdefault(label, []).append(got.timings_ms)
             assert not got.cached
         start = time.perf_counter()  # the same reader again, nothing written since: its steady state
-        assert not reader.recall(uid, f"again {qs[4 + 2 * i]}", k=10).cached
+        again = reader.recall(uid, f"again {qs[4 + 2 * i]}", k=10)
         recall["no write since"].append((time.perf_counter() - start) * 1e3)
+        assert not again.cached
+        parts["no write since"].append(again.timings_ms)
         index = reader.reader.keeper.current(uid, reader.graph.user_stamp(uid))
         start = time.perf_counter()
         index.search(reader.reader.embedder.encode([qs[4 + 2 * i]])[0], 30)
@@ -141,6 +145,11 @@ def _measure(ctx: BenchContext, stack: Any, size: int, writes: int) -> dict[str,
         "floor_ms": floor_d,
         "ratio_p50": {k: ratio(dist(v)["p50"], floor_d["p50"]) for k, v in recall.items()},
         "index_ms": {k: dist(v) for k, v in index_ms.items()},
+        "parts_p50_ms": {
+            label: {part: statistics.median(t.get(part, 0.0) for t in rows) for part in rows[0]}
+            for label, rows in parts.items()
+            if label != "rebuild"
+        },
         "apply_ms": {k: dist(v) for k, v in apply.items()},
         "apply_ratio_p50": ratio(dist(apply["alternating hosts"])["p50"], dist(apply["one host"])["p50"]),
         "catchup_bytes_p50": statistics.median(catchup_bytes),
