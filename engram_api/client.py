@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     from engram_api.producer import Producer
     from engram_api.reader import Reader
     from engram_api.storage import GraphStore
+    from engram_api.storage.erasure import IndexSweeper
 
 __all__ = ["AsyncMemoryClient", "MemoryClient"]
 
@@ -52,6 +53,7 @@ class MemoryClient:
         self._producer: Producer | None = None
         self._reader: Reader | None = None
         self._graph: GraphStore | None = None
+        self.sweeper: IndexSweeper | None = None  # the erasure sweep of this reader's index files
 
     # ------------------------------------------------------------------------------ plumbing
     @property
@@ -120,13 +122,20 @@ class MemoryClient:
                 vectors=VectorStore.from_settings(self.settings, embedder.dim),
                 cache_size=self.settings.index_cache_users,
             )
+            redis_client = self._reader_redis()
+            if redis_client is not None:
+                # Erasure on every host: this reader's local files of users forgotten anywhere go (``erasure``).
+                from engram_api.storage.erasure import IndexSweeper
+
+                self.sweeper = IndexSweeper(keeper, redis_client, self.settings.index_sweep_interval_s).start()
             self._reader = Reader(
-                settings=self.settings, graph=self.graph, keeper=keeper, embedder=embedder,
-                redis_client=self._reader_redis(),
-            )  # fmt: skip
+                settings=self.settings, graph=self.graph, keeper=keeper, embedder=embedder, redis_client=redis_client
+            )
         return self._reader
 
     def close(self) -> None:
+        if self.sweeper is not None:
+            self.sweeper.stop()
         if self._reader is not None:
             self._reader.flush()
         if self._graph is not None:

@@ -61,6 +61,12 @@ def queue_for(task: str) -> str:
     return TASK_QUEUES[task]
 
 
+def erased_indexes() -> str:
+    """Sorted set of erasure tombstones: ``<index file stem>:<epoch>`` scored by the erasure's Unix time;
+    every process deletes its local FAISS files of those (``engram_api.storage.erasure``)."""
+    return f"{PREFIX}:erased-indexes"
+
+
 def message_payload(user_id: str, message_id: str) -> str:
     """The envelope (JSON) of a message not yet applied; deleted once applied."""
     return f"{PREFIX}:msg:{user_id}:{message_id}"

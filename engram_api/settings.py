@@ -232,6 +232,12 @@ class Settings(BaseSettings):
         description="delta log size, as a fraction of the index file, past which it is compacted (with "
         "index_log_compact_bytes: the rewrite cost per write stays independent of the user's size)",
     )
+    index_sweep_interval_s: float = Field(
+        60.0,
+        gt=0,
+        description="how often each worker and reader process deletes the local FAISS files of users erased "
+        "(forget_user) on any host, read from Redis's erasure tombstones; also once at start",
+    )
     rrf_k: int = Field(1, ge=1, description="reciprocal-rank fusion constant of recall's channels")
     recall_window: int = Field(
         0, ge=0, le=5, description="neighbouring conversation turns an episode hit brings along, on each side"

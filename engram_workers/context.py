@@ -17,6 +17,7 @@ from engram_api.deadletters import DeadLetterStore
 from engram_api.settings import Settings, load_settings
 from engram_api.storage import GraphStore, open_graph_store
 from engram_api.storage.embedder import Embedder, embedder_for
+from engram_api.storage.erasure import IndexSweeper
 from engram_api.storage.indexes import IndexKeeper
 from engram_api.storage.userwrite import UserWrites
 from engram_api.storage.vectors import VectorStore
@@ -24,6 +25,7 @@ from engram_workers.control import LLMBreaker, LLMRateLimiter
 from engram_workers.dispatch import Dispatch, send
 from engram_workers.extraction.llm import is_service_failure
 from engram_workers.extraction.query_batch import QueryBatcher
+from engram_workers.metrics import INDEX_LOADS
 from engram_workers.middleware import Middleware, build_middleware
 
 __all__ = ["WorkerContext", "get_context", "reset_context"]
@@ -36,6 +38,7 @@ class WorkerContext:
         self.dispatch = dispatch
         self._warm = False
         self._scripts: dict[str, Script] = {}
+        self.sweeper: IndexSweeper | None = None  # started with the keeper
 
     def warm_up(self) -> None:
         """Load and run the embedding model once and import FAISS: tens of seconds in a cold process on a
@@ -79,7 +82,15 @@ class WorkerContext:
     @cached_property
     def keeper(self) -> IndexKeeper:
         vectors = VectorStore.from_settings(self.settings, self.embedder.dim)
-        return IndexKeeper(graph=self.graph, vectors=vectors, cache_size=self.settings.index_cache_users)
+        keeper = IndexKeeper(
+            graph=self.graph,
+            vectors=vectors,
+            cache_size=self.settings.index_cache_users,
+            on_load=lambda how: INDEX_LOADS.labels(how=how).inc(),
+        )
+        # This process's share of erasure on every host: its local files of forgotten users go (``erasure``).
+        self.sweeper = IndexSweeper(keeper, self.redis, self.settings.index_sweep_interval_s).start()
+        return keeper
 
     @cached_property
     def writes(self) -> UserWrites:

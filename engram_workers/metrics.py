@@ -17,6 +17,7 @@ from prometheus_client.registry import Collector
 
 __all__ = [
     "DEAD_LETTERS",
+    "INDEX_LOADS",
     "LLM_COST",
     "LLM_TOKENS",
     "MESSAGES",
@@ -35,6 +36,12 @@ STAGE_SECONDS = Histogram(
 LLM_TOKENS = Counter("engram_llm_tokens_total", "LLM tokens spent", ["kind"])
 LLM_COST = Counter("engram_llm_cost_usd_total", "Estimated LLM cost in USD")
 DEAD_LETTERS = Counter("engram_dead_letters_total", "Messages dead-lettered", ["stage"])
+INDEX_LOADS = Counter(
+    "engram_index_loads_total",
+    "This process's FAISS copies of users brought up to the graph: rebuild (the user's vectors read whole) "
+    "or catchup (only what changed since the copy's version)",
+    ["how"],
+)
 
 
 class QueueDepth(Collector):

@@ -210,5 +210,7 @@ def test_a_writer_killed_at_any_point_leaves_an_index_the_graph_agrees_with(
             assert stored.node_ids() == ids
         keeper = IndexKeeper(graph=graph, vectors=vector_store(root))
         assert keeper.current(user, stamp).node_ids() == ids
-        assert keeper.rebuilds == (0 if stored.version == stamp.version else 1)
+        # A file behind the graph (the kill came between a graph commit and its log record) is caught up by
+        # version, never read whole again.
+        assert (keeper.rebuilds, keeper.catchups) == (0, 0 if stored.version == stamp.version else 1)
     graph.close()

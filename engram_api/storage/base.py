@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from engram_api.errors import InvalidInputError, StaleWriteError
+from engram_api.errors import InvalidInputError, StaleWriteError, UserBusyError
 from engram_api.models import (
     HISTORY_LIMIT,
     ApplyOutcome,
@@ -67,6 +67,7 @@ from engram_api.models import (
 )
 from engram_api.naming import normalize_name
 from engram_api.storage.forgetting import ForgetPlan, ForgetScope, Removed, plan_forget
+from engram_api.storage.vectorsync import VectorChanges
 from engram_api.versions import ABSENT, Stamp, new_epoch
 
 if TYPE_CHECKING:
@@ -85,6 +86,8 @@ __all__ = [
 
 _active = threading.local()
 _DAY = timedelta(days=1)
+# Full reads of a user's vectors before ``stamped_vectors`` settles for a stamp read first (see there).
+_STAMP_ATTEMPTS = 3
 _H = TypeVar("_H", bound=Hashable)
 # A provenance or membership link as a backend reads it: (owner id, "fact" | "entity", node id).
 Link = tuple[str, str, str]
@@ -212,13 +215,28 @@ class GraphStore(ABC):
         return self.user_stamp(user_id).version
 
     def stamped_vectors(self, user_id: str) -> tuple[list[VectorItem], Stamp]:
-        """``vectors`` with the full stamp they reflect (the stamp read before and after must agree,
-        so the items cannot come from another lifetime than the stamp)."""
-        while True:
+        """``vectors`` with the stamp they reflect, in at most ``_STAMP_ATTEMPTS`` reads: the first whose
+        stamp read before and after agree (exact), else the last one's items with the stamp read before them
+        when the lifetime held (every record of that stamp, perhaps newer ones: a catch-up by version from
+        that stamp makes the index exact, ``vectorsync``). ``UserBusyError`` when the user's lifetime changed
+        under every read (forget_user and re-creation in a loop): never an unbounded retry."""
+        for attempt in range(_STAMP_ATTEMPTS):
             before = self.user_stamp(user_id)
             items, version = self.vectors(user_id)
-            if version == before.version and self.user_stamp(user_id) == before:
+            after = self.user_stamp(user_id)
+            if (version == before.version and after == before) or (
+                attempt == _STAMP_ATTEMPTS - 1 and after.epoch == before.epoch
+            ):
                 return items, before
+        raise UserBusyError(user_id)
+
+    def vector_changes(self, user_id: str, since: int) -> VectorChanges:
+        """What changed in the user's vectors after version ``since``, in one read transaction (the removal
+        records and the embedded records marked after it, between two stamp reads): see ``vectorsync``."""
+        return self._vector_changes(user_id, _count("since", since))
+
+    @abstractmethod
+    def _vector_changes(self, user_id: str, since: int) -> VectorChanges: ...
 
     # ----------------------------------------------------------------------------------- lifecycle
     @abstractmethod

@@ -52,6 +52,7 @@ from engram_api.storage import neo4j_episodes as episodes_cypher
 from engram_api.storage import neo4j_rows as shape
 from engram_api.storage.base import Fence, GraphStore, Link
 from engram_api.storage.episodes import user_key
+from engram_api.storage.vectorsync import REMOVAL_RETAIN
 from engram_api.versions import ABSENT, Stamp
 
 __all__ = ["Neo4jConnection", "bump"]
@@ -86,10 +87,15 @@ def bump(
     facts: Iterable[str] = (),
     chunks: Iterable[str] = (),
     removed: bool = False,
+    gone: Iterable[str] = (),
 ) -> None:
     """Move the user's version, marking with it the ``facts`` and ``chunks`` the write created or changed,
-    or the user when it ``removed`` any (``cy.Q_BUMP``)."""
-    tx.run(cy.Q_BUMP, user_id=user_id, now=now, facts=list(facts), chunks=list(chunks), removed=removed).consume()
+    or the user when it ``removed`` any; the ids it deleted (``gone``) become a removal record of that
+    version (``cy.Q_BUMP``, ``vectorsync``)."""
+    tx.run(
+        cy.Q_BUMP, user_id=user_id, now=now, facts=list(facts), chunks=list(chunks), removed=removed,
+        gone=sorted(set(gone)), retain=REMOVAL_RETAIN,
+    ).consume()  # fmt: skip
 
 
 def _unfenced(_found: Stamp) -> None:

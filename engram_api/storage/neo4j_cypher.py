@@ -104,6 +104,9 @@ SCHEMA = (
     # a reader's snapshot refresh reads the records written since its stamp (Q_CHANGED_FACTS, Q_CHANGED_CHUNKS)
     "CREATE INDEX engram_fact_changed IF NOT EXISTS FOR (n:Fact) ON (n.user_id, n.changed)",
     "CREATE INDEX engram_chunk_changed IF NOT EXISTS FOR (n:Chunk) ON (n.user_id, n.changed)",
+    # a FAISS copy's catch-up reads the vectors written and the ids removed since its version (``vectorsync``)
+    "CREATE INDEX engram_entity_changed IF NOT EXISTS FOR (n:Entity) ON (n.user_id, n.changed)",
+    "CREATE INDEX engram_removal_user IF NOT EXISTS FOR (n:Removal) ON (n.user_id, n.version)",
     "CREATE INDEX engram_cluster_user IF NOT EXISTS FOR (n:Cluster) ON (n.user_id)",
     "CREATE INDEX engram_entity_edit_episode IF NOT EXISTS FOR (n:EntityEdit) ON (n.user_id, n.episode_id)",
     "CREATE INDEX engram_entity_edit_entity IF NOT EXISTS FOR (n:EntityEdit) ON (n.user_id, n.entity_id)",
@@ -187,6 +190,7 @@ Q_APPLY_LOCK = (
 MERGE (u:User {user_id: $user_id})
 ON CREATE SET u.version = 0, u.epoch = $epoch, u.prompt_tokens = 0, u.completion_tokens = 0, u.cost_usd = 0.0,
               u.llm_calls = 0, u.created_at = $now
+SET u.vectors_from = coalesce(u.vectors_from, u.version)
 SET u.version = u.version + 1,
     u.prompt_tokens = u.prompt_tokens + $usage.prompt_tokens,
     u.completion_tokens = u.completion_tokens + $usage.completion_tokens,
@@ -212,7 +216,7 @@ CALL (ep) {{
 CALL (ep) {{
   UNWIND $entities AS row
   WITH row WHERE row IS NOT NULL
-  CREATE (e:Entity) SET e = row.props, {set_times("e", "row.props", ENTITY_TIMES)}
+  CREATE (e:Entity) SET e = row.props, {set_times("e", "row.props", ENTITY_TIMES)}, e.changed = $version
   CREATE (e)-[:FROM]->(ep)
   FOREACH (norm IN row.norms | CREATE (e)-[:HAS_ALIAS]->(:Alias {{user_id: $user_id, norm: norm}}))
   FOREACH (_ IN CASE WHEN size(row.props.aliases) > 0 OR row.props.summary <> '' THEN [1] ELSE [] END |
@@ -279,15 +283,26 @@ Q_FENCE = FENCE_LOCK + "RETURN found_epoch AS epoch, found_version AS version"
 # Every write but apply's ends with this bump, which marks the facts and chunks the write created or
 # changed ($facts, $chunks) with the version it commits, or the user's node with it when the write removed
 # one ($removed): ``GraphStore.refresh_snapshot`` reads only what a reader's snapshot lacks. Apply marks its
-# own records with its version (``Q_APPLY_WRITES``' $version).
+# own records with its version (``Q_APPLY_WRITES``' $version). The ids a write deleted ($gone) become one
+# removal record of that version, and records older than $retain versions go, the horizon following them
+# (``vectorsync``: a FAISS copy catches up by these).
 Q_BUMP = """
 MATCH (u:User {user_id: $user_id})
+SET u.vectors_from = coalesce(u.vectors_from, u.version)
 SET u.version = u.version + 1, u.updated_at = $now
 WITH u
 SET u.removed = CASE WHEN $removed THEN u.version ELSE u.removed END
 WITH u
 CALL (u) { MATCH (f:Fact {user_id: $user_id}) WHERE f.id IN $facts SET f.changed = u.version }
 CALL (u) { MATCH (c:Chunk {user_id: $user_id}) WHERE c.id IN $chunks SET c.changed = u.version }
+FOREACH (_ IN CASE WHEN size($gone) > 0 THEN [1] ELSE [] END |
+  CREATE (:Removal {user_id: $user_id, version: u.version, ids: $gone}))
+WITH u
+CALL (u) {
+  MATCH (r:Removal {user_id: $user_id}) WHERE size($gone) > 0 AND r.version <= u.version - $retain DELETE r
+}
+SET u.vectors_from = CASE WHEN size($gone) > 0 AND u.version - $retain > u.vectors_from
+                          THEN u.version - $retain ELSE u.vectors_from END
 """
 Q_CHANGES_STAMP = """
 OPTIONAL MATCH (u:User {user_id: $user_id})
@@ -593,7 +608,18 @@ RETURN COLLECT { MATCH (f:Fact {user_id: $user_id}) RETURN f.id } AS facts,
        COUNT { MATCH (ep:Episode {user_id: $user_id}) } AS episodes
 """
 # Labels are constants of this module; one statement per label keeps each delete on an index.
-FORGET_USER_LABELS = ("Fact", "Alias", "Entity", "EntityEdit", "Chunk", "Episode", "Cluster", "Feedback", "User")
+FORGET_USER_LABELS = (
+    "Fact",
+    "Alias",
+    "Entity",
+    "EntityEdit",
+    "Chunk",
+    "Episode",
+    "Cluster",
+    "Feedback",
+    "Removal",
+    "User",
+)
 
 # --------------------------------------------------------------------------------- maintenance
 Q_DECAY_BATCH = """

@@ -64,7 +64,8 @@ class Neo4jDeletion(Neo4jConnection):
                 tx.run(episodes_cypher.Q_FORGET_CHUNKS, params).consume()
                 tx.run(cy.Q_FORGET_EPISODE, params).consume()
             orphans = [r["id"] for r in tx.run(cy.Q_FORGET_ORPHANS, params, candidates=plan.entity_candidates)]
-            bump(tx, plan.user_id, now=params["now"], removed=True)
+            gone = [*plan.fact_ids, *plan.chunk_ids, *orphans]
+            bump(tx, plan.user_id, now=params["now"], removed=True, gone=gone)
             return orphans
 
         return self._write(work)

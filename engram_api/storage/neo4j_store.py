@@ -45,6 +45,7 @@ from engram_api.storage.episodes import user_key
 from engram_api.storage.neo4j_connection import Neo4jConnection, bump
 from engram_api.storage.neo4j_deletion import Neo4jDeletion
 from engram_api.storage.neo4j_maintenance import Neo4jMaintenance
+from engram_api.storage.neo4j_vectors import Neo4jVectors
 from engram_api.versions import ABSENT, Stamp
 
 if TYPE_CHECKING:
@@ -63,11 +64,12 @@ class _AlreadyApplied(Exception):
         self.version = version
 
 
-class Neo4jGraphStore(Neo4jDeletion, Neo4jMaintenance, Neo4jConnection):
+class Neo4jGraphStore(Neo4jDeletion, Neo4jMaintenance, Neo4jVectors, Neo4jConnection):
     """Graph store on a Neo4j 5 server over Bolt; safe to share between threads.
 
     Ingest and reads are here; the plumbing is ``Neo4jConnection`` (``neo4j_connection``), deletion
-    ``Neo4jDeletion`` (``neo4j_deletion``) and maintenance ``Neo4jMaintenance`` (``neo4j_maintenance``).
+    ``Neo4jDeletion`` (``neo4j_deletion``), maintenance ``Neo4jMaintenance`` (``neo4j_maintenance``) and
+    vector catch-up reads ``Neo4jVectors`` (``neo4j_vectors``).
     """
 
     # ------------------------------------------------------------------------------- ingest
@@ -348,7 +350,7 @@ class Neo4jGraphStore(Neo4jDeletion, Neo4jMaintenance, Neo4jConnection):
         def work(tx: ManagedTransaction) -> list[str]:
             removed = [r["id"] for r in tx.run(episodes_cypher.Q_REMOVE_CHUNKS, user_id=user_id, ids=chunk_ids)]
             if removed:
-                bump(tx, user_id, now=shape.utc(utcnow()), removed=True)
+                bump(tx, user_id, now=shape.utc(utcnow()), removed=True, gone=removed)
             return removed
 
         return self._write(work)

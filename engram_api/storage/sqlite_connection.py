@@ -124,10 +124,16 @@ class SqliteConnection(GraphStore):
             raise
         # Files created before these columns existed: add them. Users read as epoch 0; records as
         # marked by no write (version 0), which every snapshot taken since holds already.
-        for table, column in (("users", "epoch"), ("users", "removed"), ("facts", "changed"), ("chunks", "changed")):
+        # ``vectors_from`` stays NULL (no catch-up history) until this release's first write of the user.
+        columns = (
+            ("users", "epoch", "NOT NULL DEFAULT 0"), ("users", "removed", "NOT NULL DEFAULT 0"),
+            ("users", "vectors_from", ""), ("facts", "changed", "NOT NULL DEFAULT 0"),
+            ("chunks", "changed", "NOT NULL DEFAULT 0"), ("entities", "changed", "NOT NULL DEFAULT 0"),
+        )  # fmt: skip
+        for table, column, constraint in columns:
             if column not in {r["name"] for r in conn.execute(f"PRAGMA table_info({table})")}:
                 try:
-                    conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} INTEGER NOT NULL DEFAULT 0")
+                    conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} INTEGER {constraint}")
                 except sqlite3.OperationalError as exc:
                     if "duplicate column" not in str(exc):  # another process added it first
                         raise

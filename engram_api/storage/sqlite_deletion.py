@@ -115,7 +115,7 @@ class SqliteDeletion(SqliteConnection):
                 )
             ]
             db.delete_nodes(conn, user_id, "entities", orphans)
-            db.bump(conn, user_id, None, removed=True)
+            db.bump(conn, user_id, None, removed=True, gone=[*plan.fact_ids, *plan.chunk_ids, *orphans])
         return orphans
 
     def _forget_user(self, user_id: str) -> Removed:
@@ -132,7 +132,7 @@ class SqliteDeletion(SqliteConnection):
             episodes = conn.execute("DELETE FROM episodes WHERE user_id = ?", (user_id,)).rowcount
             for table, node_ids in ids.items():
                 db.delete_nodes(conn, user_id, table, node_ids)
-            for table in ("provenance", "entity_edits", "cluster_members", "clusters", "feedback", "users"):
+            for table in ("provenance", "entity_edits", "cluster_members", "clusters", "feedback", "removals", "users"):
                 conn.execute(f"DELETE FROM {table} WHERE user_id = ?", (user_id,))
             conn.execute("DELETE FROM weights WHERE scope = ?", (user_id,))
         return Removed(

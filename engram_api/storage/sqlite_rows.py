@@ -24,6 +24,7 @@ from engram_api.models import (
     utcnow,
 )
 from engram_api.naming import normalize_name
+from engram_api.storage.vectorsync import REMOVAL_RETAIN
 from engram_api.versions import ABSENT, Stamp, new_epoch
 
 __all__ = [
@@ -167,18 +168,22 @@ def bump(
     *,
     facts: Sequence[str] = (),
     chunks: Sequence[str] = (),
+    entities: Sequence[str] = (),
     removed: bool = False,
+    gone: Sequence[str] = (),
 ) -> int:
     """Bump the version; creates the user (with ``epoch``, else a fresh one) when absent. Marks with the
-    new version the ``facts`` and ``chunks`` the write created or changed, or the user when it ``removed``
-    any (``GraphStore.refresh_snapshot`` reads what a reader's snapshot lacks by these marks)."""
+    new version the ``facts``, ``chunks`` and ``entities`` the write created or changed, or the user when it
+    ``removed`` any (``GraphStore.refresh_snapshot`` reads what a reader's snapshot lacks by these marks);
+    the ids it deleted (``gone``) become removal rows of that version (``vectorsync``)."""
     usage = usage or Usage()
     now = to_us(utcnow())
     row = conn.execute(
         """INSERT INTO users (user_id, version, epoch, prompt_tokens, completion_tokens, cost_usd, llm_calls,
-                              created_at, updated_at)
-           VALUES (:user_id, 1, :epoch, :prompt, :completion, :cost, :calls, :now, :now)
+                              created_at, updated_at, vectors_from)
+           VALUES (:user_id, 1, :epoch, :prompt, :completion, :cost, :calls, :now, :now, 0)
            ON CONFLICT (user_id) DO UPDATE SET
+               vectors_from = COALESCE(vectors_from, version),
                version = version + 1,
                prompt_tokens = prompt_tokens + :prompt,
                completion_tokens = completion_tokens + :completion,
@@ -199,13 +204,27 @@ def bump(
     version = int(row["version"])
     if removed:
         conn.execute("UPDATE users SET removed = version WHERE user_id = ?", (user_id,))
-    for table, ids in (("facts", facts), ("chunks", chunks)):
+    if gone:
+        _log_removals(conn, user_id, version, gone)
+    for table, ids in (("facts", facts), ("chunks", chunks), ("entities", entities)):
         if ids:
             conn.execute(
                 f"UPDATE {table} SET changed = ? WHERE user_id = ? AND id IN (SELECT value FROM json_each(?))",
                 (version, user_id, json.dumps(list(dict.fromkeys(ids)))),
             )
     return version
+
+
+def _log_removals(conn: sqlite3.Connection, user_id: str, version: int, gone: Sequence[str]) -> None:
+    """One removal row per deleted id at ``version``; rows older than ``REMOVAL_RETAIN`` versions go and the
+    horizon follows them."""
+    conn.executemany(
+        "INSERT INTO removals (user_id, version, node_id) VALUES (?, ?, ?)",
+        [(user_id, version, node_id) for node_id in dict.fromkeys(gone)],
+    )
+    floor = version - REMOVAL_RETAIN
+    conn.execute("DELETE FROM removals WHERE user_id = ? AND version <= ?", (user_id, floor))
+    conn.execute("UPDATE users SET vectors_from = MAX(vectors_from, ?) WHERE user_id = ?", (floor, user_id))
 
 
 def episode_exists(conn: sqlite3.Connection, user_id: str, episode_id: str) -> bool:

@@ -32,6 +32,7 @@ CREATE TABLE IF NOT EXISTS users (
     cost_usd          REAL    NOT NULL DEFAULT 0,
     llm_calls         INTEGER NOT NULL DEFAULT 0,
     removed           INTEGER NOT NULL DEFAULT 0,  -- the version of the last write that removed a record
+    vectors_from      INTEGER,  -- catch-up horizon (``vectorsync``); NULL until this release writes the user
     created_at        INTEGER NOT NULL,
     updated_at        INTEGER NOT NULL
 );
@@ -59,7 +60,8 @@ CREATE TABLE IF NOT EXISTS entities (
     summary    TEXT    NOT NULL,
     embedding  BLOB,
     created_at INTEGER NOT NULL,
-    updated_at INTEGER NOT NULL
+    updated_at INTEGER NOT NULL,
+    changed    INTEGER NOT NULL DEFAULT 0  -- the version of the write that created it
 );
 CREATE INDEX IF NOT EXISTS ix_entities_user_norm ON entities (user_id, norm_name);
 
@@ -174,6 +176,14 @@ CREATE TABLE IF NOT EXISTS weights (
     fitted_at         INTEGER NOT NULL
 );
 
+-- The ids each write deleted, by the version it committed: a FAISS copy catches up by them (``vectorsync``).
+CREATE TABLE IF NOT EXISTS removals (
+    user_id TEXT    NOT NULL,
+    version INTEGER NOT NULL,
+    node_id TEXT    NOT NULL
+);
+CREATE INDEX IF NOT EXISTS ix_removals_user_version ON removals (user_id, version);
+
 {episodes}
 COMMIT;
 """
@@ -184,6 +194,7 @@ SCHEMA = _SCHEMA_TEMPLATE.replace("{episodes}", episodes_sql.SCHEMA)
 CHANGED_INDEXES = """
 CREATE INDEX IF NOT EXISTS ix_facts_user_changed ON facts (user_id, changed);
 CREATE INDEX IF NOT EXISTS ix_chunks_user_changed ON chunks (user_id, changed);
+CREATE INDEX IF NOT EXISTS ix_entities_user_changed ON entities (user_id, changed);
 """
 
 # Every fact read goes through these columns so subject/object names and sources are filled alike.

@@ -33,6 +33,7 @@ from engram_api.storage.base import GraphStep, GraphStepQuery, Link, SnapshotBui
 from engram_api.storage.sqlite_connection import SqliteConnection
 from engram_api.storage.sqlite_deletion import SqliteDeletion
 from engram_api.storage.sqlite_maintenance import SqliteMaintenance
+from engram_api.storage.sqlite_vectors import SqliteVectors
 from engram_api.versions import Stamp
 
 if TYPE_CHECKING:
@@ -41,7 +42,7 @@ if TYPE_CHECKING:
 __all__ = ["SqliteGraphStore"]
 
 
-class SqliteGraphStore(SqliteDeletion, SqliteMaintenance, SqliteConnection):
+class SqliteGraphStore(SqliteDeletion, SqliteMaintenance, SqliteVectors, SqliteConnection):
     """The graph-store contract over one SQLite file (the default when no Neo4j is configured)."""
 
     # ------------------------------------------------------------------------------------ ingest
@@ -155,7 +156,10 @@ class SqliteGraphStore(SqliteDeletion, SqliteMaintenance, SqliteConnection):
                 *plan.linked_fact_ids,
             ]
             chunks = [c.id for c in plan.chunks]
-            version = db.bump(conn, user_id, plan.usage, self._creation_epoch(), facts=touched, chunks=chunks)
+            entities = [e.id for e in plan.new_entities]
+            version = db.bump(
+                conn, user_id, plan.usage, self._creation_epoch(), facts=touched, chunks=chunks, entities=entities
+            )
         return ApplyOutcome(applied=True, version=version)
 
     # -------------------------------------------------------------------------------------- read
@@ -335,7 +339,7 @@ class SqliteGraphStore(SqliteDeletion, SqliteMaintenance, SqliteConnection):
         with self._write() as conn:
             removed = episodes_sql.delete_chunks(conn, user_id, chunk_ids)
             if removed:
-                db.bump(conn, user_id, None, removed=True)
+                db.bump(conn, user_id, None, removed=True, gone=removed)
         return removed
 
     def _neighbour_chunks(self, user_id: str, chunk_ids: list[str], window: int) -> list[ChunkRecord]:

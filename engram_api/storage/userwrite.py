@@ -16,7 +16,8 @@ Invariants:
   back; then the fence refuses the write (nothing is written) and the re-plan reads the graph's stamp.
 - ``finish`` runs after the graph writes: it moves the FAISS index from the stamp read at ``open`` to
   the stamp after the writes (a delta, or a rebuild when the file is elsewhere), publishes that stamp
-  in Redis (atomically only while the lease is still ours) and drops the process's caches. When the
+  in Redis (atomically only while the lease is still ours) and drops the process's caches; after
+  ``forget_user`` it also leaves the erasure tombstone every host's sweep deletes its files by. When the
   lease was lost after the commit, it takes the lease again and finishes only if the graph is still at
   its stamp; otherwise the newer writer owns the index and the published stamp.
 - Only users a write changed are published: nothing here walks every user.
@@ -31,6 +32,7 @@ from typing import TYPE_CHECKING, TypeVar
 from engram_api import keys
 from engram_api.errors import StaleWriteError, UserBusyError
 from engram_api.storage.base import Fence, GraphStore
+from engram_api.storage.erasure import record_erasure
 from engram_api.storage.indexes import IndexKeeper
 from engram_api.storage.vectors import Kind, UserIndex
 from engram_api.versions import ABSENT, Stamp, new_epoch, publish_stamp, read_stamp
@@ -72,6 +74,9 @@ class UserWrite:
     ) -> Stamp:
         """Bring the index, the published stamp and the caches to the graph's state after this write."""
         owner, user_id, after = self._owner, self.user_id, self.stamp
+        if after == ABSENT and self.before != ABSENT and owner.redis is not None:
+            # The graph erased the user: every host's files go (``erasure``), whoever holds the lease now.
+            record_erasure(owner.redis, user_id, self.before.epoch)
         if self.lease is not None and not self.lease.held() and not self._retake(after):
             owner.drop_caches(user_id)  # another writer owns the user now: its finish covers ours
             return after

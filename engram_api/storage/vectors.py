@@ -1,5 +1,6 @@
-"""Per-user FAISS index files: a base file plus an append-only delta log, derived from the graph store
-and rebuildable from it.
+"""Per-user FAISS index files: a base file plus an append-only delta log, one process's local copy of the
+vectors the graph store holds (``vectorsync``: a warm-start cache that any process may delete at any time,
+which no process on another host ever reads).
 
 A global index filtered after top-k lets one user's results shrink as others add data; one index per
 user cannot. Each user has ``<hash>.faiss`` (the base: magic ``EGI4``, u64 epoch, u64 version, u64
@@ -11,8 +12,9 @@ the log and fsyncs it, so its cost follows the change, not the user's size; when
 
 Invariants:
 - The index's stamp is that of the last whole record of the chain (or the base's without one); it is
-  the graph stamp the index reflects, so a reader or the reconcile job can tell a stale, missing or
-  other-lifetime index and rebuild it from the graph (the source of truth).
+  the graph stamp the index reflects, so a process can tell a stale index (and catch it up from the graph
+  by version) from a missing or other-lifetime one (read from the graph whole).
+- Temp files are named by host, process and a random part: writers sharing a directory never collide.
 - A crash at any point leaves a readable index at a stamp some write reached: mid-append the torn
   record is ignored; between the base's and the log's rename the old log's token no longer matches and
   the new base alone is complete. A removal (forget, erasure) is in the log before the write returns and
@@ -26,8 +28,10 @@ from __future__ import annotations
 import hashlib
 import os
 import secrets
+import socket
 import struct
 import threading
+import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
@@ -42,6 +46,8 @@ __all__ = ["Kind", "UserIndex", "VectorHit", "VectorStore", "vector_id"]
 
 _LOCK_STRIPES = 64  # in-process file-lock stripes: ample for 2-8 worker threads, bounded for any user count
 _READ_ATTEMPTS = 3  # a compaction can swap base and log between a reader's two opens: read the pair again
+_TMP_GRACE_S = 60.0  # a temp file older than this is a crashed writer's (a save takes milliseconds to seconds)
+_HOST = "".join(c if c.isalnum() or c in "-_" else "_" for c in socket.gethostname())[:64] or "host"
 
 
 def _read(path: Path) -> bytes | None:
@@ -52,7 +58,9 @@ def _read(path: Path) -> bytes | None:
 
 
 def _write_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    # Host, process and a random part: a directory shared by hosts (a network volume) never sees two
+    # writers pick the same temp name.
+    tmp = path.with_name(f"{path.name}.{_HOST}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
     with tmp.open("wb") as fh:
         fh.write(data)
         fh.flush()
@@ -93,9 +101,14 @@ class VectorStore:
             compact_ratio=settings.index_log_compact_ratio,
         )
 
+    @staticmethod
+    def stem(user_id: str) -> str:
+        """The user's file name without suffix: hashed, so a user id never becomes a path (no traversal,
+        no odd characters) and an erasure tombstone names no user."""
+        return hashlib.sha256(user_id.encode()).hexdigest()[:32]
+
     def path_for(self, user_id: str) -> Path:
-        # Hashed file names: a user id never becomes a path (no traversal, no odd characters).
-        return self.root / f"{hashlib.sha256(user_id.encode()).hexdigest()[:32]}.faiss"
+        return self.root / f"{self.stem(user_id)}.faiss"
 
     def log_path_for(self, user_id: str) -> Path:
         return self.path_for(user_id).with_suffix(".faiss.log")
@@ -205,28 +218,53 @@ class VectorStore:
         to_stamp: Stamp,
         upserts: Iterable[tuple[str, Kind, Sequence[float]]] = (),
         removals: Iterable[str] = (),
+        durable: bool = True,
     ) -> UserIndex:
         """Record one batch of changes from ``index`` (the stored index, at its stamp) to ``to_stamp``:
-        one log record, or a compaction when the log has grown past its threshold. Returns the new index."""
-        added = list(upserts)
-        delta = Delta(
-            before=index.stamp,
-            after=to_stamp,
-            removed=tuple(removals),
-            added=tuple((node, kind) for node, kind, _ in added),
-            vectors=np.array([v for _, _, v in added], dtype=np.float32).reshape(len(added), self.dim),
-        )
+        one log record, or a compaction when the log has grown past its threshold. Returns the new index.
+        ``durable=False`` skips the fsync: for a change read back from the graph (a catch-up), which a
+        lost record only makes the next start of a process read again."""
+        delta = self._delta(index.stamp, to_stamp, upserts, removals)
         changed = index.copy()
         delta.apply(changed)
         record = encode_record(delta)
-        if index.token == 0 or index.log_end == 0 or not self._append(user_id, index, record):
+        if index.token == 0 or index.log_end == 0 or not self._append(user_id, index, record, durable):
             return self.save(user_id, changed)  # no log of this base to extend: write it whole
         changed.log_end = index.log_end + len(record)
         if changed.log_end - LOG_HEADER.size > max(self.compact_min_bytes, self.compact_ratio * index.base_bytes):
             return self.save(user_id, changed)
         return changed
 
-    def _append(self, user_id: str, index: UserIndex, record: bytes) -> bool:
+    def moved(
+        self,
+        index: UserIndex,
+        *,
+        to_stamp: Stamp,
+        upserts: Iterable[tuple[str, Kind, Sequence[float]]] = (),
+        removals: Iterable[str] = (),
+    ) -> UserIndex:
+        """``append``'s change in memory only: a copy of ``index`` at ``to_stamp``, no file touched."""
+        changed = index.copy()
+        self._delta(index.stamp, to_stamp, upserts, removals).apply(changed)
+        return changed
+
+    def _delta(
+        self,
+        before: Stamp,
+        after: Stamp,
+        upserts: Iterable[tuple[str, Kind, Sequence[float]]],
+        removals: Iterable[str],
+    ) -> Delta:
+        added = list(upserts)
+        return Delta(
+            before=before,
+            after=after,
+            removed=tuple(removals),
+            added=tuple((node, kind) for node, kind, _ in added),
+            vectors=np.array([v for _, _, v in added], dtype=np.float32).reshape(len(added), self.dim),
+        )
+
+    def _append(self, user_id: str, index: UserIndex, record: bytes, durable: bool) -> bool:
         try:
             with self.log_path_for(user_id).open("r+b") as fh:
                 if log_token(fh.read(LOG_HEADER.size)) != index.token:
@@ -236,10 +274,30 @@ class VectorStore:
                 fh.seek(index.log_end)
                 fh.write(record)
                 fh.flush()
-                os.fsync(fh.fileno())
+                if durable:
+                    os.fsync(fh.fileno())
         except FileNotFoundError:
             return False
         return True
+
+    def erase(self, stem: str, epoch: int) -> bool:
+        """Delete the files named ``stem`` when they hold a lifetime up to ``epoch`` (epochs are time-ordered:
+        a later lifetime's files stay), and a crashed writer's temp files of that name (older than a save
+        takes: a live one may be a new lifetime's); True if any went."""
+        base = self.root / f"{stem}.faiss"
+        head = _read_head(base)
+        temps = self.root.glob(f"{stem}.faiss.*.tmp") if self.root.is_dir() else ()
+        doomed = [t for t in temps if _age(t) > _TMP_GRACE_S]
+        if head is None or head[0] <= epoch:
+            doomed += [base, base.with_suffix(".faiss.log")]  # base first: a log without its base is never read
+        gone = False
+        for path in doomed:
+            try:
+                path.unlink()
+                gone = True
+            except FileNotFoundError:
+                pass
+        return gone
 
     def delete(self, user_id: str) -> bool:
         """Remove the user's base and log (the base first: a log without its base is never read)."""
@@ -260,3 +318,11 @@ def _read_head(path: Path) -> tuple[int, int, int] | None:
     except (OSError, struct.error):
         return None
     return (int(epoch), int(version), int(token)) if magic == BASE_MAGIC else None
+
+
+def _age(path: Path) -> float:
+    """Seconds since ``path`` was last written; 0 when it is gone already."""
+    try:
+        return time.time() - path.stat().st_mtime
+    except FileNotFoundError:
+        return 0.0

@@ -202,7 +202,7 @@ def _current_facts(
     """Current (valid, not archived) facts and their index vectors row for row, ordered by statement:
     k-means starts from rows picked by position, so content order (not random ids) makes the same facts
     give the same clusters on every run and every store."""
-    index = keeper.current(user_id, stamp)
+    index = keeper.peek(user_id, stamp)  # no copy of every user onto this host: ``IndexKeeper.peek``
     fact_ids = sorted(index.node_ids("fact"))
     facts: list[FactRecord] = []
     for start in range(0, len(fact_ids), batch):

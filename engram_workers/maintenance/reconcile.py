@@ -1,10 +1,12 @@
-"""Index reconciliation: make every user's FAISS file agree with the graph store again.
+"""Index reconciliation: make this host's FAISS files agree with the graph store again.
 
-The graph is the source of truth and the index is derived from it. Writers keep the two in step
-(``IndexKeeper.advance``), but a crash between the graph commit and the file write, a lost or damaged
-disk file, or a bug can leave them apart; readers only catch an index that is behind. This job compares
-each user's file with the graph's vectors and stamp (epoch, version), rebuilds what disagrees and
-publishes the fixed users' stamps. It also removes the artefacts of users the graph does not know: index
+The graph is the source of truth and every process's index is a cache of it (``vectorsync``). Writers
+keep their copies in step (``IndexKeeper.advance``) and any copy behind the graph catches up by version,
+but a damaged disk file or a bug can leave a copy wrong. This job compares each local file of the users
+it is given (a user with no file on this host is no fault: a host keeps copies of the users it served
+only, and this job never writes one for the others) with the graph's vectors and stamp (epoch, version):
+a file behind is caught up (then checked like any other), one that disagrees is rebuilt, and the fixed
+users' stamps are published. It also removes the artefacts of users the graph does not know: index
 files (a reader's rebuild racing ``forget_user`` can leave one) and published stamps in Redis. Those are
 listed *before* the graph's users, and every writer commits the graph before it writes a file or a
 stamp, so an artefact of a user being created right now is never mistaken for an orphan.
@@ -38,7 +40,7 @@ from engram_workers.maintenance.decay import episode_cutoff
 
 __all__ = ["BackfillUser", "ReconcileReport", "ReconcileUser", "reconcile"]
 
-Problem = Literal["missing", "unreadable", "another lifetime", "behind", "ahead", "ids differ"]
+Problem = Literal["unreadable", "another lifetime", "ahead", "ids differ"]
 # A temp file this old is a crashed writer's leftover (a save takes milliseconds to seconds).
 _STALE_TMP_S = 3600.0
 
@@ -85,8 +87,8 @@ def reconcile(
     embedder: Embedder | None = None,
     settings: Settings | None = None,
 ) -> ReconcileReport:
-    """Rebuild every index that is missing, unreadable, of another lifetime or version or holds other
-    node ids, remove the artefacts of users the graph does not know and, given an ``embedder``, backfill
+    """Rebuild every local index file that is unreadable, of another lifetime, ahead of the graph or holds
+    other node ids (once caught up), remove the artefacts of users the graph does not know and, given an ``embedder``, backfill
     the chunks of episodes that have none (see the module docstring)."""
     report = ReconcileReport()
     _remove_orphans(report, graph, keeper, redis_client)
@@ -157,6 +159,8 @@ def _backfill(graph: GraphStore, embedder: Embedder, write: UserWrite, cutoff: d
 
 
 def _diagnose(graph: GraphStore, keeper: IndexKeeper, user_id: str) -> ReconcileUser | None:
+    if not keeper.vectors.path_for(user_id).exists():
+        return None  # no copy on this host: nothing to check, and none to make (the module docstring)
     items, stamp = graph.stamped_vectors(user_id)
     version = stamp.version
 
@@ -173,19 +177,18 @@ def _diagnose(graph: GraphStore, keeper: IndexKeeper, user_id: str) -> Reconcile
             extra_ids=extra,
         )
 
-    if not keeper.vectors.path_for(user_id).exists():
-        return fault("missing", "no index file")
     index = keeper.vectors.load(user_id)
     if index is None:
         return fault("unreadable", "index file cannot be read (damaged, truncated or another dimension)")
     if index.epoch != stamp.epoch:
         # e.g. a file a forgotten lifetime of this user left behind: its contents are not this user's now.
         return fault("another lifetime", f"index of epoch {index.epoch}, graph at {stamp.epoch}", index.version)
-    if index.version < version:
-        return fault("behind", f"index at v{index.version}, graph at v{version}", index_version=index.version)
     if index.version > version:
         # The graph went back (e.g. a restore): the index holds a future it cannot be trusted with.
         return fault("ahead", f"index at v{index.version}, graph at v{version}", index_version=index.version)
+    if index.version < version:
+        # Behind is normal for a cache (another host wrote): catch it up from the graph, then check it.
+        index = keeper.current(user_id, stamp)
     expected = {item.node_id for item in items}
     actual = index.node_ids()
     if expected != actual:

@@ -37,6 +37,7 @@ BENCHES = {
     "ingest": "bench_ingest",
     "apply": "bench_apply",
     "recall": "bench_recall",
+    "hosts": "bench_hosts",
     "seeds": "bench_seeds",
     "memory": "bench_memory",
     "quality": "bench_quality",

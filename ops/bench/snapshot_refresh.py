@@ -29,8 +29,10 @@ REPO = BENCH_DIR.parents[1]
 BOUNDS = {"store step": 5_000, "snapshot": 20_000}
 
 
-def write_one(client: Any, user_id: str, n: int) -> None:
-    """One message with one new fact about the user, as the apply stage writes it."""
+def write_one(client: Any, user_id: str, n: int, *, read_index: bool = False) -> float:
+    """One message with one new fact about the user, as the apply stage writes it; with ``read_index`` the
+    plan first reads the writer's index, as consolidation does. Returns the write's milliseconds (the
+    ``UserWrites.run``, the text's embedding left out)."""
     from engram_api.models import EpisodeRecord, FactRecord, WritePlan, utcnow
     from engram_api.naming import self_entity_id
 
@@ -38,6 +40,8 @@ def write_one(client: Any, user_id: str, n: int) -> None:
     embedding = client.reader.embedder.encode([text])[0].tolist()
 
     def body(write: Any) -> None:
+        if read_index:
+            write.index()
         now = utcnow()
         tag = f"{os.getpid()}-{time.time_ns()}"
         fact = FactRecord(
@@ -48,7 +52,9 @@ def write_one(client: Any, user_id: str, n: int) -> None:
         client.graph.apply(WritePlan(user_id=user_id, episode=episode, new_facts=[fact]))
         write.finish(upserts=[(fact.id, "fact", embedding)])
 
+    start = time.perf_counter()
     client.reader.writes.run(user_id, body, wait=10.0)
+    return (time.perf_counter() - start) * 1e3
 
 
 def measure(user_id: str, n_queries: int, every: int) -> dict[str, Any]:

@@ -1,4 +1,6 @@
-"""Reconcile: a missing, damaged, stale or id-mismatched index file is rebuilt to match the graph."""
+"""Reconcile: a damaged, other-lifetime, ahead or id-mismatched local index file is rebuilt to match the
+graph; a behind one is caught up, and a user with no file on this host gets none (a host's files are a
+cache of the users it serves)."""
 
 from __future__ import annotations
 
@@ -19,10 +21,6 @@ FACTS = [
     ("Alex", "LIVES_IN", "Austin", "Alex lives in Austin"),
     ("Alex", "PLAYS", "guitar", "Alex plays guitar"),
 ]
-
-
-def _delete(store: GraphStore, keeper: IndexKeeper, user: str) -> None:
-    keeper.vectors.path_for(user).unlink()
 
 
 def _corrupt(store: GraphStore, keeper: IndexKeeper, user: str) -> None:
@@ -54,12 +52,10 @@ def _write_behind_its_back(store: GraphStore, keeper: IndexKeeper, user: str) ->
 
 
 DAMAGE: dict[str, tuple[Callable[[GraphStore, IndexKeeper, str], None], str, int, int]] = {
-    "deleted": (_delete, "missing", 0, 0),
     "garbage": (_corrupt, "unreadable", 0, 0),
     "truncated": (_truncate, "unreadable", 0, 0),
     "one id removed": (_drop_one_id, "ids differ", 1, 0),
     "stray id": (_add_stray_id, "ids differ", 0, 1),
-    "graph moved on": (_write_behind_its_back, "behind", 0, 0),
 }
 
 
@@ -106,6 +102,26 @@ def test_an_index_ahead_of_the_graph_is_rebuilt(
     assert keeper.vectors.file_stamp(user) == store.user_stamp(user)
 
 
+def test_a_missing_file_stays_missing_and_a_behind_one_is_caught_up(
+    store: GraphStore, keeper: IndexKeeper, guard: GuardSpy, user: str
+) -> None:
+    absent = new_user()
+    for u in (user, absent):
+        UserGraph(store, u).say(FACTS)
+    keeper.rebuild(user)
+    _write_behind_its_back(store, keeper, user)  # e.g. another host applied a message since
+    rebuilds = keeper.rebuilds
+
+    report = reconcile(graph=store, keeper=keeper, guard=guard, user_ids=[user, absent])
+
+    assert (report.users, report.ok, report.rebuilt, report.failed) == (2, 2, 0, [])
+    assert not keeper.vectors.path_for(absent).exists()
+    index = keeper.vectors.load(user)
+    assert index is not None and index.stamp == store.user_stamp(user)
+    assert index.node_ids() == {item.node_id for item in store.vectors(user)[0]}
+    assert (keeper.rebuilds, keeper.catchups) == (rebuilds, 1)
+
+
 # Runs on SQLite only: on the shared Neo4j database every test's users and feedback are visible.
 @pytest.mark.parametrize("backend", ["sqlite"])
 def test_a_full_run_visits_every_user_and_the_report_serializes(
@@ -114,12 +130,14 @@ def test_a_full_run_visits_every_user_and_the_report_serializes(
     other = new_user()
     for u in (user, other):
         UserGraph(store, u).say(FACTS)
-    keeper.rebuild(user)  # ``other`` never got an index file
+    keeper.rebuild(user)  # ``other`` has no index file on this host: no fault, and none is made
+    keeper.vectors.path_for(user).write_bytes(b"\x00garbage")
 
     report = reconcile(graph=store, keeper=keeper, guard=guard)
 
     assert (report.users, report.ok, report.rebuilt) == (2, 1, 1)
-    assert report.fixed[0].user_id == other and report.fixed[0].problem == "missing"
+    assert report.fixed[0].user_id == user and report.fixed[0].problem == "unreadable"
+    assert not keeper.vectors.path_for(other).exists()
     assert ReconcileReport.model_validate_json(report.model_dump_json()) == report
 
 

@@ -1,0 +1,218 @@
+"""Many hosts: recall on a reader host right after another host wrote, apply with writes alternating hosts,
+and what a catch-up reads from the graph; no shared index files.
+
+Topology (one Redis, one graph store): two apply "hosts" and two reader "hosts", each a ``MemoryClient``
+with its OWN data directory (its own ``IndexKeeper`` and FAISS files), in this process. One user is
+bulk-loaded (2K facts quick; 10K and 100K full). Then, write after write (alternating between the two
+apply hosts, one new fact each through ``UserWrites``, as the apply stage writes), each reader host answers
+a fresh query right after the write:
+
+- "catch-up": this code (the reader's copy reads only what changed since its version);
+- "rebuild": the same reader code with the catch-up refused, so a copy behind the graph is read whole
+  again: what a host without the writer's files did before (``IndexKeeper._caught_up`` answering None).
+
+Both as a ratio to the floor measured in the same loop (query embedding + FAISS search of the user, top
+30). Apply: the ``UserWrites.run`` time of one write when consecutive writes alternate hosts (each write
+finds its host's copy one write behind and catches up) against writes all on one host (a delta append),
+interleaved. Bytes: what the graph sent for one ``GraphStore.vector_changes`` one write behind, against one
+``stamped_vectors`` (a whole read): the bytes the Neo4j driver's Bolt sockets received, plus ``/proc/self/io``
+``rchar`` (file reads: SQLite's pages).
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+from benchlib import BenchContext, BenchResult, Table, dist, ratio
+from bulk import bulk_load
+from corpus import queries
+from snapshot_refresh import write_one
+
+__all__ = ["run"]
+
+
+class _Received:
+    """Bytes the Neo4j driver's Bolt sockets received since ``install``, and this process's file reads."""
+
+    def __init__(self) -> None:
+        self.socket = 0
+
+    def install(self) -> _Received:
+        from neo4j._async_compat.network._bolt_socket import BoltSocketBase
+
+        original = BoltSocketBase.recv_into
+        received = self
+
+        def counting(sock: Any, buffer: Any, nbytes: int) -> int:
+            n = original(sock, buffer, nbytes)
+            received.socket += n
+            return n
+
+        BoltSocketBase.recv_into = counting  # type: ignore[method-assign]
+        return self
+
+    def total(self) -> int:
+        for line in Path("/proc/self/io").read_text().splitlines():
+            if line.startswith("rchar:"):
+                return self.socket + int(line.split()[1])
+        raise RuntimeError("no rchar in /proc/self/io")
+
+    def of(self, call: Any) -> int:
+        """Bytes read while ``call()`` ran (less what reading /proc itself costs)."""
+        mark = self.total()
+        idle = self.total() - mark  # one read of /proc/self/io, itself counted in rchar
+        mark += idle
+        call()
+        return self.total() - mark - idle
+
+
+def _write(client: Any, user_id: str, n: int) -> float:
+    """One fact through ``client``'s UserWrites, the plan reading the writer's copy; the write's ms."""
+    return write_one(client, user_id, n, read_index=True)
+
+
+def _hosts(ctx: BenchContext, stack: Any, size: int) -> dict[str, Any]:
+    from engram_api import MemoryClient
+
+    out = {}
+    for name in ("apply-a", "apply-b", "reader", "reader-rebuild"):
+        settings = stack.settings.model_copy(update={"data_dir": ctx.workdir / f"hosts-{size}" / name})
+        out[name] = MemoryClient(settings=settings, redis_url=stack.env["REDIS_URL"])
+    # The "before" reader: a copy behind the graph is never caught up, only read whole again.
+    out["reader-rebuild"].reader.keeper._caught_up = lambda user_id, index: None
+    return out
+
+
+def _measure(ctx: BenchContext, stack: Any, size: int, writes: int) -> dict[str, Any]:
+    hosts = _hosts(ctx, stack, size)
+    a, b, reader, before = (hosts[n] for n in ("apply-a", "apply-b", "reader", "reader-rebuild"))
+    uid = ctx.uid(f"hosts-{size}")
+    ctx.log(f"hosts: bulk-loading {size:,} facts (apply host a's copy)")
+    bulk_load(a.graph, a.reader.keeper, a.reader.embedder, a.redis, uid, size, seed=str(size), out=ctx.out)
+    qs = queries(f"hosts-{size}", 2 * writes + 4)
+    _write(b, uid, -1)  # every other host's first load of the user: a rebuild each
+    for n, client in enumerate((reader, before)):
+        client.recall(uid, f"warm-up {qs[n]}", k=10)
+    loads = {name: hosts[name].reader.keeper.rebuilds for name in hosts}
+    recall: dict[str, list[float]] = {"catch-up": [], "rebuild": [], "no write since": []}
+    index_ms: dict[str, list[float]] = {"catch-up": [], "rebuild": []}
+    parts: dict[str, list[dict[str, float]]] = {"catch-up": [], "no write since": []}
+    floor: list[float] = []
+    apply: dict[str, list[float]] = {"alternating hosts": [], "one host": []}
+    for i in range(writes):
+        # One host: its second write in a row finds its copy current (a delta append). Alternating: the other
+        # host writes next, its copy one write behind (a catch-up, then the append).
+        host, other = (a, b)[i % 2], (b, a)[i % 2]
+        _write(host, uid, 3 * i)
+        apply["one host"].append(_write(host, uid, 3 * i + 1))
+        apply["alternating hosts"].append(_write(other, uid, 3 * i + 2))
+        order = [("catch-up", reader), ("rebuild", before)][:: 1 if i % 2 else -1]
+        for label, client in order:
+            start = time.perf_counter()
+            got = client.recall(uid, qs[4 + 2 * i + (label == "rebuild")], k=10)
+            recall[label].append((time.perf_counter() - start) * 1e3)
+            index_ms[label].append(got.timings_ms["index"])
+            parts.setdefault(label, []).append(got.timings_ms)
+            assert not got.cached
+        start = time.perf_counter()  # the same reader again, nothing written since: its steady state
+        again = reader.recall(uid, f"again {qs[4 + 2 * i]}", k=10)
+        recall["no write since"].append((time.perf_counter() - start) * 1e3)
+        assert not again.cached
+        parts["no write since"].append(again.timings_ms)
+        index = reader.reader.keeper.current(uid, reader.graph.user_stamp(uid))
+        start = time.perf_counter()
+        index.search(reader.reader.embedder.encode([qs[4 + 2 * i]])[0], 30)
+        floor.append((time.perf_counter() - start) * 1e3)
+    received, catchup_bytes = _Received().install(), []
+    for i in range(3):
+        since = a.graph.user_stamp(uid).version
+        _write(b, uid, 3 * writes + i)
+        catchup_bytes.append(received.of(lambda since=since: a.graph.vector_changes(uid, since)))
+    whole_bytes = received.of(lambda: a.graph.stamped_vectors(uid))
+    extra = {name: hosts[name].reader.keeper.rebuilds - loads[name] for name in ("apply-a", "apply-b", "reader")}
+    keeper = reader.reader.keeper
+    for client in hosts.values():
+        client.close()
+    floor_d = dist(floor)
+    return {
+        "facts": size,
+        "writes": writes,
+        "recall_ms": {k: dist(v) for k, v in recall.items()},
+        "floor_ms": floor_d,
+        "ratio_p50": {k: ratio(dist(v)["p50"], floor_d["p50"]) for k, v in recall.items()},
+        "index_ms": {k: dist(v) for k, v in index_ms.items()},
+        "parts_p50_ms": {
+            label: {part: statistics.median(t.get(part, 0.0) for t in rows) for part in rows[0]}
+            for label, rows in parts.items()
+            if label != "rebuild"
+        },
+        "apply_ms": {k: dist(v) for k, v in apply.items()},
+        "apply_ratio_p50": ratio(dist(apply["alternating hosts"])["p50"], dist(apply["one host"])["p50"]),
+        "catchup_bytes_p50": statistics.median(catchup_bytes),
+        "whole_read_bytes": whole_bytes,
+        "rebuilds_after_first_load": extra,
+        "reader_catchups": keeper.catchups,
+    }
+
+
+def run(ctx: BenchContext) -> BenchResult:
+    sizes = [2_000] if ctx.quick else [10_000, 100_000]
+    writes = ctx.size(12, 40)
+    recall = Table(
+        "recall on a reader host right after another host's write (ms); floor = query embedding + FAISS search",
+        [
+            "facts",
+            "catch-up p50",
+            "catch-up p95",
+            "index step p50",
+            "rebuild p50",
+            "index step p50",
+            "no write since p50",
+            "floor p50",
+            "catch-up / floor",
+            "rebuild / floor",
+            "no write / floor",
+        ],
+    )
+    apply = Table(
+        "apply (one write through UserWrites, ms): writes alternating two hosts vs all on one host",
+        ["facts", "alternating p50", "one host p50", "ratio p50", "alternating p95", "one host p95"],
+    )
+    reads = Table(
+        "read from the graph (bytes this process read: /proc/self/io rchar)",
+        ["facts", "one catch-up (one write behind)", "one whole read", "rebuilds after first load (a, b, reader)"],
+    )
+    summary: dict[str, Any] = {"load_avg_1min": os.getloadavg()[0], "store": ctx.store, "sizes": []}
+    with ctx.stack("hosts", llm=False) as stack:
+        for size in sizes:
+            got = _measure(ctx, stack, size, writes)
+            summary["sizes"].append(got)
+            r, f = got["recall_ms"], got["floor_ms"]
+            ix = got["index_ms"]
+            recall.add(
+                size, r["catch-up"]["p50"], r["catch-up"]["p95"], ix["catch-up"]["p50"], r["rebuild"]["p50"],
+                ix["rebuild"]["p50"], r["no write since"]["p50"], f["p50"], got["ratio_p50"]["catch-up"],
+                got["ratio_p50"]["rebuild"], got["ratio_p50"]["no write since"],
+            )  # fmt: skip
+            ap = got["apply_ms"]
+            apply.add(
+                size, ap["alternating hosts"]["p50"], ap["one host"]["p50"], got["apply_ratio_p50"],
+                ap["alternating hosts"]["p95"], ap["one host"]["p95"],
+            )  # fmt: skip
+            extra = got["rebuilds_after_first_load"]
+            reads.add(size, got["catchup_bytes_p50"], got["whole_read_bytes"], tuple(extra.values()))
+    return BenchResult(
+        bench="hosts",
+        summary=summary,
+        tables=[recall, apply, reads],
+        notes=[
+            f"store {ctx.store}; every host its own data directory, no shared files; load average "
+            f"{summary['load_avg_1min']:.1f} (1 min) at the start; ratios are within one loop",
+            "rebuild = this code with the catch-up refused: a copy behind the graph read whole again, what a "
+            "host without the writer's files did before",
+        ],
+    )

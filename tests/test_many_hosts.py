@@ -1,0 +1,215 @@
+"""Many hosts, one memory: every process keeps its own FAISS copy in its own data directory, caught up
+from the graph by version (``engram_api.storage.vectorsync``); nothing is shared but the graph and Redis.
+
+Two apply "hosts" and one reader host, each an ``IndexKeeper`` over its own directory against one real
+graph store (SQLite and Neo4j) and one real Redis. Writes for one user alternate between the apply hosts;
+after each one the reader's index answers exactly what an index read whole from the graph answers, and no
+host reads the user whole again after its first load. A ``forget_user`` in the middle leaves no file and
+no byte of the user's vectors on any host once each has swept (``engram_api.storage.erasure``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+import redis
+
+from engram_api.settings import Settings
+from engram_api.storage import GraphStore
+from engram_api.storage.erasure import sweep_erased
+from engram_api.storage.indexes import IndexKeeper
+from engram_api.storage.userwrite import UserWrite, UserWrites
+from engram_api.storage.vectors import VectorStore
+from engram_api.versions import ABSENT, Stamp
+from tests.maintenance import conftest as maintenance
+from tests.maintenance.builders import DIM, UserGraph, at, new_user, random_encode
+
+
+@dataclass
+class Host:
+    name: str
+    root: Path
+    keeper: IndexKeeper
+    writes: UserWrites
+
+
+# The maintenance suite's store fixtures (SQLite, then Neo4j), shared here by name.
+backend, store = maintenance.backend, maintenance.store
+
+
+@pytest.fixture
+def graph(store: GraphStore) -> GraphStore:
+    """One real graph store every host shares (the maintenance suite's: SQLite, then Neo4j)."""
+    return store
+
+
+def host(name: str, graph: GraphStore, tmp_path: Path, client: redis.Redis) -> Host:
+    root = tmp_path / name / "indexes"
+    keeper = IndexKeeper(graph=graph, vectors=VectorStore(root=root, dim=DIM))
+    return Host(name, root, keeper, UserWrites(graph=graph, keeper=keeper, redis_client=client, lease_ttl_s=30))
+
+
+def whole(graph: GraphStore, user: str, tmp_path: Path) -> IndexKeeper:
+    """A single-host reader's answer: the user's index read whole from the graph, nothing kept."""
+    keeper = IndexKeeper(graph=graph, vectors=VectorStore(root=tmp_path / "whole", dim=DIM), cache=False, persist=False)
+    keeper.rebuild(user)
+    return keeper
+
+
+def write_on(h: Host, said: UserGraph, step: int, messages: list[str]) -> None:
+    """One message through ``h``'s UserWrite as the apply stage does it: the plan reads this host's index,
+    the graph write, then ``finish`` with the batch's vectors; every third write also forgets a message."""
+
+    def body(write: UserWrite) -> None:
+        write.index()
+        before = set(said.entities)
+        records = said.say([("Alex", "LIKES", f"thing {step}", f"Alex likes thing {step}")], when=at(step))
+        upserts = [(r.id, "fact", r.embedding or []) for r in records]
+        upserts += [(e.id, "entity", e.embedding or []) for k, e in said.entities.items() if k not in before]
+        removals: list[str] = []
+        if step % 3 == 2:
+            gone = said.graph.forget_message(said.user_id, messages.pop(0))
+            removals = [*gone.removed_fact_ids, *gone.removed_entity_ids, *gone.removed_chunk_ids]
+        write.finish(upserts=upserts, removals=removals)
+
+    h.writes.run(said.user_id, body, wait=10)
+    messages[:] = [e.id for e in said.graph.episodes(said.user_id)]
+
+
+def assert_reader_matches_whole(reader: Host, graph: GraphStore, user: str, tmp_path: Path) -> None:
+    got = reader.keeper.current(user, graph.user_stamp(user))
+    truth = whole(graph, user, tmp_path).rebuild(user)
+    assert got.stamp == truth.stamp and got.node_ids() == truth.node_ids()
+    for query in random_encode([f"query {i}" for i in range(5)]):
+        assert [h.node_id for h in got.search(query, 10)] == [h.node_id for h in truth.search(query, 10)]
+
+
+def files_of(roots: list[Path], stem: str) -> list[Path]:
+    return [p for root in roots if root.is_dir() for p in root.iterdir() if p.name.startswith(stem)]
+
+
+def test_writes_alternating_hosts_never_rebuild_and_erasure_reaches_every_host(
+    graph: GraphStore, tmp_path: Path, redis_client: redis.Redis
+) -> None:
+    user = new_user()
+    a, b, reader = (host(n, graph, tmp_path, redis_client) for n in ("apply-a", "apply-b", "reader"))
+    said = UserGraph(graph, user)
+    messages: list[str] = []
+    for step in range(8):
+        write_on((a, b)[step % 2], said, step, messages)
+        assert_reader_matches_whole(reader, graph, user, tmp_path)
+        assert reader.keeper.rebuilds == 1  # its first load only
+    # The user was created by a's write (no read at all); b loaded it once at its first write, then every
+    # host only caught up: the whole user is never read again, whichever host wrote last.
+    assert (a.keeper.rebuilds, b.keeper.rebuilds, reader.keeper.rebuilds) == (0, 1, 1)
+    assert a.keeper.catchups >= 3 and b.keeper.catchups >= 3 and reader.keeper.catchups >= 7
+
+    # A restarted process finds its local file behind the graph: it catches up, it does not rebuild.
+    restarted = host("apply-a", graph, tmp_path, redis_client)
+    write_on(b, said, 8, messages)
+    assert restarted.keeper.current(user, graph.user_stamp(user)).stamp == graph.user_stamp(user)
+    assert (restarted.keeper.rebuilds, restarted.keeper.catchups) == (0, 1)
+
+    # forget_user from the reader host; every host sweeps (what each process's IndexSweeper does on its timer).
+    marker = np.asarray(said.entities["alex"].embedding, dtype=np.float32).tobytes()
+    roots = [a.root, b.root, reader.root]
+    stem = VectorStore.stem(user)
+    assert len(files_of(roots, stem)) == 6 and all(marker in p.read_bytes() for p in roots[0].glob("*.faiss"))
+
+    def erase(write: UserWrite) -> None:
+        graph.forget_user(user)
+        write.finish()
+
+    reader.writes.run(user, erase, wait=10)
+    for h in (a, b, reader):
+        sweep_erased(redis_client, h.keeper)
+        assert user not in h.keeper.cached_users()
+    assert files_of(roots, stem) == []
+    assert not any(marker in p.read_bytes() for root in roots for p in root.iterdir())
+    for h in (a, b, reader):
+        assert len(h.keeper.current(user, graph.user_stamp(user))) == 0
+
+    # A new lifetime of the user: files of it survive the old lifetime's tombstone; each host loads it once.
+    said = UserGraph(graph, user)
+    messages = []
+    before = {h.name: h.keeper.rebuilds for h in (a, b, reader)}
+    for step in range(4):
+        write_on((b, a)[step % 2], said, step, messages)
+        assert_reader_matches_whole(reader, graph, user, tmp_path)
+    for h in (a, b):
+        sweep_erased(redis_client, h.keeper)
+    assert len(files_of(roots, stem)) == 6
+    assert {h.name: h.keeper.rebuilds - before[h.name] for h in (a, b, reader)} == {
+        "apply-a": 1, "apply-b": 0, "reader": 1,
+    }  # fmt: skip
+    assert graph.user_stamp(user) != ABSENT
+
+
+def test_a_copy_behind_the_removal_horizon_is_rebuilt_once(
+    graph: GraphStore, tmp_path: Path, redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("engram_api.storage.neo4j_connection.REMOVAL_RETAIN", 2)
+    monkeypatch.setattr("engram_api.storage.sqlite_rows.REMOVAL_RETAIN", 2)
+    user = new_user()
+    a, reader = host("apply-a", graph, tmp_path, redis_client), host("reader", graph, tmp_path, redis_client)
+    said = UserGraph(graph, user)
+    messages: list[str] = []
+    write_on(a, said, 0, messages)
+    assert_reader_matches_whole(reader, graph, user, tmp_path)
+    for step in range(1, 9):  # forgets at steps 2, 5, 8 move the horizon past the reader's copy
+        write_on(a, said, step, messages)
+    assert reader.keeper.rebuilds == 1
+    assert_reader_matches_whole(reader, graph, user, tmp_path)
+    assert (reader.keeper.rebuilds, reader.keeper.catchups) == (2, 0)
+    write_on(a, said, 9, messages)
+    assert_reader_matches_whole(reader, graph, user, tmp_path)
+    assert (reader.keeper.rebuilds, reader.keeper.catchups) == (2, 1)
+
+
+def test_the_health_probe_lists_no_index_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from engram_api.client import MemoryClient
+    from engram_api.health import check_all
+
+    settings = Settings(data_dir=tmp_path)
+    settings.index_dir.mkdir(parents=True)
+    (settings.index_dir / f"{VectorStore.stem('someone')}.faiss").write_bytes(b"cache")
+
+    def listing(*_: object, **__: object) -> None:
+        raise AssertionError("the health probe listed a directory")
+
+    for name in ("glob", "iterdir", "rglob"):
+        monkeypatch.setattr(Path, name, listing)
+    monkeypatch.setattr("os.scandir", listing)
+    monkeypatch.setattr("os.listdir", listing)
+    with MemoryClient(settings=settings) as client:
+        row = check_all(client).checks["index_dir"]
+    assert row.ok and str(settings.index_dir) in row.detail, row
+
+
+def test_each_reader_process_sweeps_on_its_own_timer(tmp_path: Path, redis_url: str, redis_client: redis.Redis) -> None:
+    """The reader library's sweeper (started with the reader when Redis is configured) deletes this host's
+    files of a user erased by another host, with no call from the application."""
+    from engram_api.client import MemoryClient
+    from engram_api.storage.erasure import record_erasure
+    from tests.support.operator_processes import wait_until
+
+    settings = Settings(data_dir=tmp_path, index_sweep_interval_s=0.05)
+    with MemoryClient(settings=settings, redis_url=redis_url) as client:
+        keeper = client.reader.keeper
+        assert client.sweeper is not None and client.sweeper.keeper is keeper
+        user, other = new_user(), new_user()
+        for u, epoch in ((user, 7), (other, 7)):
+            index = keeper.vectors.new()
+            index.upsert([(f"{u}-fact", "fact", random_encode([u])[0])])
+            index.stamp = Stamp(epoch, 3)
+            keeper.vectors.save(u, index)
+        record_erasure(redis_client, user, 7)  # what another host's forget_user leaves
+        wait_until(lambda: not keeper.vectors.path_for(user).exists(), timeout=30, what="the reader's sweep")
+        assert keeper.vectors.path_for(other).exists() and client.sweeper.sweeps >= 1
+        record_erasure(redis_client, other, 6)  # an earlier lifetime's tombstone: the newer files stay
+        sweeps = client.sweeper.sweeps
+        wait_until(lambda: client.sweeper.sweeps > sweeps + 1, timeout=30, what="two more sweeps")
+        assert keeper.vectors.path_for(other).exists()
