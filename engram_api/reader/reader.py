@@ -170,14 +170,14 @@ class Reader:
 
         window = TimeWindow(as_of=as_of, since=since, until=until)
         snapshot = self.snapshots.get(user_id, version)
-        # A held snapshot a few writes behind (another host's, or this one's) is refreshed while the query
-        # is embedded, and answers: one round trip for what changed instead of the store's graph step.
+        # After a write (any host's), a held snapshot a few writes behind is refreshed on a reader thread while
+        # the query is embedded (one read of what changed) and answers the step, not the store; "snapshot" is
+        # how long the recall waited for it after the index step.
         refreshing: Future[UserSnapshot | None] | None = None
         if snapshot is None and self.snapshots.behind(user_id, version):
             refreshing = self._threads.submit(self.snapshots.caught_up, self.graph, user_id, version)
-        keyword: Future[list[KeywordHit]] | None = None
-        if refreshing is None:
-            keyword = self._keyword(user_id, snapshot, query, recipe, window)
+        search = partial(self._keyword, user_id, query, recipe, window)
+        keyword = search(snapshot) if refreshing is None else None
         qvec = self.embedder.encode_one(query)
         t1 = time.perf_counter()
         timings["embed"] = (t1 - t0) * 1e3
@@ -186,8 +186,8 @@ class Reader:
         timings["index"] = (t2 - t1) * 1e3
         if refreshing is not None:
             snapshot = refreshing.result()
-            keyword = self._keyword(user_id, snapshot, query, recipe, window)
-            timings["snapshot"] = (time.perf_counter() - t2) * 1e3  # what the refresh added after the index
+            keyword = search(snapshot)
+            timings["snapshot"] = (time.perf_counter() - t2) * 1e3
         weights, weights_source = self.weights_for(user_id)
         if snapshot is None:
             vectors = index.count("fact") + index.count("episode")
@@ -223,10 +223,9 @@ class Reader:
         return result
 
     def _keyword(
-        self, user_id: str, snapshot: UserSnapshot | None, query: str, recipe: RecallRecipe, window: TimeWindow
+        self, user_id: str, query: str, recipe: RecallRecipe, window: TimeWindow, snapshot: UserSnapshot | None
     ) -> Future[list[KeywordHit]] | None:
-        """The keyword channel's search on a reader thread (a held snapshot's in memory, else the store's
-        full-text search); None when the recipe has no keyword channel."""
+        """The keyword channel's search on a reader thread (a held snapshot's, else the store's); None without one."""
         if not recipe.uses("keyword"):
             return None
         search = snapshot.keyword_search if snapshot is not None else partial(self.graph.keyword_search, user_id)
