@@ -14,15 +14,18 @@ Invariants:
 - a user's whole graph (``UserSnapshot``, at most ``snapshot_max_records`` facts and chunks) is loaded
   on a reader thread once a second recall finds the same stamp without it, and then answers the step,
   every record read and the keyword search (``UserSnapshot.keyword_search``) with no store call, at that
-  stamp only. After a write, the first recall at the new
-  stamp goes to the store and refreshes the held snapshot on a reader thread with only the records written
-  since (``GraphStore.refresh_snapshot``: a 10K-fact user's refresh read ~20-40 ms on Neo4j against ~1.1 s
-  for a whole load, measured); a forget, another lifetime or the bound makes it a whole load. That first
-  recall asks for the refresh only if the held snapshot answered a recall; otherwise (a user written
-  between every recall, whose refreshes would never be used and would take CPU from its recalls: measured
-  1.4x slower) the second recall at a stamp does; one whose index holds more
-  vectors than the bound costs no store query at all; all the snapshots held sum to at most
-  ``snapshot_budget_records`` records.
+  stamp only. After a write (this process's or another host's), the first recall at the new stamp
+  refreshes the held snapshot itself (``SnapshotCache.caught_up``, on a reader thread while it embeds the
+  query) with only the records written since (``GraphStore.refresh_snapshot``: one round trip reading what
+  changed, where the store's graph step and keyword search are two that read the user's neighbourhood:
+  on Neo4j a 2K-fact user's step took ~80-100 ms, measured by the hosts bench), and answers from it; a user
+  written between every recall is therefore answered from memory too (a refresh run behind the recall
+  instead was never used: measured 1.4x slower). Only a snapshot at most ``CATCH_UP_VERSIONS`` behind is
+  refreshed in the recall; a forget, another lifetime or the bound make the refresh impossible, and then,
+  as for a snapshot farther behind, the recall goes to the store and a reader thread refreshes or loads
+  whole (``missed``: at once when the held one answered a recall, else on the second recall at a stamp);
+  one whose index holds more vectors than the bound costs no store query at all; all the snapshots held
+  sum to at most ``snapshot_budget_records`` records.
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ from engram_api.storage.snapshot import HeldStep, UserSnapshot
 from engram_api.versions import Stamp
 
 __all__ = [
+    "CATCH_UP_VERSIONS",
     "ChunkCache",
     "EpisodeChunkIds",
     "FactCache",
@@ -55,6 +59,9 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 _TRACKED_USERS = 4096  # users whose last unloaded stamp is remembered (a few dozen bytes each)
+# Writes a held snapshot may be behind and still be refreshed in a recall: each reads about what one write
+# changed, so this bounds what one recall can read before it answers (farther behind: refreshed off the path).
+CATCH_UP_VERSIONS = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -226,15 +233,58 @@ class SnapshotCache:
                 self._loading.discard(user_id)
         if snapshot is None:  # more records than vectors (facts without one): the store's step it is
             return
+        self._keep(snapshot, answering=False)
+
+    def _keep(self, snapshot: UserSnapshot, *, answering: bool) -> bool:
+        """Hold ``snapshot`` unless a newer one of the user is held (a slow load never rolls one back);
+        ``answering``: it answers the recall that refreshed it. False when not kept."""
+        user_id = snapshot.user_id
         with self._lock:
             current = self._held.get(user_id)
             if current is not None and current.stamp > snapshot.stamp:
-                return  # a slow load never rolls a newer snapshot back
+                return False
             self._held[user_id] = snapshot
             self._held.move_to_end(user_id)
             self._answered.discard(user_id)
             while sum(s.size for s in self._held.values()) > self.budget_records:
                 self._answered.discard(self._held.popitem(last=False)[0])
+            if user_id not in self._held:
+                return False  # it alone is above the budget
+            if answering:
+                self._answered.add(user_id)
+            return True
+
+    def behind(self, user_id: str, stamp: Stamp) -> bool:
+        """True when the held snapshot is of ``stamp``'s lifetime, older, and at most ``CATCH_UP_VERSIONS``
+        behind it, with no load of the user in flight: ``caught_up`` may refresh it."""
+        with self._lock:
+            held = self._held.get(user_id)
+            return (
+                held is not None
+                and user_id not in self._loading
+                and held.stamp.epoch == stamp.epoch
+                and held.stamp.version < stamp.version <= held.stamp.version + CATCH_UP_VERSIONS
+            )
+
+    def caught_up(self, graph: GraphStore, user_id: str, stamp: Stamp) -> UserSnapshot | None:
+        """The held snapshot brought to ``stamp`` or newer by reading only what was written since, in the
+        caller's thread (a recall's), and held; None when ``behind`` says no or the refresh cannot (a
+        forget, another lifetime, the bound, a store error: the recall then goes to the store, and
+        ``missed`` loads). Newer than ``stamp`` when writes committed since it was published: what the
+        store's own step would read too."""
+        if not self.behind(user_id, stamp):
+            return None
+        held = self.peek(user_id)
+        if held is None:
+            return None
+        try:
+            fresh = graph.refresh_snapshot(held, max_records=self.max_records)
+        except EngramError as exc:  # the store's step will raise its own error if the store is down
+            log.warning("snapshot of %s not refreshed: %s", user_id, exc)
+            return None
+        if fresh is None or fresh.stamp.epoch != stamp.epoch or fresh.stamp < stamp:
+            return None
+        return fresh if self._keep(fresh, answering=True) else None
 
     def drop_user(self, user_id: str) -> None:
         with self._lock:

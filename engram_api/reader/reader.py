@@ -54,6 +54,7 @@ from engram_api.settings import Settings
 from engram_api.storage.base import GraphStore
 from engram_api.storage.embedder import Embedder
 from engram_api.storage.indexes import IndexKeeper
+from engram_api.storage.snapshot import UserSnapshot
 from engram_api.storage.userwrite import UserWrite, UserWrites
 from engram_api.versions import Stamp, read_stamp
 
@@ -169,16 +170,24 @@ class Reader:
 
         window = TimeWindow(as_of=as_of, since=since, until=until)
         snapshot = self.snapshots.get(user_id, version)
-        keyword: Future[list[KeywordHit]] | None = None
-        if recipe.uses("keyword"):
-            # The store's full-text search runs while the query is embedded; a held snapshot answers it here.
-            search = snapshot.keyword_search if snapshot is not None else partial(self.graph.keyword_search, user_id)
-            keyword = self._threads.submit(keyword_hits, search, query, recipe, window)
+        # After a write (any host's), a held snapshot a few writes behind is refreshed on a reader thread while
+        # the query is embedded (one read of what changed) and answers the step, not the store; "snapshot" is
+        # how long the recall waited for it after the index step.
+        refreshing: Future[UserSnapshot | None] | None = None
+        if snapshot is None and self.snapshots.behind(user_id, version):
+            refreshing = self._threads.submit(self.snapshots.caught_up, self.graph, user_id, version)
+        search = partial(self._keyword, user_id, query, recipe, window)
+        keyword = search(snapshot) if refreshing is None else None
         qvec = self.embedder.encode_one(query)
         t1 = time.perf_counter()
         timings["embed"] = (t1 - t0) * 1e3
         index = self.keeper.current(user_id, version)
-        timings["index"] = (time.perf_counter() - t1) * 1e3
+        t2 = time.perf_counter()
+        timings["index"] = (t2 - t1) * 1e3
+        if refreshing is not None:
+            snapshot = refreshing.result()
+            keyword = search(snapshot)
+            timings["snapshot"] = (time.perf_counter() - t2) * 1e3
         weights, weights_source = self.weights_for(user_id)
         if snapshot is None:
             vectors = index.count("fact") + index.count("episode")
@@ -212,6 +221,15 @@ class Reader:
         self._log_recall(user_id, recall_id, items)
         self.cache.put(key, version, self.settings.cache_ttl_s, result)
         return result
+
+    def _keyword(
+        self, user_id: str, query: str, recipe: RecallRecipe, window: TimeWindow, snapshot: UserSnapshot | None
+    ) -> Future[list[KeywordHit]] | None:
+        """The keyword channel's search on a reader thread (a held snapshot's, else the store's); None without one."""
+        if not recipe.uses("keyword"):
+            return None
+        search = snapshot.keyword_search if snapshot is not None else partial(self.graph.keyword_search, user_id)
+        return self._threads.submit(keyword_hits, search, query, recipe, window)
 
     def _log_recall(self, user_id: str, recall_id: str, items: Sequence[RecallItem]) -> None:
         """Keep the score components briefly so ``feedback`` can turn them into training rows (written

@@ -146,7 +146,11 @@ def _measure(ctx: BenchContext, stack: Any, size: int, writes: int) -> dict[str,
         "ratio_p50": {k: ratio(dist(v)["p50"], floor_d["p50"]) for k, v in recall.items()},
         "index_ms": {k: dist(v) for k, v in index_ms.items()},
         "parts_p50_ms": {
-            label: {part: statistics.median(t.get(part, 0.0) for t in rows) for part in rows[0]}
+            # every part any recall had (a snapshot's refresh is not in the first recall's)
+            label: {
+                part: statistics.median(t.get(part, 0.0) for t in rows)
+                for part in dict.fromkeys(p for t in rows for p in t)
+            }
             for label, rows in parts.items()
             if label != "rebuild"
         },
