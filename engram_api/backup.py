@@ -38,9 +38,9 @@ from engram_api.models import (
     WritePlan,
     utcnow,
 )
-from engram_api.storage.base import GraphStore
-from engram_api.storage.embedder import Embedder
-from engram_api.storage.userwrite import UserWrite, UserWrites
+from engram_api.storage.embedding.embedder import Embedder
+from engram_api.storage.graph.contract import GraphStore
+from engram_api.storage.writer.userwrite import UserWrite, UserWrites
 from engram_api.versions import Stamp
 
 __all__ = ["FORMAT", "VERSION", "ExportHeader", "export_lines", "read_export", "restore"]

@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     from engram_api.producer import Producer
     from engram_api.reader import Reader
     from engram_api.storage import GraphStore
-    from engram_api.storage.erasure import IndexSweeper
+    from engram_api.storage.faiss.erasure import IndexSweeper
 
 __all__ = ["AsyncMemoryClient", "MemoryClient"]
 
@@ -112,9 +112,9 @@ class MemoryClient:
     def reader(self) -> Reader:
         if self._reader is None:
             from engram_api.reader import Reader
-            from engram_api.storage.embedder import embedder_for
-            from engram_api.storage.indexes import IndexKeeper
-            from engram_api.storage.vectors import VectorStore
+            from engram_api.storage.embedding.embedder import embedder_for
+            from engram_api.storage.faiss.files import VectorStore
+            from engram_api.storage.faiss.keeper import IndexKeeper
 
             embedder = embedder_for(self.settings)
             keeper = IndexKeeper(
@@ -125,7 +125,7 @@ class MemoryClient:
             redis_client = self._reader_redis()
             if redis_client is not None:
                 # Erasure on every host: this reader's local files of users forgotten anywhere go (``erasure``).
-                from engram_api.storage.erasure import IndexSweeper
+                from engram_api.storage.faiss.erasure import IndexSweeper
 
                 self.sweeper = IndexSweeper(keeper, redis_client, self.settings.index_sweep_interval_s).start()
             self._reader = Reader(

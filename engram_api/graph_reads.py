@@ -10,7 +10,7 @@ from __future__ import annotations
 from engram_api.errors import InvalidInputError
 from engram_api.models import HISTORY_MAX_LIMIT, FactRecord, GraphPage, UserStats, check_user_id
 from engram_api.naming import sanitize_predicate
-from engram_api.storage.base import GraphStore
+from engram_api.storage.graph.contract import GraphStore
 
 __all__ = ["check_k", "check_text", "history", "page", "stats"]
 

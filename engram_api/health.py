@@ -63,7 +63,7 @@ def check_all(client: MemoryClient) -> HealthReport:
     def embedder() -> str:
         # Its own check, not the reader's: a Redis outage must not show up as an embedder failure, and
         # finding the model's files must not cost loading it.
-        from engram_api.storage.embedder import embedder_for
+        from engram_api.storage.embedding.embedder import embedder_for
 
         model = embedder_for(settings)
         return f"{settings.embedding_model} dim={model.dim} ({'loaded' if model.loaded else 'loads on first use'})"

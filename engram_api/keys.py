@@ -63,7 +63,7 @@ def queue_for(task: str) -> str:
 
 def erased_indexes() -> str:
     """Sorted set of erasure tombstones: ``<index file stem>:<epoch>`` scored by the erasure's Unix time;
-    every process deletes its local FAISS files of those (``engram_api.storage.erasure``)."""
+    every process deletes its local FAISS files of those (``engram_api.storage.faiss.erasure``)."""
     return f"{PREFIX}:erased-indexes"
 
 

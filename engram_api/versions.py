@@ -9,7 +9,7 @@ Invariants:
 - ``ABSENT`` (0, 0) is a user the graph does not hold. A user stored before epochs existed reads as
   epoch 0 with a version >= 1, which still differs from every later lifetime.
 - The published stamp in Redis only moves forward (epochs are time-ordered), and only the lease holder
-  publishes (see ``engram_api.storage.userwrite``): a writer that lost its lease cannot roll readers back.
+  publishes (see ``engram_api.storage.writer.userwrite``): a writer that lost its lease cannot roll readers back.
 """
 
 from __future__ import annotations

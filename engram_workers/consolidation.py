@@ -55,10 +55,10 @@ from engram_api.naming import (
     sanitize_predicate,
     split_negation,
 )
-from engram_api.storage.base import GraphStore
-from engram_api.storage.embedder import Embedder
-from engram_api.storage.episodes import chunk_envelope
-from engram_api.storage.vectors import Kind, UserIndex, VectorHit
+from engram_api.storage.embedding.embedder import Embedder
+from engram_api.storage.faiss.files import Kind, UserIndex, VectorHit
+from engram_api.storage.graph.contract import GraphStore
+from engram_api.storage.graph.episodes import chunk_envelope
 from engram_workers.extraction.prompt import speaker_transcript
 from engram_workers.handover import CarriedVectors
 from engram_workers.resolution import Resolver, Vectors, hashed_id, named_entities

@@ -16,11 +16,11 @@ from engram_api.connections import redis_client, resolve_redis_url
 from engram_api.deadletters import DeadLetterStore
 from engram_api.settings import Settings, load_settings
 from engram_api.storage import GraphStore, open_graph_store
-from engram_api.storage.embedder import Embedder, embedder_for
-from engram_api.storage.erasure import IndexSweeper
-from engram_api.storage.indexes import IndexKeeper
-from engram_api.storage.userwrite import UserWrites
-from engram_api.storage.vectors import VectorStore
+from engram_api.storage.embedding.embedder import Embedder, embedder_for
+from engram_api.storage.faiss.erasure import IndexSweeper
+from engram_api.storage.faiss.files import VectorStore
+from engram_api.storage.faiss.keeper import IndexKeeper
+from engram_api.storage.writer.userwrite import UserWrites
 from engram_workers.control import LLMBreaker, LLMRateLimiter
 from engram_workers.dispatch import Dispatch, send
 from engram_workers.extraction.llm import is_service_failure

@@ -32,7 +32,7 @@ from pydantic import (
 )
 
 from engram_api.models import Extraction, Usage
-from engram_api.storage.embedder import Embedder
+from engram_api.storage.embedding.embedder import Embedder
 
 __all__ = ["CarriedVectors", "HandOver", "text_key"]
 

@@ -25,9 +25,9 @@ import numpy as np
 
 from engram_api.models import SELF_REF, EntityChange, EntityRecord, Extraction
 from engram_api.naming import SELF_WORDS, normalize_name, sanitize_label, self_entity_id, unnamed_relation
-from engram_api.storage.base import GraphStore
-from engram_api.storage.embedder import Embedder
-from engram_api.storage.vectors import UserIndex, VectorHit
+from engram_api.storage.embedding.embedder import Embedder
+from engram_api.storage.faiss.files import UserIndex, VectorHit
+from engram_api.storage.graph.contract import GraphStore
 from engram_workers.handover import CarriedVectors
 
 __all__ = ["ENTITY_MATCH", "Resolver", "Vectors", "hashed_id", "named_entities"]

@@ -17,7 +17,7 @@ from celery.exceptions import Reject
 
 from engram_api import keys
 from engram_api.models import StageResult, utcnow
-from engram_api.storage.userwrite import UserWrite
+from engram_api.storage.writer.userwrite import UserWrite
 from engram_workers.app import app
 from engram_workers.context import WorkerContext, get_context
 from engram_workers.stages import RetryLater

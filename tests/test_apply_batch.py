@@ -18,7 +18,7 @@ import pytest
 
 from engram_api import keys
 from engram_api.models import ApplyOutcome, MessageState, StageOutcome, StageResult
-from engram_api.storage.base import GraphStore
+from engram_api.storage.graph.contract import GraphStore
 from engram_workers.context import WorkerContext
 from engram_workers.middleware import Middleware
 from engram_workers.stages.apply import run_apply

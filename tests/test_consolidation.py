@@ -11,11 +11,11 @@ import pytest
 from engram_api import keys
 from engram_api.models import Envelope, Extraction, Usage
 from engram_api.settings import Settings
-from engram_api.storage.embedder import get_embedder
-from engram_api.storage.indexes import IndexKeeper
-from engram_api.storage.sqlite_store import SqliteGraphStore
-from engram_api.storage.userwrite import UserWrites
-from engram_api.storage.vectors import VectorStore
+from engram_api.storage.embedding.embedder import get_embedder
+from engram_api.storage.faiss.files import VectorStore
+from engram_api.storage.faiss.keeper import IndexKeeper
+from engram_api.storage.graph.sqlite.store import SqliteGraphStore
+from engram_api.storage.writer.userwrite import UserWrites
 from engram_api.versions import read_stamp
 from engram_workers.middleware import build_middleware
 from engram_workers.stages.apply import write_extraction

@@ -11,7 +11,7 @@ import pytest
 
 from engram_api.errors import ConfigError
 from engram_api.settings import Settings
-from engram_api.storage.embedder import Embedder, _similar_lengths, embedder_for
+from engram_api.storage.embedding.embedder import Embedder, _similar_lengths, embedder_for
 
 _TEXTS = [
     "I just moved from Tampa to Austin",
@@ -83,7 +83,7 @@ def test_export_is_kept_and_a_later_process_never_imports_torch(onnx: Embedder, 
     onnx.encode_one("make sure the export exists")
     assert sorted(p.suffix for p in model_cache.glob("all-MiniLM-L6-v2-*")) == [".json", ".json", ".onnx"]
     code = (
-        "import sys; from pathlib import Path; from engram_api.storage.embedder import Embedder; "
+        "import sys; from pathlib import Path; from engram_api.storage.embedding.embedder import Embedder; "
         f"e = Embedder(model='all-MiniLM-L6-v2', cache_dir=Path({str(model_cache)!r})); "
         "v = e.encode_one('hello'); print(e.backend, 'torch' in sys.modules, v.shape[0])"
     )
@@ -93,7 +93,7 @@ def test_export_is_kept_and_a_later_process_never_imports_torch(onnx: Embedder, 
 
 def test_processes_starting_together_export_once_and_agree(tmp_path: Path) -> None:
     code = (
-        "from pathlib import Path; from engram_api.storage.embedder import Embedder; "
+        "from pathlib import Path; from engram_api.storage.embedding.embedder import Embedder; "
         f"e = Embedder(model='all-MiniLM-L6-v2', cache_dir=Path({str(tmp_path)!r})); "
         "v = e.encode_one('Tampa to Austin'); print(e.backend, round(float(v[0]), 5))"
     )

@@ -19,7 +19,7 @@ import pytest
 import redis
 
 from engram_api.erasure import purge_redis
-from engram_api.storage.episodes import user_key
+from engram_api.storage.graph.episodes import user_key
 from engram_testing.llm_standin import Reply
 from engram_workers.services import RedisServer
 from tests.support.extractions import entity, fact, message_text

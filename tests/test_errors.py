@@ -11,7 +11,7 @@ import redis
 
 from engram_api import keys
 from engram_api.errors import BreakerOpenError, EngramError, UserBusyError
-from engram_api.locks import Lease
+from engram_api.storage.writer.lease import Lease
 from engram_workers.control import LLMBreaker
 
 

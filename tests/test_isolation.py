@@ -24,7 +24,7 @@ from neo4j import GraphDatabase
 from engram_api import MemoryClient, keys
 from engram_api.errors import InvalidInputError
 from engram_api.models import GLOBAL_SCOPE, GraphPage, LearnedWeights
-from engram_api.storage.vectors import VectorStore
+from engram_api.storage.faiss.files import VectorStore
 from engram_testing.llm_standin import Reply
 from engram_workers.maintenance import rebuild_hierarchy
 from tests.support.extractions import entity, fact, lives_in, message_text

@@ -1,4 +1,4 @@
-"""The in-memory keyword index a snapshot answers keyword search with (``engram_api.storage.keywords``):
+"""The in-memory keyword index a snapshot answers keyword search with (``engram_api.storage.snapshot.keywords``):
 its analysis, BM25's ordering, the tie-break, the filter, and that an index grown by ``added`` answers
 exactly as one built whole. Its agreement with the stores' full-text indexes is the contract suite's
 (tests/contract/test_snapshot_keywords.py)."""
@@ -10,7 +10,7 @@ import random
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
-from engram_api.storage.keywords import KeywordIndex, KeywordTable, _stemmer, stems
+from engram_api.storage.snapshot.keywords import KeywordIndex, KeywordTable, _stemmer, stems
 
 
 def _all(_: str) -> bool:

@@ -1,11 +1,11 @@
 """Many hosts, one memory: every process keeps its own FAISS copy in its own data directory, caught up
-from the graph by version (``engram_api.storage.vectorsync``); nothing is shared but the graph and Redis.
+from the graph by version (``engram_api.storage.faiss.sync``); nothing is shared but the graph and Redis.
 
 Two apply "hosts" and one reader host, each an ``IndexKeeper`` over its own directory against one real
 graph store (SQLite and Neo4j) and one real Redis. Writes for one user alternate between the apply hosts;
 after each one the reader's index answers exactly what an index read whole from the graph answers, and no
 host reads the user whole again after its first load. A ``forget_user`` in the middle leaves no file and
-no byte of the user's vectors on any host once each has swept (``engram_api.storage.erasure``).
+no byte of the user's vectors on any host once each has swept (``engram_api.storage.faiss.erasure``).
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ import redis
 
 from engram_api.settings import Settings
 from engram_api.storage import GraphStore
-from engram_api.storage.erasure import sweep_erased
-from engram_api.storage.indexes import IndexKeeper
-from engram_api.storage.userwrite import UserWrite, UserWrites
-from engram_api.storage.vectors import VectorStore
+from engram_api.storage.faiss.erasure import sweep_erased
+from engram_api.storage.faiss.files import VectorStore
+from engram_api.storage.faiss.keeper import IndexKeeper
+from engram_api.storage.writer.userwrite import UserWrite, UserWrites
 from engram_api.versions import ABSENT, Stamp
 from tests.maintenance import conftest as maintenance
 from tests.maintenance.builders import DIM, UserGraph, at, new_user, random_encode
@@ -151,8 +151,8 @@ def test_writes_alternating_hosts_never_rebuild_and_erasure_reaches_every_host(
 def test_a_copy_behind_the_removal_horizon_is_rebuilt_once(
     graph: GraphStore, tmp_path: Path, redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("engram_api.storage.neo4j_connection.REMOVAL_RETAIN", 2)
-    monkeypatch.setattr("engram_api.storage.sqlite_rows.REMOVAL_RETAIN", 2)
+    monkeypatch.setattr("engram_api.storage.graph.neo4j.connection.REMOVAL_RETAIN", 2)
+    monkeypatch.setattr("engram_api.storage.graph.sqlite.rows.REMOVAL_RETAIN", 2)
     user = new_user()
     a, reader = host("apply-a", graph, tmp_path, redis_client), host("reader", graph, tmp_path, redis_client)
     said = UserGraph(graph, user)
@@ -193,7 +193,7 @@ def test_each_reader_process_sweeps_on_its_own_timer(tmp_path: Path, redis_url: 
     """The reader library's sweeper (started with the reader when Redis is configured) deletes this host's
     files of a user erased by another host, with no call from the application."""
     from engram_api.client import MemoryClient
-    from engram_api.storage.erasure import record_erasure
+    from engram_api.storage.faiss.erasure import record_erasure
     from tests.support.operator_processes import wait_until
 
     settings = Settings(data_dir=tmp_path, index_sweep_interval_s=0.05)

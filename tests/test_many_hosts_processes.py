@@ -25,7 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from engram_api import MemoryClient, keys
 from engram_api.settings import Settings
-from engram_api.storage.vectors import VectorStore
+from engram_api.storage.faiss.files import VectorStore
 from engram_workers.celery_config import make_celery
 from engram_workers.services.celery_worker import ManagedProcess
 from tests.support.gateway import free_port

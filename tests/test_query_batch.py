@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from engram_api.storage.embedder import Embedder
+from engram_api.storage.embedding.embedder import Embedder
 from engram_workers.extraction.query_batch import QueryBatcher
 
 _TEXTS = [

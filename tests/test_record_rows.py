@@ -1,4 +1,4 @@
-"""A snapshot's records held as rows (``engram_api.storage.record_rows``): views that read as the records
+"""A snapshot's records held as rows (``engram_api.storage.snapshot.rows``): views that read as the records
 held (every field by name, the models' own methods), built back into the very records, their repeated
 strings one object, far smaller than the models, immutable."""
 
@@ -9,7 +9,7 @@ import tracemalloc
 from datetime import UTC, datetime, timedelta
 
 from engram_api.models import ChunkRecord, FactRecord
-from engram_api.storage.record_rows import (
+from engram_api.storage.snapshot.rows import (
     CHUNK_ROWS,
     FACT_ROWS,
     SUBJECT,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
-from engram_api.storage.sqlite_store import SqliteGraphStore
+from engram_api.storage.graph.sqlite.store import SqliteGraphStore
 from tests.contract.factories import at, make_entity, make_fact, new_user, plan
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from engram_api.storage.vectors import UserIndex, VectorStore
+from engram_api.storage.faiss.files import UserIndex, VectorStore
 from engram_api.versions import Stamp
 from tests.maintenance.builders import DIM
 

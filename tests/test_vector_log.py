@@ -16,10 +16,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from engram_api.storage.indexes import IndexKeeper
-from engram_api.storage.sqlite_store import SqliteGraphStore
-from engram_api.storage.vectorlog import Delta, encode_record
-from engram_api.storage.vectors import UserIndex, VectorStore
+from engram_api.storage.faiss.files import UserIndex, VectorStore
+from engram_api.storage.faiss.keeper import IndexKeeper
+from engram_api.storage.faiss.log import Delta, encode_record
+from engram_api.storage.graph.sqlite.store import SqliteGraphStore
 from engram_api.versions import Stamp
 from tests.maintenance.builders import DIM, new_user, random_encode
 from tests.support.index_writer import vector_store

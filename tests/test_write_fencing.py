@@ -19,9 +19,9 @@ from typing import Any
 import pytest
 
 from engram_api import keys
-from engram_api.locks import Lease
 from engram_api.models import MessageState
-from engram_api.storage.vectors import VectorStore
+from engram_api.storage.faiss.files import VectorStore
+from engram_api.storage.writer.lease import Lease
 from engram_api.versions import Stamp, read_stamp
 from engram_workers.context import WorkerContext
 from engram_workers.stages.apply import run_apply

@@ -41,9 +41,9 @@ from typing import Generic, TypeVar
 
 from engram_api.errors import EngramError
 from engram_api.models import ChunkRecord, FactRecord
-from engram_api.storage.base import GraphStep, GraphStepQuery, GraphStore
-from engram_api.storage.record_rows import AnyChunk, AnyFact
-from engram_api.storage.snapshot import HeldStep, UserSnapshot
+from engram_api.storage.graph.contract import GraphStep, GraphStepQuery, GraphStore
+from engram_api.storage.snapshot.graph import HeldStep, UserSnapshot
+from engram_api.storage.snapshot.rows import AnyChunk, AnyFact
 from engram_api.versions import Stamp
 
 __all__ = [

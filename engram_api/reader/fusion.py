@@ -36,10 +36,10 @@ from engram_api.reader.items import Candidate, Row, novel_first, recall_item
 from engram_api.reader.recipe import RecallRecipe, RetrievalChannel
 from engram_api.reader.scoring import Weights, components, named
 from engram_api.settings import Settings
-from engram_api.storage.base import GraphStepQuery, GraphStore, KeywordHit
-from engram_api.storage.episodes import keyword_terms
-from engram_api.storage.record_rows import AnyChunk, AnyFact
-from engram_api.storage.vectors import Kind, UserIndex, VectorHit
+from engram_api.storage.faiss.files import Kind, UserIndex, VectorHit
+from engram_api.storage.graph.contract import GraphStepQuery, GraphStore, KeywordHit
+from engram_api.storage.graph.episodes import keyword_terms
+from engram_api.storage.snapshot.rows import AnyChunk, AnyFact
 
 __all__ = ["TimeWindow", "keyword_hits", "recall_items"]
 

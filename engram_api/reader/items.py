@@ -10,7 +10,7 @@ from typing import Literal
 from engram_api.models import Channel as ChannelName
 from engram_api.models import RecallItem, ScoreBreakdown
 from engram_api.reader.scoring import ComponentValues
-from engram_api.storage.record_rows import AnyChunk, AnyFact
+from engram_api.storage.snapshot.rows import AnyChunk, AnyFact
 
 __all__ = ["Candidate", "Row", "novel_first", "recall_item"]
 

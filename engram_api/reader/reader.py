@@ -51,11 +51,11 @@ from engram_api.reader.fusion import TimeWindow, keyword_hits, recall_items
 from engram_api.reader.recipe import DEFAULT_RECIPE, RecallRecipe
 from engram_api.reader.scoring import Weights, effective_weights
 from engram_api.settings import Settings
-from engram_api.storage.base import GraphStore
-from engram_api.storage.embedder import Embedder
-from engram_api.storage.indexes import IndexKeeper
-from engram_api.storage.snapshot import UserSnapshot
-from engram_api.storage.userwrite import UserWrite, UserWrites
+from engram_api.storage.embedding.embedder import Embedder
+from engram_api.storage.faiss.keeper import IndexKeeper
+from engram_api.storage.graph.contract import GraphStore
+from engram_api.storage.snapshot.graph import UserSnapshot
+from engram_api.storage.writer.userwrite import UserWrite, UserWrites
 from engram_api.versions import Stamp, read_stamp
 
 if TYPE_CHECKING:

@@ -14,7 +14,7 @@ from typing import Literal
 
 from engram_api.models import GLOBAL_SCOPE, SCORE_COMPONENTS, Weights
 from engram_api.settings import Settings
-from engram_api.storage.base import GraphStore
+from engram_api.storage.graph.contract import GraphStore
 
 __all__ = ["ComponentValues", "WeightSource", "Weights", "components", "effective_weights", "named"]
 

@@ -1,4 +1,6 @@
-"""Storage: the graph-store contract, its two backends, the per-user FAISS indexes and the embedder.
+"""Storage, one room per concern: ``graph/`` (the contract, policy above the backends, ``neo4j/`` and ``sqlite/``),
+``faiss/`` (per-user vector indexes, a cache of the graph), ``snapshot/`` (a user's graph held in memory for recall),
+``embedding/`` (the encoder) and ``writer/`` (the one writer per user: lease and ``UserWrite``).
 
 Backends are imported lazily so that importing ``engram_api`` never needs the Neo4j driver to connect.
 """
@@ -7,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from engram_api.storage.base import ExtractionContext, GraphStep, GraphStepQuery, GraphStore
+from engram_api.storage.graph.contract import ExtractionContext, GraphStep, GraphStepQuery, GraphStore
 
 if TYPE_CHECKING:
     from engram_api.settings import Settings
@@ -18,7 +20,7 @@ __all__ = ["ExtractionContext", "GraphStep", "GraphStepQuery", "GraphStore", "op
 def open_graph_store(settings: Settings) -> GraphStore:
     """Neo4j when ``NEO4J_URI`` is set, else the embedded SQLite store under ``ENGRAM_DATA_DIR``."""
     if settings.neo4j_uri:
-        from engram_api.storage.neo4j_store import Neo4jGraphStore
+        from engram_api.storage.graph.neo4j.store import Neo4jGraphStore
 
         return Neo4jGraphStore(
             uri=settings.neo4j_uri,
@@ -27,6 +29,6 @@ def open_graph_store(settings: Settings) -> GraphStore:
             database=settings.neo4j_database,
             query_timeout_s=settings.neo4j_query_timeout_s,
         )
-    from engram_api.storage.sqlite_store import SqliteGraphStore
+    from engram_api.storage.graph.sqlite.store import SqliteGraphStore
 
     return SqliteGraphStore(path=settings.sqlite_path)

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from engram_api.storage.embedder import Embedder
+from engram_api.storage.embedding.embedder import Embedder
 
 __all__ = ["QueryBatcher"]
 

@@ -12,8 +12,8 @@ from pydantic import BaseModel
 
 from engram_api.errors import InvalidInputError, StaleWriteError, UserBusyError
 from engram_api.models import check_user_id
-from engram_api.storage.base import GraphStore
-from engram_api.storage.userwrite import UserWrite
+from engram_api.storage.graph.contract import GraphStore
+from engram_api.storage.writer.userwrite import UserWrite
 
 __all__ = ["Guard", "UserFailure", "guarded", "isolate", "target_users"]
 

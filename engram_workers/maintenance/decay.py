@@ -19,8 +19,8 @@ from pydantic import BaseModel, Field
 from engram_api.errors import InvalidInputError
 from engram_api.models import check_aware, utcnow
 from engram_api.settings import Settings
-from engram_api.storage.base import GraphStore
-from engram_api.storage.userwrite import UserWrite
+from engram_api.storage.graph.contract import GraphStore
+from engram_api.storage.writer.userwrite import UserWrite
 from engram_workers.maintenance._common import Guard, UserFailure, guarded, isolate, target_users
 
 __all__ = ["DecayReport", "DecayUser", "episode_cutoff", "run_decay"]

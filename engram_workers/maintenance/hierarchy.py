@@ -29,10 +29,10 @@ from pydantic import BaseModel, Field
 from engram_api.models import ClusterRecord, FactRecord, check_aware, utcnow
 from engram_api.naming import normalize_name
 from engram_api.settings import Settings
-from engram_api.storage.base import GraphStore
-from engram_api.storage.embedder import Embedder
-from engram_api.storage.indexes import IndexKeeper
-from engram_api.storage.userwrite import UserWrite
+from engram_api.storage.embedding.embedder import Embedder
+from engram_api.storage.faiss.keeper import IndexKeeper
+from engram_api.storage.graph.contract import GraphStore
+from engram_api.storage.writer.userwrite import UserWrite
 from engram_api.versions import Stamp
 from engram_workers.maintenance._common import Guard, UserFailure, guarded, isolate, target_users
 

@@ -30,11 +30,11 @@ from pydantic import BaseModel, Field
 from engram_api import keys
 from engram_api.models import utcnow
 from engram_api.settings import Settings
-from engram_api.storage.base import GraphStore
-from engram_api.storage.embedder import Embedder
-from engram_api.storage.episodes import chunk_episode
-from engram_api.storage.indexes import IndexKeeper
-from engram_api.storage.userwrite import UserWrite
+from engram_api.storage.embedding.embedder import Embedder
+from engram_api.storage.faiss.keeper import IndexKeeper
+from engram_api.storage.graph.contract import GraphStore
+from engram_api.storage.graph.episodes import chunk_episode
+from engram_api.storage.writer.userwrite import UserWrite
 from engram_workers.maintenance._common import Guard, UserFailure, guarded, isolate, target_users
 from engram_workers.maintenance.decay import episode_cutoff
 

@@ -24,7 +24,7 @@ from pydantic import BaseModel, Field
 from engram_api.models import GLOBAL_SCOPE, WEIGHT_FIELDS, FeedbackRow, LearnedWeights, Weights
 from engram_api.reader.scoring import effective_weights
 from engram_api.settings import Settings
-from engram_api.storage.base import GraphStore
+from engram_api.storage.graph.contract import GraphStore
 from engram_workers.maintenance._common import Guard, UserFailure, isolate, target_users
 
 __all__ = [

@@ -20,8 +20,8 @@ from engram_api import keys
 from engram_api.errors import StoreUnavailableError, UserBusyError
 from engram_api.models import ApplyOutcome, Envelope, Extraction, MessageState, StageOutcome, StageResult, Usage
 from engram_api.storage import GraphStore
-from engram_api.storage.embedder import Embedder
-from engram_api.storage.userwrite import UserWrite
+from engram_api.storage.embedding.embedder import Embedder
+from engram_api.storage.writer.userwrite import UserWrite
 from engram_workers.consolidation import Planned, plan_message
 from engram_workers.context import WorkerContext
 from engram_workers.handover import CarriedVectors, HandOver

@@ -46,8 +46,8 @@ from pydantic import ValidationError
 from engram_api import keys
 from engram_api.errors import StaleWriteError, StoreUnavailableError
 from engram_api.models import ApplyOutcome, Envelope, MessageState, StageOutcome, StageResult, WritePlan
-from engram_api.storage.userwrite import UserWrite
-from engram_api.storage.vectors import Kind, UserIndex
+from engram_api.storage.faiss.files import Kind, UserIndex
+from engram_api.storage.writer.userwrite import UserWrite
 from engram_workers.consolidation import message_texts, plan_message
 from engram_workers.context import WorkerContext
 from engram_workers.handover import HandOver

@@ -21,7 +21,7 @@ from engram_api import keys
 from engram_api.errors import BreakerOpenError, LLMError, StoreUnavailableError
 from engram_api.models import Envelope, EpisodeRecord, Extraction, MessageState, StageOutcome, StageResult, Usage
 from engram_api.naming import SINGLE_VALUED, self_entity_id
-from engram_api.storage.episodes import chunk_envelope
+from engram_api.storage.graph.episodes import chunk_envelope
 from engram_api.versions import ABSENT, Stamp
 from engram_workers import metrics
 from engram_workers.context import WorkerContext

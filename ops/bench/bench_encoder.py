@@ -28,7 +28,7 @@ _PASSAGE = (
     "My sister Maya is visiting next month, so I'm looking for a good barbecue place."
 )
 _FRESH = (
-    "import time; t = time.perf_counter(); import sys; from engram_api.storage.embedder import Embedder; "
+    "import time; t = time.perf_counter(); import sys; from engram_api.storage.embedding.embedder import Embedder; "
     "e = Embedder(model='all-MiniLM-L6-v2', backend='{backend}'); e.encode_one('warm up'); "
     "print(time.perf_counter() - t, e.backend, 'torch' in sys.modules)"
 )
@@ -43,7 +43,7 @@ def _fresh_process(backend: str) -> tuple[float, str, bool]:
 def run(ctx: BenchContext) -> BenchResult:
     import numpy as np
 
-    from engram_api.storage.embedder import Embedder
+    from engram_api.storage.embedding.embedder import Embedder
 
     onnx = Embedder(model="all-MiniLM-L6-v2", backend="onnx", query_cache_size=0)
     torch = Embedder(model="all-MiniLM-L6-v2", backend="torch", query_cache_size=0)

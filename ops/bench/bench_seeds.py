@@ -57,7 +57,7 @@ def _run_seeds(
     """Each seed's result from seeds_runner.py (or why it could not run)."""
     if python is None:
         return {name: {"ok": False, "error": how} for name in SEEDS}
-    from engram_api.storage.embedder import _resolve
+    from engram_api.storage.embedding.embedder import _resolve
 
     corpus_path = ctx.workdir / "seeds-corpus.json"
     out_path = ctx.workdir / "seeds-out.json"

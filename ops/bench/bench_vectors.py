@@ -32,8 +32,8 @@ def _measure(sizes: list[int], messages: int, root: str) -> dict[str, Any]:
     """Runs in the child process, on whichever tree is first on its path."""
     import numpy as np
 
-    from engram_api.storage.indexes import IndexKeeper
-    from engram_api.storage.vectors import VectorStore
+    from engram_api.storage.faiss.files import VectorStore
+    from engram_api.storage.faiss.keeper import IndexKeeper
     from engram_api.versions import Stamp
 
     dim, rng = 384, np.random.default_rng(15)
@@ -65,7 +65,7 @@ def _measure(sizes: list[int], messages: int, root: str) -> dict[str, Any]:
     out: dict[str, Any] = {"times": {str(k): v for k, v in times.items()}}
     large = keeper.current(f"user{sizes[-1]}", Stamp(1, messages + 1))
     if hasattr(large, "log_end"):  # the delta log: what one compaction of the large user costs, and how often
-        from engram_api.storage.vectors import _read_head
+        from engram_api.storage.faiss.files import _read_head
 
         records = large.version - _read_head(store.path_for(f"user{sizes[-1]}"))[1]  # since the last compaction
         per_message = os.path.getsize(store.log_path_for(f"user{sizes[-1]}")) / max(records, 1)
@@ -108,7 +108,7 @@ def _run_tree(tree: Path, sizes: list[int], messages: int, workdir: Path) -> dic
 def _kinds(ctx: BenchContext, n: int) -> tuple[Table, dict[str, Any]]:
     import numpy as np
 
-    from engram_api.storage.vectors import VectorStore
+    from engram_api.storage.faiss.files import VectorStore
     from engram_api.versions import Stamp
 
     dim, rng = 384, np.random.default_rng(15)

@@ -41,7 +41,7 @@ def apply_cpu(uri: str, n: int, server_pid: int) -> tuple[float, float]:
     from benchlib import process_cpu_seconds
 
     from engram_api.models import ChunkRecord, EntityRecord, EpisodeRecord, FactChange, FactRecord, WritePlan
-    from engram_api.storage.neo4j_store import Neo4jGraphStore
+    from engram_api.storage.graph.neo4j.store import Neo4jGraphStore
     from engram_api.versions import ABSENT, new_epoch
 
     rnd = random.Random(1)

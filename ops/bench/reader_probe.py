@@ -22,7 +22,7 @@ def main() -> None:
     args = parser.parse_args()
     from engram_api import MemoryClient
     from engram_api.settings import load_settings
-    from engram_api.storage.embedder import get_embedder
+    from engram_api.storage.embedding.embedder import get_embedder
 
     after: dict[str, dict[str, float]] = {}
     if args.model_only:

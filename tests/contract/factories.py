@@ -218,7 +218,7 @@ def make_weights(scope: str, alpha: float, *, fitted_at: datetime = T0) -> Learn
 def open_store(backend: str, location: str) -> GraphStore:
     """Build a store from a picklable spec, so that spawned worker processes can open their own."""
     if backend == "sqlite":
-        from engram_api.storage.sqlite_store import SqliteGraphStore
+        from engram_api.storage.graph.sqlite.store import SqliteGraphStore
 
         return SqliteGraphStore(path=Path(location))
     return open_graph_store(Settings(neo4j_uri=location))

@@ -10,7 +10,7 @@ import pytest
 from engram_api.errors import StaleWriteError
 from engram_api.models import ChatMessage, Envelope, WritePlan
 from engram_api.storage import GraphStore
-from engram_api.storage.episodes import chunk_envelope, keyword_terms
+from engram_api.storage.graph.episodes import chunk_envelope, keyword_terms
 from engram_api.versions import ABSENT, Stamp, new_epoch
 
 from .factories import T0, open_store, plan

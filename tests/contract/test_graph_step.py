@@ -20,9 +20,9 @@ from engram_api.models import ChatMessage, EntityRecord, Envelope, FactRecord
 from engram_api.reader.facts import FactCache, UserFacts
 from engram_api.reader.fusion import TimeWindow
 from engram_api.storage import GraphStep, GraphStepQuery, GraphStore
-from engram_api.storage.episodes import chunk_envelope
-from engram_api.storage.record_rows import CHUNK_ROWS, FACT_ROWS, ChunkView, FactView
-from engram_api.storage.snapshot import HeldStep
+from engram_api.storage.graph.episodes import chunk_envelope
+from engram_api.storage.snapshot.graph import HeldStep
+from engram_api.storage.snapshot.rows import CHUNK_ROWS, FACT_ROWS, ChunkView, FactView
 
 from .factories import at, make_entity, make_fact, plan, supersede, vec
 

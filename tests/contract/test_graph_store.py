@@ -1,4 +1,4 @@
-"""The graph-store contract (engram_api/storage/base.py): one suite, every backend.
+"""The graph-store contract (engram_api/storage/graph/contract.py): one suite, every backend.
 
 Decisions on points the contract leaves open are written as ``DECISION:`` comments next to the test
 that pins them. Where the contract says nothing about order (ids in a result, cluster members, the

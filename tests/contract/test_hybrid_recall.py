@@ -23,11 +23,11 @@ from engram_api.reader.reader import Reader
 from engram_api.reader.recipe import DEFAULT_RECIPE
 from engram_api.settings import Settings
 from engram_api.storage import GraphStep, GraphStepQuery, GraphStore
-from engram_api.storage.embedder import Embedder
-from engram_api.storage.episodes import chunk_envelope, keyword_terms
-from engram_api.storage.indexes import IndexKeeper
-from engram_api.storage.userwrite import UserWrite, UserWrites
-from engram_api.storage.vectors import VectorStore
+from engram_api.storage.embedding.embedder import Embedder
+from engram_api.storage.faiss.files import VectorStore
+from engram_api.storage.faiss.keeper import IndexKeeper
+from engram_api.storage.graph.episodes import chunk_envelope, keyword_terms
+from engram_api.storage.writer.userwrite import UserWrite, UserWrites
 from engram_workers.consolidation import plan_message
 from engram_workers.maintenance.reconcile import reconcile
 from tests.support.extractions import lives_in

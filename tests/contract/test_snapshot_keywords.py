@@ -5,7 +5,7 @@ The oracle is the store: for every query and recall window, the snapshot finds e
 store finds (the user's chunks in the window and facts valid at ``as_of`` holding any form of a query
 word), none of another user's, and a snapshot refreshed after writes answers exactly as a whole load. The
 scores differ by design (the snapshot's statistics are the user's own; the stores' span every user's
-rows: ``engram_api.storage.keywords``), so where the two orders are compared it is on documents whose
+rows: ``engram_api.storage.snapshot.keywords``), so where the two orders are compared it is on documents whose
 order no statistic can change.
 """
 
@@ -15,8 +15,8 @@ from datetime import datetime
 
 from engram_api.models import ChatMessage, Envelope
 from engram_api.storage import GraphStore
-from engram_api.storage.episodes import chunk_envelope, keyword_terms
-from engram_api.storage.snapshot import UserSnapshot
+from engram_api.storage.graph.episodes import chunk_envelope, keyword_terms
+from engram_api.storage.snapshot.graph import UserSnapshot
 
 from .factories import at, make_entity, make_fact, plan, supersede, vec
 from .test_graph_step import FAR, WINDOWS

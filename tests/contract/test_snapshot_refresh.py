@@ -12,8 +12,8 @@ import random
 
 from engram_api.models import ChatMessage, EntityChange, Envelope
 from engram_api.storage import GraphStore
-from engram_api.storage.episodes import chunk_envelope, keyword_terms
-from engram_api.storage.snapshot import UserSnapshot
+from engram_api.storage.graph.episodes import chunk_envelope, keyword_terms
+from engram_api.storage.snapshot.graph import UserSnapshot
 from engram_api.versions import Stamp
 
 from .factories import at, make_entity, make_fact, plan, supersede, vec

@@ -1,5 +1,5 @@
 """``GraphStore.vector_changes``: what changed in a user's vectors after a version, the read a FAISS copy
-catches up by (``engram_api.storage.vectorsync``), on both backends."""
+catches up by (``engram_api.storage.faiss.sync``), on both backends."""
 
 from __future__ import annotations
 
@@ -79,8 +79,8 @@ def test_removed_chunks_are_recorded_and_a_lifetime_ends_with_its_history(graph_
 def test_the_removal_history_is_pruned_and_the_horizon_follows(
     graph_store: GraphStore, user: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("engram_api.storage.neo4j_connection.REMOVAL_RETAIN", 2)
-    monkeypatch.setattr("engram_api.storage.sqlite_rows.REMOVAL_RETAIN", 2)
+    monkeypatch.setattr("engram_api.storage.graph.neo4j.connection.REMOVAL_RETAIN", 2)
+    monkeypatch.setattr("engram_api.storage.graph.sqlite.rows.REMOVAL_RETAIN", 2)
     ana = make_entity(user, "Ana")
     facts = [make_fact(user, ana, f"LIKES thing {i}") for i in range(4)]
     graph_store.apply(plan(user, "m0", entities=[ana], facts=facts[:1]))

@@ -15,9 +15,9 @@ import numpy as np
 
 from engram_api.models import EntityRecord, EpisodeRecord, FactRecord, WritePlan
 from engram_api.naming import normalize_name
-from engram_api.storage.base import GraphStore
-from engram_api.storage.episodes import chunk_episode
-from engram_api.storage.userwrite import UserWrite, UserWrites
+from engram_api.storage.graph.contract import GraphStore
+from engram_api.storage.graph.episodes import chunk_episode
+from engram_api.storage.writer.userwrite import UserWrite, UserWrites
 
 T0 = datetime(2024, 1, 1, tzinfo=UTC)
 DIM = 384  # MiniLM's dimension, used for synthetic vectors too so every backend sees one index shape

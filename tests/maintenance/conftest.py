@@ -14,10 +14,10 @@ import pytest
 
 from engram_api.settings import Settings
 from engram_api.storage import GraphStore, open_graph_store
-from engram_api.storage.indexes import IndexKeeper
-from engram_api.storage.sqlite_store import SqliteGraphStore
-from engram_api.storage.userwrite import UserWrites
-from engram_api.storage.vectors import VectorStore
+from engram_api.storage.faiss.files import VectorStore
+from engram_api.storage.faiss.keeper import IndexKeeper
+from engram_api.storage.graph.sqlite.store import SqliteGraphStore
+from engram_api.storage.writer.userwrite import UserWrites
 
 from .builders import DIM, GuardedGraph, GuardSpy, new_user
 

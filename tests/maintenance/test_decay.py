@@ -7,9 +7,9 @@ from contextlib import AbstractContextManager
 import pytest
 
 from engram_api.settings import Settings
-from engram_api.storage.base import GraphStore
-from engram_api.storage.indexes import IndexKeeper
-from engram_api.storage.userwrite import UserWrite
+from engram_api.storage.faiss.keeper import IndexKeeper
+from engram_api.storage.graph.contract import GraphStore
+from engram_api.storage.writer.userwrite import UserWrite
 from engram_workers.maintenance import DecayReport, run_decay
 
 from .builders import T0, GuardSpy, UserGraph, at, new_user

@@ -7,10 +7,10 @@ from types import SimpleNamespace
 from typing import cast
 
 from engram_api.settings import Settings
-from engram_api.storage.base import GraphStore
-from engram_api.storage.embedder import Embedder
-from engram_api.storage.episodes import chunk_episode
-from engram_api.storage.indexes import IndexKeeper
+from engram_api.storage.embedding.embedder import Embedder
+from engram_api.storage.faiss.keeper import IndexKeeper
+from engram_api.storage.graph.contract import GraphStore
+from engram_api.storage.graph.episodes import chunk_episode
 from engram_workers.maintenance import run_decay
 from engram_workers.maintenance.reconcile import BackfillUser, reconcile
 

@@ -8,9 +8,9 @@ from functools import partial
 import pytest
 
 from engram_api.settings import Settings
-from engram_api.storage.base import GraphStore
-from engram_api.storage.embedder import Embedder, get_embedder
-from engram_api.storage.indexes import IndexKeeper
+from engram_api.storage.embedding.embedder import Embedder, get_embedder
+from engram_api.storage.faiss.keeper import IndexKeeper
+from engram_api.storage.graph.contract import GraphStore
 from engram_workers.maintenance import rebuild_hierarchy
 from engram_workers.maintenance.hierarchy import cluster_count, member_signature
 

@@ -10,8 +10,8 @@ import pytest
 import redis
 
 from engram_api import keys
-from engram_api.storage.base import GraphStore
-from engram_api.storage.indexes import IndexKeeper
+from engram_api.storage.faiss.keeper import IndexKeeper
+from engram_api.storage.graph.contract import GraphStore
 from engram_workers.maintenance import ReconcileReport, reconcile
 
 from .builders import GuardSpy, UserGraph, new_user, random_encode

@@ -10,7 +10,7 @@ import pytest
 
 from engram_api.models import FeedbackRow
 from engram_api.settings import Settings
-from engram_api.storage.base import GraphStore
+from engram_api.storage.graph.contract import GraphStore
 from engram_workers.maintenance import Weights, effective_weights, learn_weights
 from engram_workers.maintenance.weights import GLOBAL_SCOPE, auc, tenant_of
 

@@ -11,10 +11,10 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from engram_api.storage.indexes import IndexKeeper
-from engram_api.storage.sqlite_store import SqliteGraphStore
-from engram_api.storage.userwrite import UserWrite, UserWrites
-from engram_api.storage.vectors import VectorStore
+from engram_api.storage.faiss.files import VectorStore
+from engram_api.storage.faiss.keeper import IndexKeeper
+from engram_api.storage.graph.sqlite.store import SqliteGraphStore
+from engram_api.storage.writer.userwrite import UserWrite, UserWrites
 from tests.maintenance.builders import DIM, UserGraph, at
 
 # Compact whenever the log passes half the base: many compactions in a short run, so kills land in them.

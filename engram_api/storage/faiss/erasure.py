@@ -1,0 +1,98 @@
+"""Erasure on every host: a forgotten user's FAISS copies leave every process's memory and every host's
+local index directory, with no directory shared between hosts.
+
+    record_erasure(redis, user_id, epoch)     # UserWrite.finish, after forget_user's graph commit
+    IndexSweeper(keeper, redis, interval_s).start()  # each worker and reader process: at once, then on a timer
+
+How it propagates:
+- memory: at a process's next touch of the user its copy is compared with the graph's stamp, which is
+  ``ABSENT`` or a new lifetime's, so the copy is dropped (``IndexKeeper``); the sweep drops it sooner;
+- disk: ``forget_user`` adds a tombstone ``<index file stem>:<epoch>`` to a Redis sorted set
+  (``keys.erased_indexes``), the stem being the user's hashed file name (no user id is stored). Each
+  process sweeps once when it starts and then every ``index_sweep_interval_s``: it deletes the local base,
+  log and stale temp files of every tombstone whose lifetime is the file's or later (``VectorStore.erase``)
+  and drops cached copies of that lifetime. So every host's cache loses an erased user's files within one
+  sweep interval of the erasure while any of its processes runs, and at the start of the first process
+  otherwise.
+
+Invariants: a tombstone only ever deletes cache (the graph is the source of vectors), so a sweep that
+deletes a file another process still wants costs that process a load from the graph, never an answer. A
+later lifetime of the same user keeps its files (its epoch is newer). Tombstones are kept
+``TOMBSTONE_RETAIN_S`` and every sweep applies all of them (a file a racing rebuild saved after one sweep
+goes at the next); a host whose processes were all stopped for longer must start with an empty index
+directory (docs/operations.md, "Running on many hosts").
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import TYPE_CHECKING
+
+from engram_api import keys
+from engram_api.storage.faiss.files import VectorStore
+from engram_api.storage.faiss.keeper import IndexKeeper
+
+if TYPE_CHECKING:
+    import redis
+
+__all__ = ["TOMBSTONE_RETAIN_S", "IndexSweeper", "record_erasure", "sweep_erased"]
+
+log = logging.getLogger(__name__)
+
+TOMBSTONE_RETAIN_S = 30 * 86_400.0
+
+
+def record_erasure(client: redis.Redis, user_id: str, epoch: int) -> None:
+    """Tell every host that the user's lifetime ``epoch`` (and any earlier) is erased; trims old tombstones."""
+    now = time.time()
+    pipe = client.pipeline(transaction=False)
+    pipe.zadd(keys.erased_indexes(), {f"{VectorStore.stem(user_id)}:{epoch}": now})
+    pipe.zremrangebyscore(keys.erased_indexes(), "-inf", now - TOMBSTONE_RETAIN_S)
+    pipe.execute()
+
+
+def sweep_erased(client: redis.Redis, keeper: IndexKeeper) -> int:
+    """Apply every tombstone to this process: delete its local files and drop its cached copies of erased
+    lifetimes. Returns how many users' files went."""
+    erased: dict[str, int] = {}
+    for member in client.zrange(keys.erased_indexes(), 0, -1):
+        stem, _, epoch = (member.decode() if isinstance(member, bytes) else member).partition(":")
+        if epoch.isdigit():
+            erased[stem] = max(int(epoch), erased.get(stem, 0))
+    for user_id in keeper.cached_users():
+        epoch = erased.get(VectorStore.stem(user_id))
+        if epoch is not None:
+            keeper.forget(user_id, up_to_epoch=epoch)
+    return sum(keeper.vectors.erase(stem, epoch) for stem, epoch in erased.items())
+
+
+class IndexSweeper:
+    """Runs ``sweep_erased`` now and then every ``interval_s`` on a daemon thread, for one process."""
+
+    def __init__(self, keeper: IndexKeeper, client: redis.Redis, interval_s: float) -> None:
+        self.keeper = keeper
+        self.client = client
+        self.interval_s = interval_s
+        self.sweeps = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> IndexSweeper:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="engram-index-sweep", daemon=True)
+            self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                sweep_erased(self.client, self.keeper)
+                self.sweeps += 1
+            except Exception:  # a sweep that fails (Redis away) retries next interval
+                log.warning("erasure sweep failed; retrying in %.0f s", self.interval_s, exc_info=True)
+            self._stop.wait(self.interval_s)

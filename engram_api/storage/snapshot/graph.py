@@ -1,0 +1,282 @@
+"""A small user's whole graph in memory at one stamp, and recall's graph step and keyword search answered
+from it.
+
+``GraphStore.snapshot`` reads every fact and episode chunk of one user, the stamp read first, in one read
+transaction. ``UserSnapshot.graph_step`` is a third implementation of ``GraphStore.graph_step`` over those
+records, pinned to both stores' answers by the contract suite (tests/contract/test_graph_step.py). Why a
+third: on Neo4j the step is a round trip that cost ~5 ms of a 700-turn user's ~21 ms recall (graph 4.9 ms
+p50, docs/benchmarks/history.md), where the walk over a few hundred facts in Python takes a fraction of a
+millisecond. Users above a size bound are not snapshotted: their step stays in the store. The keyword search is
+answered from an in-memory BM25 index of the same records (``keywords``), so a snapshotted user's recall
+makes no store call at all.
+
+Invariants (those of the stores' step, which its docstring states in full):
+- a fact mentions its subject and its object (Neo4j's SUBJECT/OBJECT edges, SQLite's mentions rows);
+- the walk passes only facts not archived and valid at ``as_of`` (``valid_until`` unset when current);
+  a seed fact must also have started by ``now`` when current and overlap [since, until);
+- each seed keeps its ``per_seed`` nearest facts by (hops, importance descending, id descending); a fact's hops is
+  its minimum over the seeds that kept it; the walk from a seed stops at the first depth by which it has
+  ``per_seed`` facts (deeper ones could not be kept), and never enters an entity in ``avoid``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from engram_api.models import ChunkRecord, FactRecord, KeywordHit
+from engram_api.storage.graph.contract import GraphStepQuery
+from engram_api.storage.snapshot.keywords import KeywordIndex
+from engram_api.storage.snapshot.rows import (
+    CHUNK_FACTS,
+    CHUNK_ROWS,
+    EPISODE,
+    EVENT_TIME,
+    FACT_ROWS,
+    IMPORTANCE,
+    OBJECT,
+    STATEMENT,
+    SUBJECT,
+    VALID_FROM,
+    VALID_UNTIL,
+    ChunkView,
+    FactView,
+    RecordRows,
+    Row,
+    valid_at,
+)
+from engram_api.versions import Stamp
+
+__all__ = ["HeldStep", "UserSnapshot"]
+
+
+@dataclass(frozen=True, slots=True)
+class HeldStep:
+    """``GraphStep``'s answer from a held snapshot: the same fields, the records as held (views, never
+    models: ``record_rows`` says why)."""
+
+    facts: list[FactView] = field(default_factory=list)
+    hops: list[tuple[str, int]] = field(default_factory=list)
+    chunks: list[ChunkView] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class UserSnapshot:
+    """Every fact (any state) and every episode chunk of ``user_id``, read at ``stamp``."""
+
+    user_id: str
+    stamp: Stamp
+    facts: RecordRows[FactRecord, FactView]  # held as rows (``record_rows``), not as models: a fifth of the memory
+    chunks: RecordRows[ChunkRecord, ChunkView]
+    touching: Mapping[str, tuple[str, ...]]  # entity id -> the facts mentioning it, in rank order
+    episodes: Mapping[str, tuple[str, ...]]  # episode id -> its chunks, in conversation order
+    keywords: KeywordIndex  # the chunks' indexed text and the facts' statements
+
+    @classmethod
+    def of(cls, user_id: str, stamp: Stamp, facts: Iterable[FactRecord], chunks: Iterable[ChunkRecord]) -> UserSnapshot:
+        """The snapshot of these records; each is made a row as it comes (``GraphStore.snapshot`` reads them
+        lazily, facts first), so the models are never all held at once."""
+        fact_rows = RecordRows.of(FACT_ROWS, facts)
+        chunk_texts: dict[str, str] = {}
+
+        def texts(records: Iterable[ChunkRecord]) -> Iterator[ChunkRecord]:
+            for c in records:
+                chunk_texts[c.id] = c.indexed_text
+                yield c
+
+        chunk_rows = RecordRows.of(CHUNK_ROWS, texts(chunks))
+        rows, held = fact_rows.rows(), chunk_rows.rows()
+        touching: dict[str, list[str]] = {}
+        # Each entity's facts in the stores' rank order (importance descending, id descending): a walk reads
+        # an entity's facts only as far as it still needs, as the stores read their rank indexes.
+        for fid in sorted(rows, key=lambda i: (rows[i][IMPORTANCE], i), reverse=True):
+            for entity in dict.fromkeys((rows[fid][SUBJECT], rows[fid][OBJECT])):
+                if entity:
+                    touching.setdefault(entity, []).append(fid)
+        episodes: dict[str, list[str]] = {}
+        for cid in sorted(held, key=lambda i: held[i].conversation_order):
+            episodes.setdefault(held[cid][EPISODE], []).append(cid)
+        return cls(
+            user_id=user_id,
+            stamp=stamp,
+            facts=fact_rows,
+            chunks=chunk_rows,
+            touching={e: tuple(ids) for e, ids in touching.items()},
+            episodes={e: tuple(ids) for e, ids in episodes.items()},
+            keywords=KeywordIndex.of(chunk_texts.items(), ((i, row[STATEMENT]) for i, row in rows.items())),
+        )
+
+    def updated(self, stamp: Stamp, facts: Iterable[FactRecord], chunks: Iterable[ChunkRecord]) -> UserSnapshot:
+        """This snapshot at ``stamp``: its records, those of ``facts`` and ``chunks`` (written since) in
+        their place (``GraphStore.refresh_snapshot``, which knows nothing was removed). Only the entities
+        and episodes those records touch are re-ranked, so a refresh costs what changed, not the user's size."""
+        fresh = {f.id: f for f in facts}
+        held = self.facts.rows()
+        by_id = self.facts.with_records(fresh.values())
+        new_chunks = {c.id: c for c in chunks}
+        all_chunks = self.chunks.with_records(new_chunks.values())
+        chunk_rows = all_chunks.rows()
+        reached: dict[str, list[str]] = {}
+        for f in fresh.values():
+            for entity in dict.fromkeys((f.subject_id, f.object_id)):
+                if entity:
+                    reached.setdefault(entity, []).append(f.id)
+        touching = dict(self.touching)
+        moved = {i for i, f in fresh.items() if i not in held or held[i][IMPORTANCE] != f.importance}
+        for entity, ids in reached.items():
+            touching[entity] = _reranked(touching.get(entity, ()), [i for i in ids if i in moved], by_id.rows(), held)
+        joined: dict[str, list[str]] = {}
+        for c in new_chunks.values():
+            joined.setdefault(c.episode_id, []).append(c.id)
+        episodes = dict(self.episodes)
+        for episode, ids in joined.items():
+            merged = dict.fromkeys([*episodes.get(episode, ()), *ids])
+            episodes[episode] = tuple(sorted(merged, key=lambda i: chunk_rows[i].conversation_order))
+        keywords = self.keywords.added(
+            ((c.id, c.indexed_text) for i, c in new_chunks.items() if i not in self.chunks),
+            ((f.id, f.statement) for i, f in fresh.items() if i not in held),  # a statement never changes
+        )
+        return UserSnapshot(
+            user_id=self.user_id, stamp=stamp, facts=by_id, chunks=all_chunks, touching=touching, episodes=episodes,
+            keywords=keywords,
+        )  # fmt: skip
+
+    @property
+    def size(self) -> int:
+        return len(self.facts) + len(self.chunks)
+
+    def episode_chunks(self, episode_ids: Sequence[str]) -> list[ChunkView]:
+        """Every chunk of the user's episodes among ``episode_ids``, in conversation order."""
+        rows = self.chunks.rows()
+        held = [rows[c] for e in dict.fromkeys(episode_ids) for c in self.episodes.get(e, ())]
+        return sorted(held, key=lambda c: c.conversation_order)
+
+    def keyword_search(
+        self,
+        terms: Sequence[str],
+        k: int,
+        *,
+        as_of: datetime | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
+    ) -> list[KeywordHit]:
+        """``GraphStore.keyword_search`` for this user at ``stamp``, with no store call: at most ``k`` chunks
+        (event time <= as_of, >= since, < until) and ``k`` facts (valid at ``as_of``, current when None, not
+        archived) holding any of ``terms``, best first (``keywords`` says how they are scored)."""
+
+        chunks = self.chunks.rows()
+
+        def chunk_ok(chunk_id: str) -> bool:
+            t = chunks[chunk_id][EVENT_TIME]
+            return (as_of is None or t <= as_of) and (since is None or t >= since) and (until is None or t < until)
+
+        rows = self.facts.rows()
+
+        def fact_ok(fact_id: str) -> bool:
+            return valid_at(rows[fact_id], as_of)
+
+        return self.keywords.search(list(dict.fromkeys(terms)), k, chunk_ok=chunk_ok, fact_ok=fact_ok)
+
+    def graph_step(self, query: GraphStepQuery) -> HeldStep:
+        """``GraphStore.graph_step`` for this user at ``stamp``, with no store call."""
+        chunks = self.chunks.rows()
+        sourced = [f for cid in query.chunk_facts if cid in chunks for f in chunks[cid][CHUNK_FACTS]]
+        chunk_seeds: list[str] = []
+        hops: list[tuple[str, int]] = []
+        if query.expanding:
+            seeding = [cid for cid in dict.fromkeys(query.seed_chunks) if cid in chunks]
+            chunk_seeds = [f for cid in seeding[: query.seed_chunk_count] for f in chunks[cid][CHUNK_FACTS]]
+            hops = self._expand(query, [*query.seed_facts, *chunk_seeds])
+        known = set(query.known)
+        wanted = dict.fromkeys([*query.fact_ids, *sourced, *chunk_seeds, *(fid for fid, _ in hops)])
+        facts = self.facts.rows()
+        return HeldStep(
+            facts=[facts[i] for i in wanted if i in facts and i not in known],
+            hops=hops,
+            chunks=[chunks[c] for c in dict.fromkeys(query.chunk_ids) if c in chunks],
+        )
+
+    def _expand(self, q: GraphStepQuery, seed_facts: list[str]) -> list[tuple[str, int]]:
+        rows = self.facts.rows()
+
+        def seeding(f: Row) -> bool:
+            return (
+                valid_at(f, q.as_of)
+                and (q.as_of is not None or f[VALID_FROM] <= q.now)
+                and (q.until is None or f[VALID_FROM] < q.until)
+                and (q.since is None or f[VALID_UNTIL] is None or f[VALID_UNTIL] > q.since)
+            )
+
+        avoid = set(q.avoid)
+        from_facts = [
+            x
+            for fid in seed_facts
+            if fid in rows and seeding(rows[fid])
+            for x in (rows[fid][SUBJECT], rows[fid][OBJECT])
+        ]
+        seeds = [s for s in dict.fromkeys([*q.seeds, *from_facts]) if s and s not in avoid]
+        valid: dict[str, bool] = {}
+        best: dict[str, int] = {}
+        for seed in seeds:
+            level: dict[str, int] = {}
+            seen, frontier = {seed}, [seed]
+            for depth in range(q.max_hops + 1):
+                later: list[str] = []
+                # An entity that yields ``need`` new facts at this depth ends the walk (the level is full),
+                # and the depth's best ``need`` are among each entity's first ``need``: read no further.
+                need = q.per_seed - len(level)
+                for entity in frontier:
+                    new = 0
+                    for fid in self.touching.get(entity, ()):
+                        if new == need:
+                            break
+                        fact = rows[fid]
+                        ok = valid.get(fid)
+                        if ok is None:
+                            ok = valid[fid] = valid_at(fact, q.as_of)
+                        if not ok:
+                            continue
+                        if fid not in level:
+                            level[fid] = depth
+                            new += 1
+                        if depth < q.max_hops:
+                            for x in (fact[SUBJECT], fact[OBJECT]):
+                                if x and x not in avoid and x not in seen:
+                                    seen.add(x)
+                                    later.append(x)
+                frontier = later
+                if len(level) >= q.per_seed or not frontier:
+                    break
+            # (hops, importance descending, id descending): the stores read a seed's facts in that order
+            by_id = sorted(level.items(), reverse=True)
+            nearest = sorted(by_id, key=lambda kv: (kv[1], -rows[kv[0]][IMPORTANCE]))
+            for fid, hops in nearest[: q.per_seed]:
+                best[fid] = min(hops, best.get(fid, hops))
+        ranked = sorted(best.items(), key=lambda kv: (kv[1], -rows[kv[0]][IMPORTANCE], kv[0]))
+        return ranked[: q.limit]
+
+
+def _reranked(
+    order: tuple[str, ...], moving: list[str], facts: Mapping[str, Row], before: Mapping[str, Row]
+) -> tuple[str, ...]:
+    """``order`` (an entity's facts, importance descending, id descending) with ``moving`` (new facts, or
+    facts whose importance changed) in their place, each inserted by binary search: a hub entity's tens of
+    thousands of facts cost O(log n) rank reads per change, not a sort (4.6 of a 10K-fact refresh's 6 ms).
+    Only facts held ``before`` are looked for in ``order``: new ones only are copied past (the 100K-fact
+    user's owner, in 80K facts: 6 of a one-fact refresh's 11 ms went to looking)."""
+    if not moving:
+        return order
+    gone = {i for i in moving if i in before}
+    out = [i for i in order if i not in gone] if gone else list(order)
+    for fid in moving:
+        rank = (facts[fid][IMPORTANCE], fid)
+        lo, hi = 0, len(out)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if (facts[out[mid]][IMPORTANCE], out[mid]) > rank:
+                lo = mid + 1
+            else:
+                hi = mid
+        out.insert(lo, fid)
+    return tuple(out)

@@ -1,0 +1,218 @@
+"""A snapshotted user's keyword index in memory: BM25 over the snapshot's chunks and fact statements, so
+recall of a user a reader holds whole asks the store nothing at all.
+
+Why: with the graph step answered from ``UserSnapshot``, the keyword search was the one store round trip
+left in such a recall (~5 ms on Neo4j for a 10K-fact user, docs/benchmarks/history.md, stop 36), and it made
+Neo4j's recall slower than SQLite's on the same snapshot. Why our own rather than a BM25 library
+(``bm25s``, ``rank_bm25``): a snapshot is refreshed with only what was written since
+(``UserSnapshot.updated``), and this index is too (``added``: the touched terms' postings grow, nothing
+else is rebuilt); the libraries score a corpus they index whole.
+
+What it computes, so a newcomer can hold it against the stores' full-text indexes:
+- analysis as the stores': the words of ``episodes.words`` (runs of letters and digits, lower-cased, the
+  stop words dropped) stemmed by the original Porter algorithm, the stemmer of Neo4j's ``english``
+  analyzer (Lucene's ``PorterStemFilter``) and of SQLite's ``porter`` tokenizer (PyStemmer, C);
+- two tables as in the stores: chunks (``ChunkRecord.indexed_text``: the speaker's name with the words)
+  and facts (``statement``), each with its own statistics and each giving its own top k;
+- BM25 with k1 = 1.2, b = 0.75 and Lucene's IDF ``ln(1 + (N - n + 0.5) / (n + 0.5))`` (never zero, so
+  every document holding a query word scores), over the user's own documents only: the stores compute
+  IDF and average length over every user's rows of the index, so their scores, and the order of near
+  ties, can differ from these; which documents match is the same (``tests/test_keyword_index.py`` and
+  the contract suite hold it against both stores);
+- ties are broken by node id, as the stores' answers are sorted, so a refreshed index answers exactly as
+  a freshly built one;
+- a word in a quarter of the documents or more is first added only to the documents a rarer query word
+  found, which settles the top k when its k-th outscores every common word together (MaxScore): the same
+  answers, a 100K-fact user's search 3.1 -> 1.8 ms with its "user" in 79K statements.
+
+Invariants: immutable once built (a reader thread swaps a new snapshot in; a recall holds the one it
+read); a fact's statement never changes, so a refresh that brings a known fact again leaves its entry be.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import Stemmer
+
+from engram_api.models import KeywordHit
+from engram_api.storage.graph.episodes import words
+
+__all__ = ["KeywordIndex", "KeywordTable", "stems"]
+
+_K1 = 1.2
+_B = 0.75
+_Postings = tuple[np.ndarray, np.ndarray]  # (document positions int32, term frequencies float64)
+
+
+_local = threading.local()
+
+
+def _stemmer() -> Stemmer.Stemmer:
+    """This thread's stemmer: a PyStemmer object (which keeps a cache of the words it stemmed) is not to be
+    shared between threads, and the reader's threads search while another loads a snapshot."""
+    stemmer = getattr(_local, "stemmer", None)
+    if stemmer is None:
+        stemmer = _local.stemmer = Stemmer.Stemmer("porter")
+    return stemmer
+
+
+def stems(text: str) -> list[str]:
+    """The indexed terms of ``text``: its words (``episodes.words``), Porter-stemmed, repeats kept."""
+    return _stemmer().stemWords(words(text))
+
+
+@dataclass(frozen=True, slots=True)
+class KeywordTable:
+    """One table's documents (ids in position order), their lengths in terms, each one's rank by id (the
+    tie-break; kept with the ids in sorted order and the positions in that order, so a refresh merges its
+    few new ids in rather than sorting them all: 2.7 -> 0.4-1.0 ms for one new fact of a 10K-fact table),
+    and each term's postings."""
+
+    ids: tuple[str, ...]
+    lengths: np.ndarray
+    # the ids as UTF-8, sorted (bytes order is code point order; a quarter of str's 4 B a character)
+    sorted_ids: np.ndarray
+    by_id: np.ndarray  # the positions of ``sorted_ids``
+    rank: np.ndarray  # position -> its place in ``sorted_ids``
+    postings: Mapping[str, _Postings]
+
+    @classmethod
+    def of(cls, docs: Iterable[tuple[str, str]]) -> KeywordTable:
+        """The table of ``docs``: (node id, text) pairs with distinct ids."""
+        none = np.zeros(0, dtype=np.int64)
+        empty = cls(
+            ids=(), lengths=np.zeros(0), sorted_ids=np.array([], dtype=bytes), by_id=none, rank=none, postings={}
+        )
+        return empty.added(docs)
+
+    def added(self, docs: Iterable[tuple[str, str]]) -> KeywordTable:
+        """This table with ``docs`` (distinct ids it does not hold) appended; only their terms are touched."""
+        ids, lengths = list(self.ids), []
+        grown: dict[str, tuple[list[int], list[int]]] = {}
+        for node_id, text in docs:
+            terms = stems(text)
+            for term, tf in Counter(terms).items():
+                at, freq = grown.setdefault(term, ([], []))
+                at.append(len(ids))
+                freq.append(tf)
+            ids.append(node_id)
+            lengths.append(len(terms))
+        if not lengths:
+            return self
+        postings = dict(self.postings)
+        for term, (at, freq) in grown.items():
+            old = postings.get(term)
+            new = (np.asarray(at, dtype=np.int32), np.asarray(freq, dtype=np.float64))
+            postings[term] = (
+                new if old is None else (np.concatenate([old[0], new[0]]), np.concatenate([old[1], new[1]]))
+            )
+        fresh = np.asarray([i.encode() for i in ids[len(self.ids) :]], dtype=bytes)
+        order = np.argsort(fresh)
+        slots = np.searchsorted(self.sorted_ids, fresh[order])
+        wide = np.result_type(self.sorted_ids, fresh)  # a longer id widens the bytes array, never cut
+        sorted_ids = np.insert(self.sorted_ids.astype(wide, copy=False), slots, fresh[order])
+        by_id = np.insert(self.by_id, slots, order + len(self.ids))
+        rank = np.empty(len(ids), dtype=np.int64)
+        rank[by_id] = np.arange(len(ids))
+        return KeywordTable(
+            ids=tuple(ids),
+            lengths=np.concatenate([self.lengths, np.asarray(lengths, dtype=np.float64)]),
+            sorted_ids=sorted_ids,
+            by_id=by_id,
+            rank=rank,
+            postings=postings,
+        )
+
+    def ranked(self, terms: Sequence[str], k: int, keep: Callable[[str], bool]) -> list[tuple[str, float]]:
+        """The best ``k`` documents ``keep`` accepts holding any of ``terms`` (stemmed query words), as
+        (node id, BM25 score), best first, ties by node id."""
+        n = len(self.ids)
+        if not n or k <= 0:
+            return []
+        avg = float(self.lengths.sum()) / n or 1.0
+        held = [self.postings[term] for term in dict.fromkeys(terms) if term in self.postings]
+        rare = [p for p in held if 4 * len(p[0]) < n]
+        common = [p for p in held if 4 * len(p[0]) >= n]
+        found = rare + common  # the rare terms' shares added first on both paths: the same sums
+        # Terms in a quarter of the documents or more (the 100K-fact user's "user": 79K) score little each
+        # (IDF <= 1.2) and cost the most: first rank the documents holding a rarer term, adding the common
+        # terms' share to those alone; that is the answer when the k-th kept of them outscores all the common
+        # terms together (a document holding only those), else score them all (MaxScore, Turtle and Flood 1995).
+        if common and rare:
+            ceiling = sum(self._idf(len(at)) * (_K1 + 1.0) for at, _ in common)
+            scores = np.zeros(n)
+            for at, tf in rare:
+                scores[at] += self._weights(at, tf, avg, len(at))
+            cand = np.flatnonzero(scores)
+            for at, tf in common:
+                slot = np.minimum(np.searchsorted(at, cand), len(at) - 1)  # a posting's positions ascend
+                hit = at[slot] == cand
+                scores[cand[hit]] += self._weights(at[slot[hit]], tf[slot[hit]], avg, len(at))
+            kept = self._best(scores, cand, k, keep)
+            if len(kept) == k and kept[-1][1] > ceiling:
+                return kept
+        scores = np.zeros(n)
+        for at, tf in found:
+            scores[at] += self._weights(at, tf, avg, len(at))
+        return self._best(scores, np.flatnonzero(scores), k, keep)
+
+    def _idf(self, df: int) -> float:
+        n = len(self.ids)
+        return math.log(1.0 + (n - df + 0.5) / (df + 0.5))
+
+    def _weights(self, at: np.ndarray, tf: np.ndarray, avg: float, df: int) -> np.ndarray:
+        """The BM25 share of a term in ``df`` documents in those at positions ``at`` holding it ``tf`` times."""
+        return self._idf(df) * tf * (_K1 + 1.0) / (tf + _K1 * (1.0 - _B + _B * self.lengths[at] / avg))
+
+    def _best(
+        self, scores: np.ndarray, matched: np.ndarray, k: int, keep: Callable[[str], bool]
+    ) -> list[tuple[str, float]]:
+        """The best ``k`` of ``matched`` (positions) that ``keep`` accepts, best first, ties by id."""
+        kept: list[tuple[str, float]] = []
+        # Ordered first are only the documents scoring at least the (4k)th best (``keep`` refuses few),
+        # then, if ``keep`` refused too many of them, the rest.
+        parts = [matched]
+        if len(matched) > 4 * k:
+            cut = np.partition(scores[matched], len(matched) - 4 * k)[len(matched) - 4 * k]
+            first = scores[matched] >= cut
+            parts = [matched[first], matched[~first]]
+        for part in parts:
+            for pos in part[np.lexsort((self.rank[part], -scores[part]))].tolist():
+                node_id = self.ids[pos]
+                if keep(node_id):
+                    kept.append((node_id, float(scores[pos])))
+                    if len(kept) == k:
+                        return kept
+        return kept
+
+
+@dataclass(frozen=True, slots=True)
+class KeywordIndex:
+    """A user's chunks and fact statements, each table apart (as the stores keep them)."""
+
+    chunks: KeywordTable
+    facts: KeywordTable
+
+    @classmethod
+    def of(cls, chunks: Iterable[tuple[str, str]], facts: Iterable[tuple[str, str]]) -> KeywordIndex:
+        return cls(chunks=KeywordTable.of(chunks), facts=KeywordTable.of(facts))
+
+    def added(self, chunks: Iterable[tuple[str, str]], facts: Iterable[tuple[str, str]]) -> KeywordIndex:
+        """This index with new chunks and facts (ids it does not hold)."""
+        return KeywordIndex(chunks=self.chunks.added(chunks), facts=self.facts.added(facts))
+
+    def search(
+        self, terms: Sequence[str], k: int, *, chunk_ok: Callable[[str], bool], fact_ok: Callable[[str], bool]
+    ) -> list[KeywordHit]:
+        """``GraphStore.keyword_search`` over this index: the best ``k`` chunks ``chunk_ok`` accepts and
+        the best ``k`` facts ``fact_ok`` accepts holding any of ``terms`` (query words), best first."""
+        stemmed = _stemmer().stemWords(list(terms))
+        hits = [KeywordHit(node_id=i, kind="episode", score=s) for i, s in self.chunks.ranked(stemmed, k, chunk_ok)]
+        hits += [KeywordHit(node_id=i, kind="fact", score=s) for i, s in self.facts.ranked(stemmed, k, fact_ok)]
+        return sorted(hits, key=lambda h: (-h.score, h.node_id))
