@@ -7,11 +7,12 @@ variable and what it expects, so a mistyped deployment fails at start-up, not at
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 
 from engram_api.errors import ConfigError
 from engram_api.models import MAX_BATCH_CAP, MAX_TURNS_CAP
@@ -435,7 +436,15 @@ def load_settings(**overrides: object) -> Settings:
     """Read the environment (plus ``overrides``); a bad value raises ``ConfigError`` naming the variable."""
     try:
         return Settings(**overrides)  # type: ignore[arg-type]
+    except SettingsError as exc:  # a list or mapping setting that is not JSON: refused before validation
+        named = re.search(r'field "(\w+)"', str(exc))
+        field = Settings.model_fields.get(named.group(1)) if named else None
+        variable = variable_for(named.group(1) if named else "?")
+        expected = f"; expected {field.description}" if field is not None and field.description else ""
+        raise ConfigError(variable, f"is not valid JSON ({exc.__cause__ or exc}){expected}") from None
     except ValidationError as exc:
         err = exc.errors()[0]
         variable = variable_for(str(err["loc"][0]) if err["loc"] else "?")
-        raise ConfigError(variable, f"{err['msg']} {_shown(variable, err.get('input'))}") from None
+        # Where inside a JSON value, e.g. ENGRAM_API_KEYS: "[0].sha256: Field required".
+        inner = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in err["loc"][1:]).lstrip(".")
+        raise ConfigError(variable, f"{inner + ': ' if inner else ''}{err['msg']} {_shown(variable, err.get('input'))}") from None

@@ -345,3 +345,25 @@ def test_no_key_refuses_to_bind_beyond_loopback(tmp_path: Path) -> None:
     )
     assert done.returncode == 2
     assert "ENGRAM_API_KEYS" in done.stderr and "127.0.0.1" in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("value", "problem"),
+    [
+        ("not json", "is not valid JSON"),
+        ('[{"name": "shop"}]', "[0].sha256: Field required"),
+        ('[{"name": "shop", "sha256": "abc", "scopes": ["read"], "namespace": "shop"}]', "[0].sha256: String should"),
+        ('{"name": "shop"}', "Input should be a valid list"),
+    ],
+)
+def test_malformed_api_keys_is_one_line_naming_the_variable(tmp_path: Path, value: str, problem: str) -> None:
+    """A malformed ENGRAM_API_KEYS stops `engram serve` with one line naming the variable and what is wrong
+    (not a traceback naming the settings field)."""
+    import os
+    import subprocess
+
+    env = {**os.environ, "ENGRAM_DATA_DIR": str(tmp_path), "ENGRAM_API_KEYS": value}
+    done = subprocess.run(serve_command("--port", "1"), env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.startswith("error: ENGRAM_API_KEYS: ") and problem in done.stderr, done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1 and "api_keys" not in done.stderr, done.stderr
