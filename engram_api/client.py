@@ -49,6 +49,7 @@ class MemoryClient:
     def __init__(self, *, settings: Settings | None = None, redis_url: str | None = None) -> None:
         self.settings = settings or load_settings()
         self._redis_url = redis_url
+        self._url_given = redis_url is not None
         self._redis: redis.Redis | None = None
         self._producer: Producer | None = None
         self._reader: Reader | None = None
@@ -71,6 +72,33 @@ class MemoryClient:
 
             self._redis = redis_client(self.redis_url)
         return self._redis
+
+    def follow_embedded_redis(self) -> bool:
+        """The embedded default only (no ``REDIS_URL``, no ``redis_url`` given): when ``engram up`` restarted
+        its Redis on another port (``services.json`` says so), point this client's connections, which the
+        producer and the reader share, there. True when they moved. A long-running process (``engram
+        serve``) calls it after a Redis error, so that it is not cut off until restarted."""
+        if self.settings.redis_url or self._url_given or self._redis_url is None:
+            return False
+        from engram_api.connections import resolve_redis_url
+
+        try:
+            url = resolve_redis_url(self.settings)
+        except ConfigError:  # the fleet is stopped: nothing to follow yet
+            return False
+        if url == self._redis_url:
+            return False
+        self._redis_url = url
+        if self._redis is not None:
+            from redis.connection import parse_url
+
+            # A new pool with the same options and the new server's host, port, password and db; the client
+            # object stays (the producer's scripts and the reader hold it), the old connections are closed.
+            old = self._redis.connection_pool
+            kwargs = {**old.connection_kwargs, **parse_url(url)}
+            self._redis.connection_pool = type(old)(connection_class=old.connection_class, **kwargs)
+            old.disconnect()
+        return True
 
     @property
     def producer(self) -> Producer:

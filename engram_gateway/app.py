@@ -24,6 +24,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from engram_api.redaction import RedactingFilter
 from engram_api.settings import Settings, load_settings
+from engram_gateway.apidoc import install_docs
 from engram_gateway.auth import check_bind
 from engram_gateway.guard import RequestGuard
 from engram_gateway.mcp_server import build_mcp, mcp_http_endpoint
@@ -108,7 +109,10 @@ def create_app(gateway: Gateway) -> FastAPI:
         version="1",
         summary="Enqueue chat messages and read memory over HTTP; the same keys serve MCP at /mcp.",
         lifespan=lifespan,
+        docs_url=None,  # install_docs: Swagger UI from installed files, not a CDN
+        redoc_url=None,
     )
+    install_docs(app, router)
     app.state.gateway = gateway
     counters = _Counters()
     app.state.registry = counters.registry

@@ -10,7 +10,7 @@ Invariants:
   ``127.0.0.1``, ``[::1]``, any port) or one of ``ENGRAM_GATEWAY_TRUSTED_HOSTS``, and refuses a browser
   ``Origin`` that is not one of those: a web page the user visits cannot reach the keyless gateway by
   rebinding its own name to 127.0.0.1 (421), nor post to it cross-origin (403).
-- With keys configured, the API description (``/openapi.json``, ``/docs``, ``/redoc``) needs a valid key
+- With keys configured, the API description (``/openapi.json``, ``/docs``) needs a valid key
   of any scope unless ``ENGRAM_GATEWAY_PUBLIC_DOCS`` is set; in local mode it is as open as the rest.
 """
 
@@ -28,9 +28,19 @@ from engram_api.settings import Scope as KeyScope
 from engram_gateway.auth import AccessDeniedError, KeyRing, Principal
 from engram_gateway.problems import problem_response
 
-__all__ = ["DOC_PATHS", "Caller", "GuardedRoute", "Operator", "Reader", "RequestGuard", "Writer", "principal_of"]
+__all__ = [
+    "DOC_PATHS",
+    "Caller",
+    "GuardedRoute",
+    "Operator",
+    "Reader",
+    "RequestGuard",
+    "Writer",
+    "principal_of",
+    "route_scope",
+]
 
-DOC_PATHS = frozenset({"/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"})
+DOC_PATHS = frozenset({"/openapi.json", "/docs"})  # the Swagger UI assets are public files
 LOCAL_HOSTS = frozenset({"localhost", "127.0.0.1", "::1"})
 
 
@@ -55,17 +65,22 @@ Writer = Annotated[Principal, Depends(Caller("write"))]
 Operator = Annotated[Principal, Depends(Caller("operator"))]
 
 
+def route_scope(route: APIRoute) -> KeyScope | None:
+    """The scope a route names in its signature; None for a route that needs no key (/v1/health)."""
+    scopes = {dep.call.scope for dep in route.dependant.dependencies if isinstance(dep.call, Caller)}
+    if len(scopes) > 1:
+        raise TypeError(f"route {route.path} names more than one scope: {sorted(scopes)}")
+    return next(iter(scopes), None)
+
+
 class GuardedRoute(APIRoute):
     """A route that checks the key and its scope first, then reads the body, then lets FastAPI parse it."""
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         handler = super().get_route_handler()
-        scopes = {dep.call.scope for dep in self.dependant.dependencies if isinstance(dep.call, Caller)}
-        if not scopes:  # /v1/health: no key
+        scope = route_scope(self)
+        if scope is None:  # /v1/health: no key
             return handler
-        if len(scopes) > 1:
-            raise TypeError(f"route {self.path} names more than one scope: {sorted(scopes)}")
-        (scope,) = scopes
 
         async def guarded(request: Request) -> Response:
             principal = principal_of(request.app.state.gateway.ring, request.scope["headers"])

@@ -26,7 +26,7 @@ from mcp.server.streamable_http_manager import StreamableHTTPASGIApp
 from mcp.server.transport_security import TransportSecuritySettings
 from starlette.types import Message, Receive, Scope, Send
 
-from engram_api.errors import ConfigError, EngramError, InvalidInputError
+from engram_api.errors import ConfigError, EngramError, InvalidInputError, StoreUnavailableError
 from engram_gateway.auth import AccessDeniedError, Principal
 from engram_gateway.guard import principal_of
 from engram_gateway.problems import buffered, problem_response, rate_limited_response
@@ -67,7 +67,12 @@ def build_mcp(gateway: Gateway, *, stdio_principal: Principal | None = None) -> 
 
     def call(ctx: Context, fn: Any) -> Any:
         try:
-            return fn(who(ctx))
+            try:
+                return fn(who(ctx))
+            except StoreUnavailableError:
+                if not gateway.follow_redis():  # the embedded Redis restarted elsewhere: try it once
+                    raise
+                return fn(who(ctx))
         except EngramError as exc:
             raise _tool_error(exc) from None
 
@@ -121,7 +126,8 @@ def build_mcp(gateway: Gateway, *, stdio_principal: Principal | None = None) -> 
 
     @mcp.tool()
     def get_context(user_id: str, query: str, ctx: Context, max_tokens: int = 800) -> str:
-        """A prompt-ready block of current, dated facts about the user within max_tokens."""
+        """A prompt-ready block about the user within max_tokens: current facts (each with the date it became
+        true), then dated conversation excerpts that match the query."""
 
         def run(p: Principal) -> Any:
             reader, uid = gateway.reader_for(p, user_id)

@@ -170,8 +170,9 @@ def install_handlers(app: FastAPI) -> None:
         return rate_limited_response(exc)
 
     @app.exception_handler(StoreUnavailableError)
-    async def _unavailable(_: Request, exc: StoreUnavailableError) -> JSONResponse:
+    async def _unavailable(request: Request, exc: StoreUnavailableError) -> JSONResponse:
         log.warning("store unavailable: %s", exc)
+        request.app.state.gateway.follow_redis()  # so that the retry reaches a restarted embedded Redis
         return problem_response(
             503,
             "store-unavailable",

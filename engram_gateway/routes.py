@@ -15,6 +15,7 @@ Invariants:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
@@ -140,9 +141,9 @@ async def gateway(request: Request) -> Gateway:
 
 
 Gw = Annotated[Gateway, Depends(gateway)]
-_ERRORS: dict[int | str, dict[str, Any]] = {
-    code: {"model": Problem, "content": {"application/problem+json": {}}} for code in (400, 401, 403, 413, 503)
-}
+# Every route may answer these (problem bodies; ``engram_gateway.apidoc`` drops 401, 403 and 429 from the
+# routes that need no key).
+_ERRORS: dict[int | str, dict[str, Any]] = {code: {"model": Problem} for code in (400, 401, 403, 413, 429, 503)}
 
 router = APIRouter(prefix="/v1", responses=_ERRORS, route_class=GuardedRoute)
 
@@ -189,7 +190,9 @@ def feedback(user_id: str, body: FeedbackRequest, gw: Gw, who: Writer) -> Feedba
     return FeedbackResponse(rows=reader.feedback(uid, body.recall_id, body.useful_ids))
 
 
-@router.delete("/users/{user_id}/memories/{memory_id}", response_model=ForgetResult)
+@router.delete(
+    "/users/{user_id}/memories/{memory_id}", response_model=ForgetResult, responses={404: {"model": Problem}}
+)
 def forget(user_id: str, memory_id: str, gw: Gw, who: Writer) -> ForgetResult:
     reader, uid = gw.reader_for(who, user_id, "write")
     return reader.forget(uid, memory_id)  # type: ignore[no-any-return]
@@ -233,7 +236,7 @@ def history(
     user_id: str,
     gw: Gw,
     who: Reader,
-    subject: Annotated[str, Query()],
+    subject: Annotated[str, Query(description='an entity name or alias; "user" is the user themself')] = "user",
     predicate: Annotated[str | None, Query()] = None,
     limit: Annotated[int, Query()] = HISTORY_LIMIT,
 ) -> list[FactRecord]:
@@ -261,7 +264,12 @@ def dead_letters(gw: Gw, who: Operator, user_id: Annotated[str | None, Query()] 
     return gw.dead_letters(who, user_id)
 
 
-@router.post("/dead-letters/{user_id}/{message_id}/replay", status_code=202, response_model=Receipt)
+@router.post(
+    "/dead-letters/{user_id}/{message_id}/replay",
+    status_code=202,
+    response_model=Receipt,
+    responses={404: {"model": Problem}},
+)
 def replay(user_id: str, message_id: str, gw: Gw, who: Operator) -> Receipt:
     return gw.replay(who, user_id, message_id)
 
@@ -280,7 +288,7 @@ def metrics(request: Request, who: Operator) -> Response:
 
 @router.get("/health", response_model=Health, responses={503: {"model": Health}}, summary="Every check (no key)")
 def health(gw: Gw) -> JSONResponse:
-    return _health_response(gw.client.health())
+    return _health_response(_checked(gw, gw.client.health))
 
 
 @router.get("/livez", response_model=Health, summary="Liveness: the process answers (no key, no dependency)")
@@ -294,7 +302,16 @@ def readyz(gw: Gw) -> JSONResponse:
     """Redis and the graph store answer: 503 takes this replica out of the Service, without a restart."""
     from engram_api.health import check_ready
 
-    return _health_response(check_ready(gw.client))
+    return _health_response(_checked(gw, lambda: check_ready(gw.client)))
+
+
+def _checked(gw: Gateway, check: Callable[[], HealthReport]) -> HealthReport:
+    """The report; once more when Redis failed and the embedded Redis turned out to have moved."""
+    report = check()
+    redis_check = report.checks.get("redis")
+    if redis_check is not None and not redis_check.ok and gw.follow_redis():
+        report = check()
+    return report
 
 
 def _health_response(report: HealthReport) -> JSONResponse:

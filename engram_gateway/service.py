@@ -7,6 +7,8 @@ Invariants:
 - Every user id passes ``Principal.user`` (syntax, then namespace) before the library sees it, and every
   check runs before anything is written, so a refused request changed nothing.
 - Per-key quotas (``engram_gateway.quotas``): a request rate and a cap on open MCP sessions, per key.
+- With the embedded default, a Redis error makes the gateway look up the Redis ``engram up`` runs now
+  (``follow_redis``): after a restart of the fleet on another port, the next request reaches it.
 - Back-pressure: when the extract queue is longer than ``ENGRAM_GATEWAY_MAX_QUEUE_DEPTH`` an enqueue is
   refused with ``BackPressureError`` (429) instead of growing a ``noeviction`` Redis without bound. The
   depth is read at most every ``_DEPTH_TTL_S`` so the check costs no round trip per request.
@@ -14,6 +16,7 @@ Invariants:
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -31,6 +34,8 @@ from engram_gateway.quotas import KeyRates, SessionLedger
 
 __all__ = ["Gateway"]
 
+log = logging.getLogger("engram.gateway")
+
 _DEPTH_TTL_S = 0.25
 
 
@@ -46,6 +51,14 @@ class Gateway:
 
     def close(self) -> None:
         self.client.close()
+
+    def follow_redis(self) -> bool:
+        """After a Redis error: with the embedded default, follow the Redis that ``engram up`` restarted on
+        another port (``MemoryClient.follow_embedded_redis``). True when the connections moved."""
+        moved = self.client.follow_embedded_redis()
+        if moved:
+            log.warning("the embedded Redis moved (engram up restarted): following it")
+        return moved
 
     # ------------------------------------------------------------------------------------ write side
     def _check_backlog(self, adding: int) -> None:

@@ -6,6 +6,7 @@ randomized cross-namespace probes leak nothing; the same message id enqueued twi
 
 from __future__ import annotations
 
+import json
 import random
 import time
 import uuid
@@ -15,6 +16,7 @@ from typing import Any
 
 import httpx
 import pytest
+import redis
 
 from engram_api import keys
 from engram_api.models import DeadLetter, Envelope, utcnow
@@ -367,3 +369,84 @@ def test_malformed_api_keys_is_one_line_naming_the_variable(tmp_path: Path, valu
     assert done.returncode == 2, done.stderr
     assert done.stderr.startswith("error: ENGRAM_API_KEYS: ") and problem in done.stderr, done.stderr
     assert len(done.stderr.strip().splitlines()) == 1 and "api_keys" not in done.stderr, done.stderr
+
+
+def test_the_api_description_is_the_gateways_own_and_loads_offline(
+    fleet: tuple[Stack, GatewayProcess, dict], http: httpx.Client
+) -> None:
+    """The schema says how to authenticate and which scope each operation needs, lists no 422 (validation
+    errors are 400 problems), and /docs loads Swagger UI from the gateway itself, not a CDN."""
+    a = auth(fleet[2], "a_rw")
+    schema = http.get("/openapi.json", headers=a).json()
+    assert set(schema["components"]["securitySchemes"]) == {"bearer", "apiKey"}
+    recall = schema["paths"]["/v1/users/{user_id}/recall"]["post"]
+    assert recall["security"] == [{"bearer": []}, {"apiKey": []}] and recall["x-engram-scope"] == "read"
+    assert schema["paths"]["/v1/dead-letters"]["get"]["x-engram-scope"] == "operator"
+    assert recall["responses"]["400"]["content"] == {
+        "application/problem+json": {"schema": {"$ref": "#/components/schemas/Problem"}}
+    }
+    health = schema["paths"]["/v1/health"]["get"]
+    assert "security" not in health and not {"401", "403", "429"} & set(health["responses"])
+    assert '"422"' not in json.dumps(schema) and "HTTPValidationError" not in json.dumps(schema)
+    # What the schema promises is what a bad body gets: a 400 problem, not a 422.
+    bad = http.post("/v1/users/appA.x/recall", headers=a, json={"query": "where?", "k": "ten"})
+    assert bad.status_code == 400 and bad.headers["content-type"] == "application/problem+json"
+
+    page = http.get("/docs", headers=a)
+    assert page.status_code == 200 and "/openapi.json" in page.text
+    assert "http://" not in page.text and "https://" not in page.text, page.text  # nothing from the network
+    for asset, media_type in (("swagger-ui-bundle.js", "text/javascript"), ("swagger-ui.css", "text/css")):
+        assert f"/docs/assets/{asset}" in page.text
+        served = http.get(f"/docs/assets/{asset}")  # a public file: no key needed
+        assert served.status_code == 200 and served.headers["content-type"].startswith(media_type)
+        assert len(served.content) > 10_000
+
+
+def test_history_subject_defaults_to_the_user_as_the_cli_does(
+    fleet: tuple[Stack, GatewayProcess, dict], http: httpx.Client
+) -> None:
+    a = auth(fleet[2], "a_rw")
+    uid = f"appA.{uuid.uuid4().hex[:8]}"
+    for mid, text in (("m1", "I live in Tampa."), ("m2", "I live in Austin.")):
+        assert http.post("/v1/messages", headers=a, json={"user_id": uid, "messages": text, "message_id": mid}).status_code == 202  # fmt: skip
+        wait_state(http, a, uid, mid)
+    default = http.get(f"/v1/users/{uid}/history", headers=a, params={"predicate": "LIVES_IN"})
+    named = http.get(f"/v1/users/{uid}/history", headers=a, params={"subject": "user", "predicate": "LIVES_IN"})
+    assert default.status_code == 200 and default.json() == named.json()
+    assert [f["object_name"] for f in default.json()] == ["Tampa", "Austin"]
+
+
+def test_serve_follows_the_embedded_redis_when_engram_up_restarts_it_elsewhere(tmp_path: Path) -> None:
+    """With the embedded default (no REDIS_URL), `engram serve` found Redis in services.json; when the fleet
+    restarts on another port, the gateway follows it instead of answering 503 until restarted."""
+    import os
+
+    from engram_api.connections import write_services_file
+    from engram_api.settings import Settings
+    from engram_workers.services import RedisServer
+
+    data = tmp_path / "data"
+    settings = Settings(data_dir=data)
+    first = RedisServer(data_dir=tmp_path / "redis-1", password="first-pass").start()
+    write_services_file(settings, redis_url=first.url)
+    env = {k: v for k, v in os.environ.items() if k != "REDIS_URL" and not k.startswith(("ENGRAM_", "NEO4J_"))}
+    env |= {"ENGRAM_DATA_DIR": str(data), "ENGRAM_API_KEYS": "[]"}
+    second = RedisServer(data_dir=tmp_path / "redis-2", password="second-pass")
+    try:
+        with gateway_process(env, tmp_path / "logs") as gw, httpx.Client(base_url=gw.url, timeout=60) as http:
+            body = {"user_id": "local.alice", "messages": "I live in Austin", "message_id": "m1"}
+            assert http.get("/v1/health").status_code == 200
+            assert http.post("/v1/messages", json=body).status_code == 202
+            first.stop()  # `engram down`, then `engram up` starts Redis on another port
+            second.start()
+            assert second.url != first.url
+            write_services_file(settings, redis_url=second.url)
+            assert http.get("/v1/readyz").status_code == 200  # followed on this very check
+            again = http.post("/v1/messages", json={**body, "message_id": "m2"})
+            assert again.status_code == 202, again.text
+            moved = redis.Redis.from_url(second.url, decode_responses=True)
+            assert moved.hgetall(keys.status("local.alice", "m2"))["state"] == "queued"
+            moved.close()
+    finally:
+        second.stop()
+        first.stop()
