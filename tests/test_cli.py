@@ -30,6 +30,7 @@ from engram_api.settings import Settings
 from engram_testing.llm_standin import LLMStandin, Reply
 from engram_workers import cli
 from engram_workers.cli import memory
+from engram_workers.cli._output import clip, count
 from engram_workers.cli.demo import load_sample
 from engram_workers.extraction.rules import extract_rules
 from tests.support.gateway import free_port
@@ -134,6 +135,22 @@ def test_importing_the_cli_loads_nothing_heavy_and_help_answers() -> None:
     assert done.stdout.strip() == "[]"
     helped = engram(["--help"], clean_env(), timeout=60)
     assert helped.returncode == 0 and "demo" in helped.stdout
+
+
+def test_counts_agree_with_their_number_and_long_lines_are_cut_between_words() -> None:
+    assert [count(n, "fact") for n in (0, 1, 2)] == ["0 facts", "1 fact", "2 facts"]
+    assert count(1, "entity", "entities") == "1 entity" and count(3, "entity", "entities") == "3 entities"
+    reason = "LLM answer was not valid JSON: Expecting property name enclosed in double quotes at line 1"
+    assert clip(reason, 40) == "LLM answer was not valid JSON:…"  # "Expecting" would need 41
+    assert clip(reason, 41) == "LLM answer was not valid JSON: Expecting…"
+    assert clip(reason, 200) == reason and clip("first\nsecond", 200) == "first…"
+    assert clip("x" * 50, 10) == "x" * 9 + "…"  # one long word: cut where the room ends
+
+
+def test_context_help_says_excerpts_come_too() -> None:
+    help_text = " ".join(invoke(["context", "--help"]).stdout.split())
+    assert "current facts, then dated conversation excerpts" in help_text
+    assert "excerpts" in " ".join(invoke(["--help"]).stdout.split())
 
 
 @pytest.mark.parametrize(
@@ -410,7 +427,8 @@ def test_dlq_list_replay_and_drop(stack: Stack) -> None:
     listed = invoke(["dlq", "list", "--user", user, "--json"], env)
     assert sorted(d["message_id"] for d in json.loads(listed.stdout)) == ["m-drop", "m-replay"]
 
-    assert invoke(["dlq", "replay", user, "m-replay"], env).exit_code == 0
+    replayed = invoke(["dlq", "replay", user, "m-replay"], env)
+    assert replayed.exit_code == 0 and replayed.stdout == "replayed 1 message\n"
     assert stack.client.wait([(user, "m-replay")], timeout=SETTLE_S).applied == ["m-replay"]
     dropped = invoke(["dlq", "drop", user, "m-drop", "--json"], env)
     assert json.loads(dropped.stdout) == {"dropped": [f"{user}:m-drop"]}

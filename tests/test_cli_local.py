@@ -181,7 +181,7 @@ def test_context_with_too_small_a_budget_says_how_much_the_best_fact_needs(stack
     runner = CliRunner()
     small = runner.invoke(cli.main, ["context", stack.user, "where does the user live?", "--max-tokens", "5"], env=env)
     assert small.exit_code == 0
-    needed = re.search(r"no fact fits in --max-tokens 5; the most relevant needs about (\d+)", small.stdout)
+    needed = re.search(r"nothing fits in --max-tokens 5; the most relevant line needs about (\d+)", small.stdout)
     assert needed is not None, small.stdout
     enough = runner.invoke(
         cli.main, ["context", stack.user, "where does the user live?", "--max-tokens", needed.group(1)], env=env

@@ -16,7 +16,18 @@ import click
 if TYPE_CHECKING:
     from rich.console import Console
 
-__all__ = ["console", "emit_json", "err_console", "fail", "fmt_time", "json_option", "table", "to_jsonable"]
+__all__ = [
+    "clip",
+    "console",
+    "count",
+    "emit_json",
+    "err_console",
+    "fail",
+    "fmt_time",
+    "json_option",
+    "table",
+    "to_jsonable",
+]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -63,6 +74,26 @@ def to_jsonable(value: Any) -> Any:
 
 def emit_json(value: Any) -> None:
     click.echo(json.dumps(to_jsonable(value), indent=2, ensure_ascii=False))
+
+
+def count(n: int, noun: str, plural: str | None = None) -> str:
+    """'1 fact', '2 facts', '0 entities' (``plural`` when adding an s is wrong)."""
+    return f"{n} {noun if n == 1 else plural or noun + 's'}"
+
+
+def clip(text: str, width: int) -> str:
+    """The first line of ``text`` in at most ``width`` characters, cut at a word boundary when there is
+    one, with '…' when something was left out."""
+    lines = text.splitlines() or [""]
+    line = lines[0]
+    if len(line) <= width and len(lines) == 1:
+        return line
+    if len(line) > width:
+        cut = line[: width - 1]
+        if line[width - 1] != " " and " " in cut:  # the cut fell inside a word: leave the word out
+            cut = cut.rsplit(" ", 1)[0]
+        line = cut
+    return line.rstrip() + "…"
 
 
 def fmt_time(value: datetime | None) -> str:

@@ -7,12 +7,14 @@ from typing import TYPE_CHECKING
 import click
 
 from engram_workers.cli._common import open_client, user_option
-from engram_workers.cli._output import emit_json, fmt_time, json_option, table
+from engram_workers.cli._output import clip, count, emit_json, fmt_time, json_option, table
 
 if TYPE_CHECKING:
     from engram_api import MemoryClient
 
 __all__ = ["COMMANDS"]
+
+_REASON_WIDTH = 120
 
 
 @click.group(short_help="List, replay or drop dead-lettered messages.")
@@ -22,7 +24,7 @@ def dlq() -> None:
 
 @dlq.command("list")
 @user_option("Only this user's dead letters (repeatable).")
-@click.option("--full", is_flag=True, help="Show whole reasons, not their first line.")
+@click.option("--full", is_flag=True, help="Show whole reasons (else the first line, up to 120 characters).")
 @json_option
 def list_(user_ids: tuple[str, ...], full: bool, as_json: bool) -> None:
     """List dead letters, oldest first."""
@@ -40,7 +42,7 @@ def list_(user_ids: tuple[str, ...], full: bool, as_json: bool) -> None:
             letter.message_id,
             letter.stage,
             letter.attempts,
-            letter.reason if full else letter.reason.splitlines()[0][:120],
+            letter.reason if full else clip(letter.reason, _REASON_WIDTH),
         )
         for letter in letters
     ]
@@ -61,7 +63,7 @@ def replay(user_id: str | None, message_id: str | None, all_: bool, user_ids: tu
     if as_json:
         emit_json(receipts)
     else:
-        click.echo(f"replayed {len(receipts)} message{'s' if len(receipts) != 1 else ''}")
+        click.echo(f"replayed {count(len(receipts), 'message')}")
 
 
 @dlq.command()
@@ -78,12 +80,12 @@ def drop(
     with open_client() as client:
         targets = _targets(client, user_id, message_id, all_, user_ids)
         if all_ and targets and not yes:
-            click.confirm(f"Drop {len(targets)} dead letters for good?", abort=True, err=True)
+            click.confirm(f"Drop {count(len(targets), 'dead letter')} for good?", abort=True, err=True)
         dropped = [f"{uid}:{mid}" for uid, mid in targets if client.drop_dead_letter(uid, mid)]
     if as_json:
         emit_json({"dropped": dropped})
     else:
-        click.echo(f"dropped {len(dropped)} dead letter{'s' if len(dropped) != 1 else ''}")
+        click.echo(f"dropped {count(len(dropped), 'dead letter')}")
 
 
 def _targets(

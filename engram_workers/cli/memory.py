@@ -15,7 +15,7 @@ from typing import IO, TYPE_CHECKING
 import click
 
 from engram_workers.cli._common import TIME_HELP, open_client, parse_time, settings, user_id_argument
-from engram_workers.cli._output import console, emit_json, fmt_time, json_option, table
+from engram_workers.cli._output import console, count, emit_json, fmt_time, json_option, table
 
 if TYPE_CHECKING:
     from engram_api import MemoryClient
@@ -116,13 +116,13 @@ def search(user_id: str, query: str, k: int, detail: str, as_json: bool) -> None
         print_recall(result.facts, title=f"search (detailed): {query!r}", caption=result.note or None)
 
 
-@click.command(short_help="A prompt-ready block of facts for a query.")
+@click.command(short_help="A prompt-ready block of facts and excerpts for a query.")
 @user_id_argument
 @click.argument("query")
 @click.option("--max-tokens", default=800, show_default=True, type=click.IntRange(1, 100_000))
 @json_option
 def context(user_id: str, query: str, max_tokens: int, as_json: bool) -> None:
-    """A prompt-ready block of current facts for QUERY, within a token budget."""
+    """A prompt-ready block for QUERY within a token budget: current facts, then dated conversation excerpts."""
     with open_client() as client:
         text = client.get_context(user_id, query, max_tokens)
         needed = 0
@@ -135,7 +135,7 @@ def context(user_id: str, query: str, max_tokens: int, as_json: bool) -> None:
     elif text:
         click.echo(text)
     elif needed:
-        click.echo(f"(no fact fits in --max-tokens {max_tokens}; the most relevant needs about {needed})")
+        click.echo(f"(nothing fits in --max-tokens {max_tokens}; the most relevant line needs about {needed})")
     else:
         click.echo("(nothing known for this query)")
 
@@ -243,7 +243,10 @@ def forget(user_id: str, memory_id: str, as_json: bool) -> None:
             what = f"the message of excerpt {memory_id}"
         elif result.episodes:
             what = f"message {memory_id}"
-        click.echo(f"forgot {what}: {result.facts} facts, {result.entities} entities, {result.vectors} vectors")
+        click.echo(
+            f"forgot {what}: {count(result.facts, 'fact')}, {count(result.entities, 'entity', 'entities')}, "
+            f"{count(result.vectors, 'vector')}"
+        )
 
 
 @click.command("forget-user", short_help="Erase everything of one user.")
@@ -260,7 +263,10 @@ def forget_user(user_id: str, yes: bool, as_json: bool) -> None:
     if as_json:
         emit_json(result)
     else:
-        click.echo(f"erased {user_id}: {result.episodes} episodes, {result.facts} facts, {result.entities} entities")
+        click.echo(
+            f"erased {user_id}: {count(result.episodes, 'episode')}, {count(result.facts, 'fact')}, "
+            f"{count(result.entities, 'entity', 'entities')}"
+        )
 
 
 def _llm_check(client: MemoryClient) -> CheckResult:
@@ -324,8 +330,8 @@ def export(user_id: str, output: str) -> None:
         header = json.loads(first)
         out.writelines(f"{line}\n" for line in (first, *lines))
     click.echo(
-        f"exported {header['episodes']} messages, {header['facts']} facts and {header['entities']} entities "
-        f"of {user_id}",
+        f"exported {count(header['episodes'], 'message')}, {count(header['facts'], 'fact')} and "
+        f"{count(header['entities'], 'entity', 'entities')} of {user_id}",
         err=True,
     )
 
@@ -359,8 +365,8 @@ def import_(file: IO[str], as_json: bool) -> None:
     else:
         skipped = f" ({result.skipped} already there)" if result.skipped else ""
         click.echo(
-            f"imported {result.user_id}: {result.episodes} messages{skipped}, {result.facts} facts, "
-            f"{result.entities} entities (graph version {result.version})"
+            f"imported {result.user_id}: {count(result.episodes, 'message')}{skipped}, {count(result.facts, 'fact')}, "
+            f"{count(result.entities, 'entity', 'entities')} (graph version {result.version})"
         )
 
 
