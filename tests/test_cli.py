@@ -147,6 +147,15 @@ def test_counts_agree_with_their_number_and_long_lines_are_cut_between_words() -
     assert clip("x" * 50, 10) == "x" * 9 + "…"  # one long word: cut where the room ends
 
 
+def test_a_demo_scene_that_contradicts_its_caption_fails_loudly() -> None:
+    from engram_workers.cli.demo import SceneError, _claim
+
+    _claim(True, "2", "holds")
+    with pytest.raises(SceneError, match="scene 2 does not show what it claims: Alex works at Amazon") as err:
+        _claim(False, "2", "Alex works at Amazon")
+    assert err.value.exit_code == 1
+
+
 def test_context_help_says_excerpts_come_too() -> None:
     help_text = " ".join(invoke(["context", "--help"]).stdout.split())
     assert "current facts, then dated conversation excerpts" in help_text
@@ -545,7 +554,10 @@ def test_demo_runs_offline_and_reruns_cleanly(tmp_path: Path) -> None:
         assert f"{messages} messages applied, 0 dead-lettered" in out
         assert "-> User lives in Austin" in out
         assert ": User lives in Tampa (recall --as-of" in out
-        assert "Alex works at Amazon" in out
+        # The demo checks each scene's claim itself (exit 1 otherwise); these say what a reader sees.
+        assert "-> Alex works at Amazon (the question names neither Alex nor Amazon" in out
+        dinner = out.partition("3. get_context")[2].partition("4. What it cost")[0]
+        assert "User likes sushi" in dinner and "Good morning!" not in dinner and "I live in Tampa." not in dinner
         # 2b: recalled from the conversation itself; the rule extractor made no fact of that message
         # (whitespace folded: the console wraps the long line).
         flat = " ".join(out.split())

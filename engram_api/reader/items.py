@@ -99,23 +99,27 @@ def _sources(cand: Candidate) -> frozenset[str]:
 
 
 def novel_first(rows: list[Row]) -> list[Row]:
-    """Score order, except that an item whose messages are all cited by better items (a fact and the
-    excerpt it was extracted from) moves behind every item that brings a new message: k items then
+    """Score order, except that an excerpt whose messages are all cited by better items (the excerpt a
+    shown fact was extracted from) moves behind every item that brings something new: k items then
     cover as many messages as they can. Of a fact and an excerpt citing the same messages, the fact
-    keeps the slot (it says what is current, in fewer words). Nothing is dropped."""
+    keeps the slot (it says what is current, in fewer words). A fact is never a repeat of another fact:
+    two facts of one message say two things ("my brother Alex works at Amazon": a brother, an employer).
+    Nothing is dropped."""
     seen: set[str] = set()
     novel: list[Row] = []
     repeats: list[Row] = []
     slot: dict[frozenset[str], int] = {}  # a source set -> the novel slot of the item that brought it
     for row in rows:
         sources = _sources(row[2])
-        if not sources or not sources <= seen:
+        held = slot.get(sources)
+        if row[2].kind == "fact" and held is not None and novel[held][2].kind == "episode":
+            novel[held], row = row, novel[held]  # the fact takes its excerpt's slot
+            repeats.append(row)
+            continue
+        if not sources or not sources <= seen or row[2].kind == "fact":
             slot.setdefault(sources, len(novel))
             novel.append(row)
             seen |= sources
             continue
-        held = slot.get(sources)
-        if held is not None and row[2].kind == "fact" and novel[held][2].kind == "episode":
-            novel[held], row = row, novel[held]
         repeats.append(row)
     return novel + repeats

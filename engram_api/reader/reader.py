@@ -288,7 +288,27 @@ class Reader:
     def context_items(self, user_id: str, query: str, max_tokens: int = 800) -> list[RecallItem]:
         """The recalled items ``get_context`` shows, in recall order."""
         check_k(max_tokens, "max_tokens", upper=100_000)
-        return select_context(self.recall(user_id, query, k=_CONTEXT_CANDIDATES).items, max_tokens)
+        items = self.recall(user_id, query, k=_CONTEXT_CANDIDATES).items
+        return select_context(items, max_tokens, replaced=self._replaced_excerpts(user_id, items))
+
+    def _replaced_excerpts(self, user_id: str, items: Sequence[RecallItem]) -> set[str]:
+        """The excerpts the query did not name (no keyword match) of messages whose every extracted fact
+        has ended: what they say was replaced ("I live in Tampa." after a move), and the fact that replaced
+        it may not be in the context next to them. Read through the reader's caches (a held snapshot: none)."""
+        unnamed = [i.id for i in items if i.kind == "episode" and "keyword" not in i.channels]
+        if not unnamed:
+            return set()
+        stamp = self._version(user_id)
+        snapshot = self.snapshots.get(user_id, stamp)
+        chunks = UserChunks(self.graph, self.chunks, user_id, stamp, snapshot).load(unnamed)
+        facts = UserFacts(self.graph, self.facts, user_id, stamp, snapshot).load(
+            [f for chunk in chunks.values() for f in chunk.fact_ids]
+        )
+        return {
+            cid
+            for cid, chunk in chunks.items()
+            if chunk.fact_ids and all(f in facts and facts[f].valid_until is not None for f in chunk.fact_ids)
+        }
 
     def history(
         self, user_id: str, subject: str, predicate: str | None = None, limit: int = HISTORY_LIMIT

@@ -4,6 +4,9 @@ It starts what ``engram up`` starts (embedded Redis unless REDIS_URL is set, an 
 worker, Beat), ingests three bundled months of chats with one user, waits until every message is applied and
 then reads memory back: supersession, multi-hop recall, history, a prompt context and the cost.
 Reruns start clean: the demo user is forgotten first (nothing else is touched).
+
+Each scene checks that it shows what its caption claims (``_claim``); one that does not ends the demo
+with exit code 1 and says which claim failed, so a regression cannot hide behind a confident caption.
 """
 
 from __future__ import annotations
@@ -17,19 +20,24 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from engram_workers.cli._common import settings
-from engram_workers.cli._output import console, err_console, table
+from engram_workers.cli._output import console, count, err_console, table
 
 if TYPE_CHECKING:
     from engram_api import MemoryClient
     from engram_api.models import Envelope
 
-__all__ = ["COMMANDS", "load_sample"]
+__all__ = ["COMMANDS", "SceneError", "load_sample"]
 
 SAMPLE = "sample_conversation.json"
 _MESSAGE_GAP = timedelta(minutes=2)  # between two messages of one chat session
 # Facts age from when they were said (decay), so the sample is moved to end this many days ago: an
 # absolute 2024 date would have the first maintenance run archive the whole demo.
 _LAST_CHAT_DAYS_AGO = 3
+# What the bundled conversation says, which the scenes check they show.
+_HOME, _OLD_HOME = "Austin", "Tampa"
+_BROTHER, _EMPLOYER = "Alex", "Amazon"
+# Said in the conversation, and no context line for a dinner: small talk, and the replaced home.
+_NOT_CONTEXT = ("Good morning!", "I live in Tampa.")
 
 
 def load_sample() -> dict[str, Any]:
@@ -70,6 +78,18 @@ def _section(title: str) -> None:
     console().rule(f"[bold]{title}[/bold]", align="left")
 
 
+class SceneError(click.ClickException):
+    """A scene did not show what its caption claims: the demo fails loudly instead of printing a claim
+    the output above it contradicts (exit 1)."""
+
+    exit_code = 1
+
+
+def _claim(holds: bool, scene: str, claim: str) -> None:
+    if not holds:
+        raise SceneError(f"scene {scene} does not show what it claims: {claim}")
+
+
 def _show(client: MemoryClient, user: str, as_of: datetime) -> None:
     from engram_workers.cli.memory import print_facts, print_recall
 
@@ -78,36 +98,57 @@ def _show(client: MemoryClient, user: str, as_of: datetime) -> None:
     now = client.recall(user, "where does the user live?", k=3)
     print_recall(now.items, caption=f"{sum(now.timings_ms.values()):.0f} ms, zero LLM calls")
     home = next((i for i in now.items if i.kind == "fact"), None)
-    if home is not None:
-        out.print(f"-> [bold]{home.statement}[/bold]; the old home is superseded, not deleted:")
+    _claim(home is not None and home.object == _HOME and home.current, "1", f"the top fact is {_HOME}, current")
+    assert home is not None
+    out.print(f"-> [bold]{home.statement}[/bold]; the old home is superseded, not deleted:")
     then = client.recall(user, "where does the user live?", k=5, as_of=as_of)
     old = next((i for i in then.items if i.kind == "fact"), None)
-    if old is not None:
-        out.print(f"-> as of {as_of:%Y-%m-%d}: [bold]{old.statement}[/bold] (recall --as-of travels in time)")
-    print_facts(client.history(user, "user", "LIVES_IN"), title="history of LIVES_IN: nothing is overwritten")
+    _claim(old is not None and old.object == _OLD_HOME, "1", f"as of {as_of:%Y-%m-%d} the top fact is {_OLD_HOME}")
+    assert old is not None
+    out.print(f"-> as of {as_of:%Y-%m-%d}: [bold]{old.statement}[/bold] (recall --as-of travels in time)")
+    moves = client.history(user, "user", "LIVES_IN")
+    print_facts(moves, title="history of LIVES_IN: nothing is overwritten")
+    _claim([f.object_name for f in moves] == [_OLD_HOME, _HOME], "1", "the history keeps both homes")
 
     _section("2. Multi-hop: what company does my brother work for?")
     hop = client.recall(user, "what company does my brother work for?", k=3)
     print_recall(hop.items)
-    answer = next((i for i in hop.items if i.kind == "fact"), None)
-    if answer is not None:
-        out.print(
-            f"-> [bold]{answer.statement}[/bold] "
-            "(the question names neither Alex nor Amazon: the graph links brother -> Alex -> Amazon)"
-        )
+    answer = next((i for i in hop.items if i.kind == "fact" and i.object == _EMPLOYER), None)
+    _claim(
+        answer is not None and "graph" in answer.channels and answer.subject == _BROTHER,
+        "2", f"'{_BROTHER} works at {_EMPLOYER}' is in the top 3, reached through the graph",
+    )  # fmt: skip
+    assert answer is not None
+    out.print(
+        f"-> [bold]{answer.statement}[/bold] (the question names neither {_BROTHER} nor {_EMPLOYER}: the graph "
+        f"links brother -> {_BROTHER} -> {_EMPLOYER})"
+    )
 
     _section("2b. The conversation itself: what happened to the sourdough starter?")
     said = client.recall(user, "what happened to the sourdough starter?", k=3)
     print_recall(said.items)
     episode = next((i for i in said.items if i.kind == "episode"), None)
-    if episode is not None:
-        out.print(
-            f"-> [bold]{episode.statement}[/bold] ({episode.speaker}, {episode.event_time:%Y-%m-%d}): "
-            "the extractor made no fact of it; the message itself is a memory"
-        )
+    facts = client.get_graph(user, 1, 1000).facts
+    _claim(
+        episode is not None and "sourdough" in episode.statement
+        and not any(set(episode.source_ids) & set(f.source_ids) for f in facts),
+        "2b", "the top excerpt is the sourdough message, of which no fact was extracted",
+    )  # fmt: skip
+    assert episode is not None
+    out.print(
+        f"-> [bold]{episode.statement}[/bold] ({episode.speaker}, {episode.event_time:%Y-%m-%d}): "
+        "the extractor made no fact of it; the message itself is a memory"
+    )
 
     _section("3. get_context: a prompt-ready block for 'plan a dinner for me'")
-    out.print(client.get_context(user, "plan a dinner for me", max_tokens=200) or "(empty)", highlight=False)
+    block = client.get_context(user, "plan a dinner for me", max_tokens=200)
+    out.print(block or "(empty)", highlight=False)
+    shown = [text for text in _NOT_CONTEXT if text in block]
+    _claim(not shown, "3", f"no small talk and no replaced value without its replacement (shows {shown})")
+    out.print(
+        "-> current facts first; no small talk, and no excerpt of a value since replaced (Tampa) where "
+        "the query does not ask for it"
+    )
 
     _section("4. What it cost")
     stats = client.stats(user)
@@ -155,10 +196,10 @@ def demo(timeout: float) -> None:
     sessions = sample["sessions"]
     out, err = console(), err_console()
     out.rule("[bold]Engram demo[/bold]")
-    count = sum(len(s["messages"]) for s in sessions)
+    messages = sum(len(s["messages"]) for s in sessions)
     shift = date_shift(sample)
     first = min(datetime.fromisoformat(s["started_at"]) for s in sessions) + shift
-    out.print(f"{count} messages in {len(sessions)} chats with one user ({user}) since {first:%B %-d}.")
+    out.print(f"{messages} messages in {len(sessions)} chats with one user ({user}) since {first:%B %-d}.")
 
     stack = LocalStack(current)
     client: MemoryClient | None = None
@@ -190,7 +231,7 @@ def demo(timeout: float) -> None:
         ingest_started = time.monotonic()
         result = wait_with_progress(client, receipts, timeout)
         out.print(
-            f"{len(result.applied)} messages applied, {len(result.dead_lettered)} dead-lettered, "
+            f"{count(len(result.applied), 'message')} applied, {len(result.dead_lettered)} dead-lettered, "
             f"in {time.monotonic() - ingest_started:.1f} s"
         )
         _show(client, user, datetime.fromisoformat(sample["as_of_example"]) + shift)

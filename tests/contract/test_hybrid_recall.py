@@ -30,7 +30,7 @@ from engram_api.storage.graph.episodes import chunk_envelope, keyword_terms
 from engram_api.storage.writer.userwrite import UserWrite, UserWrites
 from engram_workers.consolidation import plan_message
 from engram_workers.maintenance.reconcile import reconcile
-from tests.support.extractions import lives_in
+from tests.support.extractions import entity, fact, lives_in
 
 from .factories import at, new_user
 
@@ -235,6 +235,39 @@ def test_a_fact_and_the_excerpt_it_came_from_take_one_slot_before_other_messages
     assert (deduped[0].kind, deduped[-1].kind) == ("fact", "episode")  # the fact keeps the slot
     assert len(set(sources)) == len(sources) - 1 == len(FILLER) + 1
     assert sorted(i.id for i in deduped) == sorted(i.id for i in plain)  # nothing dropped
+
+
+def test_two_facts_of_one_message_are_two_answers_not_a_repeat(memory: Memory) -> None:
+    """Dedup moves an excerpt behind the fact it was extracted from, never a second fact of the message:
+    "my brother Alex works at Amazon" says a brother and an employer, and the question may be about either."""
+    user = new_user()
+    _chatter(memory, user)
+    brother = {
+        "entities": [entity("e1", "Alex", "Person"), entity("e2", "Amazon", "Organization")],
+        "facts": [
+            fact("user", "HAS_BROTHER", "e1", "User has a brother named Alex"),
+            fact("e1", "WORKS_AT", "e2", "Alex works at Amazon"),
+        ],
+    }
+    memory.say(user, "family", "My brother Alex works at Amazon.", at(20), brother)
+    items = memory.reader.recall(user, "what company does my brother work for?", k=3).items
+    assert {"User has a brother named Alex", "Alex works at Amazon"} <= {i.statement for i in items}, items
+    assert [i.kind for i in items[:2]] == ["fact", "fact"]  # the excerpt of the same message goes behind
+
+
+def test_get_context_shows_no_small_talk_and_no_replaced_value_the_query_does_not_name(memory: Memory) -> None:
+    user = new_user()
+    memory.say(user, "hello", "Good morning!", at(0))
+    memory.say(user, "m1", "I live in Tampa.", at(1), lives_in("Tampa"))
+    memory.say(user, "food", "I love sushi.", at(2), {"facts": [fact("user", "LIKES", None, "User likes sushi")]})
+    memory.say(user, "m2", "I moved, I live in Austin now.", at(30), lives_in("Austin"))
+    recalled = {i.statement for i in memory.reader.recall(user, "plan a dinner for me", k=40).items}
+    assert {"Good morning!", "I live in Tampa."} <= recalled  # recall ranks every message
+    dinner = memory.reader.get_context(user, "plan a dinner for me", max_tokens=400)  # room for every line
+    assert "User likes sushi" in dinner and "User lives in Austin" in dinner, dinner
+    assert "Good morning" not in dinner and "Tampa" not in dinner, dinner
+    named = memory.reader.get_context(user, "where did I live in Tampa?", max_tokens=400)
+    assert f"[{at(1).date().isoformat()}] user: I live in Tampa." in named  # the query names it: shown
 
 
 def test_reconcile_restores_a_lost_episode_vector(memory: Memory) -> None:
