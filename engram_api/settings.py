@@ -447,4 +447,6 @@ def load_settings(**overrides: object) -> Settings:
         variable = variable_for(str(err["loc"][0]) if err["loc"] else "?")
         # Where inside a JSON value, e.g. ENGRAM_API_KEYS: "[0].sha256: Field required".
         inner = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in err["loc"][1:]).lstrip(".")
-        raise ConfigError(variable, f"{inner + ': ' if inner else ''}{err['msg']} {_shown(variable, err.get('input'))}") from None
+        raise ConfigError(
+            variable, f"{inner + ': ' if inner else ''}{err['msg']} {_shown(variable, err.get('input'))}"
+        ) from None
