@@ -342,7 +342,7 @@ class Settings(BaseSettings):
         '["engram.internal"] (any other Host gets 421: no DNS rebinding)',
     )
     gateway_public_docs: bool = Field(
-        False, description="serve /docs, /redoc and /openapi.json without a key when keys are configured"
+        False, description="serve /docs and /openapi.json without a key when keys are configured"
     )
 
     @field_validator("neo4j_uri")

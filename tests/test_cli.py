@@ -540,6 +540,18 @@ def test_up_runs_the_embedded_topology_until_sigterm(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # an ONNX export on a loaded machine, then a load
+def test_the_first_recall_on_a_machine_says_it_exports_the_model_once(tmp_path: Path) -> None:
+    env = clean_env(ENGRAM_DATA_DIR=str(tmp_path / "data"), ENGRAM_MODEL_CACHE_DIR=str(tmp_path / "models"))
+    said = []
+    for _ in range(2):
+        done = engram(["recall", "alice", "where do I live?"], env, timeout=600)
+        assert done.returncode == 0, done.stderr
+        said.append("exporting it to ONNX once" in done.stderr)
+    assert said == [True, False], said  # one line on stderr the first time, none once it is kept
+
+
+@pytest.mark.slow
 @pytest.mark.timeout(900)  # the demo runs twice, each allowed 280 s: a hang guard above both
 def test_demo_runs_offline_and_reruns_cleanly(tmp_path: Path) -> None:
     env = clean_env(ENGRAM_DATA_DIR=str(tmp_path / "engram-data"), COLUMNS="160")

@@ -225,6 +225,13 @@ class Embedder:
             if not artifacts.complete():
                 with _export_lock(self.cache_dir):  # processes starting together export once
                     if not artifacts.complete():
+                        # Seconds of silence on a first recall otherwise: say it is once per machine. A
+                        # warning, so that a CLI user sees it on stderr with no logging configured.
+                        log.warning(
+                            "first use of %s on this machine: exporting it to ONNX once (about 10 s; kept in %s)",
+                            self.model_name,
+                            self.cache_dir,
+                        )
                         export(self._load_torch(), artifacts)
         except Exception as exc:  # the exporter raises many types; auto must still get an encoder
             if isinstance(exc, ConfigError):
