@@ -209,7 +209,7 @@ def _bad_requests(secrets: dict[str, str], uid: str) -> list[tuple[str, str, dic
                                                       "until": "2024-01-01T00:00:00Z"}}, 400, "until"),
         ("POST", f"/v1/users/{uid}/feedback", {"json": {"recall_id": "nope", "useful_ids": []}}, 400, "recall_id"),
         ("GET", f"/v1/users/{uid}/graph", {"params": {"page": "x"}}, 400, "page"),
-        ("GET", f"/v1/users/{uid}/history", {}, 400, "subject"),
+        ("GET", f"/v1/users/{uid}/history", {"params": {"subject": "  "}}, 400, "subject"),  # blank; absent means "user"
         ("GET", f"/v1/users/{uid}/history", {"params": {"subject": "user", "limit": 1001}}, 400, "limit"),
         ("DELETE", f"/v1/users/{uid}/memories/bad%20id", {}, 400, "memory_id"),
         ("GET", f"/v1/users/{uid}/messages/nope", {}, 404, None),
