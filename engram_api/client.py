@@ -322,7 +322,7 @@ class AsyncMemoryClient:
     for _name in (
         "enqueue", "enqueue_many", "wait", "dead_letters", "replay", "drop_dead_letter", "recall", "search",
         "get_context", "history", "get_graph", "stats", "feedback", "forget", "forget_user", "import_memory",
-        "health", "close",
+        "health", "close", "follow_embedded_redis",
     ):  # fmt: skip
         locals()[_name] = _in_thread(_name)
     del _name
