@@ -224,13 +224,13 @@ class MemoryClient:
         return self.producer.wait(items, timeout=timeout, on_progress=on_progress)
 
     def dead_letters(self, user_id: str | None = None) -> list[DeadLetter]:
-        return self.producer.dead_letters.list(user_id)
+        return self.producer.ledger.dead_letters.list(user_id)
 
     def replay(self, user_id: str, message_id: str) -> Receipt:
         return self.producer.replay(user_id, message_id)
 
     def drop_dead_letter(self, user_id: str, message_id: str) -> bool:
-        return self.producer.dead_letters.remove(user_id, message_id)
+        return self.producer.ledger.dead_letters.remove(user_id, message_id)
 
     # ------------------------------------------------------------------------------ read side
     def recall(

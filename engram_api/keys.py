@@ -2,6 +2,12 @@
 
 The producer and the reader import this without importing Celery; the workers import it too, so a
 name can only drift in one file.
+
+Invariants: no other module spells a key (``tests/test_ledger_static.py`` checks that no ``engram:``
+literal and no f-string over ``PREFIX`` lives outside this file); Engram's own keys start with
+``PREFIX``; the names kombu and RedBeat own (a queue's priority lists, the ``unacked`` hash, RedBeat's
+prefix and lock) are spelled here too, so that what Engram reads of them is declared beside its own keys.
+User ids never contain ':', so a key that ends in ``<user_id>:<message_id>`` splits at the first ':'.
 """
 
 from __future__ import annotations
@@ -85,6 +91,18 @@ def status(user_id: str, message_id: str) -> str:
     return f"{STATUS_PREFIX}{user_id}:{message_id}"
 
 
+def statuses() -> str:
+    """Pattern of every message's status key (the redelivery sweep's scan); the key after
+    ``STATUS_PREFIX`` is ``<user_id>:<message_id>``."""
+    return f"{STATUS_PREFIX}*"
+
+
+def message_prefixes(user_id: str) -> tuple[str, ...]:
+    """Prefixes of the per-message keys that name a message of ``user_id`` in flight (status, payload,
+    extraction), each followed by the message id: how ``forget_user`` finds the user's messages."""
+    return (f"{STATUS_PREFIX}{user_id}:", f"{PREFIX}:msg:{user_id}:", f"{PREFIX}:extraction:{user_id}:")
+
+
 def deliveries(user_id: str, message_id: str, stage: str) -> str:
     """How many times a stage started on this message: bounds poison messages that kill workers."""
     return f"{PREFIX}:deliveries:{stage}:{user_id}:{message_id}"
@@ -131,6 +149,7 @@ def user_version(user_id: str) -> str:
 
 
 def apply_lock(user_id: str) -> str:
+    """The user's write lease (a redis-py ``Lock``): whoever holds its token may write and publish."""
     return f"{PREFIX}:lock:apply:{user_id}"
 
 
@@ -152,6 +171,37 @@ def recall_log(user_id: str, recall_id: str) -> str:
     return f"{PREFIX}:recall:{user_id}:{recall_id}"
 
 
+# Fleet-wide LLM controls (engram_workers.control).
 RATE_BUCKET = f"{PREFIX}:llm:bucket"
-BREAKER = f"{PREFIX}:llm:breaker"
-BEAT_LOCK = f"{PREFIX}:beat:lock"
+"""The GCRA rate limiter's theoretical arrival time (ms on Redis's clock); expires when idle."""
+
+BREAKER_PARTS = ("open", "tripped", "failures", "trial", "stats")
+
+
+def breaker(part: str) -> str:
+    """A key of the LLM circuit breaker: ``open`` exists while open (its TTL is the time left),
+    ``tripped`` from opening until a trial succeeds (half-open once ``open`` is gone), ``failures``
+    counts consecutive failures, ``trial`` is the one half-open caller's token, ``stats`` a hash of
+    fleet-wide counters that never expires. KeyError for any other part."""
+    if part not in BREAKER_PARTS:
+        raise KeyError(part)
+    return f"{PREFIX}:llm:breaker:{part}"
+
+
+# RedBeat (Beat's scheduler): its schedule entries live under the prefix, its leader lock is one key.
+BEAT_PREFIX = f"{PREFIX}:beat:"
+BEAT_LOCK = f"{BEAT_PREFIX}lock"
+
+# kombu's Redis transport (names it owns, read by the redelivery sweep): a queue is a list per priority
+# step, and a message a worker took but has not acked is a field of one hash.
+_PRIORITY_STEPS = ("", "\x06\x163", "\x06\x166", "\x06\x169")  # kombu's default priority steps
+
+
+def queue_lists(queue: str) -> tuple[str, ...]:
+    """The Redis lists kombu keeps for ``queue``: the queue itself and one per default priority step."""
+    return tuple(queue + step for step in _PRIORITY_STEPS)
+
+
+def kombu_unacked() -> str:
+    """kombu's hash of reserved messages: delivery tag -> JSON [message, exchange, routing key]."""
+    return "unacked"

@@ -1,21 +1,15 @@
 """The producer: validates a message, records it in Redis and puts an extract task on the queue.
 
-It never calls the LLM or a graph store, and never imports Celery. Enqueue is ONE Lua script: it stores
-the payload and the status and pushes the task message onto the extract queue atomically, so a message is
-either fully enqueued or not at all (no "recorded but never published" window), in one round trip. A
-message id that is already known returns its original receipt with ``duplicate=True``.
-
-The task message is Celery's protocol 2 as kombu's Redis transport stores it (see ``task_message``); a
-test checks it against the message Celery itself builds, and every pipeline test has real workers
-consume it. Producers therefore emit no "task-sent" event: Flower shows a task from "received" on.
+It never calls the LLM or a graph store, and never imports Celery. Enqueue is ``MessageLedger.enqueue``,
+ONE Lua script: it stores the payload and the status and pushes the task message onto the extract queue
+atomically, so a message is either fully enqueued or not at all (no "recorded but never published"
+window), in one round trip. A message id that is already known returns its original receipt with
+``duplicate=True``. The task message is Celery's own wire format (``engram_api.ledger.wire``).
 """
 
 from __future__ import annotations
 
-import base64
-import json
 import math
-import socket
 import threading
 import time
 import uuid
@@ -26,8 +20,6 @@ from typing import Any
 
 import redis
 
-from engram_api import keys
-from engram_api.deadletters import DeadLetterStore
 from engram_api.errors import (
     BackPressureError,
     InvalidInputError,
@@ -35,6 +27,7 @@ from engram_api.errors import (
     StoreUnavailableError,
     WaitTimeoutError,
 )
+from engram_api.ledger import MessageLedger
 from engram_api.models import (
     META_KEY_CHARS,
     META_KEYS,
@@ -55,31 +48,6 @@ __all__ = ["MessageInput", "Producer", "build_envelope", "still_pending"]
 
 MessageInput = str | Sequence[Mapping[str, Any] | ChatMessage]
 
-# Enqueueing a message id again after it was forgotten is a new message: its tombstone goes.
-# KEYS: payload, status, queue, pending, tombstone. ARGV: envelope json, task id, ttl, now, task message, message id,
-# pending limit. Returns the existing task id for a known message id, {pending} when the user's backlog is
-# full (nothing written), else "".
-# The payload's SET is the script's first write on purpose: Redis checks maxmemory only at a script's first
-# write, and a ZREMRANGEBYSCORE first (which never refuses) let every enqueue past the limit.
-_ENQUEUE = """
-local existing = redis.call('HGET', KEYS[2], 'task_id')
-if existing then return existing end
-redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[3])
-redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', tonumber(ARGV[4]) - tonumber(ARGV[3]))
-local pending = redis.call('ZCARD', KEYS[4])
-if pending >= tonumber(ARGV[7]) then
-  redis.call('DEL', KEYS[1])
-  return {pending}
-end
-redis.call('ZADD', KEYS[4], ARGV[4], ARGV[6])
-redis.call('DEL', KEYS[5])
-redis.call('EXPIRE', KEYS[4], ARGV[3])
-redis.call('HSET', KEYS[2], 'state', 'queued', 'task_id', ARGV[2], 'enqueued_at', ARGV[4])
-redis.call('EXPIRE', KEYS[2], ARGV[3])
-redis.call('LPUSH', KEYS[3], ARGV[5])
-return ''
-"""
-
 
 def _backlog_full(user_id: str, pending: int, limit: int) -> BackPressureError:
     return BackPressureError(
@@ -87,39 +55,6 @@ def _backlog_full(user_id: str, pending: int, limit: int) -> BackPressureError:
         user_id=user_id,
         pending=pending,
         limit=limit,
-    )
-
-
-_ORIGIN = f"engram-producer@{socket.gethostname()}"
-
-
-def task_message(task: str, task_id: str, args: tuple[str, ...], queue: str, sent_at: float) -> str:
-    """A Celery protocol-2 task message as kombu's Redis transport LPUSHes it onto ``queue``, stamped with
-    ``sent_at`` (``keys.SENT_AT_HEADER``) as every Celery publish of the fleet is."""
-    body = json.dumps([list(args), {}, {"callbacks": None, "errbacks": None, "chain": None, "chord": None}])
-    headers = {
-        "lang": "py", "task": task, "id": task_id, "shadow": None, "eta": None, "expires": None,
-        "group": None, "group_index": None, "retries": 0, "timelimit": [None, None], "root_id": task_id,
-        "parent_id": None, "argsrepr": repr(args), "kwargsrepr": "{}", "origin": _ORIGIN,
-        "ignore_result": True, "replaced_task_nesting": 0, "stamped_headers": None, "stamps": {},
-        keys.SENT_AT_HEADER: sent_at,
-    }  # fmt: skip
-    return json.dumps(
-        {
-            "body": base64.b64encode(body.encode()).decode(),
-            "content-encoding": "utf-8",
-            "content-type": "application/json",
-            "headers": headers,
-            "properties": {
-                "correlation_id": task_id,
-                "reply_to": "",
-                "delivery_mode": 2,
-                "delivery_info": {"exchange": "", "routing_key": queue},
-                "priority": 0,
-                "body_encoding": "base64",
-                "delivery_tag": str(uuid.uuid4()),
-            },
-        }
     )
 
 
@@ -297,31 +232,16 @@ class Producer:
     def __init__(self, *, settings: Settings, redis_client: redis.Redis) -> None:
         self.settings = settings
         self.redis = redis_client
-        self._enqueue = self.redis.register_script(_ENQUEUE)
+        self.ledger = MessageLedger(redis_client, status_ttl_s=settings.status_ttl_s, secrets=settings.secrets)
         self.memory = MemoryGuard(redis_client, settings.redis_memory_headroom)
-        self.dead_letters = DeadLetterStore(
-            redis_client=redis_client, status_ttl_s=settings.status_ttl_s, secrets=settings.secrets
-        )
 
     def submit(self, envelope: Envelope) -> Receipt:
         """Register and publish an already-validated envelope (idempotent by message id)."""
         self.memory.check()
         task_id = uuid.uuid4().hex
         uid, mid = envelope.user_id, envelope.message_id
-        queue = keys.queue_for(keys.EXTRACT_TASK)
-        now = time.time()
-        message = task_message(keys.EXTRACT_TASK, task_id, (uid, mid), queue, now)
         try:
-            existing = self._enqueue(
-                keys=[
-                    keys.message_payload(uid, mid), keys.status(uid, mid), queue, keys.pending(uid),
-                    keys.forgotten(uid, mid),
-                ],
-                args=[
-                    envelope.model_dump_json(exclude_none=True), task_id, self.settings.status_ttl_s, now, message, mid,
-                    self.settings.max_pending_per_user,
-                ],
-            )  # fmt: skip
+            found = self.ledger.enqueue(envelope, task_id=task_id, limit=self.settings.max_pending_per_user)
         except redis.ResponseError as exc:
             # A full Redis refuses the script's first write, so nothing was written.
             if not isinstance(exc, redis.exceptions.OutOfMemoryError) and "OOM" not in str(exc):
@@ -329,10 +249,10 @@ class Producer:
             raise BackPressureError("Redis is full (maxmemory), nothing enqueued", retry_after_s=5.0) from None
         except redis.RedisError as exc:
             raise StoreUnavailableError(f"Redis unavailable, nothing enqueued: {exc}") from exc
-        if isinstance(existing, list):
-            raise _backlog_full(uid, int(existing[0]), self.settings.max_pending_per_user)
-        if existing:
-            return Receipt(user_id=uid, message_id=mid, task_id=existing, duplicate=True)
+        if found.backlog is not None:
+            raise _backlog_full(uid, found.backlog, self.settings.max_pending_per_user)
+        if found.existing:
+            return Receipt(user_id=uid, message_id=mid, task_id=found.existing, duplicate=True)
         return Receipt(user_id=uid, message_id=mid, task_id=task_id)
 
     def enqueue(self, user_id: object, messages: object, **kwargs: object) -> Receipt:
@@ -365,33 +285,25 @@ class Producer:
         """All or nothing for a batch: refuse it before publishing any item if a user's backlog would
         overflow (``submit`` still checks each message atomically; this spares a half-published batch)."""
         limit = self.settings.max_pending_per_user
-        pipe = self.redis.pipeline(transaction=False)
-        for user_id in adding:
-            pipe.zcard(keys.pending(user_id))
-        for (user_id, count), pending in zip(adding.items(), pipe.execute(), strict=True):
+        for (user_id, count), pending in zip(adding.items(), self.ledger.backlogs(list(adding)), strict=True):
             if pending + count > limit:
-                raise _backlog_full(user_id, int(pending), limit)
+                raise _backlog_full(user_id, pending, limit)
 
     def replay(self, user_id: str, message_id: str) -> Receipt:
         """Put a dead-lettered message back on the queue."""
-        letter = self.dead_letters.get(check_user_id(user_id), check_message_id(message_id))
+        letter = self.ledger.dead_letters.get(check_user_id(user_id), check_message_id(message_id))
         if letter is None:
             raise NotFoundError(f"no dead letter {message_id!r} for {user_id!r}")
         if letter.envelope is None:
             # Dead-lettered after its payload was gone (e.g. a hook failed after the message was applied).
             raise InvalidInputError("message_id", f"dead letter {message_id!r} keeps no message to replay")
-        for stage in ("extract", "apply"):
-            self.redis.delete(keys.deliveries(user_id, message_id, stage))
-        self.redis.delete(keys.status(user_id, message_id))
+        self.ledger.replaying(user_id, message_id)
         receipt = self.submit(letter.envelope)
-        self.dead_letters.remove(user_id, message_id)
+        self.ledger.dead_letters.remove(user_id, message_id)
         return receipt
 
     def states(self, pairs: Sequence[tuple[str, str]]) -> list[str | None]:
-        pipe = self.redis.pipeline(transaction=False)
-        for uid, mid in pairs:
-            pipe.hget(keys.status(uid, mid), "state")
-        return pipe.execute()
+        return self.ledger.states(pairs)
 
     def verdict(self, pairs: Sequence[tuple[str, str]]) -> WaitResult:
         """Where each (user_id, message_id) stands now: applied, dead-lettered or pending."""

@@ -19,6 +19,7 @@ import time
 from typing import TYPE_CHECKING, NamedTuple
 
 from engram_api import keys
+from engram_api.ledger.controls import PUBLISH_STAMP, StampArgs, StampKeys
 
 if TYPE_CHECKING:
     import redis
@@ -50,28 +51,15 @@ def new_epoch() -> int:
     return (time.time_ns() // 1000) << 10 | secrets.randbits(10)
 
 
-# KEYS: stamp key, lease key. ARGV: epoch, version, lease token ('' = no lease to check). Numbers are
-# compared as decimal strings (length, then text): epochs exceed Lua's exact integer range.
-_PUBLISH = """
-if ARGV[3] ~= '' and redis.call('GET', KEYS[2]) ~= ARGV[3] then return 0 end
-local function less(a, b) return #a < #b or (#a == #b and a < b) end
-local cur = redis.call('GET', KEYS[1])
-if cur then
-  local e, v = string.match(cur, '^(%d+):(%d+)$')
-  if e and (less(ARGV[1], e) or (ARGV[1] == e and not less(v, ARGV[2]))) then return 1 end
-end
-redis.call('SET', KEYS[1], ARGV[1] .. ':' .. ARGV[2])
-return 1
-"""
-
-
 def publish_stamp(client: redis.Redis, user_id: str, stamp: Stamp, *, lease_token: str | None = None) -> bool:
     """Publish ``stamp`` if it is newer than the published one; with ``lease_token``, only while that
-    token still holds the user's lease (checked atomically). False when the lease was lost."""
-    done = client.eval(
-        _PUBLISH, 2, keys.user_version(user_id), keys.apply_lock(user_id), str(stamp.epoch), str(stamp.version),
-        lease_token or "",
-    )  # fmt: skip
+    token still holds the user's lease (checked atomically, ``scripts.PUBLISH_STAMP``). False when the lease
+    was lost."""
+    done = PUBLISH_STAMP(
+        client,
+        StampKeys(stamp=keys.user_version(user_id), lease=keys.apply_lock(user_id)),
+        StampArgs(epoch=str(stamp.epoch), version=str(stamp.version), lease_token=lease_token or ""),
+    )
     return bool(done)
 
 

@@ -106,7 +106,7 @@ class Gateway:
         uid = principal.user(user_id)
         mid = check_message_id(message_id)
         try:
-            fields = self.client.redis.hgetall(keys.status(uid, mid))
+            fields = self.client.producer.ledger.status(uid, mid)
         except redis.RedisError as exc:
             raise StoreUnavailableError(f"Redis unavailable: {exc}") from exc
         if not fields:
@@ -123,7 +123,7 @@ class Gateway:
     def _letter(self, principal: Principal, user_id: str, message_id: str) -> tuple[str, str]:
         principal.require("operator")
         uid, mid = principal.user(user_id), check_message_id(message_id)
-        if self.client.producer.dead_letters.get(uid, mid) is None:
+        if self.client.producer.ledger.dead_letters.get(uid, mid) is None:
             raise NotFoundError(f"no dead letter {mid!r} for {uid!r}")
         return uid, mid
 

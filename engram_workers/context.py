@@ -10,10 +10,9 @@ import threading
 from functools import cached_property
 
 import redis
-from redis.commands.core import Script
 
 from engram_api.connections import redis_client, resolve_redis_url
-from engram_api.deadletters import DeadLetterStore
+from engram_api.ledger import MessageLedger
 from engram_api.settings import Settings, load_settings
 from engram_api.storage import GraphStore, open_graph_store
 from engram_api.storage.embedding.embedder import Embedder, embedder_for
@@ -37,7 +36,6 @@ class WorkerContext:
         # How stages publish the next task: the worker's Celery app unless a caller injects another.
         self.dispatch = dispatch
         self._warm = False
-        self._scripts: dict[str, Script] = {}
         self.sweeper: IndexSweeper | None = None  # started with the keeper
 
     def warm_up(self) -> None:
@@ -55,14 +53,6 @@ class WorkerContext:
     @cached_property
     def redis(self) -> redis.Redis:
         return redis_client(self.redis_url)
-
-    def script(self, source: str) -> Script:
-        """The Lua script ``source`` on this context's Redis client, registered once: ``register_script``
-        hashes the source on every call (1.7 % of an apply worker's Python CPU in an ingest burst, py-spy)."""
-        script = self._scripts.get(source)
-        if script is None or script.registered_client is not self.redis:
-            script = self._scripts[source] = self.redis.register_script(source)
-        return script
 
     @cached_property
     def graph(self) -> GraphStore:
@@ -99,10 +89,9 @@ class WorkerContext:
         )
 
     @cached_property
-    def dead_letters(self) -> DeadLetterStore:
-        return DeadLetterStore(
-            redis_client=self.redis, status_ttl_s=self.settings.status_ttl_s, secrets=self.settings.secrets
-        )
+    def ledger(self) -> MessageLedger:
+        """Every Redis transition of a message (``engram_api.ledger``) on this context's client."""
+        return MessageLedger(self.redis, status_ttl_s=self.settings.status_ttl_s, secrets=self.settings.secrets)
 
     @cached_property
     def rate_limiter(self) -> LLMRateLimiter:

@@ -7,7 +7,6 @@ Queue depths and lags (the autoscaling signals) are read from the broker at scra
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable, Iterator
 
@@ -64,6 +63,7 @@ class QueueDepth(Collector):
         import redis
 
         from engram_api import keys
+        from engram_api.ledger import wire
 
         names = keys.QUEUES
         pipe = self._redis.pipeline(transaction=False)
@@ -81,22 +81,11 @@ class QueueDepth(Collector):
         )
         for name, length, oldest in zip(names, replies[0::2], replies[1::2], strict=True):
             depth.add_metric([name], length)
-            sent_at = _sent_at(oldest) if oldest is not None else now
+            sent_at = wire.sent_at(oldest) if oldest is not None else now
             if sent_at is not None:
                 lag.add_metric([name], max(0.0, now - sent_at))
         yield depth
         yield lag
-
-
-def _sent_at(raw: bytes) -> float | None:
-    """The publish stamp of a raw kombu message, or None when it has none (or is not a task message)."""
-    from engram_api import keys
-
-    try:
-        stamp = json.loads(raw)["headers"][keys.SENT_AT_HEADER]
-    except (ValueError, KeyError, TypeError):
-        return None
-    return float(stamp) if isinstance(stamp, int | float) else None
 
 
 def serve(port: int, redis_url: str, *, multiprocess: bool) -> None:

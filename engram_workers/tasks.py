@@ -79,7 +79,7 @@ def _attempt(
     except redis.RedisError:
         raise
     except Exception as exc:
-        attempts = int(ctx.redis.hincrby(keys.status(user_id, message_id), f"{stage}_errors", 1))
+        attempts = ctx.ledger.count(user_id, message_id, f"{stage}_errors")
         if attempts >= _UNEXPECTED_ATTEMPTS:
             reason = f"{type(exc).__name__}: {exc}"[:500]
             return dead_letter(

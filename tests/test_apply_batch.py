@@ -238,7 +238,7 @@ class ForgetsDuringBatch(Middleware):
 
     def before_stage(self, stage: str, user_id: str, message_id: str) -> None:
         if message_id == self.at:
-            from engram_api.erasure import erase_message
+            from engram_api.ledger.erasure import erase_message
 
             erase_message(self.stack.client.redis, self.user, self.victim, tombstone_ttl_s=600)
 
@@ -335,19 +335,6 @@ def test_a_first_apply_does_not_ask_the_graph_whether_it_is_applied_and_a_later_
     assert stack.client.graph.user_version(user) == version and stack.client.stats(user).episodes == 2
 
 
-def test_a_context_registers_each_script_once_on_its_client(stack: Stack) -> None:
-    ctx, _ = process(stack, 1)
-    source = "return redis.call('GET', KEYS[1])"
-    first = ctx.script(source)
-    assert ctx.script(source) is first and first.registered_client is ctx.redis
-    del ctx.__dict__["redis"]  # a new client (as after a reset): the script is registered on it
-    again = ctx.script(source)
-    assert again is not first and again.registered_client is ctx.redis
-    key = f"engram-test:{uuid.uuid4().hex}"
-    stack.client.redis.set(key, "ok", ex=60)
-    assert again(keys=[key]) in ("ok", b"ok")
-
-
 class Peeks(Middleware):
     """When the batch reaches ``at``, records which messages another connection sees applied."""
 
@@ -417,7 +404,7 @@ def test_the_ready_set_drops_dead_lettered_and_forgotten_users_messages(stack: S
     ctx, _ = process(stack, 8)
     mids = queue(ctx, stack, user)
     ready = keys.ready(user)
-    assert ctx.dead_letters.put(DeadLetter(user_id=user, message_id="m3", stage="apply", reason="test", attempts=1))
+    assert ctx.ledger.dead_letter(DeadLetter(user_id=user, message_id="m3", stage="apply", reason="test", attempts=1))
     assert stack.client.redis.zscore(ready, "m3") is None and stack.client.redis.zcard(ready) == len(mids) - 1
     stack.client.forget_user(user)
     assert stack.client.redis.exists(ready) == 0

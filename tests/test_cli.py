@@ -23,7 +23,7 @@ import pytest
 from click.testing import CliRunner, Result
 from pydantic import AliasChoices
 
-from engram_api.deadletters import DeadLetterStore
+from engram_api.ledger import DeadLetterStore
 from engram_api.models import DeadLetter
 from engram_api.producer import build_envelope
 from engram_api.settings import Settings

@@ -62,7 +62,7 @@ def test_forget_with_the_fleet_stopped_reaches_the_queue_and_the_dead_letters(tm
             apply_in_process(client, gina, f"{gina}-m0", "I live in Tampa.", T0)
             client.enqueue(gina, SECRET, message_id=f"{gina}-m1")  # queued: no worker runs
             letter = DeadLetter(user_id=gina, message_id=f"{gina}-m2", stage="extract", reason="LLM failed")
-            assert client.producer.dead_letters.put(letter)
+            assert client.producer.ledger.dead_letter(letter)
             client.enqueue(hank, "I like chess.", message_id=f"{hank}-m1")
             server.stop()  # the fleet is stopped
 

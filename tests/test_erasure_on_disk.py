@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import redis
 
-from engram_api.erasure import purge_redis
+from engram_api.ledger.erasure import purge_redis
 from engram_api.storage.graph.episodes import user_key
 from engram_testing.llm_standin import Reply
 from engram_workers.services import RedisServer

@@ -27,7 +27,7 @@ def test_a_held_user_lock_is_a_user_busy_error_naming_the_user(redis_client: red
 def breaker(redis_url: str) -> Iterator[LLMBreaker]:
     # The breaker's state is fleet-wide: database 0 (no stack uses it), emptied of it before and after.
     url = redis_url.rsplit("/", 1)[0] + "/0"
-    state = [f"{keys.BREAKER}:{part}" for part in ("open", "tripped", "failures", "trial")]
+    state = [keys.breaker(part) for part in ("open", "tripped", "failures", "trial")]
     client = redis.Redis.from_url(url)
     client.delete(*state)
     yield LLMBreaker(redis_url=url, fail_max=1, reset_timeout=30.0, is_failure=lambda _: True)

@@ -125,7 +125,7 @@ def test_every_endpoint(fleet: tuple[Stack, GatewayProcess, dict], http: httpx.C
     assert http.get(f"/v1/users/{uid}/stats", headers=a).json()["episodes"] == 1
 
     # Dead letters (operator): one written through the library's own store, then listed, replayed, dropped.
-    letters = stack.client.producer.dead_letters
+    letters = stack.client.producer.ledger.dead_letters
     for mid in ("d1", "d2"):
         env = Envelope(
             user_id=uid, message_id=mid, messages=[{"role": "user", "content": "I like tea"}], timestamp=utcnow()
@@ -264,7 +264,7 @@ def test_cross_namespace_probes_never_leak(fleet: tuple[Stack, GatewayProcess, d
         assert r.status_code == 202
     for i, uid in enumerate(victims):
         wait_state(http, a, uid, f"s{i}")
-    stack.client.producer.dead_letters.put(
+    stack.client.producer.ledger.dead_letter(
         DeadLetter(user_id=victims[0], message_id="dl", stage="extract", reason=secret_word)
     )
     before = footprint(stack, victims)

@@ -132,7 +132,7 @@ def test_dead_letters_past_the_retention_are_pruned_by_the_sweep(stack):
     now = utcnow()
     for mid, age in (("m-old", timedelta(days=31)), ("m-recent", timedelta(days=29))):
         letter = DeadLetter(user_id=user, message_id=mid, stage="extract", reason="test", failed_at=now - age)
-        assert client.producer.dead_letters.put(letter)
+        assert client.producer.ledger.dead_letter(letter)
 
     report = redeliver_stuck(
         client=client.redis, send=lambda *a: None, older_than_s=60, dead_letter_retention=timedelta(days=30)
@@ -174,7 +174,7 @@ def test_a_retried_message_keeps_its_payload_for_another_full_ttl(stack):
 def test_dead_letter_methods_reject_ids_that_would_reach_another_users_letter(stack):
     client, user = stack.client, uid()
     letter = DeadLetter(user_id=user, message_id="b:c", stage="extract", reason="test", envelope=None)
-    client.producer.dead_letters.put(letter)
+    client.producer.ledger.dead_letter(letter)
 
     for call in (client.replay, client.drop_dead_letter):
         with pytest.raises(InvalidInputError) as err:

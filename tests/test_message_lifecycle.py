@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from engram_api import AsyncMemoryClient, keys
-from engram_api.deadletters import DeadLetterStore
+from engram_api.ledger import DeadLetterStore
 from engram_api.models import DeadLetter, MessageState
 from engram_api.producer import build_envelope
 from engram_workers.services.celery_worker import APPLY_WORKER, EXTRACT_WORKER

@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 import pytest
 
 from engram_api import InvalidInputError, WaitTimeoutError, keys
-from engram_api.producer import task_message
+from engram_api.ledger.wire import task_message
 from tests.support.stack import engram_stack
 
 

@@ -23,9 +23,10 @@ from typing import TYPE_CHECKING, Literal
 import numpy as np
 
 from engram_api import graph_reads, keys
-from engram_api.erasure import erase_message, erase_user, purge_redis
 from engram_api.errors import InvalidInputError, NotFoundError, StoreUnavailableError
 from engram_api.graph_reads import check_k, check_text
+from engram_api.ledger import MessageLedger
+from engram_api.ledger.erasure import purge_redis
 from engram_api.models import (
     HISTORY_LIMIT,
     SCORE_COMPONENTS,
@@ -380,8 +381,8 @@ class Reader:
                 raise NotFoundError(f"{user_id!r} has no message, fact or excerpt {memory_id[:80]!r}")
             message_id = excerpt[0].episode_id
         if message_id is not None:
-            # First: from here on no stage can write this message back (see engram_api.erasure).
-            erase_message(redis_client, user_id, message_id, tombstone_ttl_s=self.settings.status_ttl_s)
+            # First: from here on no stage can write this message back (see engram_api.ledger.erasure).
+            self._ledger(redis_client).forget(user_id, message_id)
 
         def forget(write: UserWrite) -> ForgetResult:
             if message_id is None:
@@ -415,10 +416,10 @@ class Reader:
         """Applied, or still known to Redis (queued, in a stage, finished recently, or dead-lettered)."""
         if self.graph.is_applied(user_id, message_id):
             return True
-        traces = (keys.message_payload, keys.extraction, keys.status)
-        return bool(redis_client.exists(*(key(user_id, message_id) for key in traces))) or bool(
-            redis_client.hexists(keys.dead_letters(), keys.dead_letter_field(user_id, message_id))
-        )
+        return self._ledger(redis_client).knows(user_id, message_id)
+
+    def _ledger(self, redis_client: redis.Redis) -> MessageLedger:
+        return MessageLedger(redis_client, status_ttl_s=self.settings.status_ttl_s)
 
     def forget_user(self, user_id: str) -> ForgetResult:
         """Everything of one user: graph, vectors, caches, queued payloads, dead letters; then the purge
@@ -429,7 +430,7 @@ class Reader:
         def forget_user(write: UserWrite) -> ForgetResult:
             result = self.graph.forget_user(user_id)
             write.finish()  # the stamp is ABSENT now: the index file, cache and published stamp go
-            erase_user(redis_client, user_id, tombstone_ttl_s=self.settings.status_ttl_s)
+            self._ledger(redis_client).forget_user(user_id)
             return result
 
         result = self.writes.run(user_id, forget_user, wait=_WRITE_WAIT_S)

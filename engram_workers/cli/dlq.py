@@ -105,7 +105,7 @@ def _targets(
         raise click.UsageError("--user goes with --all")
     check_user_id(user_id)
     check_message_id(message_id)
-    if client.producer.dead_letters.get(user_id, message_id) is None:
+    if client.producer.ledger.dead_letters.get(user_id, message_id) is None:
         raise NotFoundError(f"no dead letter {message_id!r} for user {user_id!r}")
     return [(user_id, message_id)]
 

@@ -23,7 +23,7 @@ import click
 from engram_workers.cli._common import settings
 from engram_workers.cli._output import err_console
 
-__all__ = ["COMMANDS", "REDBEAT_KEY_PREFIX", "beat_config", "stage_defaults"]
+__all__ = ["COMMANDS", "beat_config", "stage_defaults"]
 
 STAGES = ("extract", "apply", "maintenance", "all")
 
@@ -49,7 +49,6 @@ def stage_defaults(stage: str, cpu_limit: float | None = None) -> tuple[list[str
 # Beat wakes at least this often; a standby Beat takes over within the lock timeout after the leader dies.
 BEAT_MAX_INTERVAL_S = 5
 BEAT_LOCK_TIMEOUT_S = 5 * BEAT_MAX_INTERVAL_S
-REDBEAT_KEY_PREFIX = "engram:beat:"
 
 
 def beat_config(redis_url: str) -> dict[str, Any]:
@@ -61,7 +60,7 @@ def beat_config(redis_url: str) -> dict[str, Any]:
         "beat_scheduler": "redbeat.RedBeatScheduler",
         "beat_max_loop_interval": BEAT_MAX_INTERVAL_S,
         "redbeat_redis_url": redis_url,
-        "redbeat_key_prefix": REDBEAT_KEY_PREFIX,
+        "redbeat_key_prefix": keys.BEAT_PREFIX,
         "redbeat_lock_key": keys.BEAT_LOCK,
         "redbeat_lock_timeout": BEAT_LOCK_TIMEOUT_S,
         # A few sends a minute: their "sent" events (naming the scheduler's pid) always go, whatever

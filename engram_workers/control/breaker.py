@@ -4,7 +4,7 @@ After ``fail_max`` consecutive failures (counted across every worker) the breake
 the model for ``reset_timeout`` seconds. Then it is half-open: exactly one caller fleet-wide gets a trial
 call (a Redis ``SET NX`` token); its success closes the breaker, its failure opens it again.
 
-Admission is one Lua script: the state is read and the decision taken atomically, so no call is ever
+Admission is one Lua script (``engram_api.ledger.scripts.ADMIT``, keys ``keys.breaker``): the state is read and the decision taken atomically, so no call is ever
 admitted while the breaker is open. The same script counts every decision fleet-wide (``stats``: calls
 admitted closed, half-open trials, calls refused); the record-failure script counts openings. Every call
 that reaches the model is therefore an ``admitted`` or a ``trials`` count.
@@ -24,50 +24,13 @@ from pydantic import BaseModel, Field
 from engram_api import keys
 from engram_api.connections import redis_client
 from engram_api.errors import BreakerOpenError
+from engram_api.ledger.controls import ADMIT, RECORD_FAILURE, AdmitArgs, AdmitKeys, FailureArgs, FailureKeys
 
 __all__ = ["BreakerStats", "LLMBreaker"]
 
 T = TypeVar("T")
 
-_OPEN = f"{keys.BREAKER}:open"  # exists while open; its TTL is the time left
-_TRIPPED = f"{keys.BREAKER}:tripped"  # exists from opening until a trial succeeds (half-open after _OPEN)
-_FAILURES = f"{keys.BREAKER}:failures"
-_TRIAL = f"{keys.BREAKER}:trial"
-_STATS = f"{keys.BREAKER}:stats"  # hash of fleet-wide counters (see BreakerStats), never expires
-
-# KEYS: open, tripped, trial, stats. ARGV: trial ms. Returns {0, 0} to call (closed), {1, 0} to call as the
-# half-open trial, {2, ms} to refuse (retry in ms).
-_ADMIT = """
-local ttl = redis.call('PTTL', KEYS[1])
-if ttl > 0 then
-  redis.call('HINCRBY', KEYS[4], 'rejected', 1)
-  return {2, ttl}
-end
-if redis.call('EXISTS', KEYS[2]) == 0 then
-  redis.call('HINCRBY', KEYS[4], 'admitted', 1)
-  return {0, 0}
-end
-if redis.call('SET', KEYS[3], '1', 'NX', 'PX', ARGV[1]) then
-  redis.call('HINCRBY', KEYS[4], 'trials', 1)
-  return {1, 0}
-end
-redis.call('HINCRBY', KEYS[4], 'rejected', 1)
-return {2, math.floor(tonumber(ARGV[1]) / 2)}
-"""
-
-# KEYS: failures, open, tripped, stats. ARGV: fail_max, reset ms. Returns 1 when this failure opened it.
-_RECORD_FAILURE = """
-local n = redis.call('INCR', KEYS[1])
-redis.call('PEXPIRE', KEYS[1], ARGV[2] * 10)
-if n >= tonumber(ARGV[1]) or redis.call('EXISTS', KEYS[3]) == 1 then
-  redis.call('SET', KEYS[2], '1', 'PX', ARGV[2])
-  redis.call('SET', KEYS[3], '1')
-  redis.call('DEL', KEYS[1])
-  redis.call('HINCRBY', KEYS[4], 'opened', 1)
-  return 1
-end
-return 0
-"""
+_OPEN, _TRIPPED, _FAILURES, _TRIAL, _STATS = (keys.breaker(part) for part in keys.BREAKER_PARTS)
 
 
 class BreakerStats(BaseModel):
@@ -93,8 +56,6 @@ class LLMBreaker:
         self.reset_timeout = reset_timeout
         # The model answered but the answer was bad: that says nothing about the service's health.
         self.is_failure = is_failure
-        self._record_failure = self.redis.register_script(_RECORD_FAILURE)
-        self._admit_script = self.redis.register_script(_ADMIT)
 
     @property
     def state(self) -> str:
@@ -107,8 +68,10 @@ class LLMBreaker:
 
     def _admit(self) -> bool:
         """Raise while open or while another caller's trial is in flight; True when this caller is the trial."""
-        decision, retry_ms = self._admit_script(
-            keys=[_OPEN, _TRIPPED, _TRIAL, _STATS], args=[int(self.reset_timeout * 1000)]
+        decision, retry_ms = ADMIT(
+            self.redis,
+            AdmitKeys(open=_OPEN, tripped=_TRIPPED, trial=_TRIAL, stats=_STATS),
+            AdmitArgs(trial_ms=int(self.reset_timeout * 1000)),
         )
         if int(decision) == 2:
             raise BreakerOpenError(int(retry_ms) / 1000)
@@ -120,8 +83,10 @@ class LLMBreaker:
             result = fn()
         except BaseException as exc:
             if self.is_failure(exc):
-                self._record_failure(
-                    keys=[_FAILURES, _OPEN, _TRIPPED, _STATS], args=[self.fail_max, int(self.reset_timeout * 1000)]
+                RECORD_FAILURE(
+                    self.redis,
+                    FailureKeys(failures=_FAILURES, open=_OPEN, tripped=_TRIPPED, stats=_STATS),
+                    FailureArgs(fail_max=self.fail_max, reset_ms=int(self.reset_timeout * 1000)),
                 )
                 if trial:
                     self.redis.delete(_TRIAL)

@@ -18,18 +18,16 @@ is re-sent needlessly, which is harmless.
 
 from __future__ import annotations
 
-import base64
-import json
 import time
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 
 import redis
 from pydantic import BaseModel, Field
 
 from engram_api import keys
-from engram_api.deadletters import DeadLetterStore
 from engram_api.errors import InvalidInputError
+from engram_api.ledger import DeadLetterStore
+from engram_api.ledger.wire import tasks_in_broker
 from engram_api.models import MessageState
 from engram_workers.dispatch import Dispatch
 
@@ -76,7 +74,7 @@ def redeliver_stuck(
         report.pruned_dead_letters = store.prune(older_than=dead_letter_retention, now=datetime.fromtimestamp(now, UTC))
     stuck: list[tuple[str, str, str, str]] = []
     prefix = keys.STATUS_PREFIX
-    for key in client.scan_iter(match=f"{prefix}*", count=1000):
+    for key in client.scan_iter(match=keys.statuses(), count=1000):
         report.scanned += 1
         user_id, _, message_id = key[len(prefix) :].partition(":")  # user ids never contain ':'
         state, *stamps = client.hmget(key, "state", "enqueued_at", "extracted_at")
@@ -86,7 +84,7 @@ def redeliver_stuck(
         since = dict(zip(("enqueued_at", "extracted_at"), stamps, strict=True))[field]
         if since is not None and now - float(since) >= older_than_s:
             stuck.append((key, field, task, f"{user_id}:{message_id}"))
-    waiting = set(_tasks_in_broker(client)) if stuck else set()
+    waiting = set(tasks_in_broker(client)) if stuck else set()
     for key, field, task, ref in stuck:
         if (task, ref) in waiting:
             report.waiting += 1
@@ -101,38 +99,3 @@ def redeliver_stuck(
         client.hset(key, field, str(now))
         report.resent.append(f"{user_id}:{message_id}")
     return report
-
-
-_UNACKED = "unacked"  # kombu's Redis transport: delivery tag -> [message, exchange, routing key]
-_PRIORITY_LISTS = ("", "\x06\x163", "\x06\x166", "\x06\x169")  # kombu's default priority steps
-_PAGE = 1000
-
-
-def _tasks_in_broker(client: redis.Redis) -> Iterator[tuple[str, str]]:
-    """``(task name, "user_id:message_id")`` of every Engram stage task queued or reserved in the broker."""
-    for queue in (keys.EXTRACT_QUEUE, keys.APPLY_QUEUE):
-        for name in (queue + suffix for suffix in _PRIORITY_LISTS):
-            start = 0
-            while page := client.lrange(name, start, start + _PAGE - 1):
-                yield from filter(None, map(_task_ref, page))
-                start += _PAGE
-    for _, value in client.hscan_iter(_UNACKED, count=_PAGE):
-        try:
-            message = json.loads(value)[0]
-        except (ValueError, TypeError, IndexError, KeyError):
-            continue
-        if ref := _task_ref(message):
-            yield ref
-
-
-def _task_ref(message: str | dict) -> tuple[str, str] | None:
-    """The task name and message reference of a kombu message (protocol 2, base64 JSON body); ``None`` for
-    anything else, which the sweep then does not count as waiting."""
-    try:
-        envelope = json.loads(message) if isinstance(message, str) else message
-        task = envelope["headers"]["task"]
-        body = json.loads(base64.b64decode(envelope["body"]))
-        user_id, message_id = body[0][:2]
-    except (ValueError, TypeError, KeyError, IndexError):
-        return None
-    return (task, f"{user_id}:{message_id}") if isinstance(user_id, str) and isinstance(message_id, str) else None

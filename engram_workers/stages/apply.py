@@ -140,7 +140,7 @@ def run_apply(ctx: WorkerContext, user_id: str, message_id: str, *, first_start:
     except UserBusyError:
         raise RetryLater(random.uniform(0.05, 0.4), "another worker is applying this user's messages") from None
     except StoreUnavailableError as exc:
-        attempts = int(ctx.redis.hincrby(keys.status(user_id, message_id), "store_attempts", 1))
+        attempts = ctx.ledger.count(user_id, message_id, "store_attempts")
         if attempts >= _STORE_ATTEMPTS:
             return dead_letter(
                 ctx,

@@ -43,7 +43,6 @@ from dataclasses import dataclass, field
 
 from pydantic import ValidationError
 
-from engram_api import keys
 from engram_api.errors import StaleWriteError, StoreUnavailableError
 from engram_api.models import ApplyOutcome, Envelope, MessageState, StageOutcome, StageResult, WritePlan
 from engram_api.storage.faiss.files import Kind, UserIndex
@@ -57,16 +56,6 @@ from engram_workers.stages.common import deliveries, set_state
 __all__ = ["Claim", "Member", "apply_batch", "mark_applied", "summary"]
 
 log = logging.getLogger("engram.pipeline")
-
-# KEYS: ready set. ARGV: trigger id, how many others. The trigger leaves the set too (it is being applied).
-_CLAIM = """
-redis.call('ZREM', KEYS[1], ARGV[1])
-local n = tonumber(ARGV[2])
-if n <= 0 then return {} end
-local ids = redis.call('ZRANGE', KEYS[1], 0, n - 1)
-if #ids > 0 then redis.call('ZREM', KEYS[1], unpack(ids)) end
-return ids
-"""
 
 
 @dataclass(frozen=True)
@@ -89,8 +78,7 @@ class Claim:
 
     def take(self, ctx: WorkerContext, user_id: str, trigger: str, others: int) -> list[str]:
         if self.ids is None:
-            claimed = ctx.script(_CLAIM)(keys=[keys.ready(user_id)], args=[trigger, others])
-            self.ids = [i.decode() if isinstance(i, bytes) else str(i) for i in claimed]
+            self.ids = ctx.ledger.claim_ready(user_id, trigger, others)
         return self.ids
 
 
@@ -110,13 +98,8 @@ def mark_applied(ctx: WorkerContext, user_id: str, message_id: str, version: int
 def _load(ctx: WorkerContext, user_id: str, message_ids: list[str]) -> list[Member]:
     """The claimed messages that can be applied: payload and extraction in one round trip. One whose
     payload or extraction is gone (forgotten, expired, sent back) or unreadable is left to its own task."""
-    pipe = ctx.redis.pipeline(transaction=False)
-    for mid in message_ids:
-        pipe.get(keys.message_payload(user_id, mid))
-        pipe.get(keys.extraction(user_id, mid))
-    raw = pipe.execute()
     members = []
-    for mid, payload, stored in zip(message_ids, raw[::2], raw[1::2], strict=True):
+    for mid, (payload, stored) in zip(message_ids, ctx.ledger.payloads(user_id, message_ids), strict=True):
         if payload is None or stored is None:
             continue
         try:

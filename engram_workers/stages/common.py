@@ -11,7 +11,6 @@ from dataclasses import dataclass
 import redis
 from pydantic import ValidationError
 
-from engram_api import keys
 from engram_api.models import DeadLetter, Envelope, MessageState, StageOutcome, StageResult
 from engram_api.redaction import redact
 from engram_api.versions import Stamp
@@ -33,49 +32,6 @@ __all__ = [
     "set_state",
     "settled",
 ]
-
-# Stage writes check the message's tombstone in the same script (see engram_api.erasure): a stage that
-# was running when the message was forgotten writes nothing back.
-# A stored extraction makes the message ready to apply (keys.ready, scored by event time); a finished
-# message leaves its user's backlog (keys.pending) and the ready set.
-# An applied message's payload and extraction go with its status write.
-# KEYS: tombstone, status, extraction, pending, ready, payload. ARGV: ttl, extraction json ('' = none), event
-# time, finished ('1'/'0'), message id, applied ('1'/'0'), field, value, ...
-_STAGE_WRITE = """
-if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
-if ARGV[2] ~= '' then
-  redis.call('SET', KEYS[3], ARGV[2], 'EX', ARGV[1])
-  redis.call('ZADD', KEYS[5], ARGV[3], ARGV[5])
-  redis.call('EXPIRE', KEYS[5], ARGV[1])
-end
-if ARGV[4] == '1' then
-  redis.call('ZREM', KEYS[4], ARGV[5])
-  redis.call('ZREM', KEYS[5], ARGV[5])
-end
-if ARGV[6] == '1' then redis.call('DEL', KEYS[6], KEYS[3]) end
-redis.call('HSET', KEYS[2], unpack(ARGV, 7))
-redis.call('EXPIRE', KEYS[2], ARGV[1])
-return 1
-"""
-
-# A start of a stage, in one round trip: a message already finished (applied, dead) or forgotten is not
-# counted, since its task has nothing to do; otherwise the start is counted. The counter outlives a
-# finished start (back at 0), so its absence says no start of this stage came before. Returns {count or 0,
-# state, forgotten, earlier start}. KEYS: deliveries counter, status, tombstone. ARGV: ttl.
-_ENTER = """
-local state = redis.call('HGET', KEYS[2], 'state') or ''
-local forgotten = redis.call('EXISTS', KEYS[3])
-local earlier = redis.call('EXISTS', KEYS[1])
-if forgotten == 1 or state == 'applied' or state == 'dead' then return {0, state, forgotten, earlier} end
-local n = redis.call('INCR', KEYS[1])
-redis.call('EXPIRE', KEYS[1], ARGV[1])
-return {n, state, forgotten, earlier}
-"""
-
-_DECR_IF_EXISTS = """
-if redis.call('EXISTS', KEYS[1]) == 1 then return redis.call('DECR', KEYS[1]) end
-return 0
-"""
 
 
 class RetryLater(Exception):
@@ -127,15 +83,8 @@ def deliveries(ctx: WorkerContext, user_id: str, message_id: str, stage: str) ->
     ``poison_max_deliveries``), whether any start came before, the message's state and tombstone, read in
     the same round trip. A message already ``settled`` is not counted.
     """
-    key = keys.deliveries(user_id, message_id, stage)
-    started, state, forgotten, earlier = ctx.script(_ENTER)(
-        keys=[key, keys.status(user_id, message_id), keys.forgotten(user_id, message_id)],
-        args=[ctx.settings.status_ttl_s],
-    )
-    state = state.decode() if isinstance(state, bytes) else state
-    delivery = Delivery(
-        crashed=max(0, int(started) - 1), state=state or None, forgotten=bool(forgotten), first=not earlier
-    )
+    started, state, forgotten, earlier = ctx.ledger.enter(user_id, message_id, stage)
+    delivery = Delivery(crashed=max(0, started - 1), state=state, forgotten=forgotten, first=not earlier)
     try:
         yield delivery
     finally:
@@ -143,7 +92,7 @@ def deliveries(ctx: WorkerContext, user_id: str, message_id: str, stage: str) ->
             # Redis may be the thing that failed: never let the bookkeeping mask the original error.
             with suppress(redis.RedisError):
                 # Only an existing counter: one erased meanwhile (the message was forgotten) stays gone.
-                ctx.script(_DECR_IF_EXISTS)(keys=[key])
+                ctx.ledger.leave(user_id, message_id, stage)
 
 
 def set_state(
@@ -159,38 +108,17 @@ def set_state(
     """Record the state (and store ``extraction`` JSON if given, which files the message as ready to apply
     at ``event_time``, epoch seconds; APPLIED deletes the payload and the extraction); False if the
     message was forgotten."""
-    mapping = {"state": state.value, f"{state.value}_at": str(time.time()), **fields}
-    script = ctx.script(_STAGE_WRITE)
-    finished = "1" if state in (MessageState.APPLIED, MessageState.DEAD) else "0"
-    written = script(
-        keys=[
-            keys.forgotten(user_id, message_id),
-            keys.status(user_id, message_id),
-            keys.extraction(user_id, message_id),
-            keys.pending(user_id),
-            keys.ready(user_id),
-            keys.message_payload(user_id, message_id),
-        ],
-        args=[
-            ctx.settings.status_ttl_s, extraction, repr(event_time), finished, message_id,
-            "1" if state is MessageState.APPLIED else "0", *(x for pair in mapping.items() for x in pair),
-        ],
-    )  # fmt: skip
-    return bool(written)
+    return ctx.ledger.set_state(user_id, message_id, state, extraction=extraction, event_time=event_time, fields=fields)
 
 
 def keep_alive(ctx: WorkerContext, user_id: str, message_id: str) -> None:
     """A message about to be retried keeps its payload, extraction and status for another ``status_ttl_s``:
     however long the retries take (a breaker open for days), the payload outlives them."""
-    pipe = ctx.redis.pipeline(transaction=False)
-    for key in (keys.message_payload(user_id, message_id), keys.extraction(user_id, message_id)):
-        pipe.expire(key, ctx.settings.status_ttl_s)
-    pipe.expire(keys.status(user_id, message_id), ctx.settings.status_ttl_s)
-    pipe.execute()
+    ctx.ledger.keep_alive(user_id, message_id)
 
 
 def is_forgotten(ctx: WorkerContext, user_id: str, message_id: str) -> bool:
-    return bool(ctx.redis.exists(keys.forgotten(user_id, message_id)))
+    return ctx.ledger.is_forgotten(user_id, message_id)
 
 
 @dataclass(frozen=True)
@@ -211,21 +139,12 @@ class Stored:
 
 
 def read_stored(ctx: WorkerContext, user_id: str, message_id: str, *, published: bool = False) -> Stored:
-    pipe = ctx.redis.pipeline(transaction=False)
-    pipe.exists(keys.forgotten(user_id, message_id))
-    pipe.hget(keys.status(user_id, message_id), "state")
-    pipe.get(keys.message_payload(user_id, message_id))
-    pipe.get(keys.extraction(user_id, message_id))
-    if published:
-        pipe.get(keys.user_version(user_id))
-    forgotten, state, payload, extraction, *stamp = pipe.execute()
-    return Stored(
-        bool(forgotten), state, payload, extraction, Stamp.parse(stamp[0]) if stamp and stamp[0] is not None else None
-    )
+    forgotten, state, payload, extraction, stamp = ctx.ledger.read(user_id, message_id, stamp=published)
+    return Stored(forgotten, state, payload, extraction, Stamp.parse(stamp) if stamp is not None else None)
 
 
 def load_envelope(ctx: WorkerContext, user_id: str, message_id: str) -> Envelope | None:
-    raw = ctx.redis.get(keys.message_payload(user_id, message_id))
+    raw = ctx.ledger.payload(user_id, message_id)
     return Envelope.model_validate_json(raw) if raw else None
 
 
@@ -258,7 +177,7 @@ def dead_letter(
         attempts=attempts,
         envelope=envelope,
     )
-    if not ctx.dead_letters.put(letter):
+    if not ctx.ledger.dead_letter(letter):
         return StageResult(StageOutcome.FORGOTTEN)
     try:
         for m in ctx.middleware:
@@ -267,7 +186,7 @@ def dead_letter(
         # The letter is stored and the stage must not fail again over a notification: the hook's error
         # goes into the stored letter, where the operator looks.
         note = f"\non_dead_letter hook failed: {type(exc).__name__}: {exc}"[:500]
-        ctx.dead_letters.put(letter.model_copy(update={"reason": letter.reason + note}))
+        ctx.ledger.dead_letter(letter.model_copy(update={"reason": letter.reason + note}))
     return StageResult(StageOutcome.DEAD_LETTERED, redact(reason, ctx.settings.secrets).splitlines()[0][:200])
 
 

@@ -17,7 +17,6 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from engram_api import keys
 from engram_api.errors import BreakerOpenError, LLMError, StoreUnavailableError
 from engram_api.models import Envelope, EpisodeRecord, Extraction, MessageState, StageOutcome, StageResult, Usage
 from engram_api.naming import SINGLE_VALUED, self_entity_id
@@ -210,12 +209,11 @@ def _failed(ctx: WorkerContext, envelope: Envelope, exc: LLMError) -> StageResul
     uid, mid = envelope.user_id, envelope.message_id
     if is_forgotten(ctx, uid, mid):
         return _FORGOTTEN
-    key = keys.status(uid, mid)
-    attempts = int(ctx.redis.hincrby(key, "llm_attempts", 1))
+    attempts = ctx.ledger.count(uid, mid, "llm_attempts")
     # Tokens spent on failed answers are real spend too.
     usage = getattr(exc, "usage", None)
     if usage is not None:
-        ctx.redis.hincrbyfloat(key, "failed_cost_usd", usage.cost_usd)
+        ctx.ledger.add(uid, mid, "failed_cost_usd", usage.cost_usd)
         _count_usage(usage)
     if attempts >= ctx.settings.llm_max_attempts:
         return dead_letter(

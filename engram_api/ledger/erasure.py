@@ -2,7 +2,8 @@
 
 Invariant: a forgotten message leaves nothing in Redis (payload, stored extraction, status, delivery
 counters, dead letter) and, for ``status_ttl_s`` (longer than any payload lives), a tombstone that every
-stage write checks atomically (``stage_write`` in the workers, ``DeadLetterStore.put``): an extract that
+write for the message checks atomically (the ``STAGE_WRITE`` and ``DEAD_LETTER`` scripts of
+``engram_api.ledger.scripts``; ``ENQUEUE`` alone removes it: a message id enqueued again is new): an extract that
 was already running when ``forget`` came cannot write its extraction, status or dead letter back. The
 tombstone is set before anything is deleted, so there is no window in between.
 
@@ -61,9 +62,9 @@ def erase_user(client: redis.Redis, user_id: str, *, tombstone_ttl_s: int) -> in
     """
     check_user_id(user_id)
     message_ids: set[str] = set()
-    for prefix in (keys.STATUS_PREFIX, f"{keys.PREFIX}:msg:", f"{keys.PREFIX}:extraction:"):
-        for key in client.scan_iter(match=f"{prefix}{user_id}:*", count=500):
-            message_ids.add(key[len(prefix) + len(user_id) + 1 :])
+    for prefix in keys.message_prefixes(user_id):
+        for key in client.scan_iter(match=f"{prefix}*", count=500):
+            message_ids.add(key[len(prefix) :])
     letter_prefix = keys.dead_letter_field(user_id, "")
     letters = [f for f in client.hkeys(keys.dead_letters()) if f.startswith(letter_prefix)]
     message_ids.update(f[len(letter_prefix) :] for f in letters)

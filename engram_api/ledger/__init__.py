@@ -1,0 +1,19 @@
+"""The Redis message ledger: where a message stands between the producer and the graph.
+
+A message is ``queued`` (payload, status, backlog entry, extract task on the queue), then ``extracted``
+(its extraction stored, filed as ready to apply), then ``applied`` (payload and extraction gone), or
+``dead`` (a dead letter kept for operators) or ``forgotten`` (a tombstone; no later write lands).
+
+- ``messages.MessageLedger``: one method per transition; the producer, the stages, the CLI's and the
+  gateway's dead-letter commands and erasure go through it.
+- ``scripts``: every Lua script Engram runs, each behind named KEYS/ARGV (``lua.LuaScript``).
+- ``wire``: kombu's task-message format, written by the producer and read by the redelivery sweep.
+- ``messages.DeadLetterStore`` (the dead-letter hash, ``MessageLedger.dead_letters``) and ``erasure``
+  (the Redis side of erasure, ``MessageLedger.forget`` / ``forget_user``).
+
+The keys themselves are in ``engram_api.keys`` (every key Engram or its libraries use in Redis).
+"""
+
+from engram_api.ledger.messages import DeadLetterStore, Enqueued, Entered, MessageLedger, Record
+
+__all__ = ["DeadLetterStore", "Enqueued", "Entered", "MessageLedger", "Record"]

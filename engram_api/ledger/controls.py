@@ -1,0 +1,141 @@
+"""The Lua scripts outside a message's life, beside the lifecycle's so that every script Engram runs has
+one home and one calling convention (``scripts.LuaScript``): the user's published version stamp
+(``engram_api.versions``) and the two fleet-wide LLM controls (``engram_workers.control``).
+
+Invariants:
+- The published stamp only moves forward, and only while the writer's lease token holds (when given).
+- The rate limit and the breaker decide on Redis' own clock and state, atomically: no worker's clock or
+  race can let a call through that the fleet-wide state refuses.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from engram_api.ledger.scripts import LuaScript
+
+__all__ = ["ADMIT", "GCRA", "PUBLISH_STAMP", "RECORD_FAILURE"]
+
+
+class StampKeys(NamedTuple):
+    stamp: str
+    lease: str
+
+
+class StampArgs(NamedTuple):
+    epoch: str
+    version: str
+    lease_token: str  # '' = no lease to check
+
+
+# The published stamp only moves forward, and only while the lease token holds (when given). Numbers are
+# compared as decimal strings (length, then text): epochs exceed Lua's exact integer range.
+PUBLISH_STAMP = LuaScript(
+    StampKeys,
+    StampArgs,
+    """
+if A.lease_token ~= '' and redis.call('GET', K.lease) ~= A.lease_token then return 0 end
+local function less(a, b) return #a < #b or (#a == #b and a < b) end
+local cur = redis.call('GET', K.stamp)
+if cur then
+  local e, v = string.match(cur, '^(%d+):(%d+)$')
+  if e and (less(A.epoch, e) or (A.epoch == e and not less(v, A.version))) then return 1 end
+end
+redis.call('SET', K.stamp, A.epoch .. ':' .. A.version)
+return 1
+""",
+)
+
+
+class BucketKeys(NamedTuple):
+    bucket: str
+
+
+class BucketArgs(NamedTuple):
+    interval_ms: int
+
+
+# The LLM rate limit (GCRA). Returns 0 when granted, else ms to wait. Redis' own clock is used, so workers
+# with skewed clocks still share one schedule.
+GCRA = LuaScript(
+    BucketKeys,
+    BucketArgs,
+    """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local interval = tonumber(A.interval_ms)
+local tat = tonumber(redis.call('GET', K.bucket) or '0')
+if tat < now then tat = now end
+if tat - now > 0 then return tat - now end
+redis.call('SET', K.bucket, tat + interval, 'PX', interval * 2 + 1000)
+return 0
+""",
+)
+
+
+class AdmitKeys(NamedTuple):
+    open: str
+    tripped: str
+    trial: str
+    stats: str
+
+
+class AdmitArgs(NamedTuple):
+    trial_ms: int
+
+
+# The LLM breaker's admission. Returns {0, 0} to call (closed), {1, 0} to call as the half-open trial,
+# {2, ms} to refuse (retry in ms); every decision is counted in stats.
+ADMIT = LuaScript(
+    AdmitKeys,
+    AdmitArgs,
+    """
+local ttl = redis.call('PTTL', K.open)
+if ttl > 0 then
+  redis.call('HINCRBY', K.stats, 'rejected', 1)
+  return {2, ttl}
+end
+if redis.call('EXISTS', K.tripped) == 0 then
+  redis.call('HINCRBY', K.stats, 'admitted', 1)
+  return {0, 0}
+end
+if redis.call('SET', K.trial, '1', 'NX', 'PX', A.trial_ms) then
+  redis.call('HINCRBY', K.stats, 'trials', 1)
+  return {1, 0}
+end
+redis.call('HINCRBY', K.stats, 'rejected', 1)
+return {2, math.floor(tonumber(A.trial_ms) / 2)}
+""",
+)
+
+
+class FailureKeys(NamedTuple):
+    failures: str
+    open: str
+    tripped: str
+    stats: str
+
+
+class FailureArgs(NamedTuple):
+    fail_max: int
+    reset_ms: int
+
+
+# A failed LLM call: the breaker opens at fail_max consecutive failures, or at any failure while tripped
+# (a failed trial). Returns 1 when this failure opened it.
+RECORD_FAILURE = LuaScript(
+    FailureKeys,
+    FailureArgs,
+    """
+local n = redis.call('INCR', K.failures)
+redis.call('PEXPIRE', K.failures, A.reset_ms * 10)
+if n >= tonumber(A.fail_max) or redis.call('EXISTS', K.tripped) == 1 then
+  redis.call('SET', K.open, '1', 'PX', A.reset_ms)
+  redis.call('SET', K.tripped, '1')
+  redis.call('DEL', K.failures)
+  redis.call('HINCRBY', K.stats, 'opened', 1)
+  return 1
+end
+return 0
+""",
+)

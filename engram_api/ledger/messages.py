@@ -1,0 +1,353 @@
+"""``MessageLedger``: a message's life in Redis, one method per transition.
+
+    enqueue ──> queued ──set_state(EXTRACTED, extraction)──> extracted ──set_state(APPLIED)──> applied
+                  ^                                             │
+                  └───────────set_state(QUEUED) (sent back)─────┘
+    any state ──dead_letter──> dead (``replaying`` + ``enqueue`` puts it back)
+    any state ──forget / forget_user──> forgotten (a tombstone; no later write lands)
+
+Each stage run is bracketed by ``enter`` (counts the start, reads the state and tombstone) and ``leave``;
+the apply lease holder takes ready messages with ``claim_ready``. The keys are ``engram_api.keys``'; the
+scripts ``engram_api.ledger.scripts``'; the task message on the queue is ``engram_api.ledger.wire``'s.
+
+Invariants:
+- Every transition that writes is one round trip, atomic (a script or a MULTI), and none writes for a
+  forgotten message except ``enqueue``, whose message id is then a new message.
+- A finished message (applied, dead, forgotten) is out of its user's backlog and ready set.
+- Reads (``read``, ``states``, ``payloads``, ``backlogs``) never write; ``keep_alive`` only moves TTLs.
+- A dead letter is never written for a forgotten message (``scripts.DEAD_LETTER`` checks the tombstone
+  and writes in one script); its reason and raw answer are redacted first.
+- The ledger holds no state of its own besides its client: any number may share one Redis.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Sequence
+from datetime import datetime, timedelta
+from typing import NamedTuple
+
+import redis
+
+from engram_api import keys
+from engram_api.ledger import erasure
+from engram_api.ledger.scripts import (
+    CLAIM_READY,
+    DEAD_LETTER,
+    DECR_IF_EXISTS,
+    ENQUEUE,
+    ENTER,
+    STAGE_WRITE,
+    ClaimArgs,
+    ClaimKeys,
+    CounterKeys,
+    DeadLetterArgs,
+    DeadLetterKeys,
+    EnqueueArgs,
+    EnqueueKeys,
+    EnterArgs,
+    EnterKeys,
+    NoArgs,
+    StageWriteArgs,
+    StageWriteKeys,
+)
+from engram_api.ledger.wire import task_message
+from engram_api.models import DeadLetter, Envelope, MessageState, check_message_id, check_user_id, utcnow
+from engram_api.redaction import redact
+
+__all__ = ["Enqueued", "Entered", "MessageLedger", "Record"]
+
+_FINISHED = (MessageState.APPLIED, MessageState.DEAD)
+
+
+class Enqueued(NamedTuple):
+    """What ``enqueue`` found: the original task id of a message id already known (nothing written), or
+    the user's backlog when it is full (nothing written); both None when the message was enqueued."""
+
+    existing: str | None = None
+    backlog: int | None = None
+
+
+class Entered(NamedTuple):
+    """A stage's start as ``enter`` saw it: this start's count (0: not counted, the message is settled),
+    the state, the tombstone, and whether any start of this stage came before (within the status TTL)."""
+
+    started: int
+    state: str | None
+    forgotten: bool
+    earlier: bool
+
+
+class Record(NamedTuple):
+    """What Redis holds for a message, read in one round trip; ``stamp`` is the user's published stamp
+    as stored ("epoch:version"), when asked for and published."""
+
+    forgotten: bool
+    state: str | None
+    payload: str | None
+    extraction: str | None
+    stamp: str | None = None
+
+
+def _text(value: str | bytes | None) -> str | None:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+class DeadLetterStore:
+    """The dead-letter hash (``keys.dead_letters()``), one field ``user_id:message_id`` per message: every
+    method validates the ids it is given (user ids never contain ':', so the field is unambiguous);
+    reasons and raw answers are stored redacted; ``prune`` (the redelivery sweep) deletes letters older
+    than ``dead_letter_retention_days``. ``Producer.replay`` puts a letter's message back on the queue;
+    ``remove`` (``MemoryClient.drop_dead_letter``) discards it."""
+
+    def __init__(self, *, redis_client: redis.Redis, status_ttl_s: int, secrets: Iterable[str | None] = ()) -> None:
+        self.redis = redis_client
+        self.status_ttl_s = status_ttl_s
+        self.secrets = tuple(s for s in secrets if s)
+
+    def put(self, letter: DeadLetter) -> bool:
+        """Store a letter (redacted); False when the message was forgotten meanwhile (nothing written)."""
+        uid, mid = check_user_id(letter.user_id), check_message_id(letter.message_id)
+        letter = letter.model_copy(
+            update={
+                "reason": redact(letter.reason, self.secrets),
+                "raw_llm": redact(letter.raw_llm, self.secrets) if letter.raw_llm else None,
+            }
+        )
+        written = DEAD_LETTER(
+            self.redis,
+            DeadLetterKeys(
+                tombstone=keys.forgotten(uid, mid),
+                letters=keys.dead_letters(),
+                status=keys.status(uid, mid),
+                payload=keys.message_payload(uid, mid),
+                extraction=keys.extraction(uid, mid),
+                pending=keys.pending(uid),
+                ready=keys.ready(uid),
+            ),
+            DeadLetterArgs(
+                field=keys.dead_letter_field(uid, mid),
+                letter=letter.model_dump_json(),
+                reason=letter.reason[:500],
+                ttl=self.status_ttl_s,
+                message_id=mid,
+            ),
+        )
+        return bool(written)
+
+    def list(self, user_id: str | None = None) -> list[DeadLetter]:
+        if user_id is not None:
+            check_user_id(user_id)
+        letters = [DeadLetter.model_validate_json(raw) for raw in self.redis.hvals(keys.dead_letters())]
+        if user_id is not None:
+            letters = [letter for letter in letters if letter.user_id == user_id]
+        return sorted(letters, key=lambda letter: letter.failed_at)
+
+    def get(self, user_id: str, message_id: str) -> DeadLetter | None:
+        raw = self.redis.hget(keys.dead_letters(), self._field(user_id, message_id))
+        return DeadLetter.model_validate_json(raw) if raw else None
+
+    def remove(self, user_id: str, message_id: str) -> bool:
+        return bool(self.redis.hdel(keys.dead_letters(), self._field(user_id, message_id)))
+
+    def prune(self, *, older_than: timedelta, now: datetime | None = None) -> int:
+        """Delete letters that failed more than ``older_than`` ago; returns how many."""
+        cutoff = (now or utcnow()) - older_than
+        doomed = [
+            field
+            for field, raw in self.redis.hscan_iter(keys.dead_letters(), count=500)
+            if DeadLetter.model_validate_json(raw).failed_at < cutoff
+        ]
+        return int(self.redis.hdel(keys.dead_letters(), *doomed)) if doomed else 0
+
+    @staticmethod
+    def _field(user_id: str, message_id: str) -> str:
+        return keys.dead_letter_field(check_user_id(user_id), check_message_id(message_id))
+
+
+class MessageLedger:
+    """The transitions of every message on one Redis (``client``); statuses, payloads and extractions live
+    ``status_ttl_s``, dead letters are redacted of ``secrets``."""
+
+    def __init__(self, client: redis.Redis, *, status_ttl_s: int, secrets: Iterable[str | None] = ()) -> None:
+        self.redis = client
+        self.status_ttl_s = status_ttl_s
+        self.dead_letters = DeadLetterStore(redis_client=client, status_ttl_s=status_ttl_s, secrets=secrets)
+
+    # ------------------------------------------------------------------------------ queued
+    def enqueue(self, envelope: Envelope, *, task_id: str, limit: int) -> Enqueued:
+        """Store the payload and the status, file the message in its user's backlog (refused past ``limit``)
+        and push its extract task onto the queue, atomically. Raises what Redis raises (``OOM`` when full:
+        then nothing was written, the payload being the script's first write)."""
+        uid, mid = envelope.user_id, envelope.message_id
+        queue = keys.queue_for(keys.EXTRACT_TASK)
+        now = time.time()
+        found = ENQUEUE(
+            self.redis,
+            EnqueueKeys(
+                payload=keys.message_payload(uid, mid), status=keys.status(uid, mid), queue=queue,
+                pending=keys.pending(uid), tombstone=keys.forgotten(uid, mid),
+            ),
+            EnqueueArgs(
+                envelope=envelope.model_dump_json(exclude_none=True), task_id=task_id, ttl=self.status_ttl_s,
+                now=now, message=task_message(keys.EXTRACT_TASK, task_id, (uid, mid), queue, now), message_id=mid,
+                limit=limit,
+            ),
+        )  # fmt: skip
+        if isinstance(found, list):
+            return Enqueued(backlog=int(found[0]))
+        return Enqueued(existing=_text(found) or None)
+
+    def backlogs(self, user_ids: Sequence[str]) -> list[int]:
+        """How many unfinished messages each user has (one round trip)."""
+        pipe = self.redis.pipeline(transaction=False)
+        for user_id in user_ids:
+            pipe.zcard(keys.pending(user_id))
+        return [int(n) for n in pipe.execute()]
+
+    def replaying(self, user_id: str, message_id: str) -> None:
+        """Before a dead letter goes back on the queue: its delivery counts and status go, so the next
+        ``enqueue`` of its id is a new message (the letter itself is removed once that enqueue is done)."""
+        self.redis.delete(
+            *(keys.deliveries(user_id, message_id, stage) for stage in keys.STAGES), keys.status(user_id, message_id)
+        )
+
+    # ------------------------------------------------------------------------------ stages
+    def enter(self, user_id: str, message_id: str, stage: str) -> Entered:
+        """Count a start of ``stage`` unless the message is settled (applied, dead or forgotten)."""
+        count, state, forgotten, earlier = ENTER(
+            self.redis,
+            EnterKeys(
+                deliveries=keys.deliveries(user_id, message_id, stage),
+                status=keys.status(user_id, message_id),
+                tombstone=keys.forgotten(user_id, message_id),
+            ),
+            EnterArgs(ttl=self.status_ttl_s),
+        )
+        return Entered(int(count), _text(state) or None, bool(forgotten), bool(earlier))
+
+    def leave(self, user_id: str, message_id: str, stage: str) -> None:
+        """A counted start finished (whatever its outcome): its count goes back down, if it still exists."""
+        DECR_IF_EXISTS(self.redis, CounterKeys(counter=keys.deliveries(user_id, message_id, stage)), NoArgs())
+
+    def set_state(
+        self,
+        user_id: str,
+        message_id: str,
+        state: MessageState,
+        *,
+        extraction: str = "",
+        event_time: float = 0.0,
+        fields: dict[str, str] | None = None,
+    ) -> bool:
+        """Record ``state`` (with ``<state>_at`` now and ``fields``) unless the message was forgotten (False,
+        nothing written). ``extraction`` (JSON) is stored and files the message as ready to apply at
+        ``event_time`` (epoch seconds); APPLIED deletes the payload and the extraction; APPLIED and DEAD take
+        the message out of its user's backlog and ready set."""
+        mapping = {"state": state.value, f"{state.value}_at": str(time.time()), **(fields or {})}
+        written = STAGE_WRITE(
+            self.redis,
+            StageWriteKeys(
+                tombstone=keys.forgotten(user_id, message_id),
+                status=keys.status(user_id, message_id),
+                extraction=keys.extraction(user_id, message_id),
+                pending=keys.pending(user_id),
+                ready=keys.ready(user_id),
+                payload=keys.message_payload(user_id, message_id),
+            ),
+            StageWriteArgs(
+                ttl=self.status_ttl_s, extraction=extraction, event_time=repr(event_time),
+                finished="1" if state in _FINISHED else "0", message_id=message_id,
+                applied="1" if state is MessageState.APPLIED else "0",
+            ),
+            *(x for pair in mapping.items() for x in pair),
+        )  # fmt: skip
+        return bool(written)
+
+    def count(self, user_id: str, message_id: str, field: str) -> int:
+        """One more on a counter of the message's status hash (an attempt of some kind); the new count."""
+        return int(self.redis.hincrby(keys.status(user_id, message_id), field, 1))
+
+    def add(self, user_id: str, message_id: str, field: str, amount: float) -> None:
+        """Add ``amount`` to a sum on the message's status hash (spend on failed answers)."""
+        self.redis.hincrbyfloat(keys.status(user_id, message_id), field, amount)
+
+    def claim_ready(self, user_id: str, trigger: str, others: int) -> list[str]:
+        """Take ``trigger`` and up to ``others`` more of the user's ready messages (earliest event first) out
+        of the ready set; returns the others' ids. A claimed message keeps its own apply task."""
+        claimed = CLAIM_READY(
+            self.redis, ClaimKeys(ready=keys.ready(user_id)), ClaimArgs(trigger=trigger, others=others)
+        )
+        return [str(_text(i)) for i in claimed]
+
+    def keep_alive(self, user_id: str, message_id: str) -> None:
+        """A message about to be retried keeps its payload, extraction and status another ``status_ttl_s``."""
+        pipe = self.redis.pipeline(transaction=False)
+        for key in (
+            keys.message_payload(user_id, message_id),
+            keys.extraction(user_id, message_id),
+            keys.status(user_id, message_id),
+        ):
+            pipe.expire(key, self.status_ttl_s)
+        pipe.execute()
+
+    def dead_letter(self, letter: DeadLetter) -> bool:
+        """Store the letter (redacted) and mark the message DEAD; False when it was forgotten meanwhile."""
+        return self.dead_letters.put(letter)
+
+    # ------------------------------------------------------------------------------ reads
+    def is_forgotten(self, user_id: str, message_id: str) -> bool:
+        return bool(self.redis.exists(keys.forgotten(user_id, message_id)))
+
+    def read(self, user_id: str, message_id: str, *, stamp: bool = False) -> Record:
+        """Tombstone, state, payload and extraction (and, with ``stamp``, the user's published stamp)."""
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.exists(keys.forgotten(user_id, message_id))
+        pipe.hget(keys.status(user_id, message_id), "state")
+        pipe.get(keys.message_payload(user_id, message_id))
+        pipe.get(keys.extraction(user_id, message_id))
+        if stamp:
+            pipe.get(keys.user_version(user_id))
+        forgotten, state, payload, extraction, *published = pipe.execute()
+        return Record(bool(forgotten), state, payload, extraction, published[0] if published else None)
+
+    def knows(self, user_id: str, message_id: str) -> bool:
+        """Redis still knows the message: queued, in a stage, finished recently, or dead-lettered."""
+        traces = (keys.message_payload, keys.extraction, keys.status)
+        return bool(self.redis.exists(*(key(user_id, message_id) for key in traces))) or bool(
+            self.redis.hexists(keys.dead_letters(), keys.dead_letter_field(user_id, message_id))
+        )
+
+    def status(self, user_id: str, message_id: str) -> dict[str, str]:
+        """The message's whole status hash (empty once Redis no longer knows it)."""
+        raw = self.redis.hgetall(keys.status(user_id, message_id))
+        return {str(_text(field)): str(_text(value)) for field, value in raw.items()}
+
+    def payload(self, user_id: str, message_id: str) -> str | None:
+        """The message's envelope JSON while it is not applied (nor forgotten, nor dead-lettered)."""
+        return _text(self.redis.get(keys.message_payload(user_id, message_id)))
+
+    def payloads(self, user_id: str, message_ids: Sequence[str]) -> list[tuple[str | None, str | None]]:
+        """(payload, extraction) of each message, in one round trip."""
+        pipe = self.redis.pipeline(transaction=False)
+        for mid in message_ids:
+            pipe.get(keys.message_payload(user_id, mid))
+            pipe.get(keys.extraction(user_id, mid))
+        raw = pipe.execute()
+        return list(zip(raw[::2], raw[1::2], strict=True))
+
+    def states(self, pairs: Sequence[tuple[str, str]]) -> list[str | None]:
+        """The state of each (user_id, message_id); None when Redis no longer knows it."""
+        pipe = self.redis.pipeline(transaction=False)
+        for uid, mid in pairs:
+            pipe.hget(keys.status(uid, mid), "state")
+        return pipe.execute()
+
+    # ------------------------------------------------------------------------------ forgotten
+    def forget(self, user_id: str, message_id: str) -> None:
+        """Tombstone the message, then delete every trace of it (``erasure.erase_message``)."""
+        erasure.erase_message(self.redis, user_id, message_id, tombstone_ttl_s=self.status_ttl_s)
+
+    def forget_user(self, user_id: str) -> int:
+        """Tombstone every message of the user Redis knows, then delete all the user's keys; how many."""
+        return erasure.erase_user(self.redis, user_id, tombstone_ttl_s=self.status_ttl_s)

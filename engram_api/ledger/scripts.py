@@ -1,0 +1,296 @@
+"""Every Lua script of the message lifecycle, each with named KEYS and ARGV, and the wrapper that runs them.
+
+``LuaScript`` is the one way Engram runs a script on Redis. Each script declares its keys and its
+arguments as two ``NamedTuple`` classes; a caller builds those (by name, checked by the type checker) and
+never writes ``KEYS[n]``. The script's text reads them by name too: a generated prologue binds
+``K.<key name>`` and ``A.<argument name>`` to ``KEYS[i]`` and ``ARGV[i]`` in declaration order, so the
+Lua and the Python cannot disagree on a position. A script whose ARGV ends in a variable list (field/value
+pairs) declares ``rest``: the prologue binds ``REST`` to the index of its first element. The scripts that
+are not part of a message's life (the published stamp, the LLM controls) are in ``controls``.
+
+Invariants of the wrapper:
+- The prologue only binds locals: a script's first write is still its own first write (Redis checks
+  ``maxmemory`` there, which ``ENQUEUE`` relies on).
+- A script is hashed once, when it is defined; a call is one ``EVALSHA`` (one more round trip to load it
+  the first time a server has not seen it, as redis-py's own ``Script`` does). Any client works, and a
+  client is never cached, so a script outlives a reconnect or a fork.
+- A call with a keys or args tuple of another script's types is refused (``TypeError``) before Redis
+  is touched; a name that is not a plain Lua name (or is a Lua keyword) is refused at definition.
+
+Invariants shared by the lifecycle scripts (``MessageLedger`` calls them):
+- Every write for a message checks its tombstone (``forgotten``) in the same script: a stage that was
+  running when the message was forgotten writes nothing back (``engram_api.ledger.erasure``).
+- A finished message (applied, dead-lettered, forgotten) leaves its user's backlog (``pending``) and the
+  ready set in the script that finishes it; an applied message's payload and extraction go with it.
+- Status hashes, payloads and extractions carry the status TTL, refreshed by every write.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from typing import Any, Generic, NamedTuple, TypeVar
+
+import redis
+from redis.exceptions import NoScriptError
+
+from engram_api.models import MessageState
+
+__all__ = [
+    "CLAIM_READY",
+    "DEAD_LETTER",
+    "DECR_IF_EXISTS",
+    "ENQUEUE",
+    "ENTER",
+    "STAGE_WRITE",
+    "LuaScript",
+    "NoArgs",
+]
+
+K = TypeVar("K", bound=tuple[Any, ...])
+A = TypeVar("A", bound=tuple[Any, ...])
+
+_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
+_LUA_WORDS = frozenset({
+    "and", "break", "do", "else", "elseif", "end", "false", "for", "function", "goto", "if", "in", "local", "nil",
+    "not", "or", "repeat", "return", "then", "true", "until", "while",
+})  # fmt: skip
+
+
+def _table(name: str, source: str, fields: tuple[str, ...]) -> str:
+    entries = ", ".join(f"{field} = {source}[{i}]" for i, field in enumerate(fields, start=1))
+    return f"local {name} = {{{entries}}}\n"
+
+
+class LuaScript(Generic[K, A]):
+    """``keys`` and ``args`` are NamedTuple classes naming the script's KEYS and ARGV in order; ``body``
+    is Lua that reads them as ``K.name`` and ``A.name`` (and ``REST``, with ``rest``)."""
+
+    def __init__(self, keys: type[K], args: type[A], body: str, *, rest: str | None = None) -> None:
+        key_names: tuple[str, ...] = keys._fields  # type: ignore[attr-defined]
+        arg_names: tuple[str, ...] = args._fields  # type: ignore[attr-defined]
+        for field in (*key_names, *arg_names):
+            if not _NAME.match(field) or field in _LUA_WORDS:
+                raise ValueError(f"{field!r} is not a plain Lua name")
+        self.keys_type, self.args_type, self.rest = keys, args, rest
+        prologue = _table("K", "KEYS", key_names) + _table("A", "ARGV", arg_names)
+        if rest is not None:
+            prologue += f"local REST = {len(arg_names) + 1}  -- {rest}\n"
+        self.source = prologue + body.lstrip("\n")
+        self.sha = hashlib.sha1(self.source.encode()).hexdigest()
+
+    def __call__(self, client: redis.Redis, keys: K, args: A, *rest: object) -> Any:
+        """Run the script with ``keys`` and ``args`` (and, for a script that declares ``rest``, the
+        variable tail of ARGV); returns what Redis returns."""
+        if type(keys) is not self.keys_type or type(args) is not self.args_type:
+            raise TypeError(f"expected {self.keys_type.__name__} and {self.args_type.__name__}")
+        if rest and self.rest is None:
+            raise TypeError("this script takes no variable arguments")
+        flat = (*keys, *args, *rest)
+        try:
+            return client.evalsha(self.sha, len(keys), *flat)
+        except NoScriptError:  # a server that has not seen it (new, restarted, or flushed its scripts)
+            client.script_load(self.source)
+            return client.evalsha(self.sha, len(keys), *flat)
+
+
+class NoArgs(NamedTuple):
+    """ARGV of a script that takes none."""
+
+
+class EnqueueKeys(NamedTuple):
+    payload: str
+    status: str
+    queue: str
+    pending: str
+    tombstone: str
+
+
+class EnqueueArgs(NamedTuple):
+    envelope: str
+    task_id: str
+    ttl: int
+    now: float
+    message: str
+    message_id: str
+    limit: int
+
+
+# The producer's enqueue: payload, status, backlog entry and the task message on the queue, all or nothing.
+# Returns the existing task id for a known message id, {pending} when the user's backlog is full (nothing
+# written), else "". Enqueueing a message id again after it was forgotten is a new message: its tombstone goes.
+# The payload's SET is the script's first write on purpose: Redis checks maxmemory only at a script's first
+# write, and a ZREMRANGEBYSCORE first (which never refuses) let every enqueue past the limit.
+ENQUEUE = LuaScript(
+    EnqueueKeys,
+    EnqueueArgs,
+    f"""
+local existing = redis.call('HGET', K.status, 'task_id')
+if existing then return existing end
+redis.call('SET', K.payload, A.envelope, 'EX', A.ttl)
+redis.call('ZREMRANGEBYSCORE', K.pending, '-inf', tonumber(A.now) - tonumber(A.ttl))
+local pending = redis.call('ZCARD', K.pending)
+if pending >= tonumber(A.limit) then
+  redis.call('DEL', K.payload)
+  return {{pending}}
+end
+redis.call('ZADD', K.pending, A.now, A.message_id)
+redis.call('DEL', K.tombstone)
+redis.call('EXPIRE', K.pending, A.ttl)
+redis.call('HSET', K.status, 'state', '{MessageState.QUEUED.value}', 'task_id', A.task_id, 'enqueued_at', A.now)
+redis.call('EXPIRE', K.status, A.ttl)
+redis.call('LPUSH', K.queue, A.message)
+return ''
+""",
+)
+
+
+class EnterKeys(NamedTuple):
+    deliveries: str
+    status: str
+    tombstone: str
+
+
+class EnterArgs(NamedTuple):
+    ttl: int
+
+
+# A start of a stage, in one round trip: a message already finished (applied, dead) or forgotten is not
+# counted, since its task has nothing to do; otherwise the start is counted. The counter outlives a
+# finished start (back at 0), so its absence says no start of this stage came before. Returns {count or 0,
+# state, forgotten, earlier start}.
+ENTER = LuaScript(
+    EnterKeys,
+    EnterArgs,
+    f"""
+local state = redis.call('HGET', K.status, 'state') or ''
+local forgotten = redis.call('EXISTS', K.tombstone)
+local earlier = redis.call('EXISTS', K.deliveries)
+if forgotten == 1 or state == '{MessageState.APPLIED.value}' or state == '{MessageState.DEAD.value}' then
+  return {{0, state, forgotten, earlier}}
+end
+local n = redis.call('INCR', K.deliveries)
+redis.call('EXPIRE', K.deliveries, A.ttl)
+return {{n, state, forgotten, earlier}}
+""",
+)
+
+
+class CounterKeys(NamedTuple):
+    counter: str
+
+
+# The end of a counted start. Only an existing counter: one erased meanwhile (forgotten) stays gone.
+DECR_IF_EXISTS = LuaScript(
+    CounterKeys,
+    NoArgs,
+    """
+if redis.call('EXISTS', K.counter) == 1 then return redis.call('DECR', K.counter) end
+return 0
+""",
+)
+
+
+class StageWriteKeys(NamedTuple):
+    tombstone: str
+    status: str
+    extraction: str
+    pending: str
+    ready: str
+    payload: str
+
+
+class StageWriteArgs(NamedTuple):
+    ttl: int
+    extraction: str  # '' = none
+    event_time: str
+    finished: str  # '1' / '0'
+    message_id: str
+    applied: str  # '1' / '0'
+
+
+# A stage's status write (REST: field, value, ...). A stored extraction makes the message ready to apply
+# (scored by event time); a finished message leaves its user's backlog and the ready set; an applied
+# message's payload and extraction go with its status write. Returns 0 (nothing written) when forgotten.
+STAGE_WRITE = LuaScript(
+    StageWriteKeys,
+    StageWriteArgs,
+    """
+if redis.call('EXISTS', K.tombstone) == 1 then return 0 end
+if A.extraction ~= '' then
+  redis.call('SET', K.extraction, A.extraction, 'EX', A.ttl)
+  redis.call('ZADD', K.ready, A.event_time, A.message_id)
+  redis.call('EXPIRE', K.ready, A.ttl)
+end
+if A.finished == '1' then
+  redis.call('ZREM', K.pending, A.message_id)
+  redis.call('ZREM', K.ready, A.message_id)
+end
+if A.applied == '1' then redis.call('DEL', K.payload, K.extraction) end
+redis.call('HSET', K.status, unpack(ARGV, REST))
+redis.call('EXPIRE', K.status, A.ttl)
+return 1
+""",
+    rest="status fields and values",
+)
+
+
+class ClaimKeys(NamedTuple):
+    ready: str
+
+
+class ClaimArgs(NamedTuple):
+    trigger: str
+    others: int
+
+
+# An apply batch's claim: the trigger leaves the ready set (it is being applied), and up to ``others`` more
+# leave it too, earliest event first; returns their ids.
+CLAIM_READY = LuaScript(
+    ClaimKeys,
+    ClaimArgs,
+    """
+redis.call('ZREM', K.ready, A.trigger)
+local n = tonumber(A.others)
+if n <= 0 then return {} end
+local ids = redis.call('ZRANGE', K.ready, 0, n - 1)
+if #ids > 0 then redis.call('ZREM', K.ready, unpack(ids)) end
+return ids
+""",
+)
+
+
+class DeadLetterKeys(NamedTuple):
+    tombstone: str
+    letters: str
+    status: str
+    payload: str
+    extraction: str
+    pending: str
+    ready: str
+
+
+class DeadLetterArgs(NamedTuple):
+    field: str
+    letter: str
+    reason: str
+    ttl: int
+    message_id: str
+
+
+# A dead letter: never for a forgotten message (returns 0, nothing written). The letter keeps the envelope,
+# so the payload and extraction go; the message leaves the backlog and the ready set.
+DEAD_LETTER = LuaScript(
+    DeadLetterKeys,
+    DeadLetterArgs,
+    f"""
+if redis.call('EXISTS', K.tombstone) == 1 then return 0 end
+redis.call('ZREM', K.pending, A.message_id)
+redis.call('ZREM', K.ready, A.message_id)
+redis.call('HSET', K.letters, A.field, A.letter)
+redis.call('HSET', K.status, 'state', '{MessageState.DEAD.value}', 'reason', A.reason)
+redis.call('EXPIRE', K.status, A.ttl)
+redis.call('DEL', K.payload, K.extraction)
+return 1
+""",
+)
