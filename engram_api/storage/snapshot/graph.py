@@ -12,8 +12,8 @@ makes no store call at all.
 
 Invariants (those of the stores' step, which its docstring states in full):
 - a fact mentions its subject and its object (Neo4j's SUBJECT/OBJECT edges, SQLite's mentions rows);
-- the walk passes only facts not archived and valid at ``as_of`` (``valid_until`` unset when current);
-  a seed fact must also have started by ``now`` when current and overlap [since, until);
+- the walk passes only facts valid at the query's instant (``GraphStepQuery.at``: ``as_of``, else ``now``;
+  ``validity``); a seed fact must also overlap [since, until);
 - each seed keeps its ``per_seed`` nearest facts by (hops, importance descending, id descending); a fact's hops is
   its minimum over the seeds that kept it; the walk from a seed stops at the first depth by which it has
   ``per_seed`` facts (deeper ones could not be kept), and never enters an entity in ``avoid``.
@@ -25,8 +25,9 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from engram_api.models import ChunkRecord, FactRecord, KeywordHit
+from engram_api.models import ChunkRecord, FactRecord, KeywordHit, utcnow
 from engram_api.storage.graph.contract import GraphStepQuery
+from engram_api.storage.graph.validity import overlaps
 from engram_api.storage.snapshot.keywords import KeywordIndex
 from engram_api.storage.snapshot.rows import (
     CHUNK_FACTS,
@@ -172,9 +173,10 @@ class UserSnapshot:
             return (as_of is None or t <= as_of) and (since is None or t >= since) and (until is None or t < until)
 
         rows = self.facts.rows()
+        at = as_of or utcnow()
 
         def fact_ok(fact_id: str) -> bool:
-            return valid_at(rows[fact_id], as_of)
+            return valid_at(rows[fact_id], at)
 
         return self.keywords.search(list(dict.fromkeys(terms)), k, chunk_ok=chunk_ok, fact_ok=fact_ok)
 
@@ -198,15 +200,10 @@ class UserSnapshot:
         )
 
     def _expand(self, q: GraphStepQuery, seed_facts: list[str]) -> list[tuple[str, int]]:
-        rows = self.facts.rows()
+        rows, at = self.facts.rows(), q.at
 
         def seeding(f: Row) -> bool:
-            return (
-                valid_at(f, q.as_of)
-                and (q.as_of is not None or f[VALID_FROM] <= q.now)
-                and (q.until is None or f[VALID_FROM] < q.until)
-                and (q.since is None or f[VALID_UNTIL] is None or f[VALID_UNTIL] > q.since)
-            )
+            return valid_at(f, at) and overlaps(f[VALID_FROM], f[VALID_UNTIL], q.since, q.until)
 
         avoid = set(q.avoid)
         from_facts = [
@@ -234,7 +231,7 @@ class UserSnapshot:
                         fact = rows[fid]
                         ok = valid.get(fid)
                         if ok is None:
-                            ok = valid[fid] = valid_at(fact, q.as_of)
+                            ok = valid[fid] = valid_at(fact, at)
                         if not ok:
                             continue
                         if fid not in level:
