@@ -355,9 +355,9 @@ class FactRecord(Record):
     def current_at(self, at: datetime | None) -> bool:
         """Valid at ``at``; current (valid at now) when None: ``storage.graph.validity`` defines both."""
         # Imported here: the storage package imports this module first.
-        from engram_api.storage.graph.validity import valid_at
+        from engram_api.storage.graph.validity import instant, valid_at
 
-        return valid_at(self.valid_from, self.valid_until, self.archived, utcnow() if at is None else at)
+        return valid_at(self.valid_from, self.valid_until, self.archived, instant(at))
 
 
 class FactChange(_Model):

@@ -71,10 +71,11 @@ def by_fragment(
     assert isinstance(store, Neo4jGraphStore)
     cypher = (
         f"MATCH (f:Fact {{user_id: $user_id}}) WHERE {validity.valid_at_cypher('f')} AND {validity.overlaps_cypher('f')}"
-        " RETURN f.id AS row"
+        " RETURN f.id AS id"
     )
     opt = neo4j_rows.opt_utc
-    return set(store._rows(cypher, user_id=user, at=neo4j_rows.utc(when), since=opt(since), until=opt(until)))
+    params = {"user_id": user, "at": neo4j_rows.utc(when), "since": opt(since), "until": opt(until)}
+    return {r["id"] for r in store._read_one(cypher, params)}
 
 
 def by_predicate(facts: list[FactRecord], when: datetime, since: datetime | None, until: datetime | None) -> set[str]:

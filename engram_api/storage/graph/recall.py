@@ -96,6 +96,18 @@ class GraphStepQuery(BaseModel):
     def expanding(self) -> bool:
         return self.limit > 0 and bool(self.seeds or self.seed_facts or (self.seed_chunks and self.seed_chunk_count))
 
+    def chunk_facts_of(self, facts_of: Callable[[str], Sequence[str] | None]) -> tuple[list[str], list[str]]:
+        """(sourced, chunk seeds): the facts extracted from the episodes of the user's ``chunk_facts``
+        chunks (hydrated), and, when expanding, those of the first ``seed_chunk_count`` of ``seed_chunks``
+        that are the user's, in list order (seed facts, hydrated too). ``facts_of(chunk id)`` is a chunk's
+        ``fact_ids``, None when the user has no such chunk. The backends that seed in Python share this
+        (SQLite, the snapshot); Neo4j does the same inside its one round trip (``Q_GRAPH_STEP``)."""
+        sourced = [f for cid in self.chunk_facts for f in facts_of(cid) or ()]
+        if not self.expanding:
+            return sourced, []
+        seeding = [facts for facts in map(facts_of, self.seed_chunks) if facts is not None][: self.seed_chunk_count]
+        return sourced, [f for facts in seeding for f in facts]
+
 
 class GraphStep(BaseModel):
     """``facts``: every asked or reached fact of the user that is not in ``known`` (any order);

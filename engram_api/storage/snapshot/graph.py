@@ -25,9 +25,9 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from engram_api.models import ChunkRecord, FactRecord, KeywordHit, utcnow
+from engram_api.models import ChunkRecord, FactRecord, KeywordHit
 from engram_api.storage.graph.contract import GraphStepQuery
-from engram_api.storage.graph.validity import overlaps
+from engram_api.storage.graph.validity import instant, overlaps
 from engram_api.storage.snapshot.keywords import KeywordIndex
 from engram_api.storage.snapshot.rows import (
     CHUNK_FACTS,
@@ -173,7 +173,7 @@ class UserSnapshot:
             return (as_of is None or t <= as_of) and (since is None or t >= since) and (until is None or t < until)
 
         rows = self.facts.rows()
-        at = as_of or utcnow()
+        at = instant(as_of)
 
         def fact_ok(fact_id: str) -> bool:
             return valid_at(rows[fact_id], at)
@@ -183,13 +183,8 @@ class UserSnapshot:
     def graph_step(self, query: GraphStepQuery) -> HeldStep:
         """``GraphStore.graph_step`` for this user at ``stamp``, with no store call."""
         chunks = self.chunks.rows()
-        sourced = [f for cid in query.chunk_facts if cid in chunks for f in chunks[cid][CHUNK_FACTS]]
-        chunk_seeds: list[str] = []
-        hops: list[tuple[str, int]] = []
-        if query.expanding:
-            seeding = [cid for cid in dict.fromkeys(query.seed_chunks) if cid in chunks]
-            chunk_seeds = [f for cid in seeding[: query.seed_chunk_count] for f in chunks[cid][CHUNK_FACTS]]
-            hops = self._expand(query, [*query.seed_facts, *chunk_seeds])
+        sourced, chunk_seeds = query.chunk_facts_of(lambda cid: chunks[cid][CHUNK_FACTS] if cid in chunks else None)
+        hops = self._expand(query, [*query.seed_facts, *chunk_seeds]) if query.expanding else []
         known = set(query.known)
         wanted = dict.fromkeys([*query.fact_ids, *sourced, *chunk_seeds, *(fid for fid, _ in hops)])
         facts = self.facts.rows()

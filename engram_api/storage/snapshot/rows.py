@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Generic, TypeAlias, TypeVar, get_args, get_origin
 
-from engram_api.models import ChunkRecord, FactRecord, Record, utcnow
+from engram_api.models import ChunkRecord, FactRecord, Record
 from engram_api.storage.graph import validity
 
 __all__ = [
@@ -139,7 +139,7 @@ STATEMENT = FACT_ROWS.at("statement")
 def valid_at(fact: Row, at: datetime | None) -> bool:
     """``validity.valid_at`` of a held fact at ``at`` (current, at now, when None): what the stores' walk
     and keyword search keep."""
-    return validity.valid_at(fact[VALID_FROM], fact[VALID_UNTIL], fact[ARCHIVED], utcnow() if at is None else at)
+    return validity.valid_at(fact[VALID_FROM], fact[VALID_UNTIL], fact[ARCHIVED], validity.instant(at))
 
 
 class RecordRows(Mapping[str, V], Generic[M, V]):

@@ -207,11 +207,7 @@ class SqliteGraphStore(SqliteDeletion, SqliteMaintenance, SqliteVectors, SqliteC
                 c.id: c
                 for c in episodes_sql.get_chunks(conn, user_id, chunk_ids=list(dict.fromkeys(named)), dt=db.from_us)
             }
-            seeding = (
-                [cid for cid in query.seed_chunks if cid in chunks][: query.seed_chunk_count] if query.expanding else []
-            )
-            chunk_seeds = [f for cid in seeding for f in chunks[cid].fact_ids]
-            sourced = [f for cid in query.chunk_facts if cid in chunks for f in chunks[cid].fact_ids]
+            sourced, chunk_seeds = query.chunk_facts_of(lambda cid: chunks[cid].fact_ids if cid in chunks else None)
             hops, facts = self._step(conn, user_id, query, [*query.seed_facts, *chunk_seeds], [*sourced, *chunk_seeds])
         asked = set(query.chunk_ids)
         return GraphStep(facts=facts, hops=hops, chunks=[c for c in chunks.values() if c.id in asked])
