@@ -75,6 +75,9 @@ class SqliteGraphStore(SqliteDeletion, SqliteMaintenance, SqliteVectors, SqliteC
         return [db.entity_row(r) for r in rows]
 
     def lookup_entities(self, user_id: str, *, entity_ids: list[str], norm_names: list[str]) -> list[EntityRecord]:
+        return self._entities(user_id, entity_ids, norm_names)
+
+    def _entities(self, user_id: str, entity_ids: list[str], norm_names: list[str]) -> list[EntityRecord]:
         params = {"user_id": user_id, "ids": db.json_ids(entity_ids), "names": db.json_ids(norm_names)}
         return [db.entity_row(r) for r in self._conn().execute(sql.ENTITY_LOOKUP, params).fetchall()]
 
@@ -87,10 +90,11 @@ class SqliteGraphStore(SqliteDeletion, SqliteMaintenance, SqliteVectors, SqliteC
         before: datetime,
         turns: int,
     ) -> ExtractionContext:
-        """The four reads one by one: an in-process store pays nothing per call."""
+        """The four reads one by one: an in-process store pays nothing per call (one store read for the
+        caller, so not through the public methods)."""
         return ExtractionContext(
-            entities=self.lookup_entities(user_id, entity_ids=entity_ids, norm_names=[]),
-            facts=self.get_facts(user_id, fact_ids),
+            entities=self._entities(user_id, entity_ids, []) if entity_ids else [],
+            facts=self._facts(user_id, fact_ids) if fact_ids else [],
             slot_facts=self._slot_facts(user_id, slots) if slots else [],
             episodes=self._recent_episodes(user_id, before=before, limit=turns) if turns else [],
         )
@@ -188,6 +192,9 @@ class SqliteGraphStore(SqliteDeletion, SqliteMaintenance, SqliteVectors, SqliteC
         return db.read_stamp(self._conn(), user_id)
 
     def get_facts(self, user_id: str, fact_ids: list[str]) -> list[FactRecord]:
+        return self._facts(user_id, fact_ids)
+
+    def _facts(self, user_id: str, fact_ids: list[str]) -> list[FactRecord]:
         rows = (
             self._conn()
             .execute(
