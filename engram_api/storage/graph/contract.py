@@ -27,11 +27,12 @@ Rules every backend keeps:
 from __future__ import annotations
 
 from engram_api.storage.graph.base import Fence, Link
-from engram_api.storage.graph.ingest import ExtractionContext, IngestStore
+from engram_api.storage.graph.ingest import ContextReads, ExtractionContext, IngestStore
 from engram_api.storage.graph.recall import GraphStep, GraphStepQuery, RecallStore, SnapshotBuild, SnapshotChanges
 from engram_api.storage.graph.upkeep import UpkeepStore
 
 __all__ = [
+    "ContextReads",
     "ExtractionContext",
     "Fence",
     "GraphStep",

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from abc import abstractmethod
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -21,7 +22,7 @@ from pydantic import BaseModel, Field
 from engram_api.models import ApplyOutcome, EntityRecord, EpisodeRecord, FactRecord, WritePlan
 from engram_api.storage.graph.base import StoreBase, check_count, check_owned, dedupe, distinct, guarded
 
-__all__ = ["ExtractionContext", "IngestStore"]
+__all__ = ["ContextReads", "ExtractionContext", "IngestStore"]
 
 # ``facts_and_slots`` asks for no turns: any instant does.
 _NO_TURNS = datetime(1970, 1, 1, tzinfo=UTC)
@@ -37,6 +38,18 @@ class ExtractionContext(BaseModel):
     facts: list[FactRecord] = Field(default_factory=list)
     slot_facts: list[FactRecord] = Field(default_factory=list)
     episodes: list[EpisodeRecord] = Field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class ContextReads:
+    """What a backend's ``_extraction_context`` reads: distinct ids and slots, not all empty with no turns
+    (``turns`` 0 reads no episodes)."""
+
+    entity_ids: list[str]
+    fact_ids: list[str]
+    slots: list[tuple[str, str]]
+    before: datetime
+    turns: int
 
 
 def _plan_owned(args: dict[str, Any]) -> bool:
@@ -71,7 +84,7 @@ class IngestStore(StoreBase):
         ids, pairs = dedupe(fact_ids), dedupe([(s, p) for s, p in slots])
         if not (ids or pairs):
             return [], []
-        read = self._extraction_context(user_id, [], ids, pairs, _NO_TURNS, 0)
+        read = self._extraction_context(user_id, ContextReads([], ids, pairs, _NO_TURNS, 0))
         return read.facts, read.slot_facts
 
     def extraction_context(
@@ -89,19 +102,11 @@ class IngestStore(StoreBase):
         ids, facts, pairs = dedupe(entity_ids), dedupe(fact_ids), dedupe([(s, p) for s, p in slots])
         if not (ids or facts or pairs or check_count("turns", turns)):
             return ExtractionContext()
-        return self._extraction_context(user_id, ids, facts, pairs, before, turns)
+        return self._extraction_context(user_id, ContextReads(ids, facts, pairs, before, turns))
 
     @abstractmethod
-    def _extraction_context(
-        self,
-        user_id: str,
-        entity_ids: list[str],
-        fact_ids: list[str],
-        slots: list[tuple[str, str]],
-        before: datetime,
-        turns: int,
-    ) -> ExtractionContext:
-        """``extraction_context`` for distinct inputs, not all empty (``turns`` 0 reads no episodes)."""
+    def _extraction_context(self, user_id: str, reads: ContextReads) -> ExtractionContext:
+        """``extraction_context``'s reads in one round trip where the backend has round trips."""
 
     @abstractmethod
     @guarded(_plan_owned, nothing=lambda: None)

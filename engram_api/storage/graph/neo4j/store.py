@@ -37,6 +37,7 @@ from engram_api.models import (
     utcnow,
 )
 from engram_api.storage.graph.contract import (
+    ContextReads,
     ExtractionContext,
     GraphStep,
     GraphStepQuery,
@@ -93,22 +94,14 @@ class Neo4jGraphStore(Neo4jDeletion, Neo4jMaintenance, Neo4jVectors, Neo4jConnec
         rows = self._rows(cy.Q_LOOKUP_ENTITIES, user_id=user_id, ids=entity_ids, names=norm_names)
         return [shape.entity_record(r) for r in rows]
 
-    def _extraction_context(
-        self,
-        user_id: str,
-        entity_ids: list[str],
-        fact_ids: list[str],
-        slots: list[tuple[str, str]],
-        before: datetime,
-        turns: int,
-    ) -> ExtractionContext:
+    def _extraction_context(self, user_id: str, reads: ContextReads) -> ExtractionContext:
         params = {
             "user_id": user_id,
-            "entity_ids": cy.plan_list(entity_ids),
-            "fact_ids": cy.plan_list(fact_ids),
-            "slots": [list(slot) for slot in slots],
-            "before": shape.utc(before),
-            "limit": int(turns),
+            "entity_ids": cy.plan_list(reads.entity_ids),
+            "fact_ids": cy.plan_list(reads.fact_ids),
+            "slots": [list(slot) for slot in reads.slots],
+            "before": shape.utc(reads.before),
+            "limit": int(reads.turns),
         }
         (record,) = self._read_one(cy.Q_EXTRACTION_CONTEXT, params)
         return ExtractionContext(

@@ -26,6 +26,7 @@ from engram_api.models import (
     utcnow,
 )
 from engram_api.storage.graph.contract import (
+    ContextReads,
     ExtractionContext,
     GraphStep,
     GraphStepQuery,
@@ -81,22 +82,14 @@ class SqliteGraphStore(SqliteDeletion, SqliteMaintenance, SqliteVectors, SqliteC
         params = {"user_id": user_id, "ids": db.json_ids(entity_ids), "names": db.json_ids(norm_names)}
         return [db.entity_row(r) for r in self._conn().execute(sql.ENTITY_LOOKUP, params).fetchall()]
 
-    def _extraction_context(
-        self,
-        user_id: str,
-        entity_ids: list[str],
-        fact_ids: list[str],
-        slots: list[tuple[str, str]],
-        before: datetime,
-        turns: int,
-    ) -> ExtractionContext:
+    def _extraction_context(self, user_id: str, reads: ContextReads) -> ExtractionContext:
         """The four reads one by one: an in-process store pays nothing per call (one store read for the
         caller, so not through the public methods)."""
         return ExtractionContext(
-            entities=self._entities(user_id, entity_ids, []) if entity_ids else [],
-            facts=self._facts(user_id, fact_ids) if fact_ids else [],
-            slot_facts=self._slot_facts(user_id, slots) if slots else [],
-            episodes=self._recent_episodes(user_id, before=before, limit=turns) if turns else [],
+            entities=self._entities(user_id, reads.entity_ids, []) if reads.entity_ids else [],
+            facts=self._facts(user_id, reads.fact_ids) if reads.fact_ids else [],
+            slot_facts=self._slot_facts(user_id, reads.slots) if reads.slots else [],
+            episodes=self._recent_episodes(user_id, before=reads.before, limit=reads.turns) if reads.turns else [],
         )
 
     def _recent_episodes(self, user_id: str, *, before: datetime, limit: int) -> list[EpisodeRecord]:
