@@ -353,13 +353,11 @@ class FactRecord(Record):
     embedding: list[float] | None = None
 
     def current_at(self, at: datetime | None) -> bool:
-        """True when the fact held at ``at`` (now when None) and is not archived."""
-        if self.archived:
-            return False
-        if at is None:
-            # A fact dated after now (a clock-skewed message) is not current yet.
-            return self.valid_until is None and self.valid_from <= utcnow()
-        return self.valid_from <= at and (self.valid_until is None or at < self.valid_until)
+        """Valid at ``at``; current (valid at now) when None: ``storage.graph.validity`` defines both."""
+        # Imported here: the storage package imports this module first.
+        from engram_api.storage.graph.validity import instant, valid_at
+
+        return valid_at(self.valid_from, self.valid_until, self.archived, instant(at))
 
 
 class FactChange(_Model):

@@ -209,7 +209,7 @@ def _closings(
         for fact in slotted:
             if (fact.subject_id, fact.predicate, fact.object_id) != (subject, predicate, obj) or fact.id == fid:
                 continue
-            if fact.archived or fact.valid_until is not None or fact.valid_from > at:
+            if fact.valid_until is not None or not fact.current_at(at):  # open and valid then
                 continue
             ended.setdefault(fact.id, (fact, when if when >= fact.valid_from else at))
             if fid in drafts.history:
@@ -308,7 +308,7 @@ def _supersede_single(
 def _ended(ids: Sequence[str], at: datetime, known: dict[str, FactRecord]) -> list[tuple[FactRecord, datetime]]:
     """The facts ``ends`` names that were current when the message was sent (this user's only)."""
     facts = [known[i] for i in sorted(set(ids)) if i in known]
-    return [(f, at) for f in facts if not f.archived and f.valid_until is None and f.valid_from <= at]
+    return [(f, at) for f in facts if f.valid_until is None and f.current_at(at)]
 
 
 def plan_message(

@@ -27,7 +27,7 @@ T0 = datetime(2024, 1, 1, tzinfo=UTC)
 class CountingStore(SqliteGraphStore):
     """The real embedded store, counting the reads consolidation makes (its store round trips)."""
 
-    READS = ("find_entities", "get_entities", "lookup_entities", "get_facts", "facts_for_slots", "facts_and_slots")
+    READS = ("get_entities", "lookup_entities", "get_facts", "facts_and_slots")
 
     def __init__(self, **kwargs) -> None:
         super().__init__(**kwargs)

@@ -76,8 +76,8 @@ def test_forgetting_a_message_takes_back_its_aliases_summary_and_clusters(stack:
 
     kept = bob(stack, user)
     assert (kept.aliases, kept.summary) == (["Rob"], "")
-    assert client.graph.find_entities(user, ["bobby the addict"]) == []
-    assert [e.id for e in client.graph.find_entities(user, ["rob"])] == [kept.id]
+    assert client.graph.lookup_entities(user, entity_ids=[], norm_names=["bobby the addict"]) == []
+    assert [e.id for e in client.graph.lookup_entities(user, entity_ids=[], norm_names=["rob"])] == [kept.id]
     assert all(not any(word in c.summary for word in SECRET) for c in client.graph.clusters(user))
     broad = client.search(user, "rehab addiction", detail_level="broad")
     assert all(not any(word in (c.summary + c.label).lower() for word in SECRET) for c in broad.clusters)

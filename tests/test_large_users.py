@@ -12,11 +12,13 @@ import sqlite3
 from collections.abc import Iterator
 from typing import Any
 
+from engram_api.models import utcnow
 from engram_api.naming import normalize_name
 from engram_api.settings import Settings
 from engram_api.storage import GraphStepQuery, open_graph_store
 from engram_api.storage.graph.episodes import user_key
 from engram_api.storage.graph.sqlite import episodes as episodes_sql
+from engram_api.storage.graph.sqlite.rows import to_us
 from tests.maintenance.builders import UserGraph, new_user
 
 PER_SEED = 5
@@ -74,14 +76,16 @@ def test_on_sqlite_a_term_in_most_facts_is_left_out_of_the_first_keyword_query(t
     assert episodes_sql._informative(conn, "facts", ["user", "paris"]) == ["paris"]  # in 68 of 68 facts
     assert episodes_sql._informative(conn, "facts", ["user"]) == ["user"]  # never no term at all
 
+    now = to_us(utcnow())  # facts current now (``validity``)
+
     def full_query(k: int) -> list[tuple[str, float]]:
         match = f'ukey : {user_key(user)} AND (body : "user" OR body : "paris")'
-        params = {"user_id": user, "match": match, "k": k, "as_of": None, "since": None, "until": None}
+        params = {"user_id": user, "match": match, "k": k, "as_of": None, "since": None, "until": None, "at": now}
         rows = conn.execute(episodes_sql._KEYWORD["facts"], params).fetchall()
         return [(r["node_id"], r["score"]) for r in rows]
 
     for k in (5, 20):  # 8 facts say "paris": 5 come from the cut query, 20 need the full one
-        got = episodes_sql.keyword_search(conn, user, ["user", "paris"], k, as_of=None, since=None, until=None)
+        got = episodes_sql.keyword_search(conn, user, ["user", "paris"], k, as_of=None, since=None, until=None, at=now)
         want = sorted(full_query(k), key=lambda row: (-row[1], row[0]))
         assert [h.node_id for h in got] == [node_id for node_id, _ in want]
         assert all(abs(h.score - score) < 1e-5 for h, (_, score) in zip(got, want, strict=True))

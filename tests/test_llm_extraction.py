@@ -189,7 +189,7 @@ def test_two_person_conversation_keeps_each_persons_facts_on_that_person(stack, 
     assert "Caroline" in next(e for e in people if e.id == me).aliases
     assert stack.client.history(user, "Caroline")[0].subject_id == me
     # The episode keeps who said what.
-    (episode,) = stack.client.graph.recent_episodes(user, before=T0 + timedelta(seconds=1), limit=5)
+    (episode,) = [e for e in stack.client.graph.episodes(user) if e.event_time < T0 + timedelta(seconds=1)]
     assert (episode.id, episode.content) == (
         mid,
         "Caroline: I just started pottery classes.\nMelanie: Nice! I paint landscapes every weekend.",

@@ -29,7 +29,7 @@ from typing import Literal
 import numpy as np
 
 from engram_api.models import Channel as ChannelName
-from engram_api.models import RecallItem, ScoreBreakdown, utcnow
+from engram_api.models import KeywordHit, RecallItem, ScoreBreakdown, utcnow
 from engram_api.naming import self_entity_id
 from engram_api.reader.facts import UserChunks, UserFacts
 from engram_api.reader.items import Candidate, Row, novel_first, recall_item
@@ -37,8 +37,9 @@ from engram_api.reader.recipe import RecallRecipe, RetrievalChannel
 from engram_api.reader.scoring import Weights, components, named
 from engram_api.settings import Settings
 from engram_api.storage.faiss.files import Kind, UserIndex, VectorHit
-from engram_api.storage.graph.contract import GraphStepQuery, GraphStore, KeywordHit
+from engram_api.storage.graph.contract import GraphStepQuery, GraphStore
 from engram_api.storage.graph.episodes import keyword_terms
+from engram_api.storage.graph.validity import overlaps
 from engram_api.storage.snapshot.rows import AnyChunk, AnyFact
 
 __all__ = ["TimeWindow", "keyword_hits", "recall_items"]
@@ -68,11 +69,7 @@ class TimeWindow:
         )
 
     def fact_ok(self, fact: AnyFact) -> bool:
-        return (
-            fact.current_at(self.as_of)
-            and (self.until is None or fact.valid_from < self.until)
-            and (self.since is None or fact.valid_until is None or fact.valid_until > self.since)
-        )
+        return fact.current_at(self.as_of) and overlaps(fact.valid_from, fact.valid_until, self.since, self.until)
 
 
 @dataclass

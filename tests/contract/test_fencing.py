@@ -167,3 +167,25 @@ def test_a_batched_block_keeps_the_fence(graph_store: GraphStore, user: str) -> 
     ):
         graph_store.apply(plan(user, "m2"))
     assert not graph_store.is_applied(user, "m2")
+
+
+def test_a_fence_holds_the_writes_of_its_own_store_object_only(
+    graph_store: GraphStore, store_spec: tuple[str, str], user: str
+) -> None:
+    """The fence is per store object and thread: another handle on the same database (a test's second
+    store, another component's) is not fenced by it, and a thread without the fence writes as before."""
+    graph_store.apply(plan(user, "m1"))
+    planned_on = graph_store.user_stamp(user)
+    graph_store.apply(plan(user, "m2"))
+    other = open_store(*store_spec)
+    try:
+        with graph_store.fenced(user, planned_on, planned_on.epoch):
+            with pytest.raises(StaleWriteError):
+                graph_store.apply(plan(user, "m3"))
+            other.apply(plan(user, "m4"))  # not this store's fence
+            elsewhere = threading.Thread(target=graph_store.apply, args=(plan(user, "m5"),))
+            elsewhere.start()
+            elsewhere.join()  # not this thread's fence
+    finally:
+        other.close()
+    assert [graph_store.is_applied(user, m) for m in ("m3", "m4", "m5")] == [False, True, True]

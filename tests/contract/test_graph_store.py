@@ -24,6 +24,7 @@ from engram_api.models import (
     ChunkRecord,
     EntityChange,
     EntityRecord,
+    EpisodeRecord,
     FactChange,
     FactRecord,
     ForgetResult,
@@ -343,7 +344,7 @@ def test_apply_skips_changes_to_ids_the_user_does_not_have(graph_store: GraphSto
 # ------------------------------------------------------------------------------------ entity lookup
 
 
-def test_find_entities_by_norm_name_and_normalized_alias(graph_store: GraphStore, user: str, other_user: str) -> None:
+def test_lookup_entities_by_norm_name_and_normalized_alias(graph_store: GraphStore, user: str, other_user: str) -> None:
     ana = make_entity(user, "Ana", "Person", aliases=["Annie B.", "Nana"])
     sao = make_entity(user, "São Paulo", "Place")
     bob = make_entity(user, "Bob", "Person", embedding=False)
@@ -352,20 +353,23 @@ def test_find_entities_by_norm_name_and_normalized_alias(graph_store: GraphStore
     graph_store.apply(plan(other_user, "m1", entities=[twin]))
 
     def find(*names: str) -> set[str]:
-        return ids(graph_store.find_entities(user, [normalize_name(n) for n in names]))
+        return ids(named(graph_store, user, [normalize_name(n) for n in names]))
 
     assert find("ANA") == {ana.id}
     assert find("annie-b") == {ana.id}  # alias "Annie B." normalizes to "annie b"
     assert find("Sao Paulo!") == {sao.id}
-    found = graph_store.find_entities(user, ["ana", "nana", "bob"])
+    found = named(graph_store, user, ["ana", "nana", "bob"])
     assert sorted(e.id for e in found) == sorted([ana.id, bob.id])  # each entity once
     assert find("zed") == set()
-    assert graph_store.find_entities(user, []) == []
-    got = by_id(graph_store.find_entities(user, ["ana", "sao paulo", "bob"]))
-    assert got[ana.id].embedding == pytest.approx(ana.embedding)
+    assert named(graph_store, user, []) == []
+    got = by_id(named(graph_store, user, ["ana", "sao paulo", "bob"]))
     assert got[sao.id].name == "São Paulo" and got[sao.id].norm_name == "sao paulo"
-    assert got[bob.id].embedding is None
-    assert ids(graph_store.find_entities(other_user, ["ana", "nana"])) == {twin.id}
+    assert ids(named(graph_store, other_user, ["ana", "nana"])) == {twin.id}
+
+
+def named(store: GraphStore, user: str, norm_names: list[str]) -> list[EntityRecord]:
+    """The user's entities named or aliased ``norm_names`` (``lookup_entities`` by name only)."""
+    return store.lookup_entities(user, entity_ids=[], norm_names=norm_names)
 
 
 def test_get_entities_is_scoped_to_the_user(graph_store: GraphStore, user: str, other_user: str) -> None:
@@ -411,7 +415,7 @@ def test_entity_changes_add_aliases_once_and_replace_given_fields(graph_store: G
     # DECISION: aliases keep their order (old ones first, new ones appended); an exact repeat is dropped.
     assert got.aliases == ["Annie", "Nana A."]
     assert (got.summary, got.label) == ("second", "Person")  # label None = unchanged
-    assert ids(graph_store.find_entities(user, [normalize_name("nana a")])) == {ana.id}
+    assert ids(named(graph_store, user, [normalize_name("nana a")])) == {ana.id}
 
     graph_store.apply(plan(user, "m3", entity_changes=[EntityChange(id=ana.id, label="Organization")]))
     got = graph_store.get_entities(user, [ana.id])[0]
@@ -422,9 +426,7 @@ def test_entity_changes_add_aliases_once_and_replace_given_fields(graph_store: G
 # ------------------------------------------------------------------------------------------- facts
 
 
-def test_facts_for_slots_returns_current_superseded_and_archived(
-    graph_store: GraphStore, user: str, other_user: str
-) -> None:
+def test_slot_facts_are_current_superseded_and_archived(graph_store: GraphStore, user: str, other_user: str) -> None:
     ana, bob, paris, berlin, jazz = (make_entity(user, n) for n in ("Ana", "Bob", "Paris", "Berlin", "Jazz"))
     in_paris = make_fact(user, ana, "LIVES_IN", paris, valid_from=at(30), single_valued=True)
     in_berlin = make_fact(user, ana, "LIVES_IN", berlin, valid_from=at(31), single_valued=True)
@@ -436,14 +438,19 @@ def test_facts_for_slots_returns_current_superseded_and_archived(
     )
     assert graph_store.decay(user, now=at(30), per_day=0.5, threshold=0.01, batch=100) == (1, 1)
 
-    found = by_id(graph_store.facts_for_slots(user, [(ana.id, "LIVES_IN"), (ana.id, "LIKES"), (bob.id, "WORKS_AT")]))
+    found = by_id(slot_facts(graph_store, user, [(ana.id, "LIVES_IN"), (ana.id, "LIKES"), (bob.id, "WORKS_AT")]))
 
     assert set(found) == {in_paris.id, in_berlin.id, likes_jazz.id}
     assert found[in_paris.id].valid_until == at(31) and found[in_paris.id].superseded_by == in_berlin.id
     assert found[in_berlin.id].valid_until is None
     assert found[likes_jazz.id].archived is True
-    assert graph_store.facts_for_slots(user, []) == []
-    assert graph_store.facts_for_slots(other_user, [(ana.id, "LIVES_IN")]) == []
+    assert slot_facts(graph_store, user, []) == []
+    assert slot_facts(graph_store, other_user, [(ana.id, "LIVES_IN")]) == []
+
+
+def slot_facts(store: GraphStore, user: str, slots: list[tuple[str, str]]) -> list[FactRecord]:
+    """Every fact of the (subject, predicate) ``slots`` (``facts_and_slots`` with no fact ids)."""
+    return store.facts_and_slots(user, fact_ids=[], slots=slots)[1]
 
 
 def test_the_extraction_context_is_the_four_reads_it_replaces(
@@ -451,8 +458,8 @@ def test_the_extraction_context_is_the_four_reads_it_replaces(
 ) -> None:
     """``extraction_context``: entities (without embeddings) and facts by id, the facts of the slots
     (superseded ones too) and the last ``turns`` episodes before the instant, exactly as
-    ``lookup_entities``, ``get_facts``, ``facts_for_slots`` and ``recent_episodes`` answer them; scoped to
-    the user, empty without inputs."""
+    ``lookup_entities``, ``get_facts`` and ``facts_and_slots`` answer them; scoped to the user, empty
+    without inputs."""
     ana, paris, berlin, jazz = (make_entity(user, n) for n in ("Ana", "Paris", "Berlin", "Jazz"))
     in_paris = make_fact(user, ana, "LIVES_IN", paris, valid_from=at(1), single_valued=True)
     in_berlin = make_fact(user, ana, "LIVES_IN", berlin, valid_from=at(2), single_valued=True)
@@ -472,9 +479,8 @@ def test_the_extraction_context_is_the_four_reads_it_replaces(
     assert read.entities == graph_store.lookup_entities(user, entity_ids=entity_ids, norm_names=[])
     assert len(read.entities) == 2 and all(e.embedding is None for e in read.entities)
     assert read.facts == graph_store.get_facts(user, fact_ids) and len(read.facts) == 2
-    assert read.slot_facts == graph_store.facts_for_slots(user, slots)
+    assert read.slot_facts == slot_facts(graph_store, user, slots)
     assert ids(read.slot_facts) == {in_paris.id, in_berlin.id}
-    assert read.episodes == graph_store.recent_episodes(user, before=at(3), limit=1)
     assert [e.id for e in read.episodes] == ["m2"]
     every = graph_store.extraction_context(user, entity_ids=[], fact_ids=[], slots=[], before=at(9), turns=9)
     assert [e.id for e in every.episodes] == ["m1", "m2", "m3"] and every.facts == every.entities == []
@@ -487,7 +493,7 @@ def test_the_extraction_context_is_the_four_reads_it_replaces(
 
 
 def test_facts_and_slots_is_the_two_reads_it_replaces(graph_store: GraphStore, user: str, other_user: str) -> None:
-    """Consolidation's read: ``get_facts`` and ``facts_for_slots`` (superseded facts too) in one call."""
+    """Consolidation's read: ``get_facts`` and the slots' facts (superseded ones too) in one call."""
     ana, paris, berlin, jazz = (make_entity(user, n) for n in ("Ana", "Paris", "Berlin", "Jazz"))
     in_paris = make_fact(user, ana, "LIVES_IN", paris, valid_from=at(1), single_valued=True)
     in_berlin = make_fact(user, ana, "LIVES_IN", berlin, valid_from=at(2), single_valued=True)
@@ -500,7 +506,7 @@ def test_facts_and_slots_is_the_two_reads_it_replaces(graph_store: GraphStore, u
 
     named, slotted = graph_store.facts_and_slots(user, fact_ids=fact_ids, slots=slots)
     assert named == graph_store.get_facts(user, fact_ids) and ids(named) == {likes.id, in_berlin.id}
-    assert slotted == graph_store.facts_for_slots(user, slots) and ids(slotted) == {in_paris.id, in_berlin.id}
+    assert ids(slotted) == {in_paris.id, in_berlin.id} and [f.valid_from for f in slotted] == [at(1), at(2)]
     assert graph_store.facts_and_slots(user, fact_ids=fact_ids, slots=[]) == (named, [])
     assert graph_store.facts_and_slots(user, fact_ids=[], slots=slots) == ([], slotted)
     assert graph_store.facts_and_slots(other_user, fact_ids=fact_ids, slots=slots) == ([], [])
@@ -896,7 +902,7 @@ def test_no_read_ever_shows_another_users_data(graph_store: GraphStore, user: st
         assert ids(expand(graph_store, owner, seeds, max_hops=3, as_of=None, limit=FAR, per_seed=FAR)) == {me.now}
         assert expand(graph_store, owner, [them.seed], max_hops=3, as_of=None, limit=FAR, per_seed=FAR) == []
         assert ids(graph_store.history(owner, "Annie", None)) == me.fact_ids
-        assert ids(graph_store.find_entities(owner, ["ana", "annie", "paris", "berlin"])) == me.entity_ids
+        assert ids(named(graph_store, owner, ["ana", "annie", "paris", "berlin"])) == me.entity_ids
         page = graph_store.page(owner, 1, 100)
         assert (page.total_facts, ids(page.facts), ids(page.entities)) == (2, me.fact_ids, me.entity_ids)
         items, version = graph_store.vectors(owner)
@@ -906,7 +912,7 @@ def test_no_read_ever_shows_another_users_data(graph_store: GraphStore, user: st
         assert (stats.entities, stats.facts, stats.episodes, stats.clusters, stats.version) == (3, 2, 2, 1, 3)
         (cluster,) = graph_store.clusters(owner)
         assert set(cluster.member_fact_ids) == me.fact_ids
-        assert graph_store.facts_for_slots(owner, [(them.seed, "LIVES_IN")]) == []
+        assert slot_facts(graph_store, owner, [(them.seed, "LIVES_IN")]) == []
 
 
 def test_forgetting_one_users_message_leaves_the_others_alone(
@@ -963,7 +969,7 @@ def test_forget_message_cascades_and_leaves_nothing_behind(graph_store: GraphSto
     assert not graph_store.is_applied(user, "m2")
     assert graph_store.get_facts(user, [in_berlin.id, has_cat.id]) == []
     assert graph_store.get_entities(user, [berlin.id, cat.id]) == []
-    assert graph_store.find_entities(user, ["berlin", "cat"]) == []
+    assert named(graph_store, user, ["berlin", "cat"]) == []
     restored = one_fact(graph_store, user, in_paris.id)
     assert (restored.valid_until, restored.superseded_by) == (None, None)
     assert one_fact(graph_store, user, likes.id).source_ids == ["m1"]
@@ -1112,7 +1118,7 @@ def test_forget_user_removes_everything_of_that_user_only(graph_store: GraphStor
     assert graph_store.clusters(user) == []
     assert graph_store.feedback(user, 10) == []
     assert graph_store.load_weights(user) is None
-    assert graph_store.find_entities(user, ["ana", "paris", "berlin"]) == []
+    assert named(graph_store, user, ["ana", "paris", "berlin"]) == []
     assert graph_store.get_facts(user, sorted(twins[user].fact_ids)) == []
     assert user not in graph_store.list_users()
     assert snapshot(other_user) == other_before
@@ -1328,16 +1334,22 @@ def test_concurrent_applies_from_processes(store_spec: tuple[str, str], graph_st
     assert (stats.version, stats.episodes, stats.facts) == (22, 22, 21)
 
 
-def test_recent_episodes_are_the_last_before_an_instant_oldest_first(
+def test_the_earlier_turns_are_the_last_episodes_before_an_instant_oldest_first(
     graph_store: GraphStore, user: str, other_user: str
 ) -> None:
     """The extractor's earlier turns: this user's episodes strictly before the instant, newest ``limit``."""
     for day in (3, 1, 2, 5):  # applied out of event-time order
         graph_store.apply(plan(user, f"m{day}", at(day), content=f"day {day}"))
     graph_store.apply(plan(other_user, "m4", at(4), content="someone else"))
-    recent = graph_store.recent_episodes(user, before=at(5), limit=2)
-    assert [(e.id, e.content, e.event_time) for e in recent] == [("m2", "day 2", at(2)), ("m3", "day 3", at(3))]
-    assert recent[0].metadata == {"source": "contract-test", "turn": 1}
-    assert [e.id for e in graph_store.recent_episodes(user, before=at(10), limit=10)] == ["m1", "m2", "m3", "m5"]
-    assert graph_store.recent_episodes(user, before=at(1), limit=5) == []
-    assert graph_store.recent_episodes(user, before=at(10), limit=0) == []
+
+    def recent(before: datetime, turns: int) -> list[EpisodeRecord]:
+        return graph_store.extraction_context(
+            user, entity_ids=[], fact_ids=[], slots=[], before=before, turns=turns
+        ).episodes
+
+    last = recent(at(5), 2)
+    assert [(e.id, e.content, e.event_time) for e in last] == [("m2", "day 2", at(2)), ("m3", "day 3", at(3))]
+    assert last[0].metadata == {"source": "contract-test", "turn": 1}
+    assert [e.id for e in recent(at(10), 10)] == ["m1", "m2", "m3", "m5"]
+    assert recent(at(1), 5) == []
+    assert recent(at(10), 0) == []

@@ -12,8 +12,8 @@ makes no store call at all.
 
 Invariants (those of the stores' step, which its docstring states in full):
 - a fact mentions its subject and its object (Neo4j's SUBJECT/OBJECT edges, SQLite's mentions rows);
-- the walk passes only facts not archived and valid at ``as_of`` (``valid_until`` unset when current);
-  a seed fact must also have started by ``now`` when current and overlap [since, until);
+- the walk passes only facts valid at the query's instant (``GraphStepQuery.at``: ``as_of``, else ``now``;
+  ``validity``); a seed fact must also overlap [since, until);
 - each seed keeps its ``per_seed`` nearest facts by (hops, importance descending, id descending); a fact's hops is
   its minimum over the seeds that kept it; the walk from a seed stops at the first depth by which it has
   ``per_seed`` facts (deeper ones could not be kept), and never enters an entity in ``avoid``.
@@ -27,6 +27,7 @@ from datetime import datetime
 
 from engram_api.models import ChunkRecord, FactRecord, KeywordHit
 from engram_api.storage.graph.contract import GraphStepQuery
+from engram_api.storage.graph.validity import instant, overlaps
 from engram_api.storage.snapshot.keywords import KeywordIndex
 from engram_api.storage.snapshot.rows import (
     CHUNK_FACTS,
@@ -172,22 +173,18 @@ class UserSnapshot:
             return (as_of is None or t <= as_of) and (since is None or t >= since) and (until is None or t < until)
 
         rows = self.facts.rows()
+        at = instant(as_of)
 
         def fact_ok(fact_id: str) -> bool:
-            return valid_at(rows[fact_id], as_of)
+            return valid_at(rows[fact_id], at)
 
         return self.keywords.search(list(dict.fromkeys(terms)), k, chunk_ok=chunk_ok, fact_ok=fact_ok)
 
     def graph_step(self, query: GraphStepQuery) -> HeldStep:
         """``GraphStore.graph_step`` for this user at ``stamp``, with no store call."""
         chunks = self.chunks.rows()
-        sourced = [f for cid in query.chunk_facts if cid in chunks for f in chunks[cid][CHUNK_FACTS]]
-        chunk_seeds: list[str] = []
-        hops: list[tuple[str, int]] = []
-        if query.expanding:
-            seeding = [cid for cid in dict.fromkeys(query.seed_chunks) if cid in chunks]
-            chunk_seeds = [f for cid in seeding[: query.seed_chunk_count] for f in chunks[cid][CHUNK_FACTS]]
-            hops = self._expand(query, [*query.seed_facts, *chunk_seeds])
+        sourced, chunk_seeds = query.chunk_facts_of(lambda cid: chunks[cid][CHUNK_FACTS] if cid in chunks else None)
+        hops = self._expand(query, [*query.seed_facts, *chunk_seeds]) if query.expanding else []
         known = set(query.known)
         wanted = dict.fromkeys([*query.fact_ids, *sourced, *chunk_seeds, *(fid for fid, _ in hops)])
         facts = self.facts.rows()
@@ -198,15 +195,10 @@ class UserSnapshot:
         )
 
     def _expand(self, q: GraphStepQuery, seed_facts: list[str]) -> list[tuple[str, int]]:
-        rows = self.facts.rows()
+        rows, at = self.facts.rows(), q.at
 
         def seeding(f: Row) -> bool:
-            return (
-                valid_at(f, q.as_of)
-                and (q.as_of is not None or f[VALID_FROM] <= q.now)
-                and (q.until is None or f[VALID_FROM] < q.until)
-                and (q.since is None or f[VALID_UNTIL] is None or f[VALID_UNTIL] > q.since)
-            )
+            return valid_at(f, at) and overlaps(f[VALID_FROM], f[VALID_UNTIL], q.since, q.until)
 
         avoid = set(q.avoid)
         from_facts = [
@@ -234,7 +226,7 @@ class UserSnapshot:
                         fact = rows[fid]
                         ok = valid.get(fid)
                         if ok is None:
-                            ok = valid[fid] = valid_at(fact, q.as_of)
+                            ok = valid[fid] = valid_at(fact, at)
                         if not ok:
                             continue
                         if fid not in level:

@@ -28,6 +28,7 @@ from datetime import datetime
 from typing import Any, Generic, TypeAlias, TypeVar, get_args, get_origin
 
 from engram_api.models import ChunkRecord, FactRecord, Record
+from engram_api.storage.graph import validity
 
 __all__ = [
     "ARCHIVED",
@@ -135,15 +136,10 @@ EPISODE = CHUNK_ROWS.at("episode_id")
 STATEMENT = FACT_ROWS.at("statement")
 
 
-def valid_at(fact: Row, as_of: datetime | None) -> bool:
-    """Not archived, and valid at ``as_of`` (current when None): what the stores' walk and keyword search
-    keep (``VALID_AT`` in neo4j_cypher, ``FACT_VALID_AT`` in sqlite_episodes)."""
-    if fact[ARCHIVED]:
-        return False
-    until = fact[VALID_UNTIL]
-    if as_of is None:
-        return until is None
-    return fact[VALID_FROM] <= as_of and (until is None or as_of < until)
+def valid_at(fact: Row, at: datetime | None) -> bool:
+    """``validity.valid_at`` of a held fact at ``at`` (current, at now, when None): what the stores' walk
+    and keyword search keep."""
+    return validity.valid_at(fact[VALID_FROM], fact[VALID_UNTIL], fact[ARCHIVED], validity.instant(at))
 
 
 class RecordRows(Mapping[str, V], Generic[M, V]):

@@ -108,6 +108,7 @@ class Neo4jConnection(GraphStore):
     def __init__(
         self, *, uri: str, user: str, password: str | None, database: str, query_timeout_s: float | None = None
     ) -> None:
+        super().__init__()
         self._uri = uri
         self._query_timeout_s = query_timeout_s
         self._auth = None if password is None else (user, password)

@@ -2,7 +2,7 @@
 
 Invariants: every query filters on ``$user_id`` (or a ``Weights`` scope); model-provided text is only
 ever a parameter, never part of a query string; the only text formatted in is a constant of this
-module (projections, the valid-at predicate) or a validated int (``Q_GRAPH_STEP``'s length bound).
+module (projections), ``validity``'s fragments or a validated int (``Q_GRAPH_STEP``'s length bound).
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from typing import Any
 from engram_api.models import FeedbackRow
 from engram_api.storage.graph.neo4j import episodes as episodes_cypher
 from engram_api.storage.graph.neo4j.episodes import CHUNK_TIMES, set_times
+from engram_api.storage.graph.validity import overlaps_cypher, valid_at_cypher
 
 __all__ = [
     "BEGINNING",
@@ -46,7 +47,6 @@ __all__ = [
     "Q_FEEDBACK_ALL",
     "Q_FEEDBACK_USER",
     "Q_FENCE",
-    "Q_FIND_ENTITIES",
     "Q_FORGET_EPISODE",
     "Q_FORGET_FACTS",
     "Q_FORGET_FACT_PLAN",
@@ -63,9 +63,7 @@ __all__ = [
     "Q_LOOKUP_ENTITIES",
     "Q_PAGE_ENTITIES",
     "Q_PAGE_FACTS",
-    "Q_RECENT_EPISODES",
     "Q_REINFORCE",
-    "Q_SLOTS",
     "Q_STAMP",
     "Q_STATS",
     "Q_USERS",
@@ -77,7 +75,6 @@ __all__ = [
     "Q_WEIGHTS_SAVE",
     "SCHEMA",
     "SCHEMA_RACE_CODES",
-    "VALID_AT",
     "plan_bucket",
     "plan_list",
     "plan_rows",
@@ -161,12 +158,6 @@ _FACT = _projection("f", _FACT_FIELDS, _FACT_JOINS, micros=FACT_TIMES)
 # 1.15 ms of client CPU instead of 2.9 (one process, interleaved, against one server).
 _ENTITY = _projection("e", _ENTITY_FIELDS, "", micros=ENTITY_TIMES)
 _ENTITY_EMB = _projection("e", _ENTITY_FIELDS, ", .embedding", micros=ENTITY_TIMES)
-
-# A fact usable by recall at $as_of (the current state when $as_of is null), never an archived one.
-VALID_AT = (
-    "({v}.archived = false AND CASE WHEN $as_of IS NULL THEN {v}.valid_until IS NULL "
-    "ELSE {v}.valid_from <= $as_of AND ({v}.valid_until IS NULL OR $as_of < {v}.valid_until) END)"
-)
 
 # --------------------------------------------------------------------------------------- apply
 # The fence's check: take the user node's write lock first (the documented dummy-property idiom), so
@@ -309,7 +300,7 @@ OPTIONAL MATCH (u:User {user_id: $user_id})
 RETURN coalesce(u.epoch, 0) AS epoch, coalesce(u.version, 0) AS version, coalesce(u.removed, 0) AS removed
 """
 Q_EPISODES = "MATCH (ep:Episode {user_id: $user_id}) RETURN ep {.*} AS row"
-# Links as (owner, kind, node id): GraphStore groups and sorts them (see base.Link).
+# Links as (owner, kind, node id): the contract groups and sorts them (``base.Link``).
 Q_EPISODE_LINKS = """
 MATCH (n {user_id: $user_id})-[:FROM]->(ep:Episode {user_id: $user_id})
 RETURN ep.id AS owner, CASE WHEN n:Fact THEN 'fact' ELSE 'entity' END AS kind, n.id AS node_id
@@ -322,22 +313,18 @@ _BY_NAME = """
   MATCH (a:Alias {user_id: $user_id})<-[:HAS_ALIAS]-(e:Entity {user_id: $user_id})
   WHERE a.norm IN $names RETURN e
 """
-Q_FIND_ENTITIES = f"""
-CALL () {{{_BY_NAME}}}
-RETURN {_ENTITY_EMB} AS row ORDER BY e.norm_name, e.id
-"""
 # The reads by id below (consolidation's lookup, extract's context) seek the unique id index by hint: on
 # statistics not yet caught up with a user's new nodes the planner scanned the user's index instead (5,000
 # entities: 5,000 db hits against 17; docs/benchmarks/history.md "Stop 39").
-# find and get in one round trip: by id, or by name (UNION returns each entity once).
+# By id or by name in one round trip (UNION returns each entity once).
 Q_LOOKUP_ENTITIES = f"""
 CALL () {{
   MATCH (e:Entity) USING INDEX e:Entity(id) WHERE e.id IN $ids AND e.user_id = $user_id RETURN e
   UNION{_BY_NAME}}}
 RETURN {_ENTITY} AS row ORDER BY e.norm_name, e.id
 """
-# Each of the extract stage's reads as a match and its projection: a query of its own (``AS row``), and the
-# four of them together as COLLECT subqueries in one round trip (Q_EXTRACTION_CONTEXT).
+# Each of the extract stage's reads as a match and its projection, the four together as COLLECT subqueries
+# in one round trip (Q_EXTRACTION_CONTEXT); the reads by id are queries of their own too (``AS row``).
 _ENTITIES_BY_ID = (
     "MATCH (e:Entity) USING INDEX e:Entity(id) WHERE e.id IN $entity_ids AND e.user_id = $user_id"
     " WITH e ORDER BY e.norm_name, e.id"
@@ -361,8 +348,6 @@ _EXTRACT_READS = {
 }
 Q_GET_ENTITIES = f"{_ENTITIES_BY_ID}\nRETURN {_ENTITY_EMB} AS row"
 Q_GET_FACTS = f"{_FACTS_BY_ID}\nRETURN {_FACT} AS row"
-Q_SLOTS = f"{_SLOT_FACTS}\nRETURN {_FACT} AS row"
-Q_RECENT_EPISODES = f"{_RECENT_EPISODES}\nRETURN {_EPISODE} AS row"
 Q_EXTRACTION_CONTEXT = "RETURN " + ",\n  ".join(
     f"COLLECT {{ {match}\n  RETURN {projection} }} AS {name}" for name, (match, projection) in _EXTRACT_READS.items()
 )
@@ -381,13 +366,12 @@ RETURN {_FACT} AS row
 # Recall's graph step in ONE query. Neo4j plans a query again for every new shape of its parameters (a
 # null where there was a date, an empty list where there was a non-empty one), and planning this one takes
 # seconds on a loaded machine, so parameters keep one shape where they can: dates are never null
-# ($current says "no as_of"; $since and $until default to the ends of time) and every list carries "",
+# ($at is as_of, else now; $since and $until default to the ends of time, BEGINNING and END) and every list carries "",
 # which is no id, padded to at least PLAN_LIST_MIN entries (``plan_list``: Neo4j 5 plans again when a
 # list's size crosses a power of ten, measured: 1, 2-10, 11-100, 101-1000, ...). First the seeds: $seeds plus the subject and object of each seed fact that passes
-# recall's window (``fusion.TimeWindow.fact_ok``: valid at $as_of, current at $now when $current,
-# overlapping [$since, $until)). Then the expansion: Neo4j plans `min(length(p))` per (start, end) pair
+# recall's window (``fusion.TimeWindow.fact_ok``: valid at $at, overlapping [$since, $until): ``validity``). Then the expansion: Neo4j plans `min(length(p))` per (start, end) pair
 # as a pruning breadth-first expand that visits each node once, at its shallowest depth, and stops at
-# the length bound; a path may only pass through the user's nodes and facts valid at $as_of, so that
+# the length bound; a path may only pass through the user's nodes and facts valid at $at, so that
 # depth is the fact's hop count. The per-seed minimum is taken first because Neo4j 5.26 folds a minimum
 # grouped by `f` alone into the per-seed search and returns one row per (seed, fact). The length bound
 # must be a literal: it is formatted in from a validated int. Early cut by hop: a seed with at least
@@ -401,15 +385,11 @@ RETURN {_FACT} AS row
 # of the first $seed_chunk_count of $seed_chunks that are the user's (seed facts). Last, the records asked or
 # reached that the caller does not know, and the $chunk_ids chunks. Each part ends in an aggregation, so one
 # row always comes back.
-_STEP_VALID_AT = (
-    "({v}.archived = false AND CASE WHEN $current THEN {v}.valid_until IS NULL "
-    "ELSE {v}.valid_from <= $as_of AND ({v}.valid_until IS NULL OR $as_of < {v}.valid_until) END)"
-)
 # One side of a seed's hop-0 facts, its nearest first, read in the side's rank index order and cut at
 # $per_seed valid ones (see the early cut by hop above).
 _NEAREST_SIDE = f"""MATCH (f:Fact) USING INDEX f:Fact({{side}}, importance, id)
       WHERE f.{{side}} = s.id AND f.importance IS NOT NULL AND f.id IS NOT NULL
-        AND f.user_id = $user_id AND {_STEP_VALID_AT.format(v="f")}
+        AND f.user_id = $user_id AND {valid_at_cypher("f")}
       WITH f ORDER BY f.{{side}} DESC, f.importance DESC, f.id DESC LIMIT $per_seed
       RETURN f"""
 Q_GRAPH_STEP = f"""
@@ -427,9 +407,7 @@ CALL () {{
 }}
 CALL (chunk_seeds) {{
   OPTIONAL MATCH (sf:Fact {{user_id: $user_id}})
-  WHERE sf.id IN $seed_facts + chunk_seeds AND {_STEP_VALID_AT.format(v="sf")}
-    AND (NOT $current OR sf.valid_from <= $now)
-    AND sf.valid_from < $until AND (sf.valid_until IS NULL OR sf.valid_until > $since)
+  WHERE sf.id IN $seed_facts + chunk_seeds AND {valid_at_cypher("sf")} AND {overlaps_cypher("sf")}
   WITH collect(sf.subject_id) + collect(sf.object_id) AS from_facts
   RETURN [x IN $seeds + from_facts WHERE NOT x IN $avoid] AS seeds
 }}
@@ -451,7 +429,7 @@ CALL (seeds) {{
     UNION
     WITH s, first WHERE size(first) < $per_seed
     MATCH p = (s)-[:SUBJECT|OBJECT*1..{{max_len}}]-(f:Fact)
-    WHERE all(n IN nodes(p) WHERE n.user_id = $user_id AND (NOT n:Fact OR {_STEP_VALID_AT.format(v="n")})
+    WHERE all(n IN nodes(p) WHERE n.user_id = $user_id AND (NOT n:Fact OR {valid_at_cypher("n")})
                                    AND (n:Fact OR NOT n.id IN $avoid))
     RETURN f, min(length(p)) AS depth
   }}
@@ -496,6 +474,7 @@ def plan_bucket(size: int) -> int:
     return len(str(size - 1)) if size > 1 else 0
 
 
+# The open ends of a recall window as dates (``Q_GRAPH_STEP`` takes no null date).
 BEGINNING = datetime(1, 1, 1, tzinfo=UTC)
 END = datetime(9999, 12, 31, tzinfo=UTC)
 Q_PAGE_FACTS = f"""
@@ -517,21 +496,21 @@ RETURN facts + chunks AS n
 """
 Q_USER_FACTS = f"MATCH (f:Fact {{user_id: $user_id}}) RETURN {_FACT} AS row"
 Q_CHANGED_FACTS = f"MATCH (f:Fact {{user_id: $user_id}}) WHERE f.changed > $since RETURN {_FACT} AS row"
-Q_STATS = """
-OPTIONAL MATCH (u:User {user_id: $user_id})
-CALL () {
-  MATCH (f:Fact {user_id: $user_id})
+Q_STATS = f"""
+OPTIONAL MATCH (u:User {{user_id: $user_id}})
+CALL () {{
+  MATCH (f:Fact {{user_id: $user_id}})
   RETURN count(f) AS facts,
-         count(CASE WHEN f.valid_until IS NULL AND f.archived = false THEN 1 END) AS current_facts,
+         count(CASE WHEN {valid_at_cypher("f")} THEN 1 END) AS current_facts,
          count(CASE WHEN f.valid_until IS NOT NULL THEN 1 END) AS superseded_facts,
          count(CASE WHEN f.archived THEN 1 END) AS archived_facts
-}
-RETURN u {.version, .prompt_tokens, .completion_tokens, .cost_usd, .llm_calls} AS user,
+}}
+RETURN u {{.version, .prompt_tokens, .completion_tokens, .cost_usd, .llm_calls}} AS user,
        facts, current_facts, superseded_facts, archived_facts,
-       COUNT { MATCH (e:Entity {user_id: $user_id}) } AS entities,
-       COUNT { MATCH (ep:Episode {user_id: $user_id}) } AS episodes,
-       COUNT { MATCH (c:Chunk {user_id: $user_id}) } AS episode_chunks,
-       COUNT { MATCH (c:Cluster {user_id: $user_id}) } AS clusters
+       COUNT {{ MATCH (e:Entity {{user_id: $user_id}}) }} AS entities,
+       COUNT {{ MATCH (ep:Episode {{user_id: $user_id}}) }} AS episodes,
+       COUNT {{ MATCH (c:Chunk {{user_id: $user_id}}) }} AS episode_chunks,
+       COUNT {{ MATCH (c:Cluster {{user_id: $user_id}}) }} AS clusters
 """
 Q_VECTORS = """
 CALL () {

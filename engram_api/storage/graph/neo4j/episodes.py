@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from engram_api.storage.graph.validity import valid_at_cypher
+
 __all__ = [
     "CHUNK_ROW",
     "CHUNK_TIMES",
@@ -129,7 +131,7 @@ CALL () {{
   RETURN node.id AS node_id, 'episode' AS kind, score LIMIT $k
   UNION ALL
   CALL db.index.fulltext.queryNodes('{KEYWORD_INDEX}', $lucene_facts) YIELD node, score
-  WHERE node:Fact AND node.user_id = $user_id AND {{valid_at}}
+  WHERE node:Fact AND node.user_id = $user_id AND {valid_at_cypher("node")}
   RETURN node.id AS node_id, 'fact' AS kind, score LIMIT $k
 }}
 RETURN node_id, kind, score

@@ -43,7 +43,7 @@ class Neo4jMaintenance(Neo4jConnection):
 
         return self._write(work)
 
-    def _reinforce(self, user_id: str, fact_ids: list[str], *, amount: float, now: datetime) -> int:
+    def reinforce(self, user_id: str, fact_ids: list[str], *, amount: float, now: datetime) -> int:
         params = {
             "user_id": user_id,
             "ids": fact_ids,
@@ -59,7 +59,7 @@ class Neo4jMaintenance(Neo4jConnection):
 
         return self._write(work)
 
-    def _replace_clusters(self, user_id: str, clusters: list[ClusterRecord]) -> None:
+    def replace_clusters(self, user_id: str, clusters: list[ClusterRecord]) -> None:
         now = utcnow()
         rows = [
             {
@@ -97,7 +97,7 @@ class Neo4jMaintenance(Neo4jConnection):
     def _clusters(self, user_id: str) -> tuple[list[dict[str, Any]], list[Link]]:
         return self._rows_and_links(cy.Q_CLUSTERS, cy.Q_CLUSTER_MEMBERS, user_id, dict)
 
-    def _add_feedback(self, rows: list[FeedbackRow]) -> None:
+    def add_feedback(self, rows: list[FeedbackRow]) -> None:
         first = time.time_ns()
         props = [
             {**row.model_dump(), "created_at": shape.utc(row.created_at), "seq": first + i}
@@ -109,7 +109,7 @@ class Neo4jMaintenance(Neo4jConnection):
 
         self._write(work)
 
-    def _feedback(self, user_id: str | None, limit: int) -> list[FeedbackRow]:
+    def feedback(self, user_id: str | None, limit: int) -> list[FeedbackRow]:
         if user_id is None:
             rows = self._rows(cy.Q_FEEDBACK_ALL, limit=int(limit))
         else:

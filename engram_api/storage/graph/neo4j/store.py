@@ -31,13 +31,13 @@ from engram_api.models import (
     ApplyOutcome,
     ChunkRecord,
     EntityRecord,
-    EpisodeRecord,
     FactRecord,
     KeywordHit,
     WritePlan,
     utcnow,
 )
 from engram_api.storage.graph.contract import (
+    ContextReads,
     ExtractionContext,
     GraphStep,
     GraphStepQuery,
@@ -53,6 +53,7 @@ from engram_api.storage.graph.neo4j.connection import Neo4jConnection, bump
 from engram_api.storage.graph.neo4j.deletion import Neo4jDeletion
 from engram_api.storage.graph.neo4j.maintenance import Neo4jMaintenance
 from engram_api.storage.graph.neo4j.vectors import Neo4jVectors
+from engram_api.storage.graph.validity import instant
 from engram_api.versions import ABSENT, Stamp
 
 if TYPE_CHECKING:
@@ -85,42 +86,22 @@ class Neo4jGraphStore(Neo4jDeletion, Neo4jMaintenance, Neo4jVectors, Neo4jConnec
         (record,) = self._read_one(cy.Q_IS_APPLIED, {"user_id": user_id, "episode_id": message_id})
         return bool(record["applied"])
 
-    def _find_entities(self, user_id: str, norm_names: list[str]) -> list[EntityRecord]:
-        rows = self._rows(cy.Q_FIND_ENTITIES, user_id=user_id, names=norm_names)
-        return [shape.entity_record(r) for r in rows]
-
-    def _get_entities(self, user_id: str, entity_ids: list[str]) -> list[EntityRecord]:
+    def get_entities(self, user_id: str, entity_ids: list[str]) -> list[EntityRecord]:
         rows = self._rows(cy.Q_GET_ENTITIES, user_id=user_id, entity_ids=entity_ids)
         return [shape.entity_record(r) for r in rows]
 
-    def _lookup_entities(self, user_id: str, entity_ids: list[str], norm_names: list[str]) -> list[EntityRecord]:
+    def lookup_entities(self, user_id: str, *, entity_ids: list[str], norm_names: list[str]) -> list[EntityRecord]:
         rows = self._rows(cy.Q_LOOKUP_ENTITIES, user_id=user_id, ids=entity_ids, names=norm_names)
         return [shape.entity_record(r) for r in rows]
 
-    def _recent_episodes(self, user_id: str, *, before: datetime, limit: int) -> list[EpisodeRecord]:
-        rows = self._rows(cy.Q_RECENT_EPISODES, user_id=user_id, before=shape.utc(before), limit=limit)
-        return [shape.episode_record(r) for r in reversed(rows)]
-
-    def _facts_for_slots(self, user_id: str, slots: list[tuple[str, str]]) -> list[FactRecord]:
-        rows = self._rows(cy.Q_SLOTS, user_id=user_id, slots=[list(slot) for slot in slots])
-        return [shape.fact_record(r) for r in rows]
-
-    def _extraction_context(
-        self,
-        user_id: str,
-        entity_ids: list[str],
-        fact_ids: list[str],
-        slots: list[tuple[str, str]],
-        before: datetime,
-        turns: int,
-    ) -> ExtractionContext:
+    def _extraction_context(self, user_id: str, reads: ContextReads) -> ExtractionContext:
         params = {
             "user_id": user_id,
-            "entity_ids": cy.plan_list(entity_ids),
-            "fact_ids": cy.plan_list(fact_ids),
-            "slots": [list(slot) for slot in slots],
-            "before": shape.utc(before),
-            "limit": int(turns),
+            "entity_ids": cy.plan_list(reads.entity_ids),
+            "fact_ids": cy.plan_list(reads.fact_ids),
+            "slots": [list(slot) for slot in reads.slots],
+            "before": shape.utc(reads.before),
+            "limit": int(reads.turns),
         }
         (record,) = self._read_one(cy.Q_EXTRACTION_CONTEXT, params)
         return ExtractionContext(
@@ -130,7 +111,7 @@ class Neo4jGraphStore(Neo4jDeletion, Neo4jMaintenance, Neo4jVectors, Neo4jConnec
             episodes=[shape.episode_record(r) for r in reversed(record["episodes"])],
         )
 
-    def _apply(self, plan: WritePlan) -> ApplyOutcome:
+    def apply(self, plan: WritePlan) -> ApplyOutcome:
         user_id = plan.user_id
         episode = plan.episode
         new_entity_ids = {e.id for e in plan.new_entities}
@@ -217,7 +198,7 @@ class Neo4jGraphStore(Neo4jDeletion, Neo4jMaintenance, Neo4jVectors, Neo4jConnec
         records = self._read_one(cy.Q_STAMP, {"user_id": user_id})
         return ABSENT if not records else Stamp(int(records[0]["epoch"]), int(records[0]["version"]))
 
-    def _get_facts(self, user_id: str, fact_ids: list[str]) -> list[FactRecord]:
+    def get_facts(self, user_id: str, fact_ids: list[str]) -> list[FactRecord]:
         return shape.live_facts(self._rows(cy.Q_GET_FACTS, user_id=user_id, fact_ids=fact_ids))
 
     def graph_step(self, user_id: str, query: GraphStepQuery) -> GraphStep:
@@ -249,11 +230,9 @@ class Neo4jGraphStore(Neo4jDeletion, Neo4jMaintenance, Neo4jVectors, Neo4jConnec
             "fact_ids": cy.plan_list(query.fact_ids),
             "seeds": cy.plan_list(query.seeds if expanding else ()),
             "seed_facts": cy.plan_list(query.seed_facts if expanding else ()),
-            "current": query.as_of is None,
-            "as_of": shape.utc(query.as_of or query.now),
+            "at": shape.utc(query.at),
             "since": shape.utc(query.since or cy.BEGINNING),
             "until": shape.utc(query.until or cy.END),
-            "now": shape.utc(query.now),
             "limit": int(query.limit),
             "per_seed": int(query.per_seed),
             "avoid": cy.plan_list(query.avoid),
@@ -317,9 +296,9 @@ class Neo4jGraphStore(Neo4jDeletion, Neo4jMaintenance, Neo4jVectors, Neo4jConnec
 
         return self._read(work)
 
-    def _stats(self, user_id: str) -> tuple[dict[str, int], dict[str, Any] | None]:
+    def _stats(self, user_id: str, now: datetime) -> tuple[dict[str, int], dict[str, Any] | None]:
         def work(tx: ManagedTransaction) -> tuple[dict[str, int], dict[str, Any] | None]:
-            counts = tx.run(cy.Q_STATS, user_id=user_id).single(strict=True).data()
+            counts = tx.run(cy.Q_STATS, user_id=user_id, at=shape.utc(now)).single(strict=True).data()
             user = counts.pop("user")
             lucene = f"ukey:{user_key(user_id)}"
             keyword = tx.run(episodes_cypher.Q_KEYWORD_COUNT, user_id=user_id, lucene=lucene).single(strict=True)
@@ -335,11 +314,11 @@ class Neo4jGraphStore(Neo4jDeletion, Neo4jMaintenance, Neo4jVectors, Neo4jConnec
 
         return self._read(work)
 
-    def _get_chunks(self, user_id: str, chunk_ids: list[str], episode_ids: list[str]) -> list[ChunkRecord]:
+    def get_chunks(self, user_id: str, chunk_ids: list[str], *, episode_ids: list[str]) -> list[ChunkRecord]:
         rows = self._rows(episodes_cypher.Q_CHUNKS, user_id=user_id, ids=chunk_ids, episodes=episode_ids)
         return shape.live_chunks(rows)
 
-    def _add_chunks(self, user_id: str, chunks: list[ChunkRecord]) -> int:
+    def add_chunks(self, user_id: str, chunks: list[ChunkRecord]) -> int:
         by_episode: dict[str, list[dict[str, Any]]] = {}
         for c in chunks:
             by_episode.setdefault(c.episode_id, []).append(shape.chunk_props(c, user_id, c.episode_id))
@@ -353,7 +332,7 @@ class Neo4jGraphStore(Neo4jDeletion, Neo4jMaintenance, Neo4jVectors, Neo4jConnec
 
         return self._write(work)
 
-    def _remove_chunks(self, user_id: str, chunk_ids: list[str]) -> list[str]:
+    def remove_chunks(self, user_id: str, chunk_ids: list[str]) -> list[str]:
         def work(tx: ManagedTransaction) -> list[str]:
             removed = [r["id"] for r in tx.run(episodes_cypher.Q_REMOVE_CHUNKS, user_id=user_id, ids=chunk_ids)]
             if removed:
@@ -362,11 +341,11 @@ class Neo4jGraphStore(Neo4jDeletion, Neo4jMaintenance, Neo4jVectors, Neo4jConnec
 
         return self._write(work)
 
-    def _neighbour_chunks(self, user_id: str, chunk_ids: list[str], window: int) -> list[ChunkRecord]:
+    def neighbour_chunks(self, user_id: str, chunk_ids: list[str], window: int) -> list[ChunkRecord]:
         rows = self._rows(episodes_cypher.Q_NEIGHBOURS, user_id=user_id, ids=chunk_ids, window=int(window))
         return shape.live_chunks(rows)
 
-    def _keyword_search(
+    def keyword_search(
         self,
         user_id: str,
         terms: list[str],
@@ -377,11 +356,11 @@ class Neo4jGraphStore(Neo4jDeletion, Neo4jMaintenance, Neo4jVectors, Neo4jConnec
         until: datetime | None,
     ) -> list[KeywordHit]:
         ukey = user_key(user_id)
-        query = episodes_cypher.Q_KEYWORD.replace("{valid_at}", cy.VALID_AT.format(v="node"))
         params = {
             "user_id": user_id,
             "k": int(k),
             "as_of": shape.opt_utc(as_of),
+            "at": shape.utc(instant(as_of)),
             "since": shape.opt_utc(since),
             "until": shape.opt_utc(until),
             "lucene_chunks": episodes_cypher.lucene_query(ukey, "body", terms),
@@ -390,7 +369,7 @@ class Neo4jGraphStore(Neo4jDeletion, Neo4jMaintenance, Neo4jVectors, Neo4jConnec
 
         hits = [
             KeywordHit(node_id=r["node_id"], kind=r["kind"], score=float(r["score"]))
-            for r in self._read_one(query, params)
+            for r in self._read_one(episodes_cypher.Q_KEYWORD, params)
         ]
         return sorted(hits, key=lambda h: (-h.score, h.node_id))
 

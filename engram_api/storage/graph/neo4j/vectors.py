@@ -45,9 +45,9 @@ RETURN epoch, version, horizon, removed, upserts, coalesce(after.epoch, 0) AS ep
 
 
 class Neo4jVectors(Neo4jConnection):
-    """``_vector_changes`` of the graph-store contract on Neo4j."""
+    """``vector_changes`` of the graph-store contract on Neo4j."""
 
-    def _vector_changes(self, user_id: str, since: int) -> VectorChanges:
+    def vector_changes(self, user_id: str, since: int) -> VectorChanges:
         (row,) = self._read_one(Q_VECTOR_CHANGES, {"user_id": user_id, "since": since})
         horizon = row["horizon"]
         return VectorChanges(

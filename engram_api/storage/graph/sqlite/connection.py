@@ -34,6 +34,7 @@ class SqliteConnection(GraphStore):
     """The connection plumbing ``SqliteGraphStore`` and its mixins share."""
 
     def __init__(self, *, path: pathlib.Path) -> None:
+        super().__init__()
         self._path = pathlib.Path(path)
         self._lock = threading.Lock()
         self._local = threading.local()

@@ -19,6 +19,7 @@ from typing import Any
 
 from engram_api.models import ChunkRecord, KeywordHit
 from engram_api.storage.graph.episodes import user_key
+from engram_api.storage.graph.validity import VALID_AT_SQL
 
 __all__ = [
     "FACT_VALID_AT",
@@ -36,12 +37,8 @@ __all__ = [
 
 FTS_TABLES = ("chunks_fts", "facts_fts")
 
-# Valid at :as_of (current when :as_of is NULL) and not archived.
-FACT_VALID_AT = """
-    f.user_id = :user_id AND f.archived = 0
-    AND (CASE WHEN :as_of IS NULL THEN f.valid_until IS NULL
-              ELSE f.valid_from <= :as_of AND (f.valid_until IS NULL OR :as_of < f.valid_until) END)
-"""
+# The user's fact, valid at :at (``validity``).
+FACT_VALID_AT = f"f.user_id = :user_id AND {VALID_AT_SQL}"
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS chunks (
@@ -239,8 +236,10 @@ def keyword_search(
     as_of: int | None,
     since: int | None,
     until: int | None,
+    at: int,
 ) -> list[KeywordHit]:
-    """BM25's top ``k`` chunks and ``k`` facts of the user for any of ``terms``.
+    """BM25's top ``k`` chunks and ``k`` facts of the user for any of ``terms``: chunks in the window
+    (``as_of``, ``since``, ``until``), facts valid at ``at``.
 
     A term in at least half of a table's rows is left out of that table's first query: FTS5 floors its
     IDF at 1e-6 (``idf = log((N - n + 0.5) / (n + 0.5))``, ``1e-6`` when not positive), so it adds at most
@@ -252,7 +251,7 @@ def keyword_search(
     if not terms or k <= 0:
         return []
     ukey = user_key(user_id)
-    params = {"user_id": user_id, "k": k, "as_of": as_of, "since": since, "until": until}
+    params = {"user_id": user_id, "k": k, "as_of": as_of, "since": since, "until": until, "at": at}
     rows: list[sqlite3.Row] = []
     for table, query in _KEYWORD.items():
         informative = _informative(conn, table, terms)

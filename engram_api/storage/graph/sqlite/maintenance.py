@@ -44,7 +44,7 @@ class SqliteMaintenance(SqliteConnection):
                 db.bump(conn, user_id, None, facts=[fid for fid, _, _ in faded])
         return [drop for _, _, drop in faded]
 
-    def _reinforce(self, user_id: str, fact_ids: list[str], *, amount: float, now: datetime) -> int:
+    def reinforce(self, user_id: str, fact_ids: list[str], *, amount: float, now: datetime) -> int:
         with self._write() as conn:
             changed = conn.execute(
                 """UPDATE facts SET strength = MIN(1.0, strength + :amount), archived = 0, updated_at = :now
@@ -56,7 +56,7 @@ class SqliteMaintenance(SqliteConnection):
                 db.bump(conn, user_id, None, facts=fact_ids)
         return changed
 
-    def _replace_clusters(self, user_id: str, clusters: list[ClusterRecord]) -> None:
+    def replace_clusters(self, user_id: str, clusters: list[ClusterRecord]) -> None:
         with self._write() as conn:
             conn.execute("DELETE FROM clusters WHERE user_id = ?", (user_id,))
             for cluster in clusters:
@@ -105,7 +105,7 @@ class SqliteMaintenance(SqliteConnection):
         ]
         return fields, [(a, b, c) for a, b, c in members]
 
-    def _add_feedback(self, rows: list[FeedbackRow]) -> None:
+    def add_feedback(self, rows: list[FeedbackRow]) -> None:
         with self._write() as conn:
             conn.executemany(
                 f"INSERT INTO feedback (user_id, recall_id, fact_id, useful, {', '.join(SCORE_COMPONENTS)},"
@@ -113,7 +113,7 @@ class SqliteMaintenance(SqliteConnection):
                 [(r.user_id, r.recall_id, r.fact_id, int(r.useful), *r.values(), db.to_us(r.created_at)) for r in rows],
             )
 
-    def _feedback(self, user_id: str | None, limit: int) -> list[FeedbackRow]:
+    def feedback(self, user_id: str | None, limit: int) -> list[FeedbackRow]:
         # Two statements rather than "user_id IS NULL OR ...", which would keep one user's read from
         # using the (user_id, created_at) index.
         conn = self._conn()

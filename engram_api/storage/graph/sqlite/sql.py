@@ -8,10 +8,10 @@ as parameters (lists as one JSON parameter read with ``json_each``), never as SQ
 from __future__ import annotations
 
 from engram_api.storage.graph.sqlite import episodes as episodes_sql
+from engram_api.storage.graph.validity import OVERLAPS_SQL, VALID_AT_SQL
 
 __all__ = [
     "CHANGED_INDEXES",
-    "ENTITY_FIND",
     "ENTITY_LOOKUP",
     "EXPAND",
     "FACTS_BY_ID",
@@ -219,8 +219,7 @@ FACTS_BY_ID = f"""{FACT_SELECT} {FACT_FROM}
 WHERE +f.user_id = ? AND f.id IN (SELECT value FROM json_each(?))"""
 
 # The user's entities whose id is in :ids or whose norm_name or a normalized alias is in :names (both
-# JSON lists; an empty one matches nothing), each once: find_entities (whole rows) and lookup_entities
-# (without the embedding, which its readers never use).
+# JSON lists; an empty one matches nothing), each once, without the embedding (its readers never use it).
 _ENTITY_MATCH = """
  FROM entities e
  WHERE e.user_id = :user_id
@@ -231,23 +230,19 @@ _ENTITY_MATCH = """
                        AND a.norm_alias IN (SELECT value FROM json_each(:names))))
  ORDER BY e.norm_name, e.id
 """
-ENTITY_FIND = "SELECT e.*" + _ENTITY_MATCH
 ENTITY_LOOKUP = (
     "SELECT e.id, e.user_id, e.name, e.norm_name, e.label, e.aliases, e.summary, NULL AS embedding,"
     " e.created_at, e.updated_at" + _ENTITY_MATCH
 )
 
-# Valid at :as_of (current when :as_of is NULL) and not archived: the only facts expansion may use.
+# Valid at :at (``validity``): the only facts expansion may use.
 _VALID_AT = episodes_sql.FACT_VALID_AT
 
-# A seed fact passes recall's window (``fusion.TimeWindow.fact_ok``): valid at :as_of (current at :now
-# when NULL), not archived, and its validity overlaps [:since, :until). The unary +: as in FACTS_BY_ID.
-_SEED_FACT_OK = """
-    +f.user_id = :user_id AND f.id IN (SELECT value FROM json_each(:seed_facts)) AND f.archived = 0
-    AND (CASE WHEN :as_of IS NULL THEN f.valid_until IS NULL AND f.valid_from <= :now
-              ELSE f.valid_from <= :as_of AND (f.valid_until IS NULL OR :as_of < f.valid_until) END)
-    AND (:until IS NULL OR f.valid_from < :until)
-    AND (:since IS NULL OR f.valid_until IS NULL OR f.valid_until > :since)
+# A seed fact passes recall's window (``fusion.TimeWindow.fact_ok``): valid at :at and overlapping
+# [:since, :until) (``validity``). The unary +: as in FACTS_BY_ID.
+_SEED_FACT_OK = f"""
+    +f.user_id = :user_id AND f.id IN (SELECT value FROM json_each(:seed_facts))
+    AND {VALID_AT_SQL} AND {OVERLAPS_SQL}
 """
 
 # The expansion of recall's graph step, ONE statement: `reach` walks entities level by level through

@@ -25,7 +25,15 @@ from engram_api.models import (
     WritePlan,
     utcnow,
 )
-from engram_api.storage.graph.contract import GraphStep, GraphStepQuery, Link, SnapshotBuild, SnapshotChanges
+from engram_api.storage.graph.contract import (
+    ContextReads,
+    ExtractionContext,
+    GraphStep,
+    GraphStepQuery,
+    Link,
+    SnapshotBuild,
+    SnapshotChanges,
+)
 from engram_api.storage.graph.sqlite import edits as edits
 from engram_api.storage.graph.sqlite import episodes as episodes_sql
 from engram_api.storage.graph.sqlite import rows as db
@@ -34,6 +42,7 @@ from engram_api.storage.graph.sqlite.connection import SqliteConnection
 from engram_api.storage.graph.sqlite.deletion import SqliteDeletion
 from engram_api.storage.graph.sqlite.maintenance import SqliteMaintenance
 from engram_api.storage.graph.sqlite.vectors import SqliteVectors
+from engram_api.storage.graph.validity import VALID_AT_SQL, instant
 from engram_api.versions import Stamp
 
 if TYPE_CHECKING:
@@ -54,11 +63,7 @@ class SqliteGraphStore(SqliteDeletion, SqliteMaintenance, SqliteVectors, SqliteC
         )
         return row is not None
 
-    def _find_entities(self, user_id: str, norm_names: list[str]) -> list[EntityRecord]:
-        params = {"user_id": user_id, "ids": "[]", "names": db.json_ids(norm_names)}
-        return [db.entity_row(r) for r in self._conn().execute(sql.ENTITY_FIND, params).fetchall()]
-
-    def _get_entities(self, user_id: str, entity_ids: list[str]) -> list[EntityRecord]:
+    def get_entities(self, user_id: str, entity_ids: list[str]) -> list[EntityRecord]:
         rows = (
             self._conn()
             .execute(
@@ -70,9 +75,22 @@ class SqliteGraphStore(SqliteDeletion, SqliteMaintenance, SqliteVectors, SqliteC
         )
         return [db.entity_row(r) for r in rows]
 
-    def _lookup_entities(self, user_id: str, entity_ids: list[str], norm_names: list[str]) -> list[EntityRecord]:
+    def lookup_entities(self, user_id: str, *, entity_ids: list[str], norm_names: list[str]) -> list[EntityRecord]:
+        return self._entities(user_id, entity_ids, norm_names)
+
+    def _entities(self, user_id: str, entity_ids: list[str], norm_names: list[str]) -> list[EntityRecord]:
         params = {"user_id": user_id, "ids": db.json_ids(entity_ids), "names": db.json_ids(norm_names)}
         return [db.entity_row(r) for r in self._conn().execute(sql.ENTITY_LOOKUP, params).fetchall()]
+
+    def _extraction_context(self, user_id: str, reads: ContextReads) -> ExtractionContext:
+        """The four reads one by one: an in-process store pays nothing per call (one store read for the
+        caller, so not through the public methods)."""
+        return ExtractionContext(
+            entities=self._entities(user_id, reads.entity_ids, []) if reads.entity_ids else [],
+            facts=self._facts(user_id, reads.fact_ids) if reads.fact_ids else [],
+            slot_facts=self._slot_facts(user_id, reads.slots) if reads.slots else [],
+            episodes=self._recent_episodes(user_id, before=reads.before, limit=reads.turns) if reads.turns else [],
+        )
 
     def _recent_episodes(self, user_id: str, *, before: datetime, limit: int) -> list[EpisodeRecord]:
         rows = (
@@ -85,7 +103,7 @@ class SqliteGraphStore(SqliteDeletion, SqliteMaintenance, SqliteVectors, SqliteC
         )
         return [EpisodeRecord(**db.episode_fields(r)) for r in reversed(rows)]
 
-    def _facts_for_slots(self, user_id: str, slots: list[tuple[str, str]]) -> list[FactRecord]:
+    def _slot_facts(self, user_id: str, slots: list[tuple[str, str]]) -> list[FactRecord]:
         rows = (
             self._conn()
             .execute(
@@ -102,7 +120,7 @@ class SqliteGraphStore(SqliteDeletion, SqliteMaintenance, SqliteVectors, SqliteC
         )
         return [db.fact_row(r) for r in rows]
 
-    def _apply(self, plan: WritePlan) -> ApplyOutcome:
+    def apply(self, plan: WritePlan) -> ApplyOutcome:
         user_id = plan.user_id
         with self._write() as conn:
             if db.episode_exists(conn, user_id, plan.episode.id):
@@ -166,7 +184,10 @@ class SqliteGraphStore(SqliteDeletion, SqliteMaintenance, SqliteVectors, SqliteC
     def user_stamp(self, user_id: str) -> Stamp:
         return db.read_stamp(self._conn(), user_id)
 
-    def _get_facts(self, user_id: str, fact_ids: list[str]) -> list[FactRecord]:
+    def get_facts(self, user_id: str, fact_ids: list[str]) -> list[FactRecord]:
+        return self._facts(user_id, fact_ids)
+
+    def _facts(self, user_id: str, fact_ids: list[str]) -> list[FactRecord]:
         rows = (
             self._conn()
             .execute(
@@ -186,11 +207,7 @@ class SqliteGraphStore(SqliteDeletion, SqliteMaintenance, SqliteVectors, SqliteC
                 c.id: c
                 for c in episodes_sql.get_chunks(conn, user_id, chunk_ids=list(dict.fromkeys(named)), dt=db.from_us)
             }
-            seeding = (
-                [cid for cid in query.seed_chunks if cid in chunks][: query.seed_chunk_count] if query.expanding else []
-            )
-            chunk_seeds = [f for cid in seeding for f in chunks[cid].fact_ids]
-            sourced = [f for cid in query.chunk_facts if cid in chunks for f in chunks[cid].fact_ids]
+            sourced, chunk_seeds = query.chunk_facts_of(lambda cid: chunks[cid].fact_ids if cid in chunks else None)
             hops, facts = self._step(conn, user_id, query, [*query.seed_facts, *chunk_seeds], [*sourced, *chunk_seeds])
         asked = set(query.chunk_ids)
         return GraphStep(facts=facts, hops=hops, chunks=[c for c in chunks.values() if c.id in asked])
@@ -202,10 +219,9 @@ class SqliteGraphStore(SqliteDeletion, SqliteMaintenance, SqliteVectors, SqliteC
             "user_id": user_id,
             "seeds": db.json_ids(query.seeds),
             "seed_facts": db.json_ids(seed_facts),
-            "as_of": db.to_us_opt(query.as_of),
+            "at": db.to_us(query.at),
             "since": db.to_us_opt(query.since),
             "until": db.to_us_opt(query.until),
-            "now": db.to_us(query.now),
             "max_hops": query.max_hops,
             "limit": query.limit,
             "per_seed": query.per_seed,
@@ -285,16 +301,16 @@ class SqliteGraphStore(SqliteDeletion, SqliteMaintenance, SqliteVectors, SqliteC
             ).fetchall()
         return total, facts, [db.entity_row(r) for r in entity_rows]
 
-    def _stats(self, user_id: str) -> tuple[dict[str, int], dict[str, Any] | None]:
+    def _stats(self, user_id: str, now: datetime) -> tuple[dict[str, int], dict[str, Any] | None]:
         with self._read() as conn:
             counts = dict(
                 conn.execute(
-                    """SELECT COUNT(*) AS facts,
-                              COALESCE(SUM(valid_until IS NULL AND archived = 0), 0) AS current_facts,
-                              COALESCE(SUM(valid_until IS NOT NULL), 0) AS superseded_facts,
-                              COALESCE(SUM(archived = 1), 0) AS archived_facts
-                         FROM facts WHERE user_id = ?""",
-                    (user_id,),
+                    f"""SELECT COUNT(*) AS facts,
+                               COALESCE(SUM({VALID_AT_SQL}), 0) AS current_facts,
+                               COALESCE(SUM(f.valid_until IS NOT NULL), 0) AS superseded_facts,
+                               COALESCE(SUM(f.archived = 1), 0) AS archived_facts
+                          FROM facts f WHERE f.user_id = :user_id""",
+                    {"user_id": user_id, "at": db.to_us(now)},
                 ).fetchone()
             )
             for table in ("entities", "episodes", "clusters"):
@@ -323,29 +339,29 @@ class SqliteGraphStore(SqliteDeletion, SqliteMaintenance, SqliteVectors, SqliteC
             version = db.read_version(conn, user_id)
         return [(r["id"], r["kind"], db.from_blob(r["embedding"])) for r in rows], version
 
-    def _get_chunks(self, user_id: str, chunk_ids: list[str], episode_ids: list[str]) -> list[ChunkRecord]:
+    def get_chunks(self, user_id: str, chunk_ids: list[str], *, episode_ids: list[str]) -> list[ChunkRecord]:
         return episodes_sql.get_chunks(
             self._conn(), user_id, chunk_ids=chunk_ids, episode_ids=episode_ids, dt=db.from_us
         )
 
-    def _add_chunks(self, user_id: str, chunks: list[ChunkRecord]) -> int:
+    def add_chunks(self, user_id: str, chunks: list[ChunkRecord]) -> int:
         with self._write() as conn:
             added = episodes_sql.add_chunks(conn, user_id, chunks, db.to_us, db.to_blob)
             if added:
                 db.bump(conn, user_id, None, chunks=[c.id for c in chunks])
         return added
 
-    def _remove_chunks(self, user_id: str, chunk_ids: list[str]) -> list[str]:
+    def remove_chunks(self, user_id: str, chunk_ids: list[str]) -> list[str]:
         with self._write() as conn:
             removed = episodes_sql.delete_chunks(conn, user_id, chunk_ids)
             if removed:
                 db.bump(conn, user_id, None, removed=True, gone=removed)
         return removed
 
-    def _neighbour_chunks(self, user_id: str, chunk_ids: list[str], window: int) -> list[ChunkRecord]:
+    def neighbour_chunks(self, user_id: str, chunk_ids: list[str], window: int) -> list[ChunkRecord]:
         return episodes_sql.neighbour_chunks(self._conn(), user_id, chunk_ids, window, db.from_us)
 
-    def _keyword_search(
+    def keyword_search(
         self,
         user_id: str,
         terms: list[str],
@@ -363,6 +379,7 @@ class SqliteGraphStore(SqliteDeletion, SqliteMaintenance, SqliteVectors, SqliteC
             as_of=db.to_us_opt(as_of),
             since=db.to_us_opt(since),
             until=db.to_us_opt(until),
+            at=db.to_us(instant(as_of)),
         )
 
     def list_users(self) -> list[str]:

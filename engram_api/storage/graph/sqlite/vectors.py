@@ -28,9 +28,9 @@ SELECT id, 'episode' AS kind, embedding FROM chunks
 
 
 class SqliteVectors(SqliteConnection):
-    """``_vector_changes`` of the graph-store contract on SQLite."""
+    """``vector_changes`` of the graph-store contract on SQLite."""
 
-    def _vector_changes(self, user_id: str, since: int) -> VectorChanges:
+    def vector_changes(self, user_id: str, since: int) -> VectorChanges:
         import numpy as np  # here: a process that only reads counts and facts never imports numpy
 
         params = {"user_id": user_id, "since": since}

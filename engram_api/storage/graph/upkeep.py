@@ -1,0 +1,172 @@
+"""The upkeep role of the graph store: maintenance (decay, clusters, learned weights, episode chunks),
+erasure (forget) and the whole-user reads of backup and reconcile.
+
+Invariants:
+- nothing is deleted by supersession or archival: only ``forget_*`` delete, and they leave no orphan (an
+  entity no fact mentions and no episode provenance keeps is removed too); ``forget_*`` remove a message's
+  chunks and keyword entries with it;
+- the user record carries an ``epoch`` (``engram_api.versions``) chosen when the write that creates the
+  user runs, so a user's (epoch, version) stamp is never reused across lifetimes; ``forget_user`` leaves
+  the stamp ``ABSENT``;
+- every write here that changes what recall can return bumps the user's version (as ``recall`` says).
+"""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+from collections.abc import Callable, Sequence
+from datetime import datetime, timedelta
+from typing import Any
+
+from engram_api.errors import InvalidInputError, StaleWriteError
+from engram_api.models import (
+    ChunkRecord,
+    ClusterRecord,
+    EntityRecord,
+    FeedbackRow,
+    ForgetResult,
+    LearnedWeights,
+    StoredEpisode,
+)
+from engram_api.storage.graph.base import Link, StoreBase, count, distinct, guarded, linked, owned
+from engram_api.storage.graph.forgetting import ForgetPlan, ForgetScope, Removed, plan_forget
+
+__all__ = ["UpkeepStore"]
+
+_DAY = timedelta(days=1)
+
+
+class UpkeepStore(StoreBase):
+    """Maintenance, erasure and whole-user reads (``engram_workers.maintenance``, ``engram_api.backup``,
+    the reader's forget calls)."""
+
+    @abstractmethod
+    def list_users(self) -> list[str]: ...
+
+    def episodes(self, user_id: str) -> list[StoredEpisode]:
+        """Every stored episode of the user with its provenance links (sorted fact and entity ids),
+        ordered by (event_time, id)."""
+        rows, links = self._episodes(user_id)
+        episodes = [StoredEpisode.model_validate(row) for row in linked(rows, links, "fact_ids", "entity_ids")]
+        return sorted(episodes, key=lambda e: (e.event_time, e.id))
+
+    @abstractmethod
+    def _episodes(self, user_id: str) -> tuple[list[dict[str, Any]], list[Link]]:
+        """One snapshot: the user's episodes as ``EpisodeRecord`` fields, and the FROM links of its facts
+        and entities to them."""
+
+    @abstractmethod
+    @guarded(distinct("entity_ids"))
+    def get_entities(self, user_id: str, entity_ids: Sequence[str]) -> list[EntityRecord]:
+        """Entities by id, with embeddings."""
+
+    @abstractmethod
+    @guarded(owned("chunks", drop=True), nothing=int)
+    def add_chunks(self, user_id: str, chunks: Sequence[ChunkRecord]) -> int:
+        """Store chunks (with their keyword entries) for stored episodes that have none yet; chunks of an
+        unknown episode, of one that already has chunks, or of another user are skipped. Bumps the
+        version when any is stored; returns how many were."""
+
+    @abstractmethod
+    @guarded(distinct("chunk_ids"))
+    def remove_chunks(self, user_id: str, chunk_ids: Sequence[str]) -> list[str]:
+        """Delete the user's chunks (and their keyword entries) by id, episodes stay; returns the ids
+        removed, sorted. Bumps the version when any is removed."""
+
+    # -------------------------------------------------------------------------------------- delete
+    def forget_message(self, user_id: str, message_id: str) -> ForgetResult:
+        """Delete the episode; facts and entities whose only source it was go too (no orphans);
+        facts that other messages also stated only lose that provenance link."""
+        return self._forget(user_id, episode_id=message_id)
+
+    def forget_fact(self, user_id: str, fact_id: str) -> ForgetResult:
+        """Delete one fact (older facts it superseded are repaired as in ``forget_message``) and the
+        entities it leaves orphaned; episodes stay. Unknown ids change nothing and return zeros."""
+        return self._forget(user_id, fact_id=fact_id)
+
+    def _forget(self, user_id: str, *, episode_id: str | None = None, fact_id: str | None = None) -> ForgetResult:
+        """Plan from reads (``_forget_scope``), apply under a fence on the stamp read before them; a write
+        that moved the stamp meanwhile refuses the apply and the forget is planned again. Inside a caller's
+        fence on this user (``UserWrites``) that fence already guards the plan, and the caller re-plans."""
+        outer = self._fence()
+        while True:
+            stamp = None if outer is not None and outer.user_id == user_id else self.user_stamp(user_id)
+            scope = self._forget_scope(user_id, episode_id=episode_id, fact_id=fact_id)
+            if scope is None:
+                return ForgetResult(user_id=user_id)
+            plan = plan_forget(user_id, scope, episode_id=episode_id)
+            if stamp is None:
+                return plan.result(self._apply_forget(plan))
+            try:
+                with self.fenced(user_id, stamp, stamp.epoch):
+                    return plan.result(self._apply_forget(plan))
+            except StaleWriteError:
+                continue
+
+    @abstractmethod
+    def _forget_scope(
+        self, user_id: str, *, episode_id: str | None = None, fact_id: str | None = None
+    ) -> ForgetScope | None:
+        """The reads of one forget (one snapshot): of the episode ``episode_id`` or the fact ``fact_id``;
+        None when the user has no such episode or fact."""
+
+    @abstractmethod
+    def _apply_forget(self, plan: ForgetPlan) -> list[str]:
+        """Apply ``plan`` in one transaction (repairs, fact deletes, the episode and its chunks, orphaned
+        candidates) and bump the version; returns the ids of the orphaned entities it removed."""
+
+    def forget_user(self, user_id: str) -> ForgetResult:
+        """Delete everything of the user (records, feedback, its learned weights, the user itself) in one
+        transaction; its stamp reads ``ABSENT`` after."""
+        return self._forget_user(user_id).result()
+
+    @abstractmethod
+    def _forget_user(self, user_id: str) -> Removed:
+        """``forget_user``'s one transaction; the ids it deleted, and which of them had an embedding."""
+
+    @abstractmethod
+    def purge_erased(self) -> None:
+        """Take what ``forget*`` deleted off the store's own files as far as the store can; the last step
+        of every erasure, run after the deletes committed (docs/operations.md "Data retention and erasure"
+        says what each store keeps beyond it)."""
+
+    # --------------------------------------------------------------------------------- maintenance
+    def decay(self, user_id: str, *, now: datetime, per_day: float, threshold: float, batch: int) -> tuple[int, int]:
+        """strength *= per_day ** (days since the fact's ``last_decay_at`` or ``created_at``), set
+        ``last_decay_at = now``; facts below ``threshold`` become archived. Facts whose last decay is
+        at or after ``now`` are untouched, so a repeated run changes nothing. Works in transactions of
+        at most ``batch`` facts. Returns (decayed, archived)."""
+        if batch < 1:
+            raise InvalidInputError("batch", f"must be >= 1 (got {batch})")
+
+        def fade(strength: float, since: datetime) -> tuple[float, bool]:
+            faded = strength * per_day ** ((now - since) / _DAY)
+            return faded, faded < threshold
+
+        decayed = archived = 0
+        while True:
+            flags = self._decay_batch(user_id, now=now, batch=batch, fade=fade)
+            decayed, archived = decayed + len(flags), archived + sum(flags)
+            if len(flags) < batch:
+                return decayed, archived
+
+    @abstractmethod
+    def _decay_batch(
+        self, user_id: str, *, now: datetime, batch: int, fade: Callable[[float, datetime], tuple[float, bool]]
+    ) -> list[bool]:
+        """One transaction: the first ``batch`` (by id) unarchived facts last decayed (or created) before
+        ``now`` get ``fade(strength, since)`` (new strength, archived) and ``last_decay_at = now``; bumps
+        the version when any changed. Returns their archived flags."""
+
+    @abstractmethod
+    @guarded(owned("clusters"), nothing=lambda: None)
+    def replace_clusters(self, user_id: str, clusters: Sequence[ClusterRecord]) -> None:
+        """Replace the user's cluster nodes and their member links in one transaction."""
+
+    @abstractmethod
+    @guarded(count("limit"))
+    def feedback(self, user_id: str | None, limit: int) -> list[FeedbackRow]:
+        """Newest first; ``user_id=None`` means every user."""
+
+    @abstractmethod
+    def save_weights(self, weights: LearnedWeights) -> None: ...
