@@ -115,7 +115,7 @@ def neo4j_uri(request: pytest.FixtureRequest) -> str:
     """``NEO4J_URI`` if set (checked with a connection), else the Bolt URI of ``neo4j_server``."""
     uri = os.environ.get("NEO4J_URI")
     if not uri:
-        return str(request.getfixturevalue("neo4j_server").uri)
+        return _migrated(str(request.getfixturevalue("neo4j_server").uri))
     import neo4j  # here: only this branch needs the driver at fixture time
 
     try:
@@ -123,6 +123,15 @@ def neo4j_uri(request: pytest.FixtureRequest) -> str:
             driver.verify_connectivity()
     except Exception as exc:  # any driver error means the same thing here: not usable
         pytest.fail(f"NEO4J_URI={uri} is not reachable: {exc}", pytrace=False)
+    return _migrated(uri)
+
+
+def _migrated(uri: str) -> str:
+    """`engram migrate` once on the session's database, as an operator would: processes only check it."""
+    from engram_api.settings import Settings
+    from engram_api.storage import migrate_graph_store
+
+    migrate_graph_store(Settings(neo4j_uri=uri))
     return uri
 
 
