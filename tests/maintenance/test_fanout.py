@@ -6,7 +6,7 @@ SQLite only: a first run takes in every stored user, and the Neo4j database is s
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 import redis
@@ -57,6 +57,22 @@ def guard(writes: UserWrites) -> GuardSpy:
     return GuardSpy(writes)
 
 
+Run = Callable[[Chunk], None]
+
+
+@pytest.fixture
+def run(store: GraphStore, keeper: IndexKeeper, guard: GuardSpy, redis_client: redis.Redis, embedder: Embedder) -> Run:
+    """One hierarchy task, as the worker runs it: the job on the task's users, then their release."""
+
+    def task(chunk: Chunk) -> None:
+        report = rebuild_hierarchy(
+            graph=store, keeper=keeper, embedder=embedder, settings=SETTINGS, guard=guard, user_ids=chunk.user_ids
+        )
+        release(redis_client, chunk, report.failed)
+
+    return task
+
+
 def say(
     writes: UserWrites, store: GraphStore, user: str, facts: list[tuple[str, str, str | None, str]]
 ) -> list[FactRecord]:
@@ -103,23 +119,11 @@ def test_writes_mark_users_changed_in_order_and_erasure_forgets_them(
 
 
 def test_hierarchy_visits_only_the_users_written_since_its_last_run(
-    store: GraphStore,
-    keeper: IndexKeeper,
-    guard: GuardSpy,
-    writes: UserWrites,
-    redis_client: redis.Redis,
-    embedder: Embedder,
-    small_tasks: int,
+    store: GraphStore, writes: UserWrites, redis_client: redis.Redis, run: Run, small_tasks: int
 ) -> None:
     users = [new_user() for _ in range(8)]
     for user in users:
         say(writes, store, user, TOPICS)
-
-    def run(chunk: Chunk) -> None:
-        report = rebuild_hierarchy(
-            graph=store, keeper=keeper, embedder=embedder, settings=SETTINGS, guard=guard, user_ids=chunk.user_ids
-        )
-        release(redis_client, chunk, report.failed)
 
     # First run: every stored user, in tasks of at most three users that never share a user.
     sent: list[Chunk] = []
@@ -158,23 +162,11 @@ def test_hierarchy_visits_only_the_users_written_since_its_last_run(
 
 
 def test_a_task_that_dies_leaves_its_users_to_the_next_run(
-    store: GraphStore,
-    keeper: IndexKeeper,
-    guard: GuardSpy,
-    writes: UserWrites,
-    redis_client: redis.Redis,
-    embedder: Embedder,
-    small_tasks: int,
+    store: GraphStore, writes: UserWrites, redis_client: redis.Redis, run: Run, small_tasks: int
 ) -> None:
     users = [new_user() for _ in range(7)]
     for user in users:
         say(writes, store, user, TOPICS)
-
-    def run(chunk: Chunk) -> None:
-        report = rebuild_hierarchy(
-            graph=store, keeper=keeper, embedder=embedder, settings=SETTINGS, guard=guard, user_ids=chunk.user_ids
-        )
-        release(redis_client, chunk, report.failed)
 
     sent: list[Chunk] = []
     drive(job="hierarchy", client=redis_client, graph=store, send=collect(sent), claim_s=600)
