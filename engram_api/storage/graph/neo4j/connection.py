@@ -41,6 +41,7 @@ from neo4j import (
 from neo4j.exceptions import (
     ClientError,
     ConfigurationError,
+    ConnectionAcquisitionTimeoutError,
     DatabaseUnavailable,
     DriverError,
     Neo4jError,
@@ -159,6 +160,11 @@ class Neo4jConnection(GraphStore):
             yield
         except (ServiceUnavailable, SessionExpired, DatabaseUnavailable) as exc:
             raise StoreUnavailableError(f"Neo4j at {self._uri} is unavailable: {exc}") from exc
+        except ConnectionAcquisitionTimeoutError as exc:
+            raise StoreUnavailableError(
+                f"no free Neo4j connection in this process ({exc}): raise ENGRAM_NEO4J_MAX_POOL_SIZE or "
+                "ENGRAM_NEO4J_POOL_ACQUISITION_TIMEOUT_S, or run fewer threads"
+            ) from exc
         except ClientError as exc:
             if "TransactionTimedOut" not in (exc.code or ""):
                 raise
