@@ -72,7 +72,7 @@ _neo4j_servers: list[Neo4jServer] = []
 
 @pytest.fixture(scope="session")
 def neo4j_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Neo4jServer]:
-    """A Neo4j owned by this test run (ops/neo4j-launcher), even when NEO4J_URI is set."""
+    """A Neo4j owned by this test run (ops/neo4j-launcher), even when NEO4J_URI is set; migrated once."""
     # The timeout monitor's default 2 s tick lets a short query outrun a 1 ms timeout by luck; 50 ms makes the
     # transaction-timeout test deterministic (test_limits) at the cost of a thread waking 20 times a second.
     conf = {"db.transaction.monitor.check.interval": "50ms"}
@@ -81,6 +81,7 @@ def neo4j_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Neo4jServ
         server.start()
     except ServiceStartError as exc:
         pytest.fail(f"Neo4j could not start: {exc}", pytrace=False)
+    _migrated(server.uri)
     _neo4j_servers.append(server)
     yield server
     _neo4j_servers.remove(server)
@@ -115,7 +116,7 @@ def neo4j_uri(request: pytest.FixtureRequest) -> str:
     """``NEO4J_URI`` if set (checked with a connection), else the Bolt URI of ``neo4j_server``."""
     uri = os.environ.get("NEO4J_URI")
     if not uri:
-        return _migrated(str(request.getfixturevalue("neo4j_server").uri))
+        return str(request.getfixturevalue("neo4j_server").uri)
     import neo4j  # here: only this branch needs the driver at fixture time
 
     try:
