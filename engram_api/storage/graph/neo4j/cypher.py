@@ -97,7 +97,7 @@ SCHEMA = (
     "CREATE INDEX engram_episode_user IF NOT EXISTS FOR (n:Episode) ON (n.user_id)",
     "CREATE INDEX engram_entity_user IF NOT EXISTS FOR (n:Entity) ON (n.user_id)",
     "CREATE INDEX engram_entity_norm_name IF NOT EXISTS FOR (n:Entity) ON (n.norm_name)",
-    # entity lookups by name are always one user's (Q_FIND_ENTITIES, Q_LOOKUP_ENTITIES, the apply's MERGE)
+    # entity lookups by name are always one user's (_BY_NAME in Q_FIND_ENTITIES and Q_LOOKUP_ENTITIES, Q_HISTORY)
     "CREATE INDEX engram_entity_user_norm IF NOT EXISTS FOR (n:Entity) ON (n.user_id, n.norm_name)",
     "CREATE INDEX engram_alias_norm IF NOT EXISTS FOR (n:Alias) ON (n.norm)",
     "CREATE INDEX engram_alias_user IF NOT EXISTS FOR (n:Alias) ON (n.user_id)",
