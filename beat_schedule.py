@@ -2,7 +2,8 @@
 
 Every entry carries ``expires`` (a run that waited longer than its interval is dropped rather than run
 late on top of the next one) and goes to the maintenance queue. The jobs are idempotent: decay is computed
-from elapsed time, the others converge to the same state, so an extra run is harmless.
+from elapsed time, the others converge to the same state, so an extra run is harmless. Decay, hierarchy and
+reconcile fire as drivers (``fan_out``) that send per-user tasks (``engram_workers.maintenance.fanout``).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from typing import Any
 
 from engram_api import keys
 from engram_api.settings import Settings
+from engram_api.storage.writer.changes import FANNED_OUT
 
 __all__ = ["JOBS", "build_schedule"]
 
@@ -33,4 +35,6 @@ def build_schedule(settings: Settings) -> dict[str, Any]:
             "schedule": interval,
             "options": {"queue": keys.queue_for(task), "expires": interval},
         }
+        if name in FANNED_OUT:
+            schedule[f"engram-{name}"]["kwargs"] = {"fan_out": True}
     return schedule

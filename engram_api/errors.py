@@ -14,6 +14,7 @@ __all__ = [
     "InvalidInputError",
     "LLMError",
     "NotFoundError",
+    "SchemaNotMigratedError",
     "StaleWriteError",
     "StoreUnavailableError",
     "UserBusyError",
@@ -45,6 +46,17 @@ class ConfigError(EngramError):
 
 class StoreUnavailableError(EngramError):
     """A backing service (Redis, Neo4j, the embedded store) cannot be reached right now."""
+
+
+class SchemaNotMigratedError(EngramError):
+    """The graph database's schema is not the version this code expects: run `engram migrate` (once, by an
+    operator or an init job) before starting processes against it."""
+
+    def __init__(self, found: int | None, expected: int) -> None:
+        self.found = found
+        self.expected = expected
+        state = "has no Engram schema" if found is None else f"is at schema version {found}"
+        super().__init__(f"the Neo4j database {state}, this code needs version {expected}: run `engram migrate`")
 
 
 class StaleWriteError(EngramError):

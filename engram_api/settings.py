@@ -212,6 +212,15 @@ class Settings(BaseSettings):
     neo4j_query_timeout_s: float = Field(
         10.0, gt=0, description="Neo4j: transaction timeout of recall's graph expansion (runaway traversals end)"
     )
+    neo4j_max_pool_size: int = Field(100, ge=1, description="Neo4j: connections one process keeps at most")
+    neo4j_pool_acquisition_timeout_s: float = Field(
+        60.0, gt=0, description="Neo4j: how long a query waits for a free pooled connection before failing"
+    )
+    neo4j_connection_lifetime_s: float = Field(
+        3600.0,
+        gt=0,
+        description="Neo4j: a pooled connection older than this is closed (set below any proxy's idle cut)",
+    )
     index_cache_users: int = Field(
         256, ge=1, description="per-process LRU of users' loaded FAISS indexes (older ones are reloaded from disk)"
     )
@@ -344,6 +353,15 @@ class Settings(BaseSettings):
     gateway_public_docs: bool = Field(
         False, description="serve /docs and /openapi.json without a key when keys are configured"
     )
+
+    @property
+    def neo4j_pool(self) -> dict[str, float]:
+        """The Neo4j driver's pool options (``Neo4jConnection``)."""
+        return {
+            "max_connection_pool_size": self.neo4j_max_pool_size,
+            "connection_acquisition_timeout": self.neo4j_pool_acquisition_timeout_s,
+            "max_connection_lifetime": self.neo4j_connection_lifetime_s,
+        }
 
     @field_validator("neo4j_uri")
     @classmethod

@@ -9,7 +9,7 @@ import traceback
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from datetime import datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import redis
 from celery import Task
@@ -24,6 +24,9 @@ from engram_workers.stages import RetryLater
 from engram_workers.stages.apply import run_apply
 from engram_workers.stages.common import Delivery, dead_letter, deliveries, envelope_or_none, hooked, keep_alive
 from engram_workers.stages.extract import run_extract
+
+if TYPE_CHECKING:  # the maintenance jobs are imported by the tasks that run them (numpy, faiss)
+    from engram_workers.maintenance.fanout import Chunk, Job
 
 __all__ = ["apply", "decay_task", "extract", "hierarchy_task", "reconcile_task", "redeliver_task", "weights_task"]
 
@@ -123,25 +126,61 @@ def _guard(ctx: WorkerContext) -> Callable[[str], AbstractContextManager[UserWri
     return lambda user_id: ctx.writes.open(user_id, wait=60.0)
 
 
+def _fan_out(ctx: WorkerContext, job: Job, task: str, interval_s: float, **extra: str) -> dict[str, Any]:
+    """Beat's driver for ``job``: queue its users in tasks of ``task`` (``maintenance.fanout``). A claim
+    lapses a little before the next driver run, so whatever a task left undone is sent again then; a task
+    still queued when its claim lapses is dropped (``expires``), its users already being sent again."""
+    from engram_workers.maintenance.fanout import drive
+
+    claim_s = 0.9 * interval_s
+
+    def send(chunk: Chunk) -> object:
+        kwargs = {"user_ids": chunk.user_ids, "claim": chunk.claim, **extra}
+        return app.send_task(task, kwargs=kwargs, queue=keys.queue_for(task), expires=claim_s)
+
+    report = drive(job=job, client=ctx.redis, graph=ctx.graph, send=send, claim_s=claim_s)
+    return report.model_dump(mode="json")
+
+
+def _released(ctx: WorkerContext, job: Job, user_ids: list[str] | None, claim: int | None, report: Any) -> None:
+    """A fanned-out task's users come off the job's to-do set once visited (``fanout.release``)."""
+    from engram_workers.maintenance.fanout import Chunk, release
+
+    if claim is not None and user_ids:
+        release(ctx.redis, Chunk(job=job, user_ids=user_ids, claim=claim), report.failed)
+
+
 @app.task(name=keys.DECAY_TASK)
-def decay_task(user_ids: list[str] | None = None, now: str | None = None) -> dict[str, Any]:
+def decay_task(
+    user_ids: list[str] | None = None, now: str | None = None, claim: int | None = None, fan_out: bool = False
+) -> dict[str, Any]:
+    """``fan_out`` (Beat): queue every user in tasks; ``claim``: one such task; neither: run here."""
     from engram_workers.maintenance import run_decay
 
     ctx = get_context()
     when = datetime.fromisoformat(now) if now else utcnow()
+    if fan_out:
+        return _fan_out(ctx, "decay", keys.DECAY_TASK, ctx.settings.decay_interval_s, now=when.isoformat())
     report = run_decay(graph=ctx.graph, settings=ctx.settings, guard=_guard(ctx), now=when, user_ids=user_ids)
+    _released(ctx, "decay", user_ids, claim, report)
     return report.model_dump(mode="json")
 
 
 @app.task(name=keys.HIERARCHY_TASK)
-def hierarchy_task(user_ids: list[str] | None = None) -> dict[str, Any]:
+def hierarchy_task(
+    user_ids: list[str] | None = None, claim: int | None = None, fan_out: bool = False
+) -> dict[str, Any]:
+    """``fan_out`` (Beat): queue the users written since the last run; ``claim``: one such task."""
     from engram_workers.maintenance import rebuild_hierarchy
 
     ctx = get_context()
+    if fan_out:
+        return _fan_out(ctx, "hierarchy", keys.HIERARCHY_TASK, ctx.settings.hierarchy_interval_s)
     report = rebuild_hierarchy(
         graph=ctx.graph, keeper=ctx.keeper, embedder=ctx.embedder, settings=ctx.settings, guard=_guard(ctx),
         user_ids=user_ids,
     )  # fmt: skip
+    _released(ctx, "hierarchy", user_ids, claim, report)
     return report.model_dump(mode="json")
 
 
@@ -155,14 +194,23 @@ def weights_task(user_ids: list[str] | None = None) -> dict[str, Any]:
 
 
 @app.task(name=keys.RECONCILE_TASK)
-def reconcile_task(user_ids: list[str] | None = None) -> dict[str, Any]:
-    from engram_workers.maintenance import reconcile
+def reconcile_task(
+    user_ids: list[str] | None = None, claim: int | None = None, fan_out: bool = False
+) -> dict[str, Any]:
+    """``fan_out`` (Beat): remove orphaned artefacts, then queue the users written since the last run;
+    ``claim``: one such task (its users only, no orphan sweep)."""
+    from engram_workers.maintenance import reconcile, remove_orphans
 
     ctx = get_context()
+    if fan_out:
+        orphans = remove_orphans(graph=ctx.graph, keeper=ctx.keeper, redis_client=ctx.redis)
+        driven = _fan_out(ctx, "reconcile", keys.RECONCILE_TASK, ctx.settings.reconcile_interval_s)
+        return {**driven, **orphans.model_dump(mode="json", include={"orphan_files", "orphan_stamps"})}
     report = reconcile(
         graph=ctx.graph, keeper=ctx.keeper, guard=_guard(ctx), user_ids=user_ids, redis_client=ctx.redis,
-        embedder=ctx.embedder, settings=ctx.settings,
+        embedder=ctx.embedder, settings=ctx.settings, orphans=claim is None,
     )  # fmt: skip
+    _released(ctx, "reconcile", user_ids, claim, report)
     return report.model_dump(mode="json")
 
 

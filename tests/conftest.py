@@ -72,7 +72,7 @@ _neo4j_servers: list[Neo4jServer] = []
 
 @pytest.fixture(scope="session")
 def neo4j_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Neo4jServer]:
-    """A Neo4j owned by this test run (ops/neo4j-launcher), even when NEO4J_URI is set."""
+    """A Neo4j owned by this test run (ops/neo4j-launcher), even when NEO4J_URI is set; migrated once."""
     # The timeout monitor's default 2 s tick lets a short query outrun a 1 ms timeout by luck; 50 ms makes the
     # transaction-timeout test deterministic (test_limits) at the cost of a thread waking 20 times a second.
     conf = {"db.transaction.monitor.check.interval": "50ms"}
@@ -81,6 +81,7 @@ def neo4j_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Neo4jServ
         server.start()
     except ServiceStartError as exc:
         pytest.fail(f"Neo4j could not start: {exc}", pytrace=False)
+    _migrated(server.uri)
     _neo4j_servers.append(server)
     yield server
     _neo4j_servers.remove(server)
@@ -123,6 +124,15 @@ def neo4j_uri(request: pytest.FixtureRequest) -> str:
             driver.verify_connectivity()
     except Exception as exc:  # any driver error means the same thing here: not usable
         pytest.fail(f"NEO4J_URI={uri} is not reachable: {exc}", pytrace=False)
+    return _migrated(uri)
+
+
+def _migrated(uri: str) -> str:
+    """`engram migrate` once on the session's database, as an operator would: processes only check it."""
+    from engram_api.settings import Settings
+    from engram_api.storage import migrate_graph_store
+
+    migrate_graph_store(Settings(neo4j_uri=uri))
     return uri
 
 

@@ -201,3 +201,23 @@ def test_keda_scales_each_worker_on_queue_length_and_lag() -> None:
         "name": "engram-secrets",
         "key": "REDIS_PASSWORD",
     }
+
+
+def test_every_process_on_neo4j_runs_engram_migrate_first() -> None:
+    """With Neo4j, each pod that opens it (workers, gateway; not Beat) runs `engram migrate` in an init
+    container with the same secrets and hardening as its process; the embedded store needs none."""
+    docs = workloads(render("-f", str(PRODUCTION)))
+    for doc in docs:
+        inits = pod_spec(doc).get("initContainers", [])
+        if component(doc) == "beat":
+            assert not inits
+            continue
+        (init,) = inits
+        (main,) = pod_spec(doc)["containers"]
+        assert init["command"] + init["args"] == ["engram", "migrate"], component(doc)
+        assert init["image"] == main["image"] and init["securityContext"] == main["securityContext"]
+        secrets = [{e["name"] for e in c["env"] if "valueFrom" in e} for c in (init, main)]
+        assert secrets[0] == secrets[1] and "NEO4J_PASSWORD" in secrets[0], component(doc)
+    assert not any(pod_spec(d).get("initContainers") for d in workloads(render()))
+    off = render("-f", str(PRODUCTION), "--set", "migrate.initContainer=false")
+    assert not any(pod_spec(d).get("initContainers") for d in workloads(off))

@@ -14,7 +14,7 @@ from engram_api.storage.graph.contract import ExtractionContext, GraphStep, Grap
 if TYPE_CHECKING:
     from engram_api.settings import Settings
 
-__all__ = ["ExtractionContext", "GraphStep", "GraphStepQuery", "GraphStore", "open_graph_store"]
+__all__ = ["ExtractionContext", "GraphStep", "GraphStepQuery", "GraphStore", "migrate_graph_store", "open_graph_store"]
 
 
 def open_graph_store(settings: Settings) -> GraphStore:
@@ -28,7 +28,25 @@ def open_graph_store(settings: Settings) -> GraphStore:
             password=settings.neo4j_password,
             database=settings.neo4j_database,
             query_timeout_s=settings.neo4j_query_timeout_s,
+            pool=settings.neo4j_pool,
         )
     from engram_api.storage.graph.sqlite.store import SqliteGraphStore
 
     return SqliteGraphStore(path=settings.sqlite_path)
+
+
+def migrate_graph_store(settings: Settings) -> tuple[int | None, int | None]:
+    """`engram migrate`: bring the configured graph store to this code's schema (Neo4j: the schema
+    statements, data migrations and version marker, a no-op when already there; the embedded SQLite store
+    migrates itself when opened). Returns the Neo4j schema version (before, after); (None, None) for SQLite."""
+    graph = open_graph_store(settings)
+    try:
+        if settings.neo4j_uri:
+            from engram_api.storage.graph.neo4j.connection import Neo4jConnection
+
+            assert isinstance(graph, Neo4jConnection)
+            return graph.migrate()
+        graph.ensure_schema()
+        return None, None
+    finally:
+        graph.close()

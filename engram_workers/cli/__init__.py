@@ -15,7 +15,7 @@ from typing import Any
 
 import click
 
-from engram_workers.cli import demo, dlq, gateway, ingest, maintenance, memory, ops, probe
+from engram_workers.cli import demo, dlq, gateway, ingest, maintenance, memory, migrate, ops, probe
 
 __all__ = ["main"]
 
@@ -93,6 +93,7 @@ for command in (
     *maintenance.COMMANDS,
     *gateway.COMMANDS,
     *probe.COMMANDS,
+    *migrate.COMMANDS,
 ):
     main.add_command(command)
 del command

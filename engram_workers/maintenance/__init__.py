@@ -1,11 +1,13 @@
 """Maintenance jobs Celery Beat runs: decay and archival, cluster rebuild, weight learning, index
 reconciliation. Each is a plain function over the stores it is handed, works per user under the
-caller's per-user guard, and returns a pydantic report (printed by the CLI, returned by Celery)."""
+caller's per-user guard, and returns a pydantic report (printed by the CLI, returned by Celery). Beat
+runs decay, hierarchy and reconcile through ``fanout``: a driver sends per-user tasks of the users with
+work (docs/operations.md "Maintenance")."""
 
 from engram_workers.maintenance._common import Guard, UserFailure
 from engram_workers.maintenance.decay import DecayReport, DecayUser, run_decay
 from engram_workers.maintenance.hierarchy import HierarchyReport, HierarchyUser, rebuild_hierarchy
-from engram_workers.maintenance.reconcile import BackfillUser, ReconcileReport, ReconcileUser, reconcile
+from engram_workers.maintenance.reconcile import BackfillUser, ReconcileReport, ReconcileUser, reconcile, remove_orphans
 from engram_workers.maintenance.redeliver import RedeliverReport, redeliver_stuck
 from engram_workers.maintenance.weights import (
     ScopeOutcome,
@@ -34,5 +36,6 @@ __all__ = [
     "rebuild_hierarchy",
     "reconcile",
     "redeliver_stuck",
+    "remove_orphans",
     "run_decay",
 ]

@@ -83,7 +83,9 @@ def run_decay(
             )
             removed = _expire_episodes(graph, write.user_id, episode_cutoff(settings, when))
             # Strengths change no embedding: the index moves by the removed chunks only (often an empty delta).
-            return decayed, archived, len(removed), write.finish(removals=removed).version
+            # Only an archival or a removed chunk changes what the other jobs look at (``fanout``).
+            after = write.finish(removals=removed, changed=bool(archived or removed))
+            return decayed, archived, len(removed), after.version
 
         with isolate("decay", user_id, report.failed):
             decayed, archived, removed, after = guarded(guard, user_id, decay)

@@ -181,7 +181,8 @@ def _rebuild_user(
             if write.before != stamp:
                 return False  # an apply or forget landed meanwhile: recluster the new state
             graph.replace_clusters(user_id, clusters)
-            write.finish()  # clusters change no embedding: an empty delta to the new stamp
+            # Clusters change no embedding (an empty delta to the new stamp) and call for no other visit.
+            write.finish(changed=False)
             return True
 
         if not guarded(guard, user_id, store):

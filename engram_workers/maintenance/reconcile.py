@@ -38,7 +38,7 @@ from engram_api.storage.writer.userwrite import UserWrite
 from engram_workers.maintenance._common import Guard, UserFailure, guarded, isolate, target_users
 from engram_workers.maintenance.decay import episode_cutoff
 
-__all__ = ["BackfillUser", "ReconcileReport", "ReconcileUser", "reconcile"]
+__all__ = ["BackfillUser", "ReconcileReport", "ReconcileUser", "reconcile", "remove_orphans"]
 
 Problem = Literal["unreadable", "another lifetime", "ahead", "ids differ"]
 # A temp file this old is a crashed writer's leftover (a save takes milliseconds to seconds).
@@ -86,12 +86,13 @@ def reconcile(
     redis_client: redis.Redis | None = None,
     embedder: Embedder | None = None,
     settings: Settings | None = None,
+    orphans: bool = True,
 ) -> ReconcileReport:
     """Rebuild every local index file that is unreadable, of another lifetime, ahead of the graph or holds
-    other node ids (once caught up), remove the artefacts of users the graph does not know and, given an ``embedder``, backfill
-    the chunks of episodes that have none (see the module docstring)."""
-    report = ReconcileReport()
-    _remove_orphans(report, graph, keeper, redis_client)
+    other node ids (once caught up), remove the artefacts of users the graph does not know (``orphans``;
+    the fan-out's tasks leave that to their driver) and, given an ``embedder``, backfill the chunks of
+    episodes that have none (see the module docstring)."""
+    report = remove_orphans(graph=graph, keeper=keeper, redis_client=redis_client) if orphans else ReconcileReport()
     cutoff = episode_cutoff(settings or Settings(), utcnow())
 
     def check(write: UserWrite) -> tuple[ReconcileUser | None, BackfillUser | None]:
@@ -99,7 +100,8 @@ def reconcile(
         fault = _diagnose(graph, keeper, write.user_id)
         if fault is not None:
             fault.rebuilt_rows = len(keeper.rebuild(write.user_id))
-            write.finish()  # publish the graph's stamp: a writer that lost its lease may not have
+            # Publish the graph's stamp (a writer that lost its lease may not have); nothing to revisit.
+            write.finish(changed=False)
         filled = None if embedder is None else _backfill(graph, embedder, write, cutoff)
         return fault, filled
 
@@ -117,9 +119,11 @@ def reconcile(
     return report
 
 
-def _remove_orphans(
-    report: ReconcileReport, graph: GraphStore, keeper: IndexKeeper, redis_client: redis.Redis | None
-) -> None:
+def remove_orphans(*, graph: GraphStore, keeper: IndexKeeper, redis_client: redis.Redis | None) -> ReconcileReport:
+    """Remove this host's index files and the published stamps of users the graph does not know, and
+    crashed writers' temp files; a report with only the orphan counts set. Lists every file, stamp and
+    user (no vectors): the fan-out's driver runs it once per run."""
+    report = ReconcileReport()
     # Artefacts first, the graph's users second (see the module docstring for why this order is safe).
     files = keeper.vectors.files()
     stamps = [] if redis_client is None else list(redis_client.scan_iter(match=keys.user_version("*"), count=500))
@@ -134,11 +138,12 @@ def _remove_orphans(
         if time.time() - tmp.stat().st_mtime > _STALE_TMP_S:
             tmp.unlink(missing_ok=True)
     if redis_client is None:
-        return
+        return report
     prefix = keys.user_version("")
     doomed = [k for k in stamps if k[len(prefix) :] not in known]
     if doomed:
         report.orphan_stamps += int(redis_client.delete(*doomed))
+    return report
 
 
 def _backfill(graph: GraphStore, embedder: Embedder, write: UserWrite, cutoff: datetime | None) -> BackfillUser | None:
@@ -154,7 +159,7 @@ def _backfill(graph: GraphStore, embedder: Embedder, write: UserWrite, cutoff: d
         chunk.embedding = vector.tolist()
     # Planned from reads under the fence: a writer in between makes this write refused and re-planned.
     added = graph.add_chunks(user_id, chunks)
-    write.finish(upserts=[(c.id, "episode", c.embedding or []) for c in chunks])
+    write.finish(upserts=[(c.id, "episode", c.embedding or []) for c in chunks], changed=False)
     return BackfillUser(user_id=user_id, episodes=len({c.episode_id for c in chunks}), chunks=added)
 
 

@@ -201,9 +201,12 @@ class Services:
     @property
     def neo4j_uri(self) -> str:
         if self._neo4j is None:
+            from engram_api.settings import Settings
+            from engram_api.storage import migrate_graph_store
             from engram_testing.neo4j_server import Neo4jServer
 
             self._neo4j = Neo4jServer(data_dir=self.workdir / "neo4j", heap="2g").start()
+            migrate_graph_store(Settings(neo4j_uri=self._neo4j.uri))  # `engram migrate`, as an operator would
         return str(self._neo4j.uri)
 
     @property

@@ -46,7 +46,8 @@ def apply_cpu(uri: str, n: int, server_pid: int) -> tuple[float, float]:
 
     rnd = random.Random(1)
     store = Neo4jGraphStore(uri=uri, user="neo4j", password=None, database="neo4j")
-    store.ensure_schema()
+    # `engram migrate` where the tree has it (older trees created the schema in ensure_schema).
+    getattr(store, "migrate", store.ensure_schema)()
 
     def vec() -> list[float]:
         return [rnd.uniform(-0.1, 0.1) for _ in range(384)]

@@ -92,6 +92,8 @@ def backend_redis(redis_url: str, backend: str) -> str:
 def stores(workdir: Path, neo4j_uri: str = "") -> Iterator[tuple[str, str]]:
     """A Redis, and a Neo4j unless ``neo4j_uri`` names one ("none": no Neo4j), with their data under
     ``workdir``: yields (Redis URL, Neo4j URI or "")."""
+    from engram_api.settings import Settings
+    from engram_api.storage import migrate_graph_store
     from engram_testing import Neo4jServer
     from engram_workers.services import RedisServer
 
@@ -99,6 +101,8 @@ def stores(workdir: Path, neo4j_uri: str = "") -> Iterator[tuple[str, str]]:
     redis = RedisServer(data_dir=workdir / "redis", appendonly=False)
     redis.start()
     neo4j = Neo4jServer(data_dir=workdir / "neo4j").start() if not neo4j_uri else None
+    if neo4j is not None:
+        migrate_graph_store(Settings(neo4j_uri=neo4j.uri))  # `engram migrate`, as an operator would
     try:
         yield redis.url, str(neo4j.uri) if neo4j is not None else ("" if neo4j_uri == "none" else neo4j_uri)
     finally:

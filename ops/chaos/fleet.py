@@ -27,6 +27,8 @@ from typing import Any
 
 from workload import Workload
 
+from engram_api.settings import Settings
+from engram_api.storage import migrate_graph_store
 from engram_testing import LLMStandin, Neo4jServer, Reply
 from engram_workers.services import RedisServer
 from engram_workers.services.celery_worker import APPLY_WORKER, EXTRACT_WORKER, ManagedProcess
@@ -58,6 +60,7 @@ class Services:
             Neo4jServer(data_dir=work_dir / "neo4j") as neo4j,
             LLMStandin() as llm,
         ):
+            migrate_graph_store(Settings(neo4j_uri=neo4j.uri))  # `engram migrate`, as an init job would
             yield cls(work_dir=work_dir, redis_url=redis.url, neo4j_uri=neo4j.uri, llm=llm, neo4j=neo4j)
 
 

@@ -35,6 +35,7 @@ from engram_api.storage.faiss.erasure import record_erasure
 from engram_api.storage.faiss.files import Kind, UserIndex
 from engram_api.storage.faiss.keeper import IndexKeeper
 from engram_api.storage.graph.contract import Fence, GraphStore
+from engram_api.storage.writer.changes import forget_changes, mark_changed
 from engram_api.versions import ABSENT, Stamp, new_epoch, publish_stamp, read_stamp
 
 if TYPE_CHECKING:
@@ -70,9 +71,14 @@ class UserWrite:
         return self._owner.keeper.current(self.user_id, self.before)
 
     def finish(
-        self, *, upserts: Iterable[tuple[str, Kind, Sequence[float]]] = (), removals: Iterable[str] = ()
+        self,
+        *,
+        upserts: Iterable[tuple[str, Kind, Sequence[float]]] = (),
+        removals: Iterable[str] = (),
+        changed: bool = True,
     ) -> Stamp:
-        """Bring the index, the published stamp and the caches to the graph's state after this write."""
+        """Bring the index, the published stamp and the caches to the graph's state after this write.
+        ``changed=False``: a maintenance write no maintenance job needs to look at again (``changes``)."""
         owner, user_id, after = self._owner, self.user_id, self.stamp
         if after == ABSENT and self.before != ABSENT and owner.redis is not None:
             # The graph erased the user: every host's files go (``erasure``), whoever holds the lease now.
@@ -84,8 +90,11 @@ class UserWrite:
         if owner.redis is not None:
             if after == ABSENT:
                 owner.redis.delete(keys.user_version(user_id))
+                forget_changes(owner.redis, user_id)
             else:
                 publish_stamp(owner.redis, user_id, after, lease_token=self.lease.token if self.lease else None)
+                if changed and after != self.before:  # a write that committed nothing changed nothing
+                    mark_changed(owner.redis, user_id)
         owner.drop_caches(user_id)
         self.before = after
         return after

@@ -2,7 +2,9 @@
 write transactions, single-query auto-commit reads with their retry, the mapping of driver errors to our
 typed errors, the fence check of a write, and the schema.
 
-Invariants: the schema is ensured once per store before its first read or write. Managed transactions retry
+Invariants: the schema is checked once per store before its first read or write: one read of the
+:EngramSchema node, which ``migrate`` (`engram migrate`, run once per database) writes after the schema
+statements and data migrations; a database at another version raises ``SchemaNotMigratedError``. Managed transactions retry
 transient errors (deadlocks, leader switches, a dropped connection) for ``MAX_RETRY_TIME_S``; a server that
 stays down surfaces as ``StoreUnavailableError`` after it, and so does a query the server ends at its
 transaction timeout. A single read query is an auto-commit transaction, retried here for as long as a
@@ -39,6 +41,7 @@ from neo4j import (
 from neo4j.exceptions import (
     ClientError,
     ConfigurationError,
+    ConnectionAcquisitionTimeoutError,
     DatabaseUnavailable,
     DriverError,
     Neo4jError,
@@ -46,7 +49,7 @@ from neo4j.exceptions import (
     SessionExpired,
 )
 
-from engram_api.errors import ConfigError, StoreUnavailableError
+from engram_api.errors import ConfigError, SchemaNotMigratedError, StoreUnavailableError
 from engram_api.storage.faiss.sync import REMOVAL_RETAIN
 from engram_api.storage.graph.contract import Fence, GraphStore, Link
 from engram_api.storage.graph.episodes import user_key
@@ -106,10 +109,20 @@ class Neo4jConnection(GraphStore):
     """The connection plumbing ``Neo4jGraphStore`` and its mixins share; safe to share between threads."""
 
     def __init__(
-        self, *, uri: str, user: str, password: str | None, database: str, query_timeout_s: float | None = None
+        self,
+        *,
+        uri: str,
+        user: str,
+        password: str | None,
+        database: str,
+        query_timeout_s: float | None = None,
+        pool: dict[str, float] | None = None,
     ) -> None:
+        """``pool``: the driver's ``max_connection_pool_size``, ``connection_acquisition_timeout`` and
+        ``max_connection_lifetime`` (``Settings.neo4j_pool``); the driver's defaults when None."""
         super().__init__()
         self._uri = uri
+        self._pool = dict(pool or {})
         self._query_timeout_s = query_timeout_s
         self._auth = None if password is None else (user, password)
         self._database = database
@@ -136,6 +149,7 @@ class Neo4jConnection(GraphStore):
                         # Property keys a fresh database has not seen yet (e.g. last_decay_at)
                         # would make the server warn on every read.
                         notifications_disabled_classifications=[NotificationDisabledClassification.UNRECOGNIZED],
+                        **self._pool,
                     )
                 except (ConfigurationError, ValueError) as exc:
                     raise ConfigError("NEO4J_URI", f"cannot use {self._uri!r}: {exc}") from exc
@@ -147,6 +161,11 @@ class Neo4jConnection(GraphStore):
             yield
         except (ServiceUnavailable, SessionExpired, DatabaseUnavailable) as exc:
             raise StoreUnavailableError(f"Neo4j at {self._uri} is unavailable: {exc}") from exc
+        except ConnectionAcquisitionTimeoutError as exc:
+            raise StoreUnavailableError(
+                f"no free Neo4j connection in this process ({exc}): raise ENGRAM_NEO4J_MAX_POOL_SIZE or "
+                "ENGRAM_NEO4J_POOL_ACQUISITION_TIMEOUT_S, or run fewer threads"
+            ) from exc
         except ClientError as exc:
             if "TransactionTimedOut" not in (exc.code or ""):
                 raise
@@ -268,22 +287,44 @@ class Neo4jConnection(GraphStore):
 
     # ---------------------------------------------------------------------------- lifecycle
     def ensure_schema(self) -> None:
+        """Check (one read) that ``migrate`` brought the database to ``cy.SCHEMA_VERSION``; runs no schema
+        statement, so a process needs read and write rights only."""
         driver = self._get_driver()
         with self._lock:
             if self._schema_ready:
                 return
             with self._mapped_errors(), driver.session(database=self._database) as session:
-                for statement in cy.SCHEMA:
-                    try:
-                        session.run(statement).consume()
-                    except ClientError as exc:
-                        if exc.code not in cy.SCHEMA_RACE_CODES:
-                            raise
-                session.run("CALL db.awaitIndexes($timeout)", timeout=SCHEMA_WAIT_S).consume()
-                for record in session.run(episodes_cypher.Q_UNKEYED_FACT_USERS).data():
-                    uid = record["user_id"]
-                    session.run(episodes_cypher.Q_SET_FACT_UKEY, user_id=uid, ukey=user_key(uid)).consume()
+                found = session.run(cy.Q_SCHEMA_VERSION).single()
+            version = None if found is None else int(found["version"])
+            if version != cy.SCHEMA_VERSION:
+                raise SchemaNotMigratedError(version, cy.SCHEMA_VERSION)
             self._schema_ready = True
+
+    def migrate(self) -> tuple[int | None, int]:
+        """`engram migrate`: the schema statements, the data migrations, then the version marker; needs
+        schema-admin rights. A database already at ``cy.SCHEMA_VERSION`` is left untouched. Safe to run
+        concurrently (``SCHEMA_RACE_CODES``) and again after a failure. Returns (version before, after)."""
+        driver = self._get_driver()
+        with self._lock, self._mapped_errors(), driver.session(database=self._database) as session:
+            found = session.run(cy.Q_SCHEMA_VERSION).single()
+            before = None if found is None else int(found["version"])
+            if before == cy.SCHEMA_VERSION:
+                self._schema_ready = True
+                return before, before
+            for statement in cy.SCHEMA:
+                try:
+                    session.run(statement).consume()
+                except ClientError as exc:
+                    if exc.code not in cy.SCHEMA_RACE_CODES:
+                        raise
+            session.run("CALL db.awaitIndexes($timeout)", timeout=SCHEMA_WAIT_S).consume()
+            # Facts written before the keyword index existed get their user's token (a scan of every fact).
+            for record in session.run(episodes_cypher.Q_UNKEYED_FACT_USERS).data():
+                uid = record["user_id"]
+                session.run(episodes_cypher.Q_SET_FACT_UKEY, user_id=uid, ukey=user_key(uid)).consume()
+            session.run(cy.Q_SET_SCHEMA_VERSION, version=cy.SCHEMA_VERSION).consume()
+            self._schema_ready = True
+            return before, cy.SCHEMA_VERSION
 
     def ping(self) -> None:
         driver = self._get_driver()

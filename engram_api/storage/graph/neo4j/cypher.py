@@ -64,6 +64,8 @@ __all__ = [
     "Q_PAGE_ENTITIES",
     "Q_PAGE_FACTS",
     "Q_REINFORCE",
+    "Q_SCHEMA_VERSION",
+    "Q_SET_SCHEMA_VERSION",
     "Q_STAMP",
     "Q_STATS",
     "Q_USERS",
@@ -75,6 +77,7 @@ __all__ = [
     "Q_WEIGHTS_SAVE",
     "SCHEMA",
     "SCHEMA_RACE_CODES",
+    "SCHEMA_VERSION",
     "plan_bucket",
     "plan_list",
     "plan_rows",
@@ -91,6 +94,8 @@ SCHEMA = (
     "CREATE INDEX engram_episode_user IF NOT EXISTS FOR (n:Episode) ON (n.user_id)",
     "CREATE INDEX engram_entity_user IF NOT EXISTS FOR (n:Entity) ON (n.user_id)",
     "CREATE INDEX engram_entity_norm_name IF NOT EXISTS FOR (n:Entity) ON (n.norm_name)",
+    # entity lookups by name are always one user's (_BY_NAME in Q_FIND_ENTITIES and Q_LOOKUP_ENTITIES, Q_HISTORY)
+    "CREATE INDEX engram_entity_user_norm IF NOT EXISTS FOR (n:Entity) ON (n.user_id, n.norm_name)",
     "CREATE INDEX engram_alias_norm IF NOT EXISTS FOR (n:Alias) ON (n.norm)",
     "CREATE INDEX engram_alias_user IF NOT EXISTS FOR (n:Alias) ON (n.user_id)",
     "CREATE INDEX engram_fact_user IF NOT EXISTS FOR (n:Fact) ON (n.user_id)",
@@ -110,7 +115,16 @@ SCHEMA = (
     "CREATE INDEX engram_feedback_user IF NOT EXISTS FOR (n:Feedback) ON (n.user_id)",
     "CREATE INDEX engram_feedback_created IF NOT EXISTS FOR (n:Feedback) ON (n.created_at)",
     *episodes_cypher.SCHEMA,
+    "CREATE CONSTRAINT engram_schema_name IF NOT EXISTS FOR (n:EngramSchema) REQUIRE n.name IS UNIQUE",
 )
+# The schema's version: bumped with every change to SCHEMA or to the data migrations `engram migrate` runs
+# (``Neo4jConnection.migrate``), which records it in the one :EngramSchema node. A process checks that node
+# at its first query and refuses a database at another version (``SchemaNotMigratedError``).
+SCHEMA_VERSION = 1
+Q_SCHEMA_VERSION = "MATCH (s:EngramSchema {name: 'engram'}) RETURN s.version AS version"
+Q_SET_SCHEMA_VERSION = """
+MERGE (s:EngramSchema {name: 'engram'}) SET s.version = $version, s.migrated_at = datetime()
+"""
 # Concurrent start-ups race on IF NOT EXISTS; the loser's error means the rule is already there.
 SCHEMA_RACE_CODES = frozenset(
     {

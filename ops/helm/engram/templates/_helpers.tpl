@@ -125,3 +125,21 @@ exec:
   command: [engram, probe, {{ .command }}, --role, {{ .role }}, --max-age, {{ .root.Values.probes.heartbeatMaxAge | quote }}]
 {{- toYaml .timing | nindent 0 }}
 {{- end -}}
+
+{{/* `engram migrate` before a process that uses Neo4j starts (the processes only check the schema's
+version and refuse another one): the first pod migrates, every later start is a no-op of one read. */}}
+{{- define "engram.migrateInit" -}}
+{{- if and .root.Values.neo4j.uri .root.Values.migrate.initContainer }}
+initContainers:
+  - name: migrate
+    {{- include "engram.image" .root | nindent 4 }}
+    command: [engram]
+    args: [migrate]
+    {{- include "engram.env" (dict "root" .root "component" .component "env" dict "resources" dict) | nindent 4 }}
+    {{- include "engram.volumeMounts" .root | nindent 4 }}
+    resources:
+      {{- toYaml .spec.resources | nindent 6 }}
+    securityContext:
+      {{- toYaml .root.Values.securityContext | nindent 6 }}
+{{- end }}
+{{- end }}
