@@ -41,7 +41,7 @@ from datetime import UTC, datetime, timedelta
 from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 
 from engram_api.errors import InvalidInputError, StaleWriteError, UserBusyError
 from engram_api.models import (
@@ -63,11 +63,11 @@ from engram_api.models import (
     UserStats,
     VectorItem,
     WritePlan,
-    utcnow,
 )
 from engram_api.naming import normalize_name
 from engram_api.storage.faiss.sync import VectorChanges
 from engram_api.storage.graph.forgetting import ForgetPlan, ForgetScope, Removed, plan_forget
+from engram_api.storage.graph.step import GraphStep, GraphStepQuery
 from engram_api.versions import ABSENT, Stamp, new_epoch
 
 if TYPE_CHECKING:
@@ -113,45 +113,6 @@ class Fence:
         # creates with its own epoch, so the one that finds another epoch after its write lost the race.
         if self.expected == ABSENT and found != ABSENT and found.epoch != self.epoch:
             raise StaleWriteError(self.user_id, self.expected, found)
-
-
-class GraphStepQuery(BaseModel):
-    """Recall's graph step: hydrate ``fact_ids`` and ``chunk_ids`` and expand from seeds, in one round trip
-    (see ``GraphStore.graph_step``). ``known`` are facts the caller already holds at the user's current
-    stamp. The ``chunk_*`` fields name episode chunks whose records or extracted facts the caller lacks."""
-
-    model_config = ConfigDict(frozen=True)
-
-    fact_ids: list[str] = Field(default_factory=list)
-    seeds: list[str] = Field(default_factory=list)
-    seed_facts: list[str] = Field(default_factory=list)
-    as_of: datetime | None = None
-    since: datetime | None = None
-    until: datetime | None = None
-    now: datetime = Field(default_factory=utcnow)
-    max_hops: int = Field(0, ge=0)
-    limit: int = Field(0, ge=0)
-    per_seed: int = Field(1, ge=1)
-    avoid: list[str] = Field(default_factory=list)
-    known: list[str] = Field(default_factory=list)
-    chunk_ids: list[str] = Field(default_factory=list)
-    chunk_facts: list[str] = Field(default_factory=list)
-    seed_chunks: list[str] = Field(default_factory=list)
-    seed_chunk_count: int = Field(0, ge=0)
-
-    @property
-    def expanding(self) -> bool:
-        return self.limit > 0 and bool(self.seeds or self.seed_facts or (self.seed_chunks and self.seed_chunk_count))
-
-
-class GraphStep(BaseModel):
-    """``facts``: every asked or reached fact of the user that is not in ``known`` (any order);
-    ``hops``: the reached facts as (fact id, hops), nearest first; ``chunks``: the user's chunks among
-    ``chunk_ids`` (any order)."""
-
-    facts: list[FactRecord] = Field(default_factory=list)
-    hops: list[tuple[str, int]] = Field(default_factory=list)
-    chunks: list[ChunkRecord] = Field(default_factory=list)
 
 
 class ExtractionContext(BaseModel):
