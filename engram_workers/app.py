@@ -19,8 +19,6 @@ from celery.signals import (
     after_setup_task_logger,
     beat_init,
     worker_init,
-    worker_process_init,
-    worker_process_shutdown,
 )
 
 __all__ = ["app"]
@@ -60,21 +58,6 @@ def _beat_publishing(sender: Any, **_: Any) -> None:
 
     if sender.app is app:
         app.conf.update(BEAT_PUBLISHING)
-
-
-@worker_process_init.connect
-def _fresh_resources_after_fork(**_: Any) -> None:
-    # A pool child must not reuse sockets or model state copied from its parent.
-    from engram_workers.context import reset_context
-
-    reset_context()
-
-
-@worker_process_shutdown.connect
-def _close_resources(**_: Any) -> None:
-    from engram_workers.context import get_context
-
-    get_context().close()
 
 
 @after_setup_logger.connect

@@ -19,7 +19,7 @@ from engram_api import keys
 from engram_api.models import StageResult, utcnow
 from engram_api.storage.writer.userwrite import UserWrite
 from engram_workers.app import app
-from engram_workers.context import WorkerContext, get_context
+from engram_workers.resources import WorkerResources, get_resources
 from engram_workers.stages import RetryLater
 from engram_workers.stages.apply import run_apply
 from engram_workers.stages.common import Delivery, dead_letter, deliveries, envelope_or_none, hooked, keep_alive
@@ -32,11 +32,11 @@ __all__ = ["apply", "decay_task", "extract", "hierarchy_task", "reconcile_task",
 _UNEXPECTED_ATTEMPTS = 3
 
 
-StageFn = Callable[[WorkerContext, str, str, Delivery], StageResult]
+StageFn = Callable[[WorkerResources, str, str, Delivery], StageResult]
 
 
 def _run_stage(task: Task, stage: str, fn: StageFn, user_id: str, message_id: str) -> StageResult:
-    ctx = get_context()
+    ctx = get_resources()
     try:
         return _deliver(ctx, task, stage, fn, user_id, message_id)
     except redis.RedisError as exc:
@@ -45,7 +45,7 @@ def _run_stage(task: Task, stage: str, fn: StageFn, user_id: str, message_id: st
         raise Reject(f"Redis unavailable: {exc}", requeue=True) from exc
 
 
-def _deliver(ctx: WorkerContext, task: Task, stage: str, fn: StageFn, user_id: str, message_id: str) -> StageResult:
+def _deliver(ctx: WorkerResources, task: Task, stage: str, fn: StageFn, user_id: str, message_id: str) -> StageResult:
     with deliveries(ctx, user_id, message_id, stage) as delivery:
         settled, crashed = delivery.settled, delivery.crashed
         if settled is not None:  # nothing to do: answered between the hooks, as the stage itself would
@@ -64,10 +64,10 @@ def _deliver(ctx: WorkerContext, task: Task, stage: str, fn: StageFn, user_id: s
 
 
 def _attempt(
-    ctx: WorkerContext,
+    ctx: WorkerResources,
     task: Task,
     stage: str,
-    fn: Callable[[WorkerContext, str, str], StageResult],
+    fn: Callable[[WorkerResources, str, str], StageResult],
     user_id: str,
     message_id: str,
 ) -> StageResult:
@@ -110,14 +110,14 @@ def extract(self: Task, user_id: str, message_id: str) -> str:
 
 @app.task(name=keys.APPLY_TASK, bind=True, max_retries=None)
 def apply(self: Task, user_id: str, message_id: str) -> str:
-    def run(ctx: WorkerContext, user: str, message: str, delivery: Delivery) -> StageResult:
+    def run(ctx: WorkerResources, user: str, message: str, delivery: Delivery) -> StageResult:
         return run_apply(ctx, user, message, first_start=delivery.first)
 
     return str(_run_stage(self, "apply", run, user_id, message_id))
 
 
 # ------------------------------------------------------------------------------------- maintenance
-def _guard(ctx: WorkerContext) -> Callable[[str], AbstractContextManager[UserWrite]]:
+def _guard(ctx: WorkerResources) -> Callable[[str], AbstractContextManager[UserWrite]]:
     """Maintenance writes a user's memory as a ``UserWrite``, like the apply stage: same lease, same
     fence, and it publishes only the users it changed."""
     return lambda user_id: ctx.writes.open(user_id, wait=60.0)
@@ -127,7 +127,7 @@ def _guard(ctx: WorkerContext) -> Callable[[str], AbstractContextManager[UserWri
 def decay_task(user_ids: list[str] | None = None, now: str | None = None) -> dict[str, Any]:
     from engram_workers.maintenance import run_decay
 
-    ctx = get_context()
+    ctx = get_resources()
     when = datetime.fromisoformat(now) if now else utcnow()
     report = run_decay(graph=ctx.graph, settings=ctx.settings, guard=_guard(ctx), now=when, user_ids=user_ids)
     return report.model_dump(mode="json")
@@ -137,7 +137,7 @@ def decay_task(user_ids: list[str] | None = None, now: str | None = None) -> dic
 def hierarchy_task(user_ids: list[str] | None = None) -> dict[str, Any]:
     from engram_workers.maintenance import rebuild_hierarchy
 
-    ctx = get_context()
+    ctx = get_resources()
     report = rebuild_hierarchy(
         graph=ctx.graph, keeper=ctx.keeper, embedder=ctx.embedder, settings=ctx.settings, guard=_guard(ctx),
         user_ids=user_ids,
@@ -149,7 +149,7 @@ def hierarchy_task(user_ids: list[str] | None = None) -> dict[str, Any]:
 def weights_task(user_ids: list[str] | None = None) -> dict[str, Any]:
     from engram_workers.maintenance import learn_weights
 
-    ctx = get_context()
+    ctx = get_resources()
     report = learn_weights(graph=ctx.graph, settings=ctx.settings, guard=_guard(ctx), user_ids=user_ids)
     return report.model_dump(mode="json")
 
@@ -158,7 +158,7 @@ def weights_task(user_ids: list[str] | None = None) -> dict[str, Any]:
 def reconcile_task(user_ids: list[str] | None = None) -> dict[str, Any]:
     from engram_workers.maintenance import reconcile
 
-    ctx = get_context()
+    ctx = get_resources()
     report = reconcile(
         graph=ctx.graph, keeper=ctx.keeper, guard=_guard(ctx), user_ids=user_ids, redis_client=ctx.redis,
         embedder=ctx.embedder, settings=ctx.settings,
@@ -170,7 +170,7 @@ def reconcile_task(user_ids: list[str] | None = None) -> dict[str, Any]:
 def redeliver_task(older_than_s: float | None = None) -> dict[str, Any]:
     from engram_workers.maintenance import redeliver_stuck
 
-    ctx = get_context()
+    ctx = get_resources()
     threshold = ctx.settings.visibility_timeout_s if older_than_s is None else older_than_s
     retention = timedelta(days=ctx.settings.dead_letter_retention_days)
     report = redeliver_stuck(
