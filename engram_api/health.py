@@ -1,21 +1,42 @@
 """Health checks behind ``MemoryClient.health()`` and ``engram health``: each check is timed and
-reported on its own, and touches only its own dependency, so each failing row names its own cause."""
+reported on its own, and touches only its own dependency, so each failing row names its own cause.
+
+The checks reach the services through ``Dependencies`` (a ``MemoryClient`` is one), so this module
+imports nothing of the client that calls it."""
 
 from __future__ import annotations
 
 import os
 import time
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from engram_api import keys
 from engram_api.models import CheckResult, HealthReport
 from engram_api.redaction import redact
 
 if TYPE_CHECKING:
-    from engram_api.client import MemoryClient
+    import redis
 
-__all__ = ["check_all", "check_ready", "timed"]
+    from engram_api.settings import Settings
+    from engram_api.storage import GraphStore
+
+__all__ = ["Dependencies", "check_all", "check_ready", "timed"]
+
+
+class Dependencies(Protocol):
+    """What the checks reach: the settings, and the graph store and Redis, opened on first use."""
+
+    settings: Settings
+
+    @property
+    def graph(self) -> GraphStore: ...
+
+    @property
+    def redis(self) -> redis.Redis: ...
+
+    @property
+    def redis_url(self) -> str: ...
 
 
 def timed(fn: Callable[[], str], secrets: Iterable[str]) -> CheckResult:
@@ -32,7 +53,7 @@ def timed(fn: Callable[[], str], secrets: Iterable[str]) -> CheckResult:
     return CheckResult(ok=ok, detail=detail, latency_ms=round((time.perf_counter() - start) * 1e3, 2))
 
 
-def _dependencies(client: MemoryClient) -> tuple[Callable[[], str], Callable[[], str]]:
+def _dependencies(client: Dependencies) -> tuple[Callable[[], str], Callable[[], str]]:
     """The graph-store and Redis checks: what a process needs to serve at all."""
     settings = client.settings
 
@@ -47,7 +68,7 @@ def _dependencies(client: MemoryClient) -> tuple[Callable[[], str], Callable[[],
     return graph, redis_check
 
 
-def check_ready(client: MemoryClient, *, graph: bool = True) -> HealthReport:
+def check_ready(client: Dependencies, *, graph: bool = True) -> HealthReport:
     """Readiness: Redis (and the graph store unless ``graph`` is False), nothing else; an outage of
     either takes a process out of rotation without restarting it (liveness checks no dependency)."""
     graph_check, redis_check = _dependencies(client)
@@ -56,7 +77,7 @@ def check_ready(client: MemoryClient, *, graph: bool = True) -> HealthReport:
     return HealthReport(ok=all(c.ok for c in checks.values()), checks=checks)
 
 
-def check_all(client: MemoryClient) -> HealthReport:
+def check_all(client: Dependencies) -> HealthReport:
     settings = client.settings
     graph, redis_check = _dependencies(client)
 
@@ -70,7 +91,7 @@ def check_all(client: MemoryClient) -> HealthReport:
 
     def index_dir() -> str:
         # Writable is all a probe needs: no listing (a glob of 100K files took ~250 ms a probe), and the
-        # directory is only this process's cache of the graph's vectors (``vectorsync``).
+        # directory is only this process's cache of the graph's vectors (``storage.faiss.sync``).
         root = settings.index_dir
         root.mkdir(parents=True, exist_ok=True)
         if not os.access(root, os.W_OK):

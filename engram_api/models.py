@@ -36,9 +36,6 @@ HISTORY_MAX_LIMIT = 1000
 META_KEYS = 50
 META_KEY_CHARS = 64
 META_VALUE_CHARS = 1_000
-# The most ``max_batch`` and ``max_messages_per_call`` may be configured to: the request models' bounds.
-MAX_BATCH_CAP = 10_000
-MAX_TURNS_CAP = 1_000
 
 # The scope name of fleet-wide learned weights; no user may be called this.
 GLOBAL_SCOPE = "global"

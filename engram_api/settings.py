@@ -15,10 +15,22 @@ from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 
 from engram_api.errors import ConfigError
-from engram_api.models import MAX_BATCH_CAP, MAX_TURNS_CAP
 from engram_api.redaction import mask_userinfo
 
-__all__ = ["EXAMPLE_PASSWORDS", "ApiKeySpec", "Settings", "load_settings", "variable_for"]
+__all__ = [
+    "EXAMPLE_PASSWORDS",
+    "MAX_BATCH_CAP",
+    "MAX_TURNS_CAP",
+    "ApiKeySpec",
+    "Settings",
+    "load_settings",
+    "variable_for",
+]
+
+# The most ``max_batch`` and ``max_messages_per_call`` may be configured to: also the gateway's request
+# models' bounds, so an oversized body fails validation after bounded work whatever the settings say.
+MAX_BATCH_CAP = 10_000
+MAX_TURNS_CAP = 1_000
 
 # The litellm arguments Engram sets on every call (``completion_kwargs``): not overridable by
 # ``llm_extra_params`` (each has its own setting, or is how Engram reads the answer).

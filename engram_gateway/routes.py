@@ -25,8 +25,6 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, Stri
 
 from engram_api.models import (
     HISTORY_LIMIT,
-    MAX_BATCH_CAP,
-    MAX_TURNS_CAP,
     META_KEY_CHARS,
     META_KEYS,
     META_VALUE_CHARS,
@@ -41,6 +39,7 @@ from engram_api.models import (
     SearchResult,
     UserStats,
 )
+from engram_api.settings import MAX_BATCH_CAP, MAX_TURNS_CAP
 from engram_gateway.guard import GuardedRoute, Operator, Reader, Writer
 from engram_gateway.problems import DuplicateMessageError, Problem
 from engram_gateway.service import Gateway

@@ -1,7 +1,11 @@
-"""The Celery application. Configuration comes from ``engram_workers.celery_config`` and is
-resolved lazily, on first use, so importing this module connects to nothing.
+"""The Celery application of workers and Beat. Configuration comes from ``engram_workers.celery_config``
+(the broker's, a worker's and RedBeat's) and is resolved lazily, on first use, so importing this module
+connects to nothing.
 
-Run a worker with ``engram worker`` (or ``celery -A engram_workers.app worker``).
+Invariant: ``celery -A engram_workers.app worker|beat`` runs as ``engram worker`` and ``engram beat`` do
+(every setting is here or in ``celery_config``): a worker never gossips or mingles, and Beat is RedBeat
+with its leader lock. The CLI only starts processes, adding what a managed process needs: a stage's
+queues, pool and node name, the probes' heartbeat file, the metrics port.
 """
 
 from __future__ import annotations
@@ -13,8 +17,8 @@ from celery import Celery
 from celery.signals import (
     after_setup_logger,
     after_setup_task_logger,
-    worker_process_init,
-    worker_process_shutdown,
+    beat_init,
+    worker_init,
 )
 
 __all__ = ["app"]
@@ -24,10 +28,11 @@ def _config() -> dict[str, Any]:
     from beat_schedule import build_schedule
     from engram_api.connections import resolve_redis_url
     from engram_api.settings import load_settings
-    from engram_workers.celery_config import celery_config
+    from engram_workers.celery_config import beat_config, celery_config, worker_config
 
     settings = load_settings()
-    config = celery_config(settings, resolve_redis_url(settings))
+    redis_url = resolve_redis_url(settings)
+    config = {**celery_config(settings, redis_url), **worker_config(settings), **beat_config(redis_url)}
     config["beat_schedule"] = build_schedule(settings)
     config["include"] = ["engram_workers.tasks"]
     return config
@@ -37,19 +42,22 @@ app = Celery("engram", set_as_current=True)
 app.add_defaults(_config)
 
 
-@worker_process_init.connect
-def _fresh_resources_after_fork(**_: Any) -> None:
-    # A pool child must not reuse sockets or model state copied from its parent.
-    from engram_workers.context import reset_context
+@worker_init.connect
+def _no_gossip_or_mingle(sender: Any, **_: Any) -> None:
+    """Gossip and mingle only add chatter and start-up delay (a second of mingle at every start): Engram keeps
+    no state in them. Off in every worker of this app, however it was started (the options reach the
+    consumer's steps after this signal)."""
+    if sender.app is app:
+        sender.options.update(without_gossip=True, without_mingle=True)
 
-    reset_context()
 
+@beat_init.connect
+def _beat_publishing(sender: Any, **_: Any) -> None:
+    """Beat's own publishing options (``BEAT_PUBLISHING``), set before its first tick sends anything."""
+    from engram_workers.celery_config import BEAT_PUBLISHING
 
-@worker_process_shutdown.connect
-def _close_resources(**_: Any) -> None:
-    from engram_workers.context import get_context
-
-    get_context().close()
+    if sender.app is app:
+        app.conf.update(BEAT_PUBLISHING)
 
 
 @after_setup_logger.connect

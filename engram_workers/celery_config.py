@@ -2,9 +2,16 @@
 probes), declared once. Queue names and task routes come from ``engram_api.keys``, which the producer's
 Lua enqueue uses too; nothing under ``engram_api`` imports Celery or kombu.
 
-Every Celery client of the broker must agree on the transport options (the visibility timeout in
-particular, or the shortest one wins and tasks run twice): build them with ``make_celery``. Celery is
-imported lazily so that importing this module costs nothing.
+Three parts, by role:
+- ``celery_config``: what every Celery client of the broker must agree on (the transport options, the
+  visibility timeout in particular, or the shortest one wins and tasks run twice): build a client with
+  ``make_celery``;
+- ``worker_config`` and ``stage_defaults``: what a worker runs with (``stage_defaults`` is a stage's
+  queues, pool and concurrency; ``worker_config`` the defaults of a worker started without a stage);
+- ``beat_config``: RedBeat, the scheduler with a leader lock in Redis.
+``engram_workers.app`` (the app ``celery -A engram_workers.app worker|beat`` loads) holds all three, so
+a plain ``celery`` command runs as ``engram worker`` and ``engram beat`` do; the CLI only starts processes.
+Celery is imported lazily so that importing this module costs nothing.
 """
 
 from __future__ import annotations
@@ -15,11 +22,22 @@ from urllib.parse import urlsplit
 
 from engram_api import keys
 from engram_api.settings import Settings
+from engram_workers.cpus import usable_cpus
 
 if TYPE_CHECKING:
     from celery import Celery
 
-__all__ = ["celery_config", "make_celery"]
+__all__ = [
+    "BEAT_LOCK_TIMEOUT_S",
+    "BEAT_MAX_INTERVAL_S",
+    "BEAT_PUBLISHING",
+    "REDBEAT_KEY_PREFIX",
+    "beat_config",
+    "celery_config",
+    "make_celery",
+    "stage_defaults",
+    "worker_config",
+]
 
 
 def _stamp_sent_at(headers: dict[str, Any] | None = None, **_: Any) -> None:
@@ -99,3 +117,56 @@ def make_celery(settings: Settings, broker_url: str, *, name: str = "engram") ->
     app = Celery(name, set_as_current=False)
     app.conf.update(celery_config(settings, broker_url))
     return app
+
+
+def stage_defaults(stage: str, cpu_limit: float | None = None) -> tuple[list[str], str, int]:
+    """(queues, pool, concurrency) of a stage; prefork stages size to the CPUs the container may use
+    (``cpu_limit``, ENGRAM_CPU_LIMIT, else the cgroup quota: ``engram_workers.cpus``)."""
+    cpus = usable_cpus(cpu_limit)
+    return {
+        # Extraction waits on the LLM: many threads in one process keep many calls in flight.
+        "extract": ([keys.EXTRACT_QUEUE], "threads", 32),
+        # Apply is CPU and database work under a per-user lock: one process per core.
+        "apply": ([keys.APPLY_QUEUE], "prefork", cpus),
+        # Maintenance walks every user; one job at a time is plenty at its hourly-to-daily cadence.
+        "maintenance": ([keys.MAINTENANCE_QUEUE], "prefork", 1),
+        "all": (list(keys.QUEUES), "prefork", cpus),
+    }[stage]
+
+
+def worker_config(settings: Settings) -> dict[str, Any]:
+    """A worker started without a stage (plain ``celery worker``) is stage "all": every queue (Celery's
+    default, ``task_queues``), prefork, and one child per usable CPU, not per core of the node (Celery's
+    default would fork 64 children in a 2-CPU pod on a 64-core node)."""
+    _, pool, concurrency = stage_defaults("all", settings.cpu_limit)
+    return {"worker_pool": pool, "worker_concurrency": concurrency}
+
+
+# Beat wakes at least this often; a standby Beat takes over within the lock timeout after the leader dies.
+BEAT_MAX_INTERVAL_S = 5
+BEAT_LOCK_TIMEOUT_S = 5 * BEAT_MAX_INTERVAL_S
+REDBEAT_KEY_PREFIX = f"{keys.PREFIX}:beat:"
+
+# What Beat publishes with, whatever the workers do (``engram_workers.app`` applies it when Beat starts):
+# a few sends a minute, whose "sent" events (naming the scheduler's pid) always go, whatever
+# ENGRAM_TASK_EVENTS says, so Flower shows when Beat fired a job and which Beat fired it.
+BEAT_PUBLISHING = {"task_send_sent_event": True}
+
+
+def beat_config(redis_url: str) -> dict[str, Any]:
+    """RedBeat keeps the schedule and a leader lock in Redis: any number of Beat processes fire each job
+    once (the others wait for the lock). Only Beat reads these settings."""
+    return {
+        "beat_scheduler": "redbeat.RedBeatScheduler",
+        "beat_max_loop_interval": BEAT_MAX_INTERVAL_S,
+        "redbeat_redis_url": redis_url,
+        "redbeat_key_prefix": REDBEAT_KEY_PREFIX,
+        "redbeat_lock_key": keys.BEAT_LOCK,
+        "redbeat_lock_timeout": BEAT_LOCK_TIMEOUT_S,
+        # Ride out a short Redis restart; a longer outage ends this Beat (its lock may have passed on).
+        "redbeat_redis_options": {
+            "socket_timeout": 10,
+            "socket_connect_timeout": 5,
+            "retry_period": BEAT_LOCK_TIMEOUT_S,
+        },
+    }

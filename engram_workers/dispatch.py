@@ -1,6 +1,6 @@
 """Publishing a task from inside the pipeline: the one seam between the stages and Celery.
 
-Stages and maintenance jobs are plain functions: they publish through ``WorkerContext.dispatch`` (or a
+Stages and maintenance jobs are plain functions: they publish through ``WorkerResources.dispatch`` (or a
 ``send`` argument), a :data:`Dispatch`, and never import the Celery app. In a worker it is
 :func:`send`; tests, benchmarks and chaos scripts may inject their own. The queue is never chosen
 here: the app's ``task_routes`` (built from ``engram_api.keys.TASK_QUEUES``) route every task name.

@@ -19,7 +19,7 @@ from engram_api import keys
 from engram_api.models import StageResult, utcnow
 from engram_api.storage.writer.userwrite import UserWrite
 from engram_workers.app import app
-from engram_workers.context import WorkerContext, get_context
+from engram_workers.resources import WorkerResources, get_resources
 from engram_workers.stages import RetryLater
 from engram_workers.stages.apply import run_apply
 from engram_workers.stages.common import Delivery, dead_letter, deliveries, envelope_or_none, hooked, keep_alive
@@ -35,11 +35,11 @@ __all__ = ["apply", "decay_task", "extract", "hierarchy_task", "reconcile_task",
 _UNEXPECTED_ATTEMPTS = 3
 
 
-StageFn = Callable[[WorkerContext, str, str, Delivery], StageResult]
+StageFn = Callable[[WorkerResources, str, str, Delivery], StageResult]
 
 
 def _run_stage(task: Task, stage: str, fn: StageFn, user_id: str, message_id: str) -> StageResult:
-    ctx = get_context()
+    ctx = get_resources()
     try:
         return _deliver(ctx, task, stage, fn, user_id, message_id)
     except redis.RedisError as exc:
@@ -48,7 +48,7 @@ def _run_stage(task: Task, stage: str, fn: StageFn, user_id: str, message_id: st
         raise Reject(f"Redis unavailable: {exc}", requeue=True) from exc
 
 
-def _deliver(ctx: WorkerContext, task: Task, stage: str, fn: StageFn, user_id: str, message_id: str) -> StageResult:
+def _deliver(ctx: WorkerResources, task: Task, stage: str, fn: StageFn, user_id: str, message_id: str) -> StageResult:
     with deliveries(ctx, user_id, message_id, stage) as delivery:
         settled, crashed = delivery.settled, delivery.crashed
         if settled is not None:  # nothing to do: answered between the hooks, as the stage itself would
@@ -67,10 +67,10 @@ def _deliver(ctx: WorkerContext, task: Task, stage: str, fn: StageFn, user_id: s
 
 
 def _attempt(
-    ctx: WorkerContext,
+    ctx: WorkerResources,
     task: Task,
     stage: str,
-    fn: Callable[[WorkerContext, str, str], StageResult],
+    fn: Callable[[WorkerResources, str, str], StageResult],
     user_id: str,
     message_id: str,
 ) -> StageResult:
@@ -113,20 +113,20 @@ def extract(self: Task, user_id: str, message_id: str) -> str:
 
 @app.task(name=keys.APPLY_TASK, bind=True, max_retries=None)
 def apply(self: Task, user_id: str, message_id: str) -> str:
-    def run(ctx: WorkerContext, user: str, message: str, delivery: Delivery) -> StageResult:
+    def run(ctx: WorkerResources, user: str, message: str, delivery: Delivery) -> StageResult:
         return run_apply(ctx, user, message, first_start=delivery.first)
 
     return str(_run_stage(self, "apply", run, user_id, message_id))
 
 
 # ------------------------------------------------------------------------------------- maintenance
-def _guard(ctx: WorkerContext) -> Callable[[str], AbstractContextManager[UserWrite]]:
+def _guard(ctx: WorkerResources) -> Callable[[str], AbstractContextManager[UserWrite]]:
     """Maintenance writes a user's memory as a ``UserWrite``, like the apply stage: same lease, same
     fence, and it publishes only the users it changed."""
     return lambda user_id: ctx.writes.open(user_id, wait=60.0)
 
 
-def _fan_out(ctx: WorkerContext, job: Job, task: str, interval_s: float, **extra: str) -> dict[str, Any]:
+def _fan_out(ctx: WorkerResources, job: Job, task: str, interval_s: float, **extra: str) -> dict[str, Any]:
     """Beat's driver for ``job``: queue its users in tasks of ``task`` (``maintenance.fanout``). A claim
     lapses a little before the next driver run, so whatever a task left undone is sent again then; a task
     still queued when its claim lapses is dropped (``expires``), its users already being sent again."""
@@ -142,7 +142,7 @@ def _fan_out(ctx: WorkerContext, job: Job, task: str, interval_s: float, **extra
     return report.model_dump(mode="json")
 
 
-def _released(ctx: WorkerContext, job: Job, user_ids: list[str] | None, claim: int | None, report: Any) -> None:
+def _released(ctx: WorkerResources, job: Job, user_ids: list[str] | None, claim: int | None, report: Any) -> None:
     """A fanned-out task's users come off the job's to-do set once visited (``fanout.release``)."""
     from engram_workers.maintenance.fanout import Chunk, release
 
@@ -157,7 +157,7 @@ def decay_task(
     """``fan_out`` (Beat): queue every user in tasks; ``claim``: one such task; neither: run here."""
     from engram_workers.maintenance import run_decay
 
-    ctx = get_context()
+    ctx = get_resources()
     when = datetime.fromisoformat(now) if now else utcnow()
     if fan_out:
         return _fan_out(ctx, "decay", keys.DECAY_TASK, ctx.settings.decay_interval_s, now=when.isoformat())
@@ -173,7 +173,7 @@ def hierarchy_task(
     """``fan_out`` (Beat): queue the users written since the last run; ``claim``: one such task."""
     from engram_workers.maintenance import rebuild_hierarchy
 
-    ctx = get_context()
+    ctx = get_resources()
     if fan_out:
         return _fan_out(ctx, "hierarchy", keys.HIERARCHY_TASK, ctx.settings.hierarchy_interval_s)
     report = rebuild_hierarchy(
@@ -188,7 +188,7 @@ def hierarchy_task(
 def weights_task(user_ids: list[str] | None = None) -> dict[str, Any]:
     from engram_workers.maintenance import learn_weights
 
-    ctx = get_context()
+    ctx = get_resources()
     report = learn_weights(graph=ctx.graph, settings=ctx.settings, guard=_guard(ctx), user_ids=user_ids)
     return report.model_dump(mode="json")
 
@@ -201,7 +201,7 @@ def reconcile_task(
     ``claim``: one such task (its users only, no orphan sweep)."""
     from engram_workers.maintenance import reconcile, remove_orphans
 
-    ctx = get_context()
+    ctx = get_resources()
     if fan_out:
         orphans = remove_orphans(graph=ctx.graph, keeper=ctx.keeper, redis_client=ctx.redis)
         driven = _fan_out(ctx, "reconcile", keys.RECONCILE_TASK, ctx.settings.reconcile_interval_s)
@@ -218,7 +218,7 @@ def reconcile_task(
 def redeliver_task(older_than_s: float | None = None) -> dict[str, Any]:
     from engram_workers.maintenance import redeliver_stuck
 
-    ctx = get_context()
+    ctx = get_resources()
     threshold = ctx.settings.visibility_timeout_s if older_than_s is None else older_than_s
     retention = timedelta(days=ctx.settings.dead_letter_retention_days)
     report = redeliver_stuck(

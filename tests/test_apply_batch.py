@@ -19,8 +19,8 @@ import pytest
 from engram_api import keys
 from engram_api.models import ApplyOutcome, MessageState, StageOutcome, StageResult
 from engram_api.storage.graph.contract import GraphStore
-from engram_workers.context import WorkerContext
 from engram_workers.middleware import Middleware
+from engram_workers.resources import WorkerResources
 from engram_workers.stages.apply import run_apply
 from engram_workers.stages.common import deliveries
 from engram_workers.stages.extract import run_extract
@@ -88,10 +88,10 @@ def stack(request: pytest.FixtureRequest, redis_url: str, llm_standin: Any, tmp_
     )  # fmt: skip
 
 
-def process(stack: Stack, batch: int) -> tuple[WorkerContext, Recording]:
+def process(stack: Stack, batch: int) -> tuple[WorkerResources, Recording]:
     """A worker process's resources in this process (``apply_batch=batch``), its embedder recorded."""
     settings = stack.settings.model_copy(update={"apply_batch": batch})
-    ctx = WorkerContext(settings=settings, dispatch=lambda _task, _args: None)
+    ctx = WorkerResources(settings=settings, dispatch=lambda _task, _args: None)
     recording = Recording(ctx.embedder)
     ctx.__dict__["embedder"] = recording
     return ctx, recording
@@ -109,7 +109,7 @@ class Counting:
         return getattr(self._real, name)
 
 
-def queue(ctx: WorkerContext, stack: Stack, user: str) -> list[str]:
+def queue(ctx: WorkerResources, stack: Stack, user: str) -> list[str]:
     """The seed applied, then every message extracted (ready to apply, with the vectors extract carries)."""
     stack.client.enqueue(user, SEED, message_id="seed", timestamp=T0)
     run_extract(ctx, user, "seed")

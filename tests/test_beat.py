@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from beat_schedule import JOBS
-from engram_workers.cli.ops import BEAT_LOCK_TIMEOUT_S, BEAT_MAX_INTERVAL_S
+from engram_workers.celery_config import BEAT_LOCK_TIMEOUT_S, BEAT_MAX_INTERVAL_S
 from tests.support.operator_processes import EventLog, engram_process, wait_until
 from tests.support.stack import Stack, engram_stack
 

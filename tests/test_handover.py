@@ -21,11 +21,11 @@ from engram_api import keys
 from engram_api.errors import StoreUnavailableError
 from engram_api.models import Envelope, MessageState, StageOutcome
 from engram_api.versions import read_stamp
-from engram_workers.context import WorkerContext
 from engram_workers.handover import CarriedVectors, HandOver, text_key
+from engram_workers.resources import WorkerResources
 from engram_workers.stages.apply import run_apply
 from engram_workers.stages.common import RetryLater
-from engram_workers.stages.extract import read_context, run_extract
+from engram_workers.stages.extract import read_prompt_inputs, run_extract
 from tests.support.extractions import entity, fact
 from tests.support.memory import Recording, memory, scripted_stack
 from tests.support.stack import Stack
@@ -77,9 +77,9 @@ class FailingOnce:
         return self._real.apply(plan)
 
 
-def process(stack: Stack) -> tuple[WorkerContext, Recording]:
+def process(stack: Stack) -> tuple[WorkerResources, Recording]:
     """A worker process's resources in this process, its embedder recorded; tasks are not published."""
-    ctx = WorkerContext(settings=stack.settings, dispatch=lambda _task, _args: None)
+    ctx = WorkerResources(settings=stack.settings, dispatch=lambda _task, _args: None)
     recording = Recording(ctx.embedder)
     ctx.__dict__["embedder"] = recording  # before anything (the query batcher, the keeper) takes the real one
     return ctx, recording
@@ -89,12 +89,12 @@ def new_user() -> str:
     return f"ho_{uuid.uuid4().hex[:10]}"
 
 
-def extract(ctx: WorkerContext, stack: Stack, user: str, mid: str, text: str, day: int) -> None:
+def extract(ctx: WorkerResources, stack: Stack, user: str, mid: str, text: str, day: int) -> None:
     stack.client.enqueue(user, text, message_id=mid, timestamp=T0 + timedelta(days=day))
     assert run_extract(ctx, user, mid).outcome is StageOutcome.LLM
 
 
-def apply(ctx: WorkerContext, user: str, mid: str) -> StageOutcome:
+def apply(ctx: WorkerResources, user: str, mid: str) -> StageOutcome:
     outcome = run_apply(ctx, user, mid)
     assert ctx.redis.hget(keys.status(user, mid), "state") == MessageState.APPLIED, outcome
     return outcome.outcome
@@ -246,13 +246,13 @@ def test_extract_takes_the_published_stamp_read_with_the_message_and_asks_the_gr
     # graph is asked.
     stack.client.enqueue(user, FIRST, message_id="m2", timestamp=T0 + timedelta(days=2))
     envelope = Envelope.model_validate_json(stack.client.redis.get(keys.message_payload(user, "m2")))
-    from_redis = read_context(ctx, envelope, published)
+    from_redis = read_prompt_inputs(ctx, envelope, published)
     assert counting.stamps == 0 and "Lisbon" in [e.name for e in from_redis.slim.entities]
     stack.client.redis.delete(keys.user_version(user))
     counting.stamps = 0
     assert run_extract(ctx, user, "m2").outcome is StageOutcome.LLM
     assert counting.stamps == 1
-    asked = read_context(ctx, envelope)
+    asked = read_prompt_inputs(ctx, envelope)
     assert (asked.slim, asked.earlier) == (from_redis.slim, from_redis.earlier)
 
 
@@ -262,7 +262,7 @@ def test_a_redelivered_extract_whose_answer_is_stored_asks_for_apply_again_witho
     """A worker that died after storing the answer but before its apply task went out: the redelivered
     extract finds the stored answer, publishes apply again (RE_HANDED) and calls no model; apply then writes."""
     sent: list[tuple[str, tuple[str, ...]]] = []
-    ctx = WorkerContext(settings=stack.settings, dispatch=lambda task, args: sent.append((task, tuple(args))))
+    ctx = WorkerResources(settings=stack.settings, dispatch=lambda task, args: sent.append((task, tuple(args))))
     user = new_user()
     extract(ctx, stack, user, "m1", FIRST, 0)
     assert sent == [(keys.APPLY_TASK, (user, "m1"))]  # this publish is the one the dead worker never made

@@ -19,7 +19,7 @@ from engram_api.settings import Settings
 from engram_api.storage import open_graph_store
 from engram_api.storage.graph.neo4j import cypher as cy
 from engram_testing import Neo4jServer
-from engram_workers.context import WorkerContext
+from engram_workers.resources import WorkerResources
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -51,7 +51,7 @@ def test_processes_refuse_a_database_until_migrate_has_run_once(fresh_uri: str, 
 
     # Never migrated: the worker's store refuses, naming the command, and created nothing.
     with pytest.raises(SchemaNotMigratedError, match="run `engram migrate`") as refused:
-        WorkerContext(settings=settings).graph  # noqa: B018 (opening the store is the start-up check)
+        WorkerResources(settings=settings).graph  # noqa: B018 (opening the store is the start-up check)
     assert (refused.value.found, refused.value.expected) == (None, cy.SCHEMA_VERSION)
     assert not [name for name in schema(fresh_uri)["indexes"] if name.startswith("engram_")]
     reader = engram(fresh_uri, "stats", "alice")
@@ -68,7 +68,7 @@ def test_processes_refuse_a_database_until_migrate_has_run_once(fresh_uri: str, 
     # stays dropped (only `engram migrate` creates them).
     with neo4j.GraphDatabase.driver(fresh_uri, auth=None) as driver:
         driver.execute_query("DROP INDEX engram_feedback_created")
-    ctx = WorkerContext(settings=settings)
+    ctx = WorkerResources(settings=settings)
     assert ctx.graph.list_users() == []
     ctx.graph.close()
     assert "engram_feedback_created" not in schema(fresh_uri)["indexes"]

@@ -2,7 +2,7 @@
 the stamp its plan was built on, the lease renewed, and readers never see an index change under them.
 
 The pipeline runs in this process with the real stage functions (``run_extract`` with the offline rule
-extractor, ``run_apply``) on real Redis and a real graph store (Neo4j and SQLite); each ``WorkerContext``
+extractor, ``run_apply``) on real Redis and a real graph store (Neo4j and SQLite); each ``WorkerResources``
 stands for one worker process (its own index cache, its own store connections). One "process"'s store
 is wrapped with a gate that holds its commit after planning, the way a commit stuck in retries does.
 """
@@ -23,7 +23,7 @@ from engram_api.models import MessageState
 from engram_api.storage.faiss.files import VectorStore
 from engram_api.storage.writer.lease import Lease
 from engram_api.versions import Stamp, read_stamp
-from engram_workers.context import WorkerContext
+from engram_workers.resources import WorkerResources
 from engram_workers.stages.apply import run_apply
 from engram_workers.stages.extract import run_extract
 from tests.support.stack import Stack, engram_stack
@@ -47,12 +47,12 @@ def stack(
         yield s
 
 
-def process(stack: Stack) -> WorkerContext:
+def process(stack: Stack) -> WorkerResources:
     """A worker process's resources, in this process."""
-    return WorkerContext(settings=stack.settings)
+    return WorkerResources(settings=stack.settings)
 
 
-def deliver(ctx: WorkerContext, stack: Stack, user: str, text: str, day: int) -> str:
+def deliver(ctx: WorkerResources, stack: Stack, user: str, text: str, day: int) -> str:
     """Enqueue one message and run its extract and apply stages in ``ctx`` (no Celery worker)."""
     receipt = stack.client.enqueue(user, text, timestamp=T0 + timedelta(days=day))
     run_extract(ctx, user, receipt.message_id)

@@ -2,7 +2,9 @@
 ``up`` (everything at once on one machine, for development).
 
 Celery runs in this process (``app.start``) rather than behind an exec, so ``worker --metrics-port``
-can serve Prometheus metrics from the pool's parent process.
+can serve Prometheus metrics from the pool's parent process. Every Celery setting lives with the app
+(``engram_workers.app``, ``engram_workers.celery_config``); these commands only choose a stage's queues,
+pool and node name, touch the probes' heartbeat and start the process.
 """
 
 from __future__ import annotations
@@ -16,63 +18,15 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
 import click
 
 from engram_workers.cli._common import settings
 from engram_workers.cli._output import err_console
 
-__all__ = ["COMMANDS", "beat_config", "stage_defaults"]
+__all__ = ["COMMANDS"]
 
 STAGES = ("extract", "apply", "maintenance", "all")
-
-
-def stage_defaults(stage: str, cpu_limit: float | None = None) -> tuple[list[str], str, int]:
-    """(queues, pool, concurrency) of a stage; prefork stages size to the CPUs the container may use
-    (``cpu_limit``, ENGRAM_CPU_LIMIT, else the cgroup quota: ``engram_workers.cpus``)."""
-    from engram_api import keys
-    from engram_workers.cpus import usable_cpus
-
-    cpus = usable_cpus(cpu_limit)
-    return {
-        # Extraction waits on the LLM: many threads in one process keep many calls in flight.
-        "extract": ([keys.EXTRACT_QUEUE], "threads", 32),
-        # Apply is CPU and database work under a per-user lock: one process per core.
-        "apply": ([keys.APPLY_QUEUE], "prefork", cpus),
-        # Maintenance walks every user; one job at a time is plenty at its hourly-to-daily cadence.
-        "maintenance": ([keys.MAINTENANCE_QUEUE], "prefork", 1),
-        "all": (list(keys.QUEUES), "prefork", cpus),
-    }[stage]
-
-
-# Beat wakes at least this often; a standby Beat takes over within the lock timeout after the leader dies.
-BEAT_MAX_INTERVAL_S = 5
-BEAT_LOCK_TIMEOUT_S = 5 * BEAT_MAX_INTERVAL_S
-
-
-def beat_config(redis_url: str) -> dict[str, Any]:
-    """RedBeat keeps the schedule and a leader lock in Redis: any number of `engram beat` processes
-    fire each job once (the others wait for the lock)."""
-    from engram_api import keys
-
-    return {
-        "beat_scheduler": "redbeat.RedBeatScheduler",
-        "beat_max_loop_interval": BEAT_MAX_INTERVAL_S,
-        "redbeat_redis_url": redis_url,
-        "redbeat_key_prefix": keys.BEAT_PREFIX,
-        "redbeat_lock_key": keys.BEAT_LOCK,
-        "redbeat_lock_timeout": BEAT_LOCK_TIMEOUT_S,
-        # A few sends a minute: their "sent" events (naming the scheduler's pid) always go, whatever
-        # ENGRAM_TASK_EVENTS says, so Flower shows when Beat fired a job and which Beat fired it.
-        "task_send_sent_event": True,
-        # Ride out a short Redis restart; a longer outage ends this Beat (its lock may have passed on).
-        "redbeat_redis_options": {
-            "socket_timeout": 10,
-            "socket_connect_timeout": 5,
-            "retry_period": BEAT_LOCK_TIMEOUT_S,
-        },
-    }
 
 
 def _celery(argv: list[str]) -> None:
@@ -124,6 +78,8 @@ def worker(
     loglevel: str,
 ) -> None:
     """Run a Celery worker for one stage of the pipeline (or all of them)."""
+    from engram_workers.celery_config import stage_defaults
+
     current = settings()  # a bad environment fails here with the variable's name, not deep inside Celery
     stage_queues, stage_pool, stage_concurrency = stage_defaults(stage, current.cpu_limit)
     chosen_queues = [q.strip() for q in queues.split(",") if q.strip()] if queues else stage_queues
@@ -147,8 +103,6 @@ def worker(
         "--concurrency", str(concurrency or stage_concurrency),
         "--hostname", hostname or f"{stage}@%h",
         "--loglevel", loglevel,
-        # Gossip and mingle only add chatter and start-up delay: Engram keeps no state in them.
-        "--without-gossip", "--without-mingle",
     ]  # fmt: skip
     _celery(argv)
 
@@ -156,16 +110,14 @@ def worker(
 @click.command(short_help="Run Celery Beat (maintenance schedule, one leader).")
 @click.option("--loglevel", "-l", default="INFO", show_default=True)
 def beat(loglevel: str) -> None:
-    """Run Celery Beat with Engram's maintenance schedule (decay, hierarchy, weights, reconcile).
+    """Run Celery Beat with Engram's maintenance schedule (decay, hierarchy, weights, reconcile, redeliver).
 
     Safe to run more than once for availability: a Redis lock elects one leader, the others stand by
     and take over within ~25 s of its death. Intervals come from ENGRAM_*_INTERVAL_S.
     """
-    from engram_api.connections import resolve_redis_url
-    from engram_workers.app import app
     from engram_workers.probes import start_heartbeat
 
-    app.conf.update(beat_config(resolve_redis_url(settings())))
+    settings()  # a bad environment fails here with the variable's name, not deep inside Celery
     start_heartbeat("beat")  # `engram probe live --role beat` reads it
     _celery(["beat", "--loglevel", loglevel])
 

@@ -1,6 +1,6 @@
 """Query vectors for the extract threads of one process, encoded together instead of one by one.
 
-The slim context (``stages.extract.read_context``) needs one vector per message. Under a burst, dozens of
+The slim context (``stages.extract.read_prompt_inputs``) needs one vector per message. Under a burst, dozens of
 extract threads want one at the same moment, and MiniLM encodes a batch of 16 short texts for about half
 the CPU per text of 16 single encodes (``ops/bench/run.py --only llm``).
 

@@ -35,7 +35,7 @@ def worker_command(
     return [
         sys.executable, "-m", "celery", "-A", "engram_workers.app", "worker",
         "-Q", ",".join(queues), "--pool", pool, "-c", str(concurrency), "-n", f"{name}@%h",
-        "--loglevel", loglevel, "--without-gossip", "--without-mingle",
+        "--loglevel", loglevel,
     ]  # fmt: skip
 
 

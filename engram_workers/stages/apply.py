@@ -23,9 +23,9 @@ from engram_api.storage import GraphStore
 from engram_api.storage.embedding.embedder import Embedder
 from engram_api.storage.writer.userwrite import UserWrite
 from engram_workers.consolidation import Planned, plan_message
-from engram_workers.context import WorkerContext
 from engram_workers.handover import CarriedVectors, HandOver
 from engram_workers.middleware import Middleware
+from engram_workers.resources import WorkerResources
 from engram_workers.stages.batch import Claim, Member, apply_batch, mark_applied, summary
 from engram_workers.stages.common import (
     RetryLater,
@@ -42,7 +42,7 @@ __all__ = ["Written", "hand_over", "run_apply", "write_extraction"]
 _STORE_ATTEMPTS = 40
 
 
-def hand_over(ctx: WorkerContext, user_id: str, message_id: str) -> None:
+def hand_over(ctx: WorkerResources, user_id: str, message_id: str) -> None:
     """Publish the apply task for a message whose extraction is stored."""
     ctx.dispatch(keys.APPLY_TASK, (user_id, message_id))
 
@@ -88,7 +88,7 @@ def write_extraction(
 
 
 def _apply_locked(
-    ctx: WorkerContext, write: UserWrite, message_id: str, claim: Claim, *, first_start: bool
+    ctx: WorkerResources, write: UserWrite, message_id: str, claim: Claim, *, first_start: bool
 ) -> StageResult:
     graph, user_id = ctx.graph, write.user_id
     # Read under the lease, so a message forgotten before it is never applied (``forget`` waits for it).
@@ -120,7 +120,7 @@ def _apply_locked(
     return StageResult(outcome, summary(written.outcome, written.planned.plan))
 
 
-def run_apply(ctx: WorkerContext, user_id: str, message_id: str, *, first_start: bool = False) -> StageResult:
+def run_apply(ctx: WorkerResources, user_id: str, message_id: str, *, first_start: bool = False) -> StageResult:
     """Apply one message (and, batching, its user's other ready ones) under the user's lease. A task
     reaches here only for a message neither finished nor forgotten (``tasks``: ``Delivery.settled``);
     under the lease both are read again. ``first_start``: no earlier apply of this message started

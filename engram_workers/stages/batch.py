@@ -48,9 +48,9 @@ from engram_api.models import ApplyOutcome, Envelope, MessageState, StageOutcome
 from engram_api.storage.faiss.files import Kind, UserIndex
 from engram_api.storage.writer.userwrite import UserWrite
 from engram_workers.consolidation import message_texts, plan_message
-from engram_workers.context import WorkerContext
 from engram_workers.handover import HandOver
 from engram_workers.resolution import Vectors
+from engram_workers.resources import WorkerResources
 from engram_workers.stages.common import deliveries, set_state
 
 __all__ = ["Claim", "Member", "apply_batch", "mark_applied", "summary"]
@@ -76,7 +76,7 @@ class Claim:
 
     ids: list[str] | None = None
 
-    def take(self, ctx: WorkerContext, user_id: str, trigger: str, others: int) -> list[str]:
+    def take(self, ctx: WorkerResources, user_id: str, trigger: str, others: int) -> list[str]:
         if self.ids is None:
             self.ids = ctx.ledger.claim_ready(user_id, trigger, others)
         return self.ids
@@ -89,13 +89,13 @@ def summary(outcome: ApplyOutcome, plan: WritePlan) -> str:
     )
 
 
-def mark_applied(ctx: WorkerContext, user_id: str, message_id: str, version: int) -> None:
+def mark_applied(ctx: WorkerResources, user_id: str, message_id: str, version: int) -> None:
     """The message's bookkeeping once the graph holds it and the index and stamp are finished (its payload
     and extraction are deleted in the same script)."""
     set_state(ctx, user_id, message_id, MessageState.APPLIED, version=str(version))
 
 
-def _load(ctx: WorkerContext, user_id: str, message_ids: list[str]) -> list[Member]:
+def _load(ctx: WorkerResources, user_id: str, message_ids: list[str]) -> list[Member]:
     """The claimed messages that can be applied: payload and extraction in one round trip. One whose
     payload or extraction is gone (forgotten, expired, sent back) or unreadable is left to its own task."""
     members = []
@@ -126,7 +126,7 @@ class _Run:
     ``shared``: the members' writes are in one store transaction (see the module docstring); then any
     member's error is raised (the transaction must roll back) and ``after_write`` waits for ``commit``."""
 
-    ctx: WorkerContext
+    ctx: WorkerResources
     write: UserWrite
     vectors: Vectors
     index: UserIndex
@@ -213,7 +213,7 @@ class _Run:
             self.apply(member, is_trigger=False)
 
 
-def apply_batch(ctx: WorkerContext, write: UserWrite, trigger: Member, claim: Claim) -> StageResult:
+def apply_batch(ctx: WorkerResources, write: UserWrite, trigger: Member, claim: Claim) -> StageResult:
     """Apply ``trigger`` and up to ``apply_batch - 1`` more ready messages of its user (see the module
     docstring); returns the trigger's result or raises its error, after finishing what committed."""
     user_id = write.user_id
@@ -242,7 +242,7 @@ def apply_batch(ctx: WorkerContext, write: UserWrite, trigger: Member, claim: Cl
     return _finish(ctx, write, trigger.message_id, len(members), run.progress)
 
 
-def _finish(ctx: WorkerContext, write: UserWrite, trigger: str, size: int, progress: _Progress) -> StageResult:
+def _finish(ctx: WorkerResources, write: UserWrite, trigger: str, size: int, progress: _Progress) -> StageResult:
     """One finish for every member that committed, then each one's status and the other members'
     ``after_stage`` (the trigger's runs in its task); the trigger's result or error."""
     user_id = write.user_id

@@ -14,7 +14,7 @@ from pydantic import ValidationError
 from engram_api.models import DeadLetter, Envelope, MessageState, StageOutcome, StageResult
 from engram_api.redaction import redact
 from engram_api.versions import Stamp
-from engram_workers.context import WorkerContext
+from engram_workers.resources import WorkerResources
 
 __all__ = [
     "Delivery",
@@ -76,7 +76,7 @@ class Delivery:
 
 
 @contextmanager
-def deliveries(ctx: WorkerContext, user_id: str, message_id: str, stage: str) -> Iterator[Delivery]:
+def deliveries(ctx: WorkerResources, user_id: str, message_id: str, stage: str) -> Iterator[Delivery]:
     """Count starts that never finished: a message whose processing kills the worker leaves its count up.
 
     Yields the ``Delivery``: how many earlier starts died (the caller dead-letters past
@@ -96,7 +96,7 @@ def deliveries(ctx: WorkerContext, user_id: str, message_id: str, stage: str) ->
 
 
 def set_state(
-    ctx: WorkerContext,
+    ctx: WorkerResources,
     user_id: str,
     message_id: str,
     state: MessageState,
@@ -111,13 +111,13 @@ def set_state(
     return ctx.ledger.set_state(user_id, message_id, state, extraction=extraction, event_time=event_time, fields=fields)
 
 
-def keep_alive(ctx: WorkerContext, user_id: str, message_id: str) -> None:
+def keep_alive(ctx: WorkerResources, user_id: str, message_id: str) -> None:
     """A message about to be retried keeps its payload, extraction and status for another ``status_ttl_s``:
     however long the retries take (a breaker open for days), the payload outlives them."""
     ctx.ledger.keep_alive(user_id, message_id)
 
 
-def is_forgotten(ctx: WorkerContext, user_id: str, message_id: str) -> bool:
+def is_forgotten(ctx: WorkerResources, user_id: str, message_id: str) -> bool:
     return ctx.ledger.is_forgotten(user_id, message_id)
 
 
@@ -138,17 +138,17 @@ class Stored:
         return settled(self.forgotten, self.state)
 
 
-def read_stored(ctx: WorkerContext, user_id: str, message_id: str, *, published: bool = False) -> Stored:
+def read_stored(ctx: WorkerResources, user_id: str, message_id: str, *, published: bool = False) -> Stored:
     forgotten, state, payload, extraction, stamp = ctx.ledger.read(user_id, message_id, stamp=published)
     return Stored(forgotten, state, payload, extraction, Stamp.parse(stamp) if stamp is not None else None)
 
 
-def load_envelope(ctx: WorkerContext, user_id: str, message_id: str) -> Envelope | None:
+def load_envelope(ctx: WorkerResources, user_id: str, message_id: str) -> Envelope | None:
     raw = ctx.ledger.payload(user_id, message_id)
     return Envelope.model_validate_json(raw) if raw else None
 
 
-def envelope_or_none(ctx: WorkerContext, user_id: str, message_id: str) -> Envelope | None:
+def envelope_or_none(ctx: WorkerResources, user_id: str, message_id: str) -> Envelope | None:
     """The envelope to keep in a dead letter: a corrupt payload must not stop the message being dead-lettered
     (the letter's reason says what went wrong; the raw payload stays unreadable either way)."""
     try:
@@ -158,7 +158,7 @@ def envelope_or_none(ctx: WorkerContext, user_id: str, message_id: str) -> Envel
 
 
 def dead_letter(
-    ctx: WorkerContext,
+    ctx: WorkerResources,
     envelope: Envelope | None,
     *,
     user_id: str,
@@ -191,7 +191,11 @@ def dead_letter(
 
 
 def hooked(
-    ctx: WorkerContext, stage: str, fn: Callable[[WorkerContext, str, str], StageResult], user_id: str, message_id: str
+    ctx: WorkerResources,
+    stage: str,
+    fn: Callable[[WorkerResources, str, str], StageResult],
+    user_id: str,
+    message_id: str,
 ) -> StageResult:
     """The stage between its middleware hooks, as a task runs it. In a worker everything here runs inside
     ``tasks._attempt``'s handlers: a hook that raises (or cannot even be loaded) fails the stage exactly like

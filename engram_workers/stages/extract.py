@@ -23,12 +23,12 @@ from engram_api.naming import SINGLE_VALUED, self_entity_id
 from engram_api.storage.graph.episodes import chunk_envelope
 from engram_api.versions import ABSENT, Stamp
 from engram_workers import metrics
-from engram_workers.context import WorkerContext
 from engram_workers.extraction.llm import Completion, LLMAnswer, call_llm
 from engram_workers.extraction.prompt import SlimContext, build_prompt, is_owner_turn
 from engram_workers.extraction.rules import extract_rules
 from engram_workers.extraction.trivial import answers_a_question, is_trivial
 from engram_workers.handover import HandOver
+from engram_workers.resources import WorkerResources
 from engram_workers.stages.apply import hand_over
 from engram_workers.stages.common import (
     RetryLater,
@@ -54,7 +54,7 @@ def _query(envelope: Envelope) -> tuple[str, bool]:
 
 
 @dataclass(frozen=True)
-class Context:
+class PromptInputs:
     """What a message's prompt is built from, read in one store call: the slim context, the earlier turns,
     and the vectors encoded on the way that apply will need (they go with the hand-over)."""
 
@@ -63,19 +63,19 @@ class Context:
     vectors: dict[str, np.ndarray]
 
 
-def read_context(ctx: WorkerContext, envelope: Envelope, published: Stamp | None = None) -> Context:
+def read_prompt_inputs(ctx: WorkerResources, envelope: Envelope, published: Stamp | None = None) -> PromptInputs:
     """The user's most similar existing entities and current facts, plus the owner's current one-value
     facts (home, employer, ...) whatever the similarity, so "I quit" can name the fact it ends; and the
     user's last ``llm_context_turns`` episodes unless the producer sent its own earlier turns.
 
     ``published``: the user's stamp as writers last published it (read with the message, no round trip
     of its own), else the graph is asked. It may trail the graph by a write in progress, as a reader's
-    does; the index it selects is then at that version or newer, and the context is a prompt's hint,
+    does; the index it selects is then at that version or newer, and the inputs are a prompt's hint,
     which apply's consolidation checks against the graph anyway."""
     uid = envelope.user_id
     stamp = published if published is not None else ctx.graph.user_stamp(uid)
     if stamp == ABSENT:  # a user the store has never seen has no memory and no earlier episodes
-        return Context(SlimContext(), [], {})
+        return PromptInputs(SlimContext(), [], {})
     index = ctx.keeper.current(uid, stamp)
     text, apply_needs_it = _query(envelope)
     query = ctx.queries.encode_one(text)
@@ -92,17 +92,17 @@ def read_context(ctx: WorkerContext, envelope: Envelope, published: Stamp | None
     own = [f for f in read.slot_facts if f.current_at(None)][:_CONTEXT_ITEMS]
     similar = [f for f in read.facts if f.current_at(None)]
     facts = list({f.id: f for f in [*own, *similar]}.values())
-    return Context(
+    return PromptInputs(
         SlimContext.from_records(read.entities, facts), read.episodes, {text: query} if apply_needs_it else {}
     )
 
 
 def _llm_extract(
-    ctx: WorkerContext, envelope: Envelope, published: Stamp | None
+    ctx: WorkerResources, envelope: Envelope, published: Stamp | None
 ) -> tuple[LLMAnswer, dict[str, np.ndarray]]:
     """The resolved answer, and the vectors encoded on the way that apply will need."""
-    context = read_context(ctx, envelope, published)
-    prompt = build_prompt(envelope, context.slim, context.earlier)
+    inputs = read_prompt_inputs(ctx, envelope, published)
+    prompt = build_prompt(envelope, inputs.slim, inputs.earlier)
 
     def admit(call: Callable[[], Completion]) -> Completion:
         # The slot is taken right before each call (the first and a parse-error retry), so the preparation
@@ -113,11 +113,11 @@ def _llm_extract(
 
     answer = call_llm(ctx.settings, prompt.messages, admit=admit, names=prompt.names)
     # Stored with ids, not handles: apply (and a replay) never needs this prompt again.
-    return replace(answer, extraction=prompt.resolve(answer.extraction)), context.vectors
+    return replace(answer, extraction=prompt.resolve(answer.extraction)), inputs.vectors
 
 
 def _store_and_hand_over(
-    ctx: WorkerContext,
+    ctx: WorkerResources,
     envelope: Envelope,
     extraction: Extraction,
     usage: Usage,
@@ -142,7 +142,7 @@ def _store_and_hand_over(
 _FORGOTTEN = StageResult(StageOutcome.FORGOTTEN)
 
 
-def run_extract(ctx: WorkerContext, user_id: str, message_id: str) -> StageResult:
+def run_extract(ctx: WorkerResources, user_id: str, message_id: str) -> StageResult:
     found = read_stored(ctx, user_id, message_id, published=True)
     if found.settled is not None:
         return found.settled
@@ -180,7 +180,7 @@ def run_extract(ctx: WorkerContext, user_id: str, message_id: str) -> StageResul
     return StageResult(StageOutcome.LLM, f"{len(answer.extraction.facts)} facts")
 
 
-def _payload_gone(ctx: WorkerContext, user_id: str, message_id: str) -> StageResult:
+def _payload_gone(ctx: WorkerResources, user_id: str, message_id: str) -> StageResult:
     """No payload: forgotten, applied long ago, or expired while it waited. Only the last is a failure,
     and it must not pass silently: it is dead-lettered with that reason (the text is gone, so the letter
     cannot be replayed; the producer has to send the message again)."""
@@ -205,7 +205,7 @@ def _count_usage(usage: Usage) -> None:
     metrics.LLM_COST.inc(usage.cost_usd)
 
 
-def _failed(ctx: WorkerContext, envelope: Envelope, exc: LLMError) -> StageResult:
+def _failed(ctx: WorkerResources, envelope: Envelope, exc: LLMError) -> StageResult:
     uid, mid = envelope.user_id, envelope.message_id
     if is_forgotten(ctx, uid, mid):
         return _FORGOTTEN

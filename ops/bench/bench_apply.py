@@ -45,7 +45,7 @@ def _round(
 
 
 def run(ctx: BenchContext) -> BenchResult:
-    from engram_workers.context import WorkerContext
+    from engram_workers.resources import WorkerResources
 
     n, rounds = ctx.size(24, 48), ctx.size(3, 5)
     per_message: dict[int, list[float]] = {b: [] for b in _SETTINGS}
@@ -55,10 +55,10 @@ def run(ctx: BenchContext) -> BenchResult:
         ["round", "apply_batch", "CPU ms / message", "wall ms / message", "Neo4j CPU ms / message"],
     )
     with ctx.stack("apply-batch", llm=False) as stack:
-        extractor = WorkerContext(settings=stack.settings)
+        extractor = WorkerResources(settings=stack.settings)
         # The built-in middleware (logging, metrics): the stack's StageTimer is for worker processes.
         workers = {
-            b: WorkerContext(settings=stack.settings.model_copy(update={"apply_batch": b, "middleware": ""}))
+            b: WorkerResources(settings=stack.settings.model_copy(update={"apply_batch": b, "middleware": ""}))
             for b in _SETTINGS
         }
         server = ctx.services.server_pids().get("neo4j") if stack.settings.neo4j_uri else None

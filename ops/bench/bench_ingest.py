@@ -212,17 +212,17 @@ class _Timed:
 
 def ready_to_apply(stack: Any, extractor: Any, uid: str, message: Any) -> str:
     """Leave ``message`` (a ``corpus.Message``) in Redis as the producer and the extract stage would: the
-    payload, and the extraction with what the slim-context lookup of ``extractor`` (a ``WorkerContext``)
+    payload, and the extraction with what the slim-context lookup of ``extractor`` (a ``WorkerResources``)
     encoded, filed as ready to apply. No task is published, so running workers never see it. Returns its id."""
     from engram_api import keys
     from engram_api.models import Extraction, MessageState, Usage
     from engram_api.producer import build_envelope
     from engram_workers.handover import HandOver
     from engram_workers.stages.common import set_state
-    from engram_workers.stages.extract import read_context
+    from engram_workers.stages.extract import read_prompt_inputs
 
     env = build_envelope(stack.settings, uid, message.text, message_id=f"m{message.index}", timestamp=message.timestamp)
-    vectors = read_context(extractor, env).vectors
+    vectors = read_prompt_inputs(extractor, env).vectors
     handed = HandOver.carrying(Extraction.model_validate(message.extraction), Usage(), extractor.embedder, vectors)
     stack.client.redis.set(keys.message_payload(uid, env.message_id), env.model_dump_json())
     set_state(
@@ -236,14 +236,14 @@ def _apply_breakdown(ctx: BenchContext, stack: Any, n: int) -> tuple[Table, dict
     """Run the apply stage in this process on ``n`` prepared messages and split its time by store call.
     Each hand-over carries what the extract stage's slim-context lookup would (done by an untimed
     extract-side context), so apply encodes what it would in the fleet."""
-    from engram_workers.context import WorkerContext
+    from engram_workers.resources import WorkerResources
     from engram_workers.stages.apply import run_apply
 
     totals: defaultdict[str, float] = defaultdict(float)
     server: defaultdict[str, float] = defaultdict(float)
     pid = ctx.services.server_pids().get("neo4j") if stack.settings.neo4j_uri else None
-    extractor = WorkerContext(settings=stack.settings)
-    wctx = WorkerContext(settings=stack.settings)
+    extractor = WorkerResources(settings=stack.settings)
+    wctx = WorkerResources(settings=stack.settings)
     wctx.__dict__["graph"] = _Timed(wctx.graph, "neo4j", totals, server, pid)
     wctx.__dict__["embedder"] = _Timed(wctx.embedder, "embedder", totals)
     wctx.__dict__["redis"] = _Timed(wctx.redis, "redis", totals)

@@ -194,13 +194,13 @@ def _extract_stage(ctx: BenchContext, url: str, *, primed: int, measured: int, t
     slim-context query vectors encoded one by one (``max_batch=1``, the baseline) and batched."""
     from engram_api import MemoryClient
     from engram_api.models import StageOutcome
-    from engram_workers.context import WorkerContext
     from engram_workers.extraction.query_batch import QueryBatcher
+    from engram_workers.resources import WorkerResources
     from engram_workers.stages.apply import run_apply
     from engram_workers.stages.extract import run_extract
 
     settings = _settings(url, redis_url=ctx.services.redis_url, data_dir=ctx.workdir / "llm-extract")
-    worker = WorkerContext(settings=settings, dispatch=lambda _task, _args: None)
+    worker = WorkerResources(settings=settings, dispatch=lambda _task, _args: None)
     client = MemoryClient(settings=settings)
     worker.warm_up()
     user = ctx.uid("llm-extract")

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from engram_api import keys
 from engram_api.models import StageResult
-from engram_workers.context import get_context
 from engram_workers.middleware import Middleware
+from engram_workers.resources import get_resources
 
 
 class StageTimer(Middleware):
     def after_stage(self, stage: str, user_id: str, message_id: str, outcome: StageResult, seconds: float) -> None:
-        get_context().redis.hset(keys.status(user_id, message_id), f"bench_{stage}_s", repr(seconds))
+        get_resources().redis.hset(keys.status(user_id, message_id), f"bench_{stage}_s", repr(seconds))

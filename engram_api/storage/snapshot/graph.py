@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from engram_api.models import ChunkRecord, FactRecord, KeywordHit
-from engram_api.storage.graph.contract import GraphStepQuery
+from engram_api.storage.graph.step import GraphStepQuery
 from engram_api.storage.graph.validity import instant, overlaps
 from engram_api.storage.snapshot.keywords import KeywordIndex
 from engram_api.storage.snapshot.rows import (

@@ -11,11 +11,14 @@ conjunction or comma splits only when what follows can stand on its own, so "Eng
 stays one list while "Austin and work at Dell" becomes two clauses) -> subject -> the first entry of
 ``_RULES`` whose pattern matches the clause and whose handler accepts it.
 
-Layout: ``lexicon`` (limits, word lists) and ``text`` (string helpers) underlie ``objects`` (places,
-names, lists, roles), ``dates`` and ``context`` (the per-message fact collector); ``handlers`` is what a
-rule's handler is; one module per rule family (``places``, ``work``, ``person``, ``tastes``,
-``learning``, ``family``, ``habits``); ``table`` holds the ordered rule table; ``subjects`` splits
-clauses and finds their subject; this module is the entry point (sentences, ``extract_rules``).
+Layout, each module importing only those before it: ``lexicon`` (limits, word lists), ``text`` (string
+helpers), ``state`` (the per-message fact collector) and ``dates``; ``objects`` (places, names, lists,
+roles); ``handlers`` (what a rule's handler is, and the generic ones); one module per rule family
+(``places``, ``work``, ``person``, ``tastes``, ``learning``, ``family``, ``habits``); ``table``, the
+ordered rule table; ``subjects``, which splits clauses, finds their subject and runs the table; this
+module, the entry point (sentences, ``extract_rules``). Where the rules recurse (a name ends where a
+rule starts, a relative's clause continues), modules below ``subjects`` call it through the message
+state's ``grammar``, which this module gives.
 """
 
 from __future__ import annotations
@@ -26,9 +29,9 @@ import unicodedata
 from datetime import datetime
 
 from engram_api.models import Extraction
-from engram_workers.extraction.rules.context import _Ctx, _Subject
 from engram_workers.extraction.rules.lexicon import _MAX_ITEMS, _MAX_TEXT
-from engram_workers.extraction.rules.subjects import _clause, _clauses
+from engram_workers.extraction.rules.state import _Grammar, _MessageState, _Subject
+from engram_workers.extraction.rules.subjects import _clause, _clauses, _starts_rule
 
 __all__ = ["extract_rules"]
 
@@ -54,6 +57,7 @@ _SPACES = re.compile(r"[^\S\n]+")
 _LINES = re.compile(r" ?\n[\n ]*")  # linear only after _SPACES: a run here is at most one space long
 _TITLE_ABBREVIATION = re.compile(r"\b(?:st|dr|mr|mrs|ms|mt|ft|prof|jr|sr)\.$", re.I)
 _WORD = re.compile(r"[^\W\d_][\w'-]*")
+_GRAMMAR = _Grammar(starts_rule=_starts_rule, clause=_clause)
 
 
 def _normalize(text: str) -> str:
@@ -102,14 +106,14 @@ def _extract(text: str, event_time: datetime) -> Extraction:
     sentences = _sentences(_normalize(text[:_MAX_TEXT]))
     if len(text) > _MAX_TEXT:
         sentences = sentences[:-1]  # the cut left its last sentence unfinished ("I live in Aus")
-    ctx = _Ctx(event_time=event_time, cased=_is_cased(sentences))
+    state = _MessageState(event_time=event_time, cased=_is_cased(sentences), grammar=_GRAMMAR)
     for sentence in sentences:
         if sentence.rstrip(" \"')").endswith("?"):
             continue  # a question states nothing
         previous: _Subject | None = None
         for clause in _clauses(sentence.rstrip(" .!…\"')")):
-            previous = _clause(clause, ctx, previous)
-        if len(ctx.facts) >= _MAX_ITEMS:
+            previous = _clause(clause, state, previous)
+        if len(state.facts) >= _MAX_ITEMS:
             break
-    used = {f.subject for f in ctx.facts} | {f.object for f in ctx.facts if f.object}
-    return Extraction(entities=[e for e in ctx.entities if e.ref in used], facts=ctx.facts)
+    used = {f.subject for f in state.facts} | {f.object for f in state.facts if f.object}
+    return Extraction(entities=[e for e in state.entities if e.ref in used], facts=state.facts)

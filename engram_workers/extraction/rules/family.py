@@ -9,10 +9,6 @@ from __future__ import annotations
 import re
 
 from engram_api.naming import sanitize_predicate
-
-# The rules recurse (_clause -> the rule table -> this module): import the module, bind late.
-from engram_workers.extraction.rules import subjects
-from engram_workers.extraction.rules.context import _Ctx, _Intro, _Obj, _Subject
 from engram_workers.extraction.rules.handlers import _since
 from engram_workers.extraction.rules.lexicon import (
     _KIN_MODS,
@@ -27,10 +23,11 @@ from engram_workers.extraction.rules.lexicon import (
     _alt,
 )
 from engram_workers.extraction.rules.objects import _take_name
+from engram_workers.extraction.rules.state import _Intro, _MessageState, _Obj, _Subject
 from engram_workers.extraction.rules.text import _a
 
 
-def _introduce(mods: str, word: str, name: str | None, ctx: _Ctx, *, changed: bool = False) -> _Subject:
+def _introduce(mods: str, word: str, name: str | None, state: _MessageState, *, changed: bool = False) -> _Subject:
     """A relative or pet ("my older brother Alex"): the subject, with its HAS_* fact held until needed."""
     written = f"{mods} {word}".strip()
     if word in _RELATIONS:
@@ -45,7 +42,7 @@ def _introduce(mods: str, word: str, name: str | None, ctx: _Ctx, *, changed: bo
     display = name or f"User's {f'{mods} ' if mods else ''}{_RELATIONS.get(word, word)}"
     statement = f"User has {_a(written)} {written}" + (f" named {name}" if name else "")
     entity = _Obj(display, label, display, summary=summary, aliases=aliases)
-    return _Subject(display, intro=_Intro(predicate, statement, entity, _since(ctx, changed)))
+    return _Subject(display, intro=_Intro(predicate, statement, entity, _since(state, changed)))
 
 
 _HAVE_KIN = re.compile(
@@ -59,13 +56,13 @@ _NAMED = re.compile(r"^\s*,?\s*(?:who\s+is\s+|whose\s+name\s+is\s+|that\s+is\s+)
 _JOINER = re.compile(r"^\s*(?:,\s*)?(?:and\s+|&\s+|,\s*)", re.I)
 
 
-def _names(text: str, ctx: _Ctx) -> tuple[list[str], str]:
+def _names(text: str, state: _MessageState) -> tuple[list[str], str]:
     """'Max and Luna who ...' -> (['Max', 'Luna'], ' who ...')."""
     names: list[str] = []
     rest = text
     while len(names) < _MAX_LIST:
         joiner = _JOINER.match(rest) if names else None
-        taken = _take_name(rest[joiner.end() :] if joiner else rest.lstrip(" ,"), ctx)
+        taken = _take_name(rest[joiner.end() :] if joiner else rest.lstrip(" ,"), state)
         if taken is None or (names and joiner is None):
             break
         names.append(taken[0])
@@ -76,7 +73,7 @@ def _names(text: str, ctx: _Ctx) -> tuple[list[str], str]:
 _NEXT_ITEM = re.compile(r"^\s*,?\s*(?:and\s+)?(?P<det>a|an|one|two|three|four|five|\d)\s+(?P<o>.+)$", re.I | re.S)
 
 
-def _have_item(det: str, text: str, ctx: _Ctx, *, changed: bool) -> tuple[str, _Subject | None]:
+def _have_item(det: str, text: str, state: _MessageState, *, changed: bool) -> tuple[str, _Subject | None]:
     """One 'a brother named Alex' / 'two cats named Luna and Milo' -> (text after it, its one subject)."""
     found = _HAVE_KIN.match(text) or _HAVE_PET.match(text)
     if found is None:
@@ -85,21 +82,21 @@ def _have_item(det: str, text: str, ctx: _Ctx, *, changed: bool) -> tuple[str, _
     word = _RELATION_PLURALS.get(written) or _PET_PLURALS.get(written) or written
     mods = " ".join(found.group("mods").casefold().split())
     named = _NAMED.match(found.group("rest"))
-    names, after = _names(found.group("rest")[named.end() :], ctx) if named else ([], found.group("rest"))
+    names, after = _names(found.group("rest")[named.end() :], state) if named else ([], found.group("rest"))
     count = int(det) if det.isdigit() else _NUMBERS.get(det.casefold(), 1)
     if not names and count > 1:
         predicate = "HAS_PET" if word in _PETS else sanitize_predicate(f"HAS_{_RELATIONS[word]}")
         kind = f"{mods} {written}".strip()
-        ctx.emit(ctx.user(), predicate, f"User has {det.casefold()} {kind}", valid_from=_since(ctx, changed))
+        state.emit(state.user(), predicate, f"User has {det.casefold()} {kind}", valid_from=_since(state, changed))
         return after, None
     named_or_not: list[str | None] = [*names] if names else [None]
-    subjects = [_introduce(mods, word, name, ctx, changed=changed) for name in named_or_not]
+    subjects = [_introduce(mods, word, name, state, changed=changed) for name in named_or_not]
     for subject in subjects:
-        ctx.subject_ref(subject)
+        state.subject_ref(subject)
     return after, subjects[0] if len(subjects) == 1 else None
 
 
-def _h_have(m: re.Match[str], subj: _Subject, ctx: _Ctx) -> bool:
+def _h_have(m: re.Match[str], subj: _Subject, state: _MessageState) -> bool:
     """'I have a brother named Alex (who ...)', 'I have two cats named Luna and Milo', 'I got a puppy'."""
     det, text = m.group("det"), m.group("o")
     if not subj.is_user or not (_HAVE_KIN.match(text) or _HAVE_PET.match(text)):
@@ -107,21 +104,21 @@ def _h_have(m: re.Match[str], subj: _Subject, ctx: _Ctx) -> bool:
     changed = m.group("verb").casefold().split()[-1] in ("got", "adopted")
     after, last = "", None
     for _ in range(_MAX_LIST):  # "a sister named Mia and a brother named Sam"
-        after, last = _have_item(det, text, ctx, changed=changed)
+        after, last = _have_item(det, text, state, changed=changed)
         following = _NEXT_ITEM.match(after)
         if following is None or after == text:
             break
         det, text = following.group("det"), following.group("o")
     if last is not None and after.strip():
-        subjects._clause(after, ctx, last)  # "... named Alex who works at Amazon"
+        state.grammar.clause(after, state, last)  # "... named Alex who works at Amazon"
     return True
 
 
-def _h_reverse_kin(m: re.Match[str], subj: _Subject, ctx: _Ctx) -> bool:
+def _h_reverse_kin(m: re.Match[str], subj: _Subject, state: _MessageState) -> bool:
     """'Alex is my brother'."""
-    taken = _take_name(m.group("o").strip(), ctx)
+    taken = _take_name(m.group("o").strip(), state)
     if taken is None or taken[1].strip():
         return False
     mods = " ".join(m.group("mods").casefold().split())
-    ctx.subject_ref(_introduce(mods, m.group("word").casefold(), taken[0], ctx))
+    state.subject_ref(_introduce(mods, m.group("word").casefold(), taken[0], state))
     return True

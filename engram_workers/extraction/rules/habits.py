@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import re
 
-from engram_workers.extraction.rules.context import _Ctx, _Subject
 from engram_workers.extraction.rules.lexicon import _BAD_FIRST, _WEEKDAYS, _set
+from engram_workers.extraction.rules.state import _MessageState, _Subject
 from engram_workers.extraction.rules.text import _HARD_STOP, _about_user, _third_person
 
 _FREQ = (
@@ -34,7 +34,7 @@ def _present_verb(word: str) -> bool:
     return not (low.endswith("ed") and not low.endswith("eed"))
 
 
-def _habit(subj: _Subject, rest: str, ctx: _Ctx) -> tuple[str, bool] | None:
+def _habit(subj: _Subject, rest: str, state: _MessageState) -> tuple[str, bool] | None:
     """'I usually run before work' / 'I run every morning': a procedural HAS_HABIT fact.
 
     Returns the clause without its frequency words (so "I play tennis every Sunday" still gives
@@ -63,5 +63,5 @@ def _habit(subj: _Subject, rest: str, ctx: _Ctx) -> tuple[str, bool] | None:
         return None
     said = _HARD_STOP.split(said, maxsplit=1)[0].strip(" ,")[:300]
     statement = f"{subj.name} {_about_user(said) if subj.is_user else said}"
-    ctx.emit(subj, "HAS_HABIT", statement, memory_type="procedural")
+    state.emit(subj, "HAS_HABIT", statement, memory_type="procedural")
     return core, negative

@@ -34,6 +34,13 @@ def _alt(words: Iterable[str]) -> str:
     return "|".join(re.escape(w).replace(r"\ ", r"\s+") for w in sorted(words, key=len, reverse=True))
 
 
+# Adverbs that may sit between subject and verb ("I also just moved to ...") without changing the fact.
+_ADV_WORDS = (
+    r"just|recently|currently|also|still|now|actually|really|truly|totally|absolutely|definitely|"
+    r"finally|officially|kind\s+of|kinda|sort\s+of|mainly|even|honestly|literally|already|happily|"
+    r"proudly|both|originally|presently|newly|only|primarily"
+)
+_ADV = rf"(?:{_ADV_WORDS})"
 _LANGUAGES = _set(
     "english|spanish|french|german|italian|portuguese|dutch|russian|polish|ukrainian|czech|slovak|"
     "greek|turkish|arabic|hebrew|persian|farsi|hindi|urdu|bengali|punjabi|tamil|telugu|marathi|"

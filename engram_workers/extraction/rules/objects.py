@@ -7,9 +7,6 @@ from __future__ import annotations
 
 import re
 
-# The rules recurse (_starts_rule -> the rule table -> this module): import the module, bind late.
-from engram_workers.extraction.rules import subjects
-from engram_workers.extraction.rules.context import _Ctx, _Obj
 from engram_workers.extraction.rules.lexicon import (
     _GENERIC_ORGS,
     _GENERIC_PLACES,
@@ -20,6 +17,7 @@ from engram_workers.extraction.rules.lexicon import (
     _ROLE_STOP,
     _ROLE_SUFFIX,
 )
+from engram_workers.extraction.rules.state import _MessageState, _Obj
 from engram_workers.extraction.rules.text import (
     _COMPOUNDS,
     _FIRST_PERSON,
@@ -39,7 +37,7 @@ from engram_workers.extraction.rules.text import (
 )
 
 
-def _place(raw: str, ctx: _Ctx) -> _Obj | None:
+def _place(raw: str, state: _MessageState) -> _Obj | None:
     """A place name; "a small town in Texas" falls through to "Texas"."""
     for candidate in re.split(r"\s+in\s+", _cut(raw)):
         article, core = _split_article(_soft(candidate))
@@ -47,14 +45,14 @@ def _place(raw: str, ctx: _Ctx) -> _Obj | None:
             continue
         if core.casefold() in _GENERIC_PLACES or core.split()[0].casefold() in _GENERIC_PLACES:
             continue
-        if ctx.cased and not (core[0].isupper() or core[0].isdigit()):
+        if state.cased and not (core[0].isupper() or core[0].isdigit()):
             continue  # a cased writer capitalizes places: "the city" is no place name
         name = _display(core, "Place", article)
         return _Obj(name, "Place", f"the {name}" if article == "the" else name)
     return None
 
 
-def _org(raw: str, ctx: _Ctx) -> _Obj | None:
+def _org(raw: str, state: _MessageState) -> _Obj | None:
     """An employer or school: "Google", "the University of Texas", "a hospital"."""
     article, core = _split_article(_soft(_cut(raw)))
     if not _valid(core) or core.casefold() in _GENERIC_ORGS:
@@ -63,7 +61,7 @@ def _org(raw: str, ctx: _Ctx) -> _Obj | None:
     return _Obj(name, "Organization", f"{article} {name}" if article else name)
 
 
-def _take_name(text: str, ctx: _Ctx) -> tuple[str, str] | None:
+def _take_name(text: str, state: _MessageState) -> tuple[str, str] | None:
     """A person's or pet's name at the head of ``text`` -> (name, the text after it).
 
     Cased writers capitalize names, so up to three capitalized words are taken. In an all-lowercase
@@ -79,7 +77,7 @@ def _take_name(text: str, ctx: _Ctx) -> tuple[str, str] | None:
         if not _NAME_WORD.fullmatch(word) or word.casefold() in _NOT_NAME:
             break
         capital = word[0].isupper()
-        if not capital and (ctx.cased or words or subjects._starts_rule(text[tok.start() :])):
+        if not capital and (state.cased or words or state.grammar.starts_rule(text[tok.start() :])):
             break
         words.append(word)
         end = tok.start() + len(word)
@@ -91,12 +89,12 @@ def _take_name(text: str, ctx: _Ctx) -> tuple[str, str] | None:
     return (_titlecase(name) if name.islower() else name), text[end:]
 
 
-def _person(raw: str, ctx: _Ctx) -> _Obj | None:
-    taken = _take_name(raw.strip(), ctx)
+def _person(raw: str, state: _MessageState) -> _Obj | None:
+    taken = _take_name(raw.strip(), state)
     return _Obj(taken[0], "Person", taken[0]) if taken else None
 
 
-def _things(raw: str, ctx: _Ctx, default_label: str, *, single: bool = False) -> list[_Obj]:
+def _things(raw: str, state: _MessageState, default_label: str, *, single: bool = False) -> list[_Obj]:
     """A list of common things ("hiking, sushi and jazz"); each item gets a label from the lexicons."""
     text = _cut(raw, lists=True)
     for compound in _COMPOUNDS:

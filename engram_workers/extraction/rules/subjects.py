@@ -4,12 +4,21 @@ from __future__ import annotations
 
 import re
 
-from engram_workers.extraction.rules.context import _Ctx, _Subject
 from engram_workers.extraction.rules.family import _introduce
 from engram_workers.extraction.rules.habits import _HABIT_LEAD, _habit
-from engram_workers.extraction.rules.lexicon import _KIN_MODS, _MAX_CLAUSE, _PET_MODS, _PETS, _RELATIONS, _alt
+from engram_workers.extraction.rules.lexicon import (
+    _ADV,
+    _ADV_WORDS,
+    _KIN_MODS,
+    _MAX_CLAUSE,
+    _PET_MODS,
+    _PETS,
+    _RELATIONS,
+    _alt,
+)
 from engram_workers.extraction.rules.objects import _take_name
-from engram_workers.extraction.rules.table import _ADV, _ADV_WORDS, _RULES, _SELF_RULES
+from engram_workers.extraction.rules.state import _MessageState, _Subject
+from engram_workers.extraction.rules.table import _RULES, _SELF_RULES
 
 _FILLERS = (
     r"and|but|so|also|plus|then|oh|well|actually|btw|by\s+the\s+way|fyi|anyway|anyways|honestly|"
@@ -86,65 +95,65 @@ def _clauses(sentence: str) -> list[str]:
     return clauses
 
 
-def _parse_subject(clause: str, ctx: _Ctx) -> tuple[_Subject, str] | None:
+def _parse_subject(clause: str, state: _MessageState) -> tuple[_Subject, str] | None:
     """The clause's subject and the rest of it, or None when it opens with no known subject."""
     m = _SELF.match(clause)
     if m:
-        return ctx.user(), m.group("rest") or ""
+        return state.user(), m.group("rest") or ""
     m = _KIN_SUBJECT.match(clause) or _PET_SUBJECT.match(clause)
     if m:
         mods = " ".join(m.group("mods").casefold().split())
         after = m.group("after")
-        taken = _take_name(_past(_INTRO, after), ctx)
-        subject = _introduce(mods, m.group("word").casefold(), taken[0] if taken else None, ctx)
+        taken = _take_name(_past(_INTRO, after), state)
+        subject = _introduce(mods, m.group("word").casefold(), taken[0] if taken else None, state)
         if taken:
-            ctx.subject_ref(subject)  # a named relative is worth remembering on its own
+            state.subject_ref(subject)  # a named relative is worth remembering on its own
             return subject, taken[1]
-        ctx.last_animate = subject
+        state.last_animate = subject
         return subject, after
     m = _PRONOUN.match(clause)
     if m:
-        return (ctx.last_animate, m.group("rest") or "") if ctx.last_animate else None
+        return (state.last_animate, m.group("rest") or "") if state.last_animate else None
     if _MY_SELF_RE.match(clause):
-        return ctx.user(), clause
+        return state.user(), clause
     return None
 
 
-def _predicate(subj: _Subject, rest: str, ctx: _Ctx) -> None:
+def _predicate(subj: _Subject, rest: str, state: _MessageState) -> None:
     rest = _LEAD_ADV.sub("", rest.strip(" ,"))
-    habit = _habit(subj, rest, ctx)
+    habit = _habit(subj, rest, state)
     if habit is not None:
         core, negative = habit
         if negative:
             return
         rest = _LEAD_ADV.sub("", core)
-    outer = ctx.routine
-    ctx.routine = outer or habit is not None
+    outer = state.routine
+    state.routine = outer or habit is not None
     try:
         for rule in _RULES:
             m = rule.pattern.match(rest)
-            if m is not None and rule.handler(m, subj, ctx):
+            if m is not None and rule.handler(m, subj, state):
                 return
     finally:
-        ctx.routine = outer
+        state.routine = outer
 
 
-def _clause(clause: str, ctx: _Ctx, previous: _Subject | None) -> _Subject | None:
+def _clause(clause: str, state: _MessageState, previous: _Subject | None) -> _Subject | None:
     """Extract from one clause; returns its subject, which a following subjectless clause inherits."""
     if len(clause) > 2 * _MAX_CLAUSE:
         return previous  # far too long even after stripping a lead: a paste, not a statement
     clause = _strip_lead(clause)
     if not clause or len(clause) > _MAX_CLAUSE:
         return previous
-    parsed = _parse_subject(clause, ctx)
+    parsed = _parse_subject(clause, state)
     if parsed is None:
         for rule in _SELF_RULES:
             m = rule.pattern.match(clause)
-            if m is not None and rule.handler(m, ctx.user(), ctx):
-                return ctx.user()
+            if m is not None and rule.handler(m, state.user(), state):
+                return state.user()
         if previous is None:
             return None  # "Play some jazz" is a request to the assistant, not a fact about the user
         parsed = previous, clause
     subject, rest = parsed
-    _predicate(subject, rest, ctx)
+    _predicate(subject, rest, state)
     return subject

@@ -12,20 +12,13 @@ from typing import NamedTuple
 from engram_workers.extraction.rules.family import _h_have, _h_reverse_kin
 from engram_workers.extraction.rules.handlers import _Handler, _listing, _simple
 from engram_workers.extraction.rules.learning import _h_graduated, _languages, _learning, _studies
-from engram_workers.extraction.rules.lexicon import _KIN_MODS, _RELATIONS, _alt
+from engram_workers.extraction.rules.lexicon import _ADV, _KIN_MODS, _RELATIONS, _alt
 from engram_workers.extraction.rules.objects import _org, _place
 from engram_workers.extraction.rules.person import _age, _h_birthday, _h_diet, _h_married, _h_name, _h_status
 from engram_workers.extraction.rules.places import _h_back_from, _h_born, _h_move, _visited
 from engram_workers.extraction.rules.tastes import _h_drives, _h_favorite, _h_plays, _h_prefers, _h_reverse_favorite
 from engram_workers.extraction.rules.work import _h_joined, _h_new_job, _h_role, _work, _work_as
 
-# Adverbs that may sit between subject and verb ("I also just moved to ...") without changing the fact.
-_ADV_WORDS = (
-    r"just|recently|currently|also|still|now|actually|really|truly|totally|absolutely|definitely|"
-    r"finally|officially|kind\s+of|kinda|sort\s+of|mainly|even|honestly|literally|already|happily|"
-    r"proudly|both|originally|presently|newly|only|primarily"
-)
-_ADV = rf"(?:{_ADV_WORDS})"
 _MACROS = {
     "%PROG": r"(?:am|is|are|have\s+been|has\s+been)",
     "%PERF": r"(?:have|has)",

@@ -5,19 +5,19 @@ from __future__ import annotations
 import re
 
 from engram_api.naming import sanitize_label, sanitize_predicate
-from engram_workers.extraction.rules.context import _Ctx, _Obj, _Subject
 from engram_workers.extraction.rules.handlers import _emit_list
 from engram_workers.extraction.rules.lexicon import _map
 from engram_workers.extraction.rules.objects import _things
+from engram_workers.extraction.rules.state import _MessageState, _Obj, _Subject
 from engram_workers.extraction.rules.text import _a, _cut, _decapitalize, _singular, _soft, _valid
 
 
-def _h_prefers(m: re.Match[str], subj: _Subject, ctx: _Ctx) -> bool:
-    found = _things(m.group("o"), ctx, "Thing", single=True)
+def _h_prefers(m: re.Match[str], subj: _Subject, state: _MessageState) -> bool:
+    found = _things(m.group("o"), state, "Thing", single=True)
     if found:
-        alt = _things(m.group("alt"), ctx, "Thing", single=True) if m.group("alt") else []
+        alt = _things(m.group("alt"), state, "Thing", single=True) if m.group("alt") else []
         over = f" over {alt[0].phrase}" if alt else ""
-        ctx.emit(subj, "PREFERS", f"{subj.name} prefers {found[0].phrase}{over}", found[0])
+        state.emit(subj, "PREFERS", f"{subj.name} prefers {found[0].phrase}{over}", found[0])
     return True
 
 
@@ -31,7 +31,7 @@ _CATEGORY_LABELS = _map(
 )
 
 
-def _favorite(subj: _Subject, ctx: _Ctx, written_category: str, raw: str) -> None:
+def _favorite(subj: _Subject, state: _MessageState, written_category: str, raw: str) -> None:
     """'my favorite food is sushi' -> FAVORITE_FOOD; a plural category is a list of likes."""
     written = " ".join(written_category.casefold().split())
     singular = " ".join(_singular(w) for w in written.split())
@@ -39,39 +39,39 @@ def _favorite(subj: _Subject, ctx: _Ctx, written_category: str, raw: str) -> Non
     label = _CATEGORY_LABELS.get(category) or sanitize_label(category)
     if singular != written:
         # "my favorite foods are pizza and sushi": several values, so not a single-valued slot.
-        _emit_list(subj, ctx, raw, "LIKES", f"{{p}} favorite {written} include {{o}}", label)
+        _emit_list(subj, state, raw, "LIKES", f"{{p}} favorite {written} include {{o}}", label)
     else:
         predicate = sanitize_predicate(f"FAVORITE_{category}")
-        _emit_list(subj, ctx, raw, predicate, f"{{p}} favorite {written} is {{o}}", label)
+        _emit_list(subj, state, raw, predicate, f"{{p}} favorite {written} is {{o}}", label)
 
 
-def _h_favorite(m: re.Match[str], subj: _Subject, ctx: _Ctx) -> bool:
-    _favorite(subj, ctx, m.group("cat"), m.group("o"))
+def _h_favorite(m: re.Match[str], subj: _Subject, state: _MessageState) -> bool:
+    _favorite(subj, state, m.group("cat"), m.group("o"))
     return True
 
 
-def _h_reverse_favorite(m: re.Match[str], subj: _Subject, ctx: _Ctx) -> bool:
+def _h_reverse_favorite(m: re.Match[str], subj: _Subject, state: _MessageState) -> bool:
     """'Sushi is my favorite (food)': the object comes first."""
     raw = _decapitalize(m.group("o"))
     if m.group("cat"):
-        _favorite(subj, ctx, m.group("cat"), raw)
+        _favorite(subj, state, m.group("cat"), raw)
     else:
-        _emit_list(subj, ctx, raw, "LIKES", "{s} likes {o}", "Thing")
+        _emit_list(subj, state, raw, "LIKES", "{s} likes {o}", "Thing")
     return True
 
 
-def _h_plays(m: re.Match[str], subj: _Subject, ctx: _Ctx) -> bool:
-    for obj in _things(m.group("o"), ctx, "Activity"):
-        if ctx.cased and obj.name[:1].isupper() and obj.label == "Activity":
+def _h_plays(m: re.Match[str], subj: _Subject, state: _MessageState) -> bool:
+    for obj in _things(m.group("o"), state, "Activity"):
+        if state.cased and obj.name[:1].isupper() and obj.label == "Activity":
             obj = obj._replace(label="Media")  # a capitalized unknown thing one plays is a game title
-        ctx.emit(subj, "PLAYS", f"{subj.name} plays {obj.phrase}", obj)
+        state.emit(subj, "PLAYS", f"{subj.name} plays {obj.phrase}", obj)
     return True
 
 
-def _h_drives(m: re.Match[str], subj: _Subject, ctx: _Ctx) -> bool:
+def _h_drives(m: re.Match[str], subj: _Subject, state: _MessageState) -> bool:
     core = _soft(_cut(m.group("o")))
     if _valid(core):
         article = m.group("det").casefold()
         obj = _Obj(core, "Vehicle", f"{_a(core) if article == 'my' else article} {core}")
-        ctx.emit(subj, "DRIVES", f"{subj.name} drives {obj.phrase}", obj)
+        state.emit(subj, "DRIVES", f"{subj.name} drives {obj.phrase}", obj)
     return True

@@ -1,11 +1,18 @@
-"""Per-message extraction state: the parsed object and subject types and ``_Ctx``, which collects facts.
+"""Per-message extraction state: the parsed object and subject types and ``_MessageState``, which collects
+facts.
 
-``_Ctx`` is the one place facts and entities are added: it enforces the 100-item limits, gives each
+``_MessageState`` is the one place facts and entities are added: it enforces the 100-item limits, gives each
 normalized name one ref, and drops a fact stated twice in a message.
+
+The rules recurse: a name ends where a rule's verb phrase starts ("alex works at ..."), and a relative
+introduced mid-clause carries on as a clause of its own ("a brother named Alex who works at Amazon"). The
+parsers and handlers below the rule table reach it through ``_MessageState.grammar`` (``_Grammar``, given
+by the entry point), never by importing the modules above them.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import NamedTuple
@@ -54,13 +61,24 @@ class _Intro(NamedTuple):
     valid_from: datetime | None = None
 
 
+class _Grammar(NamedTuple):
+    """The clause grammar above the rule table (``subjects``), for the parsers and handlers under it."""
+
+    starts_rule: Callable[[str], bool]  # whether text opens with a verb phrase some rule knows
+    clause: Callable[[str, _MessageState, _Subject | None], _Subject | None]  # extract from one clause
+
+
 _USER_NAME = "User"
 
 
 @dataclass
-class _Ctx:
+class _MessageState:
+    """One message being read: its time and casing, the rule grammar, what was found so far (entities,
+    facts, refs) and what the next clause may refer back to."""
+
     event_time: datetime
     cased: bool  # whether the writer capitalizes proper nouns (see _is_cased)
+    grammar: _Grammar
     entities: list[ExtractedEntity] = field(default_factory=list)
     facts: list[ExtractedFact] = field(default_factory=list)
     refs: dict[str, str] = field(default_factory=dict)  # normalized name -> ref

@@ -1,15 +1,20 @@
-"""Per-process resources of a worker, created on first use (after the pool forks, never before).
+"""Per-process resources of a worker (``WorkerResources``: settings, Redis, the graph store, the encoder,
+the index keeper, the LLM controls, ...), created on first use (after the pool forks, never before).
 
 Nothing here connects or loads a model at import: Celery's prefork pool forks after importing the task
 modules, and a Neo4j driver, a Redis pool or torch state copied across a fork is a bug waiting to happen.
+So each pool child drops what it inherited (``reset_resources`` on ``worker_process_init``) and closes
+its own on the way out; the handlers are connected when the task modules import this one, in the parent.
 """
 
 from __future__ import annotations
 
 import threading
 from functools import cached_property
+from typing import Any
 
 import redis
+from celery.signals import worker_process_init, worker_process_shutdown
 
 from engram_api.connections import redis_client, resolve_redis_url
 from engram_api.ledger import MessageLedger
@@ -27,10 +32,10 @@ from engram_workers.extraction.query_batch import QueryBatcher
 from engram_workers.metrics import INDEX_LOADS
 from engram_workers.middleware import Middleware, build_middleware
 
-__all__ = ["WorkerContext", "get_context", "reset_context"]
+__all__ = ["WorkerResources", "get_resources", "reset_resources"]
 
 
-class WorkerContext:
+class WorkerResources:
     def __init__(self, *, settings: Settings, dispatch: Dispatch = send) -> None:
         self.settings = settings
         # How stages publish the next task: the worker's Celery app unless a caller injects another.
@@ -115,20 +120,31 @@ class WorkerContext:
             self.graph.close()
 
 
-_context: WorkerContext | None = None
+_resources: WorkerResources | None = None
 _lock = threading.Lock()
 
 
-def get_context() -> WorkerContext:
-    global _context
+def get_resources() -> WorkerResources:
+    global _resources
     with _lock:
-        if _context is None:
-            _context = WorkerContext(settings=load_settings())
-        return _context
+        if _resources is None:
+            _resources = WorkerResources(settings=load_settings())
+        return _resources
 
 
-def reset_context() -> None:
+def reset_resources() -> None:
     """Drop everything inherited from a parent process (called in each pool child after fork)."""
-    global _context
+    global _resources
     with _lock:
-        _context = None
+        _resources = None
+
+
+@worker_process_init.connect
+def _fresh_resources_after_fork(**_: Any) -> None:
+    # A pool child must not reuse sockets or model state copied from its parent.
+    reset_resources()
+
+
+@worker_process_shutdown.connect
+def _close_resources(**_: Any) -> None:
+    get_resources().close()
