@@ -220,3 +220,27 @@ def test_the_documented_examples_and_commands_run_on_a_real_fleet(fleet, tmp_pat
             assert done.returncode == 0, f"{doc}: `{line}`:\n{done.stdout[-2000:]}{done.stderr[-2000:]}"
             ran.append(tokens[1])
     assert {"enqueue", "recall", "export", "forget-user", "import"} <= set(ran)
+
+
+def test_engram_bench_help_names_every_benchmark_and_option_of_the_runner():
+    import ast
+
+    from click.testing import CliRunner
+
+    from engram_workers.cli import main
+
+    tree = ast.parse((ROOT / "ops" / "bench" / "run.py").read_text())
+    benches = next(
+        [ast.literal_eval(k) for k in node.value.keys]
+        for node in tree.body
+        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", None) == "BENCHES"
+    )
+    options = {
+        ast.literal_eval(call.args[0])
+        for call in ast.walk(tree)
+        if isinstance(call, ast.Call) and getattr(call.func, "attr", None) == "add_argument"
+    }
+    shown = CliRunner().invoke(main, ["bench", "--help"]).output
+    listed = "".join(shown.split()).split("subsetof")[1].split("--")[0]
+    assert set(listed.split(",")) == set(benches)
+    assert {o for o in options if o.startswith("--") and o != "--help"} <= set(shown.split())

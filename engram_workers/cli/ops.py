@@ -280,11 +280,14 @@ def bench(args: tuple[str, ...]) -> None:
     \b
     ARGS (all optional):
       --quick          small sizes (a few minutes in all)
-      --only LIST      comma-separated subset of enqueue,encoder,llm,gateway,ingest,recall,seeds,memory,quality
+      --only LIST      comma-separated subset of
+                       enqueue,encoder,llm,vectors,gateway,ingest,apply,recall,hosts,seeds,memory,quality
+      --store NAME     the deployments' graph store: neo4j (default) or sqlite
       --out DIR        where results, caches and the seeds' venv go (default: bench-results/)
       --datasets DIR   the quality benchmark's data (it is skipped when missing)
       --keep           keep the run's work directory (service data, logs)
       --llm            with --only quality: extract with your own LLM_MODEL (see docs/extraction.md)
+      --conversations IDS  quality only: comma-separated LoCoMo sample ids
     See docs/benchmarks.md.
     """
     if args[:1] in (("--help",), ("-h",)):
