@@ -90,3 +90,17 @@ def test_processes_refuse_a_database_until_migrate_has_run_once(fresh_uri: str, 
     upgrade = engram(fresh_uri, "migrate")
     assert upgrade.returncode == 0 and "upgraded from 0" in upgrade.stdout, upgrade.stderr
     assert schema(fresh_uri)["indexes"]["engram_feedback_created"] == "ONLINE"
+
+
+def test_a_one_machine_stack_migrates_a_fresh_database_itself(tmp_path: Path) -> None:
+    """`engram up` and `engram demo` are their own operator: their stack migrates before any process opens
+    the store, so a newcomer's NEO4J_URI works without a separate step."""
+    from engram_workers.cli._local import LocalStack
+
+    with Neo4jServer(data_dir=tmp_path / "neo4j") as server:
+        settings = Settings(neo4j_uri=server.uri, data_dir=tmp_path / "data")
+        with pytest.raises(SchemaNotMigratedError):
+            open_graph_store(settings).ensure_schema()
+        LocalStack(settings).migrate_graph()
+        assert [v for v, _ in schema(server.uri)["marker"]] == [cy.SCHEMA_VERSION]
+        WorkerResources(settings=settings).graph.ensure_schema()  # the worker's start-up check passes

@@ -138,6 +138,14 @@ class LocalStack:
         write_services_file(self.settings, redis_url=self.redis_url)
         return self.redis_url
 
+    def migrate_graph(self) -> None:
+        """Bring Neo4j's schema to this code's version before any process opens it (a one-machine stack is
+        its own operator: a fleet runs `engram migrate` apart); the embedded SQLite store needs nothing."""
+        if self.settings.neo4j_uri:
+            from engram_api.storage import migrate_graph_store
+
+            migrate_graph_store(self.settings)
+
     def _start(self, name: str, argv: list[str], ready: str) -> None:
         """Start a child without waiting for it: children boot in parallel, see ``wait_ready``."""
         from engram_workers.services.celery_worker import ManagedProcess

@@ -208,6 +208,7 @@ def demo(timeout: float) -> None:
             reaped = stack.clean_leftovers()
             if reaped:
                 err.print(describe_reaped(reaped))
+            stack.migrate_graph()
             url = stack.start_redis(reuse=True)
             stack.start_extract_worker("demo-extract", 8)
             stack.start_apply_worker("demo-apply", 2)

@@ -188,7 +188,8 @@ def up(
     worker, an apply worker (which also runs maintenance), Beat and optionally Flower and the HTTP/MCP
     gateway (on 127.0.0.1).
 
-    The graph is Neo4j when NEO4J_URI is set, else SQLite in ENGRAM_DATA_DIR. Logs go to
+    The graph is Neo4j when NEO4J_URI is set (its schema migrated first, as `engram migrate` does), else
+    SQLite in ENGRAM_DATA_DIR. Logs go to
     ENGRAM_DATA_DIR/logs. Clients on this machine find the embedded Redis by themselves (its URL, with a
     password generated at each start, is in ENGRAM_DATA_DIR/services.json, readable by this user only).
     """
@@ -204,6 +205,7 @@ def up(
             reaped = stack.clean_leftovers()
             if reaped:
                 out.print(describe_reaped(reaped))
+            stack.migrate_graph()
             url = stack.start_redis(reuse=False)
             stack.start_extract_worker("extract", extract_concurrency)
             stack.start_apply_worker("apply", apply_concurrency)
