@@ -13,9 +13,9 @@ Ids are derived from (user, message, position), so re-planning the same message 
 Store reads per message are fixed, whatever it names: one entity lookup (``resolution``), and one read
 (``GraphStore.facts_and_slots``) of the facts it names or nearly restates (index hits, "updates" hints,
 "ends") and of its single-valued slots. The message itself is kept recallable: its chunks
-(``storage.episodes.chunk_envelope``) are embedded in the same single batch as the names and statements and
-go into the plan and the user's index; a chunk the extract stage already encoded (its slim-context query,
-``engram_workers.handover``) is taken from the hand-over.
+(``storage.graph.episodes.chunk_envelope``) are embedded in the same single batch as the names and
+statements and go into the plan and the user's index; a chunk the extract stage already encoded (its
+slim-context query, ``engram_workers.handover``) is taken from the hand-over.
 
 Model facts are mapped with these rules (docs/extraction.md):
 - a fact whose subject or object resolves to nothing (an unknown id) is skipped;
@@ -38,6 +38,7 @@ import numpy as np
 
 from engram_api.models import (
     SELF_REF,
+    ChunkRecord,
     Envelope,
     EpisodeRecord,
     Extraction,
@@ -55,34 +56,43 @@ from engram_api.naming import (
     sanitize_predicate,
     split_negation,
 )
-from engram_api.storage.embedding.embedder import Embedder
 from engram_api.storage.faiss.files import Kind, UserIndex, VectorHit
 from engram_api.storage.graph.contract import GraphStore
-from engram_api.storage.graph.episodes import chunk_envelope
-from engram_workers.extraction.prompt import speaker_transcript
-from engram_workers.handover import CarriedVectors
+from engram_api.storage.graph.episodes import chunk_envelope, episode_text
 from engram_workers.resolution import Resolver, Vectors, hashed_id, named_entities
 from engram_workers.stance import read_stance
 
-__all__ = ["Planned", "message_texts", "plan_message"]
+__all__ = ["Incoming", "Planned", "plan_message"]
 
 FACT_DUPLICATE = 0.93
 # How far past the message's event time a model's date may lie (time zones, "tonight"); beyond, it is a plan.
 DATE_SKEW = timedelta(days=1)
 
 
-def message_texts(envelope: Envelope, extraction: Extraction) -> list[str]:
-    """Every text planning this message embeds (names, statements, its chunks): one encoder batch's worth."""
-    return [*_texts(named_entities(extraction)), *(c.indexed_text for c in chunk_envelope(envelope))]
+@dataclass(frozen=True)
+class Incoming:
+    """One message as planning takes it, computed once (``of``) however often it is planned (a batch's
+    replay, a re-plan after a refused write): the extraction with every unnamed person named
+    (``named_entities``), the message's chunks, and every text planning it embeds (names, statements,
+    chunks): one encoder batch's worth, encoded with the rest of its batch (``Vectors``)."""
 
+    envelope: Envelope
+    extraction: Extraction
+    usage: Usage
+    chunks: tuple[ChunkRecord, ...]
+    texts: tuple[str, ...]
 
-def _texts(extraction: Extraction) -> list[str]:
-    names = [e.name for e in extraction.entities]
-    # A fact may name a thing instead of referring to a listed entity: that name gets an entity too.
-    listed = {e.ref for e in extraction.entities} | {SELF_REF}
-    refs = [r.strip()[:200] for f in extraction.facts for r in (f.subject, f.object or "") if r and r not in listed]
-    statements = [" ".join(f.statement.split())[:1000] for f in extraction.facts]
-    return [*names, *refs, *statements, "User"]
+    @classmethod
+    def of(cls, envelope: Envelope, extraction: Extraction, usage: Usage) -> Incoming:
+        named = named_entities(extraction)
+        chunks = tuple(chunk_envelope(envelope))
+        # A fact may name a thing instead of referring to a listed entity: that name gets an entity too.
+        listed = {e.ref for e in named.entities} | {SELF_REF}
+        refs = [r.strip()[:200] for f in named.facts for r in (f.subject, f.object or "") if r and r not in listed]
+        statements = [" ".join(f.statement.split())[:1000] for f in named.facts]
+        names = [e.name for e in named.entities]
+        texts = (*names, *refs, *statements, "User", *(c.indexed_text for c in chunks))
+        return cls(envelope, named, usage, chunks, texts)
 
 
 @dataclass
@@ -311,26 +321,13 @@ def _ended(ids: Sequence[str], at: datetime, known: dict[str, FactRecord]) -> li
     return [(f, at) for f in facts if f.valid_until is None and f.current_at(at)]
 
 
-def plan_message(
-    *,
-    envelope: Envelope,
-    extraction: Extraction,
-    usage: Usage,
-    graph: GraphStore,
-    embedder: Embedder,
-    index: UserIndex,
-    carried: CarriedVectors | None = None,
-    vectors: Vectors | None = None,
-) -> Planned:
-    """``vectors``: texts already encoded for a batch of messages (``message_texts`` of each); without it,
-    this message's texts are encoded in one batch here (``carried`` ones excepted)."""
+def plan_message(message: Incoming, *, graph: GraphStore, index: UserIndex, vectors: Vectors) -> Planned:
+    """The message's ``WritePlan`` against the graph and ``index`` as they are now; ``vectors``: its batch's
+    texts, encoded (``Incoming.texts`` of each message)."""
+    envelope, extraction = message.envelope, message.extraction
     uid, mid = envelope.user_id, envelope.message_id
-    extraction = named_entities(extraction)
-    chunks = chunk_envelope(envelope)
-    if vectors is None:
-        vectors = Vectors(embedder, message_texts(envelope, extraction), [carried])
-    for chunk in chunks:
-        chunk.embedding = vectors(chunk.indexed_text).tolist()
+    # Copies: the message's chunks are planned again, unchanged, after a replay or a re-plan.
+    chunks = [c.model_copy(update={"embedding": vectors(c.indexed_text).tolist()}) for c in message.chunks]
     resolver = Resolver(
         user_id=uid, message_id=mid, graph=graph, vectors=vectors, index=index, owner_name=envelope.owner_name
     )
@@ -370,7 +367,7 @@ def plan_message(
     episode = EpisodeRecord(
         id=mid,
         user_id=uid,
-        content=speaker_transcript(envelope),
+        content=episode_text(envelope),
         role=envelope.messages[-1].role,
         event_time=envelope.timestamp,
         metadata=envelope.metadata,
@@ -390,7 +387,7 @@ def plan_message(
         reinforced_fact_ids=sorted(set(reinforced)),
         mentioned_entity_ids=sorted(mentioned),
         chunks=chunks,
-        usage=usage,
+        usage=message.usage,
     )
     upserts: list[tuple[str, Kind, Sequence[float]]] = [
         (f.id, "fact", f.embedding) for f in new_facts if f.embedding is not None

@@ -1,23 +1,31 @@
-"""Hooks around the pipeline, as small middleware classes in one explicit, ordered list.
+"""Hooks around the pipeline, as small middleware classes in one explicit, ordered list, called by one
+emitter (``Hooks``, like dramatiq's broker emitting to its ordered middleware).
 
 Built-ins log and count; deployments add their own with ``ENGRAM_MIDDLEWARE=pkg.mod:Class,...`` (audit
-trails, notifications, fault injection in chaos tests). A ``before_stage``, ``after_stage`` or ``after_write``
-hook that raises fails the stage like any other unexpected error (retried, then dead-lettered with the
-traceback), so hooks cannot silently swallow work; an ``on_dead_letter`` hook that raises has its error added
-to the stored letter.
+trails, notifications, fault injection in chaos tests).
+
+Invariants:
+- Every hook of the pipeline is called through ``Hooks``: on every middleware in list order (built-ins
+  first, then ``ENGRAM_MIDDLEWARE`` as given); the first one that raises ends that emission.
+- The error policy, stated once (``Hooks``): a hook that raises for the message a task is running fails
+  the stage like any other unexpected error (retried, then dead-lettered with the traceback), so hooks
+  cannot silently swallow work. Where the stage must not fail again over it, the error is handed back:
+  an ``on_dead_letter`` hook's goes into the stored letter; a batch member's (applied on behalf of its own
+  task) leaves the member to that task, which calls the hook again and takes the normal path.
 """
 
 from __future__ import annotations
 
 import importlib
 import logging
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, Literal
 
 from engram_api.models import ApplyOutcome, DeadLetter, StageResult
 from engram_api.settings import Settings
 from engram_workers import metrics
 
-__all__ = ["LoggingMiddleware", "MetricsMiddleware", "Middleware", "build_middleware"]
+__all__ = ["Hook", "Hooks", "LoggingMiddleware", "MetricsMiddleware", "Middleware", "build_hooks"]
 
 log = logging.getLogger("engram.pipeline")
 
@@ -72,6 +80,31 @@ def _load(path: str) -> type[Middleware]:
     return cls
 
 
-def build_middleware(settings: Settings) -> list[Middleware]:
+Hook = Literal["before_stage", "after_stage", "after_write", "on_dead_letter"]
+
+
+class Hooks:
+    """The one emitter: calls a hook on every middleware of the list, in order (see the module docstring)."""
+
+    def __init__(self, middleware: Sequence[Middleware]) -> None:
+        self.middleware = tuple(middleware)
+
+    def emit(self, hook: Hook, *args: Any) -> None:
+        """For the message a task is running: a hook's error is raised as is, and fails the stage."""
+        for m in self.middleware:
+            getattr(m, hook)(*args)
+
+    def try_emit(self, hook: Hook, *args: Any) -> Exception | None:
+        """Where the stage must not fail again over a hook: the error is returned, for the caller to put where
+        the module docstring says (the stored letter; a batch member left to its own task)."""
+        try:
+            self.emit(hook, *args)
+        except Exception as exc:
+            return exc
+        return None
+
+
+def build_hooks(settings: Settings) -> Hooks:
+    """The emitter over the built-in middleware and ``settings.middleware``'s (loaded now: a bad entry raises)."""
     extra = [_load(p) for p in settings.middleware.split(",") if p.strip()]
-    return [cls() for cls in [*BUILT_IN, *extra]]
+    return Hooks([cls() for cls in [*BUILT_IN, *extra]])

@@ -30,7 +30,7 @@ from engram_workers.dispatch import Dispatch, send
 from engram_workers.extraction.llm import is_service_failure
 from engram_workers.extraction.query_batch import QueryBatcher
 from engram_workers.metrics import INDEX_LOADS
-from engram_workers.middleware import Middleware, build_middleware
+from engram_workers.middleware import Hooks, build_hooks
 
 __all__ = ["WorkerResources", "get_resources", "reset_resources"]
 
@@ -112,8 +112,8 @@ class WorkerResources:
         )
 
     @cached_property
-    def middleware(self) -> list[Middleware]:
-        return build_middleware(self.settings)
+    def hooks(self) -> Hooks:
+        return build_hooks(self.settings)
 
     def close(self) -> None:
         if "graph" in self.__dict__:

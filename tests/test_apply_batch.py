@@ -19,7 +19,7 @@ import pytest
 from engram_api import keys
 from engram_api.models import ApplyOutcome, MessageState, StageOutcome, StageResult
 from engram_api.storage.graph.contract import GraphStore
-from engram_workers.middleware import Middleware
+from engram_workers.middleware import Hooks, Middleware
 from engram_workers.resources import WorkerResources
 from engram_workers.stages.apply import run_apply
 from engram_workers.stages.common import deliveries
@@ -248,7 +248,7 @@ def test_a_forgotten_member_is_never_applied_by_a_batch(stack: Stack) -> None:
     ctx, _ = process(stack, 8)
     mids = queue(ctx, stack, user)
     stack.client.forget(user, "m1")  # before the batch: tombstone, payload and extraction gone
-    ctx.__dict__["middleware"] = [ForgetsDuringBatch(stack, user, at="m3", victim="m4")]  # during it
+    ctx.__dict__["hooks"] = Hooks([ForgetsDuringBatch(stack, user, at="m3", victim="m4")])  # during it
     assert run_apply(ctx, user, "m0").outcome is StageOutcome.APPLIED
     graph = stack.client.graph
     assert {mid for mid in mids if graph.is_applied(user, mid)} == set(mids) - {"m1", "m4"}
@@ -354,14 +354,14 @@ def test_on_neo4j_a_batch_commits_its_members_in_one_transaction(stack: Stack) -
     ctx, _ = process(stack, 8)
     mids = queue(ctx, stack, user)
     peek = Peeks(stack.client.graph, at=mids[-1], mids=mids)
-    ctx.__dict__["middleware"] = [peek]
+    ctx.__dict__["hooks"] = Hooks([peek])
     assert run_apply(ctx, user, "m0").outcome is StageOutcome.APPLIED
     assert peek.seen == (set() if stack.settings.neo4j_uri else set(mids[:-1]))
     assert all(stack.client.graph.is_applied(user, mid) for mid in mids)
     memory(stack, user)
 
 
-class Hooks(Middleware):
+class StageHooks(Middleware):
     """Records the stage hooks the batch runs for its members; ``before_stage`` raises for ``refuse``."""
 
     def __init__(self, refuse: str) -> None:
@@ -381,8 +381,8 @@ def test_members_pass_their_own_stage_hooks_and_a_member_that_killed_a_worker_is
     user = f"bh_{uuid.uuid4().hex[:8]}"
     ctx, _ = process(stack, 8)
     mids = queue(ctx, stack, user)
-    hooks = Hooks(refuse="m3")
-    ctx.__dict__["middleware"] = [hooks]
+    hooks = StageHooks(refuse="m3")
+    ctx.__dict__["hooks"] = Hooks([hooks])
     stack.client.redis.set(keys.deliveries(user, "m5", "apply"), 1)  # an earlier start of m5 never finished
     assert run_apply(ctx, user, "m0").outcome is StageOutcome.APPLIED  # the trigger's hooks are its task's
     batched = ["m1", "m2", "m4"]

@@ -17,9 +17,9 @@ from engram_api.storage.faiss.keeper import IndexKeeper
 from engram_api.storage.graph.sqlite.store import SqliteGraphStore
 from engram_api.storage.writer.userwrite import UserWrites
 from engram_api.versions import read_stamp
-from engram_workers.middleware import build_middleware
-from engram_workers.stages.apply import write_extraction
+from engram_workers.middleware import build_hooks
 from tests.support.extractions import entity, fact, lives_in
+from tests.support.memory import write_one
 
 T0 = datetime(2024, 1, 1, tzinfo=UTC)
 
@@ -53,18 +53,18 @@ def world(tmp_path, redis_client):
     embedder = get_embedder("all-MiniLM-L6-v2")
     keeper = IndexKeeper(graph=graph, vectors=VectorStore(root=tmp_path / "idx", dim=embedder.dim))
     user = f"c_{uuid.uuid4().hex[:8]}"
-    middleware = build_middleware(Settings(data_dir=tmp_path))
+    hooks = build_hooks(Settings(data_dir=tmp_path))
     writes = UserWrites(graph=graph, keeper=keeper, redis_client=redis_client, lease_ttl_s=30)
 
     def say(message_id: str, extraction: dict, when: datetime, *, again: bool = False):
-        """What the apply stage does with one message (its own write function inside a UserWrite, minus Celery);
-        ``again``: the message was written before, so the graph must say "already applied"."""
+        """What the apply stage does with one message (its write path, a batch of one, inside a UserWrite, minus
+        Celery); ``again``: the message was written before, so the graph must say "already applied"."""
         envelope = Envelope(user_id=user, message_id=message_id, messages=[{"content": "x"}], timestamp=when)
         written = writes.run(
             user,
-            lambda write: write_extraction(
-                write=write, graph=graph, embedder=embedder, middleware=middleware,
-                envelope=envelope, extraction=Extraction.model_validate(extraction), usage=Usage(),
+            lambda write: write_one(
+                write, envelope, Extraction.model_validate(extraction), Usage(),
+                graph=graph, embedder=embedder, hooks=hooks,
             ),
             wait=30.0,
         )  # fmt: skip

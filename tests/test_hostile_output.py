@@ -33,9 +33,9 @@ from engram_testing.llm_standin import Reply
 from engram_workers.consolidation import Planned
 from engram_workers.extraction.llm import parse_extraction
 from engram_workers.extraction.rules import extract_rules
-from engram_workers.middleware import build_middleware
-from engram_workers.stages.apply import write_extraction
+from engram_workers.middleware import build_hooks
 from tests.support.extractions import entity, fact, message_text
+from tests.support.memory import write_one
 from tests.support.stack import SETTLE_S, Stack, engram_stack
 
 T0 = datetime(2024, 2, 1, 9, 0, tzinfo=UTC)
@@ -121,13 +121,13 @@ def with_unknown_fields(answer: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def apply_extraction(client: MemoryClient, envelope: Envelope, extraction: Extraction) -> Planned:
-    """What the apply stage does with one message, in this process: the stage's own write function (plan,
-    idempotent graph write, hooks, FAISS index, Redis stamp) inside a UserWrite, minus Celery."""
+    """What the apply stage does with one message, in this process: the stage's own write path, a batch of one
+    (plan, idempotent graph write, hooks, FAISS index, Redis stamp) inside a UserWrite, minus Celery."""
     written = client.reader.writes.run(
         envelope.user_id,
-        lambda write: write_extraction(
-            write=write, graph=client.graph, embedder=client.reader.embedder,
-            middleware=build_middleware(client.settings), envelope=envelope, extraction=extraction, usage=Usage(),
+        lambda write: write_one(
+            write, envelope, extraction, Usage(), graph=client.graph, embedder=client.reader.embedder,
+            hooks=build_hooks(client.settings),
         ),
         wait=30.0,
     )  # fmt: skip

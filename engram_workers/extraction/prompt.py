@@ -22,7 +22,7 @@ from typing import Any
 from engram_api.models import SELF_REF, ChatMessage, EntityRecord, Envelope, EpisodeRecord, Extraction, FactRecord
 from engram_api.naming import SINGLE_VALUED
 
-__all__ = ["SYSTEM_PROMPT", "Prompt", "SlimContext", "build_prompt", "is_owner_turn", "speaker_transcript"]
+__all__ = ["SYSTEM_PROMPT", "Prompt", "SlimContext", "build_prompt", "is_owner_turn"]
 
 OWNER_MARK = "(memory owner)"
 
@@ -243,13 +243,6 @@ def _shown(messages: Sequence[ChatMessage]) -> list[ChatMessage]:
     return [m for m in messages if m.role in ("user", "assistant")]
 
 
-def speaker_transcript(envelope: Envelope) -> str:
-    """The message as stored in its episode: plain text, or "Name: text" lines once speakers are named."""
-    if not any(m.name for m in envelope.messages):
-        return envelope.text
-    return "\n".join(f"{m.name or m.role}: {m.content}" for m in envelope.messages)
-
-
 def _local(when: datetime, offset_minutes: int | None) -> datetime:
     zone = timezone(timedelta(minutes=offset_minutes)) if offset_minutes is not None else UTC
     return when.astimezone(zone)
@@ -261,7 +254,8 @@ def _earlier_lines(envelope: Envelope, episodes: Sequence[EpisodeRecord]) -> lis
     lines = []
     for ep in episodes:
         stamp = _local(ep.event_time, envelope.utc_offset_minutes).strftime("%Y-%m-%d %H:%M")
-        # A stored episode is plain text, or "Name: text" lines: one line, and no owner mark in it.
+        # A stored episode (``episodes.episode_text``) is plain text, or "Name: text" lines: one line, and no
+        # owner mark in it.
         text = _one_line(ep.content)
         lines.append(f"[{stamp}] {text if ep.role == 'user' else f'{ep.role}: {text}'}")
     return lines

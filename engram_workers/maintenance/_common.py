@@ -1,5 +1,11 @@
 """What every maintenance job shares: the guard type, which users to visit, per-user failure isolation
-and running one user's write as a fenced, re-planned ``UserWrite``."""
+and running one user's write as a fenced, re-planned ``UserWrite``.
+
+Invariants:
+- A job's write of a user runs inside its guard (the workers' ``UserWrites.open``: the fleet-wide lease
+  and the fence), re-planned by the writer's one loop (``userwrite.replanned``) when the fence refuses it.
+- One user's failure is recorded, never raised: the job goes on for everyone else and is safe to re-run.
+"""
 
 from __future__ import annotations
 
@@ -10,10 +16,10 @@ from typing import TypeVar
 
 from pydantic import BaseModel
 
-from engram_api.errors import InvalidInputError, StaleWriteError, UserBusyError
+from engram_api.errors import InvalidInputError
 from engram_api.models import check_user_id
 from engram_api.storage.graph.contract import GraphStore
-from engram_api.storage.writer.userwrite import UserWrite
+from engram_api.storage.writer.userwrite import UserWrite, replanned
 
 __all__ = ["Guard", "UserFailure", "guarded", "isolate", "target_users"]
 
@@ -58,10 +64,4 @@ def isolate(job: str, user_id: str, failures: list[UserFailure]) -> Iterator[Non
 
 def guarded(guard: Guard, user_id: str, body: Callable[[UserWrite], _T]) -> _T:
     """``body`` inside the user's guard; planned again from fresh reads when a fenced write is refused."""
-    for _ in range(_ATTEMPTS):
-        try:
-            with guard(user_id) as write:
-                return body(write)
-        except StaleWriteError:
-            log.info("maintenance write for %s refused by the fence; planning again", user_id)
-    raise UserBusyError(user_id)
+    return replanned(user_id, lambda _attempt: guard(user_id), body, attempts=_ATTEMPTS)

@@ -1,32 +1,34 @@
-"""Apply stage (its own queue): one message's extraction -> consolidated graph write + FAISS update.
+"""Apply stage (its own queue): a message's extraction -> consolidated graph write + FAISS update.
 
 One writer per user across the fleet (a ``UserWrite``: renewed lease, and a graph write fenced on the
 stamp the plan was built on, re-planned when refused); the graph write is one transaction, idempotent by
 message id; the FAISS index follows the graph's stamp; the stamp in Redis is published last so readers'
 caches see the change. A crash between any two steps is repaired by redelivery: the graph says the
 message is applied, and the rest is finished from there. The extraction arrives as a ``HandOver``
-(``engram_workers.handover``); vectors extract already encoded in it are not encoded again. With
-``apply_batch`` > 1 the lease holder also applies the user's other ready messages, each in its own
-transaction, sharing one encoder call and one finish (``engram_workers.stages.batch``).
+(``engram_workers.handover``); vectors extract already encoded in it are not encoded again. There is one
+apply path: the lease holder applies the message as a batch with up to ``apply_batch - 1`` of the user's
+other ready messages, each in its own transaction (or one shared where the store can), sharing one
+encoder call and one finish (``stages.batch``, ``stages.writing``); a message alone is a batch of one.
+
+Invariants:
+- The message's stored state, payload and extraction are read under the lease: one forgotten or finished
+  before then is never applied here. A message whose extraction is missing goes back to extract through
+  ``ctx.dispatch`` (stages hand over to each other only through it, never by importing each other).
+- A graph store outage is retried with backoff (``_STORE_ATTEMPTS`` tries, minutes) before the message
+  is dead-lettered; a busy lease is retried soon.
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
-from dataclasses import dataclass
 
 from engram_api import keys
 from engram_api.errors import StoreUnavailableError, UserBusyError
-from engram_api.models import ApplyOutcome, Envelope, Extraction, MessageState, StageOutcome, StageResult, Usage
-from engram_api.storage import GraphStore
-from engram_api.storage.embedding.embedder import Embedder
+from engram_api.models import Envelope, MessageState, StageOutcome, StageResult
 from engram_api.storage.writer.userwrite import UserWrite
-from engram_workers.consolidation import Planned, plan_message
-from engram_workers.handover import CarriedVectors, HandOver
-from engram_workers.middleware import Middleware
+from engram_workers.handover import HandOver
 from engram_workers.resources import WorkerResources
-from engram_workers.stages.batch import Claim, Member, apply_batch, mark_applied, summary
+from engram_workers.stages.batch import Claim, apply_batch, mark_applied
 from engram_workers.stages.common import (
     RetryLater,
     backoff,
@@ -35,56 +37,12 @@ from engram_workers.stages.common import (
     read_stored,
     set_state,
 )
+from engram_workers.stages.writing import Member
 
-__all__ = ["Written", "hand_over", "run_apply", "write_extraction"]
+__all__ = ["run_apply"]
 
 # A Neo4j outage of several minutes must not dead-letter anything: ~40 tries with backoff capped at 15 s.
 _STORE_ATTEMPTS = 40
-
-
-def hand_over(ctx: WorkerResources, user_id: str, message_id: str) -> None:
-    """Publish the apply task for a message whose extraction is stored."""
-    ctx.dispatch(keys.APPLY_TASK, (user_id, message_id))
-
-
-@dataclass(frozen=True)
-class Written:
-    """What ``write_extraction`` did: the graph's outcome and the plan it wrote (or found already written)."""
-
-    outcome: ApplyOutcome
-    planned: Planned
-
-
-def write_extraction(
-    *,
-    write: UserWrite,
-    graph: GraphStore,
-    embedder: Embedder,
-    middleware: Sequence[Middleware],
-    envelope: Envelope,
-    extraction: Extraction,
-    usage: Usage,
-    carried: CarriedVectors | None = None,
-) -> Written:
-    """One message's extraction into the user's memory: plan against the graph, one graph transaction
-    (idempotent by message id: ``outcome.applied`` is False when the graph already had it), the
-    ``after_write`` hooks, then ``write.finish`` (FAISS index, published stamp, caches). ``carried``: the
-    vectors extract handed over (texts it already encoded), used when they come from our model.
-
-    Runs inside the user's ``UserWrite`` (its fence refuses the graph write with ``StaleWriteError`` when
-    another writer moved the user since ``write`` opened; ``UserWrites.run`` then plans again). The stage
-    runs it; tests that write memory without a fleet run it too, so they follow the stage step by step.
-    """
-    user_id, message_id = envelope.user_id, envelope.message_id
-    planned = plan_message(
-        envelope=envelope, extraction=extraction, usage=usage, graph=graph, embedder=embedder, index=write.index(),
-        carried=carried,
-    )  # fmt: skip
-    outcome = graph.apply(planned.plan)
-    for m in middleware:
-        m.after_write(user_id, message_id, outcome)
-    write.finish(upserts=planned.upserts if outcome.applied else ())
-    return Written(outcome=outcome, planned=planned)
 
 
 def _apply_locked(
@@ -107,17 +65,7 @@ def _apply_locked(
         set_state(ctx, user_id, message_id, MessageState.QUEUED)
         ctx.dispatch(keys.EXTRACT_TASK, (user_id, message_id))
         return StageResult(StageOutcome.SENT_BACK, "extraction missing")
-    handed = HandOver.model_validate_json(found.extraction)
-    if ctx.settings.apply_batch > 1:
-        return apply_batch(ctx, write, Member(envelope, handed), claim)
-
-    written = write_extraction(
-        write=write, graph=graph, embedder=ctx.embedder, middleware=ctx.middleware,
-        envelope=envelope, extraction=handed.extraction, usage=handed.usage, carried=handed.vectors,
-    )  # fmt: skip
-    mark_applied(ctx, user_id, message_id, write.stamp.version)
-    outcome = StageOutcome.APPLIED if written.outcome.applied else StageOutcome.ALREADY
-    return StageResult(outcome, summary(written.outcome, written.planned.plan))
+    return apply_batch(ctx, write, Member.handed(envelope, HandOver.model_validate_json(found.extraction)), claim)
 
 
 def run_apply(ctx: WorkerResources, user_id: str, message_id: str, *, first_start: bool = False) -> StageResult:

@@ -179,12 +179,10 @@ def dead_letter(
     )
     if not ctx.ledger.dead_letter(letter):
         return StageResult(StageOutcome.FORGOTTEN)
-    try:
-        for m in ctx.middleware:
-            m.on_dead_letter(letter)
-    except Exception as exc:
-        # The letter is stored and the stage must not fail again over a notification: the hook's error
-        # goes into the stored letter, where the operator looks.
+    # The letter is stored and the stage must not fail again over a notification: the hook's error goes
+    # into the stored letter, where the operator looks.
+    exc = ctx.hooks.try_emit("on_dead_letter", letter)
+    if exc is not None:
         note = f"\non_dead_letter hook failed: {type(exc).__name__}: {exc}"[:500]
         ctx.ledger.dead_letter(letter.model_copy(update={"reason": letter.reason + note}))
     return StageResult(StageOutcome.DEAD_LETTERED, redact(reason, ctx.settings.secrets).splitlines()[0][:200])
@@ -201,9 +199,7 @@ def hooked(
     ``tasks._attempt``'s handlers: a hook that raises (or cannot even be loaded) fails the stage exactly like
     the stage's own error would."""
     started = time.perf_counter()
-    for m in ctx.middleware:
-        m.before_stage(stage, user_id, message_id)
+    ctx.hooks.emit("before_stage", stage, user_id, message_id)
     outcome = fn(ctx, user_id, message_id)
-    for m in ctx.middleware:
-        m.after_stage(stage, user_id, message_id, outcome, time.perf_counter() - started)
+    ctx.hooks.emit("after_stage", stage, user_id, message_id, outcome, time.perf_counter() - started)
     return outcome

@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from engram_api import keys
 from engram_api.errors import BreakerOpenError, LLMError, StoreUnavailableError
 from engram_api.models import Envelope, EpisodeRecord, Extraction, MessageState, StageOutcome, StageResult, Usage
 from engram_api.naming import SINGLE_VALUED, self_entity_id
@@ -29,7 +30,6 @@ from engram_workers.extraction.rules import extract_rules
 from engram_workers.extraction.trivial import answers_a_question, is_trivial
 from engram_workers.handover import HandOver
 from engram_workers.resources import WorkerResources
-from engram_workers.stages.apply import hand_over
 from engram_workers.stages.common import (
     RetryLater,
     backoff,
@@ -116,6 +116,12 @@ def _llm_extract(
     return replace(answer, extraction=prompt.resolve(answer.extraction)), inputs.vectors
 
 
+def _hand_over(ctx: WorkerResources, user_id: str, message_id: str) -> None:
+    """Publish the apply task of a message whose extraction is stored: the stages hand over to each other
+    through ``ctx.dispatch`` only (apply sends a message back the same way)."""
+    ctx.dispatch(keys.APPLY_TASK, (user_id, message_id))
+
+
 def _store_and_hand_over(
     ctx: WorkerResources,
     envelope: Envelope,
@@ -135,7 +141,7 @@ def _store_and_hand_over(
         cost_usd=f"{usage.cost_usd:.8f}",
     )  # fmt: skip
     if stored:
-        hand_over(ctx, uid, mid)
+        _hand_over(ctx, uid, mid)
     return stored
 
 
@@ -148,7 +154,7 @@ def run_extract(ctx: WorkerResources, user_id: str, message_id: str) -> StageRes
         return found.settled
     if found.extraction is not None:
         # Extracted before a crash or redelivery: just make sure apply runs (apply is idempotent).
-        hand_over(ctx, user_id, message_id)
+        _hand_over(ctx, user_id, message_id)
         return StageResult(StageOutcome.RE_HANDED, "extraction stored before, apply asked again")
     if found.payload is None:
         return _payload_gone(ctx, user_id, message_id)

@@ -1,8 +1,8 @@
 """Episodes as memories, on both backends: what the extractor did not turn into a fact is still recalled
 (by meaning and by keyword), per user, within a time window, and forgotten without a trace.
 
-Messages go through the real consolidation (``plan_message`` with the real MiniLM embedder), the real
-store and the real per-user FAISS files; the Reader runs without Redis (its cache keys on the store's
+Messages go through the apply stage's write path (``write_members``, the real consolidation with the real
+MiniLM embedder), the real store and the real per-user FAISS files; the Reader runs without Redis (its cache keys on the store's
 version instead).
 """
 
@@ -28,9 +28,9 @@ from engram_api.storage.faiss.files import VectorStore
 from engram_api.storage.faiss.keeper import IndexKeeper
 from engram_api.storage.graph.episodes import chunk_envelope, keyword_terms
 from engram_api.storage.writer.userwrite import UserWrite, UserWrites
-from engram_workers.consolidation import plan_message
 from engram_workers.maintenance.reconcile import reconcile
 from tests.support.extractions import entity, fact, lives_in
+from tests.support.memory import write_one
 
 from .factories import at, new_user
 
@@ -69,16 +69,8 @@ class Memory:
         )
 
         def write(w: UserWrite) -> None:
-            planned = plan_message(
-                envelope=envelope,
-                extraction=Extraction.model_validate(extraction or {}),
-                usage=Usage(),
-                graph=self.graph,
-                embedder=self.embedder,
-                index=w.index(),
-            )
-            self.graph.apply(planned.plan)
-            w.finish(upserts=planned.upserts)
+            answer = Extraction.model_validate(extraction or {})
+            write_one(w, envelope, answer, Usage(), graph=self.graph, embedder=self.embedder)
 
         self.writes.run(user, write, wait=0)
 

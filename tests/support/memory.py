@@ -10,13 +10,16 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from engram_api import MemoryClient
-from engram_api.models import Extraction, Usage
+from engram_api.models import Envelope, Extraction, Usage
 from engram_api.producer import build_envelope
 from engram_api.storage.embedding.embedder import Embedder
 from engram_api.storage.faiss.files import VectorStore
+from engram_api.storage.graph.contract import GraphStore
 from engram_api.storage.writer.userwrite import UserWrite
+from engram_workers.consolidation import Incoming
 from engram_workers.extraction.rules import extract_rules
-from engram_workers.stages.apply import write_extraction
+from engram_workers.middleware import Hooks
+from engram_workers.stages.writing import Done, Member, write_members
 
 if TYPE_CHECKING:
     import pytest
@@ -48,6 +51,25 @@ def scripted_stack(
         yield s
 
 
+def write_one(
+    write: UserWrite,
+    envelope: Envelope,
+    extraction: Extraction,
+    usage: Usage,
+    *,
+    graph: GraphStore,
+    embedder: Embedder,
+    hooks: Hooks | None = None,
+) -> Done:
+    """What the apply stage writes for one message, in this process: its one write path (``write_members``),
+    the message a batch of one, inside ``write``; the message's error raised as its task raises it."""
+    member = Member(Incoming.of(envelope, extraction, usage))
+    written = write_members(write, [member], trigger=member, graph=graph, embedder=embedder, hooks=hooks or Hooks(()))
+    if written.trigger_error is not None:
+        raise written.trigger_error
+    return written.done[envelope.message_id]
+
+
 def apply_in_process(
     client: MemoryClient,
     user: str,
@@ -57,18 +79,15 @@ def apply_in_process(
     extraction: Mapping[str, Any] | None = None,
 ) -> None:
     """What the apply stage does for one message (``extraction``, the model's answer, or the offline rules):
-    ``write_extraction`` inside the user's fenced ``UserWrite``, so the graph, the FAISS index and the
-    published stamp move together."""
+    ``write_one`` inside the user's fenced ``UserWrite``, so the graph, the FAISS index and the published
+    stamp move together."""
     reader = client.reader
     envelope = build_envelope(client.settings, user, text, message_id=message_id, timestamp=when)
     answer = extract_rules(text, event_time=when) if extraction is None else Extraction.model_validate(extraction)
     usage = Usage(prompt_tokens=100, completion_tokens=20, cost_usd=0.0005, llm_calls=1)
 
     def write(w: UserWrite) -> None:
-        write_extraction(
-            write=w, graph=client.graph, embedder=reader.embedder, middleware=(),
-            envelope=envelope, extraction=answer, usage=usage,
-        )  # fmt: skip
+        write_one(w, envelope, answer, usage, graph=client.graph, embedder=reader.embedder)
 
     reader.writes.run(user, write, wait=30.0)
 

@@ -24,6 +24,7 @@ __all__ = [
     "chunk_envelope",
     "chunk_episode",
     "chunk_id",
+    "episode_text",
     "keyword_terms",
     "split_chunks",
     "user_key",
@@ -246,6 +247,14 @@ def _chunk(
         id=chunk_id(user_id, episode_id, seq), user_id=user_id, episode_id=episode_id, seq=seq, text=text,
         speaker=speaker, role=role, event_time=when, created_at=when,
     )  # fmt: skip
+
+
+def episode_text(envelope: Envelope) -> str:
+    """The message as stored in its episode: plain text, or "Name: text" lines once speakers are named (what
+    ``chunk_episode`` reads back, and what the extraction prompt shows of an earlier turn)."""
+    if not any(m.name for m in envelope.messages):
+        return envelope.text
+    return "\n".join(f"{m.name or m.role}: {m.content}" for m in envelope.messages)
 
 
 def chunk_envelope(envelope: Envelope) -> list[ChunkRecord]:

@@ -9,6 +9,7 @@ Invariants:
   this thread's graph writes on it: a write commits only if the stamp is still the one the plan was
   built on, else the store raises ``StaleWriteError`` and writes nothing. ``run`` then re-plans under
   a fresh lease (bounded attempts), so two writers whose leases overlapped end as a sequential run.
+  ``replanned`` is that loop, the only one: maintenance jobs run their writes through it too.
 - ``run(..., published=True)`` (the apply stage) fences its first attempt on the stamp writers last
   published in Redis instead of asking the graph (one Redis GET for a graph round trip, ~2.5 ms of client
   and server CPU a message on Neo4j). Only a lease holder publishes, after its commit, so under the lease
@@ -26,6 +27,7 @@ Invariants:
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, TypeVar
 
@@ -43,7 +45,9 @@ if TYPE_CHECKING:
 
     from engram_api.storage.writer.lease import Lease
 
-__all__ = ["UserWrite", "UserWrites"]
+__all__ = ["UserWrite", "UserWrites", "replanned"]
+
+log = logging.getLogger("engram.writer")
 
 _T = TypeVar("_T")
 # Re-plans after a refused (fenced) write before giving up with UserBusyError: each one means another
@@ -166,10 +170,29 @@ class UserWrites:
     def run(self, user_id: str, body: Callable[[UserWrite], _T], *, wait: float, published: bool = False) -> _T:
         """``body`` under ``open``, planned again from fresh reads when a fenced write is refused.
         ``published``: the first attempt is fenced on the published stamp, every re-plan on the graph's."""
-        for attempt in range(_ATTEMPTS):
-            try:
-                with self.open(user_id, wait=wait, published=published and attempt == 0) as write:
-                    return body(write)
-            except StaleWriteError:
-                self.drop_caches(user_id)
-        raise UserBusyError(user_id)
+        return replanned(
+            user_id, lambda attempt: self.open(user_id, wait=wait, published=published and attempt == 0), body
+        )
+
+
+def replanned(
+    user_id: str,
+    open_write: Callable[[int], contextlib.AbstractContextManager[UserWrite]],
+    body: Callable[[UserWrite], _T],
+    *,
+    attempts: int = _ATTEMPTS,
+) -> _T:
+    """The re-plan loop of every writer: ``body`` inside ``open_write(attempt)`` (attempt 0, 1, ...), planned
+    again from fresh reads when its fenced write is refused (``StaleWriteError``: another writer committed
+    for the user since the write opened), after dropping the process's caches of the user. ``UserBusyError``
+    after ``attempts`` refusals."""
+    for attempt in range(attempts):
+        opened: UserWrite | None = None
+        try:
+            with open_write(attempt) as opened:
+                return body(opened)
+        except StaleWriteError:
+            log.info("write of user %s refused by the fence; planning again", user_id)
+            if opened is not None:
+                opened._owner.drop_caches(user_id)
+    raise UserBusyError(user_id)
