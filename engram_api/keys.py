@@ -113,10 +113,26 @@ def dead_letters() -> str:
     return f"{PREFIX}:dlq"
 
 
-def dead_letter_field(user_id: str, message_id: str) -> str:
-    """Unambiguous only for validated ids: user ids never contain ':' (message ids may), so the field
-    splits at its first ':'. ``DeadLetterStore`` validates both ids before building one."""
+def message_ref(user_id: str, message_id: str) -> str:
+    """``user_id:message_id``: a message named in a shared structure (a dead-letter field, an in-flight
+    member). Unambiguous only for validated ids: user ids never contain ':' (message ids may), so it
+    splits at its first ':'."""
     return f"{user_id}:{message_id}"
+
+
+def dead_letter_field(user_id: str, message_id: str) -> str:
+    """The message's field in ``dead_letters()``: its ``message_ref`` (``DeadLetterStore`` validates both
+    ids before building one)."""
+    return message_ref(user_id, message_id)
+
+
+def in_flight() -> str:
+    """Sorted set ``message_ref`` -> since when (epoch seconds) the message waits for its current stage:
+    its status's ``enqueued_at`` while queued, ``extracted_at`` while extracted (the score is copied from
+    the status in the script that writes it). Every queued or extracted message is in it; an applied,
+    dead-lettered or forgotten one leaves it in the script that finishes it. The redelivery sweep reads
+    only the members older than its threshold, so its cost follows what is overdue, not the keyspace."""
+    return f"{PREFIX}:inflight"
 
 
 def forgotten(user_id: str, message_id: str) -> str:

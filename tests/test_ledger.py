@@ -133,3 +133,31 @@ def test_a_dead_letter_finishes_the_message_and_a_replay_starts_it_again(
     assert ledger.enqueue(envelope, task_id="t2", limit=5) == (None, None)  # a new message now
     assert json.loads(ledger.payload(user, "m1") or "{}")["message_id"] == "m1"
     assert ledger.forget_user(user) == 1 and ledger.dead_letters.list(user) == []
+
+
+def test_the_in_flight_index_follows_the_status_it_files(ledger: MessageLedger, redis_client: redis.Redis) -> None:
+    user = f"lg_{uuid.uuid4().hex[:8]}"
+    refs = {m: keys.message_ref(user, m) for m in ("m1", "m2", "m3", "m4")}
+
+    def since(message_id: str) -> float | None:
+        return redis_client.zscore(keys.in_flight(), refs[message_id])
+
+    for message_id in refs:
+        ledger.enqueue(build_envelope(Settings(), user, "Hi.", message_id=message_id), task_id=message_id, limit=9)
+    enqueued_at = float(ledger.status(user, "m1")["enqueued_at"])
+    assert since("m1") == enqueued_at
+
+    ledger.set_state(user, "m1", MessageState.EXTRACTED, extraction="{}")
+    assert since("m1") == float(ledger.status(user, "m1")["extracted_at"]) >= enqueued_at
+    ledger.set_state(user, "m1", MessageState.QUEUED)  # sent back: waits since it was enqueued, as its status says
+    assert since("m1") == enqueued_at
+    ledger.set_state(user, "m1", MessageState.APPLIED)
+    assert ledger.dead_letter(DeadLetter(user_id=user, message_id="m2", stage="extract", reason="x"))
+    ledger.forget(user, "m3")
+    assert [since(m) for m in ("m1", "m2", "m3")] == [None, None, None] and since("m4") is not None
+
+    ledger.in_flight.restamp(user, "m4", MessageState.QUEUED, 1000.0)
+    assert since("m4") == 1000.0 and ledger.status(user, "m4")["enqueued_at"] == "1000.0"
+    assert (user, "m4", MessageState.QUEUED, 1000.0) in ledger.in_flight.overdue(1000.0)[1]
+    ledger.forget_user(user)
+    assert since("m4") is None

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+import redis
 
 from engram_api import keys
 from engram_api.models import MessageState
@@ -21,12 +22,19 @@ from tests.support.operator_processes import wait_until
 from tests.support.stack import SETTLE_S, engram_stack
 
 
+def filed(client: redis.Redis, user_id: str, message_id: str, since: float, **status: object) -> None:
+    """A status written by hand, filed in the in-flight index as the lifecycle scripts would file it."""
+    client.hset(keys.status(user_id, message_id), mapping=status)
+    client.zadd(keys.in_flight(), {keys.message_ref(user_id, message_id): since})
+
+
 def test_only_old_stuck_messages_are_resent_once(redis_client, user_id):
     now = time.time()
-    redis_client.hset(keys.status(user_id, "old:q"), mapping={"state": "queued", "enqueued_at": now - 120})
-    redis_client.hset(keys.status(user_id, "old-x"), mapping={"state": "extracted", "extracted_at": now - 120})
-    redis_client.hset(keys.status(user_id, "fresh"), mapping={"state": "queued", "enqueued_at": now - 5})
-    redis_client.hset(keys.status(user_id, "done"), mapping={"state": "applied", "enqueued_at": now - 999})
+    filed(redis_client, user_id, "old:q", now - 120, state="queued", enqueued_at=now - 120)
+    filed(redis_client, user_id, "old-x", now - 120, state="extracted", extracted_at=now - 120)
+    filed(redis_client, user_id, "fresh", now - 5, state="queued", enqueued_at=now - 5)
+    # A member whose status says applied (the index lost track of it) is dropped, not re-sent.
+    filed(redis_client, user_id, "done", now - 999, state="applied", enqueued_at=now - 999)
     sent: list[tuple[str, tuple[str, ...]]] = []
 
     def send(task, args):
@@ -39,6 +47,8 @@ def test_only_old_stuck_messages_are_resent_once(redis_client, user_id):
         (keys.EXTRACT_TASK, (user_id, "old:q")),  # message ids may contain ':'
     ]
     assert {f"{user_id}:old:q", f"{user_id}:old-x"} <= set(report.resent)
+    assert redis_client.zscore(keys.in_flight(), keys.message_ref(user_id, "done")) is None
+    assert redis_client.zscore(keys.in_flight(), keys.message_ref(user_id, "old:q")) == now  # re-stamped
 
     sent.clear()
     redeliver_stuck(client=redis_client, send=send, older_than_s=60, now=now + 1)
@@ -51,9 +61,9 @@ def test_old_messages_still_waiting_in_the_broker_are_left_alone(redis_url: str,
     with engram_stack(redis_url=redis_url, data_dir=tmp_path, neo4j_uri=None, llm_url=None, workers=False) as stack:
         client = stack.client
         ids = [client.enqueue("bl_user", f"I like topic {i}.", message_id=f"m{i}").message_id for i in range(3)]
-        stale = str(time.time() - 600)
+        stale = time.time() - 600
         for message_id in ids:
-            client.redis.hset(keys.status("bl_user", message_id), "enqueued_at", stale)
+            client.producer.ledger.in_flight.restamp("bl_user", message_id, MessageState.QUEUED, stale)
         sent: list[tuple[str, tuple[str, ...]]] = []
 
         def sweep() -> tuple[list[tuple[str, tuple[str, ...]]], int]:
@@ -70,6 +80,39 @@ def test_old_messages_still_waiting_in_the_broker_are_left_alone(redis_url: str,
         client.redis.hdel("unacked", "tag-1")
         assert sweep() == ([(keys.EXTRACT_TASK, ("bl_user", _message_id_of(reserved)))], 2)
         assert sweep() == ([], 2)  # re-stamped: the next sweep waits a full period before sending it again
+
+
+def test_the_sweep_reads_only_the_overdue_messages_not_every_status(redis_url: str, tmp_path: Path) -> None:
+    """Issue 45: the sweep's reads follow what is overdue. Applied and fresh messages (their statuses kept
+    for days) cost it nothing: no SCAN, and one status read per overdue message."""
+    with engram_stack(redis_url=redis_url, data_dir=tmp_path, neo4j_uri=None, llm_url=None, workers=False) as stack:
+        client, ledger = stack.client, stack.client.producer.ledger
+        user = "od_user"
+        for i in range(60):
+            client.enqueue(user, f"I like topic {i}.", message_id=f"m{i}")
+        client.redis.delete(keys.EXTRACT_QUEUE)  # their task messages are lost: an overdue one is re-sent
+        for i in range(40):  # applied: out of the index, their statuses kept
+            assert ledger.set_state(user, f"m{i}", MessageState.APPLIED, fields={"version": "1"})
+        overdue = [f"m{i}" for i in range(40, 45)]  # 15 fresh ones stay queued
+        for message_id in overdue:
+            ledger.in_flight.restamp(user, message_id, MessageState.QUEUED, time.time() - 600)
+        now = time.time()
+        # Every member waiting since before the threshold: these five, and any an earlier test left.
+        due = client.redis.zcount(keys.in_flight(), "-inf", now - 300)
+        assert due >= len(overdue) and client.redis.zcard(keys.in_flight()) >= due + 15
+
+        before = client.redis.info("commandstats")
+        sent: list[tuple[str, tuple[str, ...]]] = []
+        report = redeliver_stuck(client=client.redis, send=lambda t, a: sent.append((t, a)), older_than_s=300, now=now)
+        after = client.redis.info("commandstats")
+
+        def calls(command: str) -> int:
+            return int(after.get(f"cmdstat_{command}", {}).get("calls", 0)) - int(
+                before.get(f"cmdstat_{command}", {}).get("calls", 0)
+            )
+
+        assert sorted(args[1] for _, args in sent if args[0] == user) == overdue and report.scanned == due
+        assert calls("scan") == 0 and calls("hmget") == due  # 60 statuses of this user, 5 of them read
 
 
 def _message_id_of(message: str) -> str:
@@ -93,12 +136,11 @@ def test_the_sweep_task_brings_lost_messages_home(redis_url: str, tmp_path: Path
         queued = client.enqueue("rd_user", "I live in Oslo.", message_id="lost-queued")
         extracted = client.enqueue("rd_user", "I like chess.", message_id="lost-extracted")
         client.redis.delete(keys.EXTRACT_QUEUE)  # both task messages are gone
-        stale = str(time.time() - 600)
-        client.redis.hset(keys.status("rd_user", "lost-queued"), "enqueued_at", stale)
-        client.redis.hset(
-            keys.status("rd_user", "lost-extracted"),
-            mapping={"state": MessageState.EXTRACTED.value, "extracted_at": stale},
-        )
+        stale = time.time() - 600
+        in_flight = client.producer.ledger.in_flight
+        in_flight.restamp("rd_user", "lost-queued", MessageState.QUEUED, stale)
+        client.redis.hset(keys.status("rd_user", "lost-extracted"), "state", MessageState.EXTRACTED.value)
+        in_flight.restamp("rd_user", "lost-extracted", MessageState.EXTRACTED, stale)
         stack.start_worker("extract", EXTRACT_WORKER, concurrency=2)
         apply = stack.start_worker("apply", APPLY_WORKER)  # it also consumes the maintenance queue
 

@@ -51,6 +51,7 @@ def erase_message(client: redis.Redis, user_id: str, message_id: str, *, tombsto
     pipe.hdel(keys.dead_letters(), keys.dead_letter_field(user_id, message_id))
     pipe.zrem(keys.pending(user_id), message_id)
     pipe.zrem(keys.ready(user_id), message_id)
+    pipe.zrem(keys.in_flight(), keys.message_ref(user_id, message_id))
     pipe.execute()
 
 
@@ -71,6 +72,8 @@ def erase_user(client: redis.Redis, user_id: str, *, tombstone_ttl_s: int) -> in
     pipe = client.pipeline(transaction=False)
     for message_id in message_ids:
         pipe.set(keys.forgotten(user_id, message_id), "1", ex=tombstone_ttl_s)
+    if message_ids:
+        pipe.zrem(keys.in_flight(), *(keys.message_ref(user_id, m) for m in message_ids))
     pipe.execute()
     doomed = [keys.user_version(user_id)]
     for pattern in keys.user_keys_pattern(user_id):

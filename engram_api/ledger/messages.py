@@ -31,6 +31,7 @@ import redis
 
 from engram_api import keys
 from engram_api.ledger import erasure
+from engram_api.ledger.inflight import SINCE_FIELD, InFlight
 from engram_api.ledger.scripts import (
     CLAIM_READY,
     DEAD_LETTER,
@@ -124,6 +125,7 @@ class DeadLetterStore:
                 extraction=keys.extraction(uid, mid),
                 pending=keys.pending(uid),
                 ready=keys.ready(uid),
+                in_flight=keys.in_flight(),
             ),
             DeadLetterArgs(
                 field=keys.dead_letter_field(uid, mid),
@@ -131,6 +133,7 @@ class DeadLetterStore:
                 reason=letter.reason[:500],
                 ttl=self.status_ttl_s,
                 message_id=mid,
+                ref=keys.message_ref(uid, mid),
             ),
         )
         return bool(written)
@@ -173,6 +176,7 @@ class MessageLedger:
         self.redis = client
         self.status_ttl_s = status_ttl_s
         self.dead_letters = DeadLetterStore(redis_client=client, status_ttl_s=status_ttl_s, secrets=secrets)
+        self.in_flight = InFlight(client)
 
     # ------------------------------------------------------------------------------ queued
     def enqueue(self, envelope: Envelope, *, task_id: str, limit: int) -> Enqueued:
@@ -186,12 +190,12 @@ class MessageLedger:
             self.redis,
             EnqueueKeys(
                 payload=keys.message_payload(uid, mid), status=keys.status(uid, mid), queue=queue,
-                pending=keys.pending(uid), tombstone=keys.forgotten(uid, mid),
+                pending=keys.pending(uid), tombstone=keys.forgotten(uid, mid), in_flight=keys.in_flight(),
             ),
             EnqueueArgs(
                 envelope=envelope.model_dump_json(exclude_none=True), task_id=task_id, ttl=self.status_ttl_s,
                 now=now, message=task_message(keys.EXTRACT_TASK, task_id, (uid, mid), queue, now), message_id=mid,
-                limit=limit,
+                limit=limit, ref=keys.message_ref(uid, mid),
             ),
         )  # fmt: skip
         if isinstance(found, list):
@@ -243,7 +247,8 @@ class MessageLedger:
         """Record ``state`` (with ``<state>_at`` now and ``fields``) unless the message was forgotten (False,
         nothing written). ``extraction`` (JSON) is stored and files the message as ready to apply at
         ``event_time`` (epoch seconds); APPLIED deletes the payload and the extraction; APPLIED and DEAD take
-        the message out of its user's backlog and ready set."""
+        the message out of its user's backlog and ready set; an unfinished state files it in the in-flight
+        index since its ``SINCE_FIELD``."""
         mapping = {"state": state.value, f"{state.value}_at": str(time.time()), **(fields or {})}
         written = STAGE_WRITE(
             self.redis,
@@ -254,11 +259,13 @@ class MessageLedger:
                 pending=keys.pending(user_id),
                 ready=keys.ready(user_id),
                 payload=keys.message_payload(user_id, message_id),
+                in_flight=keys.in_flight(),
             ),
             StageWriteArgs(
                 ttl=self.status_ttl_s, extraction=extraction, event_time=repr(event_time),
                 finished="1" if state in _FINISHED else "0", message_id=message_id,
-                applied="1" if state is MessageState.APPLIED else "0",
+                applied="1" if state is MessageState.APPLIED else "0", ref=keys.message_ref(user_id, message_id),
+                since_field=SINCE_FIELD.get(state, ""),
             ),
             *(x for pair in mapping.items() for x in pair),
         )  # fmt: skip

@@ -40,6 +40,7 @@ __all__ = [
     "CLAIM_READY",
     "DEAD_LETTER",
     "DECR_IF_EXISTS",
+    "DROP_SETTLED",
     "ENQUEUE",
     "ENTER",
     "STAGE_WRITE",
@@ -104,6 +105,7 @@ class EnqueueKeys(NamedTuple):
     queue: str
     pending: str
     tombstone: str
+    in_flight: str
 
 
 class EnqueueArgs(NamedTuple):
@@ -114,6 +116,7 @@ class EnqueueArgs(NamedTuple):
     message: str
     message_id: str
     limit: int
+    ref: str
 
 
 # The producer's enqueue: payload, status, backlog entry and the task message on the queue, all or nothing.
@@ -135,6 +138,7 @@ if pending >= tonumber(A.limit) then
   return {{pending}}
 end
 redis.call('ZADD', K.pending, A.now, A.message_id)
+redis.call('ZADD', K.in_flight, A.now, A.ref)
 redis.call('DEL', K.tombstone)
 redis.call('EXPIRE', K.pending, A.ttl)
 redis.call('HSET', K.status, 'state', '{MessageState.QUEUED.value}', 'task_id', A.task_id, 'enqueued_at', A.now)
@@ -198,6 +202,7 @@ class StageWriteKeys(NamedTuple):
     pending: str
     ready: str
     payload: str
+    in_flight: str
 
 
 class StageWriteArgs(NamedTuple):
@@ -207,10 +212,13 @@ class StageWriteArgs(NamedTuple):
     finished: str  # '1' / '0'
     message_id: str
     applied: str  # '1' / '0'
+    ref: str
+    since_field: str  # the status field the message waits since ('' = none: finished)
 
 
 # A stage's status write (REST: field, value, ...). A stored extraction makes the message ready to apply
-# (scored by event time); a finished message leaves its user's backlog and the ready set; an applied
+# (scored by event time); a finished message leaves its user's backlog, the ready set and the in-flight
+# index; an unfinished one is filed in the index since its status's ``since_field``; an applied
 # message's payload and extraction go with its status write. Returns 0 (nothing written) when forgotten.
 STAGE_WRITE = LuaScript(
     StageWriteKeys,
@@ -229,6 +237,12 @@ end
 if A.applied == '1' then redis.call('DEL', K.payload, K.extraction) end
 redis.call('HSET', K.status, unpack(ARGV, REST))
 redis.call('EXPIRE', K.status, A.ttl)
+if A.finished == '1' then
+  redis.call('ZREM', K.in_flight, A.ref)
+elseif A.since_field ~= '' then
+  local since = redis.call('HGET', K.status, A.since_field)
+  if since then redis.call('ZADD', K.in_flight, since, A.ref) end
+end
 return 1
 """,
     rest="status fields and values",
@@ -268,6 +282,7 @@ class DeadLetterKeys(NamedTuple):
     extraction: str
     pending: str
     ready: str
+    in_flight: str
 
 
 class DeadLetterArgs(NamedTuple):
@@ -276,10 +291,11 @@ class DeadLetterArgs(NamedTuple):
     reason: str
     ttl: int
     message_id: str
+    ref: str
 
 
 # A dead letter: never for a forgotten message (returns 0, nothing written). The letter keeps the envelope,
-# so the payload and extraction go; the message leaves the backlog and the ready set.
+# so the payload and extraction go; the message leaves the backlog, the ready set and the in-flight index.
 DEAD_LETTER = LuaScript(
     DeadLetterKeys,
     DeadLetterArgs,
@@ -287,10 +303,34 @@ DEAD_LETTER = LuaScript(
 if redis.call('EXISTS', K.tombstone) == 1 then return 0 end
 redis.call('ZREM', K.pending, A.message_id)
 redis.call('ZREM', K.ready, A.message_id)
+redis.call('ZREM', K.in_flight, A.ref)
 redis.call('HSET', K.letters, A.field, A.letter)
 redis.call('HSET', K.status, 'state', '{MessageState.DEAD.value}', 'reason', A.reason)
 redis.call('EXPIRE', K.status, A.ttl)
 redis.call('DEL', K.payload, K.extraction)
 return 1
+""",
+)
+
+
+class SettledKeys(NamedTuple):
+    in_flight: str
+    status: str
+
+
+class SettledArgs(NamedTuple):
+    ref: str
+
+
+# An in-flight member whose status no longer says queued or extracted (expired, or written by hand) leaves
+# the index; checked in the script, so a message enqueued again meanwhile keeps its fresh entry. Returns 1
+# when it was dropped.
+DROP_SETTLED = LuaScript(
+    SettledKeys,
+    SettledArgs,
+    f"""
+local state = redis.call('HGET', K.status, 'state')
+if state == '{MessageState.QUEUED.value}' or state == '{MessageState.EXTRACTED.value}' then return 0 end
+return redis.call('ZREM', K.in_flight, A.ref)
 """,
 )

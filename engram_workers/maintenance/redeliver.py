@@ -5,7 +5,9 @@ records it as unacked in a second round trip, so a worker process SIGKILLed betw
 (celery/celery#7950). The status hash in Redis still says where the message was (``queued`` or
 ``extracted``) and since when. A message that has sat there longer than the visibility timeout — by then
 any unacked copy would have been restored — gets its stage task sent again. Every stage is idempotent, so
-a needless re-send costs a little work, never a duplicate.
+a needless re-send costs a little work, never a duplicate. The sweep reads only the messages the in-flight
+index (``engram_api.ledger.inflight``) files as waiting since before the threshold, and their statuses:
+its cost follows what is overdue, not the status keys kept for days.
 
 Age alone cannot tell a lost message from one waiting behind a backlog: under load (or after an LLM outage)
 a whole queue is older than the visibility timeout, and re-sending all of it doubles the backlog at every
@@ -26,21 +28,19 @@ from pydantic import BaseModel, Field
 
 from engram_api import keys
 from engram_api.errors import InvalidInputError
-from engram_api.ledger import DeadLetterStore
+from engram_api.ledger import MessageLedger
 from engram_api.ledger.wire import tasks_in_broker
 from engram_api.models import MessageState
 from engram_workers.dispatch import Dispatch
 
 __all__ = ["RedeliverReport", "redeliver_stuck"]
 
-_STAGE_FOR = {
-    MessageState.QUEUED.value: ("enqueued_at", keys.EXTRACT_TASK),
-    MessageState.EXTRACTED.value: ("extracted_at", keys.APPLY_TASK),
-}
+# The stage task a message waiting in each state needs.
+_TASK_FOR = {MessageState.QUEUED: keys.EXTRACT_TASK, MessageState.EXTRACTED: keys.APPLY_TASK}
 
 
 class RedeliverReport(BaseModel):
-    scanned: int = 0
+    scanned: int = Field(0, description="in-flight messages waiting since before the threshold, read")
     resent: list[str] = Field(default_factory=list, description="user_id:message_id of re-sent messages")
     failed: list[str] = Field(default_factory=list, description="messages whose re-send raised, with the error")
     pruned_dead_letters: int = Field(0, description="dead letters older than the retention deleted")
@@ -69,33 +69,24 @@ def redeliver_stuck(
     if now > time.time() + 300:
         raise InvalidInputError("now", "must not be in the future")
     report = RedeliverReport()
+    ledger = MessageLedger(client, status_ttl_s=0)  # reads, re-stamps and prunes: no TTL is written
     if dead_letter_retention is not None:
-        store = DeadLetterStore(redis_client=client, status_ttl_s=0)
-        report.pruned_dead_letters = store.prune(older_than=dead_letter_retention, now=datetime.fromtimestamp(now, UTC))
-    stuck: list[tuple[str, str, str, str]] = []
-    prefix = keys.STATUS_PREFIX
-    for key in client.scan_iter(match=keys.statuses(), count=1000):
-        report.scanned += 1
-        user_id, _, message_id = key[len(prefix) :].partition(":")  # user ids never contain ':'
-        state, *stamps = client.hmget(key, "state", "enqueued_at", "extracted_at")
-        if state not in _STAGE_FOR:
-            continue
-        field, task = _STAGE_FOR[state]
-        since = dict(zip(("enqueued_at", "extracted_at"), stamps, strict=True))[field]
-        if since is not None and now - float(since) >= older_than_s:
-            stuck.append((key, field, task, f"{user_id}:{message_id}"))
+        cutoff = datetime.fromtimestamp(now, UTC)
+        report.pruned_dead_letters = ledger.dead_letters.prune(older_than=dead_letter_retention, now=cutoff)
+    report.scanned, overdue = ledger.in_flight.overdue(now - older_than_s)
+    stuck = [w for w in overdue if w.since is not None and now - w.since >= older_than_s]
     waiting = set(tasks_in_broker(client)) if stuck else set()
-    for key, field, task, ref in stuck:
+    for user_id, message_id, state, _ in stuck:
+        task, ref = _TASK_FOR[state], keys.message_ref(user_id, message_id)
         if (task, ref) in waiting:
             report.waiting += 1
             continue
-        user_id, _, message_id = ref.partition(":")
         try:
             send(task, (user_id, message_id))
         except Exception as exc:  # one bad send must not stop the sweep; the next sweep tries again
-            report.failed.append(f"{user_id}:{message_id}: {type(exc).__name__}: {exc}"[:300])
+            report.failed.append(f"{ref}: {type(exc).__name__}: {exc}"[:300])
             continue
         # Re-stamp so the next sweep waits a full period before sending again.
-        client.hset(key, field, str(now))
-        report.resent.append(f"{user_id}:{message_id}")
+        ledger.in_flight.restamp(user_id, message_id, state, now)
+        report.resent.append(ref)
     return report
