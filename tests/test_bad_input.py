@@ -28,10 +28,12 @@ from engram_api.errors import InvalidInputError
 from engram_api.models import GLOBAL_SCOPE, MESSAGE_ID_RE, USER_ID_RE, ChatMessage, Envelope, MessageState, UserStats
 from engram_api.settings import Settings
 from engram_workers.cli import main as cli
+from tests.support.api_calls import API_CALLS
+from tests.support.memory import remember
 from tests.support.stack import Stack, engram_stack
-from tests.test_hostile_output import remember
 
 T0 = datetime(2024, 5, 1, 12, 0, tzinfo=UTC)
+REMEMBERED = datetime(2024, 2, 1, 9, 0, tzinfo=UTC)  # the victim's first message; one a month after
 VICTIM = "victim"
 MAX_CHARS = Settings.model_fields["max_message_chars"].default
 MAX_MESSAGES = Settings.model_fields["max_messages_per_call"].default
@@ -172,27 +174,6 @@ class Reading:
     recall_id: str
 
 
-# The user id is the one argument every API takes; the others are valid here. Also used by the isolation
-# suite (on Neo4j, with data present) to show that a missing or empty user id fails closed everywhere.
-API_CALLS: dict[str, tuple[Callable[[MemoryClient, Any], object], str]] = {
-    "enqueue": (lambda c, u: c.enqueue(u, "I live in Austin."), "user_id"),
-    "enqueue_many": (
-        lambda c, u: c.enqueue_many([{"user_id": u, "messages": "I live in Austin."}]),
-        "items[0].user_id",
-    ),
-    "recall": (lambda c, u: c.recall(u, "where does the user live?"), "user_id"),
-    "recall_as_of": (lambda c, u: c.recall(u, "where does the user live?", as_of=T0), "user_id"),
-    "search_broad": (lambda c, u: c.search(u, "where does the user live?", detail_level="broad"), "user_id"),
-    "search_detailed": (lambda c, u: c.search(u, "where does the user live?", detail_level="detailed"), "user_id"),
-    "get_context": (lambda c, u: c.get_context(u, "where does the user live?"), "user_id"),
-    "history": (lambda c, u: c.history(u, "user"), "user_id"),
-    "get_graph": (lambda c, u: c.get_graph(u), "user_id"),
-    "stats": (lambda c, u: c.stats(u), "user_id"),
-    "feedback": (lambda c, u: c.feedback(u, "recall", []), "user_id"),
-    "forget": (lambda c, u: c.forget(u, "seed-0"), "user_id"),
-    "forget_user": (lambda c, u: c.forget_user(u), "user_id"),
-}
-
 # One bad argument of a reader call on the victim's memory: (api, call, field, bad values).
 READER_CASES: list[tuple[str, Callable[[Reading, Any], object], str, list[Any]]] = [
     ("recall", lambda r, x: r.client.recall(VICTIM, x), "query", [*BAD_TEXTS, "q" * 10_001]),
@@ -222,7 +203,12 @@ def stack(redis_url, tmp_path_factory) -> Iterator[Stack]:
     with engram_stack(
         redis_url=redis_url, data_dir=tmp_path_factory.mktemp("bad-input"), neo4j_uri=None, llm_url=None, workers=False
     ) as s:
-        remember(s.client, VICTIM, ["I live in Austin.", "My brother Alex works at Amazon.", "I moved to Denver."])
+        remember(
+            s.client,
+            VICTIM,
+            ["I live in Austin.", "My brother Alex works at Amazon.", "I moved to Denver."],
+            REMEMBERED,
+        )
         yield s
 
 

@@ -19,7 +19,7 @@ from engram_api import MemoryClient
 from engram_api.models import MessageState, Receipt
 from engram_api.settings import Settings
 from engram_workers.services.fleet import FleetRecord, ProcessRef, record_path
-from tests.test_cli import clean_env
+from tests.support.operator_processes import clean_env
 
 BURST = 60
 

@@ -18,8 +18,8 @@ import pytest
 
 from engram_api import keys
 from engram_api.models import DeadLetter, Envelope, utcnow
-from tests.support.gateway import GatewayProcess, gateway_process, mint_keys, serve_command
-from tests.support.stack import SETTLE_S, Stack, engram_stack
+from tests.support.gateway import GatewayProcess, auth, footprint, gateway_process, mint_keys, serve_command, wait_state
+from tests.support.stack import Stack, engram_stack
 
 
 @pytest.fixture(scope="module")
@@ -36,34 +36,6 @@ def fleet(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
 def http(fleet: tuple[Stack, GatewayProcess, dict]) -> Iterator[httpx.Client]:
     with httpx.Client(base_url=fleet[1].url, timeout=60) as client:
         yield client
-
-
-def auth(secrets: dict[str, str], name: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {secrets[name]}"}
-
-
-def wait_state(http: httpx.Client, headers: dict[str, str], uid: str, mid: str, want: str = "applied") -> None:
-    # A bound on waiting for the workers, not a timing assertion.
-    deadline = time.monotonic() + SETTLE_S
-    while time.monotonic() < deadline:
-        r = http.get(f"/v1/users/{uid}/messages/{mid}", headers=headers)
-        if r.status_code == 200 and r.json()["state"] == want:
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"{uid}/{mid} never reached {want}: {r.status_code} {r.text}")
-
-
-def footprint(stack: Stack, users: list[str]) -> tuple[Any, ...]:
-    """What any write would change: message statuses (an enqueue writes one atomically with its payload and
-    task), the queue, dead letters, and each user's graph."""
-    r = stack.client.redis
-    statuses = sorted(r.scan_iter(match="engram:status:*", count=1000))
-    return (
-        [(key, r.hget(key, "state")) for key in statuses],
-        r.llen(keys.EXTRACT_QUEUE),
-        sorted(r.hkeys(keys.dead_letters())),
-        [stack.client.graph.stats(u).model_dump(exclude={"usage"}) for u in users],
-    )
 
 
 def test_every_endpoint(fleet: tuple[Stack, GatewayProcess, dict], http: httpx.Client) -> None:

@@ -23,14 +23,15 @@ from engram_api.models import Extraction, utcnow
 from engram_api.naming import normalize_name
 from engram_api.redaction import RedactingFilter, redact
 from engram_api.settings import EXAMPLE_PASSWORDS, Settings, load_settings
-from engram_api.storage import GraphStepQuery, neo4j_connection, open_graph_store
+from engram_api.storage import GraphStepQuery, open_graph_store
 from engram_api.storage.faiss.files import VectorStore
 from engram_api.storage.faiss.keeper import IndexKeeper
+from engram_api.storage.graph.neo4j import connection as neo4j_connection
 from engram_api.storage.graph.neo4j import cypher as cy
 from engram_api.storage.writer.userwrite import UserWrites
 from engram_workers.celery_config import celery_config
 from engram_workers.maintenance import redeliver_stuck, run_decay
-from tests.maintenance.builders import DIM, UserGraph, new_user
+from tests.support.builders import DIM, UserGraph, new_user
 from tests.support.stack import engram_stack
 
 REPO = Path(__file__).resolve().parents[1]
