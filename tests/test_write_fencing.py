@@ -26,6 +26,7 @@ from engram_api.versions import Stamp, read_stamp
 from engram_workers.context import WorkerContext
 from engram_workers.stages.apply import run_apply
 from engram_workers.stages.extract import run_extract
+from tests.support.operator_processes import wait_until
 from tests.support.stack import Stack, engram_stack
 
 T0 = datetime(2024, 3, 1, tzinfo=UTC)
@@ -162,12 +163,56 @@ def test_two_appliers_whose_leases_overlap_end_as_a_sequential_run(stack: Stack)
     assert index_ids(stack, user) == graph_ids(stack, user)
 
 
+class RenewalClock:
+    """Stands in for the lease's stop event, so the test, not the wall clock, says when a renewal is due:
+    ``wait`` (the renewer's pause between renewals) returns False ("renew now") once per ``tick``, and True
+    ("stop") once the lease is released."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._due = 0
+        self._stopped = False
+
+    def tick(self) -> None:
+        with self._cond:
+            self._due += 1
+            self._cond.notify_all()
+
+    def set(self) -> None:
+        with self._cond:
+            self._stopped = True
+            self._cond.notify_all()
+
+    def clear(self) -> None:
+        with self._cond:
+            self._stopped = False
+
+    def wait(self, timeout: float | None = None) -> bool:
+        with self._cond:
+            self._cond.wait_for(lambda: self._due or self._stopped)
+            if self._stopped:
+                return True
+            self._due -= 1
+            return False
+
+
 def test_the_lease_is_renewed_while_its_holder_works(stack: Stack) -> None:
-    user = new_user()
-    with Lease(stack.client.redis, user, ttl=0.6, wait=0) as lease:
-        threading.Event().wait(1.5)  # more than twice the TTL
-        assert lease.held() and lease.renewals >= 2
-    assert not stack.client.redis.exists(keys.apply_lock(user))
+    """Each renewal gives the lease its full TTL again. Time is the test's: the key's expiry is pulled in
+    (as if most of the TTL had passed), a renewal is made due, and the key must be back to the full TTL,
+    still with the holder's token; a loaded machine can only make the test wait longer."""
+    user, r = new_user(), stack.client.redis
+    ttl_ms, almost_gone_ms = 60_000, 20_000
+    lease = Lease(r, user, ttl=ttl_ms / 1000, wait=0)
+    clock = RenewalClock()
+    lease.__dict__["_stop"] = clock
+    with lease:
+        for n in range(1, 4):
+            assert r.pexpire(keys.apply_lock(user), almost_gone_ms)
+            clock.tick()
+            wait_until(lambda n=n: lease.renewals == n, timeout=60, what=f"renewal {n}")
+            assert r.pttl(keys.apply_lock(user)) > almost_gone_ms  # renewed to the full TTL
+            assert r.get(keys.apply_lock(user)) == lease.token  # by its holder
+    assert not r.exists(keys.apply_lock(user))
 
 
 class CountingStamps:
