@@ -6,6 +6,7 @@ randomized cross-namespace probes leak nothing; the same message id enqueued twi
 
 from __future__ import annotations
 
+import json
 import random
 import time
 import uuid
@@ -15,10 +16,14 @@ from typing import Any
 
 import httpx
 import pytest
+from click.testing import CliRunner
 
 from engram_api import keys
 from engram_api.models import DeadLetter, Envelope, utcnow
+from engram_api.settings import load_settings
+from engram_gateway.auth import AccessDeniedError, KeyRing
 from engram_gateway.service import _DEPTH_TTL_S as DEPTH_TTL_S  # how long the gateway trusts a depth read
+from engram_workers import cli
 from tests.support.gateway import GatewayProcess, auth, footprint, gateway_process, mint_keys, serve_command, wait_state
 from tests.support.stack import Stack, engram_stack
 
@@ -318,3 +323,32 @@ def test_no_key_refuses_to_bind_beyond_loopback(tmp_path: Path) -> None:
     )
     assert done.returncode == 2
     assert "ENGRAM_API_KEYS" in done.stderr and "127.0.0.1" in done.stderr
+
+
+def test_keys_new_prints_a_secret_once_and_an_entry_the_gateway_accepts_for_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`engram keys new`: the secret, and the ENGRAM_API_KEYS entry that authenticates exactly it, with the
+    name, namespace and scopes asked for; the entry holds no secret. Bad options are typed errors."""
+    args = ["keys", "new", "--name", "billing", "--namespace", "appB", "--scope", "write", "--scope", "read"]
+    result = CliRunner().invoke(cli.main, args)
+    assert result.exit_code == 0, result.output
+    key_line, entry_line = result.stdout.splitlines()
+    key = key_line.removeprefix("key:").strip()
+    entry = json.loads(entry_line.removeprefix("entry:").strip())
+    assert key_line.startswith("key:   egk_") and entry_line.startswith("entry: ")
+    assert entry == {"name": "billing", "sha256": entry["sha256"], "scopes": ["read", "write"], "namespace": "appB"}
+    assert key not in entry_line
+
+    # What the operator does next: the entry, appended to ENGRAM_API_KEYS, lets that secret in, and only it.
+    monkeypatch.setenv("ENGRAM_API_KEYS", json.dumps([entry]))
+    ring = KeyRing(load_settings().api_keys)
+    caller = ring.principal(key)
+    assert (caller.name, caller.scopes, caller.namespace) == ("billing", frozenset({"read", "write"}), "appB")
+    assert caller.owns("appB.alice") and not caller.owns("appA.alice")
+    again = CliRunner().invoke(cli.main, args).stdout.splitlines()[0].removeprefix("key:").strip()
+    with pytest.raises(AccessDeniedError):
+        ring.principal(again)  # each mint is a new secret
+
+    bad = CliRunner().invoke(cli.main, ["keys", "new", "--name", "x", "--namespace", "a b"])
+    assert bad.exit_code == 2 and "--namespace" in bad.stderr, bad.output
