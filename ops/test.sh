@@ -73,4 +73,4 @@ else
 fi
 
 phase "tests"
-python3 -m pytest -q "$@"
+python3 -m pytest -q --durations=25 "$@"

@@ -3,6 +3,12 @@
 Set ``REDIS_URL`` / ``NEO4J_URI`` to use running services instead of starting them. A service that
 cannot start fails every test that needs it, with the reason; nothing is skipped. Tests share the
 services and isolate themselves with a fresh ``user_id`` (Neo4j Community has one user database).
+
+``slow`` (pyproject.toml) means: needs Neo4j, or runs a multi-process scenario (worker fleets, Beat,
+Flower, chaos) that takes tens of seconds. The Neo4j half is not left to hand-marking: every test that
+asks for ``neo4j_server``/``neo4j_uri`` or runs a ``"neo4j"`` parameter is marked here, and a test not
+marked slow that reaches Neo4j anyway (``getfixturevalue``) fails. So ``pytest -m "not slow"`` (the fast
+loop) never starts a JVM and runs every store-parametrized test on SQLite.
 """
 
 from __future__ import annotations
@@ -28,6 +34,32 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 # in disguise, red on a loaded machine. Off for every property test; pytest-timeout still catches hangs.
 settings.register_profile("engram", deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile("engram")
+
+NEO4J_FIXTURES = frozenset({"neo4j_server", "neo4j_uri"})
+
+
+def needs_neo4j(item: pytest.Item) -> bool:
+    """Asks for the session's Neo4j, or is the ``"neo4j"`` case of a store-parametrized test."""
+    if NEO4J_FIXTURES & set(getattr(item, "fixturenames", ())):
+        return True
+    callspec = getattr(item, "callspec", None)
+    return callspec is not None and any(value == "neo4j" for value in callspec.params.values())
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects: the mark must be there when it looks
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if needs_neo4j(item):
+            item.add_marker(pytest.mark.slow)
+
+
+_running: list[pytest.Item] = []  # the test being set up, so the Neo4j fixture can name it
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_setup(item: pytest.Item) -> Iterator[None]:
+    _running[:] = [item]
+    yield
 
 
 @pytest.fixture(scope="session")
@@ -72,7 +104,10 @@ _neo4j_servers: list[Neo4jServer] = []
 
 @pytest.fixture(scope="session")
 def neo4j_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Neo4jServer]:
-    """A Neo4j owned by this test run (ops/neo4j-launcher), even when NEO4J_URI is set; migrated once."""
+    """A Neo4j owned by this test run (ops/neo4j-launcher), even when NEO4J_URI is set; migrated once. Only a
+    slow test may start it: the fast loop must run where no JVM can (see the module docstring)."""
+    if _running and _running[0].get_closest_marker("slow") is None:
+        pytest.fail(f"{_running[0].nodeid} reaches Neo4j but is not marked slow", pytrace=False)
     # The timeout monitor's default 2 s tick lets a short query outrun a 1 ms timeout by luck; 50 ms makes the
     # transaction-timeout test deterministic (test_limits) at the cost of a thread waking 20 times a second.
     conf = {"db.transaction.monitor.check.interval": "50ms"}

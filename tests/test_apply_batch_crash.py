@@ -1,7 +1,9 @@
 """An apply worker SIGKILLed in the middle of a batch (after two members' writes committed, or with members
-written inside the batch's one Neo4j transaction, before its commit): real extract and apply worker
-processes, real Redis and Neo4j, the LLM stand-in. After redelivery every message is applied exactly once (lost 0, duplicated 0),
-and the user's FAISS file holds exactly what the graph holds."""
+written inside the batch's one Neo4j transaction, before its commit; on SQLite, whose members commit one
+by one, a kill between members): real extract and apply worker processes, real Redis, the LLM stand-in,
+on both stores (the embedded SQLite default in the fast loop, Neo4j with the slow tests). After redelivery
+every message is applied exactly once (lost 0, duplicated 0), and the user's FAISS file holds exactly what
+the graph holds."""
 
 from __future__ import annotations
 
@@ -36,11 +38,13 @@ def topic_fact(request: dict[str, Any]) -> Reply:
     )
 
 
+@pytest.mark.parametrize("backend", ["sqlite", "neo4j"])
 @pytest.mark.parametrize("fault", ["KillMidBatch", "KillInsideBatch"], ids=["after-commits", "before-the-commit"])
 def test_sigkill_mid_batch_then_redelivery_applies_every_message_exactly_once(
-    redis_url: str, neo4j_uri: str, llm_standin: Any, tmp_path: Path, fault: str
+    request: pytest.FixtureRequest, redis_url: str, llm_standin: Any, tmp_path: Path, fault: str, backend: str
 ) -> None:
     llm_standin.script(topic_fact)
+    neo4j_uri = request.getfixturevalue("neo4j_uri") if backend == "neo4j" else None
     with engram_stack(
         redis_url=redis_url, data_dir=tmp_path, neo4j_uri=neo4j_uri, llm_url=llm_standin.url, workers=False,
         middleware=f"tests.support.faults:{fault}", apply_batch=N,

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner, Result
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from engram_api import MemoryClient, keys
@@ -28,11 +28,14 @@ from engram_api.errors import InvalidInputError
 from engram_api.models import GLOBAL_SCOPE, MESSAGE_ID_RE, USER_ID_RE, ChatMessage, Envelope, MessageState, UserStats
 from engram_api.settings import Settings
 from engram_workers.cli import main as cli
+from tests.support.api_calls import API_CALLS
+from tests.support.memory import remember
 from tests.support.stack import Stack, engram_stack
-from tests.test_hostile_output import remember
 
 T0 = datetime(2024, 5, 1, 12, 0, tzinfo=UTC)
+REMEMBERED = datetime(2024, 2, 1, 9, 0, tzinfo=UTC)  # the victim's first message; one a month after
 VICTIM = "victim"
+NEIGHBOUR = "neighbour"  # a second user with memory of the same kind: a read that leaks has something to show
 MAX_CHARS = Settings.model_fields["max_message_chars"].default
 MAX_MESSAGES = Settings.model_fields["max_messages_per_call"].default
 MAX_BATCH = Settings.model_fields["max_batch"].default
@@ -172,27 +175,6 @@ class Reading:
     recall_id: str
 
 
-# The user id is the one argument every API takes; the others are valid here. Also used by the isolation
-# suite (on Neo4j, with data present) to show that a missing or empty user id fails closed everywhere.
-API_CALLS: dict[str, tuple[Callable[[MemoryClient, Any], object], str]] = {
-    "enqueue": (lambda c, u: c.enqueue(u, "I live in Austin."), "user_id"),
-    "enqueue_many": (
-        lambda c, u: c.enqueue_many([{"user_id": u, "messages": "I live in Austin."}]),
-        "items[0].user_id",
-    ),
-    "recall": (lambda c, u: c.recall(u, "where does the user live?"), "user_id"),
-    "recall_as_of": (lambda c, u: c.recall(u, "where does the user live?", as_of=T0), "user_id"),
-    "search_broad": (lambda c, u: c.search(u, "where does the user live?", detail_level="broad"), "user_id"),
-    "search_detailed": (lambda c, u: c.search(u, "where does the user live?", detail_level="detailed"), "user_id"),
-    "get_context": (lambda c, u: c.get_context(u, "where does the user live?"), "user_id"),
-    "history": (lambda c, u: c.history(u, "user"), "user_id"),
-    "get_graph": (lambda c, u: c.get_graph(u), "user_id"),
-    "stats": (lambda c, u: c.stats(u), "user_id"),
-    "feedback": (lambda c, u: c.feedback(u, "recall", []), "user_id"),
-    "forget": (lambda c, u: c.forget(u, "seed-0"), "user_id"),
-    "forget_user": (lambda c, u: c.forget_user(u), "user_id"),
-}
-
 # One bad argument of a reader call on the victim's memory: (api, call, field, bad values).
 READER_CASES: list[tuple[str, Callable[[Reading, Any], object], str, list[Any]]] = [
     ("recall", lambda r, x: r.client.recall(VICTIM, x), "query", [*BAD_TEXTS, "q" * 10_001]),
@@ -222,7 +204,18 @@ def stack(redis_url, tmp_path_factory) -> Iterator[Stack]:
     with engram_stack(
         redis_url=redis_url, data_dir=tmp_path_factory.mktemp("bad-input"), neo4j_uri=None, llm_url=None, workers=False
     ) as s:
-        remember(s.client, VICTIM, ["I live in Austin.", "My brother Alex works at Amazon.", "I moved to Denver."])
+        remember(
+            s.client,
+            VICTIM,
+            ["I live in Austin.", "My brother Alex works at Amazon.", "I moved to Denver."],
+            REMEMBERED,
+        )
+        remember(
+            s.client,
+            NEIGHBOUR,
+            ["I live in Boston.", "My sister Maya works at Google.", "I moved to Austin."],
+            REMEMBERED,
+        )
         yield s
 
 
@@ -350,15 +343,19 @@ def test_valid_input_is_accepted_and_arrives_intact(stack, call):
 @PROPERTY
 @given(call=st.fixed_dictionaries(VALID), field=st.sampled_from(list(JUNK)), data=st.data())
 def test_any_input_is_either_rejected_cleanly_or_readable_by_the_workers(stack, call, field, data):
+    """One argument replaced by junk or, as often, by a valid value drawn directly (junk alone is refused
+    at the first check ~9 times in 10, so the "readable" half would hardly ever run)."""
     client = stack.client
-    call = {**call, field: data.draw(JUNK[field], label=field)}
+    call = {**call, field: data.draw(st.one_of(JUNK[field], VALID[field]), label=field)}
     before = Snapshot.take(client)
     try:
         receipt = client.enqueue(**call)
     except InvalidInputError as exc:
+        event("rejected")
         assert names_field(exc.field, field), exc.field
         assert Snapshot.take(client) == before
         return
+    event("accepted")
     # The extract stage reads the payload back with this very call: what was accepted must parse.
     Envelope.model_validate_json(client.redis.get(keys.message_payload(receipt.user_id, receipt.message_id)))
 
@@ -387,20 +384,25 @@ def test_reader_rejects_bad_arguments(reading, call, field, value):
 
 @PROPERTY
 @given(
-    user_id=st.sampled_from([VICTIM]) | VALID["user_id"],
-    query=st.sampled_from(["'; MATCH (n) DETACH DELETE n //", "`) RETURN *", "* OR 1=1", "../.."]) | CONTENT,
+    user_id=st.sampled_from([VICTIM, NEIGHBOUR]) | VALID["user_id"],
+    query=st.sampled_from(["'; MATCH (n) DETACH DELETE n //", "`) RETURN *", "* OR 1=1", "../.."])
+    | st.sampled_from(["where do I live?", "Austin", "who works at Google or Amazon?", "my brother", "sister"])
+    | CONTENT,
 )
 def test_valid_reads_answer_and_only_with_the_users_own_memory(stack, user_id, query):
+    """Two users with memory in the store, both of Austin, relatives and employers (queries about those
+    included), so a read that mixes users would return the other one's facts or excerpts."""
     client = stack.client
     graph_before = Snapshot.take(client).users
     facts = client.get_graph(user_id, page_size=1000).facts
     owned = {f.id for f in facts}
-    assert bool(owned) == (user_id == VICTIM)
+    assert bool(owned) == (user_id in (VICTIM, NEIGHBOUR))
     chunks = {v.node_id for v in client.graph.vectors(user_id)[0] if v.kind == "episode"}
     recalled = client.recall(user_id, query, k=5)
     assert recalled.user_id == user_id and {i.id for i in recalled.items} <= owned | chunks
     assert {i.id for i in client.search(user_id, query, detail_level="detailed").facts} <= owned | chunks
     assert {f.id for f in client.history(user_id, query)} <= owned
+    assert {f.id for f in client.history(user_id, "user")} <= owned
     assert client.stats(user_id).facts == len(owned)
     assert Snapshot.take(client).users == graph_before
 

@@ -4,12 +4,18 @@ included)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import redis
+from celery import Task
+from celery.exceptions import Reject
 
 from engram_api.settings import Settings
 from engram_workers.broker import Channel, Transport
 from engram_workers.celery_config import make_celery
+from engram_workers.tasks import _retry as retry_or_requeue  # the retry every stage's task asks for
+from tests.support.gateway import free_port
 
 
 @pytest.mark.parametrize(
@@ -67,3 +73,23 @@ def test_messages_are_delivered_acked_and_their_unacked_bookkeeping_cleared(redi
         finally:
             queue.clear()
             queue.close()
+
+
+def test_a_retry_that_cannot_be_published_puts_the_message_back_instead_of_dropping_it(tmp_path: Path) -> None:
+    """A stage asks for a retry while the broker is away: Celery cannot publish the retry and would
+    ``Reject(requeue=False)`` (the message dropped); the worker's fallback turns it into a requeue."""
+    app = make_celery(Settings(data_dir=tmp_path), f"redis://127.0.0.1:{free_port()}/0")  # nothing listens there
+    app.conf.broker_connection_retry = False
+    app.conf.task_publish_retry = False  # fail at once: the retry's publish, not the test, is what is slow
+
+    @app.task(bind=True, name="engram.test.retried")
+    def retried(self: Task) -> None:
+        """A task of that app, only ever asked to retry here."""
+
+    retried.push_request(id="t-1", retries=0, called_directly=False, delivery_info={})
+    try:
+        outcome = retry_or_requeue(retried, 1.0)
+    finally:
+        retried.pop_request()
+    assert isinstance(outcome, Reject) and outcome.requeue is True
+    assert "could not schedule the retry" in str(outcome.reason)

@@ -34,6 +34,7 @@ from engram_workers.cli._output import clip, count
 from engram_workers.cli.demo import load_sample
 from engram_workers.extraction.rules import extract_rules
 from tests.support.gateway import free_port
+from tests.support.operator_processes import SERVICE_VARS, clean_env
 from tests.support.stack import SETTLE_S, Stack, engram_stack
 
 REPO = Path(__file__).resolve().parents[1]
@@ -42,21 +43,11 @@ T0 = datetime(2024, 3, 1, 12, 0, tzinfo=UTC)
 # below runs decay on this user.
 LIVED_IN_TAMPA = (datetime.now(UTC) - timedelta(days=60)).replace(microsecond=0)
 MOVED_TO_AUSTIN = LIVED_IN_TAMPA + timedelta(days=40)
-# What a developer's shell might have set: every test states its services explicitly instead.
-_SERVICE_VARS = ("REDIS_URL", "NEO4J_URI", "NEO4J_USER", "NEO4J_PASSWORD", "LLM_MODEL", "LLM_API_KEY", "LLM_API_BASE")
-
-
-def clean_env(**extra: str) -> dict[str, str]:
-    """os.environ without Engram's settings (offline model flags kept on), plus ``extra``."""
-    env = {k: v for k, v in os.environ.items() if k not in _SERVICE_VARS and not k.startswith("ENGRAM_")}
-    env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", LITELLM_LOCAL_MODEL_COST_MAP="True")
-    env.update(extra)
-    return env
 
 
 def runner_env(**extra: str) -> dict[str, str | None]:
     """For CliRunner: unset every Engram variable of this process, then set ``extra``."""
-    env: dict[str, str | None] = {k: None for k in os.environ if k in _SERVICE_VARS or k.startswith("ENGRAM_")}
+    env: dict[str, str | None] = {k: None for k in os.environ if k in SERVICE_VARS or k.startswith("ENGRAM_")}
     env.update(extra)
     return env
 

@@ -2,80 +2,12 @@
 
 from __future__ import annotations
 
-import uuid
 from collections import Counter
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 
-import pytest
-
-from engram_api import keys
-from engram_api.models import Envelope, Extraction, Usage
-from engram_api.settings import Settings
-from engram_api.storage.embedding.embedder import get_embedder
-from engram_api.storage.faiss.files import VectorStore
-from engram_api.storage.faiss.keeper import IndexKeeper
-from engram_api.storage.graph.sqlite.store import SqliteGraphStore
-from engram_api.storage.writer.userwrite import UserWrites
-from engram_api.versions import read_stamp
-from engram_workers.middleware import build_hooks
+from tests.support.consolidation import T0
+from tests.support.consolidation import world as world  # the fixture, brought in under its name
 from tests.support.extractions import entity, fact, lives_in
-from tests.support.memory import write_one
-
-T0 = datetime(2024, 1, 1, tzinfo=UTC)
-
-
-class CountingStore(SqliteGraphStore):
-    """The real embedded store, counting the reads consolidation makes (its store round trips)."""
-
-    READS = ("get_entities", "lookup_entities", "get_facts", "facts_and_slots")
-
-    def __init__(self, **kwargs) -> None:
-        super().__init__(**kwargs)
-        self.reads: Counter[str] = Counter()
-
-
-def _counted(name: str):
-    def read(self, *args, **kwargs):
-        self.reads[name] += 1
-        return getattr(SqliteGraphStore, name)(self, *args, **kwargs)
-
-    return read
-
-
-for _name in CountingStore.READS:
-    setattr(CountingStore, _name, _counted(_name))
-
-
-@pytest.fixture
-def world(tmp_path, redis_client):
-    graph = CountingStore(path=tmp_path / "g.sqlite3")
-    graph.ensure_schema()
-    embedder = get_embedder("all-MiniLM-L6-v2")
-    keeper = IndexKeeper(graph=graph, vectors=VectorStore(root=tmp_path / "idx", dim=embedder.dim))
-    user = f"c_{uuid.uuid4().hex[:8]}"
-    hooks = build_hooks(Settings(data_dir=tmp_path))
-    writes = UserWrites(graph=graph, keeper=keeper, redis_client=redis_client, lease_ttl_s=30)
-
-    def say(message_id: str, extraction: dict, when: datetime, *, again: bool = False):
-        """What the apply stage does with one message (its write path, a batch of one, inside a UserWrite, minus
-        Celery); ``again``: the message was written before, so the graph must say "already applied"."""
-        envelope = Envelope(user_id=user, message_id=message_id, messages=[{"content": "x"}], timestamp=when)
-        written = writes.run(
-            user,
-            lambda write: write_one(
-                write, envelope, Extraction.model_validate(extraction), Usage(),
-                graph=graph, embedder=embedder, hooks=hooks,
-            ),
-            wait=30.0,
-        )  # fmt: skip
-        assert written.outcome.applied is not again
-        assert read_stamp(redis_client, user) == graph.user_stamp(user)
-        assert written.outcome.version == graph.user_version(user)
-        return written.planned.plan
-
-    yield graph, user, say
-    graph.close()
-    redis_client.delete(keys.user_version(user))
 
 
 def chain(graph, user):

@@ -1,6 +1,8 @@
 """The fleet-wide LLM controls on a real Redis: the circuit breaker's decisions and its own counts, and the
 rate limiter's spacing shared by every process. Decisions are asserted, never timings: the limiter runs at
-a rate so low that a second grant inside the test is impossible however slow the machine."""
+a rate so low that a second grant inside the test is impossible however slow the machine, and the breaker
+stays open for an hour unless the test ends its open span (``end_open_span``: the key whose TTL is the
+time left, expired by the test), so no pause of the machine can let a call through early."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import pytest
 import redis
 
 from engram_workers.control import LLMBreaker, LLMRateLimiter
+from engram_workers.control.breaker import _OPEN as OPEN_KEY  # the open span's clock: its TTL is the time left
 from engram_workers.control.breaker import BreakerOpenError, BreakerStats
 from tests.support.operator_processes import wait_until
 from tests.support.stack import own_database, redis_db_url
@@ -32,7 +35,7 @@ def url(redis_url: str) -> Iterator[str]:
         client.close()
 
 
-def breaker(url: str, reset_timeout: float = 1.0) -> LLMBreaker:
+def breaker(url: str, reset_timeout: float = 3600.0) -> LLMBreaker:
     return LLMBreaker(
         redis_url=url, fail_max=2, reset_timeout=reset_timeout, is_failure=lambda exc: isinstance(exc, ModelDown)
     )
@@ -40,6 +43,13 @@ def breaker(url: str, reset_timeout: float = 1.0) -> LLMBreaker:
 
 def fail() -> None:
     raise ModelDown("503")
+
+
+def end_open_span(b: LLMBreaker) -> None:
+    """The clock moves past the open span: the breaker's own record of the time left (a key's TTL) runs out."""
+    assert b.state == "open"
+    b.redis.pexpire(OPEN_KEY, 1)
+    wait_until(lambda: b.state == "half-open", timeout=30, what="the open span to end")
 
 
 def test_the_breaker_opens_refuses_then_closes_through_one_trial(url: str) -> None:
@@ -54,7 +64,7 @@ def test_the_breaker_opens_refuses_then_closes_through_one_trial(url: str) -> No
         other.call(lambda: calls.append("while open"))
     assert calls == [] and refused.value.retry_in > 0
 
-    wait_until(lambda: one.state == "half-open", timeout=30, what="the open span to end")
+    end_open_span(one)
     assert one.call(lambda: "answer") == "answer"
     assert one.state == "closed" and other.call(lambda: "again") == "again"
     assert one.stats() == BreakerStats(admitted=3, trials=1, rejected=1, opened=1)
@@ -65,7 +75,7 @@ def test_a_failed_trial_opens_the_breaker_again(url: str) -> None:
     for _ in range(2):
         with pytest.raises(ModelDown):
             b.call(fail)
-    wait_until(lambda: b.state == "half-open", timeout=30, what="the open span to end")
+    end_open_span(b)
     with pytest.raises(ModelDown):
         b.call(fail)  # the trial
     assert b.state == "open"
@@ -77,7 +87,7 @@ def test_only_one_caller_gets_the_half_open_trial(url: str) -> None:
     for _ in range(2):
         with pytest.raises(ModelDown):
             one.call(fail)
-    wait_until(lambda: one.state == "half-open", timeout=30, what="the open span to end")
+    end_open_span(one)
     in_trial, release = threading.Event(), threading.Event()
 
     def slow_answer() -> str:

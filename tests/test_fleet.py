@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -19,7 +20,7 @@ from engram_api import MemoryClient
 from engram_api.models import MessageState, Receipt
 from engram_api.settings import Settings
 from engram_workers.services.fleet import FleetRecord, ProcessRef, record_path
-from tests.test_cli import clean_env
+from tests.support.operator_processes import clean_env
 
 BURST = 60
 
@@ -72,16 +73,24 @@ def test_a_killed_up_leaves_no_process_and_the_next_up_applies_every_message_onc
         _wait_up(first, log, runs=1)
         first_run = _record(data_dir, first.pid)
         assert {c.name for c in first_run.children} == {"redis", "extract", "apply"}
+        (apply,) = [c for c in first_run.children if c.name == "apply"]
         with _client(data_dir) as client:
-            receipts = [client.enqueue(f"fleet-{os.getpid()}-{i}", "I live in Austin.") for i in range(BURST)]
+            receipts = [client.enqueue(f"fleet-{os.getpid()}-0", "I live in Austin.")]
             deadline = time.monotonic() + 180
             while not _applied(client, receipts):
                 assert time.monotonic() < deadline, "nothing applied"
                 time.sleep(0.1)
-            first.send_signal(signal.SIGKILL)  # mid-burst: some applied, the rest queued or in flight
+            # The apply worker (its whole group, pool included) is frozen before the rest of the burst is
+            # sent, so the kill lands mid-burst however fast or slow the machine: one message applied, the
+            # rest queued or in flight.
+            os.killpg(apply.pid, signal.SIGSTOP)
+            receipts += [client.enqueue(f"fleet-{os.getpid()}-{i}", "I live in Austin.") for i in range(1, BURST)]
             applied_before = _applied(client, receipts)
+            first.send_signal(signal.SIGKILL)
         first.wait()
-        assert applied_before < BURST, "the burst ended before the kill; make it longer"
+        with contextlib.suppress(ProcessLookupError):  # gone already: nothing to wake
+            os.killpg(apply.pid, signal.SIGCONT)  # let it see its supervisor is gone, as a running worker would
+        assert applied_before == 1
 
         second = _start_up(env, log)
         _wait_up(second, log, runs=2)

@@ -17,11 +17,16 @@ from typing import Any
 import httpx
 import pytest
 import redis
+from click.testing import CliRunner
 
 from engram_api import keys
 from engram_api.models import DeadLetter, Envelope, utcnow
-from tests.support.gateway import GatewayProcess, gateway_process, mint_keys, serve_command
-from tests.support.stack import SETTLE_S, Stack, engram_stack
+from engram_api.settings import load_settings
+from engram_gateway.auth import AccessDeniedError, KeyRing
+from engram_gateway.service import _DEPTH_TTL_S as DEPTH_TTL_S  # how long the gateway trusts a depth read
+from engram_workers import cli
+from tests.support.gateway import GatewayProcess, auth, footprint, gateway_process, mint_keys, serve_command, wait_state
+from tests.support.stack import Stack, engram_stack
 
 
 @pytest.fixture(scope="module")
@@ -38,34 +43,6 @@ def fleet(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
 def http(fleet: tuple[Stack, GatewayProcess, dict]) -> Iterator[httpx.Client]:
     with httpx.Client(base_url=fleet[1].url, timeout=60) as client:
         yield client
-
-
-def auth(secrets: dict[str, str], name: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {secrets[name]}"}
-
-
-def wait_state(http: httpx.Client, headers: dict[str, str], uid: str, mid: str, want: str = "applied") -> None:
-    # A bound on waiting for the workers, not a timing assertion.
-    deadline = time.monotonic() + SETTLE_S
-    while time.monotonic() < deadline:
-        r = http.get(f"/v1/users/{uid}/messages/{mid}", headers=headers)
-        if r.status_code == 200 and r.json()["state"] == want:
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"{uid}/{mid} never reached {want}: {r.status_code} {r.text}")
-
-
-def footprint(stack: Stack, users: list[str]) -> tuple[Any, ...]:
-    """What any write would change: message statuses (an enqueue writes one atomically with its payload and
-    task), the queue, dead letters, and each user's graph."""
-    r = stack.client.redis
-    statuses = sorted(r.scan_iter(match="engram:status:*", count=1000))
-    return (
-        [(key, r.hget(key, "state")) for key in statuses],
-        r.llen(keys.EXTRACT_QUEUE),
-        sorted(r.hkeys(keys.dead_letters())),
-        [stack.client.graph.stats(u).model_dump(exclude={"usage"}) for u in users],
-    )
 
 
 def test_every_endpoint(fleet: tuple[Stack, GatewayProcess, dict], http: httpx.Client) -> None:
@@ -318,7 +295,7 @@ def test_back_pressure_and_store_unavailable(redis_url: str, tmp_path: Path) -> 
             for i in range(3):
                 r = http.post("/v1/messages", headers=a, json={"user_id": "appA.u", "messages": "hello", "message_id": f"q{i}"})  # fmt: skip
                 codes.append(r.status_code)
-                time.sleep(0.3)  # let the cached queue depth refresh
+                time.sleep(DEPTH_TTL_S * 1.2)  # past the depth's cache life: a loaded machine only sleeps longer
             assert codes == [202, 202, 429]
             assert r.headers["retry-after"] and r.json()["type"] == "urn:engram:problem:back-pressure"
             assert stack.client.redis.llen(keys.EXTRACT_QUEUE) == 2
@@ -450,3 +427,32 @@ def test_serve_follows_the_embedded_redis_when_engram_up_restarts_it_elsewhere(t
     finally:
         second.stop()
         first.stop()
+
+
+def test_keys_new_prints_a_secret_once_and_an_entry_the_gateway_accepts_for_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`engram keys new`: the secret, and the ENGRAM_API_KEYS entry that authenticates exactly it, with the
+    name, namespace and scopes asked for; the entry holds no secret. Bad options are typed errors."""
+    args = ["keys", "new", "--name", "billing", "--namespace", "appB", "--scope", "write", "--scope", "read"]
+    result = CliRunner().invoke(cli.main, args)
+    assert result.exit_code == 0, result.output
+    key_line, entry_line = result.stdout.splitlines()
+    key = key_line.removeprefix("key:").strip()
+    entry = json.loads(entry_line.removeprefix("entry:").strip())
+    assert key_line.startswith("key:   egk_") and entry_line.startswith("entry: ")
+    assert entry == {"name": "billing", "sha256": entry["sha256"], "scopes": ["read", "write"], "namespace": "appB"}
+    assert key not in entry_line
+
+    # What the operator does next: the entry, appended to ENGRAM_API_KEYS, lets that secret in, and only it.
+    monkeypatch.setenv("ENGRAM_API_KEYS", json.dumps([entry]))
+    ring = KeyRing(load_settings().api_keys)
+    caller = ring.principal(key)
+    assert (caller.name, caller.scopes, caller.namespace) == ("billing", frozenset({"read", "write"}), "appB")
+    assert caller.owns("appB.alice") and not caller.owns("appA.alice")
+    again = CliRunner().invoke(cli.main, args).stdout.splitlines()[0].removeprefix("key:").strip()
+    with pytest.raises(AccessDeniedError):
+        ring.principal(again)  # each mint is a new secret
+
+    bad = CliRunner().invoke(cli.main, ["keys", "new", "--name", "x", "--namespace", "a b"])
+    assert bad.exit_code == 2 and "--namespace" in bad.stderr, bad.output

@@ -19,9 +19,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.support.gateway import GatewayProcess, gateway_process, mint_keys
+from tests.support.gateway import GatewayProcess, auth, footprint, gateway_process, mint_keys, wait_state
 from tests.support.stack import Stack, engram_stack
-from tests.test_gateway import auth, footprint, wait_state
 
 FOUR_MIB = 4 * 1024 * 1024
 

@@ -21,10 +21,9 @@ from mcp import Client
 from mcp.client.stdio import StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 
-from tests.support.gateway import GatewayProcess, gateway_process, mint_keys
+from tests.support.gateway import GatewayProcess, footprint, gateway_process, mint_keys
 from tests.support.stack import SETTLE_S, Stack, engram_stack
 from tests.support.stack import SOURCE_ROOT as REPO_ROOT
-from tests.test_gateway import footprint
 
 
 @pytest.fixture(scope="module")

@@ -26,16 +26,14 @@ from neo4j import GraphDatabase
 
 from engram_api import MemoryClient
 from engram_api.errors import LLMError
-from engram_api.models import DeadLetter, Envelope, Extraction, GraphPage, Usage, UserStats
+from engram_api.models import DeadLetter, GraphPage, UserStats
 from engram_api.naming import LABELS, sanitize_label, sanitize_predicate, self_entity_id
 from engram_api.producer import build_envelope
 from engram_testing.llm_standin import Reply
 from engram_workers.consolidation import Planned
 from engram_workers.extraction.llm import parse_extraction
-from engram_workers.extraction.rules import extract_rules
-from engram_workers.middleware import build_hooks
 from tests.support.extractions import entity, fact, message_text
-from tests.support.memory import write_one
+from tests.support.memory import apply_extraction, remember
 from tests.support.stack import SETTLE_S, Stack, engram_stack
 
 T0 = datetime(2024, 2, 1, 9, 0, tzinfo=UTC)
@@ -118,29 +116,6 @@ def with_unknown_fields(answer: Mapping[str, Any]) -> dict[str, Any]:
         "entities": [{**e, **UNKNOWN_FIELDS} for e in answer["entities"]],
         "facts": [{**f, **UNKNOWN_FIELDS} for f in answer["facts"]],
     }
-
-
-def apply_extraction(client: MemoryClient, envelope: Envelope, extraction: Extraction) -> Planned:
-    """What the apply stage does with one message, in this process: the stage's own write path, a batch of one
-    (plan, idempotent graph write, hooks, FAISS index, Redis stamp) inside a UserWrite, minus Celery."""
-    written = client.reader.writes.run(
-        envelope.user_id,
-        lambda write: write_one(
-            write, envelope, extraction, Usage(), graph=client.graph, embedder=client.reader.embedder,
-            hooks=build_hooks(client.settings),
-        ),
-        wait=30.0,
-    )  # fmt: skip
-    assert written.outcome.applied, f"{envelope.message_id} of {envelope.user_id} was written before"
-    return written.planned
-
-
-def remember(client: MemoryClient, user: str, texts: list[str]) -> None:
-    """Ingest plain first-person sentences with the offline rule extractor (no LLM, no workers)."""
-    for i, text in enumerate(texts):
-        when = T0 + timedelta(days=30 * i)
-        envelope = build_envelope(client.settings, user, text, message_id=f"seed-{i}", timestamp=when)
-        apply_extraction(client, envelope, extract_rules(text, event_time=when))
 
 
 def new_user(prefix: str) -> str:
@@ -304,7 +279,7 @@ def local(redis_url, tmp_path_factory) -> Iterator[Stack]:
 @pytest.fixture(scope="module")
 def local_victim(local) -> str:
     user = new_user("victim")
-    remember(local.client, user, ["I live in Austin.", "My brother Alex works at Amazon.", "I moved to Denver."])
+    remember(local.client, user, ["I live in Austin.", "My brother Alex works at Amazon.", "I moved to Denver."], T0)
     return user
 
 

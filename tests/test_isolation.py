@@ -27,9 +27,9 @@ from engram_api.models import GLOBAL_SCOPE, GraphPage, LearnedWeights
 from engram_api.storage.faiss.files import VectorStore
 from engram_testing.llm_standin import Reply
 from engram_workers.maintenance import rebuild_hierarchy
+from tests.support.api_calls import API_CALLS
 from tests.support.extractions import entity, fact, lives_in, message_text
 from tests.support.stack import SETTLE_S, Stack, engram_stack
-from tests.test_bad_input import API_CALLS
 
 SEED = 20241129
 T0 = datetime(2024, 4, 1, 8, 0, tzinfo=UTC)

@@ -19,7 +19,7 @@ from engram_api.storage import GraphStepQuery, open_graph_store
 from engram_api.storage.graph.episodes import user_key
 from engram_api.storage.graph.sqlite import episodes as episodes_sql
 from engram_api.storage.graph.sqlite.rows import to_us
-from tests.maintenance.builders import UserGraph, new_user
+from tests.support.builders import UserGraph, new_user
 
 PER_SEED = 5
 

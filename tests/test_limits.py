@@ -31,7 +31,7 @@ from engram_api.storage.graph.neo4j import cypher as cy
 from engram_api.storage.writer.userwrite import UserWrites
 from engram_workers.celery_config import celery_config
 from engram_workers.maintenance import redeliver_stuck, run_decay
-from tests.maintenance.builders import DIM, UserGraph, new_user
+from tests.support.builders import DIM, UserGraph, new_user
 from tests.support.stack import engram_stack
 
 REPO = Path(__file__).resolve().parents[1]

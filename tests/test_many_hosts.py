@@ -24,8 +24,9 @@ from engram_api.storage.faiss.files import VectorStore
 from engram_api.storage.faiss.keeper import IndexKeeper
 from engram_api.storage.writer.userwrite import UserWrite, UserWrites
 from engram_api.versions import ABSENT, Stamp
-from tests.maintenance import conftest as maintenance
-from tests.maintenance.builders import DIM, UserGraph, at, new_user, random_encode
+from tests.support.builders import DIM, UserGraph, new_user, random_encode, write_step
+from tests.support.stores import backend as backend  # the fixtures, brought in under their names
+from tests.support.stores import store as store
 
 
 @dataclass
@@ -34,10 +35,6 @@ class Host:
     root: Path
     keeper: IndexKeeper
     writes: UserWrites
-
-
-# The maintenance suite's store fixtures (SQLite, then Neo4j), shared here by name.
-backend, store = maintenance.backend, maintenance.store
 
 
 @pytest.fixture
@@ -60,22 +57,8 @@ def whole(graph: GraphStore, user: str, tmp_path: Path) -> IndexKeeper:
 
 
 def write_on(h: Host, said: UserGraph, step: int, messages: list[str]) -> None:
-    """One message through ``h``'s UserWrite as the apply stage does it: the plan reads this host's index,
-    the graph write, then ``finish`` with the batch's vectors; every third write also forgets a message."""
-
-    def body(write: UserWrite) -> None:
-        write.index()
-        before = set(said.entities)
-        records = said.say([("Alex", "LIKES", f"thing {step}", f"Alex likes thing {step}")], when=at(step))
-        upserts = [(r.id, "fact", r.embedding or []) for r in records]
-        upserts += [(e.id, "entity", e.embedding or []) for k, e in said.entities.items() if k not in before]
-        removals: list[str] = []
-        if step % 3 == 2:
-            gone = said.graph.forget_message(said.user_id, messages.pop(0))
-            removals = [*gone.removed_fact_ids, *gone.removed_entity_ids, *gone.removed_chunk_ids]
-        write.finish(upserts=upserts, removals=removals)
-
-    h.writes.run(said.user_id, body, wait=10)
+    """One message through ``h``'s UserWrite (``write_step``: every third also forgets one)."""
+    h.writes.run(said.user_id, lambda write: write_step(write, said, step, messages), wait=10)
     messages[:] = [e.id for e in said.graph.episodes(said.user_id)]
 
 

@@ -2,7 +2,7 @@
 
 Each case is the answer a competent model gives for the message in its docstring (wording included: the
 statement is what the model wrote), applied by the real consolidation to the embedded store with the real
-MiniLM (the ``world`` of tests/test_consolidation.py). The cases are the ones issue 43 traced: before, a
+MiniLM (the ``world`` of tests/support/consolidation.py). The cases are the ones issue 43 traced: before, a
 negation reinforced the fact it negated, "used to" and "might" moved the user, an end date was lost.
 """
 
@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
+from tests.support.consolidation import T0
+from tests.support.consolidation import world as world  # the fixture, brought in under its name
 from tests.support.extractions import entity, fact
-from tests.test_consolidation import T0
-from tests.test_consolidation import world as world  # the fixture, re-exported under its name
 
 DAY = timedelta(days=1)
 

@@ -20,7 +20,7 @@ from neo4j._codec.packstream import v1 as packstream
 from engram_api.errors import InvalidInputError
 from engram_api.models import ChunkRecord
 from engram_api.storage.graph.neo4j import rows as shape
-from tests.contract.factories import T0, make_entity, make_fact
+from tests.support.factories import T0, make_entity, make_fact
 
 EMBEDDING = [0.125 * i - 24.0 for i in range(384)]
 

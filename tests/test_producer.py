@@ -6,11 +6,14 @@ import base64
 import json
 import time
 from datetime import UTC, datetime
+from pathlib import Path
 
 import pytest
 
-from engram_api import InvalidInputError, WaitTimeoutError, keys
+from engram_api import InvalidInputError, MemoryClient, Receipt, Settings, StoreUnavailableError, WaitTimeoutError, keys
 from engram_api.ledger.wire import task_message
+from engram_api.models import Envelope, MessageState
+from engram_workers.services import RedisServer
 from tests.support.stack import engram_stack
 
 
@@ -102,3 +105,37 @@ def test_wait_reads_only_what_is_pending_and_keeps_what_it_saw_finished(client):
     result = client.producer.wait(receipts, timeout=30, on_progress=progress)
     assert result.applied == ["p-0", "p-2"] and result.dead_lettered == ["p-1"] and result.done
     assert polls == [(2, 3), (2, 3), (2, 3), (3, 3)]
+
+
+def test_a_batch_cut_short_by_redis_is_retried_whole_and_each_message_is_queued_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Redis stops after two items of five are published: a typed error, the two stay queued (and are
+    not lost: Redis keeps them through its restart), and the same batch sent again adds only the three
+    others, the two known ids coming back as duplicates."""
+    with (
+        RedisServer(data_dir=tmp_path / "redis", appendonly=True) as server,
+        MemoryClient(settings=Settings(data_dir=tmp_path / "data"), redis_url=server.url) as client,
+    ):
+        items = [{"user_id": "batcher", "messages": f"message {i}", "message_id": f"b{i}"} for i in range(5)]
+        submit, published = client.producer.submit, []
+
+        def redis_stops_after_two(envelope: Envelope) -> Receipt:
+            if len(published) == 2:
+                server.stop()  # a real stop, between two publishes of one batch
+            published.append(submit(envelope))
+            return published[-1]
+
+        monkeypatch.setattr(client.producer, "submit", redis_stops_after_two)
+        with pytest.raises(StoreUnavailableError, match="Redis unavailable"):
+            client.enqueue_many(items)
+        monkeypatch.undo()
+        server.start()
+        assert client.redis.llen(keys.EXTRACT_QUEUE) == 2
+
+        receipts = client.enqueue_many(items)
+        assert [(r.message_id, r.duplicate) for r in receipts] == [(f"b{i}", i < 2) for i in range(5)]
+        assert client.redis.llen(keys.EXTRACT_QUEUE) == 5
+        queued = [json.loads(m)["headers"]["argsrepr"] for m in client.redis.lrange(keys.EXTRACT_QUEUE, 0, -1)]
+        assert sorted(queued) == sorted(repr(("batcher", f"b{i}")) for i in range(5))
+        assert client.producer.states([("batcher", f"b{i}") for i in range(5)]) == [MessageState.QUEUED] * 5

@@ -21,6 +21,8 @@ from engram_api.versions import read_stamp
 from engram_testing.llm_standin import Reply
 from engram_workers.maintenance import run_decay
 from tests.support.extractions import entity, fact, lives_in, message_text
+from tests.support.faults import CuttableLink
+from tests.support.memory import apply_in_process
 from tests.support.stack import SETTLE_S, engram_stack
 
 T0 = datetime(2024, 3, 1, 9, 0, tzinfo=UTC)
@@ -145,7 +147,9 @@ def test_multi_hop_finds_the_brothers_company_through_the_graph(stack):
     assert all("Amazon" not in i.statement for i in vector_only.items), "the vector match alone finds it: no test"
     fused = client.reader.recall(user, question, k=3, recipe=recipe.with_channels("fact_vector", "graph"))
     amazon = [i for i in fused.items if i.object == "Amazon"]
-    assert amazon and amazon[0].path in ("graph", "both") and amazon[0].hops >= 0
+    # Reached through the graph: the brother fact seeds the expansion with its entities, and Alex's job is a
+    # fact on that seed (0 hops). An item the graph never reached would say -1.
+    assert amazon and amazon[0].path in ("graph", "both") and amazon[0].hops == 0
 
 
 def test_reader_process_never_imports_celery_nor_calls_the_llm(stack, llm_server):
@@ -319,3 +323,43 @@ def test_reads_with_the_graph_store_down_raise_store_unavailable(redis_url, tmp_
         with pytest.raises(StoreUnavailableError, match=re.escape("bolt://127.0.0.1:1")):
             read(client)
         assert client.reader.cache.users() == set()
+
+
+@pytest.mark.parametrize(
+    "read",
+    [
+        lambda c, u: c.recall(u, "where does the user live?"),
+        lambda c, u: c.get_context(u, "where does the user live?"),
+        lambda c, u: c.history(u, "user", "LIVES_IN"),
+        lambda c, u: c.stats(u),
+    ],
+    ids=["recall", "get_context", "history", "stats"],
+)
+def test_reads_after_another_write_with_the_graph_store_down_raise_never_serve_what_was_held(
+    redis_url, neo4j_uri, tmp_path, monkeypatch, read
+):
+    """A reader whose cache and snapshot are warm for a user, then another process writes that user (the
+    published stamp moves) and the store goes down: what the reader holds is now stale, so the read is a
+    typed error naming the store, never the held answer."""
+    from engram_api import MemoryClient, StoreUnavailableError
+    from engram_api.storage.graph.neo4j import connection as neo4j_connection
+
+    monkeypatch.setattr(neo4j_connection, "MAX_RETRY_TIME_S", 2.0)  # the driver's retries while it is down
+    host, port = neo4j_uri.removeprefix("bolt://").rsplit(":", 1)
+    link = CuttableLink(host, int(port))
+    user = uid()
+    through_link = Settings(neo4j_uri=f"bolt://127.0.0.1:{link.port}", data_dir=tmp_path / "reader")
+    direct = Settings(neo4j_uri=neo4j_uri, data_dir=tmp_path / "worker")
+    with (
+        MemoryClient(settings=through_link, redis_url=redis_url) as reader,
+        MemoryClient(settings=direct, redis_url=redis_url) as worker,
+    ):
+        apply_in_process(worker, user, "m0", "I live in Tampa.", T0)
+        read(reader, user)
+        reader.recall(user, "where does the user live?")
+        assert reader.recall(user, "where does the user live?").cached  # warm: the premise
+        assert user in reader.reader.cache.users()
+        apply_in_process(worker, user, "m1", "I live in Austin.", T0 + timedelta(days=30))
+        link.cut()
+        with pytest.raises(StoreUnavailableError, match=re.escape(f"127.0.0.1:{link.port}")):
+            read(reader, user)

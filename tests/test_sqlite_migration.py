@@ -7,7 +7,7 @@ import sqlite3
 from pathlib import Path
 
 from engram_api.storage.graph.sqlite.store import SqliteGraphStore
-from tests.contract.factories import at, make_entity, make_fact, new_user, plan
+from tests.support.factories import at, make_entity, make_fact, new_user, plan
 
 
 def _as_an_older_release_left_it(path: Path) -> None:

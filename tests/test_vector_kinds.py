@@ -10,7 +10,7 @@ import numpy as np
 
 from engram_api.storage.faiss.files import UserIndex, VectorStore
 from engram_api.versions import Stamp
-from tests.maintenance.builders import DIM
+from tests.support.builders import DIM
 
 SEED = 15
 N = 6_000

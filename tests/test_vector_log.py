@@ -21,7 +21,7 @@ from engram_api.storage.faiss.keeper import IndexKeeper
 from engram_api.storage.faiss.log import Delta, encode_record
 from engram_api.storage.graph.sqlite.store import SqliteGraphStore
 from engram_api.versions import Stamp
-from tests.maintenance.builders import DIM, new_user, random_encode
+from tests.support.builders import DIM, new_user, random_encode
 from tests.support.index_writer import vector_store
 
 REPO = Path(__file__).resolve().parents[1]

@@ -10,69 +10,21 @@ is wrapped with a gate that holds its commit after planning, the way a commit st
 from __future__ import annotations
 
 import threading
-import uuid
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
-
-import pytest
 
 from engram_api import keys
 from engram_api.models import MessageState
 from engram_api.storage.faiss.files import VectorStore
 from engram_api.storage.writer.lease import Lease
 from engram_api.versions import Stamp, read_stamp
-from engram_workers.resources import WorkerResources
 from engram_workers.stages.apply import run_apply
 from engram_workers.stages.extract import run_extract
-from tests.support.stack import Stack, engram_stack
-
-T0 = datetime(2024, 3, 1, tzinfo=UTC)
-
-
-@pytest.fixture(params=["neo4j", "sqlite"])
-def stack(
-    request: pytest.FixtureRequest,
-    redis_url: str,
-    tmp_path_factory: pytest.TempPathFactory,
-    monkeypatch: pytest.MonkeyPatch,
-) -> Iterator[Stack]:
-    neo4j_uri = request.getfixturevalue("neo4j_uri") if request.param == "neo4j" else None
-    data_dir = tmp_path_factory.mktemp(f"fencing-{request.param}")
-    with engram_stack(redis_url=redis_url, data_dir=data_dir, neo4j_uri=neo4j_uri, llm_url=None, workers=False) as s:
-        # The stages hand messages on through the Celery app, which configures itself from the environment.
-        for name, value in s.env.items():
-            monkeypatch.setenv(name, value)
-        yield s
-
-
-def process(stack: Stack) -> WorkerResources:
-    """A worker process's resources, in this process."""
-    return WorkerResources(settings=stack.settings)
-
-
-def deliver(ctx: WorkerResources, stack: Stack, user: str, text: str, day: int) -> str:
-    """Enqueue one message and run its extract and apply stages in ``ctx`` (no Celery worker)."""
-    receipt = stack.client.enqueue(user, text, timestamp=T0 + timedelta(days=day))
-    run_extract(ctx, user, receipt.message_id)
-    outcome = run_apply(ctx, user, receipt.message_id)
-    assert ctx.redis.hget(keys.status(user, receipt.message_id), "state") == MessageState.APPLIED, outcome
-    return receipt.message_id
-
-
-def index_ids(stack: Stack, user: str) -> set[str]:
-    index = VectorStore(root=stack.settings.index_dir, dim=stack.client.reader.embedder.dim).load(user)
-    assert index is not None
-    return index.node_ids()
-
-
-def graph_ids(stack: Stack, user: str) -> set[str]:
-    return {item.node_id for item in stack.client.graph.vectors(user)[0]}
-
-
-def new_user() -> str:
-    return f"fence_{uuid.uuid4().hex[:10]}"
+from tests.support.fencing import T0, StalledGraph, deliver, graph_ids, index_ids, new_user, process
+from tests.support.fencing import stack as stack  # the fixture (Neo4j, then SQLite), brought in by name
+from tests.support.operator_processes import wait_until
+from tests.support.stack import Stack
 
 
 # ------------------------------------------------------------------------------------------ finding 1
@@ -96,32 +48,6 @@ def test_a_forgotten_lifetime_never_comes_back_through_another_process_cache(sta
 
 
 # ------------------------------------------------------------------------------------------ finding 5
-class StalledGraph:
-    """The real graph store; while closed, ``apply`` (the commit of a fully planned write) waits, the way
-    a commit stuck in Neo4j retries or behind a slow disk does. Everything else passes straight through."""
-
-    def __init__(self, real: Any) -> None:
-        self._real = real
-        self._gate = threading.Event()
-        self._gate.set()
-        self.waiting = threading.Event()
-
-    def close(self) -> None:
-        self._gate.clear()
-
-    def open(self) -> None:
-        self._gate.set()
-
-    def apply(self, plan: Any) -> Any:
-        if not self._gate.is_set():
-            self.waiting.set()
-            self._gate.wait(timeout=120)
-        return self._real.apply(plan)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._real, name)
-
-
 def _chain(stack: Stack, user: str) -> list[tuple[str | None, datetime, datetime | None]]:
     return [(f.object_name, f.valid_from, f.valid_until) for f in stack.client.graph.history(user, "user", "LIVES_IN")]
 
@@ -162,12 +88,56 @@ def test_two_appliers_whose_leases_overlap_end_as_a_sequential_run(stack: Stack)
     assert index_ids(stack, user) == graph_ids(stack, user)
 
 
+class RenewalClock:
+    """Stands in for the lease's stop event, so the test, not the wall clock, says when a renewal is due:
+    ``wait`` (the renewer's pause between renewals) returns False ("renew now") once per ``tick``, and True
+    ("stop") once the lease is released."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._due = 0
+        self._stopped = False
+
+    def tick(self) -> None:
+        with self._cond:
+            self._due += 1
+            self._cond.notify_all()
+
+    def set(self) -> None:
+        with self._cond:
+            self._stopped = True
+            self._cond.notify_all()
+
+    def clear(self) -> None:
+        with self._cond:
+            self._stopped = False
+
+    def wait(self, timeout: float | None = None) -> bool:
+        with self._cond:
+            self._cond.wait_for(lambda: self._due or self._stopped)
+            if self._stopped:
+                return True
+            self._due -= 1
+            return False
+
+
 def test_the_lease_is_renewed_while_its_holder_works(stack: Stack) -> None:
-    user = new_user()
-    with Lease(stack.client.redis, user, ttl=0.6, wait=0) as lease:
-        threading.Event().wait(1.5)  # more than twice the TTL
-        assert lease.held() and lease.renewals >= 2
-    assert not stack.client.redis.exists(keys.apply_lock(user))
+    """Each renewal gives the lease its full TTL again. Time is the test's: the key's expiry is pulled in
+    (as if most of the TTL had passed), a renewal is made due, and the key must be back to the full TTL,
+    still with the holder's token; a loaded machine can only make the test wait longer."""
+    user, r = new_user(), stack.client.redis
+    ttl_ms, almost_gone_ms = 60_000, 20_000
+    lease = Lease(r, user, ttl=ttl_ms / 1000, wait=0)
+    clock = RenewalClock()
+    lease.__dict__["_stop"] = clock
+    with lease:
+        for n in range(1, 4):
+            assert r.pexpire(keys.apply_lock(user), almost_gone_ms)
+            clock.tick()
+            wait_until(lambda n=n: lease.renewals == n, timeout=60, what=f"renewal {n}")
+            assert r.pttl(keys.apply_lock(user)) > almost_gone_ms  # renewed to the full TTL
+            assert r.get(keys.apply_lock(user)) == lease.token  # by its holder
+    assert not r.exists(keys.apply_lock(user))
 
 
 class CountingStamps:

@@ -12,8 +12,7 @@ from pathlib import Path
 import pytest
 
 from engram_api.storage import GraphStore
-
-from .factories import new_user, open_store
+from tests.support.factories import new_user, open_store
 
 BACKENDS = ["sqlite", "neo4j"]
 

@@ -12,8 +12,7 @@ from engram_api.models import ChatMessage, Envelope, WritePlan
 from engram_api.storage import GraphStore
 from engram_api.storage.graph.episodes import chunk_envelope, keyword_terms
 from engram_api.versions import ABSENT, Stamp, new_epoch
-
-from .factories import T0, open_store, plan
+from tests.support.factories import T0, open_store, plan
 
 
 def _chatty(user: str, message_id: str, text: str) -> WritePlan:

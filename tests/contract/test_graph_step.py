@@ -12,71 +12,16 @@ from __future__ import annotations
 
 import random
 from collections import defaultdict
-from dataclasses import dataclass
-from datetime import datetime
 from typing import Any
 
-from engram_api.models import ChatMessage, EntityRecord, Envelope, FactRecord
+from engram_api.models import FactRecord
 from engram_api.reader.facts import FactCache, UserFacts
 from engram_api.reader.fusion import TimeWindow
 from engram_api.storage import GraphStep, GraphStepQuery, GraphStore
-from engram_api.storage.graph.episodes import chunk_envelope
 from engram_api.storage.snapshot.graph import HeldStep
 from engram_api.storage.snapshot.rows import CHUNK_ROWS, FACT_ROWS, ChunkView, FactView
-
-from .factories import at, make_entity, make_fact, plan, supersede, vec
-
-FAR = 10_000
-WINDOWS: list[dict[str, datetime | None]] = [
-    {},
-    {"as_of": at(25)},
-    {"as_of": at(27)},
-    {"as_of": at(29), "since": at(26)},
-    {"since": at(27)},
-    {"until": at(26)},
-    {"since": at(25), "until": at(27)},
-]
-
-
-@dataclass
-class World:
-    entities: list[EntityRecord]
-    facts: list[FactRecord]
-    hub: str
-    superseded: list[str]  # the old values of a single-valued slot, oldest first
-    archived: str
-
-
-def build_world(store: GraphStore, user: str, seed: int = 7) -> World:
-    """A hub (the user's own node), 11 entities, 30 random facts with tied importances, a single-valued
-    slot superseded twice, and a fact archived by decay."""
-    rng = random.Random(seed)
-    hub = make_entity(user, "Me")
-    others = [make_entity(user, f"E{i}") for i in range(11)]
-    entities = [hub, *others]
-    facts = []
-    for i in range(30):
-        subject = hub if rng.random() < 0.3 else rng.choice(others)
-        obj = rng.choice([None, *(e for e in entities if e.id != subject.id)])
-        facts.append(
-            make_fact(
-                user,
-                subject,
-                f"REL{i}",
-                obj,
-                importance=rng.choice((0.2, 0.5, 0.5, 0.9)),
-                valid_from=at(24 + rng.randint(0, 5)),
-            )
-        )
-    store.apply(plan(user, "m1", at(24), entities=entities, facts=facts))
-    city = [make_fact(user, others[0], "LIVES_IN", others[i], valid_from=at(22 + 2 * i), single_valued=True) for i in (1, 2, 3)]  # fmt: skip
-    store.apply(plan(user, "m2", at(24), facts=[city[0]]))
-    store.apply(plan(user, "m3", at(26), facts=[city[1]], fact_changes=[supersede(city[0], city[1])]))
-    store.apply(plan(user, "m4", at(28), facts=[city[2]], fact_changes=[supersede(city[1], city[2])]))
-    old = make_fact(user, others[4], "USED_TO", others[5], valid_from=at(0))
-    store.apply(plan(user, "m5", at(0), facts=[old]))
-    assert store.decay(user, now=at(30), per_day=0.5, threshold=0.01, batch=100)[1] == 1
-    return World(entities, [*facts, *city, old], hub.id, [city[0].id, city[1].id], old.id)
+from tests.support.factories import at, make_entity, make_fact
+from tests.support.graph_world import FAR, WINDOWS, build_world, said
 
 
 def reachable(facts: list[FactRecord], seeds: list[str], q: GraphStepQuery) -> list[tuple[str, int]]:
@@ -188,14 +133,6 @@ def test_graph_step_hydrates_alone_and_leaves_known_records_out(graph_store: Gra
     assert part.hops == full.hops  # what is known changes what is sent back, never what is reached
     assert {f.id for f in part.facts} == {f.id for f in full.facts} - set(known)
     same(part, two_step(graph_store, user, q.model_copy(update={"known": known})))
-
-
-def said(store: GraphStore, user: str, mid: str, texts: list[str], when: datetime, **planned: Any) -> list[str]:
-    """One message of ``texts`` (a chunk each) applied with ``planned`` (entities, facts); its chunk ids."""
-    envelope = Envelope(user_id=user, message_id=mid, messages=[ChatMessage(content=t) for t in texts], timestamp=when)
-    chunks = [c.model_copy(update={"embedding": vec(c.id)}) for c in chunk_envelope(envelope)]
-    store.apply(plan(user, mid, when, **planned).model_copy(update={"chunks": chunks}))
-    return [c.id for c in chunks]
 
 
 def test_graph_step_brings_the_chunks_the_caller_lacks_and_the_facts_of_their_messages(

@@ -34,8 +34,7 @@ from engram_api.models import (
 )
 from engram_api.naming import normalize_name
 from engram_api.storage import GraphStepQuery, GraphStore
-
-from .factories import (
+from tests.support.factories import (
     DIM,
     T0,
     apply_in_process,

@@ -17,7 +17,7 @@ import pytest
 import redis
 
 from engram_api.errors import InvalidInputError
-from engram_api.models import ChatMessage, Envelope, EpisodeRecord, Extraction, Usage, WritePlan
+from engram_api.models import ChatMessage, Envelope, EpisodeRecord, Extraction, WritePlan
 from engram_api.reader.context import EXCERPTS_HEADER, FACTS_HEADER
 from engram_api.reader.reader import Reader
 from engram_api.reader.recipe import DEFAULT_RECIPE
@@ -27,12 +27,11 @@ from engram_api.storage.embedding.embedder import Embedder
 from engram_api.storage.faiss.files import VectorStore
 from engram_api.storage.faiss.keeper import IndexKeeper
 from engram_api.storage.graph.episodes import chunk_envelope, keyword_terms
-from engram_api.storage.writer.userwrite import UserWrite, UserWrites
+from engram_api.storage.writer.userwrite import UserWrites
 from engram_workers.maintenance.reconcile import reconcile
 from tests.support.extractions import entity, fact, lives_in
-from tests.support.memory import write_one
-
-from .factories import at, new_user
+from tests.support.factories import at, new_user
+from tests.support.memory import apply_message
 
 # Every channel but the keyword search, whose ranks a snapshot computes with the user's own statistics.
 NO_KEYWORD = DEFAULT_RECIPE.with_channels("fact_vector", "episode_vector", "graph")
@@ -52,7 +51,7 @@ def embedder() -> Embedder:
 
 
 class Memory:
-    """The write path of the apply stage (plan, one transaction, FAISS delta) and a Reader over it."""
+    """The apply stage's own write (``apply_message``: plan, one transaction, FAISS delta) and a Reader over it."""
 
     def __init__(self, graph: GraphStore, root: Path, embedder: Embedder, redis_client: redis.Redis) -> None:
         self.graph = graph
@@ -67,12 +66,8 @@ class Memory:
         envelope = Envelope(
             user_id=user, message_id=mid, messages=[ChatMessage(role="user", content=text)], timestamp=when
         )
-
-        def write(w: UserWrite) -> None:
-            answer = Extraction.model_validate(extraction or {})
-            write_one(w, envelope, answer, Usage(), graph=self.graph, embedder=self.embedder)
-
-        self.writes.run(user, write, wait=0)
+        answer = Extraction.model_validate(extraction or {})
+        apply_message(self.writes, self.graph, self.embedder, (), envelope, answer)
 
     def say_many(self, user: str, texts: list[str], when: datetime) -> None:
         """Many fact-less messages, embedded in one batch (the index is rebuilt from the store after)."""

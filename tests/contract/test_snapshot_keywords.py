@@ -17,9 +17,8 @@ from engram_api.models import ChatMessage, Envelope
 from engram_api.storage import GraphStore
 from engram_api.storage.graph.episodes import chunk_envelope, keyword_terms
 from engram_api.storage.snapshot.graph import UserSnapshot
-
-from .factories import at, make_entity, make_fact, plan, supersede, vec
-from .test_graph_step import FAR, WINDOWS
+from tests.support.factories import at, make_entity, make_fact, plan, supersede, vec
+from tests.support.graph_world import FAR, WINDOWS
 
 TURNS = [
     ("Caroline", "I went to the LGBTQ support group yesterday, it was so powerful."),

@@ -15,9 +15,8 @@ from engram_api.storage import GraphStore
 from engram_api.storage.graph.episodes import chunk_envelope, keyword_terms
 from engram_api.storage.snapshot.graph import UserSnapshot
 from engram_api.versions import Stamp
-
-from .factories import at, make_entity, make_fact, plan, supersede, vec
-from .test_graph_step import FAR, build_world, said
+from tests.support.factories import at, make_entity, make_fact, plan, supersede, vec
+from tests.support.graph_world import FAR, build_world, said
 
 
 def _same(refreshed: UserSnapshot | None, whole: UserSnapshot | None) -> UserSnapshot:

@@ -25,8 +25,7 @@ from engram_api.storage.graph.neo4j import rows as neo4j_rows
 from engram_api.storage.graph.neo4j.store import Neo4jGraphStore
 from engram_api.storage.graph.sqlite import rows as sqlite_rows
 from engram_api.storage.graph.sqlite.store import SqliteGraphStore
-
-from .factories import at, make_entity, make_fact, plan
+from tests.support.factories import at, make_entity, make_fact, plan
 
 FAR = 10_000
 LATER = timedelta(days=30)

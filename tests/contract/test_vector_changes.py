@@ -9,8 +9,7 @@ from engram_api.errors import InvalidInputError
 from engram_api.models import ChunkRecord
 from engram_api.storage import GraphStore
 from engram_api.versions import ABSENT
-
-from .factories import T0, make_entity, make_fact, new_id, plan, vec
+from tests.support.factories import T0, make_entity, make_fact, new_id, plan, vec
 
 
 def _chunk(user: str, episode: str, text: str) -> ChunkRecord:

@@ -12,31 +12,13 @@ from typing import cast
 
 import pytest
 
-from engram_api.settings import Settings
-from engram_api.storage import GraphStore, open_graph_store
+from engram_api.storage import GraphStore
 from engram_api.storage.faiss.files import VectorStore
 from engram_api.storage.faiss.keeper import IndexKeeper
-from engram_api.storage.graph.sqlite.store import SqliteGraphStore
 from engram_api.storage.writer.userwrite import UserWrites
-
-from .builders import DIM, GuardedGraph, GuardSpy, new_user
-
-
-@pytest.fixture(params=["sqlite", "neo4j"])
-def backend(request: pytest.FixtureRequest) -> str:
-    return str(request.param)
-
-
-@pytest.fixture
-def store(backend: str, request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[GraphStore]:
-    if backend == "sqlite":
-        graph: GraphStore = SqliteGraphStore(path=tmp_path / "g.db")
-    else:
-        # Resolved lazily so `-k sqlite` runs where no Neo4j can be started.
-        graph = open_graph_store(Settings(neo4j_uri=request.getfixturevalue("neo4j_uri")))
-    graph.ensure_schema()
-    yield graph
-    graph.close()
+from tests.support.builders import DIM, GuardedGraph, GuardSpy, new_user
+from tests.support.stores import backend as backend  # the fixtures, brought in under their names
+from tests.support.stores import store as store
 
 
 @pytest.fixture

@@ -11,8 +11,7 @@ from engram_api.storage.faiss.keeper import IndexKeeper
 from engram_api.storage.graph.contract import GraphStore
 from engram_api.storage.writer.userwrite import UserWrite
 from engram_workers.maintenance import DecayReport, run_decay
-
-from .builders import T0, GuardSpy, UserGraph, at, new_user
+from tests.support.builders import T0, GuardSpy, UserGraph, at, new_user
 
 PER_DAY = 0.9
 THRESHOLD = 0.3

@@ -13,8 +13,7 @@ from engram_api.storage.graph.contract import GraphStore
 from engram_api.storage.graph.episodes import chunk_episode
 from engram_workers.maintenance import run_decay
 from engram_workers.maintenance.reconcile import BackfillUser, reconcile
-
-from .builders import GuardSpy, UserGraph, at, random_encode
+from tests.support.builders import GuardSpy, UserGraph, at, random_encode
 
 EMBEDDER = cast(Embedder, SimpleNamespace(encode=random_encode))
 GUITAR = [("Alex", "PLAYS", "guitar", "Alex plays the theremin and guitar")]

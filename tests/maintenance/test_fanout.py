@@ -20,8 +20,7 @@ from engram_api.storage.writer.changes import CHANGED, FANNED_OUT, SEQUENCE, see
 from engram_api.storage.writer.userwrite import UserWrite, UserWrites
 from engram_workers.maintenance import fanout, rebuild_hierarchy, run_decay
 from engram_workers.maintenance.fanout import Chunk, drive, release
-
-from .builders import GuardSpy, UserGraph, at, new_user
+from tests.support.builders import GuardSpy, UserGraph, at, new_user
 
 pytestmark = pytest.mark.parametrize("backend", ["sqlite"])
 

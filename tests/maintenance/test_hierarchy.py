@@ -13,8 +13,7 @@ from engram_api.storage.faiss.keeper import IndexKeeper
 from engram_api.storage.graph.contract import GraphStore
 from engram_workers.maintenance import rebuild_hierarchy
 from engram_workers.maintenance.hierarchy import cluster_count, member_signature
-
-from .builders import GuardSpy, UserGraph, at
+from tests.support.builders import GuardSpy, UserGraph, at
 
 SETTINGS = Settings(maintenance_batch=5)  # several get_facts batches per user
 ME = "User"  # the extractor's name for the speaker

@@ -13,8 +13,7 @@ from engram_api import keys
 from engram_api.storage.faiss.keeper import IndexKeeper
 from engram_api.storage.graph.contract import GraphStore
 from engram_workers.maintenance import ReconcileReport, reconcile
-
-from .builders import GuardSpy, UserGraph, new_user, random_encode
+from tests.support.builders import GuardSpy, UserGraph, new_user, random_encode
 
 FACTS = [
     ("Alex", "WORKS_AT", "Dell", "Alex works at Dell"),

@@ -13,8 +13,7 @@ from engram_api.settings import Settings
 from engram_api.storage.graph.contract import GraphStore
 from engram_workers.maintenance import Weights, effective_weights, learn_weights
 from engram_workers.maintenance.weights import GLOBAL_SCOPE, auc, tenant_of
-
-from .builders import GuardSpy, UserGraph, new_user
+from tests.support.builders import GuardSpy, UserGraph, new_user
 
 SETTINGS = Settings(alpha=0.6, beta=0.25, gamma=0.15, recency_weight=0.1, importance_weight=0.1, min_feedback=30)
 CONFIGURED = Weights.from_settings(SETTINGS)

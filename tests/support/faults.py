@@ -1,9 +1,12 @@
-"""Fault-injection middleware for tests (loaded by workers through ENGRAM_MIDDLEWARE)."""
+"""Fault injection for tests: middleware loaded by workers through ENGRAM_MIDDLEWARE, and a TCP link to a
+service that a test can cut (the service goes down for whoever reaches it through the link)."""
 
 from __future__ import annotations
 
 import os
 import signal
+import socket
+import threading
 from pathlib import Path
 
 from engram_api.models import ApplyOutcome, DeadLetter, StageResult
@@ -110,3 +113,64 @@ class RaisingHook(Middleware):
     def on_dead_letter(self, letter: DeadLetter) -> None:
         if "-notify-" in letter.message_id:
             raise RuntimeError("injected on_dead_letter failure")
+
+
+class CuttableLink:
+    """A TCP forwarder on a loopback port of its own to ``host:port``. ``cut()`` closes every connection
+    and stops listening: from then on a client reaching the service through ``port`` is refused, exactly
+    as if the service were down, while the service itself stays up for everyone else (the session's Neo4j)."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self._target = (host, port)
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port: int = self._listener.getsockname()[1]
+        self._open: list[socket.socket] = []
+        self._cut = False
+        self._lock = threading.Lock()
+        threading.Thread(target=self._accept, name="cuttable-link", daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return  # cut
+            with self._lock:
+                if self._cut:  # accepted as the cut happened: refused like every later one
+                    client.close()
+                    return
+                upstream = socket.create_connection(self._target)
+                self._open += [client, upstream]
+            for src, dst in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pump, args=(src, dst), daemon=True).start()
+
+    @staticmethod
+    def _pump(src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+        except OSError:
+            pass  # the other side closed, or the link was cut
+        finally:
+            for sock in (src, dst):
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+    def cut(self) -> None:
+        with self._lock:
+            self._cut = True
+        # shutdown, not only close: close leaves an accept blocked in another thread listening (Linux).
+        try:
+            self._listener.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self._listener.close()
+        with self._lock:
+            for sock in self._open:
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+                sock.close()

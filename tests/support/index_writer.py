@@ -9,13 +9,14 @@ Prints ``<epoch>:<version>`` after each finished write, so the test can SIGKILL 
 from __future__ import annotations
 
 import sys
+from functools import partial
 from pathlib import Path
 
 from engram_api.storage.faiss.files import VectorStore
 from engram_api.storage.faiss.keeper import IndexKeeper
 from engram_api.storage.graph.sqlite.store import SqliteGraphStore
-from engram_api.storage.writer.userwrite import UserWrite, UserWrites
-from tests.maintenance.builders import DIM, UserGraph, at
+from engram_api.storage.writer.userwrite import UserWrites
+from tests.support.builders import DIM, UserGraph, write_step
 
 # Compact whenever the log passes half the base: many compactions in a short run, so kills land in them.
 COMPACT = {"compact_min_bytes": 0, "compact_ratio": 0.5}
@@ -37,21 +38,10 @@ def main(db: str, root: str, user: str) -> None:
     said = UserGraph(graph, user)
     messages: list[str] = [e.id for e in graph.episodes(user)]
     step = len(messages)
-
-    def body(write: UserWrite) -> None:
-        before = set(said.entities)
-        records = said.say([("Alex", "LIKES", f"thing {step}", f"Alex likes thing {step}")], when=at(step))
-        records += said.say([("Alex", "SAW", f"place {step}", f"Alex saw place {step}")], when=at(step))
-        upserts = [(r.id, "fact", r.embedding or []) for r in records]
-        upserts += [(e.id, "entity", e.embedding or []) for k, e in said.entities.items() if k not in before]
-        removals: list[str] = []
-        if step % 3 == 2 and messages:
-            gone = graph.forget_message(user, messages.pop(0))
-            removals = [*gone.removed_fact_ids, *gone.removed_entity_ids, *gone.removed_chunk_ids]
-        print(write.finish(upserts=upserts, removals=removals), flush=True)
-
     while True:
-        writes.run(user, body, wait=0)
+        print(
+            writes.run(user, partial(write_step, said=said, step=step, messages=messages, things=2), wait=0), flush=True
+        )
         messages += [e.id for e in graph.episodes(user) if e.id not in messages]
         step += 1
 

@@ -3,8 +3,8 @@ read it back: the embedded memory by text, checked against the user's FAISS file
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
-from datetime import datetime
+from collections.abc import Iterator, Mapping, Sequence
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -12,13 +12,13 @@ import numpy as np
 from engram_api import MemoryClient
 from engram_api.models import Envelope, Extraction, Usage
 from engram_api.producer import build_envelope
+from engram_api.storage import GraphStore
 from engram_api.storage.embedding.embedder import Embedder
 from engram_api.storage.faiss.files import VectorStore
-from engram_api.storage.graph.contract import GraphStore
-from engram_api.storage.writer.userwrite import UserWrite
-from engram_workers.consolidation import Incoming
+from engram_api.storage.writer.userwrite import UserWrite, UserWrites
+from engram_workers.consolidation import Incoming, Planned
 from engram_workers.extraction.rules import extract_rules
-from engram_workers.middleware import Hooks
+from engram_workers.middleware import Hooks, Middleware, build_hooks
 from engram_workers.stages.writing import Done, Member, write_members
 
 if TYPE_CHECKING:
@@ -70,6 +70,42 @@ def write_one(
     return written.done[envelope.message_id]
 
 
+def apply_message(
+    writes: UserWrites,
+    graph: GraphStore,
+    embedder: Embedder,
+    middleware: Sequence[Middleware] | Hooks,
+    envelope: Envelope,
+    extraction: Extraction,
+    usage: Usage | None = None,
+) -> Done:
+    """What the apply stage does with one message, minus Celery and Redis bookkeeping: ``write_one`` (plan,
+    idempotent graph write, hooks, FAISS index, published stamp) inside the user's fenced ``UserWrite``. The
+    one in-process apply of the suite: every test that builds memory without workers comes through here, so
+    it follows the stage step by step."""
+    hooks = middleware if isinstance(middleware, Hooks) else Hooks(middleware)
+    return writes.run(
+        envelope.user_id,
+        lambda write: write_one(
+            write, envelope, extraction, usage or Usage(), graph=graph, embedder=embedder, hooks=hooks
+        ),
+        wait=30.0,
+    )  # fmt: skip
+
+
+def apply_extraction(
+    client: MemoryClient, envelope: Envelope, extraction: Extraction, usage: Usage | None = None
+) -> Planned:
+    """``apply_message`` through ``client``'s own store, embedder and the configured hooks; the message
+    must be new to the graph."""
+    reader = client.reader
+    written = apply_message(
+        reader.writes, client.graph, reader.embedder, build_hooks(client.settings), envelope, extraction, usage
+    )
+    assert written.outcome.applied, f"{envelope.message_id} of {envelope.user_id} was written before"
+    return written.planned
+
+
 def apply_in_process(
     client: MemoryClient,
     user: str,
@@ -78,18 +114,20 @@ def apply_in_process(
     when: datetime,
     extraction: Mapping[str, Any] | None = None,
 ) -> None:
-    """What the apply stage does for one message (``extraction``, the model's answer, or the offline rules):
-    ``write_one`` inside the user's fenced ``UserWrite``, so the graph, the FAISS index and the published
-    stamp move together."""
-    reader = client.reader
+    """One message of ``text`` at ``when`` through ``apply_extraction``: ``extraction`` is the model's
+    answer, or the offline rules' when None."""
     envelope = build_envelope(client.settings, user, text, message_id=message_id, timestamp=when)
     answer = extract_rules(text, event_time=when) if extraction is None else Extraction.model_validate(extraction)
-    usage = Usage(prompt_tokens=100, completion_tokens=20, cost_usd=0.0005, llm_calls=1)
+    apply_extraction(
+        client, envelope, answer, Usage(prompt_tokens=100, completion_tokens=20, cost_usd=0.0005, llm_calls=1)
+    )
 
-    def write(w: UserWrite) -> None:
-        write_one(w, envelope, answer, usage, graph=client.graph, embedder=reader.embedder)
 
-    reader.writes.run(user, write, wait=30.0)
+def remember(client: MemoryClient, user: str, texts: list[str], start: datetime) -> None:
+    """Ingest plain first-person sentences with the offline rule extractor (no LLM, no workers), one
+    every 30 days from ``start``, as messages ``seed-0``, ``seed-1``, ..."""
+    for i, text in enumerate(texts):
+        apply_in_process(client, user, f"seed-{i}", text, start + timedelta(days=30 * i))
 
 
 class Recording:

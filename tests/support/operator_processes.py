@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 import time
@@ -15,9 +16,20 @@ from engram_workers.celery_config import make_celery
 from engram_workers.services.celery_worker import ManagedProcess
 from tests.support.stack import SOURCE_ROOT
 
-__all__ = ["EventLog", "engram_process", "wait_until"]
+__all__ = ["SERVICE_VARS", "EventLog", "clean_env", "engram_process", "wait_until"]
 
 T = TypeVar("T")
+
+# What a developer's shell might have set: every test states its services explicitly instead.
+SERVICE_VARS = ("REDIS_URL", "NEO4J_URI", "NEO4J_USER", "NEO4J_PASSWORD", "LLM_MODEL", "LLM_API_KEY", "LLM_API_BASE")
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    """os.environ without Engram's settings (offline model flags kept on), plus ``extra``."""
+    env = {k: v for k, v in os.environ.items() if k not in SERVICE_VARS and not k.startswith("ENGRAM_")}
+    env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", LITELLM_LOCAL_MODEL_COST_MAP="True")
+    env.update(extra)
+    return env
 
 
 def engram_process(name: str, args: list[str], *, env: Mapping[str, str], log_dir: Path) -> ManagedProcess:

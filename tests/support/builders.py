@@ -18,6 +18,7 @@ from engram_api.naming import normalize_name
 from engram_api.storage.graph.contract import GraphStore
 from engram_api.storage.graph.episodes import chunk_episode
 from engram_api.storage.writer.userwrite import UserWrite, UserWrites
+from engram_api.versions import Stamp
 
 T0 = datetime(2024, 1, 1, tzinfo=UTC)
 DIM = 384  # MiniLM's dimension, used for synthetic vectors too so every backend sees one index shape
@@ -187,3 +188,23 @@ class GuardedGraph:
 
 def ids(records: Iterable[FactRecord | EntityRecord]) -> set[str]:
     return {r.id for r in records}
+
+
+def write_step(write: UserWrite, said: UserGraph, step: int, messages: list[str], *, things: int = 1) -> Stamp:
+    """Message ``step`` inside ``write``, as a write of the apply stage goes on a host (the plan reads the
+    host's index first, one graph write, ``finish`` with that write's vectors): Alex likes (and saw) thing
+    ``step`` (``things`` facts); every third step also forgets ``messages``' oldest, as ``forget`` does
+    (its removals into the same ``finish``). For the FAISS delta-log and many-hosts tests, which need many
+    quick writes on synthetic vectors rather than the stage's MiniLM."""
+    write.index()
+    before = set(said.entities)
+    statements = [("Alex", "LIKES", f"thing {step}", f"Alex likes thing {step}")]
+    statements += [("Alex", "SAW", f"place {step}", f"Alex saw place {step}")][: things - 1]
+    records = [r for statement in statements for r in said.say([statement], when=at(step))]
+    upserts = [(r.id, "fact", r.embedding or []) for r in records]
+    upserts += [(e.id, "entity", e.embedding or []) for k, e in said.entities.items() if k not in before]
+    removals: list[str] = []
+    if step % 3 == 2 and messages:
+        gone = said.graph.forget_message(said.user_id, messages.pop(0))
+        removals = [*gone.removed_fact_ids, *gone.removed_entity_ids, *gone.removed_chunk_ids]
+    return write.finish(upserts=upserts, removals=removals)
