@@ -21,11 +21,11 @@ from engram_api import keys
 from engram_api.errors import StoreUnavailableError
 from engram_api.models import Envelope, MessageState, StageOutcome
 from engram_api.versions import read_stamp
-from engram_workers.handover import CarriedVectors, HandOver, text_key
 from engram_workers.resources import WorkerResources
 from engram_workers.stages.apply import run_apply
 from engram_workers.stages.common import RetryLater
 from engram_workers.stages.extract import read_prompt_inputs, run_extract
+from engram_workers.stages.handover import CarriedVectors, HandOver, text_key
 from tests.support.extractions import entity, fact
 from tests.support.memory import Recording, memory, scripted_stack
 from tests.support.stack import Stack

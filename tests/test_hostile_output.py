@@ -30,7 +30,7 @@ from engram_api.models import DeadLetter, GraphPage, UserStats
 from engram_api.naming import LABELS, sanitize_label, sanitize_predicate, self_entity_id
 from engram_api.producer import build_envelope
 from engram_testing.llm_standin import Reply
-from engram_workers.consolidation import Planned
+from engram_workers.consolidation.plan import Planned
 from engram_workers.extraction.llm import parse_extraction
 from tests.support.extractions import entity, fact, message_text
 from tests.support.memory import apply_extraction, remember

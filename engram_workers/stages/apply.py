@@ -5,7 +5,7 @@ stamp the plan was built on, re-planned when refused); the graph write is one tr
 message id; the FAISS index follows the graph's stamp; the stamp in Redis is published last so readers'
 caches see the change. A crash between any two steps is repaired by redelivery: the graph says the
 message is applied, and the rest is finished from there. The extraction arrives as a ``HandOver``
-(``engram_workers.handover``); vectors extract already encoded in it are not encoded again. There is one
+(``engram_workers.stages.handover``); vectors extract already encoded in it are not encoded again. There is one
 apply path: the lease holder applies the message as a batch with up to ``apply_batch - 1`` of the user's
 other ready messages, each in its own transaction (or one shared where the store can), sharing one
 encoder call and one finish (``stages.batch``, ``stages.writing``); a message alone is a batch of one.
@@ -26,7 +26,6 @@ from engram_api import keys
 from engram_api.errors import StoreUnavailableError, UserBusyError
 from engram_api.models import Envelope, MessageState, StageOutcome, StageResult
 from engram_api.storage.writer.userwrite import UserWrite
-from engram_workers.handover import HandOver
 from engram_workers.resources import WorkerResources
 from engram_workers.stages.batch import Claim, apply_batch, mark_applied
 from engram_workers.stages.common import (
@@ -37,6 +36,7 @@ from engram_workers.stages.common import (
     read_stored,
     set_state,
 )
+from engram_workers.stages.handover import HandOver
 from engram_workers.stages.writing import Member
 
 __all__ = ["run_apply"]

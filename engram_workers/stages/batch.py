@@ -35,9 +35,9 @@ from pydantic import ValidationError
 from engram_api.errors import StoreUnavailableError
 from engram_api.models import Envelope, MessageState, StageResult
 from engram_api.storage.writer.userwrite import UserWrite
-from engram_workers.handover import HandOver
 from engram_workers.resources import WorkerResources
 from engram_workers.stages.common import deliveries, set_state
+from engram_workers.stages.handover import HandOver
 from engram_workers.stages.writing import Member, Written, write_members
 
 __all__ = ["Claim", "apply_batch", "mark_applied"]

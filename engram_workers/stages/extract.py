@@ -5,7 +5,7 @@ LLM path goes through the fleet-wide rate limit and circuit breaker, one litellm
 pydantic. Transient failures retry with backoff and jitter; after ``llm_max_attempts`` the message is
 dead-lettered with the reason and the raw answer. The extraction is stored in Redis before the apply task
 is published, so a retried apply never calls the LLM again. When the message is one chunk, its
-slim-context query is that chunk's text, and the vector goes with the extraction (``engram_workers.handover``):
+slim-context query is that chunk's text, and the vector goes with the extraction (``engram_workers.stages.handover``):
 apply then does not encode the chunk again.
 """
 
@@ -28,7 +28,6 @@ from engram_workers.extraction.llm import Completion, LLMAnswer, call_llm
 from engram_workers.extraction.prompt import SlimContext, build_prompt, is_owner_turn
 from engram_workers.extraction.rules import extract_rules
 from engram_workers.extraction.trivial import answers_a_question, is_trivial
-from engram_workers.handover import HandOver
 from engram_workers.resources import WorkerResources
 from engram_workers.stages.common import (
     RetryLater,
@@ -38,6 +37,7 @@ from engram_workers.stages.common import (
     read_stored,
     set_state,
 )
+from engram_workers.stages.handover import HandOver
 
 __all__ = ["run_extract"]
 

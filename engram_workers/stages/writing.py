@@ -46,10 +46,10 @@ from engram_api.storage.faiss.files import Kind, UserIndex
 from engram_api.storage.graph.contract import GraphStore
 from engram_api.storage.writer.userwrite import UserWrite
 from engram_api.versions import Stamp
-from engram_workers.consolidation import Incoming, Planned, plan_message
-from engram_workers.handover import CarriedVectors, HandOver
+from engram_workers.consolidation.plan import Incoming, Planned, plan_message
+from engram_workers.consolidation.resolution import Vectors
 from engram_workers.middleware import Hooks
-from engram_workers.resolution import Vectors
+from engram_workers.stages.handover import CarriedVectors, HandOver
 
 __all__ = ["Done", "Member", "Written", "write_members"]
 

@@ -217,9 +217,9 @@ def ready_to_apply(stack: Any, extractor: Any, uid: str, message: Any) -> str:
     from engram_api import keys
     from engram_api.models import Extraction, MessageState, Usage
     from engram_api.producer import build_envelope
-    from engram_workers.handover import HandOver
     from engram_workers.stages.common import set_state
     from engram_workers.stages.extract import read_prompt_inputs
+    from engram_workers.stages.handover import HandOver
 
     env = build_envelope(stack.settings, uid, message.text, message_id=f"m{message.index}", timestamp=message.timestamp)
     vectors = read_prompt_inputs(extractor, env).vectors

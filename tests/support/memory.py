@@ -16,7 +16,7 @@ from engram_api.storage import GraphStore
 from engram_api.storage.embedding.embedder import Embedder
 from engram_api.storage.faiss.files import VectorStore
 from engram_api.storage.writer.userwrite import UserWrite, UserWrites
-from engram_workers.consolidation import Incoming, Planned
+from engram_workers.consolidation.plan import Incoming, Planned
 from engram_workers.extraction.rules import extract_rules
 from engram_workers.middleware import Hooks, Middleware, build_hooks
 from engram_workers.stages.writing import Done, Member, write_members

@@ -1,7 +1,7 @@
 """Consolidation: turn one message's extraction into a ``WritePlan`` against the user's existing graph.
 
 Runs under the user's apply lock, so what it reads cannot change under it. Decisions, in order:
-1. entity resolution, always within the user's own graph (``engram_workers.resolution``: context id,
+1. entity resolution, always within the user's own graph (``engram_workers.consolidation.resolution``: context id,
    name or alias, embedding similarity; the self node is never rebound; an id never becomes an entity);
 2. fact dedup by embedding similarity, except single-valued predicates, whose template sentences
    ("lives in Tampa" / "lives in Austin") embed almost identically;
@@ -15,7 +15,7 @@ Store reads per message are fixed, whatever it names: one entity lookup (``resol
 "ends") and of its single-valued slots. The message itself is kept recallable: its chunks
 (``storage.graph.episodes.chunk_envelope``) are embedded in the same single batch as the names and
 statements and go into the plan and the user's index; a chunk the extract stage already encoded (its
-slim-context query, ``engram_workers.handover``) is taken from the hand-over.
+slim-context query, ``engram_workers.stages.handover``) is taken from the hand-over.
 
 Model facts are mapped with these rules (docs/extraction.md):
 - a fact whose subject or object resolves to nothing (an unknown id) is skipped;
@@ -24,7 +24,7 @@ Model facts are mapped with these rules (docs/extraction.md):
 - a model date later than the message's event time + ``DATE_SKEW`` is not trusted: the fact is dated at the
   event time, and a one-value fact dated ahead is a plan (``PLANS_<PREDICATE>``, episodic), not a change;
 - ``ends`` closes the named current facts at the message's event time (kept when the slot is rebuilt);
-- the statement is read before the triple is trusted (``_draft_facts``, ``engram_workers.stance``): negations,
+- the statement is read before the triple is trusted (``_draft_facts``, ``engram_workers.consolidation.stance``): negations,
   past states and ``valid_until`` end facts, plans and other people's values change no slot.
 """
 
@@ -59,8 +59,8 @@ from engram_api.naming import (
 from engram_api.storage.faiss.files import Kind, UserIndex, VectorHit
 from engram_api.storage.graph.contract import GraphStore
 from engram_api.storage.graph.episodes import chunk_envelope, episode_text
-from engram_workers.resolution import Resolver, Vectors, hashed_id, named_entities
-from engram_workers.stance import read_stance
+from engram_workers.consolidation.resolution import Resolver, Vectors, hashed_id, named_entities
+from engram_workers.consolidation.stance import read_stance
 
 __all__ = ["Incoming", "Planned", "plan_message"]
 
@@ -132,7 +132,7 @@ class Drafts:
 
 def _draft_facts(envelope: Envelope, extraction: Extraction, resolver: Resolver) -> Drafts:
     """Fact records for the extraction (deduplicated within the message, embedded), read against the model's
-    own statement (``engram_workers.stance``): a negation is stored as ``NOT_<P>`` and ends ``P``; a past
+    own statement (``engram_workers.consolidation.stance``): a negation is stored as ``NOT_<P>`` and ends ``P``; a past
     state (said so, or with a ``valid_until`` up to the message) is history and ends the current fact; a
     plan or a one-value fact about someone else changes no slot."""
     uid, mid = envelope.user_id, envelope.message_id

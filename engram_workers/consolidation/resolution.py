@@ -28,7 +28,7 @@ from engram_api.naming import SELF_WORDS, normalize_name, sanitize_label, self_e
 from engram_api.storage.embedding.embedder import Embedder
 from engram_api.storage.faiss.files import UserIndex, VectorHit
 from engram_api.storage.graph.contract import GraphStore
-from engram_workers.handover import CarriedVectors
+from engram_workers.stages.handover import CarriedVectors
 
 __all__ = ["ENTITY_MATCH", "Resolver", "Vectors", "hashed_id", "named_entities"]
 
