@@ -31,7 +31,6 @@ __all__ = [
     "BEAT_LOCK_TIMEOUT_S",
     "BEAT_MAX_INTERVAL_S",
     "BEAT_PUBLISHING",
-    "REDBEAT_KEY_PREFIX",
     "beat_config",
     "celery_config",
     "make_celery",
@@ -145,7 +144,6 @@ def worker_config(settings: Settings) -> dict[str, Any]:
 # Beat wakes at least this often; a standby Beat takes over within the lock timeout after the leader dies.
 BEAT_MAX_INTERVAL_S = 5
 BEAT_LOCK_TIMEOUT_S = 5 * BEAT_MAX_INTERVAL_S
-REDBEAT_KEY_PREFIX = f"{keys.PREFIX}:beat:"
 
 # What Beat publishes with, whatever the workers do (``engram_workers.app`` applies it when Beat starts):
 # a few sends a minute, whose "sent" events (naming the scheduler's pid) always go, whatever
@@ -160,7 +158,7 @@ def beat_config(redis_url: str) -> dict[str, Any]:
         "beat_scheduler": "redbeat.RedBeatScheduler",
         "beat_max_loop_interval": BEAT_MAX_INTERVAL_S,
         "redbeat_redis_url": redis_url,
-        "redbeat_key_prefix": REDBEAT_KEY_PREFIX,
+        "redbeat_key_prefix": keys.BEAT_PREFIX,
         "redbeat_lock_key": keys.BEAT_LOCK,
         "redbeat_lock_timeout": BEAT_LOCK_TIMEOUT_S,
         # Ride out a short Redis restart; a longer outage ends this Beat (its lock may have passed on).

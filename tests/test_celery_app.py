@@ -21,7 +21,6 @@ from engram_api import keys
 from engram_workers.celery_config import (
     BEAT_LOCK_TIMEOUT_S,
     BEAT_MAX_INTERVAL_S,
-    REDBEAT_KEY_PREFIX,
     stage_defaults,
 )
 from engram_workers.services.celery_worker import ManagedProcess
@@ -75,7 +74,7 @@ def test_the_app_config_is_redbeat_with_the_leader_lock_without_the_cli(env: dic
         "beat_scheduler": "redbeat.RedBeatScheduler",
         "beat_max_loop_interval": BEAT_MAX_INTERVAL_S,
         "redbeat_redis_url": env["REDIS_URL"],
-        "redbeat_key_prefix": REDBEAT_KEY_PREFIX,
+        "redbeat_key_prefix": keys.BEAT_PREFIX,
         "redbeat_lock_key": keys.BEAT_LOCK,
         "redbeat_lock_timeout": BEAT_LOCK_TIMEOUT_S,
         # A worker started without a stage is stage "all", sized to ENGRAM_CPU_LIMIT.
@@ -97,7 +96,7 @@ def test_plain_celery_beat_takes_the_leader_lock_and_keeps_the_schedule_in_redis
         log = beat.log_path.read_text()
         assert "redbeat.schedulers.RedBeatScheduler" in log  # the banner's scheduler line
         assert 0 < client.ttl(keys.BEAT_LOCK) <= BEAT_LOCK_TIMEOUT_S
-        entries = {key.removeprefix(REDBEAT_KEY_PREFIX) for key in client.scan_iter(f"{REDBEAT_KEY_PREFIX}*")}
+        entries = {key.removeprefix(keys.BEAT_PREFIX) for key in client.scan_iter(f"{keys.BEAT_PREFIX}*")}
         assert {f"engram-{name}" for name in JOBS} <= entries
 
 
