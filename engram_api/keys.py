@@ -204,6 +204,23 @@ def breaker(part: str) -> str:
     return f"{PREFIX}:llm:breaker:{part}"
 
 
+# The maintenance fan-out (engram_api.storage.writer.changes, engram_workers.maintenance.fanout).
+MAINTENANCE_CHANGED = f"{PREFIX}:maint:changed"
+"""Sorted set user id -> fleet-wide write sequence of the user's last marked write."""
+MAINTENANCE_SEQUENCE = f"{PREFIX}:maint:seq"
+"""The fleet-wide write sequence (INCR) that scores ``MAINTENANCE_CHANGED``."""
+
+
+def maintenance_todo(job: str) -> str:
+    """Sorted set user id -> claim deadline (ms, Redis clock; 0 = not claimed) of the users ``job`` must visit."""
+    return f"{PREFIX}:maint:{job}:todo"
+
+
+def maintenance_seen(job: str) -> str:
+    """The highest write sequence ``job`` has taken into its to-do set (absent: the job never ran)."""
+    return f"{PREFIX}:maint:{job}:seen"
+
+
 # RedBeat (Beat's scheduler): its schedule entries live under the prefix, its leader lock is one key.
 BEAT_PREFIX = f"{PREFIX}:beat:"
 BEAT_LOCK = f"{BEAT_PREFIX}lock"

@@ -7,6 +7,8 @@ A message is ``queued`` (payload, status, backlog entry, extract task on the que
 - ``messages.MessageLedger``: one method per transition; the producer, the stages, the CLI's and the
   gateway's dead-letter commands and erasure go through it.
 - ``scripts``: every Lua script Engram runs, each behind named KEYS/ARGV (``lua.LuaScript``).
+- ``controls`` and ``maintenance``: the scripts outside a message's life (the published stamp, the LLM
+  controls; the maintenance fan-out and its changed set).
 - ``wire``: kombu's task-message format, written by the producer and read by the redelivery sweep.
 - ``messages.DeadLetterStore`` (the dead-letter hash, ``MessageLedger.dead_letters``) and ``erasure``
   (the Redis side of erasure, ``MessageLedger.forget`` / ``forget_user``).

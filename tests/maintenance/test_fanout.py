@@ -11,12 +11,16 @@ from collections.abc import Callable, Iterator
 import pytest
 import redis
 
+from engram_api.keys import MAINTENANCE_CHANGED as CHANGED
+from engram_api.keys import MAINTENANCE_SEQUENCE as SEQUENCE
+from engram_api.keys import maintenance_seen as seen
+from engram_api.keys import maintenance_todo as todo
 from engram_api.models import FactRecord
 from engram_api.settings import Settings
 from engram_api.storage.embedding.embedder import Embedder, get_embedder
 from engram_api.storage.faiss.keeper import IndexKeeper
 from engram_api.storage.graph.contract import GraphStore
-from engram_api.storage.writer.changes import CHANGED, FANNED_OUT, SEQUENCE, seen, todo
+from engram_api.storage.writer.changes import FANNED_OUT
 from engram_api.storage.writer.userwrite import UserWrite, UserWrites
 from engram_workers.maintenance import fanout, rebuild_hierarchy, run_decay
 from engram_workers.maintenance.fanout import Chunk, drive, release

@@ -17,40 +17,25 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from engram_api import keys
+from engram_api.ledger.maintenance import MARK_CHANGED, MarkArgs, MarkKeys
 
 if TYPE_CHECKING:
     import redis
 
-__all__ = ["CHANGED", "FANNED_OUT", "SEQUENCE", "forget_changes", "mark_changed", "seen", "todo"]
+__all__ = ["FANNED_OUT", "forget_changes", "mark_changed"]
 
-CHANGED = f"{keys.PREFIX}:maint:changed"
-SEQUENCE = f"{keys.PREFIX}:maint:seq"
 # The maintenance jobs that keep a per-user to-do set (their Beat entry fans out over it).
 FANNED_OUT = ("decay", "hierarchy", "reconcile")
 
 
-def todo(job: str) -> str:
-    """Sorted set user id -> claim deadline (ms, Redis clock; 0 = not claimed) of the users ``job`` must visit."""
-    return f"{keys.PREFIX}:maint:{job}:todo"
-
-
-def seen(job: str) -> str:
-    """The highest write sequence ``job`` has taken into its to-do set (absent: the job never ran)."""
-    return f"{keys.PREFIX}:maint:{job}:seen"
-
-
-# KEYS: changed set, sequence. ARGV: user id.
-_MARK = "redis.call('ZADD', KEYS[1], redis.call('INCR', KEYS[2]), ARGV[1])"
-
-
 def mark_changed(client: redis.Redis, user_id: str) -> None:
     """Record that ``user_id`` was written (one round trip)."""
-    client.eval(_MARK, 2, CHANGED, SEQUENCE, user_id)
+    MARK_CHANGED(client, MarkKeys(keys.MAINTENANCE_CHANGED, keys.MAINTENANCE_SEQUENCE), MarkArgs(user_id))
 
 
 def forget_changes(client: redis.Redis, user_id: str) -> None:
     """Drop an erased user from the changed set and every job's to-do set."""
     with client.pipeline(transaction=False) as pipe:
-        for key in (CHANGED, *(todo(job) for job in FANNED_OUT)):
+        for key in (keys.MAINTENANCE_CHANGED, *(keys.maintenance_todo(job) for job in FANNED_OUT)):
             pipe.zrem(key, user_id)
         pipe.execute()
