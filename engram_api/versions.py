@@ -50,8 +50,9 @@ def new_epoch() -> int:
     return (time.time_ns() // 1000) << 10 | secrets.randbits(10)
 
 
-# KEYS: stamp key, lease key. ARGV: epoch, version, lease token ('' = no lease to check). Numbers are
-# compared as decimal strings (length, then text): epochs exceed Lua's exact integer range.
+# KEYS: stamp key, lease key. ARGV: epoch, version, lease token ('' = no lease to check), the stamps channel,
+# the user id. Numbers are compared as decimal strings (length, then text): epochs exceed Lua's exact integer
+# range. A stamp that moved forward is also sent on the channel (readers' hint, ``keys.stamps_channel``).
 _PUBLISH = """
 if ARGV[3] ~= '' and redis.call('GET', KEYS[2]) ~= ARGV[3] then return 0 end
 local function less(a, b) return #a < #b or (#a == #b and a < b) end
@@ -61,6 +62,7 @@ if cur then
   if e and (less(ARGV[1], e) or (ARGV[1] == e and not less(v, ARGV[2]))) then return 1 end
 end
 redis.call('SET', KEYS[1], ARGV[1] .. ':' .. ARGV[2])
+redis.call('PUBLISH', ARGV[4], ARGV[5] .. ' ' .. ARGV[1] .. ':' .. ARGV[2])
 return 1
 """
 
@@ -70,7 +72,7 @@ def publish_stamp(client: redis.Redis, user_id: str, stamp: Stamp, *, lease_toke
     token still holds the user's lease (checked atomically). False when the lease was lost."""
     done = client.eval(
         _PUBLISH, 2, keys.user_version(user_id), keys.apply_lock(user_id), str(stamp.epoch), str(stamp.version),
-        lease_token or "",
+        lease_token or "", keys.stamps_channel(), user_id,
     )  # fmt: skip
     return bool(done)
 

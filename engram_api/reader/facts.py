@@ -41,6 +41,7 @@ from typing import Generic, TypeVar
 
 from engram_api.errors import EngramError
 from engram_api.models import ChunkRecord, FactRecord
+from engram_api.storage.faiss.sync import UserChanges
 from engram_api.storage.graph.contract import GraphStep, GraphStepQuery, GraphStore
 from engram_api.storage.snapshot.graph import HeldStep, UserSnapshot
 from engram_api.storage.snapshot.rows import AnyChunk, AnyFact
@@ -175,9 +176,11 @@ class SnapshotCache:
         self._lock = threading.Lock()
 
     def get(self, user_id: str, stamp: Stamp) -> UserSnapshot | None:
+        """The snapshot held at ``stamp`` or newer in its lifetime (a catch-up may have read writes
+        committed after ``stamp`` was published: what the store's own step would read too)."""
         with self._lock:
             held = self._held.get(user_id)
-            if held is None or held.stamp != stamp:
+            if held is None or held.stamp.epoch != stamp.epoch or held.stamp < stamp:
                 return None
             self._held.move_to_end(user_id)
             self._answered.add(user_id)
@@ -266,25 +269,19 @@ class SnapshotCache:
                 and held.stamp.version < stamp.version <= held.stamp.version + CATCH_UP_VERSIONS
             )
 
-    def caught_up(self, graph: GraphStore, user_id: str, stamp: Stamp) -> UserSnapshot | None:
-        """The held snapshot brought to ``stamp`` or newer by reading only what was written since, in the
-        caller's thread (a recall's), and held; None when ``behind`` says no or the refresh cannot (a
-        forget, another lifetime, the bound, a store error: the recall then goes to the store, and
-        ``missed`` loads). Newer than ``stamp`` when writes committed since it was published: what the
-        store's own step would read too."""
-        if not self.behind(user_id, stamp):
-            return None
-        held = self.peek(user_id)
-        if held is None:
-            return None
-        try:
-            fresh = graph.refresh_snapshot(held, max_records=self.max_records)
-        except EngramError as exc:  # the store's step will raise its own error if the store is down
-            log.warning("snapshot of %s not refreshed: %s", user_id, exc)
-            return None
+    def caught_up(
+        self, held: UserSnapshot, changes: UserChanges, stamp: Stamp, *, answering: bool
+    ) -> UserSnapshot | None:
+        """``held`` brought to ``stamp`` or newer by ``changes`` (``GraphStore.user_changes`` from its
+        version or an older one, read by ``engram_api.reader.catchup`` with the FAISS copy's), and held;
+        None when the refresh cannot (a forget, another lifetime, the bound, unmarked writes: the recall then
+        goes to the store, and ``missed`` loads). ``answering``: it answers the recall that refreshed it.
+        Newer than ``stamp`` when writes committed since it was published: what the store's own step would
+        read too."""
+        fresh = held.caught_up(changes, max_records=self.max_records)
         if fresh is None or fresh.stamp.epoch != stamp.epoch or fresh.stamp < stamp:
             return None
-        return fresh if self._keep(fresh, answering=True) else None
+        return fresh if self._keep(fresh, answering=answering) else None
 
     def drop_user(self, user_id: str) -> None:
         with self._lock:

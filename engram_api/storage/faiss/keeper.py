@@ -39,6 +39,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 
 from engram_api.storage.faiss.files import Kind, UserIndex, VectorStore
+from engram_api.storage.faiss.sync import VectorChanges
 from engram_api.storage.graph.contract import GraphStore
 from engram_api.versions import ABSENT, Stamp
 
@@ -165,10 +166,24 @@ class IndexKeeper:
             index = self.vectors.moved(index, to_stamp=to_stamp, upserts=upserts, removals=removals)
         return self._remember(user_id, index)
 
+    def held(self, user_id: str) -> UserIndex | None:
+        """This process's copy when it holds one in memory (moved on by its local log as ``current``
+        does); None otherwise, and nothing loaded: a reader's catch-up on a signal serves only the users
+        it holds (``engram_api.reader.catchup``)."""
+        with self._lock:
+            if user_id not in self._cache:
+                return None
+        return self._loaded(user_id)
+
     def _caught_up(self, user_id: str, index: UserIndex) -> UserIndex | None:
         """``index`` brought to the graph's stamp by what changed since its version; None when that is
         impossible (``VectorChanges.usable_from``)."""
-        changes = self.graph.vector_changes(user_id, index.version)
+        return self.apply(user_id, index, self.graph.vector_changes(user_id, index.version))
+
+    def apply(self, user_id: str, index: UserIndex, changes: VectorChanges) -> UserIndex | None:
+        """``index`` brought to ``changes.stamp`` by ``changes`` (read from any version up to the index's:
+        a removal or an upsert applied again is harmless) and kept as this process's copy; None when that
+        is impossible (``VectorChanges.usable_from``)."""
         if not changes.usable_from(index.stamp):
             return None
         if changes.stamp == index.stamp:

@@ -66,7 +66,7 @@ from engram_api.models import (
     utcnow,
 )
 from engram_api.naming import normalize_name
-from engram_api.storage.faiss.sync import VectorChanges
+from engram_api.storage.faiss.sync import UserChanges, VectorChanges
 from engram_api.storage.graph.forgetting import ForgetPlan, ForgetScope, Removed, plan_forget
 from engram_api.versions import ABSENT, Stamp, new_epoch
 
@@ -237,6 +237,15 @@ class GraphStore(ABC):
 
     @abstractmethod
     def _vector_changes(self, user_id: str, since: int) -> VectorChanges: ...
+
+    def user_changes(self, user_id: str, since: int) -> UserChanges:
+        """``vector_changes`` and the facts and chunks marked after ``since`` with the version of the user's
+        last removal, in ONE round trip (a reader catching up its FAISS copy and its snapshot at once):
+        see ``UserChanges``."""
+        return self._user_changes(user_id, _count("since", since))
+
+    @abstractmethod
+    def _user_changes(self, user_id: str, since: int) -> UserChanges: ...
 
     # ----------------------------------------------------------------------------------- lifecycle
     @abstractmethod
@@ -431,19 +440,11 @@ class GraphStore(ABC):
         creates or changes with the version it commits, ``SnapshotChanges``). None when only a whole load
         can do it: another lifetime, a record removed since (a forget), more than ``max_records``, or a
         count that disagrees with the merge (a writer that marked nothing: an older release's)."""
-        since = snapshot.stamp
-        changes = self._snapshot_changes(snapshot.user_id, since.version)
-        if changes.stamp == since:
-            return snapshot
-        if (
-            changes.stamp.epoch != since.epoch
-            or changes.stamp < since
-            or changes.removed > since.version
-            or changes.size > _count("max_records", max_records)
-        ):
-            return None
-        fresh = snapshot.updated(changes.stamp, changes.facts, changes.chunks)
-        return fresh if fresh.size == changes.size else None
+        changes = self._snapshot_changes(snapshot.user_id, snapshot.stamp.version)
+        return snapshot.refreshed(
+            changes.stamp, changes.removed, changes.facts, changes.chunks,
+            max_records=_count("max_records", max_records), size=changes.size,
+        )  # fmt: skip
 
     @abstractmethod
     def _snapshot_changes(self, user_id: str, since: int) -> SnapshotChanges: ...
