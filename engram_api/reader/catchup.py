@@ -28,6 +28,7 @@ Invariants:
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from concurrent.futures import Future
 from typing import TYPE_CHECKING
@@ -62,7 +63,15 @@ class CatchUps:
         self.signalled = 0  # catch-ups a signal started (tests and benchmarks read it)
         self._running: dict[str, tuple[Stamp, Future[None]]] = {}
         self._signalled_running = 0
+        self._pid = os.getpid()
         self._lock = threading.Lock()
+
+    def _in_flight(self, user_id: str) -> tuple[Stamp, Future[None]] | None:
+        """The user's catch-up running in this process (call with the lock held). A forked child's copy
+        of the parent's is dropped: no thread of the child would ever finish it."""
+        if self._pid != os.getpid():
+            self._running, self._signalled_running, self._pid = {}, 0, os.getpid()
+        return self._running.get(user_id)
 
     def _behind(self, user_id: str, stamp: Stamp) -> bool:
         """True when a copy this process holds in memory is of ``stamp``'s lifetime and older."""
@@ -75,7 +84,7 @@ class CatchUps:
         new one on a reader thread; None when no held copy is behind (``IndexKeeper.current`` still loads
         or rebuilds a copy this process lacks)."""
         with self._lock:
-            running = self._running.get(user_id)
+            running = self._in_flight(user_id)
             if running is not None and running[0] >= stamp:
                 return running[1]
         if not self._behind(user_id, stamp):
@@ -86,7 +95,7 @@ class CatchUps:
         """A writer published ``stamp`` for ``user_id``: catch up the copies held of that user, off any
         recall's path (bounded, see the module docstring)."""
         with self._lock:
-            running = self._running.get(user_id)
+            running = self._in_flight(user_id)
             if self._signalled_running >= SIGNALLED_IN_FLIGHT or (running is not None and running[0] >= stamp):
                 return
         if self._behind(user_id, stamp):
@@ -94,7 +103,7 @@ class CatchUps:
 
     def _submit(self, user_id: str, stamp: Stamp, *, signalled: bool) -> Future[None] | None:
         with self._lock:
-            running = self._running.get(user_id)
+            running = self._in_flight(user_id)
             if running is not None:  # one at a time per user: join it if it reaches the stamp
                 return running[1] if running[0] >= stamp else None
             if signalled:

@@ -272,16 +272,17 @@ class SnapshotCache:
     def caught_up(
         self, held: UserSnapshot, changes: UserChanges, stamp: Stamp, *, answering: bool
     ) -> UserSnapshot | None:
-        """``held`` brought to ``stamp`` or newer by ``changes`` (``GraphStore.user_changes`` from its
-        version or an older one, read by ``engram_api.reader.catchup`` with the FAISS copy's), and held;
-        None when the refresh cannot (a forget, another lifetime, the bound, unmarked writes: the recall then
+        """``held`` brought to the graph's stamp by ``changes`` (``GraphStore.user_changes`` from its
+        version or an older one, read by ``engram_api.reader.catchup`` with the FAISS copy's) and held;
+        returned when at ``stamp`` or newer (a signal may name a stamp the graph is not at). None when the
+        refresh cannot (a forget, another lifetime, the bound, unmarked writes: the recall then
         goes to the store, and ``missed`` loads). ``answering``: it answers the recall that refreshed it.
         Newer than ``stamp`` when writes committed since it was published: what the store's own step would
         read too."""
         fresh = held.caught_up(changes, max_records=self.max_records)
-        if fresh is None or fresh.stamp.epoch != stamp.epoch or fresh.stamp < stamp:
+        if fresh is None or not self._keep(fresh, answering=answering):
             return None
-        return fresh if self._keep(fresh, answering=answering) else None
+        return fresh if fresh.stamp.epoch == stamp.epoch and fresh.stamp >= stamp else None  # kept all the same
 
     def drop_user(self, user_id: str) -> None:
         with self._lock:
