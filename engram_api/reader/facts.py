@@ -14,18 +14,19 @@ Invariants:
 - a user's whole graph (``UserSnapshot``, at most ``snapshot_max_records`` facts and chunks) is loaded
   on a reader thread once a second recall finds the same stamp without it, and then answers the step,
   every record read and the keyword search (``UserSnapshot.keyword_search``) with no store call, at that
-  stamp only. After a write (this process's or another host's), the first recall at the new stamp
-  refreshes the held snapshot itself (``SnapshotCache.caught_up``, on a reader thread while it embeds the
-  query) with only the records written since (``GraphStore.refresh_snapshot``: one round trip reading what
-  changed, where the store's graph step and keyword search are two that read the user's neighbourhood:
-  on Neo4j a 2K-fact user's step took ~80-100 ms, measured by the hosts bench), and answers from it; a user
-  written between every recall is therefore answered from memory too (a refresh run behind the recall
-  instead was never used: measured 1.4x slower). Only a snapshot at most ``CATCH_UP_VERSIONS`` behind is
-  refreshed in the recall; a forget, another lifetime or the bound make the refresh impossible, and then,
-  as for a snapshot farther behind, the recall goes to the store and a reader thread refreshes or loads
-  whole (``missed``: at once when the held one answered a recall, else on the second recall at a stamp);
-  one whose index holds more vectors than the bound costs no store query at all; all the snapshots held
-  sum to at most ``snapshot_budget_records`` records.
+  stamp or newer. After a write (this process's or another host's), the held snapshot is refreshed with
+  only the records written since (``SnapshotCache.caught_up``), read with the FAISS copy's changes in one
+  round trip (``GraphStore.user_changes``, ``engram_api.reader.catchup``): on a writer's stamp signal
+  before the next recall, else by the first recall at the new stamp on a reader thread while it embeds
+  the query (the store's graph step and keyword search are two round trips that read the user's
+  neighbourhood: on Neo4j a 2K-fact user's step took ~80-100 ms, measured by the hosts bench), which then
+  answers from it; a user written between every recall is therefore answered from memory too (a refresh
+  run behind the recall instead was never used: measured 1.4x slower). Only a snapshot at most
+  ``CATCH_UP_VERSIONS`` behind is refreshed in the recall; a forget, another lifetime or the bound make
+  the refresh impossible, and then, as for a snapshot farther behind, the recall goes to the store and a
+  reader thread refreshes or loads whole (``missed``: at once when the held one answered a recall, else
+  on the second recall at a stamp); one whose index holds more vectors than the bound costs no store
+  query at all; all the snapshots held sum to at most ``snapshot_budget_records`` records.
 """
 
 from __future__ import annotations

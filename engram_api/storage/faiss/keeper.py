@@ -7,9 +7,10 @@ when this process's copy is exactly at the stamp before, the batch is one delta 
 delta log, ``VectorStore.append``); when the copy is behind (another host wrote meanwhile), it is caught up
 from the graph by version (``GraphStore.vector_changes``: only what changed since its version), which
 already holds this write. Readers call ``current`` with the stamp they expect; a copy behind it is caught
-up the same way before answering, never used stale. A full read of the user's vectors (``rebuild``)
-happens only when a catch-up is impossible: no copy at all, another lifetime of the user, a copy older
-than the user's catch-up horizon, or a graph behind the copy.
+up the same way before answering, never used stale (a reader that also holds the user's snapshot reads
+both changes in one round trip, ``GraphStore.user_changes``, and hands the vectors' part to ``apply``). A
+full read of the user's vectors (``rebuild``) happens only when a catch-up is impossible: no copy at all,
+another lifetime of the user, a copy older than the user's catch-up horizon, or a graph behind the copy.
 
 Counters (read by tests, benchmarks and health): ``rebuilds`` counts full reads, ``catchups`` reads of
 only what changed. A process that writes a user's index with no copy of it (a forget from a reader that
