@@ -71,17 +71,23 @@ class StampSignals:
     def _run(self) -> None:
         import redis  # only with a client, so loaded already
 
+        away = False  # logged once an outage, not at every retry
         while not self._stop.is_set():
             pubsub = self.client.pubsub(ignore_subscribe_messages=True)
             try:
                 pubsub.subscribe(keys.stamps_channel())
                 self.subscribed.set()
+                if away:
+                    log.info("stamp signals received again")
+                    away = False
                 while not self._stop.is_set():
                     message = pubsub.get_message(timeout=_POLL_S)
                     if message is not None and message.get("type") == "message":
                         self._handle(message["data"])
-            except redis.RedisError:  # signals sent until we are back are lost: recalls catch up themselves
-                log.warning("stamp signals lost; subscribing again in %.0f s", _RETRY_S, exc_info=True)
+            except redis.RedisError as exc:  # signals sent until we are back are lost: recalls catch up themselves
+                if not away:
+                    log.warning("stamp signals lost (%s); subscribing again every %.0f s", exc, _RETRY_S)
+                    away = True
                 self._stop.wait(_RETRY_S)
             finally:
                 self.subscribed.clear()
