@@ -39,6 +39,7 @@ if TYPE_CHECKING:
 
     from engram_api.producer import Producer
     from engram_api.reader import Reader
+    from engram_api.reader.signals import StampSignals
     from engram_api.storage import GraphStore
     from engram_api.storage.faiss.erasure import IndexSweeper
 
@@ -55,6 +56,7 @@ class MemoryClient:
         self._reader: Reader | None = None
         self._graph: GraphStore | None = None
         self.sweeper: IndexSweeper | None = None  # the erasure sweep of this reader's index files
+        self.signals: StampSignals | None = None  # writers' stamps: this reader catches up before a recall
 
     # ------------------------------------------------------------------------------ plumbing
     @property
@@ -159,11 +161,17 @@ class MemoryClient:
             self._reader = Reader(
                 settings=self.settings, graph=self.graph, keeper=keeper, embedder=embedder, redis_client=redis_client
             )
+            if redis_client is not None:
+                from engram_api.reader.signals import StampSignals
+
+                self.signals = StampSignals(redis_client, self._reader.catchups.signalled_stamp).start()
         return self._reader
 
     def close(self) -> None:
         if self.sweeper is not None:
             self.sweeper.stop()
+        if self.signals is not None:
+            self.signals.stop()  # before the flush: no catch-up starts after it
         if self._reader is not None:
             self._reader.flush()
         if self._graph is not None:

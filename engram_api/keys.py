@@ -164,6 +164,13 @@ def user_version(user_id: str) -> str:
     return f"{PREFIX}:version:{user_id}"
 
 
+def stamps_channel() -> str:
+    """Pub/sub channel of published stamps: "<user_id> <epoch>:<version>", sent by ``publish_stamp`` when a
+    stamp moves forward; readers catch their copies up on it (``engram_api.reader.signals``). A hint only:
+    the stamp key (``user_version``) stays the truth."""
+    return f"{PREFIX}:stamps"
+
+
 def apply_lock(user_id: str) -> str:
     """The user's write lease (a redis-py ``Lock``): whoever holds its token may write and publish."""
     return f"{PREFIX}:lock:apply:{user_id}"

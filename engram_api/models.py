@@ -531,7 +531,8 @@ class RecallResult(_Model):
     cached: bool = Field(False, description="served from the reader's cache")
     timings_ms: dict[str, float] = Field(
         default_factory=dict,
-        description="per step, in milliseconds: embed, index, faiss, keyword (the wait left after embed), graph,"
+        description="per step, in milliseconds: embed, catchup (the wait after embed for a catch-up of the"
+        " reader's copies after a write, when one ran), index, faiss, keyword (the wait left after embed), graph,"
         " records, fusion; cache alone for a cached result",
     )
 

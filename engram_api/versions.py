@@ -52,14 +52,17 @@ def new_epoch() -> int:
 
 
 def publish_stamp(client: redis.Redis, user_id: str, stamp: Stamp, *, lease_token: str | None = None) -> bool:
-    """Publish ``stamp`` if it is newer than the published one; with ``lease_token``, only while that
-    token still holds the user's lease (checked atomically, ``scripts.PUBLISH_STAMP``). False when the lease
-    was lost."""
+    """Publish ``stamp`` if it is newer than the published one, and send it on the stamps channel (readers'
+    hint, ``keys.stamps_channel``); with ``lease_token``, only while that token still holds the user's lease
+    (checked atomically, ``controls.PUBLISH_STAMP``). False when the lease was lost."""
     done = PUBLISH_STAMP(
         client,
         StampKeys(stamp=keys.user_version(user_id), lease=keys.apply_lock(user_id)),
-        StampArgs(epoch=str(stamp.epoch), version=str(stamp.version), lease_token=lease_token or ""),
-    )
+        StampArgs(
+            epoch=str(stamp.epoch), version=str(stamp.version), lease_token=lease_token or "",
+            channel=keys.stamps_channel(), user_id=user_id,
+        ),
+    )  # fmt: skip
     return bool(done)
 
 

@@ -26,9 +26,12 @@ class StampArgs(NamedTuple):
     epoch: str
     version: str
     lease_token: str  # '' = no lease to check
+    channel: str  # where a stamp that moved forward is sent (readers' hint)
+    user_id: str
 
 
-# The published stamp only moves forward, and only while the lease token holds (when given). Numbers are
+# The published stamp only moves forward, and only while the lease token holds (when given); a stamp that
+# moved forward is also sent on the stamps channel. Numbers are
 # compared as decimal strings (length, then text): epochs exceed Lua's exact integer range.
 PUBLISH_STAMP = LuaScript(
     StampKeys,
@@ -42,6 +45,7 @@ if cur then
   if e and (less(A.epoch, e) or (A.epoch == e and not less(v, A.version))) then return 1 end
 end
 redis.call('SET', K.stamp, A.epoch .. ':' .. A.version)
+redis.call('PUBLISH', A.channel, A.user_id .. ' ' .. A.epoch .. ':' .. A.version)
 return 1
 """,
 )

@@ -14,18 +14,19 @@ Invariants:
 - a user's whole graph (``UserSnapshot``, at most ``snapshot_max_records`` facts and chunks) is loaded
   on a reader thread once a second recall finds the same stamp without it, and then answers the step,
   every record read and the keyword search (``UserSnapshot.keyword_search``) with no store call, at that
-  stamp only. After a write (this process's or another host's), the first recall at the new stamp
-  refreshes the held snapshot itself (``SnapshotCache.caught_up``, on a reader thread while it embeds the
-  query) with only the records written since (``GraphStore.refresh_snapshot``: one round trip reading what
-  changed, where the store's graph step and keyword search are two that read the user's neighbourhood:
-  on Neo4j a 2K-fact user's step took ~80-100 ms, measured by the hosts bench), and answers from it; a user
-  written between every recall is therefore answered from memory too (a refresh run behind the recall
-  instead was never used: measured 1.4x slower). Only a snapshot at most ``CATCH_UP_VERSIONS`` behind is
-  refreshed in the recall; a forget, another lifetime or the bound make the refresh impossible, and then,
-  as for a snapshot farther behind, the recall goes to the store and a reader thread refreshes or loads
-  whole (``missed``: at once when the held one answered a recall, else on the second recall at a stamp);
-  one whose index holds more vectors than the bound costs no store query at all; all the snapshots held
-  sum to at most ``snapshot_budget_records`` records.
+  stamp or newer. After a write (this process's or another host's), the held snapshot is refreshed with
+  only the records written since (``SnapshotCache.caught_up``), read with the FAISS copy's changes in one
+  round trip (``GraphStore.user_changes``, ``engram_api.reader.catchup``): on a writer's stamp signal
+  before the next recall, else by the first recall at the new stamp on a reader thread while it embeds
+  the query (the store's graph step and keyword search are two round trips that read the user's
+  neighbourhood: on Neo4j a 2K-fact user's step took ~80-100 ms, measured by the hosts bench), which then
+  answers from it; a user written between every recall is therefore answered from memory too (a refresh
+  run behind the recall instead was never used: measured 1.4x slower). Only a snapshot at most
+  ``CATCH_UP_VERSIONS`` behind is refreshed in the recall; a forget, another lifetime or the bound make
+  the refresh impossible, and then, as for a snapshot farther behind, the recall goes to the store and a
+  reader thread refreshes or loads whole (``missed``: at once when the held one answered a recall, else
+  on the second recall at a stamp); one whose index holds more vectors than the bound costs no store
+  query at all; all the snapshots held sum to at most ``snapshot_budget_records`` records.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from typing import Generic, TypeVar
 
 from engram_api.errors import EngramError
 from engram_api.models import ChunkRecord, FactRecord
+from engram_api.storage.faiss.sync import UserChanges
 from engram_api.storage.graph.contract import GraphStep, GraphStepQuery, GraphStore
 from engram_api.storage.snapshot.graph import HeldStep, UserSnapshot
 from engram_api.storage.snapshot.rows import AnyChunk, AnyFact
@@ -175,9 +177,11 @@ class SnapshotCache:
         self._lock = threading.Lock()
 
     def get(self, user_id: str, stamp: Stamp) -> UserSnapshot | None:
+        """The snapshot held at ``stamp`` or newer in its lifetime (a catch-up may have read writes
+        committed after ``stamp`` was published: what the store's own step would read too)."""
         with self._lock:
             held = self._held.get(user_id)
-            if held is None or held.stamp != stamp:
+            if held is None or held.stamp.epoch != stamp.epoch or held.stamp < stamp:
                 return None
             self._held.move_to_end(user_id)
             self._answered.add(user_id)
@@ -266,25 +270,20 @@ class SnapshotCache:
                 and held.stamp.version < stamp.version <= held.stamp.version + CATCH_UP_VERSIONS
             )
 
-    def caught_up(self, graph: GraphStore, user_id: str, stamp: Stamp) -> UserSnapshot | None:
-        """The held snapshot brought to ``stamp`` or newer by reading only what was written since, in the
-        caller's thread (a recall's), and held; None when ``behind`` says no or the refresh cannot (a
-        forget, another lifetime, the bound, a store error: the recall then goes to the store, and
-        ``missed`` loads). Newer than ``stamp`` when writes committed since it was published: what the
-        store's own step would read too."""
-        if not self.behind(user_id, stamp):
+    def caught_up(
+        self, held: UserSnapshot, changes: UserChanges, stamp: Stamp, *, answering: bool
+    ) -> UserSnapshot | None:
+        """``held`` brought to the graph's stamp by ``changes`` (``GraphStore.user_changes`` from its
+        version or an older one, read by ``engram_api.reader.catchup`` with the FAISS copy's) and held;
+        returned when at ``stamp`` or newer (a signal may name a stamp the graph is not at). None when the
+        refresh cannot (a forget, another lifetime, the bound, unmarked writes: the recall then
+        goes to the store, and ``missed`` loads). ``answering``: it answers the recall that refreshed it.
+        Newer than ``stamp`` when writes committed since it was published: what the store's own step would
+        read too."""
+        fresh = held.caught_up(changes, max_records=self.max_records)
+        if fresh is None or not self._keep(fresh, answering=answering):
             return None
-        held = self.peek(user_id)
-        if held is None:
-            return None
-        try:
-            fresh = graph.refresh_snapshot(held, max_records=self.max_records)
-        except EngramError as exc:  # the store's step will raise its own error if the store is down
-            log.warning("snapshot of %s not refreshed: %s", user_id, exc)
-            return None
-        if fresh is None or fresh.stamp.epoch != stamp.epoch or fresh.stamp < stamp:
-            return None
-        return fresh if self._keep(fresh, answering=True) else None
+        return fresh if fresh.stamp.epoch == stamp.epoch and fresh.stamp >= stamp else None  # kept all the same
 
     def drop_user(self, user_id: str) -> None:
         with self._lock:

@@ -46,6 +46,7 @@ from engram_api.models import (
     utcnow,
 )
 from engram_api.reader.background import ReaderThreads, ResultCache
+from engram_api.reader.catchup import CatchUps
 from engram_api.reader.context import render_context, select_context
 from engram_api.reader.facts import ChunkCache, FactCache, SnapshotCache, UserChunks, UserFacts
 from engram_api.reader.fusion import TimeWindow, keyword_hits, recall_items
@@ -95,6 +96,7 @@ class Reader:
             max_records=settings.snapshot_max_records, budget_records=settings.snapshot_budget_records
         )
         self._threads = ReaderThreads(threads=_IO_THREADS)
+        self.catchups = CatchUps(graph=graph, keeper=keeper, snapshots=self.snapshots, threads=self._threads)
         self._weights = ResultCache(size=_WEIGHTS_CACHE_USERS)  # bounded: a reader may serve millions of users
         # Settings are frozen: the default recipe and its cache-key form are built once, not per recall.
         self._recipe = DEFAULT_RECIPE.model_copy(update={"window": settings.recall_window, "rrf_k": settings.rrf_k})
@@ -171,24 +173,25 @@ class Reader:
 
         window = TimeWindow(as_of=as_of, since=since, until=until)
         snapshot = self.snapshots.get(user_id, version)
-        # After a write (any host's), a held snapshot a few writes behind is refreshed on a reader thread while
-        # the query is embedded (one read of what changed) and answers the step, not the store; "snapshot" is
-        # how long the recall waited for it after the index step.
-        refreshing: Future[UserSnapshot | None] | None = None
-        if snapshot is None and self.snapshots.behind(user_id, version):
-            refreshing = self._threads.submit(self.snapshots.caught_up, self.graph, user_id, version)
+        # After a write (any host's), copies a few writes behind are caught up on a reader thread while the
+        # query is embedded (one read of what changed, ``CatchUps``), unless a writer's signal already did;
+        # "catchup" is how long the recall waited for it after embedding.
+        catching = self.catchups.start(user_id, version)
         search = partial(self._keyword, user_id, query, recipe, window)
-        keyword = search(snapshot) if refreshing is None else None
+        early = catching is None or snapshot is not None  # the keyword search needs no refreshed snapshot
+        keyword = search(snapshot) if early else None
         qvec = self.embedder.encode_one(query)
         t1 = time.perf_counter()
         timings["embed"] = (t1 - t0) * 1e3
-        index = self.keeper.current(user_id, version)
-        t2 = time.perf_counter()
-        timings["index"] = (t2 - t1) * 1e3
-        if refreshing is not None:
-            snapshot = refreshing.result()
+        if catching is not None:
+            catching.result()
+            timings["catchup"] = (time.perf_counter() - t1) * 1e3
+            if snapshot is None:
+                snapshot = self.snapshots.get(user_id, version)
+        if not early:
             keyword = search(snapshot)
-            timings["snapshot"] = (time.perf_counter() - t2) * 1e3
+        index = self.keeper.current(user_id, version)
+        timings["index"] = (time.perf_counter() - t1) * 1e3
         weights, weights_source = self.weights_for(user_id)
         if snapshot is None:
             vectors = index.count("fact") + index.count("episode")

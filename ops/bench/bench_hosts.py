@@ -9,7 +9,11 @@ a fresh query right after the write:
 
 - "catch-up": this code (the reader's copy reads only what changed since its version);
 - "rebuild": the same reader code with the catch-up refused, so a copy behind the graph is read whole
-  again: what a host without the writer's files did before (``IndexKeeper._caught_up`` answering None).
+  again: what a host without the writer's files did before (``IndexKeeper.apply`` answering None);
+- "after a signal": a third reader host that listens for writers' stamps (``engram_api.reader.signals``)
+  answers ``SIGNAL_PAUSE_S`` after the write (a chat user's next turn comes seconds later), so its copies
+  were caught up in the background. The first two do not listen: their figure is the recall's own
+  catch-up (one read, started before the query is embedded).
 
 Both as a ratio to the floor measured in the same loop (query embedding + FAISS search of the user, top
 30). Apply: the ``UserWrites.run`` time of one write when consecutive writes alternate hosts (each write
@@ -75,30 +79,45 @@ def _write(client: Any, user_id: str, n: int) -> float:
     return write_one(client, user_id, n, read_index=True)
 
 
+# How long after a write the listening reader answers (its background catch-up has run by then).
+SIGNAL_PAUSE_S = 0.1
+
+
 def _hosts(ctx: BenchContext, stack: Any, size: int) -> dict[str, Any]:
     from engram_api import MemoryClient
 
     out = {}
-    for name in ("apply-a", "apply-b", "reader", "reader-rebuild"):
+    for name in ("apply-a", "apply-b", "reader", "reader-rebuild", "reader-signalled"):
         settings = stack.settings.model_copy(update={"data_dir": ctx.workdir / f"hosts-{size}" / name})
         out[name] = MemoryClient(settings=settings, redis_url=stack.env["REDIS_URL"])
+    # Apply hosts stand for workers (which do not listen); the first two readers answer right after the
+    # write with no help. Made now: a client's reader starts the listener, stopped at once.
+    for name in ("apply-a", "apply-b", "reader", "reader-rebuild"):
+        out[name].reader  # noqa: B018
+        out[name].signals.stop()
     # The "before" reader: a copy behind the graph is never caught up, only read whole again.
-    out["reader-rebuild"].reader.keeper._caught_up = lambda user_id, index: None
+    out["reader-rebuild"].reader.keeper.apply = lambda user_id, index, changes: None
     return out
 
 
 def _measure(ctx: BenchContext, stack: Any, size: int, writes: int) -> dict[str, Any]:
     hosts = _hosts(ctx, stack, size)
-    a, b, reader, before = (hosts[n] for n in ("apply-a", "apply-b", "reader", "reader-rebuild"))
+    a, b, reader, before, signalled = (
+        hosts[n] for n in ("apply-a", "apply-b", "reader", "reader-rebuild", "reader-signalled")
+    )
     uid = ctx.uid(f"hosts-{size}")
     ctx.log(f"hosts: bulk-loading {size:,} facts (apply host a's copy)")
     bulk_load(a.graph, a.reader.keeper, a.reader.embedder, a.redis, uid, size, seed=str(size), out=ctx.out)
-    qs = queries(f"hosts-{size}", 2 * writes + 4)
+    qs = queries(f"hosts-{size}", 3 * writes + 4)
     _write(b, uid, -1)  # every other host's first load of the user: a rebuild each
-    for n, client in enumerate((reader, before)):
+    for n, client in enumerate((reader, before, signalled)):
         client.recall(uid, f"warm-up {qs[n]}", k=10)
+    # The listening reader recalls once a write: a second recall now loads its snapshot (the others load
+    # theirs at their first "no write since" recall), which its signals then keep current.
+    signalled.recall(uid, f"warm-up again {qs[2]}", k=10)
+    signalled.reader.flush()
     loads = {name: hosts[name].reader.keeper.rebuilds for name in hosts}
-    recall: dict[str, list[float]] = {"catch-up": [], "rebuild": [], "no write since": []}
+    recall: dict[str, list[float]] = {"catch-up": [], "rebuild": [], "no write since": [], "after a signal": []}
     index_ms: dict[str, list[float]] = {"catch-up": [], "rebuild": []}
     parts: dict[str, list[dict[str, float]]] = {"catch-up": [], "no write since": []}
     floor: list[float] = []
@@ -110,6 +129,7 @@ def _measure(ctx: BenchContext, stack: Any, size: int, writes: int) -> dict[str,
         _write(host, uid, 3 * i)
         apply["one host"].append(_write(host, uid, 3 * i + 1))
         apply["alternating hosts"].append(_write(other, uid, 3 * i + 2))
+        written = time.perf_counter()
         order = [("catch-up", reader), ("rebuild", before)][:: 1 if i % 2 else -1]
         for label, client in order:
             start = time.perf_counter()
@@ -118,6 +138,11 @@ def _measure(ctx: BenchContext, stack: Any, size: int, writes: int) -> dict[str,
             index_ms[label].append(got.timings_ms["index"])
             parts.setdefault(label, []).append(got.timings_ms)
             assert not got.cached
+        time.sleep(max(0.0, SIGNAL_PAUSE_S - (time.perf_counter() - written)))
+        start = time.perf_counter()
+        late = signalled.recall(uid, qs[4 + 2 * writes + i], k=10)
+        recall["after a signal"].append((time.perf_counter() - start) * 1e3)
+        assert not late.cached
         start = time.perf_counter()  # the same reader again, nothing written since: its steady state
         again = reader.recall(uid, f"again {qs[4 + 2 * i]}", k=10)
         recall["no write since"].append((time.perf_counter() - start) * 1e3)
@@ -127,13 +152,19 @@ def _measure(ctx: BenchContext, stack: Any, size: int, writes: int) -> dict[str,
         start = time.perf_counter()
         index.search(reader.reader.embedder.encode([qs[4 + 2 * i]])[0], 30)
         floor.append((time.perf_counter() - start) * 1e3)
-    received, catchup_bytes = _Received().install(), []
+    signalled.signals.stop()  # its catch-ups' reads would count in the bytes below
+    received, catchup_bytes, both_bytes = _Received().install(), [], []
     for i in range(3):
         since = a.graph.user_stamp(uid).version
         _write(b, uid, 3 * writes + i)
         catchup_bytes.append(received.of(lambda since=since: a.graph.vector_changes(uid, since)))
+        both_bytes.append(received.of(lambda since=since: a.graph.user_changes(uid, since)))
     whole_bytes = received.of(lambda: a.graph.stamped_vectors(uid))
-    extra = {name: hosts[name].reader.keeper.rebuilds - loads[name] for name in ("apply-a", "apply-b", "reader")}
+    extra = {
+        name: hosts[name].reader.keeper.rebuilds - loads[name]
+        for name in ("apply-a", "apply-b", "reader", "reader-signalled")
+    }
+    signalled_catchups = signalled.reader.catchups.signalled
     keeper = reader.reader.keeper
     for client in hosts.values():
         client.close()
@@ -157,9 +188,11 @@ def _measure(ctx: BenchContext, stack: Any, size: int, writes: int) -> dict[str,
         "apply_ms": {k: dist(v) for k, v in apply.items()},
         "apply_ratio_p50": ratio(dist(apply["alternating hosts"])["p50"], dist(apply["one host"])["p50"]),
         "catchup_bytes_p50": statistics.median(catchup_bytes),
+        "user_changes_bytes_p50": statistics.median(both_bytes),
         "whole_read_bytes": whole_bytes,
         "rebuilds_after_first_load": extra,
         "reader_catchups": keeper.catchups,
+        "signalled_catchups": signalled_catchups,
     }
 
 
@@ -176,10 +209,12 @@ def run(ctx: BenchContext) -> BenchResult:
             "rebuild p50",
             "index step p50",
             "no write since p50",
+            "after a signal p50",
             "floor p50",
             "catch-up / floor",
             "rebuild / floor",
             "no write / floor",
+            "after a signal / floor",
         ],
     )
     apply = Table(
@@ -188,7 +223,13 @@ def run(ctx: BenchContext) -> BenchResult:
     )
     reads = Table(
         "read from the graph (bytes this process read: /proc/self/io rchar)",
-        ["facts", "one catch-up (one write behind)", "one whole read", "rebuilds after first load (a, b, reader)"],
+        [
+            "facts",
+            "one catch-up (one write behind)",
+            "index + snapshot catch-up",
+            "one whole read",
+            "rebuilds after first load (a, b, reader, signalled)",
+        ],
     )
     summary: dict[str, Any] = {"load_avg_1min": os.getloadavg()[0], "store": ctx.store, "sizes": []}
     with ctx.stack("hosts", llm=False) as stack:
@@ -199,8 +240,9 @@ def run(ctx: BenchContext) -> BenchResult:
             ix = got["index_ms"]
             recall.add(
                 size, r["catch-up"]["p50"], r["catch-up"]["p95"], ix["catch-up"]["p50"], r["rebuild"]["p50"],
-                ix["rebuild"]["p50"], r["no write since"]["p50"], f["p50"], got["ratio_p50"]["catch-up"],
-                got["ratio_p50"]["rebuild"], got["ratio_p50"]["no write since"],
+                ix["rebuild"]["p50"], r["no write since"]["p50"], r["after a signal"]["p50"], f["p50"],
+                got["ratio_p50"]["catch-up"], got["ratio_p50"]["rebuild"], got["ratio_p50"]["no write since"],
+                got["ratio_p50"]["after a signal"],
             )  # fmt: skip
             ap = got["apply_ms"]
             apply.add(
@@ -208,7 +250,10 @@ def run(ctx: BenchContext) -> BenchResult:
                 ap["alternating hosts"]["p95"], ap["one host"]["p95"],
             )  # fmt: skip
             extra = got["rebuilds_after_first_load"]
-            reads.add(size, got["catchup_bytes_p50"], got["whole_read_bytes"], tuple(extra.values()))
+            reads.add(
+                size, got["catchup_bytes_p50"], got["user_changes_bytes_p50"], got["whole_read_bytes"],
+                tuple(extra.values()),
+            )  # fmt: skip
     return BenchResult(
         bench="hosts",
         summary=summary,
@@ -218,5 +263,7 @@ def run(ctx: BenchContext) -> BenchResult:
             f"{summary['load_avg_1min']:.1f} (1 min) at the start; ratios are within one loop",
             "rebuild = this code with the catch-up refused: a copy behind the graph read whole again, what a "
             "host without the writer's files did before",
+            f"after a signal = a reader listening for writers' stamps, answering {SIGNAL_PAUSE_S:.1f} s after the "
+            "write; catch-up and rebuild do not listen",
         ],
     )

@@ -9,6 +9,9 @@ in another lifetime, or past the bound, the refresh must refuse (None) so the re
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
+
+import pytest
 
 from engram_api.models import ChatMessage, EntityChange, Envelope
 from engram_api.storage import GraphStore
@@ -17,6 +20,25 @@ from engram_api.storage.snapshot.graph import UserSnapshot
 from engram_api.versions import Stamp
 from tests.support.factories import at, make_entity, make_fact, plan, supersede, vec
 from tests.support.graph_world import FAR, build_world, said
+
+
+def _counted(graph_store: GraphStore, held: UserSnapshot, max_records: int) -> UserSnapshot | None:
+    """The refresh a snapshot load off the recall's path makes: the records and the user's count."""
+    return graph_store.refresh_snapshot(held, max_records=max_records)
+
+
+def _with_vectors(graph_store: GraphStore, held: UserSnapshot, max_records: int) -> UserSnapshot | None:
+    """The refresh a recall's catch-up makes (``engram_api.reader.catchup``): one read with the vectors'
+    changes, whose horizon stands for the count."""
+    return held.caught_up(graph_store.user_changes(held.user_id, held.stamp.version), max_records=max_records)
+
+
+Refresh = Callable[[GraphStore, UserSnapshot, int], UserSnapshot | None]
+
+
+@pytest.fixture(params=[_counted, _with_vectors], ids=["counted", "with-vectors"])
+def refresh(request: pytest.FixtureRequest) -> Refresh:
+    return request.param
 
 
 def _same(refreshed: UserSnapshot | None, whole: UserSnapshot | None) -> UserSnapshot:
@@ -32,18 +54,18 @@ def _same(refreshed: UserSnapshot | None, whole: UserSnapshot | None) -> UserSna
 
 
 def test_a_refreshed_snapshot_is_what_a_whole_load_reads_after_every_kind_of_write(
-    graph_store: GraphStore, user: str, other_user: str
+    graph_store: GraphStore, user: str, other_user: str, refresh: Refresh
 ) -> None:
     world = build_world(graph_store, user)  # new facts, two supersessions, a decay that archives
     held = graph_store.snapshot(user, max_records=FAR)
     assert held is not None
-    assert graph_store.refresh_snapshot(held, max_records=FAR) is held  # nothing written: the same one
+    assert refresh(graph_store, held, FAR) is held  # nothing written: the same one
 
     def step(note: str) -> None:
         nonlocal held
         assert held is not None
         before = held.stamp
-        held = _same(graph_store.refresh_snapshot(held, max_records=FAR), graph_store.snapshot(user, max_records=FAR))
+        held = _same(refresh(graph_store, held, FAR), graph_store.snapshot(user, max_records=FAR))
         assert held.stamp > before, note
 
     ana, paris = world.entities[1], world.entities[2]
@@ -74,17 +96,17 @@ def test_a_refreshed_snapshot_is_what_a_whole_load_reads_after_every_kind_of_wri
     step("a reinforcement")
 
     build_world(graph_store, other_user, seed=8)  # another user's writes move nothing of this one's
-    assert graph_store.refresh_snapshot(held, max_records=FAR) is held
+    assert refresh(graph_store, held, FAR) is held
 
     said(graph_store, user, "m22b", ["One more turn."], at(34))
-    assert graph_store.refresh_snapshot(held, max_records=held.size) is None  # past the bound: the store's
+    assert refresh(graph_store, held, held.size) is None  # past the bound: the store's
     step("a write within the bound")
     graph_store.remove_chunks(user, [chunks[0].id])
-    assert graph_store.refresh_snapshot(held, max_records=FAR) is None  # a removal: only a whole load knows
+    assert refresh(graph_store, held, FAR) is None  # a removal: only a whole load knows
     held = graph_store.snapshot(user, max_records=FAR)
     assert held is not None
     graph_store.forget_fact(user, moved.id)
-    assert graph_store.refresh_snapshot(held, max_records=FAR) is None
+    assert refresh(graph_store, held, FAR) is None
     held = graph_store.snapshot(user, max_records=FAR)
     assert held is not None
     said(graph_store, user, "m23", ["After the forget."], at(402))
@@ -92,7 +114,7 @@ def test_a_refreshed_snapshot_is_what_a_whole_load_reads_after_every_kind_of_wri
 
     graph_store.forget_user(user)
     said(graph_store, user, "m24", ["A new life."], at(403))
-    assert graph_store.refresh_snapshot(held, max_records=FAR) is None  # another lifetime
+    assert refresh(graph_store, held, FAR) is None  # another lifetime
 
 
 def test_a_merge_ranks_each_entitys_facts_as_a_whole_build_does() -> None:

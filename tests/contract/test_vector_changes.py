@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from engram_api.errors import InvalidInputError
-from engram_api.models import ChunkRecord
+from engram_api.models import ChunkRecord, EntityRecord, FactRecord
 from engram_api.storage import GraphStore
 from engram_api.versions import ABSENT
 from tests.support.factories import T0, make_entity, make_fact, new_id, plan, vec
@@ -24,13 +24,19 @@ def _ids(graph_store: GraphStore, user: str, since: int) -> tuple[set[str], set[
     return {node for node, _, _ in changes.upserts}, set(changes.removed)
 
 
-def test_a_copy_reads_only_the_vectors_written_and_removed_after_its_version(
-    graph_store: GraphStore, user: str
-) -> None:
+def _lives_in_oslo(graph_store: GraphStore, user: str) -> tuple[EntityRecord, EntityRecord, FactRecord, ChunkRecord]:
+    """Message m1: Ana lives in Oslo, with its chunk; returns (Ana, Oslo, the fact, the chunk)."""
     ana, oslo = make_entity(user, "Ana"), make_entity(user, "Oslo")
     first = make_fact(user, ana, "LIVES_IN", oslo)
     chunk = _chunk(user, "m1", "I live in Oslo")
     graph_store.apply(plan(user, "m1", entities=[ana, oslo], facts=[first]).model_copy(update={"chunks": [chunk]}))
+    return ana, oslo, first, chunk
+
+
+def test_a_copy_reads_only_the_vectors_written_and_removed_after_its_version(
+    graph_store: GraphStore, user: str
+) -> None:
+    ana, oslo, first, chunk = _lives_in_oslo(graph_store, user)
     v1 = graph_store.user_stamp(user)
     rome = make_entity(user, "Rome")
     second = make_fact(user, ana, "VISITED", rome)
@@ -94,6 +100,33 @@ def test_the_removal_history_is_pruned_and_the_horizon_follows(
     assert changes.horizon == now.version - 2
     assert set(changes.removed) == {f.id for f in facts[2:]}  # the two oldest removals were pruned
     assert not changes.usable_from(start) and changes.usable_from(now._replace(version=now.version - 2))
+
+
+def test_one_read_brings_the_vector_changes_and_the_records_marked_since(graph_store: GraphStore, user: str) -> None:
+    """``user_changes``: what ``vector_changes`` reads, plus the facts and chunks marked after ``since`` and
+    the version of the last removal, for a reader catching up its index and its snapshot in one read."""
+    ana, _, first, chunk = _lives_in_oslo(graph_store, user)
+    v1 = graph_store.user_stamp(user)
+    tea = make_entity(user, "tea")
+    second = make_fact(user, ana, "LIKES", tea)
+    graph_store.apply(plan(user, "m2", entities=[tea], facts=[second], mentioned=[ana.id]))
+    graph_store.forget_fact(user, first.id)
+    now = graph_store.user_stamp(user)
+    for since in (0, v1.version, now.version):
+        both, alone = graph_store.user_changes(user, since), graph_store.vector_changes(user, since)
+        assert (both.vectors.stamp, both.vectors.horizon, both.vectors.settled) == (alone.stamp, alone.horizon, True)
+        assert set(both.vectors.removed) == set(alone.removed)
+        assert {n for n, _, _ in both.vectors.upserts} == {n for n, _, _ in alone.upserts}
+        assert both.removed == now.version  # the forget of ``first``
+    everything = graph_store.user_changes(user, 0)
+    assert {f.id for f in everything.facts} == {second.id} and [c.id for c in everything.chunks] == [chunk.id]
+    assert everything.facts == graph_store.get_facts(user, [second.id])
+    assert everything.chunks == graph_store.get_chunks(user, [chunk.id])
+    later = graph_store.user_changes(user, v1.version)
+    assert [f.id for f in later.facts] == [second.id] and list(later.chunks) == []
+    assert graph_store.user_changes(new_id("nobody"), 0).vectors.stamp == ABSENT
+    with pytest.raises(InvalidInputError):
+        graph_store.user_changes(user, -1)
 
 
 def test_a_negative_version_is_refused(graph_store: GraphStore, user: str) -> None:

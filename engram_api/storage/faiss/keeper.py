@@ -7,9 +7,10 @@ when this process's copy is exactly at the stamp before, the batch is one delta 
 delta log, ``VectorStore.append``); when the copy is behind (another host wrote meanwhile), it is caught up
 from the graph by version (``GraphStore.vector_changes``: only what changed since its version), which
 already holds this write. Readers call ``current`` with the stamp they expect; a copy behind it is caught
-up the same way before answering, never used stale. A full read of the user's vectors (``rebuild``)
-happens only when a catch-up is impossible: no copy at all, another lifetime of the user, a copy older
-than the user's catch-up horizon, or a graph behind the copy.
+up the same way before answering, never used stale (a reader that also holds the user's snapshot reads
+both changes in one round trip, ``GraphStore.user_changes``, and hands the vectors' part to ``apply``). A
+full read of the user's vectors (``rebuild``) happens only when a catch-up is impossible: no copy at all,
+another lifetime of the user, a copy older than the user's catch-up horizon, or a graph behind the copy.
 
 Counters (read by tests, benchmarks and health): ``rebuilds`` counts full reads, ``catchups`` reads of
 only what changed. A process that writes a user's index with no copy of it (a forget from a reader that
@@ -39,6 +40,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 
 from engram_api.storage.faiss.files import Kind, UserIndex, VectorStore
+from engram_api.storage.faiss.sync import VectorChanges
 from engram_api.storage.graph.contract import GraphStore
 from engram_api.versions import ABSENT, Stamp
 
@@ -165,10 +167,24 @@ class IndexKeeper:
             index = self.vectors.moved(index, to_stamp=to_stamp, upserts=upserts, removals=removals)
         return self._remember(user_id, index)
 
+    def held(self, user_id: str) -> UserIndex | None:
+        """This process's copy when it holds one in memory (moved on by its local log as ``current``
+        does); None otherwise, and nothing loaded: a reader's catch-up on a signal serves only the users
+        it holds (``engram_api.reader.catchup``)."""
+        with self._lock:
+            if user_id not in self._cache:
+                return None
+        return self._loaded(user_id)
+
     def _caught_up(self, user_id: str, index: UserIndex) -> UserIndex | None:
         """``index`` brought to the graph's stamp by what changed since its version; None when that is
         impossible (``VectorChanges.usable_from``)."""
-        changes = self.graph.vector_changes(user_id, index.version)
+        return self.apply(user_id, index, self.graph.vector_changes(user_id, index.version))
+
+    def apply(self, user_id: str, index: UserIndex, changes: VectorChanges) -> UserIndex | None:
+        """``index`` brought to ``changes.stamp`` by ``changes`` (read from any version up to the index's:
+        a removal or an upsert applied again is harmless) and kept as this process's copy; None when that
+        is impossible (``VectorChanges.usable_from``)."""
         if not changes.usable_from(index.stamp):
             return None
         if changes.stamp == index.stamp:

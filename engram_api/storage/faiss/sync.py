@@ -39,9 +39,10 @@ from typing import TYPE_CHECKING
 from engram_api.versions import Stamp
 
 if TYPE_CHECKING:  # the stores import this module: no numpy (userindex's) for a process that reads no vectors
+    from engram_api.models import ChunkRecord, FactRecord
     from engram_api.storage.faiss.index import Kind
 
-__all__ = ["REMOVAL_RETAIN", "VectorChanges"]
+__all__ = ["REMOVAL_RETAIN", "UserChanges", "VectorChanges"]
 
 # Versions of removal history each user keeps: a copy more than this many writes behind is rebuilt (a
 # catch-up over that many writes would read about as much as a rebuild anyway).
@@ -75,3 +76,21 @@ class VectorChanges:
     def vector_bytes(self) -> int:
         """The float32 bytes of the upserted vectors (what a catch-up moved into the index)."""
         return sum(4 * len(vector) for _, _, vector in self.upserts)
+
+
+@dataclass(frozen=True, slots=True)
+class UserChanges:
+    """What ``GraphStore.user_changes(user_id, since)`` read in ONE round trip for a reader holding both a
+    FAISS copy and a snapshot of the user (``engram_api.reader.catchup``): ``vectors`` as ``vector_changes``
+    reads them, and, read after the same first stamp read, the version of the user's last removal of a fact
+    or chunk (``removed``, 0: none in this lifetime) and the facts and chunks marked after ``since``.
+
+    No count of the user's records is read (on Neo4j a count walks the user's index entries: the larger part
+    of a refresh of a 100K-fact user): the records are complete since ``since`` exactly when the vectors
+    are (``vectors.usable_from``: every write after the horizon marks what it writes), which
+    ``UserSnapshot.refreshed`` checks instead."""
+
+    vectors: VectorChanges
+    removed: int
+    facts: Sequence[FactRecord] = ()
+    chunks: Sequence[ChunkRecord] = ()

@@ -35,7 +35,7 @@ from engram_api.models import (
     utcnow,
 )
 from engram_api.naming import normalize_name
-from engram_api.storage.faiss.sync import VectorChanges
+from engram_api.storage.faiss.sync import UserChanges, VectorChanges
 from engram_api.storage.graph.base import Link, StoreBase, check_count, count, distinct, guarded, linked
 from engram_api.storage.graph.step import GraphStep, GraphStepQuery
 from engram_api.versions import Stamp
@@ -133,19 +133,11 @@ class RecallStore(StoreBase):
         creates or changes with the version it commits, ``SnapshotChanges``). None when only a whole load
         can do it: another lifetime, a record removed since (a forget), more than ``max_records``, or a
         count that disagrees with the merge (a writer that marked nothing: an older release's)."""
-        since = snapshot.stamp
-        changes = self._snapshot_changes(snapshot.user_id, since.version)
-        if changes.stamp == since:
-            return snapshot
-        if (
-            changes.stamp.epoch != since.epoch
-            or changes.stamp < since
-            or changes.removed > since.version
-            or changes.size > check_count("max_records", max_records)
-        ):
-            return None
-        fresh = snapshot.updated(changes.stamp, changes.facts, changes.chunks)
-        return fresh if fresh.size == changes.size else None
+        changes = self._snapshot_changes(snapshot.user_id, snapshot.stamp.version)
+        return snapshot.refreshed(
+            changes.stamp, changes.removed, changes.facts, changes.chunks,
+            max_records=check_count("max_records", max_records), size=changes.size,
+        )  # fmt: skip
 
     @abstractmethod
     def _snapshot_changes(self, user_id: str, since: int) -> SnapshotChanges: ...
@@ -256,7 +248,14 @@ class RecallStore(StoreBase):
     @guarded(count("since", zero_asks=True), nothing=lambda: None)
     def vector_changes(self, user_id: str, since: int) -> VectorChanges:
         """What changed in the user's vectors after version ``since``, in one read transaction (the removal
-        records and the embedded records marked after it, between two stamp reads): see ``vectorsync``."""
+        records and the embedded records marked after it, between two stamp reads): see ``faiss.sync``."""
+
+    @abstractmethod
+    @guarded(count("since", zero_asks=True), nothing=lambda: None)
+    def user_changes(self, user_id: str, since: int) -> UserChanges:
+        """``vector_changes`` and the facts and chunks marked after ``since`` with the version of the user's
+        last removal, in ONE round trip (a reader catching up its FAISS copy and its snapshot at once):
+        see ``UserChanges``."""
 
     def clusters(self, user_id: str) -> list[ClusterRecord]:
         """The user's clusters by id, with sorted member fact and entity ids."""

@@ -24,6 +24,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import TYPE_CHECKING
 
 from engram_api.models import ChunkRecord, FactRecord, KeywordHit
 from engram_api.storage.graph.step import GraphStepQuery
@@ -48,6 +49,9 @@ from engram_api.storage.snapshot.rows import (
     valid_at,
 )
 from engram_api.versions import Stamp
+
+if TYPE_CHECKING:
+    from engram_api.storage.faiss.sync import UserChanges
 
 __all__ = ["HeldStep", "UserSnapshot"]
 
@@ -142,6 +146,42 @@ class UserSnapshot:
             user_id=self.user_id, stamp=stamp, facts=by_id, chunks=all_chunks, touching=touching, episodes=episodes,
             keywords=keywords,
         )  # fmt: skip
+
+    def refreshed(
+        self,
+        stamp: Stamp,
+        removed: int,
+        facts: Iterable[FactRecord],
+        chunks: Iterable[ChunkRecord],
+        *,
+        max_records: int,
+        size: int | None = None,
+    ) -> UserSnapshot | None:
+        """This snapshot at ``stamp`` given the facts and chunks marked after its stamp and the version of
+        the user's last removal (read with ``stamp`` first); itself when nothing changed. None when only a
+        whole load can do it: another lifetime, a graph behind it, a record removed since (a forget), more
+        than ``max_records``, or a ``size`` (the user's count of facts and chunks, when read) that disagrees
+        with the merge (a writer that marked nothing: an older release's)."""
+        if stamp == self.stamp:
+            return self
+        if stamp.epoch != self.stamp.epoch or stamp < self.stamp or removed > self.stamp.version:
+            return None
+        if size is not None and size > max_records:
+            return None  # before the merge: a user grown past the bound costs no merge
+        fresh = self.updated(stamp, facts, chunks)
+        if fresh.size > max_records or (size is not None and fresh.size != size):
+            return None
+        return fresh
+
+    def caught_up(self, changes: UserChanges, *, max_records: int) -> UserSnapshot | None:
+        """``refreshed`` by ``GraphStore.user_changes`` (read with a FAISS copy's catch-up): no count was
+        read, so the records are known complete since this snapshot's stamp only when every write since
+        marked what it wrote, which the vectors' horizon says (``VectorChanges.usable_from``)."""
+        if not changes.vectors.usable_from(self.stamp):
+            return None
+        return self.refreshed(
+            changes.vectors.stamp, changes.removed, changes.facts, changes.chunks, max_records=max_records
+        )
 
     @property
     def size(self) -> int:

@@ -4,23 +4,34 @@
 Writes mark their facts, entities and chunks with ``changed`` (``Q_APPLY_WRITES``, ``Q_BUMP``) and log the
 ids they delete as ``(:Removal {user_id, version, ids})`` nodes (``Q_BUMP``); this reads both back through
 the ``(user_id, changed)`` and ``(user_id, version)`` indexes in one statement, so a catch-up costs one
-round trip and what changed, not the user's size.
+round trip and what changed, not the user's size. ``Q_USER_CHANGES`` is the same statement with the facts
+and chunks a reader's snapshot lacks (``Q_CHANGED_FACTS``, ``Q_CHANGED_CHUNKS``): a reader holding both
+copies of a user catches both up in that one round trip (``engram_api.reader.catchup``).
 """
 
 from __future__ import annotations
 
-from engram_api.storage.faiss.sync import VectorChanges
+from typing import TYPE_CHECKING
+
+from engram_api.storage.faiss.sync import UserChanges, VectorChanges
+from engram_api.storage.graph.neo4j import cypher as cy
+from engram_api.storage.graph.neo4j import episodes as episodes_cypher
+from engram_api.storage.graph.neo4j import rows as shape
 from engram_api.storage.graph.neo4j.connection import Neo4jConnection
 from engram_api.versions import Stamp
+
+if TYPE_CHECKING:
+    from neo4j import Record
 
 __all__ = ["Neo4jVectors"]
 
 # One statement, one round trip (an auto-commit read, ``_read_one``): the stamp, the removals, the records,
 # the stamp again, in that order for the user's one row (the order ``vectorsync`` relies on under read
 # committed isolation).
-Q_VECTOR_CHANGES = """
+_HEAD = """
 OPTIONAL MATCH (u:User {user_id: $user_id})
-WITH coalesce(u.epoch, 0) AS epoch, coalesce(u.version, 0) AS version, u.vectors_from AS horizon
+WITH coalesce(u.epoch, 0) AS epoch, coalesce(u.version, 0) AS version, u.vectors_from AS horizon,
+     coalesce(u.removed, 0) AS removed_at
 CALL () {
   OPTIONAL MATCH (r:Removal {user_id: $user_id}) WHERE r.version > $since
   UNWIND coalesce(r.ids, []) AS id
@@ -39,21 +50,44 @@ CALL () {
   }
   RETURN collect([node_id, kind, embedding]) AS upserts
 }
-OPTIONAL MATCH (after:User {user_id: $user_id})
-RETURN epoch, version, horizon, removed, upserts, coalesce(after.epoch, 0) AS epoch_after
 """
+_TAIL = """
+OPTIONAL MATCH (after:User {user_id: $user_id})
+RETURN epoch, version, horizon, removed_at, removed, upserts, coalesce(after.epoch, 0) AS epoch_after"""
+Q_VECTOR_CHANGES = _HEAD + _TAIL
+# The snapshot's records after the vectors, before the second stamp read: what ``UserChanges`` holds.
+Q_USER_CHANGES = (
+    _HEAD
+    + f"CALL () {{ CALL () {{ {cy.Q_CHANGED_FACTS} }} RETURN collect(row) AS facts }}\n"
+    + f"CALL () {{ CALL () {{ {episodes_cypher.Q_CHANGED_CHUNKS} }} RETURN collect(row) AS chunks }}\n"
+    + _TAIL
+    + ", facts, chunks"
+)
 
 
 class Neo4jVectors(Neo4jConnection):
-    """``vector_changes`` of the graph-store contract on Neo4j."""
+    """``vector_changes`` and ``user_changes`` of the graph-store contract on Neo4j."""
 
     def vector_changes(self, user_id: str, since: int) -> VectorChanges:
         (row,) = self._read_one(Q_VECTOR_CHANGES, {"user_id": user_id, "since": since})
-        horizon = row["horizon"]
-        return VectorChanges(
-            stamp=Stamp(int(row["epoch"]), int(row["version"])),
-            horizon=None if horizon is None else int(horizon),
-            removed=tuple(row["removed"]),
-            upserts=[(node, kind, embedding) for node, kind, embedding in row["upserts"]],
-            settled=int(row["epoch_after"]) == int(row["epoch"]),
+        return _vectors(row)
+
+    def user_changes(self, user_id: str, since: int) -> UserChanges:
+        (row,) = self._read_one(Q_USER_CHANGES, {"user_id": user_id, "since": since})
+        return UserChanges(
+            vectors=_vectors(row),
+            removed=int(row["removed_at"]),
+            facts=shape.live_facts(row["facts"]),
+            chunks=shape.live_chunks(row["chunks"]),
         )
+
+
+def _vectors(row: Record) -> VectorChanges:
+    horizon = row["horizon"]
+    return VectorChanges(
+        stamp=Stamp(int(row["epoch"]), int(row["version"])),
+        horizon=None if horizon is None else int(horizon),
+        removed=tuple(row["removed"]),
+        upserts=[(node, kind, embedding) for node, kind, embedding in row["upserts"]],
+        settled=int(row["epoch_after"]) == int(row["epoch"]),
+    )
