@@ -28,8 +28,8 @@ from engram_api.storage.embedding.embedder import Embedder
 from engram_api.storage.faiss.files import VectorStore
 from engram_api.storage.faiss.keeper import IndexKeeper
 from engram_api.versions import Stamp
+from tests.support.factories import at, new_user
 
-from .factories import at, new_user
 from .test_hybrid_recall import FILLER, NO_KEYWORD, Memory, embedder  # noqa: F401 - ``embedder``: the fixture
 
 # What a reader reads of the graph to answer or to catch up.
