@@ -19,7 +19,6 @@ import time
 from typing import TYPE_CHECKING, NamedTuple
 
 from engram_api import keys
-from engram_api.ledger.controls import PUBLISH_STAMP, StampArgs, StampKeys
 
 if TYPE_CHECKING:
     import redis
@@ -55,6 +54,9 @@ def publish_stamp(client: redis.Redis, user_id: str, stamp: Stamp, *, lease_toke
     """Publish ``stamp`` if it is newer than the published one, and send it on the stamps channel (readers'
     hint, ``keys.stamps_channel``); with ``lease_token``, only while that token still holds the user's lease
     (checked atomically, ``controls.PUBLISH_STAMP``). False when the lease was lost."""
+    # Imported here: a read (stats, history) that never publishes must not load the ledger and redis-py.
+    from engram_api.ledger.controls import PUBLISH_STAMP, StampArgs, StampKeys
+
     done = PUBLISH_STAMP(
         client,
         StampKeys(stamp=keys.user_version(user_id), lease=keys.apply_lock(user_id)),

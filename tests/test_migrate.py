@@ -101,6 +101,6 @@ def test_a_one_machine_stack_migrates_a_fresh_database_itself(tmp_path: Path) ->
         settings = Settings(neo4j_uri=server.uri, data_dir=tmp_path / "data")
         with pytest.raises(SchemaNotMigratedError):
             open_graph_store(settings).ensure_schema()
-        LocalStack(settings).migrate_graph()
+        LocalStack(settings).prepare(print)
         assert [v for v, _ in schema(server.uri)["marker"]] == [cy.SCHEMA_VERSION]
         WorkerResources(settings=settings).graph.ensure_schema()  # the worker's start-up check passes

@@ -16,6 +16,21 @@ A message is ``queued`` (payload, status, backlog entry, extract task on the que
 The keys themselves are in ``engram_api.keys`` (every key Engram or its libraries use in Redis).
 """
 
-from engram_api.ledger.messages import DeadLetterStore, Enqueued, Entered, MessageLedger, Record
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from engram_api.ledger.messages import DeadLetterStore, Enqueued, Entered, MessageLedger, Record
 
 __all__ = ["DeadLetterStore", "Enqueued", "Entered", "MessageLedger", "Record"]
+
+
+def __getattr__(name: str) -> Any:
+    # Lazy: importing ``engram_api.ledger.erasure`` or ``.controls`` (a reader, a stopped fleet's CLI read)
+    # must not load ``messages`` and redis-py with it.
+    if name in __all__:
+        from engram_api.ledger import messages
+
+        return getattr(messages, name)
+    raise AttributeError(name)

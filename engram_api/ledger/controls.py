@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from engram_api.ledger.scripts import LuaScript
+from engram_api.ledger.scripts import NOW_MS, LuaScript
 
 __all__ = ["ADMIT", "GCRA", "PUBLISH_STAMP", "RECORD_FAILURE"]
 
@@ -64,9 +64,8 @@ class BucketArgs(NamedTuple):
 GCRA = LuaScript(
     BucketKeys,
     BucketArgs,
-    """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+    NOW_MS
+    + """
 local interval = tonumber(A.interval_ms)
 local tat = tonumber(redis.call('GET', K.bucket) or '0')
 if tat < now then tat = now end

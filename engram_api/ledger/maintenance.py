@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from engram_api.ledger.scripts import LuaScript
+from engram_api.ledger.scripts import NOW_MS, LuaScript
 
 __all__ = ["CLAIM_USERS", "MARK_CHANGED", "RELEASE_USERS", "TAKE_IN"]
 
@@ -81,9 +81,8 @@ class ClaimArgs(NamedTuple):
 CLAIM_USERS = LuaScript(
     TodoKeys,
     ClaimArgs,
-    """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+    NOW_MS
+    + """
 local deadline = now + tonumber(A.claim_ms)
 local users = redis.call('ZRANGEBYSCORE', K.todo, '-inf', now, 'LIMIT', 0, tonumber(A.page))
 for _, u in ipairs(users) do redis.call('ZADD', K.todo, deadline, u) end

@@ -29,12 +29,12 @@ from __future__ import annotations
 
 import hashlib
 import re
-from typing import Any, Generic, NamedTuple, TypeVar
-
-import redis
-from redis.exceptions import NoScriptError
+from typing import TYPE_CHECKING, Any, Generic, NamedTuple, TypeVar
 
 from engram_api.models import MessageState
+
+if TYPE_CHECKING:
+    import redis
 
 __all__ = [
     "CLAIM_READY",
@@ -43,6 +43,7 @@ __all__ = [
     "DROP_SETTLED",
     "ENQUEUE",
     "ENTER",
+    "NOW_MS",
     "STAGE_WRITE",
     "LuaScript",
     "NoArgs",
@@ -87,12 +88,22 @@ class LuaScript(Generic[K, A]):
             raise TypeError(f"expected {self.keys_type.__name__} and {self.args_type.__name__}")
         if rest and self.rest is None:
             raise TypeError("this script takes no variable arguments")
+        # Imported here: defining a script (importing this module) must not load redis-py for a process
+        # that never runs one (a stopped fleet's CLI read).
+        from redis.exceptions import NoScriptError
+
         flat = (*keys, *args, *rest)
         try:
             return client.evalsha(self.sha, len(keys), *flat)
         except NoScriptError:  # a server that has not seen it (new, restarted, or flushed its scripts)
             client.script_load(self.source)
             return client.evalsha(self.sha, len(keys), *flat)
+
+
+# Lua that sets ``now`` to Redis' own clock in ms: one clock for every host, whatever their skew.
+NOW_MS = """local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+"""
 
 
 class NoArgs(NamedTuple):

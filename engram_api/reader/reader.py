@@ -25,7 +25,6 @@ import numpy as np
 from engram_api import graph_reads, keys
 from engram_api.errors import InvalidInputError, NotFoundError, StoreUnavailableError
 from engram_api.graph_reads import check_k, check_text
-from engram_api.ledger import MessageLedger
 from engram_api.ledger.erasure import purge_redis
 from engram_api.models import (
     HISTORY_LIMIT,
@@ -62,6 +61,8 @@ from engram_api.versions import Stamp, read_stamp
 
 if TYPE_CHECKING:
     import redis
+
+    from engram_api.ledger import MessageLedger
 
 __all__ = ["Reader"]
 
@@ -422,6 +423,9 @@ class Reader:
         return self._ledger(redis_client).knows(user_id, message_id)
 
     def _ledger(self, redis_client: redis.Redis) -> MessageLedger:
+        # Imported here: a recall (a stopped fleet's, say) never needs the ledger or redis-py.
+        from engram_api.ledger import MessageLedger
+
         return MessageLedger(redis_client, status_ttl_s=self.settings.status_ttl_s)
 
     def forget_user(self, user_id: str) -> ForgetResult:

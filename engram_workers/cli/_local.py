@@ -11,6 +11,7 @@ import json
 import os
 import secrets
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -71,6 +72,18 @@ class LocalStack:
 
         self.data_dir = self.settings.data_dir.resolve()
         self._record = FleetRecord(supervisor=ProcessRef.of("supervisor", os.getpid()))
+
+    def prepare(self, say: Callable[[str], object]) -> None:
+        """Before any process starts: end a killed stack's leftovers (``say`` tells which), and bring Neo4j's
+        schema to this code's version (a one-machine stack is its own operator: a fleet runs `engram
+        migrate` apart; the embedded SQLite store needs nothing)."""
+        reaped = self.clean_leftovers()
+        if reaped:
+            say(describe_reaped(reaped))
+        if self.settings.neo4j_uri:
+            from engram_api.storage import migrate_graph_store
+
+            migrate_graph_store(self.settings)
 
     def clean_leftovers(self) -> list[FleetRecord]:
         """End what a killed `engram up`/`demo` on this data directory left running (see services.fleet)."""
@@ -137,14 +150,6 @@ class LocalStack:
         self.redis_url = self.redis_server.url
         write_services_file(self.settings, redis_url=self.redis_url)
         return self.redis_url
-
-    def migrate_graph(self) -> None:
-        """Bring Neo4j's schema to this code's version before any process opens it (a one-machine stack is
-        its own operator: a fleet runs `engram migrate` apart); the embedded SQLite store needs nothing."""
-        if self.settings.neo4j_uri:
-            from engram_api.storage import migrate_graph_store
-
-            migrate_graph_store(self.settings)
 
     def _start(self, name: str, argv: list[str], ready: str) -> None:
         """Start a child without waiting for it: children boot in parallel, see ``wait_ready``."""

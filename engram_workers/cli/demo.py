@@ -186,7 +186,7 @@ def demo(timeout: float) -> None:
     """
     from engram_api import MemoryClient
     from engram_api.redaction import redact
-    from engram_workers.cli._local import LocalStack, describe_reaped
+    from engram_workers.cli._local import LocalStack
     from engram_workers.cli.ingest import enqueue_envelopes, wait_with_progress
 
     started = time.monotonic()
@@ -205,10 +205,7 @@ def demo(timeout: float) -> None:
     client: MemoryClient | None = None
     try:
         with err.status("starting Redis, an extract worker, an apply worker and Beat..."):
-            reaped = stack.clean_leftovers()
-            if reaped:
-                err.print(describe_reaped(reaped))
-            stack.migrate_graph()
+            stack.prepare(err.print)
             url = stack.start_redis(reuse=True)
             stack.start_extract_worker("demo-extract", 8)
             stack.start_apply_worker("demo-apply", 2)

@@ -194,7 +194,7 @@ def up(
     password generated at each start, is in ENGRAM_DATA_DIR/services.json, readable by this user only).
     """
     from engram_api.redaction import redact
-    from engram_workers.cli._local import LocalStack, describe_reaped
+    from engram_workers.cli._local import LocalStack
 
     current = settings()
     stack = LocalStack(current)
@@ -202,10 +202,7 @@ def up(
     previous = signal.signal(signal.SIGTERM, _raise_stop)
     try:
         with out.status("starting Engram..."):
-            reaped = stack.clean_leftovers()
-            if reaped:
-                out.print(describe_reaped(reaped))
-            stack.migrate_graph()
+            stack.prepare(out.print)
             url = stack.start_redis(reuse=False)
             stack.start_extract_worker("extract", extract_concurrency)
             stack.start_apply_worker("apply", apply_concurrency)

@@ -229,22 +229,20 @@ class Neo4jConnection(GraphStore):
 
     def _write_tx(self, work: Callable[..., _T], *args: Any) -> _T:
         """``work(tx, *args)`` in this thread's ``batched`` transaction, else in a managed write one."""
-        driver = self._ready()
-        tx = self._batch_tx()
-        if tx is not None:
-            with self._mapped_errors():
-                return work(tx, *args)
-        with self._mapped_errors(), driver.session(database=self._database) as session:
-            return session.execute_write(work, *args)
+        return self._managed(work, args, write=True)
 
     def _read(self, work: Callable[..., _T], *args: Any) -> _T:
+        """``work(tx, *args)`` in this thread's ``batched`` transaction, else in a managed read one."""
+        return self._managed(work, args, write=False)
+
+    def _managed(self, work: Callable[..., _T], args: tuple[Any, ...], *, write: bool) -> _T:
         driver = self._ready()
         tx = self._batch_tx()
         if tx is not None:
             with self._mapped_errors():
                 return work(tx, *args)
         with self._mapped_errors(), driver.session(database=self._database) as session:
-            return session.execute_read(work, *args)
+            return (session.execute_write if write else session.execute_read)(work, *args)
 
     def _read_one(self, query: str, params: dict[str, Any], *, timeout: float | None = None) -> list[Record]:
         """One read query as an auto-commit transaction: one round trip, where a managed one adds BEGIN
