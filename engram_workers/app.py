@@ -21,7 +21,7 @@ from celery.signals import (
     worker_init,
 )
 
-__all__ = ["app"]
+__all__ = ["app", "configured"]
 
 
 def _config() -> dict[str, Any]:
@@ -40,6 +40,15 @@ def _config() -> dict[str, Any]:
 
 app = Celery("engram", set_as_current=True)
 app.add_defaults(_config)
+
+
+def configured() -> Celery:
+    """The app with Engram's configuration, resolving it again if its lazy load failed: Celery drops a lazy
+    configuration that raised (no Redis resolvable when the conf was first read), which would leave a
+    process publishing later with Celery's defaults (an AMQP broker on localhost)."""
+    if app.conf.broker_url is None:
+        app.conf.update(_config())
+    return app
 
 
 @worker_init.connect

@@ -31,6 +31,6 @@ def celery_dispatch(app: Celery) -> Dispatch:
 
 def send(task: str, args: tuple[str, ...]) -> object:
     """Publish through the worker's own Celery app (imported on first use: it is the worker's, not the stage's)."""
-    from engram_workers.app import app
+    from engram_workers.app import configured
 
-    return app.send_task(task, args=args)
+    return configured().send_task(task, args=args)

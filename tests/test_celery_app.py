@@ -109,3 +109,34 @@ def test_plain_celery_worker_never_mingles_and_sizes_its_pool_to_the_usable_cpus
     assert "concurrency: 1 (prefork)" in log
     # Mingle logs its search for neighbours when it runs; the app turned it (and gossip) off.
     assert "mingle:" not in log
+
+
+def test_a_process_whose_first_look_at_the_config_found_no_redis_publishes_to_redis_later(
+    redis_url: str, tmp_path: Path
+) -> None:
+    """Celery drops a lazy configuration that raised: the stages' publishing seam resolves it again, so a
+    process that first read the app's config with no Redis to find never publishes to Celery's default
+    AMQP broker once Redis is there."""
+    code = f"""
+import os
+from engram_api.errors import ConfigError
+from engram_workers.app import app
+try:
+    app.conf.broker_url
+    raise SystemExit("no Redis was resolvable: the config should have raised")
+except ConfigError:
+    pass
+os.environ["REDIS_URL"] = {redis_url!r}
+from engram_workers.dispatch import send
+send("engram.apply", ("probe-user", "probe-message"))
+print(app.conf.broker_url)
+"""
+    env = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "NEO4J_URI")}
+    env.update(ENGRAM_DATA_DIR=str(tmp_path / "no-fleet"), PYTHONPATH=str(SOURCE_ROOT))
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().startswith("redis://"), done.stdout
+    client = redis.Redis.from_url(redis_url)
+    queued = [json.loads(m) for m in client.lrange(keys.APPLY_QUEUE, 0, -1)]
+    assert any(m["headers"]["argsrepr"] == "('probe-user', 'probe-message')" for m in queued), queued
+    client.delete(keys.APPLY_QUEUE)

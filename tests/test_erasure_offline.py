@@ -76,7 +76,7 @@ def test_forget_with_the_fleet_stopped_reaches_the_queue_and_the_dead_letters(tm
             # The CLI starts the embedded Redis for the erasure, and stops it after.
             runner, env = CliRunner(), stopped_fleet_env(data)
             done = runner.invoke(cli.main, ["forget-user", gina, "--yes"], env=env)
-            assert done.exit_code == 0 and done.stdout.startswith(f"erased {gina}: 1 episodes"), done.output
+            assert done.exit_code == 0 and done.stdout.startswith(f"erased {gina}: 1 episode,"), done.output
             done = runner.invoke(cli.main, ["forget", hank, f"{hank}-m1"], env=env)
             assert done.exit_code == 0 and done.stdout.startswith(f"forgot message {hank}-m1"), done.output
             assert not (data / "services.json").exists()

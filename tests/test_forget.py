@@ -105,7 +105,7 @@ def test_the_cli_forgets_a_fact_and_exits_2_for_an_unknown_id(stack, user):
     runner = CliRunner()
     fact_id = first_fact(stack.client, user, "hiking").id
     done = runner.invoke(cli.main, ["forget", user, fact_id], env=env)
-    assert done.exit_code == 0 and done.stdout.startswith(f"forgot fact {fact_id}: 1 facts")
+    assert done.exit_code == 0 and done.stdout.startswith(f"forgot fact {fact_id}: 1 fact,")
     excerpt = excerpt_of(stack.client, user, "Tampa", f"{user}-m0")
     done = runner.invoke(cli.main, ["forget", user, excerpt.id], env=env)
     assert done.exit_code == 0 and done.stdout.startswith(f"forgot the message of excerpt {excerpt.id}:")
