@@ -1,4 +1,5 @@
-"""The ASGI app: the ``/v1`` routes, the MCP endpoint at ``/mcp``, problem bodies, body limit, metrics.
+"""The ASGI app: the ``/v1`` routes, the MCP endpoint at ``/mcp``, the explorer at ``/ui``, problem bodies,
+body limit, metrics.
 
 Invariants:
 - One ``Gateway`` (one ``MemoryClient``) per process, built before the app and closed on shutdown.
@@ -31,6 +32,7 @@ from engram_gateway.mcp_server import build_mcp, mcp_http_endpoint
 from engram_gateway.problems import BodyLimit, install_handlers
 from engram_gateway.routes import router
 from engram_gateway.service import Gateway
+from engram_gateway.ui import install_ui
 
 __all__ = ["create_app", "serve"]
 
@@ -112,12 +114,13 @@ def create_app(gateway: Gateway) -> FastAPI:
         docs_url=None,  # install_docs: Swagger UI from installed files, not a CDN
         redoc_url=None,
     )
-    install_docs(app, router)
+    install_docs(app)
     app.state.gateway = gateway
     counters = _Counters()
     app.state.registry = counters.registry
     install_handlers(app)
     app.include_router(router)
+    install_ui(app)  # the memory explorer at /ui and its /v1 routes
     app.add_route("/mcp", endpoint, methods=["GET", "POST", "DELETE"], include_in_schema=False)
     settings = gateway.settings
     app.add_middleware(BodyLimit, limit=settings.gateway_max_body_bytes)
