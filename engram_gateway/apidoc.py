@@ -19,7 +19,7 @@ import importlib.util
 from pathlib import Path
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import APIRouter, FastAPI, Request
 from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import FileResponse, HTMLResponse
@@ -47,13 +47,14 @@ def swagger_assets() -> Path | None:
     return folder if all((folder / name).is_file() for name in ASSETS) else None
 
 
-def _schema(app: FastAPI) -> dict[str, Any]:
+def _schema(app: FastAPI, routers: tuple[APIRouter, ...]) -> dict[str, Any]:
     if app.openapi_schema is not None:
         return app.openapi_schema
     schema = get_openapi(title=app.title, version=app.version, summary=app.summary, routes=app.routes)
     scopes = {
         (route.path, method.lower()): route_scope(route)
-        for route in app.routes
+        for router in routers
+        for route in router.routes
         if isinstance(route, APIRoute)
         for method in route.methods
     }
@@ -81,11 +82,11 @@ def _schema(app: FastAPI) -> dict[str, Any]:
     return schema
 
 
-def install_docs(app: FastAPI) -> None:
-    """The schema at ``/openapi.json`` (FastAPI's route, this generator: each API route's scope is read
-    from its signature when the schema is first asked for) and Swagger UI at ``/docs``. The app must be
-    built with ``docs_url=None, redoc_url=None``: ReDoc has no installed copy."""
-    app.openapi = lambda: _schema(app)  # type: ignore[method-assign]
+def install_docs(app: FastAPI, *routers: APIRouter) -> None:
+    """The schema at ``/openapi.json`` (FastAPI's route, this generator; ``routers``: those whose routes'
+    scopes it names) and Swagger UI at ``/docs``. The app must be built with ``docs_url=None,
+    redoc_url=None``: ReDoc has no installed copy."""
+    app.openapi = lambda: _schema(app, routers)  # type: ignore[method-assign]
     folder = swagger_assets()
 
     async def docs(_: Request) -> HTMLResponse:

@@ -33,6 +33,7 @@ from engram_gateway.problems import BodyLimit, install_handlers
 from engram_gateway.routes import router
 from engram_gateway.service import Gateway
 from engram_gateway.ui import install_ui
+from engram_gateway.ui import router as ui_router
 
 __all__ = ["create_app", "serve"]
 
@@ -114,7 +115,7 @@ def create_app(gateway: Gateway) -> FastAPI:
         docs_url=None,  # install_docs: Swagger UI from installed files, not a CDN
         redoc_url=None,
     )
-    install_docs(app)
+    install_docs(app, router, ui_router)
     app.state.gateway = gateway
     counters = _Counters()
     app.state.registry = counters.registry
