@@ -61,6 +61,9 @@ def test_the_wheel_ships_the_runtime_packages_only(wheel: Path) -> None:
         runtime_code = "\n".join(archive.read(n).decode() for n in names if n.endswith(".py"))
     assert top == _RUNTIME_TOP_LEVEL
     assert "engram_workers/cli/sample_conversation.json" in names  # the demo's conversation
+    from engram_gateway.ui import STATIC  # the explorer's page: every file of it
+
+    assert {f"engram_gateway/ui/static/{p.name}" for p in STATIC.iterdir()} <= set(names)
     # The runtime never reaches for development-only code (it is not there in an install).
     assert not re.findall(r"^\s*(?:from|import)\s+(?:engram_testing|tests)\b.*", runtime_code, re.MULTILINE)
 
