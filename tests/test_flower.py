@@ -7,7 +7,6 @@ import ast
 import base64
 import json
 import secrets
-import shutil
 import struct
 import subprocess
 import urllib.error
@@ -23,6 +22,7 @@ from engram_api import keys
 from engram_api.settings import Settings
 from engram_workers.celery_config import celery_config
 from engram_workers.services.ports import free_port
+from tests.support.browser import CHROMIUM, HEADLESS_FLAGS
 from tests.support.operator_processes import EventLog, engram_process, wait_until
 from tests.support.stack import SETTLE_S, engram_stack
 
@@ -31,13 +31,8 @@ pytestmark = pytest.mark.slow  # a fleet and a Flower process
 USER = "ops"
 SECRET_TEXT = "My locker code is marmalade-4417 and I live in Lisbon."
 STAGE_TASKS = (keys.EXTRACT_TASK, keys.APPLY_TASK)
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-CHROMIUM_FLAGS = [
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
-    # Virtual time runs the page's scripts (the tasks table loads over XHR) before the DOM is dumped.
-    "--virtual-time-budget=5000",
-]  # fmt: skip
+# Virtual time runs the page's scripts (the tasks table loads over XHR) before the DOM is dumped.
+CHROMIUM_FLAGS = [*HEADLESS_FLAGS, "--virtual-time-budget=5000"]
 
 
 @dataclass(frozen=True)

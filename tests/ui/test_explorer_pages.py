@@ -1,6 +1,7 @@
 """The memory explorer (``/ui``) as a user meets it: headless Chromium, driven by Selenium through the
 system chromedriver, against a real ``engram serve`` on the embedded default (SQLite) with a real worker
-fleet behind it (the offline extractor; no LLM). Memory is written through the pipeline over HTTP.
+fleet behind it (the offline extractor; no LLM). Memory is written through the pipeline over HTTP
+(``tests.support.explorer``).
 
 Every test saves a screenshot of the page it looked at into ``build/explorer-screenshots/`` of the checkout
 (``build/`` is git-ignored and left out of the wheel; pytest's own temporary directories are pruned to the
@@ -10,86 +11,26 @@ last three runs, which on a shared machine can be someone else's), and checks it
 from __future__ import annotations
 
 import re
-import shutil
 import struct
-import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from pathlib import Path
 from typing import TypeVar
 
 import httpx
 import pytest
-from selenium import webdriver
-from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.remote.webelement import WebElement
 from selenium.webdriver.support.ui import WebDriverWait
 
-from tests.support.gateway import auth, gateway_process, mint_keys, wait_state
-from tests.support.stack import engram_stack
+from tests.support.browser import chromium_driver
+from tests.support.explorer import LETTER, REASON, T0, WHERE, World, lives_in
+from tests.support.gateway import auth
 
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
-CHROMIUM_FLAGS = [
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
-    "--window-size=1280,1000",
-]  # fmt: skip
 WAIT_S = 60  # a hang guard for the page's calls, not a timing assertion
-T0 = datetime(2024, 1, 10, 12, 0, tzinfo=UTC)
-MOVES = [("I live in Tampa.", "Tampa"), ("I moved to Austin.", "Austin"), ("I just moved to Denver.", "Denver")]
-WHERE = "where does the user live?"
 T = TypeVar("T")
-
-
-@dataclass(frozen=True)
-class World:
-    url: str
-    secrets: dict[str, str]
-    user: str  # three moves and a sister: the chain Tampa -> Austin -> Denver
-    doomed: str  # the same moves, for the forget test
-    other: str  # a user of namespace appB
-
-
-def _write(http: httpx.Client, headers: dict[str, str], uid: str, texts: list[str]) -> None:
-    for i, text in enumerate(texts):
-        body = {
-            "user_id": uid,
-            "messages": text,
-            "message_id": f"m{i}",
-            "timestamp": (T0 + timedelta(days=120 * i)).isoformat(),
-        }
-        assert http.post("/v1/messages", headers=headers, json=body).status_code == 202
-    for i in range(len(texts)):
-        wait_state(http, headers, uid, f"m{i}")
-
-
-@pytest.fixture(scope="module")
-def world(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
-    secrets, entries = mint_keys()
-    data = tmp_path_factory.mktemp("explorer")
-    with engram_stack(redis_url=redis_url, data_dir=data, neo4j_uri=None, llm_url=None) as stack:
-        env = {**stack.env, "ENGRAM_API_KEYS": entries}
-        with gateway_process(env, data / "logs") as gw, httpx.Client(base_url=gw.url, timeout=60) as http:
-            tag = uuid.uuid4().hex[:6]
-            here = World(gw.url, secrets, f"appA.explorer-{tag}", f"appA.doomed-{tag}", f"appB.other-{tag}")
-            moves = [text for text, _ in MOVES]
-            _write(http, auth(secrets, "a_rw"), here.user, [*moves, "My sister Ana lives in Braga."])
-            _write(http, auth(secrets, "a_rw"), here.doomed, moves)
-            _write(http, auth(secrets, "b_rw"), here.other, ["I live in Oslo."])
-            yield here
-
-
-@pytest.fixture(scope="module")
-def http(world: World) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=world.url, timeout=60) as client:
-        yield client
-
-
-SHOTS = Path(__file__).resolve().parents[1] / "build" / "explorer-screenshots"
+SHOTS = Path(__file__).resolve().parents[2] / "build" / "explorer-screenshots"
 
 
 @pytest.fixture(scope="module")
@@ -100,11 +41,7 @@ def shots() -> Path:
 
 @pytest.fixture
 def browser(tmp_path: Path) -> Iterator[WebDriver]:
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for flag in [*CHROMIUM_FLAGS, f"--user-data-dir={tmp_path / 'profile'}"]:
-        options.add_argument(flag)
-    driver = webdriver.Chrome(options=options, service=Service(CHROMEDRIVER, log_output=str(tmp_path / "driver.log")))
+    driver = chromium_driver(tmp_path)
     try:
         yield driver
     finally:
@@ -133,12 +70,18 @@ def open_user(driver: WebDriver, uid: str) -> None:
 
 
 def opened(driver: WebDriver, uid: str) -> None:
+    """Opens ``uid`` and waits for its facts."""
     open_user(driver, uid)
     until(
         driver,
         f"{uid} opened",
         lambda d: d.find_element(By.ID, "main").is_displayed() and d.find_elements(By.CSS_SELECTOR, "tr[data-fact-id]"),
     )
+
+
+def at_user(driver: WebDriver, world: World, key: str, uid: str) -> None:
+    sign_in(driver, world, key)
+    opened(driver, uid)
 
 
 def tab(driver: WebDriver, name: str) -> None:
@@ -163,6 +106,15 @@ def recall_in_page(driver: WebDriver, query: str) -> list[WebElement]:
     return driver.find_elements(By.CSS_SELECTOR, "#recall-body tr[data-id]")
 
 
+def recalled_denver(world: World, http: httpx.Client, driver: WebDriver, uid: str) -> tuple[str, WebElement]:
+    """(the id of the user's current LIVES_IN fact, its row in the playground's answer to ``WHERE``)."""
+    denver = lives_in(http, world, uid)[-1]["id"]
+    at_user(driver, world, "a_rw", uid)
+    items = {row.get_attribute("data-id"): row for row in recall_in_page(driver, WHERE)}
+    assert denver in items
+    return denver, items[denver]
+
+
 def screenshot(driver: WebDriver, shots: Path, name: str) -> Path:
     path = shots / f"{name}.png"
     assert driver.save_screenshot(str(path))
@@ -173,12 +125,6 @@ def screenshot(driver: WebDriver, shots: Path, name: str) -> Path:
     return path
 
 
-def lives_in(http: httpx.Client, world: World, uid: str, key: str = "a_rw") -> list[dict]:
-    chain = http.get(f"/v1/users/{uid}/history", headers=auth(world.secrets, key), params={"predicate": "LIVES_IN"})
-    assert chain.status_code == 200, chain.text
-    return chain.json()
-
-
 # ---------------------------------------------------------------------------------------------- tests
 def test_facts_and_a_superseded_values_history_render(
     world: World, http: httpx.Client, browser: WebDriver, shots: Path
@@ -186,8 +132,7 @@ def test_facts_and_a_superseded_values_history_render(
     chain = lives_in(http, world, world.user)
     assert [f["object_name"] for f in chain] == ["Tampa", "Austin", "Denver"]
     tampa, austin, denver = (f["id"] for f in chain)
-    sign_in(browser, world, "a_rw")
-    opened(browser, world.user)
+    at_user(browser, world, "a_rw", world.user)
     rows = fact_rows(browser)
     listed = http.get(f"/v1/users/{world.user}/graph", headers=auth(world.secrets, "a_rw")).json()
     assert set(rows) == {f["id"] for f in listed["facts"]}  # superseded facts are listed too
@@ -217,8 +162,7 @@ def test_facts_and_a_superseded_values_history_render(
 def test_the_entity_graph_draws_the_neighbourhood_the_api_returns(
     world: World, http: httpx.Client, browser: WebDriver, shots: Path
 ) -> None:
-    sign_in(browser, world, "a_rw")
-    opened(browser, world.user)
+    at_user(browser, world, "a_rw", world.user)
     tab(browser, "graph")
     until(browser, "the graph", lambda d: d.find_elements(By.CSS_SELECTOR, "#graph g.node"))
     found = http.get(
@@ -231,21 +175,23 @@ def test_the_entity_graph_draws_the_neighbourhood_the_api_returns(
     # Centre Ana: her facts are at hop 0, Braga one step away.
     ana = next(e["id"] for e in found["entities"] if e["name"] == "Ana")
     browser.find_element(By.CSS_SELECTOR, f'#graph g.node[data-entity-id="{ana}"] circle').click()
-    until(browser, "Ana in the centre", lambda d: d.find_element(By.ID, "graph-entity").get_attribute("value") == ana)
-    until(browser, "Ana's neighbourhood", lambda d: "Braga" in d.find_element(By.ID, "graph-facts").text)
-    assert browser.find_element(By.CSS_SELECTOR, "#graph g.node.hop0").get_attribute("data-entity-id") == ana
+    until(
+        browser,
+        "Ana drawn in the centre",
+        lambda d: d.find_element(By.CSS_SELECTOR, "#graph g.node.hop0").get_attribute("data-entity-id") == ana,
+    )
+    assert browser.find_element(By.ID, "graph-entity").get_attribute("value") == ana
+    around_ana = {
+        n.get_attribute("data-entity-id") for n in browser.find_elements(By.CSS_SELECTOR, "#graph g.node.hop1")
+    }
+    assert {e["name"] for e in found["entities"] if e["id"] in around_ana} == {"User", "Braga"}
     screenshot(browser, shots, "entity-graph")
 
 
 def test_a_recall_in_the_playground_shows_the_item_with_its_channels(
     world: World, http: httpx.Client, browser: WebDriver, shots: Path
 ) -> None:
-    denver = lives_in(http, world, world.user)[-1]["id"]
-    sign_in(browser, world, "a_rw")
-    opened(browser, world.user)
-    items = {row.get_attribute("data-id"): row for row in recall_in_page(browser, WHERE)}
-    assert denver in items
-    row = items[denver]
+    denver, row = recalled_denver(world, http, browser, world.user)
     assert "Denver" in row.find_element(By.CSS_SELECTOR, "td.statement").text
     assert row.find_element(By.CSS_SELECTOR, "td.kind").text == "fact"
     shown = [c.text for c in row.find_elements(By.CSS_SELECTOR, ".channel")]
@@ -274,27 +220,25 @@ def test_a_recall_in_the_playground_shows_the_item_with_its_channels(
 def test_the_dead_letters_tab_lists_the_users_letters_for_an_operator_key(
     world: World, browser: WebDriver, shots: Path
 ) -> None:
-    sign_in(browser, world, "a_rw")
-    opened(browser, world.user)
+    at_user(browser, world, "a_rw", world.user)
     tab(browser, "dead")
     until(browser, "the note", lambda d: d.find_element(By.ID, "dead-note").text)
     assert "operator" in browser.find_element(By.ID, "dead-note").text
     browser.find_element(By.ID, "sign-out").click()
-    sign_in(browser, world, "a_op")
-    opened(browser, world.user)
+    at_user(browser, world, "a_op", world.user)
     tab(browser, "dead")
     until(browser, "the letters", lambda d: "dead letter(s)" in d.find_element(By.ID, "dead-note").text)
-    assert browser.find_element(By.ID, "dead-note").text == "0 dead letter(s)."
+    assert browser.find_element(By.ID, "dead-note").text == "1 dead letter(s)."
+    (row,) = browser.find_elements(By.CSS_SELECTOR, "#dead-body tr[data-message-id]")
+    assert row.get_attribute("data-message-id") == LETTER
+    assert [td.text for td in row.find_elements(By.TAG_NAME, "td")][:4] == [LETTER, "extract", REASON, "3"]
     screenshot(browser, shots, "dead-letters")
 
 
 def test_a_forget_from_the_ui_removes_the_fact_from_a_later_recall(
     world: World, http: httpx.Client, browser: WebDriver, shots: Path
 ) -> None:
-    denver = lives_in(http, world, world.doomed)[-1]["id"]
-    sign_in(browser, world, "a_rw")
-    opened(browser, world.doomed)
-    row = next(r for r in recall_in_page(browser, WHERE) if r.get_attribute("data-id") == denver)
+    denver, row = recalled_denver(world, http, browser, world.doomed)
     row.find_element(By.CSS_SELECTOR, f'td.actions button[data-action=forget][data-target="{denver}"]').click()
     until(browser, "the confirm step", lambda d: d.find_element(By.ID, "confirm").is_displayed())
     screenshot(browser, shots, "forget-confirm")
@@ -354,77 +298,3 @@ def test_another_namespaces_user_cannot_be_opened(
     browser.get(f"{world.url}/ui#user={world.other}")
     until(browser, "the refusal", lambda d: d.find_element(By.ID, "user-error").text.startswith("403 "))
     assert "Oslo" not in browser.page_source
-
-
-# ------------------------------------------------------------------------- the routes behind the page
-def test_the_page_and_its_assets_come_from_the_gateway_alone(world: World, http: httpx.Client) -> None:
-    """No key is needed for the files (they hold no data); nothing in them loads from another origin."""
-    from engram_gateway.ui import STATIC
-
-    page = http.get("/ui")
-    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
-    assert "default-src 'self'" in page.headers["content-security-policy"]
-    assert "frame-ancestors 'none'" in page.headers["content-security-policy"]
-    referenced = re.findall(r'(?:href|src)="(ui/assets/[^"]+)"', page.text)
-    assert referenced == ["ui/assets/style.css", "ui/assets/app.js"]
-    for path in STATIC.iterdir():
-        text = path.read_text()
-        # The SVG namespace is a name, not a fetch; no other absolute URL appears in any file.
-        assert set(re.findall(r"https?://[^\s\"'`)]+", text)) <= {"http://www.w3.org/2000/svg"}, path.name
-        if path.name != "index.html":
-            served = http.get(f"/ui/assets/{path.name}")
-            assert served.status_code == 200 and served.text == text
-    modules = re.findall(r'from "\./([a-z]+\.js)"', "".join(p.read_text() for p in STATIC.glob("*.js")))
-    assert modules and all((STATIC / m).is_file() for m in modules)
-    assert http.get("/ui/assets/__init__.py").status_code == 404
-    assert http.get("/ui/assets/..%2Fapi.py").status_code == 404
-
-
-def test_the_explorer_routes_are_in_the_schema_with_their_scope(world: World, http: httpx.Client) -> None:
-    schema = http.get("/openapi.json", headers=auth(world.secrets, "a_read")).json()
-    for path, model in (
-        ("/v1/whoami", "KeyInfo"),
-        ("/v1/users", "UserList"),
-        ("/v1/users/{user_id}/neighbourhood", "Neighbourhood"),
-    ):
-        operation = schema["paths"][path]["get"]
-        assert operation["x-engram-scope"] == "read" and operation["security"] == [{"bearer": []}, {"apiKey": []}]
-        assert operation["responses"]["200"]["content"]["application/json"]["schema"] == {
-            "$ref": f"#/components/schemas/{model}"
-        }
-    assert "/ui" not in schema["paths"] and not any(p.startswith("/ui/") for p in schema["paths"])
-
-
-def test_whoami_and_the_user_list_answer_for_the_keys_namespace_only(world: World, http: httpx.Client) -> None:
-    assert http.get("/v1/whoami").status_code == 401
-    me = http.get("/v1/whoami", headers=auth(world.secrets, "a_read")).json()
-    assert me == {"name": "a_read", "scopes": ["read"], "namespace": "appA", "local_mode": False}
-    mine = http.get("/v1/users", headers=auth(world.secrets, "a_read")).json()
-    assert {world.user, world.doomed} <= set(mine["users"]) and all(u.startswith("appA.") for u in mine["users"])
-    assert mine["users"] == sorted(mine["users"]) and mine["truncated"] is False
-    one = http.get("/v1/users", headers=auth(world.secrets, "a_read"), params={"limit": 1}).json()
-    assert len(one["users"]) == 1 and one["truncated"] is True
-    theirs = http.get("/v1/users", headers=auth(world.secrets, "b_rw"), params={"prefix": "appB.other"}).json()
-    assert theirs == {"users": [world.other], "truncated": False}
-    assert http.get("/v1/users", headers=auth(world.secrets, "a_read"), params={"limit": 0}).status_code == 400
-
-
-def test_the_neighbourhood_is_bounded_checked_and_valid_at_as_of(world: World, http: httpx.Client) -> None:
-    a = auth(world.secrets, "a_read")
-    path = f"/v1/users/{world.user}/neighbourhood"
-    now = http.get(path, headers=a).json()
-    assert now["entities"][0]["id"] == now["entity_id"] and now["entities"][0]["hops"] == 0
-    assert {"Denver", "Ana"} <= {e["name"] for e in now["entities"]}
-    hops = [f["hops"] for f in now["facts"]]
-    assert hops == sorted(hops) and now["truncated"] is False
-    # In the Austin months the user lived in Austin: the graph at that instant says so.
-    then = http.get(path, headers=a, params={"as_of": (T0 + timedelta(days=200)).isoformat()}).json()
-    assert "Austin" in {e["name"] for e in then["entities"]} and "Denver" not in {e["name"] for e in then["entities"]}
-    assert http.get(path, headers=a, params={"as_of": "2000-01-01T00:00:00Z"}).json()["facts"] == []
-    bounded = http.get(path, headers=a, params={"limit": 1}).json()
-    assert len(bounded["facts"]) == 1 and bounded["truncated"] is True
-    assert http.get(path, headers=a, params={"hops": 9}).status_code == 400
-    missing = http.get(path, headers=a, params={"entity_id": "ent_nope"})
-    assert missing.status_code == 404 and missing.headers["content-type"] == "application/problem+json"
-    refused = http.get(f"/v1/users/{world.other}/neighbourhood", headers=a)
-    assert refused.status_code == 403 and "Oslo" not in refused.text
