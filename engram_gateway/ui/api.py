@@ -18,17 +18,18 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Query, Request
+from fastapi import APIRouter, Query
 from pydantic import BaseModel, Field
 
 from engram_api.errors import NotFoundError
 from engram_api.models import FactRecord
 from engram_api.naming import self_entity_id
 from engram_api.settings import Scope
+from engram_api.storage.graph.contract import GraphStore
 from engram_api.storage.graph.step import GraphStepQuery
 from engram_gateway.guard import GuardedRoute, Reader
 from engram_gateway.problems import Problem
-from engram_gateway.service import Gateway
+from engram_gateway.routes import Gw
 
 __all__ = ["HOPS_MAX", "NEIGHBOURHOOD_MAX", "USERS_MAX", "KeyInfo", "Neighbourhood", "UserList", "router"]
 
@@ -72,11 +73,6 @@ class Neighbourhood(BaseModel):
     truncated: bool = Field(description="`limit` facts were found: there may be more within `hops`")
 
 
-async def _gateway(request: Request) -> Gateway:
-    return request.app.state.gateway  # type: ignore[no-any-return]
-
-
-Gw = Annotated[Gateway, Depends(_gateway)]
 _ERRORS: dict[int | str, dict[str, Any]] = {code: {"model": Problem} for code in (400, 401, 403, 429, 503)}
 router = APIRouter(prefix="/v1", responses=_ERRORS, route_class=GuardedRoute, tags=["explorer"])
 
@@ -95,7 +91,7 @@ def users(
 ) -> UserList:
     # The store lists every user; the namespace filter runs here, before anything leaves the process.
     found = (u for u in gw.client.reader.graph.list_users() if who.owns(u) and u.startswith(prefix))
-    picked = []
+    picked: list[str] = []
     for uid in found:
         if len(picked) == limit:
             return UserList(users=sorted(picked), truncated=True)
@@ -124,9 +120,10 @@ def neighbourhood(
     centre = entity_id or hub
     if not graph.get_entities(uid, [centre]):
         raise NotFoundError(f"{uid!r} has no entity {centre[:80]!r}")
-    query = GraphStepQuery(
-        seeds=[centre], max_hops=hops, limit=limit, per_seed=limit, as_of=as_of, avoid=[] if centre == hub else [hub]
-    )
+    query = GraphStepQuery.model_validate(
+        {"seeds": [centre], "max_hops": hops, "limit": limit, "per_seed": limit, "as_of": as_of,
+         "avoid": [] if centre == hub else [hub]}
+    )  # fmt: skip
     step = graph.graph_step(uid, query)
     by_id = {f.id: f for f in step.facts}
     facts = [NeighbourFact(fact=by_id[fid], hops=h) for fid, h in step.hops if fid in by_id]
@@ -140,7 +137,7 @@ def neighbourhood(
     )
 
 
-def _entities(graph: Any, uid: str, centre: str, facts: list[NeighbourFact]) -> list[NeighbourEntity]:
+def _entities(graph: GraphStore, uid: str, centre: str, facts: list[NeighbourFact]) -> list[NeighbourEntity]:
     """The entities the facts name, each at the fewest hops a fact naming it has (a fact at hop h names
     entities h or h + 1 steps away; the nearer bound is the one drawn)."""
     hops: dict[str, int] = {centre: 0}
