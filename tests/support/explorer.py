@@ -28,6 +28,7 @@ class World:
     secrets: dict[str, str]
     user: str  # three moves and a sister: the chain Tampa -> Austin -> Denver
     doomed: str  # the same moves, for the forget test
+    erased: str  # Lima and Dell, for forgetting a message and the user
     other: str  # a user of namespace appB
 
 
@@ -46,15 +47,19 @@ def _write(http: httpx.Client, headers: dict[str, str], uid: str, texts: list[st
 
 @contextmanager
 def explorer_world(redis_url: str, data: Path) -> Iterator[World]:
-    """Users: ``user`` (the three moves, a sister, a dead letter), ``doomed`` (the moves), ``other`` (appB)."""
+    """Users: ``user`` (the three moves, a sister, a dead letter), ``doomed`` (the moves), ``erased`` (two
+    messages), ``other`` (appB)."""
     secrets, entries = mint_keys()
     with engram_stack(redis_url=redis_url, data_dir=data, neo4j_uri=None, llm_url=None) as stack:
         env = {**stack.env, "ENGRAM_API_KEYS": entries}
         with gateway_process(env, data / "logs") as gw, httpx.Client(base_url=gw.url, timeout=60) as http:
             tag = uuid.uuid4().hex[:6]
-            here = World(gw.url, secrets, f"appA.explorer-{tag}", f"appA.doomed-{tag}", f"appB.other-{tag}")
+            here = World(
+                gw.url, secrets, f"appA.explorer-{tag}", f"appA.doomed-{tag}", f"appA.erased-{tag}", f"appB.other-{tag}"
+            )
             _write(http, auth(secrets, "a_rw"), here.user, [*MOVES, "My sister Ana lives in Braga."])
             _write(http, auth(secrets, "a_rw"), here.doomed, MOVES)
+            _write(http, auth(secrets, "a_rw"), here.erased, ["I live in Lima.", "I work at Dell."])
             _write(http, auth(secrets, "b_rw"), here.other, ["I live in Oslo."])
             said = Envelope(user_id=here.user, message_id=LETTER, messages=[{"content": "I like tea"}], timestamp=T0)
             stack.client.producer.ledger.dead_letters.put(

@@ -19,6 +19,7 @@ from typing import TypeVar
 
 import httpx
 import pytest
+from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.remote.webelement import WebElement
@@ -50,8 +51,10 @@ def browser(tmp_path: Path) -> Iterator[WebDriver]:
 
 # -------------------------------------------------------------------------------------------- helpers
 def until(driver: WebDriver, what: str, check: Callable[[WebDriver], T]) -> T:
-    """``check``'s first truthy answer; ``what`` names it if none comes within ``WAIT_S``."""
-    return WebDriverWait(driver, WAIT_S).until(check, message=what)
+    """``check``'s first truthy answer; ``what`` names it if none comes within ``WAIT_S``. An element the
+    page replaced while ``check`` read it (a redraw) is asked again, as a missing one is."""
+    wait = WebDriverWait(driver, WAIT_S, ignored_exceptions=(NoSuchElementException, StaleElementReferenceException))
+    return wait.until(check, message=what)
 
 
 def sign_in(driver: WebDriver, world: World, key: str) -> None:
@@ -261,6 +264,40 @@ def test_a_forget_from_the_ui_removes_the_fact_from_a_later_recall(
     assert denver not in {i["id"] for i in later["items"]}
     assert denver not in {r.get_attribute("data-id") for r in recall_in_page(browser, WHERE)}
     screenshot(browser, shots, "after-forget")
+
+
+def test_a_message_and_then_the_user_are_forgotten_from_the_ui(
+    world: World, http: httpx.Client, browser: WebDriver, shots: Path
+) -> None:
+    a = auth(world.secrets, "a_rw")
+    at_user(browser, world, "a_rw", world.erased)
+    assert len(fact_rows(browser)) == 2
+    browser.find_element(
+        By.CSS_SELECTOR, '#facts-body .source[data-message-id="m1"] button[data-action=forget]'
+    ).click()
+    until(browser, "the confirm step", lambda d: d.find_element(By.ID, "confirm").is_displayed())
+    browser.find_element(By.ID, "confirm-yes").click()
+    until(browser, "the message forgotten", lambda d: len(fact_rows(d)) == 1)
+    assert "Lima" in browser.find_element(By.ID, "facts-body").text and "Dell" not in browser.page_source
+    assert http.get(f"/v1/users/{world.erased}/stats", headers=a).json()["episodes"] == 1
+
+    button, field = browser.find_element(By.ID, "forget-user"), browser.find_element(By.ID, "forget-user-confirm")
+    field.send_keys(world.erased[:-1])
+    assert not button.is_enabled()  # the user id must be typed out
+    field.send_keys(world.erased[-1])
+    assert button.is_enabled()
+    button.click()
+    until(browser, "the confirm step", lambda d: d.find_element(By.ID, "confirm").is_displayed())
+    screenshot(browser, shots, "forget-user")
+    browser.find_element(By.ID, "confirm-yes").click()
+    until(
+        browser,
+        "the user forgotten",
+        lambda d: d.find_element(By.ID, "notice").text.startswith(f"Forgot {world.erased}"),
+    )
+    until(browser, "no facts left", lambda d: not fact_rows(d))
+    stats = http.get(f"/v1/users/{world.erased}/stats", headers=a).json()
+    assert (stats["facts"], stats["episodes"], stats["entities"]) == (0, 0, 0)
 
 
 def test_a_read_only_key_sees_no_forget_control(
