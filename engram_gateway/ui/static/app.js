@@ -78,6 +78,7 @@ class Explorer {
 
   async open(userId) {
     showError(byId("user-error"), null);
+    byId("notice").hidden = true;
     byId("main").hidden = true;
     this.user = userId;
     byId("user").value = userId;
@@ -186,8 +187,8 @@ class Explorer {
     if (!(await confirmForget(`Forget everything of ${userId}? This cannot be undone.`))) return;
     try {
       const done = await call("DELETE", userPath(userId));
-      this.notice(`Forgot ${userId}: ${done.facts} fact(s), ${done.episodes} message(s), ${done.entities} entity(ies).`);
       await this.open(userId);
+      this.notice(`Forgot ${userId}: ${done.facts} fact(s), ${done.episodes} message(s), ${done.entities} entity(ies).`);
     } catch (error) {
       this.notice(error.message, true);
     }
