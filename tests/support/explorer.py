@@ -26,6 +26,7 @@ LETTER, REASON = "dl-1", "the model's answer was not JSON"
 class World:
     url: str
     secrets: dict[str, str]
+    env: dict[str, str]  # the fleet's environment, without keys (a gateway in local mode)
     user: str  # three moves and a sister: the chain Tampa -> Austin -> Denver
     doomed: str  # the same moves, for the forget test
     erased: str  # Lima and Dell, for forgetting a message and the user
@@ -55,7 +56,13 @@ def explorer_world(redis_url: str, data: Path) -> Iterator[World]:
         with gateway_process(env, data / "logs") as gw, httpx.Client(base_url=gw.url, timeout=60) as http:
             tag = uuid.uuid4().hex[:6]
             here = World(
-                gw.url, secrets, f"appA.explorer-{tag}", f"appA.doomed-{tag}", f"appA.erased-{tag}", f"appB.other-{tag}"
+                gw.url,
+                secrets,
+                dict(stack.env),
+                f"appA.explorer-{tag}",
+                f"appA.doomed-{tag}",
+                f"appA.erased-{tag}",
+                f"appB.other-{tag}",
             )
             _write(http, auth(secrets, "a_rw"), here.user, [*MOVES, "My sister Ana lives in Braga."])
             _write(http, auth(secrets, "a_rw"), here.doomed, MOVES)

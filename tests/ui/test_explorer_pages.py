@@ -27,7 +27,7 @@ from selenium.webdriver.support.ui import WebDriverWait
 
 from tests.support.browser import chromium_driver
 from tests.support.explorer import LETTER, REASON, T0, WHERE, World, lives_in
-from tests.support.gateway import auth
+from tests.support.gateway import auth, gateway_process
 
 WAIT_S = 60  # a hang guard for the page's calls, not a timing assertion
 T = TypeVar("T")
@@ -335,3 +335,16 @@ def test_another_namespaces_user_cannot_be_opened(
     browser.get(f"{world.url}/ui#user={world.other}")
     until(browser, "the refusal", lambda d: d.find_element(By.ID, "user-error").text.startswith("403 "))
     assert "Oslo" not in browser.page_source
+
+
+def test_with_no_key_configured_the_page_opens_without_one(world: World, browser: WebDriver, shots: Path) -> None:
+    """Local mode (loopback only): every caller is 'local', so the page asks for no key and may forget."""
+    with gateway_process(world.env, Path(world.env["ENGRAM_DATA_DIR"]) / "local-logs", name="local-gateway") as local:
+        browser.get(f"{local.url}/ui")
+        until(browser, "signed in as local", lambda d: d.find_element(By.ID, "who").text)
+        assert "local mode" in browser.find_element(By.ID, "who").text
+        assert not browser.find_element(By.ID, "key-form").is_displayed()
+        opened(browser, world.other)  # every namespace
+        assert "Oslo" in browser.find_element(By.ID, "facts-body").text
+        assert browser.find_elements(By.CSS_SELECTOR, "[data-action=forget]")
+        screenshot(browser, shots, "local-mode")
