@@ -19,12 +19,10 @@ from typing import Any
 
 import pytest
 from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
-from llama_index.core.llms import ChatMessage, MessageRole
 
 from engram_api.errors import InvalidInputError
 from engram_integrations import ConversationMemory
 from engram_integrations.langchain import EngramChatMessageHistory, EngramRetriever
-from engram_integrations.llamaindex import EngramMemory
 from engram_testing import LLMStandin
 from tests.support.stack import SETTLE_S, Stack, engram_stack
 
@@ -102,6 +100,11 @@ def test_langchain_history_enqueues_each_exchange_and_clear_forgets_it(fleet: St
 def test_llamaindex_memory_puts_each_message_and_gets_the_context_of_earlier_sessions(
     fleet: Stack, user_id: str
 ) -> None:
+    # Imported here: llama-index takes seconds to import, which every collection of the suite would pay.
+    from llama_index.core.llms import ChatMessage, MessageRole
+
+    from engram_integrations.llamaindex import EngramMemory
+
     first = EngramMemory.from_defaults(fleet.client, user_id, "s1")
     first.put(ChatMessage(role=MessageRole.USER, content="I live in Porto"))
     first.put(ChatMessage(role=MessageRole.ASSISTANT, content="Noted!"))

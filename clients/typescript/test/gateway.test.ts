@@ -8,6 +8,7 @@ import {
   ForbiddenError,
   InvalidInputError,
   NotFoundError,
+  PayloadTooLargeError,
   UnauthorizedError,
   WaitTimeoutError,
 } from "../src/index.js";
@@ -106,6 +107,14 @@ describe("errors are typed from the problem bodies", () => {
     });
   });
 
+  it("a body over the gateway's limit is refused before it is read", async () => {
+    const user = freshUser();
+    const huge = "x".repeat(5 * 1024 * 1024); // the default limit is 4 MiB
+    const err = await client.enqueue({ user_id: user, messages: huge }).catch((e) => e);
+    assert.ok(err instanceof PayloadTooLargeError, String(err));
+    assert.equal(err.status, 413);
+  });
+
   it("keys: none, read-only, another namespace", async () => {
     const user = freshUser();
     const anonymous = new EngramClient({ baseUrl: gatewayUrl });
@@ -125,8 +134,9 @@ describe("errors are typed from the problem bodies", () => {
     await assert.rejects(client.waitApplied([never], { timeoutMs: 0 }), NotFoundError);
     const receipt = await client.enqueue({ user_id: user, messages: "I live in Oslo", message_id: "slow" });
     const err = await client.waitApplied([receipt], { timeoutMs: 0 }).catch((e) => e);
-    // Either the workers were quicker than one status read, or the wait gave up naming the message.
-    if (err !== undefined) {
+    // Either the wait gave up naming the message, or the workers were quicker than one status read.
+    if (err === undefined) assert.equal((await client.status(user, "slow")).state, "applied");
+    else {
       assert.ok(err instanceof WaitTimeoutError, String(err));
       assert.deepEqual(err.pending, ["slow"]);
     }
