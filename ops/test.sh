@@ -6,7 +6,8 @@
 # Needs: apt-get (as root, or sudo), python3 >= 3.11. Installs when missing: redis-server (the tests'
 # Redis), docker-compose and chromium + chromium-driver (their suites), a JDK 17+ and Maven (the Neo4j
 # launcher, built once from Maven Central), Go (helm, built from the Go module proxy for the chart's
-# tests), then `pip install -e '.[dev]'` and the launcher build.
+# tests), Node.js and npm (the TypeScript client's tests), then `pip install -e '.[dev]'`, the launcher
+# build and the TypeScript client's npm dependencies (`npm ci`, only when its lock file changed).
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -26,6 +27,8 @@ wanted=(redis-server docker-compose chromium chromium-driver)
 command -v java >/dev/null || wanted+=(default-jdk-headless)
 command -v mvn >/dev/null || wanted+=(maven)
 command -v go >/dev/null || wanted+=(golang-go)
+command -v node >/dev/null || wanted+=(nodejs)
+command -v npm >/dev/null || wanted+=(npm)
 python3 -m pip --version >/dev/null 2>&1 || wanted+=(python3-pip)
 missing=()
 for pkg in "${wanted[@]}"; do
@@ -48,6 +51,9 @@ python3 -m pip install -e '.[dev]'
 
 phase "neo4j launcher"
 ops/neo4j-launcher/build.sh
+
+phase "typescript client"
+clients/typescript/scripts/install.sh
 
 phase "helm"
 # tests/test_helm_chart.py lints and renders ops/helm/engram. Helm is built from source through the Go

@@ -20,8 +20,10 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 # Build outputs and caches stay out of the copy the wheel is built from (the launcher's target is 100+ MB).
-_NOT_SOURCE = (".git", "__pycache__", "*.egg-info", "build", "target", "bench-results", "engram-data", ".*_cache")
-_RUNTIME_TOP_LEVEL = {"engram_api", "engram_gateway", "engram_workers", "beat_schedule.py"}
+_NOT_SOURCE = (
+    ".git", "__pycache__", "*.egg-info", "build", "target", "bench-results", "engram-data", ".*_cache", "node_modules",
+)  # fmt: skip
+_RUNTIME_TOP_LEVEL = {"engram_api", "engram_gateway", "engram_integrations", "engram_workers", "beat_schedule.py"}
 
 
 def _outside_env(**extra: str) -> dict[str, str]:
