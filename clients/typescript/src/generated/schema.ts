@@ -328,6 +328,57 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/whoami": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** The calling key: its name, scopes and namespace */
+        get: operations["whoami_v1_whoami_get"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/users": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** User ids of the key's namespace that the graph store holds */
+        get: operations["users_v1_users_get"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/users/{user_id}/neighbourhood": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** The facts within a few graph steps of one entity (a small, bounded part of the user's graph) */
+        get: operations["neighbourhood_v1_users__user_id__neighbourhood_get"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
 }
 export type webhooks = Record<string, never>;
 export interface components {
@@ -674,6 +725,32 @@ export interface components {
                 [key: string]: boolean;
             };
         };
+        /**
+         * KeyInfo
+         * @description The key a request was made with: what it may do and which user ids it may name.
+         */
+        KeyInfo: {
+            /**
+             * Name
+             * @description the key's name ('local' when no key is configured)
+             */
+            name: string;
+            /**
+             * Scopes
+             * @description sorted: read, write (enqueue, feedback, forget), operator
+             */
+            scopes: ("read" | "write" | "operator")[];
+            /**
+             * Namespace
+             * @description user ids of this key start with '<namespace>.'; '*' is every user
+             */
+            namespace: string;
+            /**
+             * Local Mode
+             * @description no key is configured: every caller is 'local'
+             */
+            local_mode: boolean;
+        };
         /** MessageStatus */
         MessageStatus: {
             /** User Id */
@@ -687,6 +764,59 @@ export interface components {
             state: "queued" | "extracted" | "applied" | "dead";
             /** Task Id */
             task_id?: string | null;
+        };
+        /** NeighbourEntity */
+        NeighbourEntity: {
+            /** Id */
+            id: string;
+            /** Name */
+            name: string;
+            /**
+             * Label
+             * @description the entity's type (Person, Place, ...)
+             */
+            label: string;
+            /**
+             * Hops
+             * @description graph steps from the entity asked for (0 = itself)
+             */
+            hops: number;
+        };
+        /** NeighbourFact */
+        NeighbourFact: {
+            fact: components["schemas"]["FactRecord"];
+            /**
+             * Hops
+             * @description 0 = a fact on the entity asked for, 1 = on an entity those facts reach, ...
+             */
+            hops: number;
+        };
+        /** Neighbourhood */
+        Neighbourhood: {
+            /** User Id */
+            user_id: string;
+            /** Entity Id */
+            entity_id: string;
+            /**
+             * As Of
+             * @description the instant the facts hold at (None = now)
+             */
+            as_of?: string | null;
+            /**
+             * Entities
+             * @description the entity asked for first, then the others the facts name
+             */
+            entities: components["schemas"]["NeighbourEntity"][];
+            /**
+             * Facts
+             * @description nearest first
+             */
+            facts: components["schemas"]["NeighbourFact"][];
+            /**
+             * Truncated
+             * @description `limit` facts were found: there may be more within `hops`
+             */
+            truncated: boolean;
         };
         /**
          * Problem
@@ -1000,6 +1130,19 @@ export interface components {
              * @default 0
              */
             llm_calls?: number;
+        };
+        /** UserList */
+        UserList: {
+            /**
+             * Users
+             * @description user ids of the key's namespace the graph store holds, sorted
+             */
+            users: string[];
+            /**
+             * Truncated
+             * @description more users match than `limit`
+             */
+            truncated: boolean;
         };
         /** UserStats */
         UserStats: {
@@ -2493,6 +2636,223 @@ export interface operations {
                 };
                 content: {
                     "application/json": components["schemas"]["Health"];
+                };
+            };
+        };
+    };
+    whoami_v1_whoami_get: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["KeyInfo"];
+                };
+            };
+            /** @description Bad Request */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Unauthorized */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Forbidden */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Too Many Requests */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Service Unavailable */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    users_v1_users_get: {
+        parameters: {
+            query?: {
+                /** @description only ids that start with this */
+                prefix?: string;
+                limit?: number;
+            };
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["UserList"];
+                };
+            };
+            /** @description Bad Request */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Unauthorized */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Forbidden */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Too Many Requests */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Service Unavailable */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    neighbourhood_v1_users__user_id__neighbourhood_get: {
+        parameters: {
+            query?: {
+                /** @description default: the user's own node */
+                entity_id?: string | null;
+                hops?: number;
+                limit?: number;
+                /** @description ISO 8601 with a zone; default now */
+                as_of?: string | null;
+            };
+            header?: never;
+            path: {
+                user_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Neighbourhood"];
+                };
+            };
+            /** @description Bad Request */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Unauthorized */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Forbidden */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Not Found */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Too Many Requests */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Service Unavailable */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
                 };
             };
         };
