@@ -328,6 +328,12 @@ class Settings(BaseSettings):
         description="`engram worker --metrics-port`: prometheus_client's multiprocess directory (emptied at start); "
         "unset: a temporary one",
     )
+    tracing: bool = Field(
+        False,
+        description="OpenTelemetry traces from enqueue through extract (the LLM call) and apply to the recall, and "
+        "the gateway's HTTP spans (needs `engram[tracing]`); exported over OTLP as the standard OTEL_EXPORTER_OTLP_* "
+        "and OTEL_SERVICE_NAME variables say, unless the application set its own tracer provider",
+    )
     debug: bool = Field(False, description="CLI: show the traceback of an unexpected error instead of one line")
 
     # --- HTTP / MCP gateway (`engram serve`) ---
