@@ -13,12 +13,14 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
     ExportTraceServiceResponse,
 )
+
+from tests.support.loopback import LoopbackServer
 
 __all__ = ["OtlpCollector", "Span"]
 
@@ -61,7 +63,7 @@ def _spans(request: ExportTraceServiceRequest) -> list[Span]:
     return found
 
 
-class OtlpCollector:
+class OtlpCollector(LoopbackServer):
     def __init__(self) -> None:
         self.spans: list[Span] = []
         self._lock = threading.Lock()
@@ -86,21 +88,12 @@ class OtlpCollector:
             def log_message(self, *_: object) -> None:
                 pass
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        super().__init__(Handler)
 
     @property
     def endpoint(self) -> str:
         """``OTEL_EXPORTER_OTLP_ENDPOINT`` (the exporter appends ``/v1/traces``)."""
-        return f"http://127.0.0.1:{self._server.server_address[1]}"
-
-    def __enter__(self) -> OtlpCollector:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self._server.shutdown()
-        self._server.server_close()
+        return self.url
 
     def wait_for(self, done: Callable[[list[Span]], bool], timeout: float) -> list[Span]:
         """The spans received once ``done(spans)`` holds (a hang guard, not a timing assertion)."""

@@ -10,9 +10,11 @@ import itertools
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 import httpx
+
+from tests.support.loopback import LoopbackServer
 
 __all__ = ["Forwarded", "RoundRobinProxy"]
 
@@ -30,7 +32,7 @@ class Forwarded:
     answered_session: str | None  # the answer's
 
 
-class RoundRobinProxy:
+class RoundRobinProxy(LoopbackServer):
     def __init__(self, backends: Sequence[str]) -> None:
         self.backends = list(backends)
         self.log: list[Forwarded] = []
@@ -64,18 +66,8 @@ class RoundRobinProxy:
             def log_message(self, *_: object) -> None:
                 pass
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        super().__init__(Handler)
 
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self._server.server_address[1]}"
-
-    def __enter__(self) -> RoundRobinProxy:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self._server.shutdown()
-        self._server.server_close()
+    def __exit__(self, *exc: object) -> None:
+        super().__exit__(*exc)
         self._http.close()
