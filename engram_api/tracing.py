@@ -96,7 +96,7 @@ def configure(settings: Settings, *, service: str = "engram") -> bool:
             from opentelemetry.sdk.trace.export import BatchSpanProcessor
         except ImportError as exc:
             raise ConfigError(
-                f"ENGRAM_TRACING is on but {exc.name} is not installed: pip install 'engram[tracing]'"
+                "ENGRAM_TRACING", f"is on but {exc.name} is not installed: pip install 'engram[tracing]'"
             ) from None
         if not isinstance(trace.get_tracer_provider(), TracerProvider):
             provider = TracerProvider(resource=Resource.create({"service.name": service}))

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import json
 import secrets
+import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 
@@ -24,7 +26,7 @@ from engram_testing.llm_standin import LLMStandin
 from engram_workers.services.celery_worker import APPLY_WORKER, EXTRACT_WORKER
 from tests.support.gateway import GatewayProcess, auth, gateway_process, mint_keys, wait_state
 from tests.support.otlp import OtlpCollector, Span
-from tests.support.stack import SETTLE_S, Stack, engram_stack
+from tests.support.stack import SETTLE_S, SOURCE_ROOT, Stack, engram_stack
 
 TEXT = "I moved to Lisbon last spring and I work at a small bakery near the river."
 
@@ -146,6 +148,24 @@ def test_tracing_off_writes_no_context(stack_off: Stack) -> None:
     assert tracing.carrier() == {} and tracing.status_fields() == {}
     with tracing.span("engram.enqueue") as span:
         assert not span.is_recording()
+
+
+def test_tracing_on_without_the_extra_is_a_config_error_naming_the_setting() -> None:
+    """In a child process (a tracer provider is process-wide): the SDK missing, as without ``engram[tracing]``."""
+    script = (
+        "import sys; sys.modules['opentelemetry.sdk'] = None\n"
+        "from engram_api import tracing\n"
+        "from engram_api.errors import ConfigError\n"
+        "from engram_api.settings import Settings\n"
+        "try:\n    tracing.configure(Settings(tracing=True))\n"
+        "except ConfigError as exc:\n    print(exc.variable, '|', exc.problem)\n"
+        "print('enabled' if tracing.enabled() else 'off')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=SOURCE_ROOT, timeout=120)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("ENGRAM_TRACING | is on but opentelemetry.sdk"), lines
+    assert "pip install 'engram[tracing]'" in lines[0] and lines[1] == "off"
 
 
 @pytest.fixture
