@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from engram_api import graph_reads
+from engram_api import graph_reads, tracing
 from engram_api.errors import ConfigError
 from engram_api.models import (
     HISTORY_LIMIT,
@@ -49,6 +49,7 @@ __all__ = ["AsyncMemoryClient", "MemoryClient"]
 class MemoryClient:
     def __init__(self, *, settings: Settings | None = None, redis_url: str | None = None) -> None:
         self.settings = settings or load_settings()
+        tracing.configure(self.settings)  # ENGRAM_TRACING on: this process exports spans (no-op when off)
         self._redis_url = redis_url
         self._url_given = redis_url is not None
         self._redis: redis.Redis | None = None

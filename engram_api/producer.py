@@ -20,6 +20,7 @@ from typing import Any
 
 import redis
 
+from engram_api import tracing
 from engram_api.errors import (
     BackPressureError,
     InvalidInputError,
@@ -235,6 +236,7 @@ class Producer:
         self.ledger = MessageLedger(redis_client, status_ttl_s=settings.status_ttl_s, secrets=settings.secrets)
         self.memory = MemoryGuard(redis_client, settings.redis_memory_headroom)
 
+    @tracing.traced("engram.enqueue", lambda _, envelope: tracing.message_ids(envelope.user_id, envelope.message_id))
     def submit(self, envelope: Envelope) -> Receipt:
         """Register and publish an already-validated envelope (idempotent by message id)."""
         self.memory.check()

@@ -328,6 +328,12 @@ class Settings(BaseSettings):
         description="`engram worker --metrics-port`: prometheus_client's multiprocess directory (emptied at start); "
         "unset: a temporary one",
     )
+    tracing: bool = Field(
+        False,
+        description="OpenTelemetry traces from enqueue through extract (the LLM call) and apply to the recall, and "
+        "the gateway's HTTP spans (needs `engram[tracing]`); exported over OTLP as the standard OTEL_EXPORTER_OTLP_* "
+        "and OTEL_SERVICE_NAME variables say, unless the application set its own tracer provider",
+    )
     debug: bool = Field(False, description="CLI: show the traceback of an unexpected error instead of one line")
 
     # --- HTTP / MCP gateway (`engram serve`) ---
@@ -351,11 +357,22 @@ class Settings(BaseSettings):
         200.0, ge=0, description="requests a second one key may make of one gateway process, on average (0: no limit)"
     )
     gateway_key_burst: int = Field(1_000, ge=1, description="requests one key may make at once beyond its rate")
+    gateway_mcp_stateless: bool = Field(
+        True,
+        description="MCP over HTTP keeps nothing between requests (the SDK's stateless mode: no Mcp-Session-Id), so "
+        "any gateway replica answers any request; false: the SDK's sessions, held in one process's memory (replicas "
+        "then need affinity on Mcp-Session-Id), capped per key by ENGRAM_GATEWAY_KEY_MCP_SESSIONS",
+    )
     gateway_key_mcp_sessions: int = Field(
-        100, ge=1, description="MCP sessions one key may hold open on one gateway process (429 beyond)"
+        100,
+        ge=1,
+        description="with ENGRAM_GATEWAY_MCP_STATELESS=false: MCP sessions one key may hold open on one gateway "
+        "process (429 beyond)",
     )
     gateway_mcp_session_idle_s: float = Field(
-        1800.0, gt=0, description="an MCP session without a request for this long is closed"
+        1800.0,
+        gt=0,
+        description="with ENGRAM_GATEWAY_MCP_STATELESS=false: an MCP session without a request for this long is closed",
     )
     gateway_trusted_hosts: list[Annotated[str, Field(pattern=r"^[A-Za-z0-9.:\[\]-]{1,253}$")]] = Field(
         [],

@@ -23,6 +23,7 @@ from fastapi import FastAPI
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from engram_api import tracing
 from engram_api.redaction import RedactingFilter
 from engram_api.settings import Settings, load_settings
 from engram_gateway.apidoc import install_docs
@@ -38,6 +39,8 @@ from engram_gateway.ui import router as ui_router
 __all__ = ["create_app", "serve"]
 
 log = logging.getLogger("engram.gateway")
+# Probes answer every few seconds: spans of them would bury the traces of real requests.
+_UNTRACED = "/v1/health,/v1/livez,/v1/readyz"
 access = logging.getLogger("engram.gateway.access")
 
 
@@ -132,6 +135,10 @@ def create_app(gateway: Gateway) -> FastAPI:
         public_docs=settings.gateway_public_docs,
     )
     app.add_middleware(_Metrics, counters=counters)
+    if tracing.enabled():  # HTTP server spans, parents of the enqueue and recall spans a route runs
+        from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
+
+        FastAPIInstrumentor.instrument_app(app, excluded_urls=_UNTRACED)
     return app
 
 
@@ -140,6 +147,7 @@ def serve(settings: Settings | None = None, *, host: str | None = None, port: in
     import uvicorn
 
     settings = settings or load_settings()
+    tracing.configure(settings, service="engram-gateway")
     gateway = Gateway(settings)
     host = host or settings.gateway_host
     check_bind(host, gateway.ring)

@@ -4,11 +4,15 @@ Transports: streamable HTTP at ``/mcp`` of the gateway app (``engram serve``), a
 (``engram serve --mcp-stdio``, for agent frameworks that launch a command).
 
 Invariants:
+- Stateless over HTTP by default (``ENGRAM_GATEWAY_MCP_STATELESS``): each request is answered by a fresh
+  transport and server session (the SDK's stateless mode), with no ``Mcp-Session-Id``, so consecutive
+  requests of one client may go to different gateway replicas; ``tests/test_mcp_replicas.py`` runs a
+  client through a round-robin proxy over two. Turned off, sessions live in one process's memory.
 - The same keys and namespaces as the HTTP API. Over HTTP the key comes with every request
   (``Authorization: Bearer`` or ``X-API-Key``): a request without a valid key is refused with a 401
   problem before the MCP session sees it, and each tool call resolves its principal from that request's
-  headers. Each request counts against its key's rate, and a new session against its key's session cap
-  (429 ``rate-limited`` beyond either). Over stdio the key is the process's ``ENGRAM_API_KEY``, checked once at start (refused when
+  headers. Each request counts against its key's rate, and with sessions a new session against its key's
+  session cap (429 ``rate-limited`` beyond either). Over stdio the key is the process's ``ENGRAM_API_KEY``, checked once at start (refused when
   no key is configured to check it against).
 - Tools go through ``Gateway`` like the routes, so validation, scopes, namespaces and back-pressure are
   the same; a refused call is an MCP tool error whose text starts with the error kind and names the
@@ -153,21 +157,24 @@ def mcp_http_endpoint(mcp: MCPServer, gateway: Gateway) -> Any:
     # The SDK's own Host/Origin allow-list is off: the app's RequestGuard applies the same rule to /v1 and
     # /mcp alike (local mode only, with ENGRAM_GATEWAY_TRUSTED_HOSTS), and keys authenticate the rest.
     security = TransportSecuritySettings(enable_dns_rebinding_protection=False)
+    stateless = gateway.settings.gateway_mcp_stateless
     mcp.streamable_http_app(
         streamable_http_path="/mcp",
         transport_security=security,
         json_response=True,
-        session_idle_timeout=gateway.sessions.idle_s,  # the session ledger's idle timeout is the SDK's
+        stateless_http=stateless,
+        session_idle_timeout=None if stateless else gateway.sessions.idle_s,  # the session ledger's is the SDK's
     )
-    return _KeyedEndpoint(StreamableHTTPASGIApp(mcp.session_manager), gateway)
+    return _KeyedEndpoint(StreamableHTTPASGIApp(mcp.session_manager), gateway, sessions=not stateless)
 
 
 class _KeyedEndpoint:
     """An ASGI app (a class, so Starlette's Route passes scope/receive/send rather than a Request)."""
 
-    def __init__(self, inner: StreamableHTTPASGIApp, gateway: Gateway) -> None:
+    def __init__(self, inner: StreamableHTTPASGIApp, gateway: Gateway, *, sessions: bool) -> None:
         self.inner = inner
         self.gateway = gateway
+        self.sessions = sessions  # stateless: no session opens, so none is counted against the key's cap
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         headers = dict(scope.get("headers") or [])
@@ -175,7 +182,7 @@ class _KeyedEndpoint:
         try:
             principal = principal_of(self.gateway.ring, scope.get("headers") or [])
             self.gateway.rates.admit(principal.name)
-            if session is None and scope["method"] == "POST":  # an opening request
+            if self.sessions and session is None and scope["method"] == "POST":  # an opening request
                 self.gateway.sessions.check_room(principal.name)
         except AccessDeniedError as exc:
             await problem_response(401, "unauthorized", "Unauthorized", str(exc))(scope, receive, send)

@@ -19,6 +19,7 @@ from celery.signals import (
     after_setup_task_logger,
     beat_init,
     worker_init,
+    worker_process_shutdown,
 )
 
 __all__ = ["app", "configured"]
@@ -58,6 +59,28 @@ def _no_gossip_or_mingle(sender: Any, **_: Any) -> None:
     consumer's steps after this signal)."""
     if sender.app is app:
         sender.options.update(without_gossip=True, without_mingle=True)
+
+
+@worker_init.connect
+def _tracing(sender: Any, **_: Any) -> None:
+    """``ENGRAM_TRACING``: the worker exports spans, and Celery's instrumentation makes each task's run span
+    a child of the context its message carries (the producer's enqueue, or the stage that published it).
+    Set up before the pool starts: prefork children inherit it (``engram_api.tracing``)."""
+    from engram_api import tracing
+    from engram_api.settings import load_settings
+
+    if sender.app is app and tracing.configure(load_settings(), service="engram-worker"):
+        from opentelemetry.instrumentation.celery import CeleryInstrumentor
+
+        CeleryInstrumentor().instrument()
+
+
+@worker_process_shutdown.connect
+def _flush_spans(**_: Any) -> None:
+    """A prefork child exits without running ``atexit``: its buffered spans go out first."""
+    from engram_api import tracing
+
+    tracing.flush()
 
 
 @beat_init.connect

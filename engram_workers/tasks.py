@@ -15,7 +15,7 @@ import redis
 from celery import Task
 from celery.exceptions import Reject
 
-from engram_api import keys
+from engram_api import keys, tracing
 from engram_api.models import StageResult, utcnow
 from engram_api.storage.writer.userwrite import UserWrite
 from engram_workers.app import app
@@ -41,7 +41,8 @@ StageFn = Callable[[WorkerResources, str, str, Delivery], StageResult]
 def _run_stage(task: Task, stage: str, fn: StageFn, user_id: str, message_id: str) -> StageResult:
     ctx = get_resources()
     try:
-        return _deliver(ctx, task, stage, fn, user_id, message_id)
+        with tracing.span(f"engram.{stage}", **tracing.message_ids(user_id, message_id)):
+            return _deliver(ctx, task, stage, fn, user_id, message_id)
     except redis.RedisError as exc:
         # Redis itself is away (restart, failover): the bookkeeping cannot be trusted, and acking would
         # lose the message. Back on the queue it goes; the stages are idempotent.

@@ -224,6 +224,7 @@ def test_per_key_rate_and_session_cap_leave_other_keys_served(
         "ENGRAM_GATEWAY_KEY_RATE": "0.01",
         "ENGRAM_GATEWAY_KEY_BURST": "5",
         "ENGRAM_GATEWAY_KEY_MCP_SESSIONS": "2",
+        "ENGRAM_GATEWAY_MCP_STATELESS": "false",  # the cap counts sessions, which only stateful MCP opens
     }
     env = {**fleet[1].process.env, **quotas}
     with gateway_process(env, tmp_path, name="gateway-quotas") as gw, httpx.Client(base_url=gw.url, timeout=60) as http:

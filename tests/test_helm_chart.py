@@ -164,6 +164,20 @@ def test_workers_run_what_docker_compose_runs() -> None:
         assert container["command"] + container["args"] == compose[component(doc)]["command"], component(doc)
 
 
+def test_every_compose_service_checks_what_the_charts_readiness_probe_checks() -> None:
+    """docker-compose.yml: every long-running service has a healthcheck; a worker's and Beat's is the
+    chart's readiness command, the gateway's its readiness path (the one-shot migrate has none: compose
+    waits for it to exit). ``tests/test_cli.py`` validates the file with docker-compose itself."""
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())["services"]
+    assert {name for name, service in compose.items() if "healthcheck" not in service} == {"migrate"}
+    docs = {component(d): pod_spec(d)["containers"][0] for d in workloads(render())}
+    for role in COMPONENTS - {"gateway"}:
+        readiness = docs[role]["readinessProbe"]["exec"]["command"][:5]
+        assert compose[role]["healthcheck"]["test"] == ["CMD", *readiness], role
+    path = docs["gateway"]["readinessProbe"]["httpGet"]["path"]
+    assert f"127.0.0.1:8080{path}'" in " ".join(compose["gateway"]["healthcheck"]["test"])
+
+
 def test_probes_are_engrams_own() -> None:
     docs = {component(d): pod_spec(d)["containers"][0] for d in workloads(render())}
     for role in COMPONENTS - {"gateway"}:
@@ -221,3 +235,37 @@ def test_every_process_on_neo4j_runs_engram_migrate_first() -> None:
     assert not any(pod_spec(d).get("initContainers") for d in workloads(render()))
     off = render("-f", str(PRODUCTION), "--set", "migrate.initContainer=false")
     assert not any(pod_spec(d).get("initContainers") for d in workloads(off))
+
+
+def test_migrate_can_run_as_a_hook_job_before_install_and_upgrade() -> None:
+    """``migrate.job.enabled``: one pre-install/pre-upgrade hook Job runs `engram migrate` (hardened like
+    every pod, its password by secretKeyRef from the existing Secret, optionally as a schema-admin user of
+    its own), and the pods lose their init containers; without an existing Secret it refuses to render."""
+    admin = ["--set", "migrate.job.user=schema-admin", "--set", "migrate.job.passwordKey=NEO4J_ADMIN_PASSWORD"]
+    docs = render("-f", str(PRODUCTION), "--set", "migrate.job.enabled=true", *admin)
+    (job,) = [d for d in docs if d["kind"] == "Job"]
+    assert set(job["metadata"]["annotations"]["helm.sh/hook"].split(",")) == {"pre-install", "pre-upgrade"}
+    spec = pod_spec(job)
+    (container,) = spec["containers"]
+    assert container["command"] + container["args"] == ["engram", "migrate"]
+    assert spec["restartPolicy"] == "Never" and spec["automountServiceAccountToken"] is False
+    (worker,) = pod_spec(next(d for d in docs if d["kind"] == "Deployment" and component(d) == "apply"))["containers"]
+    assert container["securityContext"] == worker["securityContext"] and container["image"] == worker["image"]
+    assert spec["securityContext"]["runAsNonRoot"] is True and "/tmp" in {
+        m["mountPath"] for m in container["volumeMounts"]
+    }
+    assert {"cpu", "memory"} <= set(container["resources"]["limits"])
+    env = {var["name"]: var for var in container["env"]}
+    assert env["NEO4J_URI"]["value"] == "bolt://engram-neo4j:7687" and env["NEO4J_USER"]["value"] == "schema-admin"
+    assert env["NEO4J_PASSWORD"]["valueFrom"]["secretKeyRef"] == {
+        "name": "engram-secrets",
+        "key": "NEO4J_ADMIN_PASSWORD",
+    }
+    assert not SECRET_NAMES - {"NEO4J_PASSWORD"} & set(env)
+    assert not any(pod_spec(d).get("initContainers") for d in workloads(docs) if d is not job)
+    lint = helm("lint", "--strict", str(CHART), "-f", str(PRODUCTION), "--set", "migrate.job.enabled=true", *admin)
+    assert "0 chart(s) failed" in lint.stdout
+    # Off (the default): no Job. With the chart-made Secret: refused, the hook would run before it exists.
+    assert not [d for d in render("-f", str(PRODUCTION)) if d["kind"] == "Job"]
+    made = helm("template", "engram", str(CHART), "--set", "neo4j.uri=bolt://neo4j:7687", "--set", "migrate.job.enabled=true", check=False)  # fmt: skip
+    assert made.returncode != 0 and "migrate.job needs secrets.name" in made.stderr

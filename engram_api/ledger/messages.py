@@ -29,7 +29,7 @@ from typing import NamedTuple
 
 import redis
 
-from engram_api import keys
+from engram_api import keys, tracing
 from engram_api.ledger import erasure
 from engram_api.ledger.inflight import SINCE_FIELD, InFlight
 from engram_api.ledger.scripts import (
@@ -194,7 +194,7 @@ class MessageLedger:
             ),
             EnqueueArgs(
                 envelope=envelope.model_dump_json(exclude_none=True), task_id=task_id, ttl=self.status_ttl_s,
-                now=now, message=task_message(keys.EXTRACT_TASK, task_id, (uid, mid), queue, now), message_id=mid,
+                now=now, message=task_message(keys.EXTRACT_TASK, task_id, (uid, mid), queue, now, tracing.carrier()), message_id=mid,
                 limit=limit, ref=keys.message_ref(uid, mid),
             ),
         )  # fmt: skip

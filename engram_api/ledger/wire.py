@@ -23,7 +23,7 @@ import base64
 import json
 import socket
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from engram_api import keys
@@ -37,16 +37,20 @@ _ORIGIN = f"engram-producer@{socket.gethostname()}"
 _PAGE = 1000
 
 
-def task_message(task: str, task_id: str, args: tuple[str, ...], queue: str, sent_at: float) -> str:
+def task_message(
+    task: str, task_id: str, args: tuple[str, ...], queue: str, sent_at: float, trace: Mapping[str, str] | None = None
+) -> str:
     """A Celery protocol-2 task message as kombu's Redis transport LPUSHes it onto ``queue``, stamped with
-    ``sent_at`` (``keys.SENT_AT_HEADER``) as every Celery publish of the fleet is."""
+    ``sent_at`` (``keys.SENT_AT_HEADER``) as every Celery publish of the fleet is, and carrying ``trace``
+    (W3C ``traceparent``/``tracestate``, ``engram_api.tracing.carrier``) as headers, where Celery's
+    OpenTelemetry instrumentation reads a task's parent context."""
     body = json.dumps([list(args), {}, {"callbacks": None, "errbacks": None, "chain": None, "chord": None}])
     headers: dict[str, object] = {
         "lang": "py", "task": task, "id": task_id, "shadow": None, "eta": None, "expires": None,
         "group": None, "group_index": None, "retries": 0, "timelimit": [None, None], "root_id": task_id,
         "parent_id": None, "argsrepr": repr(args), "kwargsrepr": "{}", "origin": _ORIGIN,
         "ignore_result": True, "replaced_task_nesting": 0, "stamped_headers": None, "stamps": {},
-        keys.SENT_AT_HEADER: sent_at,
+        keys.SENT_AT_HEADER: sent_at, **(trace or {}),
     }  # fmt: skip
     return json.dumps(
         {

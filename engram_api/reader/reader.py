@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
-from engram_api import graph_reads, keys
+from engram_api import graph_reads, keys, tracing
 from engram_api.errors import InvalidInputError, NotFoundError, StoreUnavailableError
 from engram_api.graph_reads import check_k, check_text
 from engram_api.ledger.erasure import purge_redis
@@ -136,6 +136,7 @@ class Reader:
         """The default recipe with the configured fusion constant and neighbour window."""
         return self._recipe
 
+    @tracing.traced_recall
     def recall(
         self,
         user_id: str,

@@ -44,6 +44,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from engram_api import tracing
 from engram_api.errors import LLMError
 from engram_api.models import ExtractedEntity, ExtractedFact, Extraction, Usage
 from engram_api.settings import Settings
@@ -303,6 +304,7 @@ def completion_kwargs(
     }
 
 
+@tracing.traced("engram.llm", lambda settings, *_, **__: {"gen_ai.request.model": settings.llm_model or ""})
 def complete(settings: Settings, messages: list[dict[str, str]], max_tokens: int | None = None) -> Completion:
     """One model call: the answer's text and what it cost; ``LLMError`` (classified) when it fails,
     ``CutOff`` (with the text so far) when the model stopped at ``max_tokens``."""

@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from engram_api import keys
+from engram_api import keys, tracing
 from engram_api.errors import BreakerOpenError, LLMError, StoreUnavailableError
 from engram_api.models import Envelope, EpisodeRecord, Extraction, MessageState, StageOutcome, StageResult, Usage
 from engram_api.naming import SINGLE_VALUED, self_entity_id
@@ -138,7 +138,7 @@ def _store_and_hand_over(
         ctx, uid, mid, MessageState.EXTRACTED, extraction=handed.model_dump_json(),
         event_time=envelope.timestamp.timestamp(),
         prompt_tokens=str(usage.prompt_tokens), completion_tokens=str(usage.completion_tokens),
-        cost_usd=f"{usage.cost_usd:.8f}",
+        cost_usd=f"{usage.cost_usd:.8f}", **tracing.status_fields(),
     )  # fmt: skip
     if stored:
         _hand_over(ctx, uid, mid)

@@ -129,7 +129,7 @@ exec:
 {{/* `engram migrate` before a process that uses Neo4j starts (the processes only check the schema's
 version and refuse another one): the first pod migrates, every later start is a no-op of one read. */}}
 {{- define "engram.migrateInit" -}}
-{{- if and .root.Values.neo4j.uri .root.Values.migrate.initContainer }}
+{{- if and .root.Values.neo4j.uri .root.Values.migrate.initContainer (not .root.Values.migrate.job.enabled) }}
 initContainers:
   - name: migrate
     {{- include "engram.image" .root | nindent 4 }}
