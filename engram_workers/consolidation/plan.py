@@ -227,6 +227,31 @@ def _closings(
     return list(ended.values()), redundant
 
 
+def _late_ends(drafts: Drafts, slotted: list[FactRecord], at: datetime) -> None:
+    """A late message's history draft ends where the fact that replaced it starts. The prompt shows a known
+    fact's start as a day ("since 2026-03-10") and asks a message older than it for that date as
+    ``valid_until``; an end after the message that falls on the day a stored fact of the same subject and
+    predicate (another object) started after the message is that fact's start, to the second, so the result
+    equals having seen the messages in event-time order (the newer one's ``ends`` closes at its event time)."""
+    for draft in drafts.facts:
+        end = draft.valid_until
+        if end is None or end <= at:
+            continue
+        starts = [
+            f.valid_from
+            for f in slotted
+            if (f.subject_id, f.predicate) == (draft.subject_id, draft.predicate)
+            and f.object_id != draft.object_id
+            and at < f.valid_from
+            and end <= f.valid_from < end + timedelta(days=1)
+        ]
+        if starts:
+            draft.valid_until = min(starts)
+            if draft.id in drafts.closes:
+                subject, predicate, obj, _ = drafts.closes[draft.id]
+                drafts.closes[draft.id] = (subject, predicate, obj, draft.valid_until)
+
+
 def _duplicate_hits(drafts: list[FactRecord], index: UserIndex) -> dict[str, list[VectorHit]]:
     """Each multi-valued draft's near-identical facts in the user's index (candidates for reinforcement)."""
     return {
@@ -349,6 +374,7 @@ def plan_message(message: Incoming, *, graph: GraphStore, index: UserIndex, vect
     slots = {(f.subject_id, f.predicate) for f in single} | {(s, p) for s, p, _, _ in drafts.closes.values()}
     named, slotted = graph.facts_and_slots(uid, fact_ids=sorted(wanted), slots=sorted(slots))
     known = {f.id: f for f in named}
+    _late_ends(drafts, slotted, envelope.timestamp)
     closed, redundant = _closings(drafts, slotted, envelope.timestamp)
     multi = [d for d in multi if d.id not in redundant]
     ended = {f.id: (f, when) for f, when in _ended(extraction.ends, envelope.timestamp, known)}
