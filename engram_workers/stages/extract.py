@@ -182,9 +182,12 @@ def run_extract(ctx: WorkerResources, user_id: str, message_id: str) -> StageRes
         taken = ctx.ledger.turns.take(user_id, message_id, envelope.timestamp.timestamp())
         if not taken.granted:
             return StageResult(StageOutcome.WAITING, f"after {taken.blocker}")
-        # The context as it is now (the published stamp was read before the turn: an earlier message may
-        # have been applied since).
+        # Read again under the turn: an earlier message may have been applied since the read above (the
+        # prompt must show its facts), and this one forgotten (it passes the turn it just took on).
         found = read_stored(ctx, user_id, message_id, published=True)
+        if found.settled is not None:
+            ctx.ledger.turns.pass_on(user_id, message_id)
+            return found.settled
     try:
         answer, vectors = _llm_extract(ctx, envelope, found.published)
     except StoreUnavailableError as exc:
