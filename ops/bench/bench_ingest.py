@@ -327,7 +327,8 @@ _SIDE_BY_SIDE = "target-side-by-side"
 def _side_by_side(ctx: BenchContext, stack: Any, warm_ups: itertools.count[int], n: int, users: int) -> dict[str, Any]:
     """The target burst (64 threads, 1 s) with ``extract_in_order`` off: each user's messages extracted side by
     side, as before extraction turns, for the turns' cost in the same run. The extract worker is restarted with
-    the setting off, then with it back on."""
+    the setting off, then with it back on (and the stand-in's latency as it was: a warm-up sets it to 0 s)."""
+    latency = ctx.services.llm.latency_s
     stack.env["ENGRAM_EXTRACT_IN_ORDER"] = "false"
     try:
         restart_extract(stack, 64)
@@ -337,6 +338,7 @@ def _side_by_side(ctx: BenchContext, stack: Any, warm_ups: itertools.count[int],
         stack.env.pop("ENGRAM_EXTRACT_IN_ORDER")
     restart_extract(stack, 64)
     _warm_up(ctx, stack, warm_ups, 1)
+    ctx.services.llm.latency_s = latency
     return got
 
 
