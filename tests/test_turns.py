@@ -35,8 +35,9 @@ def enqueue(ledger: MessageLedger, user: str, mid: str, days: float) -> float:
 
 
 def woken(redis_client: redis.Redis, user: str) -> list[str]:
-    """The message ids of ``user`` whose extract task is on the queue, oldest push first (as popped)."""
-    refs = [task_ref(m) for m in reversed(redis_client.lrange(keys.EXTRACT_QUEUE, 0, -1))]
+    """The message ids of ``user`` whose extract task a wake-up put on the queue, in the order they were put
+    there (each at the front: the newest is taken first)."""
+    refs = [task_ref(m) for m in redis_client.lrange(keys.EXTRACT_QUEUE, 0, -1)]
     return [ref.split(":", 1)[1] for task, ref in filter(None, refs) if ref.startswith(f"{user}:")]
 
 
@@ -111,3 +112,17 @@ def test_forgetting_a_user_takes_its_turn_keys(ledger: MessageLedger, redis_clie
     ledger.turns.take(user, "b", times["b"])
     ledger.forget_user(user)
     assert not redis_client.exists(keys.extract_order(user), keys.extract_turn(user), keys.parked(user))
+
+
+def test_a_woken_message_is_taken_before_messages_enqueued_since(
+    ledger: MessageLedger, redis_client: redis.Redis
+) -> None:
+    user, other = (f"tn_{uuid.uuid4().hex[:8]}" for _ in range(2))
+    times = {mid: enqueue(ledger, user, mid, days) for mid, days in (("a", 0), ("b", 1))}
+    assert ledger.turns.take(user, "a", times["a"]).granted and not ledger.turns.take(user, "b", times["b"]).granted
+    newcomer = build_envelope(Settings(), other, "Hello there.", message_id="n1", timestamp=T0)
+    ledger.enqueue(newcomer, task_id="t-n1", limit=100)  # its task stays on the queue
+    ledger.set_state(user, "a", MessageState.APPLIED)
+    # Workers take from the right end of the list: the woken message's task is to the right of the newcomer's.
+    refs = [ref for _, ref in filter(None, map(task_ref, redis_client.lrange(keys.EXTRACT_QUEUE, 0, -1)))]
+    assert refs.index(f"{user}:b") > refs.index(f"{other}:n1")

@@ -186,10 +186,12 @@ class Turns:
         return True
 
     def _wake(self, user_id: str, message_id: str) -> None:
-        """Push the extract task of a parked message onto its queue, as the producer's enqueue does."""
+        """Put the extract task of a parked message on its queue (the producer's wire format) at the end
+        workers take from next: it has waited its turn already, and a user's whole burst waits on it, so it
+        does not queue again behind messages enqueued since (kombu LPUSHes and BRPOPs: RPUSH is the front)."""
         queue = keys.queue_for(keys.EXTRACT_TASK)
         task_id = str(uuid.uuid4())
-        self.redis.lpush(queue, task_message(keys.EXTRACT_TASK, task_id, (user_id, message_id), queue, time.time()))
+        self.redis.rpush(queue, task_message(keys.EXTRACT_TASK, task_id, (user_id, message_id), queue, time.time()))
 
     def waiting(self, user_id: str) -> list[str]:
         """The user's unfinished messages in the order their extractions take the turn (earliest first)."""
