@@ -159,6 +159,28 @@ def ready(user_id: str) -> str:
     return f"{PREFIX}:ready:{user_id}"
 
 
+def extract_order(user_id: str) -> str:
+    """Sorted set message id -> event time (epoch seconds) of the user's unfinished messages: the order in which
+    their extractions take the user's turn (``engram_api.ledger.turns``). Added at enqueue (or by the first
+    ``take`` of a message enqueued before it existed), removed when the message is applied, dead-lettered or
+    forgotten; an entry whose status says it is finished (or has expired) is dropped by the next ``take`` that
+    meets it, so a lost message cannot hold the user's later messages back for ever."""
+    return f"{PREFIX}:order:{user_id}"
+
+
+def extract_turn(user_id: str) -> str:
+    """The id of the user's message that holds its extraction turn: taken when its extraction starts, passed
+    on when it is applied, dead-lettered or forgotten. While one message holds it, the user's other messages
+    wait (``parked``), so each extraction sees the facts of every message before it."""
+    return f"{PREFIX}:turn:{user_id}"
+
+
+def parked(user_id: str) -> str:
+    """Set of the user's message ids whose extract task found the turn taken (or an earlier message waiting)
+    and ended: the one that passes the turn on sends the extract task of the earliest parked message again."""
+    return f"{PREFIX}:parked:{user_id}"
+
+
 def user_version(user_id: str) -> str:
     """The per-user stamp ("epoch:version") writers publish; readers compare it with their cache and index."""
     return f"{PREFIX}:version:{user_id}"
@@ -186,6 +208,9 @@ def user_keys_pattern(user_id: str) -> list[str]:
         f"{PREFIX}:recall:{user_id}:*",
         pending(user_id),
         ready(user_id),
+        extract_order(user_id),
+        extract_turn(user_id),
+        parked(user_id),
     ]
 
 

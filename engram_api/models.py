@@ -151,6 +151,7 @@ class StageOutcome(StrEnum):
     RULES = "rules"  # extract: the offline rule extractor's, stored and handed over
     TRIVIAL = "trivial"  # extract: nothing worth remembering (no model call), handed over empty
     RE_HANDED = "re-handed"  # extract: an extraction was already stored, apply asked again
+    WAITING = "waiting"  # extract: an earlier message of the user holds its turn; this one is sent again after it
     APPLIED = "applied"  # apply: written to the graph and the index
     SENT_BACK = "sent-back"  # apply: the stored extraction is gone, the message goes back to extract
     ALREADY = "already"  # the message was finished (applied or dead) before this run

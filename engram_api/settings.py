@@ -181,6 +181,13 @@ class Settings(BaseSettings):
     apply_batch: int = Field(
         8, ge=1, le=64, description="messages of one user the apply lease holder applies in one go (1: one per task)"
     )
+    extract_in_order: bool = Field(
+        True,
+        description="extract each user's model-path messages one at a time in event-time order, each after the "
+        "one before it is applied, so every extraction sees the facts before it (docs/extraction.md, 'Bursts and "
+        "late messages'); false: side by side, faster for one user's burst, but a message cannot end what it "
+        "was not shown",
+    )
     status_ttl_s: int = Field(7 * 24 * 3600, ge=60, description="how long message status and payloads are kept")
     poison_max_deliveries: int = Field(5, ge=1, description="deliveries before a crashing message is dead")
     dead_letter_retention_days: float = Field(

@@ -89,8 +89,10 @@ def stack(request: pytest.FixtureRequest, redis_url: str, llm_standin: Any, tmp_
 
 
 def process(stack: Stack, batch: int) -> tuple[WorkerResources, Recording]:
-    """A worker process's resources in this process (``apply_batch=batch``), its embedder recorded."""
-    settings = stack.settings.model_copy(update={"apply_batch": batch})
+    """A worker process's resources in this process (``apply_batch=batch``), its embedder recorded. Its
+    extractions do not wait for their user's turn (``extract_in_order`` off): these tests queue several
+    model-path messages of one user ready to apply at once, which turns allow only one at a time."""
+    settings = stack.settings.model_copy(update={"apply_batch": batch, "extract_in_order": False})
     ctx = WorkerResources(settings=settings, dispatch=lambda _task, _args: None)
     recording = Recording(ctx.embedder)
     ctx.__dict__["embedder"] = recording

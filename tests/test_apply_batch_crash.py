@@ -48,6 +48,7 @@ def test_sigkill_mid_batch_then_redelivery_applies_every_message_exactly_once(
     with engram_stack(
         redis_url=redis_url, data_dir=tmp_path, neo4j_uri=neo4j_uri, llm_url=llm_standin.url, workers=False,
         middleware=f"tests.support.faults:{fault}", apply_batch=N,
+        extract_in_order=False,  # all N ready at once: extraction turns would let one model-path message be ready
     ) as stack:  # fmt: skip
         client, user = stack.client, f"kb_{uuid.uuid4().hex[:8]}"
         stack.start_worker("extract", EXTRACT_WORKER, concurrency=4)

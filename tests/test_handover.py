@@ -241,6 +241,8 @@ def test_extract_takes_the_published_stamp_read_with_the_message_and_asks_the_gr
     extract(ctx, stack, user, "m1", SECOND, 1)
     assert counting.stamps == 0
     assert handed_over(stack, user, "m1").vectors is not None  # the context was read: its query vector went along
+    apply(ctx, user, "m1")  # the user's next message is extracted once this one is applied (its turn)
+    published, counting.stamps = read_stamp(ctx.redis, user), 0
 
     # The same context either way; with the stamp gone from Redis (expired, a Redis restarted empty), the
     # graph is asked.

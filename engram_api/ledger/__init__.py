@@ -10,6 +10,8 @@ A message is ``queued`` (payload, status, backlog entry, extract task on the que
 - ``controls`` and ``maintenance``: the scripts outside a message's life (the published stamp, the LLM
   controls; the maintenance fan-out and its changed set).
 - ``wire``: kombu's task-message format, written by the producer and read by the redelivery sweep.
+- ``turns``: each user's extraction turn (one model-path message of a user extracted at a time, in
+  event-time order), passed on by every finishing transition (``MessageLedger.turns``).
 - ``messages.DeadLetterStore`` (the dead-letter hash, ``MessageLedger.dead_letters``) and ``erasure``
   (the Redis side of erasure, ``MessageLedger.forget`` / ``forget_user``).
 

@@ -13,7 +13,9 @@ scripts ``engram_api.ledger.scripts``'; the task message on the queue is ``engra
 Invariants:
 - Every transition that writes is one round trip, atomic (a script or a MULTI), and none writes for a
   forgotten message except ``enqueue``, whose message id is then a new message.
-- A finished message (applied, dead, forgotten) is out of its user's backlog and ready set.
+- A finished message (applied, dead, forgotten) is out of its user's backlog and ready set, and passes its
+  user's extraction turn on (``turns.Turns.pass_on``, right after the finishing write: a crash in between
+  is repaired by the next ``take`` that meets the finished message).
 - Reads (``read``, ``states``, ``payloads``, ``backlogs``) never write; ``keep_alive`` only moves TTLs.
 - A dead letter is never written for a forgotten message (``scripts.DEAD_LETTER`` checks the tombstone
   and writes in one script); its reason and raw answer are redacted first.
@@ -52,6 +54,7 @@ from engram_api.ledger.scripts import (
     StageWriteArgs,
     StageWriteKeys,
 )
+from engram_api.ledger.turns import Turns
 from engram_api.ledger.wire import task_message
 from engram_api.models import DeadLetter, Envelope, MessageState, check_message_id, check_user_id, utcnow
 from engram_api.redaction import redact
@@ -177,6 +180,7 @@ class MessageLedger:
         self.status_ttl_s = status_ttl_s
         self.dead_letters = DeadLetterStore(redis_client=client, status_ttl_s=status_ttl_s, secrets=secrets)
         self.in_flight = InFlight(client)
+        self.turns = Turns(client, status_ttl_s=status_ttl_s)
 
     # ------------------------------------------------------------------------------ queued
     def enqueue(self, envelope: Envelope, *, task_id: str, limit: int) -> Enqueued:
@@ -191,11 +195,12 @@ class MessageLedger:
             EnqueueKeys(
                 payload=keys.message_payload(uid, mid), status=keys.status(uid, mid), queue=queue,
                 pending=keys.pending(uid), tombstone=keys.forgotten(uid, mid), in_flight=keys.in_flight(),
+                order=keys.extract_order(uid),
             ),
             EnqueueArgs(
                 envelope=envelope.model_dump_json(exclude_none=True), task_id=task_id, ttl=self.status_ttl_s,
                 now=now, message=task_message(keys.EXTRACT_TASK, task_id, (uid, mid), queue, now, tracing.carrier()), message_id=mid,
-                limit=limit, ref=keys.message_ref(uid, mid),
+                limit=limit, ref=keys.message_ref(uid, mid), event_time=envelope.timestamp.timestamp(),
             ),
         )  # fmt: skip
         if isinstance(found, list):
@@ -247,8 +252,8 @@ class MessageLedger:
         """Record ``state`` (with ``<state>_at`` now and ``fields``) unless the message was forgotten (False,
         nothing written). ``extraction`` (JSON) is stored and files the message as ready to apply at
         ``event_time`` (epoch seconds); APPLIED deletes the payload and the extraction; APPLIED and DEAD take
-        the message out of its user's backlog and ready set; an unfinished state files it in the in-flight
-        index since its ``SINCE_FIELD``."""
+        the message out of its user's backlog and ready set and pass its extraction turn on; an unfinished
+        state files it in the in-flight index since its ``SINCE_FIELD``."""
         mapping = {"state": state.value, f"{state.value}_at": str(time.time()), **(fields or {})}
         written = STAGE_WRITE(
             self.redis,
@@ -269,6 +274,8 @@ class MessageLedger:
             ),
             *(x for pair in mapping.items() for x in pair),
         )  # fmt: skip
+        if written and state in _FINISHED:
+            self.turns.pass_on(user_id, message_id)
         return bool(written)
 
     def count(self, user_id: str, message_id: str, field: str) -> int:
@@ -299,8 +306,12 @@ class MessageLedger:
         pipe.execute()
 
     def dead_letter(self, letter: DeadLetter) -> bool:
-        """Store the letter (redacted) and mark the message DEAD; False when it was forgotten meanwhile."""
-        return self.dead_letters.put(letter)
+        """Store the letter (redacted) and mark the message DEAD, passing its user's extraction turn on;
+        False when it was forgotten meanwhile."""
+        if not self.dead_letters.put(letter):
+            return False
+        self.turns.pass_on(letter.user_id, letter.message_id)
+        return True
 
     # ------------------------------------------------------------------------------ reads
     def is_forgotten(self, user_id: str, message_id: str) -> bool:
@@ -352,8 +363,10 @@ class MessageLedger:
 
     # ------------------------------------------------------------------------------ forgotten
     def forget(self, user_id: str, message_id: str) -> None:
-        """Tombstone the message, then delete every trace of it (``erasure.erase_message``)."""
+        """Tombstone the message, then delete every trace of it (``erasure.erase_message``); its user's
+        extraction turn passes on."""
         erasure.erase_message(self.redis, user_id, message_id, tombstone_ttl_s=self.status_ttl_s)
+        self.turns.pass_on(user_id, message_id)
 
     def forget_user(self, user_id: str) -> int:
         """Tombstone every message of the user Redis knows, then delete all the user's keys; how many."""

@@ -117,6 +117,7 @@ class EnqueueKeys(NamedTuple):
     pending: str
     tombstone: str
     in_flight: str
+    order: str
 
 
 class EnqueueArgs(NamedTuple):
@@ -128,9 +129,11 @@ class EnqueueArgs(NamedTuple):
     message_id: str
     limit: int
     ref: str
+    event_time: float
 
 
-# The producer's enqueue: payload, status, backlog entry and the task message on the queue, all or nothing.
+# The producer's enqueue: payload, status, backlog entry, its place in the user's extraction order (by event
+# time, ``engram_api.ledger.turns``) and the task message on the queue, all or nothing.
 # Returns the existing task id for a known message id, {pending} when the user's backlog is full (nothing
 # written), else "". Enqueueing a message id again after it was forgotten is a new message: its tombstone goes.
 # The payload's SET is the script's first write on purpose: Redis checks maxmemory only at a script's first
@@ -150,6 +153,8 @@ if pending >= tonumber(A.limit) then
 end
 redis.call('ZADD', K.pending, A.now, A.message_id)
 redis.call('ZADD', K.in_flight, A.now, A.ref)
+redis.call('ZADD', K.order, A.event_time, A.message_id)
+redis.call('EXPIRE', K.order, A.ttl)
 redis.call('DEL', K.tombstone)
 redis.call('EXPIRE', K.pending, A.ttl)
 redis.call('HSET', K.status, 'state', '{MessageState.QUEUED.value}', 'task_id', A.task_id, 'enqueued_at', A.now)

@@ -8,7 +8,8 @@ Runs under the user's apply lock, so what it reads cannot change under it. Decis
 3. temporal supersession for single-valued predicates, scoped to one subject and predicate: the slot's
    facts are ordered by ``valid_from`` and each one's ``valid_until`` is the next one's start. Ordering by
    event time (not arrival) makes the result independent of delivery order: a late message with an older
-   event time lands in the past, already superseded.
+   event time lands in the past, already superseded (``engram_workers.consolidation.timeline``, which also
+   ends a late message's history where the newer fact that replaced it starts).
 Ids are derived from (user, message, position), so re-planning the same message gives the same ids.
 Store reads per message are fixed, whatever it names: one entity lookup (``resolution``), and one read
 (``GraphStore.facts_and_slots``) of the facts it names or nearly restates (index hits, "updates" hints,
@@ -61,6 +62,7 @@ from engram_api.storage.graph.contract import GraphStore
 from engram_api.storage.graph.episodes import chunk_envelope, episode_text
 from engram_workers.consolidation.resolution import Resolver, Vectors, hashed_id, named_entities
 from engram_workers.consolidation.stance import read_stance
+from engram_workers.consolidation.timeline import late_ends, supersede_single
 
 __all__ = ["Incoming", "Planned", "plan_message"]
 
@@ -99,20 +101,6 @@ class Incoming:
 class Planned:
     plan: WritePlan
     upserts: list[tuple[str, Kind, Sequence[float]]] = field(default_factory=list)
-
-
-def _chain(slot_facts: list[FactRecord], ended: dict[str, datetime]) -> dict[str, tuple[object, str | None]]:
-    """Desired (valid_until, superseded_by) for each fact of one single-valued slot. A fact that was ended
-    outright (``ends``, now or by an earlier message) keeps its end unless a successor starts sooner."""
-    ordered = sorted(slot_facts, key=lambda f: (f.valid_from, f.created_at, f.id))
-    out: dict[str, tuple[object, str | None]] = {}
-    for cur, nxt in zip(ordered, [*ordered[1:], None], strict=True):
-        end = ended.get(cur.id) or (cur.valid_until if cur.superseded_by is None else None)
-        if nxt is not None and (end is None or nxt.valid_from <= end):
-            out[cur.id] = (nxt.valid_from, nxt.id)
-        else:
-            out[cur.id] = (end, None)
-    return out
 
 
 @dataclass
@@ -276,45 +264,6 @@ def _consolidate_multi(
             changes.append(FactChange(id=target.id, valid_until=draft.valid_from, superseded_by=draft.id))
 
 
-def _supersede_single(
-    drafts: list[FactRecord],
-    slotted: list[FactRecord],
-    ended: dict[str, datetime],
-    new_facts: list[FactRecord],
-    reinforced: list[str],
-    changes: list[FactChange],
-) -> None:
-    """Single-valued facts: rebuild each (subject, predicate) slot's chain in event-time order (``slotted``:
-    the stored facts of the drafts' slots)."""
-    slots = sorted({(f.subject_id, f.predicate) for f in drafts})
-    existing = [f for f in slotted if not f.archived and f.single_valued]  # undated history is no member
-    for slot in slots:
-        slot_existing = [f for f in existing if (f.subject_id, f.predicate) == slot]
-        slot_new: list[FactRecord] = []
-        for draft in (f for f in drafts if (f.subject_id, f.predicate) == slot):
-            timeline = sorted([*slot_existing, *slot_new], key=lambda f: (f.valid_from, f.created_at, f.id))
-            before = [f for f in timeline if f.valid_from <= draft.valid_from]
-            prev = before[-1] if before else None
-            if (
-                prev is not None
-                and prev.object_id == draft.object_id
-                and (draft.object_id is not None or normalize_name(prev.statement) == normalize_name(draft.statement))
-            ):
-                # Restated value: the same interval goes on; no new fact.
-                if prev in slot_existing:
-                    reinforced.append(prev.id)
-                continue
-            slot_new.append(draft)
-        wanted = _chain([*slot_existing, *slot_new], ended)
-        for fact in slot_existing:
-            until, by = wanted[fact.id]
-            if (fact.valid_until, fact.superseded_by) != (until, by):
-                changes.append(FactChange(id=fact.id, valid_until=until, superseded_by=by))  # type: ignore[arg-type]
-        for draft in slot_new:
-            draft.valid_until, draft.superseded_by = wanted[draft.id]  # type: ignore[assignment]
-            new_facts.append(draft)
-
-
 def _ended(ids: Sequence[str], at: datetime, known: dict[str, FactRecord]) -> list[tuple[FactRecord, datetime]]:
     """The facts ``ends`` names that were current when the message was sent (this user's only)."""
     facts = [known[i] for i in sorted(set(ids)) if i in known]
@@ -349,13 +298,14 @@ def plan_message(message: Incoming, *, graph: GraphStore, index: UserIndex, vect
     slots = {(f.subject_id, f.predicate) for f in single} | {(s, p) for s, p, _, _ in drafts.closes.values()}
     named, slotted = graph.facts_and_slots(uid, fact_ids=sorted(wanted), slots=sorted(slots))
     known = {f.id: f for f in named}
+    late_ends(drafts.facts, drafts.closes, slotted, envelope.timestamp)
     closed, redundant = _closings(drafts, slotted, envelope.timestamp)
     multi = [d for d in multi if d.id not in redundant]
     ended = {f.id: (f, when) for f, when in _ended(extraction.ends, envelope.timestamp, known)}
     for fact, when in closed:
         ended.setdefault(fact.id, (fact, when))
     _consolidate_multi(multi, hints, hits, known, new_facts, reinforced, changes)
-    _supersede_single(single, slotted, {i: when for i, (_, when) in ended.items()}, new_facts, reinforced, changes)
+    supersede_single(single, slotted, {i: when for i, (_, when) in ended.items()}, new_facts, reinforced, changes)
     changed = {c.id for c in changes}
     changes += [
         FactChange(id=f.id, valid_until=when, superseded_by=None) for f, when in ended.values() if f.id not in changed

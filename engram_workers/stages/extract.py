@@ -7,6 +7,12 @@ dead-lettered with the reason and the raw answer. The extraction is stored in Re
 is published, so a retried apply never calls the LLM again. When the message is one chunk, its
 slim-context query is that chunk's text, and the vector goes with the extraction (``engram_workers.stages.handover``):
 apply then does not encode the chunk again.
+
+A message of the LLM path is extracted only while it holds its user's turn (``engram_api.ledger.turns``, on
+by ``extract_in_order``): the user's messages reach the model one at a time in event-time order, each after
+the one before it is applied, so each prompt shows the facts of every message before it. A message that
+finds the turn taken ends its task as WAITING; the message that passes the turn on sends it again. Trivial
+and rules messages read no context and take no turn.
 """
 
 from __future__ import annotations
@@ -171,6 +177,17 @@ def run_extract(ctx: WorkerResources, user_id: str, message_id: str) -> StageRes
         extraction = extract_rules(said, event_time=envelope.timestamp)
         stored = _store_and_hand_over(ctx, envelope, extraction, Usage())
         return StageResult(StageOutcome.RULES, f"{len(extraction.facts)} facts") if stored else _FORGOTTEN
+    if ctx.settings.extract_in_order:
+        # The model is shown the user's facts: an earlier message must be applied before this one reads them.
+        taken = ctx.ledger.turns.take(user_id, message_id, envelope.timestamp.timestamp())
+        if not taken.granted:
+            return StageResult(StageOutcome.WAITING, f"after {taken.blocker}")
+        # Read again under the turn: an earlier message may have been applied since the read above (the
+        # prompt must show its facts), and this one forgotten (it passes the turn it just took on).
+        found = read_stored(ctx, user_id, message_id, published=True)
+        if found.settled is not None:
+            ctx.ledger.turns.pass_on(user_id, message_id)
+            return found.settled
     try:
         answer, vectors = _llm_extract(ctx, envelope, found.published)
     except StoreUnavailableError as exc:

@@ -15,7 +15,9 @@ stage's in-worker seconds, the value the Prometheus histogram ``engram_stage_sec
   prefork children included, from just before the first enqueue to just after the last message is applied,
   divided by N; the Redis and Neo4j servers' CPU over the same span apart (not ours);
 - scale-out: the 1 s, 32-thread burst with 1 and 2 extract worker processes and 1 and 2 apply processes
-  (prefork concurrency): messages/s, enqueue-to-applied p50 and our CPU per message.
+  (prefork concurrency): messages/s, enqueue-to-applied p50 and our CPU per message;
+- the cost of extraction turns (issue 43): the target burst again with ``extract_in_order`` off (each user's
+  messages extracted side by side, as before turns), right after the target burst with it on.
 """
 
 from __future__ import annotations
@@ -308,6 +310,38 @@ def _breaker_probe(ctx: BenchContext, threads: int, call_s: float) -> tuple[Tabl
     return table, {"direct_s": bare, "breaker_s": wrapped}
 
 
+def _row(latency: float, threads: object, n: int, got: dict[str, Any]) -> tuple[object, ...]:
+    """A burst's row of the throughput table."""
+    servers = got["server_cpu_ms_per_msg"]
+    return (
+        latency, threads, n, got["msgs_per_s"], got["e2a_ms"]["p50"], got["e2a_ms"]["p95"], got["apply_ms"]["p50"],
+        got["apply_ms"]["p95"], got["extract_minus_llm_ms"]["p50"], got["our_cpu_ms_per_msg"],
+        sum(servers.values()) if servers else float("nan"), got["redis_commands_per_msg"], got["lock_retries"],
+        got["dead"],
+    )  # fmt: skip
+
+
+_SIDE_BY_SIDE = "target-side-by-side"
+
+
+def _side_by_side(ctx: BenchContext, stack: Any, warm_ups: itertools.count[int], n: int, users: int) -> dict[str, Any]:
+    """The target burst (64 threads, 1 s) with ``extract_in_order`` off: each user's messages extracted side by
+    side, as before extraction turns, for the turns' cost in the same run. The extract worker is restarted with
+    the setting off, then with it back on (and the stand-in's latency as it was: a warm-up sets it to 0 s)."""
+    latency = ctx.services.llm.latency_s
+    stack.env["ENGRAM_EXTRACT_IN_ORDER"] = "false"
+    try:
+        restart_extract(stack, 64)
+        _warm_up(ctx, stack, warm_ups, 1)
+        got = _measured_burst(ctx, stack, _SIDE_BY_SIDE, n, users, 1.0, extract_threads=64)
+    finally:
+        stack.env.pop("ENGRAM_EXTRACT_IN_ORDER")
+    restart_extract(stack, 64)
+    _warm_up(ctx, stack, warm_ups, 1)
+    ctx.services.llm.latency_s = latency
+    return got
+
+
 def run(ctx: BenchContext) -> BenchResult:
     llm = ctx.services.llm
     n_full = ctx.size(100, 2_000)
@@ -322,6 +356,7 @@ def run(ctx: BenchContext) -> BenchResult:
     texts: dict[str, dict[str, Any]] = {}
     labels = [f"c{c}-l{lat:g}" for lat in latencies for c in concurrencies] + [f"seq-l{lat:g}" for lat in latencies]
     labels += [f"x{x}a{a}" for x in (1, 2) for a in (1, 2)] + [f"warm{i}" for i in range(_WARM_UPS)]
+    labels.append(_SIDE_BY_SIDE)
     for label in labels:
         texts.update({m.text: m.extraction for m in messages(label, max(n_full, target_n))})
     warm_server = ctx.quick and ctx.store == "neo4j"
@@ -386,22 +421,10 @@ def run(ctx: BenchContext) -> BenchResult:
                     burst_users = users
                 got = _measured_burst(ctx, stack, f"c{c}-l{latency:g}", n, burst_users, latency, extract_threads=c)
                 summary["bursts"].append(got)
-                throughput.add(
-                    latency,
-                    c,
-                    n,
-                    got["msgs_per_s"],
-                    got["e2a_ms"]["p50"],
-                    got["e2a_ms"]["p95"],
-                    got["apply_ms"]["p50"],
-                    got["apply_ms"]["p95"],
-                    got["extract_minus_llm_ms"]["p50"],
-                    got["our_cpu_ms_per_msg"],
-                    sum(got["server_cpu_ms_per_msg"].values()) if got["server_cpu_ms_per_msg"] else float("nan"),
-                    got["redis_commands_per_msg"],
-                    got["lock_retries"],
-                    got["dead"],
-                )
+                throughput.add(*_row(latency, c, n, got))
+            if latency > 0:
+                summary["target_side_by_side"] = _side_by_side(ctx, stack, warm_ups, target_n, target_users)
+                throughput.add(*_row(latency, "64, side by side", target_n, summary["target_side_by_side"]))
             ctx.log(f"ingest one at a time: latency {latency} s, {seq_n} messages")
             seq = _one_at_a_time(ctx, stack, f"seq-l{latency:g}", seq_n)
             summary["one_at_a_time"].append({"latency_s": latency, "e2a_ms": seq})
