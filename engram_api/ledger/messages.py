@@ -171,7 +171,7 @@ class MessageLedger:
         """Record ``state`` (with ``<state>_at`` now and ``fields``) unless the message was forgotten (False,
         nothing written). ``extraction`` (JSON) is stored and files the message as ready to apply at
         ``event_time`` (epoch seconds); APPLIED deletes the payload, the extraction and the delivery counters
-        and keeps of the status only its task id and what this write sets; APPLIED and DEAD take
+        (a settled message's task does nothing, counted or not); APPLIED and DEAD take
         the message out of its user's backlog and ready set; an unfinished state files it in the in-flight
         index since its ``SINCE_FIELD``."""
         mapping = {"state": state.value, f"{state.value}_at": str(time.time()), **(fields or {})}

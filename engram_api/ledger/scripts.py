@@ -26,9 +26,9 @@ Invariants shared by the lifecycle scripts (``MessageLedger`` calls them):
 - Every script that sets a TTL on a key of a message files the message in its user's index
   (``keys.user_messages``) at that time and gives the index the same TTL, so an index member older than
   the TTL names only expired keys (``ENQUEUE`` drops those) and erasure finds every message by the index.
-- An applied message keeps only what idempotency needs: its status's ``task_id`` and state (a duplicate
-  ``enqueue`` returns the original receipt); its payload, extraction, delivery counters and the rest of
-  its status go in the script that applies it.
+- An applied message keeps only its status hash (its ``task_id`` answers a duplicate ``enqueue`` with the
+  original receipt; its timestamps are what the benchmarks and operators read) and its index entry: its
+  payload, extraction and delivery counters (one key per stage started) go in the script that applies it.
 """
 
 from __future__ import annotations
@@ -249,8 +249,8 @@ class StageWriteArgs(NamedTuple):
 # A stage's status write (REST: field, value, ...). A stored extraction makes the message ready to apply
 # (scored by event time); a finished message leaves its user's backlog, the ready set and the in-flight
 # index; an unfinished one is filed in the index since its status's ``since_field``; an applied
-# message's payload, extraction and delivery counters go with its status write, and its status keeps only
-# its task id besides what this write sets. Returns 0 (nothing written) when forgotten.
+# message's payload, extraction and delivery counters go with its status write. Returns 0 (nothing
+# written) when forgotten.
 STAGE_WRITE = LuaScript(
     StageWriteKeys,
     StageWriteArgs,
@@ -266,9 +266,7 @@ if A.finished == '1' then
   redis.call('ZREM', K.ready, A.message_id)
 end
 if A.applied == '1' then
-  local task_id = redis.call('HGET', K.status, 'task_id')
-  redis.call('DEL', K.payload, K.extraction, K.extract_deliveries, K.apply_deliveries, K.status)
-  if task_id then redis.call('HSET', K.status, 'task_id', task_id) end
+  redis.call('DEL', K.payload, K.extraction, K.extract_deliveries, K.apply_deliveries)
 end
 redis.call('HSET', K.status, unpack(ARGV, REST))
 redis.call('EXPIRE', K.status, A.ttl)
