@@ -124,10 +124,29 @@ def test_an_applied_message_keeps_only_its_status_and_index_entry(r: redis.Redis
 
 
 def test_the_message_index_drops_members_whose_keys_have_expired(r: redis.Redis, ledger: MessageLedger) -> None:
+    """The scripts that finish a message trim the index (not the enqueue: it stays cheap)."""
     user = "er_trim"
     r.zadd(keys.user_messages(user), {"ancient": time.time() - TTL - 5, "recent": time.time() - TTL + 60})
     ledger.enqueue(build_envelope(SETTINGS, user, "Hi.", message_id="m1", timestamp=T0), task_id="t", limit=10)
+    assert r.zrange(keys.user_messages(user), 0, -1) == ["ancient", "recent", "m1"]
+    ledger.set_state(user, "m1", MessageState.APPLIED)
     assert r.zrange(keys.user_messages(user), 0, -1) == ["recent", "m1"]
+
+
+def test_backlog_entries_of_lost_messages_neither_count_nor_refuse(r: redis.Redis, ledger: MessageLedger) -> None:
+    """A message lost to a crash leaves its backlog entry; past the TTL it is not counted, and the enqueue it
+    would refuse drops it."""
+    user = "er_lost"
+    r.zadd(keys.pending(user), {"lost1": time.time() - TTL - 5, "lost2": time.time() - TTL - 1})
+    assert ledger.backlogs([user]) == [0]
+    first, second = (build_envelope(SETTINGS, user, "Hi.", message_id=m, timestamp=T0) for m in ("m1", "m2"))
+    assert ledger.enqueue(first, task_id="t1", limit=3) == (None, None)  # 2 entries, under the limit: no trim
+    assert r.zcard(keys.pending(user)) == 3
+    assert ledger.enqueue(second, task_id="t2", limit=3) == (None, None)  # full until the lost ones go
+    assert r.zrange(keys.pending(user), 0, -1) == ["m1", "m2"] and ledger.backlogs([user]) == [2]
+    third = build_envelope(SETTINGS, user, "Hi.", message_id="m3", timestamp=T0)
+    assert ledger.enqueue(third, task_id="t3", limit=2) == (None, 2)  # really full: refused, nothing written
+    assert not r.exists(keys.message_payload(user, "m3"), keys.status(user, "m3"))
 
 
 def test_keys_written_before_the_indexes_are_erased_once_reindexed(r: redis.Redis, ledger: MessageLedger) -> None:

@@ -126,10 +126,12 @@ class MessageLedger:
         return Enqueued(existing=_text(found) or None)
 
     def backlogs(self, user_ids: Sequence[str]) -> list[int]:
-        """How many unfinished messages each user has (one round trip)."""
+        """How many unfinished messages each user has (one round trip; entries older than the TTL, of
+        messages lost to a crash, are not counted: ``ENQUEUE`` drops them when they would refuse one)."""
+        since = time.time() - self.status_ttl_s
         pipe = self.redis.pipeline(transaction=False)
         for user_id in user_ids:
-            pipe.zcard(keys.pending(user_id))
+            pipe.zcount(keys.pending(user_id), since, "+inf")
         return [int(n) for n in pipe.execute()]
 
     def replaying(self, user_id: str, message_id: str) -> None:

@@ -25,7 +25,8 @@ Invariants shared by the lifecycle scripts (``MessageLedger`` calls them):
 - Status hashes, payloads and extractions carry the status TTL, refreshed by every write.
 - Every script that sets a TTL on a key of a message files the message in its user's index
   (``keys.user_messages``) at that time and gives the index the same TTL, so an index member older than
-  the TTL names only expired keys (``ENQUEUE`` drops those) and erasure finds every message by the index.
+  the TTL names only expired keys (the scripts that finish a message, ``STAGE_WRITE`` and ``DEAD_LETTER``,
+  drop those) and erasure finds every message by the index.
 - An applied message keeps only its status hash (its ``task_id`` answers a duplicate ``enqueue`` with the
   original receipt; its timestamps are what the benchmarks and operators read) and its index entry: its
   payload, extraction and delivery counters (one key per stage started) go in the script that applies it.
@@ -141,7 +142,9 @@ class EnqueueArgs(NamedTuple):
 # Returns the existing task id for a known message id, {pending} when the user's backlog is full (nothing
 # written), else "". Enqueueing a message id again after it was forgotten is a new message: its tombstone goes.
 # The payload's SET is the script's first write on purpose: Redis checks maxmemory only at a script's first
-# write, and a ZREMRANGEBYSCORE first (which never refuses) let every enqueue past the limit.
+# write, and a ZREMRANGEBYSCORE first (which never refuses) let every enqueue past the limit. Backlog entries
+# older than the TTL (messages lost to a crash) are dropped only when they would refuse the message: the
+# common enqueue sends no trim (issue 45: enqueue's cost), and ``backlogs`` does not count them.
 ENQUEUE = LuaScript(
     EnqueueKeys,
     EnqueueArgs,
@@ -149,14 +152,16 @@ ENQUEUE = LuaScript(
 local existing = redis.call('HGET', K.status, 'task_id')
 if existing then return existing end
 redis.call('SET', K.payload, A.envelope, 'EX', A.ttl)
-redis.call('ZREMRANGEBYSCORE', K.pending, '-inf', tonumber(A.now) - tonumber(A.ttl))
 local pending = redis.call('ZCARD', K.pending)
 if pending >= tonumber(A.limit) then
-  redis.call('DEL', K.payload)
-  return {{pending}}
+  redis.call('ZREMRANGEBYSCORE', K.pending, '-inf', tonumber(A.now) - tonumber(A.ttl))
+  pending = redis.call('ZCARD', K.pending)
+  if pending >= tonumber(A.limit) then
+    redis.call('DEL', K.payload)
+    return {{pending}}
+  end
 end
 redis.call('ZADD', K.pending, A.now, A.message_id)
-redis.call('ZREMRANGEBYSCORE', K.messages, '-inf', tonumber(A.now) - tonumber(A.ttl))
 redis.call('ZADD', K.messages, A.now, A.message_id)
 redis.call('EXPIRE', K.messages, A.ttl)
 redis.call('ZADD', K.in_flight, A.now, A.ref)
@@ -264,6 +269,7 @@ end
 if A.finished == '1' then
   redis.call('ZREM', K.pending, A.message_id)
   redis.call('ZREM', K.ready, A.message_id)
+  redis.call('ZREMRANGEBYSCORE', K.messages, '-inf', tonumber(A.now) - tonumber(A.ttl))
 end
 if A.applied == '1' then
   redis.call('DEL', K.payload, K.extraction, K.extract_deliveries, K.apply_deliveries)
@@ -344,6 +350,7 @@ if redis.call('EXISTS', K.tombstone) == 1 then return 0 end
 redis.call('ZREM', K.pending, A.message_id)
 redis.call('ZREM', K.ready, A.message_id)
 redis.call('ZREM', K.in_flight, A.ref)
+redis.call('ZREMRANGEBYSCORE', K.messages, '-inf', tonumber(A.now) - tonumber(A.ttl))
 redis.call('SET', K.letter, A.letter)
 redis.call('ZADD', K.user_letters, A.failed_at, A.message_id)
 redis.call('ZADD', K.letters, A.failed_at, A.ref)
