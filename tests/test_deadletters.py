@@ -4,7 +4,6 @@ and its index entries come and go together. A private real Redis, so the counts 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -15,16 +14,15 @@ from engram_api.ledger import MessageLedger
 from engram_api.models import DeadLetter
 from engram_api.producer import build_envelope
 from engram_api.settings import Settings
-from tests.support.commands import counted, private_redis
+from tests.support.commands import counted, private_redis_fixture  # noqa: F401 (the private_redis fixture)
 
 T0 = datetime(2024, 5, 1, 9, 0, tzinfo=UTC)
 SETTINGS = Settings()
 
 
-@pytest.fixture(scope="module")
-def r(tmp_path_factory: pytest.TempPathFactory) -> Iterator[redis.Redis]:
-    with private_redis(tmp_path_factory.mktemp("redis")) as client:
-        yield client
+@pytest.fixture
+def r(private_redis: redis.Redis) -> redis.Redis:
+    return private_redis
 
 
 @pytest.fixture

@@ -7,7 +7,6 @@ the command counts are the erasure's alone."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from datetime import UTC, datetime
 
 import pytest
@@ -20,17 +19,16 @@ from engram_api.models import DeadLetter, MessageState
 from engram_api.producer import build_envelope
 from engram_api.reader.background import ReaderThreads
 from engram_api.settings import Settings
-from tests.support.commands import counted, private_redis
+from tests.support.commands import counted, private_redis_fixture  # noqa: F401 (the private_redis fixture)
 
 T0 = datetime(2024, 5, 1, 9, 0, tzinfo=UTC)
 TTL = 600
 SETTINGS = Settings()
 
 
-@pytest.fixture(scope="module")
-def r(tmp_path_factory: pytest.TempPathFactory) -> Iterator[redis.Redis]:
-    with private_redis(tmp_path_factory.mktemp("redis")) as client:
-        yield client
+@pytest.fixture
+def r(private_redis: redis.Redis) -> redis.Redis:
+    return private_redis
 
 
 @pytest.fixture

@@ -31,7 +31,7 @@ from engram_api.redaction import redact
 if TYPE_CHECKING:
     import redis
 
-__all__ = ["DeadLetterStore", "unfile"]
+__all__ = ["DeadLetterStore", "members", "unfile"]
 
 _PAGE = 1000
 
@@ -94,10 +94,10 @@ class DeadLetterStore:
         """The letters of ``user_id`` (read from its index alone), or every letter (of the users ``where``
         accepts: the others' letters are not read); oldest first."""
         if user_id is None:
-            refs = [ref.partition(":") for ref in self._members(keys.dead_letters())]
+            refs = [ref.partition(":") for ref in members(self.redis, keys.dead_letters())]
             pairs = [(uid, mid) for uid, _, mid in refs if where is None or where(uid)]  # user ids have no ':'
         else:
-            pairs = [(check_user_id(user_id), mid) for mid in self._members(keys.user_dead_letters(user_id))]
+            pairs = [(check_user_id(user_id), mid) for mid in members(self.redis, keys.user_dead_letters(user_id))]
         letters: list[DeadLetter] = []
         for start in range(0, len(pairs), _PAGE):
             found = self.redis.mget([keys.dead_letter(uid, mid) for uid, mid in pairs[start : start + _PAGE]])
@@ -128,11 +128,13 @@ class DeadLetterStore:
             pruned += sum(pipe.execute()[::3])
         return pruned
 
-    def _members(self, index: str) -> list[str]:
-        members: list[str] = []
-        while page := self.redis.zrange(index, len(members), len(members) + _PAGE - 1):
-            members.extend(str(_text(m)) for m in page)
-        return members
+
+def members(client: redis.Redis, index: str) -> list[str]:
+    """Every member of the sorted set ``index``, in score order, read in pages."""
+    found: list[str] = []
+    while page := client.zrange(index, len(found), len(found) + _PAGE - 1):
+        found.extend(_text(m) for m in page)
+    return found
 
 
 def unfile(pipe: redis.client.Pipeline, user_id: str, message_ids: Sequence[str]) -> None:

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 from engram_api import keys
 from engram_api.errors import StoreUnavailableError
-from engram_api.ledger.deadletters import unfile
+from engram_api.ledger.deadletters import members, unfile
 from engram_api.models import check_message_id, check_user_id
 
 if TYPE_CHECKING:
@@ -60,13 +60,6 @@ def erase_message(client: redis.Redis, user_id: str, message_id: str, *, tombsto
     pipe.execute()
 
 
-def _members(client: redis.Redis, index: str) -> list[str]:
-    members: list[str] = []
-    while page := client.zrange(index, len(members), len(members) + _PAGE - 1):
-        members.extend(m.decode() if isinstance(m, bytes) else m for m in page)
-    return members
-
-
 def erase_user(client: redis.Redis, user_id: str, *, tombstone_ttl_s: int) -> int:
     """Tombstone every message of the user Redis still knows, then delete all the user's keys.
 
@@ -77,9 +70,9 @@ def erase_user(client: redis.Redis, user_id: str, *, tombstone_ttl_s: int) -> in
     only after ``engram ledger reindex`` (``engram_api.ledger.reindex``) has run once.
     """
     check_user_id(user_id)
-    letters = _members(client, keys.user_dead_letters(user_id))
-    message_ids = sorted(set(_members(client, keys.user_messages(user_id))) | set(letters))
-    recalls = _members(client, keys.recall_logs(user_id))
+    letters = members(client, keys.user_dead_letters(user_id))
+    message_ids = sorted(set(members(client, keys.user_messages(user_id))) | set(letters))
+    recalls = members(client, keys.recall_logs(user_id))
     for start in range(0, len(message_ids), _PAGE):
         chunk = message_ids[start : start + _PAGE]
         pipe = client.pipeline(transaction=False)

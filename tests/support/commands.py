@@ -5,19 +5,20 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
 
+import pytest
 import redis
 
 from engram_workers.services import RedisServer
 
-__all__ = ["Counted", "counted", "private_redis"]
+__all__ = ["Counted", "counted", "private_redis_fixture"]
 
 
-@contextmanager
-def private_redis(data_dir: Path) -> Iterator[redis.Redis]:
-    """A Redis of its own (no AOF), as a client that decodes replies; stopped on exit."""
-    server = RedisServer(data_dir=data_dir, appendonly=False)
+@pytest.fixture(scope="module", name="private_redis")
+def private_redis_fixture(tmp_path_factory: pytest.TempPathFactory) -> Iterator[redis.Redis]:
+    """``private_redis``: a Redis of the test module's own (no AOF), as a client that decodes replies
+    (import this function into the module: pytest finds the fixture there)."""
+    server = RedisServer(data_dir=tmp_path_factory.mktemp("redis"), appendonly=False)
     server.start()
     client = redis.Redis.from_url(server.url, decode_responses=True)
     try:
