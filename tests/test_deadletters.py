@@ -10,6 +10,7 @@ import pytest
 import redis
 
 from engram_api import keys
+from engram_api.errors import InvalidInputError
 from engram_api.ledger import MessageLedger
 from engram_api.models import DeadLetter
 from engram_api.producer import build_envelope
@@ -53,6 +54,9 @@ def test_a_users_listing_reads_only_that_users_letters(r: redis.Redis, ledger: M
     # The user's index (a page, then the empty page after it) and its three letters: nothing else.
     assert reads.lookups == 2 + 3 and reads["hvals"] == reads["hgetall"] == reads["scan"] == 0
     assert len(ledger.dead_letters.list()) == 203
+    with pytest.raises(InvalidInputError) as err:
+        ledger.dead_letters.list("no such:user")  # refused before anything is read, not listed empty
+    assert err.value.field == "user_id"
     crowd = ledger.dead_letters.list(where=lambda uid: uid == "dl_crowd7")
     assert [(d.user_id, d.message_id) for d in crowd] == [("dl_crowd7", f"m{i}") for i in range(5)]
 

@@ -97,7 +97,8 @@ class DeadLetterStore:
             refs = [ref.partition(":") for ref in members(self.redis, keys.dead_letters())]
             pairs = [(uid, mid) for uid, _, mid in refs if where is None or where(uid)]  # user ids have no ':'
         else:
-            pairs = [(check_user_id(user_id), mid) for mid in members(self.redis, keys.user_dead_letters(user_id))]
+            uid = check_user_id(user_id)  # before any read: a bad id is refused, not found empty
+            pairs = [(uid, mid) for mid in members(self.redis, keys.user_dead_letters(uid))]
         letters: list[DeadLetter] = []
         for start in range(0, len(pairs), _PAGE):
             found = self.redis.mget([keys.dead_letter(uid, mid) for uid, mid in pairs[start : start + _PAGE]])
