@@ -104,7 +104,7 @@ def check_all(client: Dependencies) -> HealthReport:
         for name in names:
             pipe.llen(name)
         depths = pipe.execute()
-        dead = client.redis.hlen(keys.dead_letters())
+        dead = client.redis.zcard(keys.dead_letters())
         return ", ".join(f"{n}={d}" for n, d in zip(names, depths, strict=True)) + f", dead_letters={dead}"
 
     checks = {

@@ -91,16 +91,14 @@ def status(user_id: str, message_id: str) -> str:
     return f"{STATUS_PREFIX}{user_id}:{message_id}"
 
 
-def statuses() -> str:
-    """Pattern of every message's status key (the redelivery sweep's scan); the key after
-    ``STATUS_PREFIX`` is ``<user_id>:<message_id>``."""
-    return f"{STATUS_PREFIX}*"
-
-
-def message_prefixes(user_id: str) -> tuple[str, ...]:
-    """Prefixes of the per-message keys that name a message of ``user_id`` in flight (status, payload,
-    extraction), each followed by the message id: how ``forget_user`` finds the user's messages."""
-    return (f"{STATUS_PREFIX}{user_id}:", f"{PREFIX}:msg:{user_id}:", f"{PREFIX}:extraction:{user_id}:")
+def user_messages(user_id: str) -> str:
+    """Sorted set message id -> when (epoch seconds) a key of that message last had its TTL set: the
+    user's messages Redis may still hold a key of (payload, extraction, status, delivery counters). Every
+    script and pipeline that sets one of those TTLs adds the message here in the same round trip and
+    gives this set the same TTL; the scripts that finish a message drop members older than
+    ``status_ttl_s`` (their keys have expired). ``erase_user`` reads it instead of scanning the keyspace, so erasure costs follow the
+    user's message count. Data written before it existed is indexed once by ``engram ledger reindex``."""
+    return f"{PREFIX}:user-msgs:{user_id}"
 
 
 def deliveries(user_id: str, message_id: str, stage: str) -> str:
@@ -108,22 +106,47 @@ def deliveries(user_id: str, message_id: str, stage: str) -> str:
     return f"{PREFIX}:deliveries:{stage}:{user_id}:{message_id}"
 
 
+def dead_letter(user_id: str, message_id: str) -> str:
+    """One dead letter (DeadLetter JSON), kept until replayed, dropped, forgotten or pruned."""
+    return f"{PREFIX}:dl:{user_id}:{message_id}"
+
+
+def user_dead_letters(user_id: str) -> str:
+    """Sorted set message id -> failed at (epoch seconds) of the user's dead letters: a user's listing
+    reads these letters alone. Written and cleared with the letter, in the same round trip."""
+    return f"{PREFIX}:dl-user:{user_id}"
+
+
 def dead_letters() -> str:
-    """Hash message key -> DeadLetter JSON."""
+    """Sorted set ``message_ref`` -> failed at (epoch seconds) of every dead letter: the fleet-wide listing
+    and the retention prune (which reads only the members older than the retention). Written and
+    cleared with the letter, in the same round trip."""
+    return f"{PREFIX}:dl-all"
+
+
+def legacy_dead_letters() -> str:
+    """The hash ``message_ref`` -> DeadLetter JSON that held every dead letter before one key per letter;
+    read only by ``engram ledger reindex``, which moves its letters to their own keys and deletes it."""
     return f"{PREFIX}:dlq"
 
 
+def message_key_prefixes() -> tuple[str, ...]:
+    """The prefixes of the per-message keys (status, payload, extraction, delivery counters), each
+    followed by ``<user_id>:<message_id>``: what ``engram ledger reindex`` scans, once, to index the
+    messages written before ``user_messages`` existed."""
+    return (
+        STATUS_PREFIX,
+        f"{PREFIX}:msg:",
+        f"{PREFIX}:extraction:",
+        *(f"{PREFIX}:deliveries:{stage}:" for stage in STAGES),
+    )
+
+
 def message_ref(user_id: str, message_id: str) -> str:
-    """``user_id:message_id``: a message named in a shared structure (a dead-letter field, an in-flight
+    """``user_id:message_id``: a message named in a shared structure (a dead-letter member, an in-flight
     member). Unambiguous only for validated ids: user ids never contain ':' (message ids may), so it
     splits at its first ':'."""
     return f"{user_id}:{message_id}"
-
-
-def dead_letter_field(user_id: str, message_id: str) -> str:
-    """The message's field in ``dead_letters()``: its ``message_ref`` (``DeadLetterStore`` validates both
-    ids before building one)."""
-    return message_ref(user_id, message_id)
 
 
 def in_flight() -> str:
@@ -147,7 +170,8 @@ def forgotten(user_id: str, message_id: str) -> str:
 def pending(user_id: str) -> str:
     """Sorted set message id -> enqueue time of the user's unfinished messages: the back-pressure count.
     Removed when a message is applied, dead-lettered or forgotten; entries older than ``status_ttl_s``
-    are dropped at enqueue (a message lost to a crash cannot block its user forever)."""
+    (a message lost to a crash) are not counted, and are dropped by the enqueue they would refuse, so
+    they cannot block their user."""
     return f"{PREFIX}:pending:{user_id}"
 
 
@@ -198,25 +222,49 @@ def apply_lock(user_id: str) -> str:
     return f"{PREFIX}:lock:apply:{user_id}"
 
 
+def user_keys(user_id: str) -> tuple[str, ...]:
+    """The user's keys that are not per message or per recall (``erase_user`` deletes these, the keys of
+    every message in ``user_messages`` and of every recall in ``recall_logs``)."""
+    return (
+        user_messages(user_id),
+        user_dead_letters(user_id),
+        recall_logs(user_id),
+        pending(user_id),
+        ready(user_id),
+        user_version(user_id),
+        extract_order(user_id),
+        extract_turn(user_id),
+        parked(user_id),
+    )
+
+
 def user_keys_pattern(user_id: str) -> list[str]:
-    """Patterns of every per-user key, for forget_user."""
+    """SCAN patterns matching every key named by a user id (tests and ``engram ledger reindex`` use them;
+    erasure never scans)."""
     return [
         f"{PREFIX}:msg:{user_id}:*",
         f"{PREFIX}:extraction:{user_id}:*",
         f"{PREFIX}:status:{user_id}:*",
         *(f"{PREFIX}:deliveries:{stage}:{user_id}:*" for stage in STAGES),
-        f"{PREFIX}:recall:{user_id}:*",
-        pending(user_id),
-        ready(user_id),
-        extract_order(user_id),
-        extract_turn(user_id),
-        parked(user_id),
+        f"{RECALL_PREFIX}{user_id}:*",
+        f"{PREFIX}:dl:{user_id}:*",
+        *user_keys(user_id),
     ]
+
+
+RECALL_PREFIX = f"{PREFIX}:recall:"
 
 
 def recall_log(user_id: str, recall_id: str) -> str:
     """Score components of a recall's results, kept briefly so feedback can be turned into training rows."""
-    return f"{PREFIX}:recall:{user_id}:{recall_id}"
+    return f"{RECALL_PREFIX}{user_id}:{recall_id}"
+
+
+def recall_logs(user_id: str) -> str:
+    """Sorted set recall id -> when its log was written (epoch seconds): the user's recall logs, written
+    with each log in one round trip (members older than a log's TTL dropped there, the set given the
+    log's TTL), so ``erase_user`` deletes them without scanning."""
+    return f"{PREFIX}:recalls:{user_id}"
 
 
 # Fleet-wide LLM controls (engram_workers.control).

@@ -118,7 +118,7 @@ class Gateway:
         principal.require("operator")
         if user_id is not None:
             return self.client.dead_letters(principal.user(user_id))
-        return [d for d in self.client.dead_letters() if principal.owns(d.user_id)]
+        return self.client.producer.ledger.dead_letters.list(where=principal.owns)
 
     def _letter(self, principal: Principal, user_id: str, message_id: str) -> tuple[str, str]:
         principal.require("operator")

@@ -23,6 +23,7 @@ import pytest
 from click.testing import CliRunner, Result
 from pydantic import AliasChoices
 
+from engram_api import keys
 from engram_api.ledger import DeadLetterStore
 from engram_api.models import DeadLetter
 from engram_api.producer import build_envelope
@@ -435,6 +436,23 @@ def test_dlq_list_replay_and_drop(stack: Stack) -> None:
     assert json.loads(invoke(["dlq", "list", "--user", user, "--json"], env).stdout) == []
     again = invoke(["dlq", "drop", user, "m-drop"], env)
     assert again.exit_code == 2 and "no dead letter" in one_error_line(again.stderr)
+
+
+def test_ledger_reindex_moves_old_dead_letters_and_indexes_old_keys(stack: Stack) -> None:
+    """After an upgrade: a letter of the old single hash and a status in no index are found once it ran."""
+    user, r = uid(), stack.client.redis
+    envelope = build_envelope(stack.settings, user, "I live in Lisbon.", message_id="m-old", timestamp=T0)
+    letter = DeadLetter(user_id=user, message_id="m-old", stage="extract", reason="boom", envelope=envelope)
+    r.hset(keys.legacy_dead_letters(), keys.message_ref(user, "m-old"), letter.model_dump_json())
+    r.hset(keys.status(user, "m-gone"), mapping={"state": "applied", "task_id": "t"})
+    env = runner_env(**stack.env)
+    assert json.loads(invoke(["dlq", "list", "--user", user, "--json"], env).stdout) == []
+    done = invoke(["maintenance", "ledger-reindex", "--json"], env)
+    report = json.loads(done.stdout)
+    assert done.exit_code == 0 and report["dead_letters"] >= 1 and report["messages"] >= 1
+    listed = json.loads(invoke(["dlq", "list", "--user", user, "--json"], env).stdout)
+    assert [d["message_id"] for d in listed] == ["m-old"]
+    assert r.zscore(keys.user_messages(user), "m-gone") is not None
 
 
 def test_maintenance_jobs_and_reindex_run_in_process(moved_user: str, stack: Stack) -> None:

@@ -69,7 +69,7 @@ def traces(client: MemoryClient, user: str, mid: str) -> dict[str, object]:
         "extraction": r.exists(keys.extraction(user, mid)),
         "status": r.exists(keys.status(user, mid)),
         "deliveries": sum(r.exists(keys.deliveries(user, mid, s)) for s in keys.STAGES),
-        "dead_letter": r.hexists(keys.dead_letters(), keys.dead_letter_field(user, mid)),
+        "dead_letter": bool(r.exists(keys.dead_letter(user, mid))),
     }
 
 

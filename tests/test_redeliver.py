@@ -55,6 +55,19 @@ def test_only_old_stuck_messages_are_resent_once(redis_client, user_id):
     assert [s for s in sent if s[1][0] == user_id] == []  # re-stamped: not sent again at once
 
 
+def test_a_client_that_does_not_decode_replies_finds_the_same_stuck_messages(redis_url, user_id):
+    """The sweep reads statuses as bytes on such a client: a stuck message is still re-sent, not taken for
+    a settled one (and the index keeps it)."""
+    raw = redis.Redis.from_url(redis_url)
+    now = time.time()
+    filed(raw, user_id, "old", now - 120, state="queued", enqueued_at=now - 120)
+    sent: list[tuple[str, tuple[str, ...]]] = []
+    redeliver_stuck(client=raw, send=lambda t, a: sent.append((t, a)), older_than_s=60, now=now)
+    assert [s for s in sent if s[1][0] == user_id] == [(keys.EXTRACT_TASK, (user_id, "old"))]
+    assert raw.zscore(keys.in_flight(), keys.message_ref(user_id, "old")) == now
+    raw.close()
+
+
 def test_old_messages_still_waiting_in_the_broker_are_left_alone(redis_url: str, tmp_path: Path) -> None:
     """A backlog older than the threshold is not lost: re-sending it would double the queue at every sweep.
     Only a task that is in no queue and not reserved (kombu's ``unacked`` hash) is re-sent."""

@@ -12,8 +12,10 @@ A message is ``queued`` (payload, status, backlog entry, extract task on the que
 - ``wire``: kombu's task-message format, written by the producer and read by the redelivery sweep.
 - ``turns``: each user's extraction turn (one model-path message of a user extracted at a time, in
   event-time order), passed on by every finishing transition (``MessageLedger.turns``).
-- ``messages.DeadLetterStore`` (the dead-letter hash, ``MessageLedger.dead_letters``) and ``erasure``
-  (the Redis side of erasure, ``MessageLedger.forget`` / ``forget_user``).
+- ``deadletters.DeadLetterStore`` (one key per letter, per-user and fleet-wide indexes;
+  ``MessageLedger.dead_letters``), ``erasure``
+  (the Redis side of erasure, ``MessageLedger.forget`` / ``forget_user``, by per-user indexes) and
+  ``reindex`` (once, after an upgrade: indexes what was written before those indexes).
 
 The keys themselves are in ``engram_api.keys`` (every key Engram or its libraries use in Redis).
 """

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 
 from engram_api import keys
 from engram_api.errors import StoreUnavailableError
+from engram_api.ledger.deadletters import members, unfile
 from engram_api.models import check_message_id, check_user_id
 
 if TYPE_CHECKING:
@@ -30,6 +31,9 @@ if TYPE_CHECKING:
 __all__ = ["erase_message", "erase_user", "purge_redis"]
 
 _POLL_S = 0.05
+
+
+_PAGE = 500
 
 
 def _message_keys(user_id: str, message_id: str) -> list[str]:
@@ -48,7 +52,8 @@ def erase_message(client: redis.Redis, user_id: str, message_id: str, *, tombsto
     pipe = client.pipeline(transaction=True)
     pipe.set(keys.forgotten(user_id, message_id), "1", ex=tombstone_ttl_s)
     pipe.delete(*_message_keys(user_id, message_id))
-    pipe.hdel(keys.dead_letters(), keys.dead_letter_field(user_id, message_id))
+    unfile(pipe, user_id, [message_id])
+    pipe.zrem(keys.user_messages(user_id), message_id)
     pipe.zrem(keys.pending(user_id), message_id)
     pipe.zrem(keys.ready(user_id), message_id)
     pipe.zrem(keys.in_flight(), keys.message_ref(user_id, message_id))
@@ -58,31 +63,30 @@ def erase_message(client: redis.Redis, user_id: str, message_id: str, *, tombsto
 def erase_user(client: redis.Redis, user_id: str, *, tombstone_ttl_s: int) -> int:
     """Tombstone every message of the user Redis still knows, then delete all the user's keys.
 
-    Returns how many messages were tombstoned. Messages are found by their status, payload and
-    extraction keys and their dead letters: a message in flight has at least one of them.
+    Returns how many messages were tombstoned. Messages are found by the user's indexes, never by
+    scanning the keyspace: ``keys.user_messages`` (every message with a key left: the scripts that set
+    those keys' TTLs file it there) and ``keys.user_dead_letters``; recall logs by ``keys.recall_logs``.
+    So the cost follows the user's message count. Keys written before those indexes existed are found
+    only after ``engram ledger reindex`` (``engram_api.ledger.reindex``) has run once.
     """
     check_user_id(user_id)
-    message_ids: set[str] = set()
-    for prefix in keys.message_prefixes(user_id):
-        for key in client.scan_iter(match=f"{prefix}*", count=500):
-            message_ids.add(key[len(prefix) :])
-    letter_prefix = keys.dead_letter_field(user_id, "")
-    letters = [f for f in client.hkeys(keys.dead_letters()) if f.startswith(letter_prefix)]
-    message_ids.update(f[len(letter_prefix) :] for f in letters)
+    letters = members(client, keys.user_dead_letters(user_id))
+    message_ids = sorted(set(members(client, keys.user_messages(user_id))) | set(letters))
+    recalls = members(client, keys.recall_logs(user_id))
+    for start in range(0, len(message_ids), _PAGE):
+        chunk = message_ids[start : start + _PAGE]
+        pipe = client.pipeline(transaction=False)
+        for message_id in chunk:
+            pipe.set(keys.forgotten(user_id, message_id), "1", ex=tombstone_ttl_s)
+        pipe.zrem(keys.in_flight(), *(keys.message_ref(user_id, m) for m in chunk))
+        pipe.execute()
     pipe = client.pipeline(transaction=False)
-    for message_id in message_ids:
-        pipe.set(keys.forgotten(user_id, message_id), "1", ex=tombstone_ttl_s)
-    if message_ids:
-        pipe.zrem(keys.in_flight(), *(keys.message_ref(user_id, m) for m in message_ids))
-    pipe.execute()
-    doomed = [keys.user_version(user_id)]
-    for pattern in keys.user_keys_pattern(user_id):
-        doomed.extend(client.scan_iter(match=pattern, count=500))
-    pipe = client.pipeline(transaction=False)
-    for start in range(0, len(doomed), 500):
-        pipe.delete(*doomed[start : start + 500])
-    if letters:
-        pipe.hdel(keys.dead_letters(), *letters)
+    for start in range(0, len(message_ids), _PAGE):
+        pipe.delete(*(key for m in message_ids[start : start + _PAGE] for key in _message_keys(user_id, m)))
+    for start in range(0, len(recalls), _PAGE):
+        pipe.delete(*(keys.recall_log(user_id, r) for r in recalls[start : start + _PAGE]))
+    unfile(pipe, user_id, letters)
+    pipe.delete(*keys.user_keys(user_id))
     pipe.execute()
     return len(message_ids)
 

@@ -69,8 +69,9 @@ class InFlight:
             for ref in chunk:
                 user_id, _, message_id = ref.partition(":")  # user ids never contain ':'
                 pipe.hmget(keys.status(user_id, message_id), "state", *SINCE_FIELD.values())
-            for ref, (state, *stamps) in zip(chunk, pipe.execute(), strict=True):
+            for ref, (raw_state, *stamps) in zip(chunk, pipe.execute(), strict=True):
                 user_id, _, message_id = ref.partition(":")
+                state = None if raw_state is None else _text(raw_state)  # a client may not decode replies
                 if state not in SINCE_FIELD:
                     DROP_SETTLED(
                         self.redis,
@@ -78,7 +79,7 @@ class InFlight:
                         SettledArgs(ref=ref),
                     )
                     continue
-                stage = MessageState(_text(state))
+                stage = MessageState(state)
                 since = dict(zip(SINCE_FIELD.values(), stamps, strict=True))[SINCE_FIELD[stage]]
                 waiting.append(Waiting(user_id, message_id, stage, float(since) if since is not None else None))
         return len(refs), waiting

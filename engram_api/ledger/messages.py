@@ -26,17 +26,16 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Sequence
-from datetime import datetime, timedelta
 from typing import NamedTuple
 
 import redis
 
 from engram_api import keys, tracing
 from engram_api.ledger import erasure
+from engram_api.ledger.deadletters import DeadLetterStore
 from engram_api.ledger.inflight import SINCE_FIELD, InFlight
 from engram_api.ledger.scripts import (
     CLAIM_READY,
-    DEAD_LETTER,
     DECR_IF_EXISTS,
     ENQUEUE,
     ENTER,
@@ -44,8 +43,6 @@ from engram_api.ledger.scripts import (
     ClaimArgs,
     ClaimKeys,
     CounterKeys,
-    DeadLetterArgs,
-    DeadLetterKeys,
     EnqueueArgs,
     EnqueueKeys,
     EnterArgs,
@@ -56,10 +53,9 @@ from engram_api.ledger.scripts import (
 )
 from engram_api.ledger.turns import Turns
 from engram_api.ledger.wire import task_message
-from engram_api.models import DeadLetter, Envelope, MessageState, check_message_id, check_user_id, utcnow
-from engram_api.redaction import redact
+from engram_api.models import DeadLetter, Envelope, MessageState
 
-__all__ = ["Enqueued", "Entered", "MessageLedger", "Record"]
+__all__ = ["DeadLetterStore", "Enqueued", "Entered", "MessageLedger", "Record"]
 
 _FINISHED = (MessageState.APPLIED, MessageState.DEAD)
 
@@ -97,80 +93,6 @@ def _text(value: str | bytes | None) -> str | None:
     return value.decode() if isinstance(value, bytes) else value
 
 
-class DeadLetterStore:
-    """The dead-letter hash (``keys.dead_letters()``), one field ``user_id:message_id`` per message: every
-    method validates the ids it is given (user ids never contain ':', so the field is unambiguous);
-    reasons and raw answers are stored redacted; ``prune`` (the redelivery sweep) deletes letters older
-    than ``dead_letter_retention_days``. ``Producer.replay`` puts a letter's message back on the queue;
-    ``remove`` (``MemoryClient.drop_dead_letter``) discards it."""
-
-    def __init__(self, *, redis_client: redis.Redis, status_ttl_s: int, secrets: Iterable[str | None] = ()) -> None:
-        self.redis = redis_client
-        self.status_ttl_s = status_ttl_s
-        self.secrets = tuple(s for s in secrets if s)
-
-    def put(self, letter: DeadLetter) -> bool:
-        """Store a letter (redacted); False when the message was forgotten meanwhile (nothing written)."""
-        uid, mid = check_user_id(letter.user_id), check_message_id(letter.message_id)
-        letter = letter.model_copy(
-            update={
-                "reason": redact(letter.reason, self.secrets),
-                "raw_llm": redact(letter.raw_llm, self.secrets) if letter.raw_llm else None,
-            }
-        )
-        written = DEAD_LETTER(
-            self.redis,
-            DeadLetterKeys(
-                tombstone=keys.forgotten(uid, mid),
-                letters=keys.dead_letters(),
-                status=keys.status(uid, mid),
-                payload=keys.message_payload(uid, mid),
-                extraction=keys.extraction(uid, mid),
-                pending=keys.pending(uid),
-                ready=keys.ready(uid),
-                in_flight=keys.in_flight(),
-            ),
-            DeadLetterArgs(
-                field=keys.dead_letter_field(uid, mid),
-                letter=letter.model_dump_json(),
-                reason=letter.reason[:500],
-                ttl=self.status_ttl_s,
-                message_id=mid,
-                ref=keys.message_ref(uid, mid),
-            ),
-        )
-        return bool(written)
-
-    def list(self, user_id: str | None = None) -> list[DeadLetter]:
-        if user_id is not None:
-            check_user_id(user_id)
-        letters = [DeadLetter.model_validate_json(raw) for raw in self.redis.hvals(keys.dead_letters())]
-        if user_id is not None:
-            letters = [letter for letter in letters if letter.user_id == user_id]
-        return sorted(letters, key=lambda letter: letter.failed_at)
-
-    def get(self, user_id: str, message_id: str) -> DeadLetter | None:
-        raw = self.redis.hget(keys.dead_letters(), self._field(user_id, message_id))
-        return DeadLetter.model_validate_json(raw) if raw else None
-
-    def remove(self, user_id: str, message_id: str) -> bool:
-        return bool(self.redis.hdel(keys.dead_letters(), self._field(user_id, message_id)))
-
-    def prune(self, *, older_than: timedelta, now: datetime | None = None) -> int:
-        """Delete letters that failed more than ``older_than`` ago; returns how many."""
-        cutoff = (now or utcnow()) - older_than
-        doomed = [
-            field
-            for field, raw in self.redis.hscan_iter(keys.dead_letters(), count=500)
-            if DeadLetter.model_validate_json(raw).failed_at < cutoff
-        ]
-        return int(self.redis.hdel(keys.dead_letters(), *doomed)) if doomed else 0
-
-    @staticmethod
-    def _field(user_id: str, message_id: str) -> str:
-        return keys.dead_letter_field(check_user_id(user_id), check_message_id(message_id))
-
-
 class MessageLedger:
     """The transitions of every message on one Redis (``client``); statuses, payloads and extractions live
     ``status_ttl_s``, dead letters are redacted of ``secrets``."""
@@ -196,6 +118,7 @@ class MessageLedger:
                 payload=keys.message_payload(uid, mid), status=keys.status(uid, mid), queue=queue,
                 pending=keys.pending(uid), tombstone=keys.forgotten(uid, mid), in_flight=keys.in_flight(),
                 order=keys.extract_order(uid),
+                messages=keys.user_messages(uid),
             ),
             EnqueueArgs(
                 envelope=envelope.model_dump_json(exclude_none=True), task_id=task_id, ttl=self.status_ttl_s,
@@ -208,10 +131,12 @@ class MessageLedger:
         return Enqueued(existing=_text(found) or None)
 
     def backlogs(self, user_ids: Sequence[str]) -> list[int]:
-        """How many unfinished messages each user has (one round trip)."""
+        """How many unfinished messages each user has (one round trip; entries older than the TTL, of
+        messages lost to a crash, are not counted: ``ENQUEUE`` drops them when they would refuse one)."""
+        since = time.time() - self.status_ttl_s
         pipe = self.redis.pipeline(transaction=False)
         for user_id in user_ids:
-            pipe.zcard(keys.pending(user_id))
+            pipe.zcount(keys.pending(user_id), since, "+inf")
         return [int(n) for n in pipe.execute()]
 
     def replaying(self, user_id: str, message_id: str) -> None:
@@ -230,8 +155,9 @@ class MessageLedger:
                 deliveries=keys.deliveries(user_id, message_id, stage),
                 status=keys.status(user_id, message_id),
                 tombstone=keys.forgotten(user_id, message_id),
+                messages=keys.user_messages(user_id),
             ),
-            EnterArgs(ttl=self.status_ttl_s),
+            EnterArgs(ttl=self.status_ttl_s, now=time.time(), message_id=message_id),
         )
         return Entered(int(count), _text(state) or None, bool(forgotten), bool(earlier))
 
@@ -251,9 +177,10 @@ class MessageLedger:
     ) -> bool:
         """Record ``state`` (with ``<state>_at`` now and ``fields``) unless the message was forgotten (False,
         nothing written). ``extraction`` (JSON) is stored and files the message as ready to apply at
-        ``event_time`` (epoch seconds); APPLIED deletes the payload and the extraction; APPLIED and DEAD take
-        the message out of its user's backlog and ready set and pass its extraction turn on; an unfinished
-        state files it in the in-flight index since its ``SINCE_FIELD``."""
+        ``event_time`` (epoch seconds); APPLIED deletes the payload, the extraction and the delivery counters
+        (a settled message's task does nothing, counted or not); APPLIED and DEAD take the message out of its
+        user's backlog and ready set and pass its extraction turn on; an unfinished state files it in the
+        in-flight index since its ``SINCE_FIELD``."""
         mapping = {"state": state.value, f"{state.value}_at": str(time.time()), **(fields or {})}
         written = STAGE_WRITE(
             self.redis,
@@ -265,9 +192,12 @@ class MessageLedger:
                 ready=keys.ready(user_id),
                 payload=keys.message_payload(user_id, message_id),
                 in_flight=keys.in_flight(),
+                messages=keys.user_messages(user_id),
+                extract_deliveries=keys.deliveries(user_id, message_id, "extract"),
+                apply_deliveries=keys.deliveries(user_id, message_id, "apply"),
             ),
             StageWriteArgs(
-                ttl=self.status_ttl_s, extraction=extraction, event_time=repr(event_time),
+                ttl=self.status_ttl_s, now=time.time(), extraction=extraction, event_time=repr(event_time),
                 finished="1" if state in _FINISHED else "0", message_id=message_id,
                 applied="1" if state is MessageState.APPLIED else "0", ref=keys.message_ref(user_id, message_id),
                 since_field=SINCE_FIELD.get(state, ""),
@@ -303,6 +233,8 @@ class MessageLedger:
             keys.status(user_id, message_id),
         ):
             pipe.expire(key, self.status_ttl_s)
+        pipe.zadd(keys.user_messages(user_id), {message_id: time.time()})  # the TTLs just set (see scripts)
+        pipe.expire(keys.user_messages(user_id), self.status_ttl_s)
         pipe.execute()
 
     def dead_letter(self, letter: DeadLetter) -> bool:
@@ -332,8 +264,8 @@ class MessageLedger:
     def knows(self, user_id: str, message_id: str) -> bool:
         """Redis still knows the message: queued, in a stage, finished recently, or dead-lettered."""
         traces = (keys.message_payload, keys.extraction, keys.status)
-        return bool(self.redis.exists(*(key(user_id, message_id) for key in traces))) or bool(
-            self.redis.hexists(keys.dead_letters(), keys.dead_letter_field(user_id, message_id))
+        return bool(
+            self.redis.exists(*(key(user_id, message_id) for key in traces), keys.dead_letter(user_id, message_id))
         )
 
     def status(self, user_id: str, message_id: str) -> dict[str, str]:

@@ -23,6 +23,13 @@ Invariants shared by the lifecycle scripts (``MessageLedger`` calls them):
 - A finished message (applied, dead-lettered, forgotten) leaves its user's backlog (``pending``) and the
   ready set in the script that finishes it; an applied message's payload and extraction go with it.
 - Status hashes, payloads and extractions carry the status TTL, refreshed by every write.
+- Every script that sets a TTL on a key of a message files the message in its user's index
+  (``keys.user_messages``) at that time and gives the index the same TTL, so an index member older than
+  the TTL names only expired keys (the scripts that finish a message, ``STAGE_WRITE`` and ``DEAD_LETTER``,
+  drop those) and erasure finds every message by the index.
+- An applied message keeps only its status hash (its ``task_id`` answers a duplicate ``enqueue`` with the
+  original receipt; its timestamps are what the benchmarks and operators read) and its index entry: its
+  payload, extraction and delivery counters (one key per stage started) go in the script that applies it.
 """
 
 from __future__ import annotations
@@ -118,6 +125,7 @@ class EnqueueKeys(NamedTuple):
     tombstone: str
     in_flight: str
     order: str
+    messages: str
 
 
 class EnqueueArgs(NamedTuple):
@@ -137,7 +145,9 @@ class EnqueueArgs(NamedTuple):
 # Returns the existing task id for a known message id, {pending} when the user's backlog is full (nothing
 # written), else "". Enqueueing a message id again after it was forgotten is a new message: its tombstone goes.
 # The payload's SET is the script's first write on purpose: Redis checks maxmemory only at a script's first
-# write, and a ZREMRANGEBYSCORE first (which never refuses) let every enqueue past the limit.
+# write, and a ZREMRANGEBYSCORE first (which never refuses) let every enqueue past the limit. Backlog entries
+# older than the TTL (messages lost to a crash) are dropped only when they would refuse the message: the
+# common enqueue sends no trim (issue 45: enqueue's cost), and ``backlogs`` does not count them.
 ENQUEUE = LuaScript(
     EnqueueKeys,
     EnqueueArgs,
@@ -145,13 +155,18 @@ ENQUEUE = LuaScript(
 local existing = redis.call('HGET', K.status, 'task_id')
 if existing then return existing end
 redis.call('SET', K.payload, A.envelope, 'EX', A.ttl)
-redis.call('ZREMRANGEBYSCORE', K.pending, '-inf', tonumber(A.now) - tonumber(A.ttl))
 local pending = redis.call('ZCARD', K.pending)
 if pending >= tonumber(A.limit) then
-  redis.call('DEL', K.payload)
-  return {{pending}}
+  redis.call('ZREMRANGEBYSCORE', K.pending, '-inf', tonumber(A.now) - tonumber(A.ttl))
+  pending = redis.call('ZCARD', K.pending)
+  if pending >= tonumber(A.limit) then
+    redis.call('DEL', K.payload)
+    return {{pending}}
+  end
 end
 redis.call('ZADD', K.pending, A.now, A.message_id)
+redis.call('ZADD', K.messages, A.now, A.message_id)
+redis.call('EXPIRE', K.messages, A.ttl)
 redis.call('ZADD', K.in_flight, A.now, A.ref)
 redis.call('ZADD', K.order, A.event_time, A.message_id)
 redis.call('EXPIRE', K.order, A.ttl)
@@ -169,10 +184,13 @@ class EnterKeys(NamedTuple):
     deliveries: str
     status: str
     tombstone: str
+    messages: str
 
 
 class EnterArgs(NamedTuple):
     ttl: int
+    now: float
+    message_id: str
 
 
 # A start of a stage, in one round trip: a message already finished (applied, dead) or forgotten is not
@@ -191,6 +209,8 @@ if forgotten == 1 or state == '{MessageState.APPLIED.value}' or state == '{Messa
 end
 local n = redis.call('INCR', K.deliveries)
 redis.call('EXPIRE', K.deliveries, A.ttl)
+redis.call('ZADD', K.messages, A.now, A.message_id)
+redis.call('EXPIRE', K.messages, A.ttl)
 return {{n, state, forgotten, earlier}}
 """,
 )
@@ -219,10 +239,14 @@ class StageWriteKeys(NamedTuple):
     ready: str
     payload: str
     in_flight: str
+    messages: str
+    extract_deliveries: str
+    apply_deliveries: str
 
 
 class StageWriteArgs(NamedTuple):
     ttl: int
+    now: float
     extraction: str  # '' = none
     event_time: str
     finished: str  # '1' / '0'
@@ -235,7 +259,8 @@ class StageWriteArgs(NamedTuple):
 # A stage's status write (REST: field, value, ...). A stored extraction makes the message ready to apply
 # (scored by event time); a finished message leaves its user's backlog, the ready set and the in-flight
 # index; an unfinished one is filed in the index since its status's ``since_field``; an applied
-# message's payload and extraction go with its status write. Returns 0 (nothing written) when forgotten.
+# message's payload, extraction and delivery counters go with its status write. Returns 0 (nothing
+# written) when forgotten.
 STAGE_WRITE = LuaScript(
     StageWriteKeys,
     StageWriteArgs,
@@ -249,10 +274,15 @@ end
 if A.finished == '1' then
   redis.call('ZREM', K.pending, A.message_id)
   redis.call('ZREM', K.ready, A.message_id)
+  redis.call('ZREMRANGEBYSCORE', K.messages, '-inf', tonumber(A.now) - tonumber(A.ttl))
 end
-if A.applied == '1' then redis.call('DEL', K.payload, K.extraction) end
+if A.applied == '1' then
+  redis.call('DEL', K.payload, K.extraction, K.extract_deliveries, K.apply_deliveries)
+end
 redis.call('HSET', K.status, unpack(ARGV, REST))
 redis.call('EXPIRE', K.status, A.ttl)
+redis.call('ZADD', K.messages, A.now, A.message_id)
+redis.call('EXPIRE', K.messages, A.ttl)
 if A.finished == '1' then
   redis.call('ZREM', K.in_flight, A.ref)
 elseif A.since_field ~= '' then
@@ -292,6 +322,8 @@ return ids
 
 class DeadLetterKeys(NamedTuple):
     tombstone: str
+    letter: str
+    user_letters: str
     letters: str
     status: str
     payload: str
@@ -299,19 +331,22 @@ class DeadLetterKeys(NamedTuple):
     pending: str
     ready: str
     in_flight: str
+    messages: str
 
 
 class DeadLetterArgs(NamedTuple):
-    field: str
     letter: str
+    failed_at: float
     reason: str
     ttl: int
+    now: float
     message_id: str
     ref: str
 
 
-# A dead letter: never for a forgotten message (returns 0, nothing written). The letter keeps the envelope,
-# so the payload and extraction go; the message leaves the backlog, the ready set and the in-flight index.
+# A dead letter: never for a forgotten message (returns 0, nothing written). The letter is its own key,
+# filed by failure time in its user's index and the fleet-wide one. It keeps the envelope, so the payload
+# and extraction go; the message leaves the backlog, the ready set and the in-flight index.
 DEAD_LETTER = LuaScript(
     DeadLetterKeys,
     DeadLetterArgs,
@@ -320,9 +355,14 @@ if redis.call('EXISTS', K.tombstone) == 1 then return 0 end
 redis.call('ZREM', K.pending, A.message_id)
 redis.call('ZREM', K.ready, A.message_id)
 redis.call('ZREM', K.in_flight, A.ref)
-redis.call('HSET', K.letters, A.field, A.letter)
+redis.call('ZREMRANGEBYSCORE', K.messages, '-inf', tonumber(A.now) - tonumber(A.ttl))
+redis.call('SET', K.letter, A.letter)
+redis.call('ZADD', K.user_letters, A.failed_at, A.message_id)
+redis.call('ZADD', K.letters, A.failed_at, A.ref)
 redis.call('HSET', K.status, 'state', '{MessageState.DEAD.value}', 'reason', A.reason)
 redis.call('EXPIRE', K.status, A.ttl)
+redis.call('ZADD', K.messages, A.now, A.message_id)
+redis.call('EXPIRE', K.messages, A.ttl)
 redis.call('DEL', K.payload, K.extraction)
 return 1
 """,

@@ -26,6 +26,7 @@ from contextlib import suppress
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from engram_api import keys
 from engram_api.versions import Stamp
 
 if TYPE_CHECKING:
@@ -108,10 +109,10 @@ class ReaderThreads:
             held.behind.add(work)
         work.add_done_callback(held.behind.discard)
 
-    def log_recall(self, client: redis.Redis, recall_id: str, key: str, rows: str) -> None:
-        """Write ``rows`` (a recall's log, serialized) at ``key`` after the recall returned."""
+    def log_recall(self, client: redis.Redis, user_id: str, recall_id: str, rows: str) -> None:
+        """Write ``rows`` (a recall's log, serialized) after the recall returned (``_write``)."""
         held = self._current()
-        write = held.pool.submit(_write, client, key, rows)
+        write = held.pool.submit(_write, client, user_id, recall_id, rows)
         with self._lock:
             held.logging[recall_id] = write
         write.add_done_callback(lambda _: held.logging.pop(recall_id, None))  # at once if already done
@@ -132,9 +133,19 @@ class ReaderThreads:
         wait(pending)  # their errors are theirs: each logs or suppresses its own
 
 
-def _write(client: redis.Redis, key: str, rows: str) -> None:
+def _write(client: redis.Redis, user_id: str, recall_id: str, rows: str) -> None:
+    """The log and its entry in the user's index of recall logs, in one MULTI (erasure finds the logs by
+    that index, never by scanning); the index drops entries older than a log lives and lives as long as
+    the newest log."""
     import redis  # only with a client, so loaded already
 
+    now = time.time()
+    index = keys.recall_logs(user_id)
     # On a Redis error, feedback for this recall will be refused; recall itself must not fail.
     with suppress(redis.RedisError):
-        client.set(key, rows, ex=RECALL_LOG_TTL_S)
+        pipe = client.pipeline(transaction=True)
+        pipe.set(keys.recall_log(user_id, recall_id), rows, ex=RECALL_LOG_TTL_S)
+        pipe.zremrangebyscore(index, "-inf", now - RECALL_LOG_TTL_S)
+        pipe.zadd(index, {recall_id: now})
+        pipe.expire(index, RECALL_LOG_TTL_S)
+        pipe.execute()

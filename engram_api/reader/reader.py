@@ -243,7 +243,7 @@ class Reader:
         if self.redis is None or not items:
             return
         rows = json.dumps({item.id: item.breakdown.model_dump() for item in items})
-        self._threads.log_recall(self.redis, recall_id, keys.recall_log(user_id, recall_id), rows)
+        self._threads.log_recall(self.redis, user_id, recall_id, rows)
 
     def flush(self) -> None:
         """Wait for this process's recall logs still being written and snapshot loads still running

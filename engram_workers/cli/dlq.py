@@ -11,6 +11,7 @@ from engram_workers.cli._output import clip, count, emit_json, fmt_time, json_op
 
 if TYPE_CHECKING:
     from engram_api import MemoryClient
+    from engram_api.models import DeadLetter
 
 __all__ = ["COMMANDS"]
 
@@ -29,9 +30,7 @@ def dlq() -> None:
 def list_(user_ids: tuple[str, ...], full: bool, as_json: bool) -> None:
     """List dead letters, oldest first."""
     with open_client() as client:
-        letters = client.dead_letters()
-    if user_ids:
-        letters = [letter for letter in letters if letter.user_id in user_ids]
+        letters = _letters(client, user_ids)
     if as_json:
         emit_json(letters)
         return
@@ -88,6 +87,13 @@ def drop(
         click.echo(f"dropped {count(len(dropped), 'dead letter')}")
 
 
+def _letters(client: MemoryClient, user_ids: tuple[str, ...]) -> list[DeadLetter]:
+    """Every dead letter, or only these users' (each user's read from its own index), oldest first."""
+    if not user_ids:
+        return client.dead_letters()
+    return sorted((d for uid in dict.fromkeys(user_ids) for d in client.dead_letters(uid)), key=lambda d: d.failed_at)
+
+
 def _targets(
     client: MemoryClient, user_id: str | None, message_id: str | None, all_: bool, user_ids: tuple[str, ...]
 ) -> list[tuple[str, str]]:
@@ -97,8 +103,7 @@ def _targets(
     if all_:
         if user_id or message_id:
             raise click.UsageError("give USER_ID MESSAGE_ID or --all, not both")
-        letters = client.dead_letters()
-        return [(d.user_id, d.message_id) for d in letters if not user_ids or d.user_id in user_ids]
+        return [(d.user_id, d.message_id) for d in _letters(client, user_ids)]
     if not (user_id and message_id):
         raise click.UsageError("give USER_ID MESSAGE_ID, or --all")
     if user_ids:

@@ -67,6 +67,25 @@ for _job, (_task, _summary) in _JOBS.items():
     maintenance.add_command(_job_command(_job, _task, _summary))
 
 
+@maintenance.command("ledger-reindex")
+@json_option
+def ledger_reindex(as_json: bool) -> None:
+    """Once after upgrading from an Engram without per-user Redis indexes: file the messages, recall logs
+    and dead letters written before in their users' indexes (one SCAN of the keyspace), so that erasure,
+    which reads only those indexes, finds them. Safe to run twice or with the fleet running."""
+    from engram_api.ledger.reindex import reindex as reindex_ledger
+
+    with open_client() as client:
+        report = reindex_ledger(client.redis, status_ttl_s=client.settings.status_ttl_s)
+    if as_json:
+        emit_json(report)
+    else:
+        click.echo(
+            f"indexed {report.messages} message keys and {report.recall_logs} recall logs; "
+            f"moved {report.dead_letters} dead letters to their own keys"
+        )
+
+
 @click.command(short_help="Rebuild FAISS indexes from the graph.")
 @user_option("Only this user (repeatable).")
 @json_option

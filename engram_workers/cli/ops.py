@@ -280,7 +280,8 @@ def bench(args: tuple[str, ...]) -> None:
     ARGS (all optional):
       --quick          small sizes (a few minutes in all)
       --only LIST      comma-separated subset of
-                       enqueue,encoder,llm,vectors,gateway,ingest,apply,recall,hosts,seeds,memory,quality
+                       enqueue,housekeeping,encoder,llm,vectors,gateway,ingest,apply,recall,hosts,seeds,
+                       memory,quality
       --store NAME     the deployments' graph store: neo4j (default) or sqlite
       --out DIR        where results, caches and the seeds' venv go (default: bench-results/)
       --datasets DIR   the quality benchmark's data (it is skipped when missing)

@@ -30,6 +30,7 @@ import benchlib  # noqa: E402
 # Order matters only for the console: cheap benchmarks first.
 BENCHES = {
     "enqueue": "bench_enqueue",
+    "housekeeping": "bench_housekeeping",
     "encoder": "bench_encoder",
     "llm": "bench_llm",
     "vectors": "bench_vectors",

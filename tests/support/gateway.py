@@ -94,6 +94,6 @@ def footprint(stack: Stack, users: list[str]) -> tuple[Any, ...]:
     return (
         [(key, r.hget(key, "state")) for key in statuses],
         r.llen(keys.EXTRACT_QUEUE),
-        sorted(r.hkeys(keys.dead_letters())),
+        r.zrange(keys.dead_letters(), 0, -1),
         [stack.client.graph.stats(u).model_dump(exclude={"usage"}) for u in users],
     )
