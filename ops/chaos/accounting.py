@@ -54,15 +54,9 @@ _SWEEP_EVERY_S = 15.0
 
 
 def _redeliver(client: MemoryClient) -> list[str]:
-    from engram_workers.celery_config import make_celery
-    from engram_workers.dispatch import celery_dispatch
-    from engram_workers.maintenance import redeliver_stuck
+    from engram_workers.maintenance import resend_lost
 
-    report = redeliver_stuck(
-        client=client.redis,
-        send=celery_dispatch(make_celery(client.settings, client.redis_url)),
-        older_than_s=client.settings.visibility_timeout_s,
-    )
+    report = resend_lost(client.settings, client.redis_url, older_than_s=client.settings.visibility_timeout_s)
     return report.resent
 
 
