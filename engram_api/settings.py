@@ -177,7 +177,6 @@ class Settings(BaseSettings):
     visibility_timeout_s: int = Field(
         60,
         ge=10,
-        le=3600,
         description="a SIGKILLed worker's unacked messages are handed out again this long after its last "
         "keep-alive (live workers refresh theirs every quarter of it, so a task may run or wait longer)",
     )
