@@ -174,7 +174,12 @@ class Settings(BaseSettings):
     )
 
     # --- delivery ---
-    visibility_timeout_s: int = Field(3600, ge=60, description="must exceed any task run + countdown")
+    visibility_timeout_s: int = Field(
+        60,
+        ge=10,
+        description="a SIGKILLed worker's unacked messages are handed out again this long after its last "
+        "keep-alive (live workers refresh theirs every quarter of it, so a task may run or wait longer)",
+    )
     apply_lock_ttl_s: int = Field(
         30, ge=5, description="per-user write lease, renewed while held (frees when a holder dies)"
     )

@@ -12,19 +12,33 @@ the new pool. A redis-py client is safe to share between threads: each command t
 pool and gives it back. Measured (``ops/bench/client_cpu_ab.py``): a publish, delivery and ack cost 0.69x
 the CPU they cost through kombu's transport.
 
+Keep-alive: kombu hands a message out again once its ``unacked_index`` entry (the time it was delivered) is
+older than the visibility timeout, whoever holds it. Alone, that forces a timeout longer than any task's run
+plus its retry countdown (an hour), and a SIGKILLed worker's messages stay invisible that long. Here a
+consuming worker's event loop re-stamps, every ``keep_alive_interval`` seconds (a transport option that
+``celery_config`` sets to a quarter of the timeout), the entries of every message it still holds unacked
+(running, prefetched, or waiting for a retry's ETA), with ``ZADD XX``: an entry acked or restored meanwhile
+is never re-created. So only a dead worker's entries age: its messages are handed out again within the
+timeout plus kombu's restore interval of its death, and a live worker's never are, however long they run.
+
 Everything else is kombu's. ``celery_config`` selects this transport for ``redis://`` broker URLs only:
 ``rediss://`` (kombu turns TLS on by that scheme name), ``sentinel://`` and the rest keep kombu's own.
 """
 
 from __future__ import annotations
 
+import logging
+import time
 from typing import Any
 
 from kombu.transport import redis as kombu_redis
 
-__all__ = ["TRANSPORT", "Channel", "Transport"]
+log = logging.getLogger(__name__)
+
+__all__ = ["KEEP_ALIVE_OPTION", "TRANSPORT", "Channel", "Transport"]
 
 TRANSPORT = f"{__name__}:Transport"  # what Celery's ``broker_transport`` names
+KEEP_ALIVE_OPTION = "keep_alive_interval"  # seconds; a transport option only this transport reads
 
 
 class Channel(kombu_redis.Channel):
@@ -39,6 +53,41 @@ class Channel(kombu_redis.Channel):
             client = self._shared_client = super()._create_client()
         return client
 
+    def keep_alive(self, now: float) -> int:
+        """Re-stamp the ``unacked_index`` entries of the messages this channel holds; returns how many."""
+        qos = self.qos
+        try:
+            # Acks of the threads pool run on its threads: copy first, and skip a round that raced one.
+            held = [tag for tag in tuple(qos._delivered) if tag not in qos._dirty]
+        except RuntimeError:
+            return 0
+        if not held:
+            return 0
+        with self.conn_or_acquire() as client:
+            # XX: only entries that still exist (an acked or restored message is not brought back).
+            client.zadd(self.unacked_index_key, dict.fromkeys(held, now), xx=True)
+        return len(held)
+
 
 class Transport(kombu_redis.Transport):
     Channel = Channel
+
+    def register_with_event_loop(self, connection: Any, loop: Any) -> None:
+        super().register_with_event_loop(connection, loop)
+        cycle = self.cycle
+        # A reconnect registers again: cancel the previous connection's timer, as kombu does with its own.
+        old = getattr(cycle, "_keep_alive_tref", None)
+        if old is not None:
+            old.cancel()
+        every = connection.client.transport_options.get(KEEP_ALIVE_OPTION)
+        if every:
+            cycle._keep_alive_tref = loop.call_repeatedly(float(every), self._keep_alive)
+
+    def _keep_alive(self) -> None:
+        now = time.time()
+        for channel in list(self.cycle._channels):
+            try:
+                channel.keep_alive(now)
+            except channel.connection_errors:
+                # The connection is down: kombu reconnects; the next round (or the restore) catches up.
+                log.debug("keep-alive of unacked messages skipped: connection error", exc_info=True)

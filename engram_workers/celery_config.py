@@ -5,7 +5,8 @@ Lua enqueue uses too; nothing under ``engram_api`` imports Celery or kombu.
 Three parts, by role:
 - ``celery_config``: what every Celery client of the broker must agree on (the transport options, the
   visibility timeout in particular, or the shortest one wins and tasks run twice): build a client with
-  ``make_celery``;
+  ``make_celery``; the keep-alive and restore intervals derive from the timeout (``redelivery_bound_s``:
+  how long a SIGKILLed worker's messages stay out of reach);
 - ``worker_config`` and ``stage_defaults``: what a worker runs with (``stage_defaults`` is a stage's
   queues, pool and concurrency; ``worker_config`` the defaults of a worker started without a stage);
 - ``beat_config``: RedBeat, the scheduler with a leader lock in Redis.
@@ -33,7 +34,10 @@ __all__ = [
     "BEAT_PUBLISHING",
     "beat_config",
     "celery_config",
+    "keep_alive_s",
     "make_celery",
+    "redelivery_bound_s",
+    "restore_interval_s",
     "stage_defaults",
     "worker_config",
 ]
@@ -46,18 +50,41 @@ def _stamp_sent_at(headers: dict[str, Any] | None = None, **_: Any) -> None:
         headers[keys.SENT_AT_HEADER] = time.time()
 
 
+def keep_alive_s(settings: Settings) -> float:
+    """How often a worker re-stamps the messages it holds: four chances before the visibility timeout."""
+    return settings.visibility_timeout_s / 4
+
+
+def restore_interval_s(settings: Settings) -> float:
+    """How often each consuming worker hands out again what a dead worker held (kombu's restore scan)."""
+    return min(10.0, settings.visibility_timeout_s / 6)
+
+
+def redelivery_bound_s(settings: Settings) -> float:
+    """Seconds from a worker's SIGKILL until every message it held is back on its queue: its last keep-alive
+    is at most the timeout old by then, and the next restore scan of a live worker takes it (docs/operations.md,
+    "When a worker dies")."""
+    return settings.visibility_timeout_s + restore_interval_s(settings)
+
+
 def celery_config(settings: Settings, broker_url: str) -> dict[str, Any]:
     from celery.signals import before_task_publish
     from kombu import Queue
 
-    from engram_workers.broker import TRANSPORT
+    from engram_workers.broker import KEEP_ALIVE_OPTION, TRANSPORT
 
     # Every Celery client of the broker builds its config here; connecting twice is a no-op.
     before_task_publish.connect(_stamp_sent_at)
     transport = {
         "visibility_timeout": settings.visibility_timeout_s,
-        # Restore a dead worker's unacked messages promptly (kombu sweeps every interval x throttle).
+        # Live workers re-stamp what they hold (``engram_workers.broker``), so only a dead worker's messages
+        # outgrow the timeout, however long a task runs or waits for its countdown.
+        KEEP_ALIVE_OPTION: keep_alive_s(settings),
+        # Restore a dead worker's unacked messages promptly: kombu scans every interval x throttle seconds,
+        # and a restorer that dies holding kombu's restore mutex blocks the others only for one interval.
+        "unacked_restore_interval": restore_interval_s(settings),
         "unacked_restore_throttle": 1,
+        "unacked_mutex_expire": max(1, round(restore_interval_s(settings))),
         "socket_timeout": 10,
         "socket_connect_timeout": 5,
         "retry_on_timeout": True,

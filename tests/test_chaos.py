@@ -50,10 +50,15 @@ def held(result: accounting.ScenarioResult) -> str:
     return "\n" + accounting.format_table([result])
 
 
+# Every scenario checks each message it sent against the graph, and what the harness's own redelivery sweep
+# re-sent against what its fault could strand (ops/chaos/README.md, "How the table counts").
+EVERY_SCENARIO = {"every message's episode and facts in the graph", "sweep re-sent only what the faults could strand"}
+
+
 def assert_held(result: accounting.ScenarioResult) -> None:
     failed = [name for name, passed in result.checks.items() if not passed]
     assert result.error is None, held(result)
-    assert result.sent > 0 and result.checks, held(result)
+    assert result.sent > 0 and result.checks.keys() >= EVERY_SCENARIO, held(result)
     assert (result.lost, result.duplicated, failed) == (0, 0, []), held(result)
 
 

@@ -38,7 +38,9 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 # ------------------------------------------------------------------------------------------ finding 8
-def test_every_task_has_a_soft_and_a_hard_time_limit_below_the_visibility_timeout(redis_url, monkeypatch) -> None:
+def test_every_task_has_a_soft_and_a_hard_time_limit(redis_url, monkeypatch) -> None:
+    """A task may run longer than the visibility timeout: its worker keeps it (``engram_workers.broker``'s
+    keep-alive, ``tests/test_kill_bound.py``), so the limits are bounded by nothing but themselves."""
     monkeypatch.setenv("REDIS_URL", redis_url)  # the app reads its configuration when first used
     from engram_workers.app import app
     from engram_workers.tasks import extract  # noqa: F401  (registers every task on the app)
@@ -51,7 +53,7 @@ def test_every_task_has_a_soft_and_a_hard_time_limit_below_the_visibility_timeou
         limits = config["task_annotations"].get(name, {})
         soft = limits.get("soft_time_limit", config["task_soft_time_limit"])
         hard = limits.get("time_limit", config["task_time_limit"])
-        assert 0 < soft < hard < settings.visibility_timeout_s, name
+        assert 0 < soft < hard, name
 
 
 # ------------------------------------------------------------------------------------------ finding 9

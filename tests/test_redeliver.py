@@ -16,7 +16,7 @@ import redis
 from engram_api import keys
 from engram_api.models import MessageState
 from engram_workers.celery_config import make_celery
-from engram_workers.maintenance import redeliver_stuck
+from engram_workers.maintenance import redeliver, redeliver_stuck
 from engram_workers.services.celery_worker import APPLY_WORKER, EXTRACT_WORKER
 from tests.support.operator_processes import wait_until
 from tests.support.stack import SETTLE_S, engram_stack
@@ -95,6 +95,24 @@ def test_old_messages_still_waiting_in_the_broker_are_left_alone(redis_url: str,
         assert sweep() == ([], 2)  # re-stamped: the next sweep waits a full period before sending it again
 
 
+@pytest.mark.parametrize("moved", [True, False], ids=["in-transit", "lost"])
+def test_a_task_missing_at_one_read_is_looked_for_again_before_it_is_re_sent(
+    redis_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, moved: bool
+) -> None:
+    """A task the broker read missed because it was moving (here: off its queue at the first read, back on it
+    by the confirming read, as a retry's re-published message or a restored one is) is not re-sent; one
+    still missing is."""
+    with engram_stack(redis_url=redis_url, data_dir=tmp_path, neo4j_uri=None, llm_url=None, workers=False) as stack:
+        client = stack.client
+        client.enqueue("transit_user", "I like chess.", message_id="m1")
+        raw = client.redis.rpop(keys.EXTRACT_QUEUE)  # in a consumer's hands, not yet recorded unacked
+        client.producer.ledger.in_flight.restamp("transit_user", "m1", MessageState.QUEUED, time.time() - 600)
+        monkeypatch.setattr(redeliver.time, "sleep", lambda _: moved and client.redis.lpush(keys.EXTRACT_QUEUE, raw))
+        sent: list[tuple[str, tuple[str, ...]]] = []
+        report = redeliver_stuck(client=client.redis, send=lambda t, a: sent.append((t, a)), older_than_s=300)
+        assert (sent, report.waiting) == (([], 1) if moved else ([(keys.EXTRACT_TASK, ("transit_user", "m1"))], 0))
+
+
 def test_the_sweep_reads_only_the_overdue_messages_not_every_status(redis_url: str, tmp_path: Path) -> None:
     """Issue 45: the sweep's reads follow what is overdue. Applied and fresh messages (their statuses kept
     for days) cost it nothing: no SCAN, and one status read per overdue message."""
@@ -125,7 +143,8 @@ def test_the_sweep_reads_only_the_overdue_messages_not_every_status(redis_url: s
             )
 
         assert sorted(args[1] for _, args in sent if args[0] == user) == overdue and report.scanned == due
-        assert calls("scan") == 0 and calls("hmget") == due  # 60 statuses of this user, 5 of them read
+        # 60 statuses of this user, 5 of them read, twice: once more to confirm the lost ones before re-sending
+        assert calls("scan") == 0 and calls("hmget") == 2 * due
 
 
 def _message_id_of(message: str) -> str:

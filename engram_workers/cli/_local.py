@@ -148,8 +148,17 @@ class LocalStack:
         assert server.pid is not None
         self._track("redis", server.pid)
         self.redis_url = self.redis_server.url
+        self._resend_lost()
         write_services_file(self.settings, redis_url=self.redis_url)
         return self.redis_url
+
+    def _resend_lost(self) -> None:
+        """On a Redis this stack just started, before any worker or client connects: a message in flight whose
+        task is in no queue and not unacked was taken by a worker killed before kombu recorded it
+        (celery/celery#7950), so it is sent again now, not after the redelivery sweep's threshold."""
+        from engram_workers.maintenance import resend_lost
+
+        resend_lost(self.settings, self.redis_url, older_than_s=0)
 
     def _start(self, name: str, argv: list[str], ready: str) -> None:
         """Start a child without waiting for it: children boot in parallel, see ``wait_ready``."""

@@ -8,7 +8,7 @@ from engram_workers.maintenance._common import Guard, UserFailure
 from engram_workers.maintenance.decay import DecayReport, DecayUser, run_decay
 from engram_workers.maintenance.hierarchy import HierarchyReport, HierarchyUser, rebuild_hierarchy
 from engram_workers.maintenance.reconcile import BackfillUser, ReconcileReport, ReconcileUser, reconcile, remove_orphans
-from engram_workers.maintenance.redeliver import RedeliverReport, redeliver_stuck
+from engram_workers.maintenance.redeliver import RedeliverReport, redeliver_stuck, resend_lost
 from engram_workers.maintenance.weights import (
     ScopeOutcome,
     Weights,
@@ -37,5 +37,6 @@ __all__ = [
     "reconcile",
     "redeliver_stuck",
     "remove_orphans",
+    "resend_lost",
     "run_decay",
 ]

@@ -14,26 +14,37 @@ a whole queue is older than the visibility timeout, and re-sending all of it dou
 sweep (seen in the full chaos run on a loaded machine: 4,944 re-sends for 1,000 messages, and a queue that no
 longer drained). So a stuck message is re-sent only when its task is nowhere in the broker: not in its
 stage's queue lists and not in kombu's ``unacked`` hash. The broker is read only when some message is
-stuck, in pages, keeping ids alone. A message caught between kombu's two round trips while the sweep reads
-is re-sent needlessly, which is harmless.
+stuck, in pages, keeping ids alone, so a task that moves while it is read (a retry re-published, a dead
+worker's message restored, a consumer between its pop and its unacked record) can be missed: a message
+found nowhere is looked for again a second later, and re-sent only if it still waits in the same state and
+is still nowhere (the chaos scenarios count every re-send against what their faults could have stranded).
+
+``resend_lost`` runs the sweep from outside a worker, through a Celery client of its own: a fresh `engram
+up` runs it with no age threshold on the Redis it has just started, before any worker connects, so a task
+that is in no queue and not unacked then is certainly lost, not in a consumer's hands (the chaos harness
+runs it as Beat would).
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 
 import redis
 from pydantic import BaseModel, Field
 
 from engram_api import keys
+from engram_api.connections import redis_client
 from engram_api.errors import InvalidInputError
 from engram_api.ledger import MessageLedger
+from engram_api.ledger.inflight import Waiting
 from engram_api.ledger.wire import tasks_in_broker
 from engram_api.models import MessageState
-from engram_workers.dispatch import Dispatch
+from engram_api.settings import Settings
+from engram_workers.dispatch import Dispatch, celery_dispatch
 
-__all__ = ["RedeliverReport", "redeliver_stuck"]
+__all__ = ["RedeliverReport", "redeliver_stuck", "resend_lost"]
 
 # The stage task a message waiting in each state needs.
 _TASK_FOR = {MessageState.QUEUED: keys.EXTRACT_TASK, MessageState.EXTRACTED: keys.APPLY_TASK}
@@ -57,8 +68,10 @@ def redeliver_stuck(
     older_than_s: float,
     now: float | None = None,
     dead_letter_retention: timedelta | None = None,
+    confirm_after_s: float = 1.0,
 ) -> RedeliverReport:
     """``send(task_name, args)`` publishes a task on its queue (the worker's dispatcher in production).
+    A message found nowhere is looked for again ``confirm_after_s`` later and re-sent only if still missing.
 
     With ``dead_letter_retention`` the sweep also deletes dead letters older than that (they hold the
     message text; this sweep runs every few minutes, so none outlives the retention by much).
@@ -75,12 +88,18 @@ def redeliver_stuck(
         report.pruned_dead_letters = ledger.dead_letters.prune(older_than=dead_letter_retention, now=cutoff)
     report.scanned, overdue = ledger.in_flight.overdue(now - older_than_s)
     stuck = [w for w in overdue if w.since is not None and now - w.since >= older_than_s]
-    waiting = set(tasks_in_broker(client)) if stuck else set()
-    for user_id, message_id, state, _ in stuck:
+    lost = _nowhere(client, stuck)
+    if lost and confirm_after_s:
+        # The broker is read in pages, not at one instant: a task moving while it is read (a retry's new
+        # message published and the old one acked, a dead worker's message restored to its queue, a consumer
+        # between its pop and its unacked record) or a message that moved on to its next stage looks lost
+        # once. Only one that still waits in the same state, and is still nowhere a moment later, is.
+        time.sleep(confirm_after_s)
+        still = {w[:3] for w in ledger.in_flight.overdue(now - older_than_s)[1]}
+        lost = _nowhere(client, [w for w in lost if w[:3] in still])
+    report.waiting = len(stuck) - len(lost)
+    for user_id, message_id, state, _ in lost:
         task, ref = _TASK_FOR[state], keys.message_ref(user_id, message_id)
-        if (task, ref) in waiting:
-            report.waiting += 1
-            continue
         try:
             send(task, (user_id, message_id))
         except Exception as exc:  # one bad send must not stop the sweep; the next sweep tries again
@@ -90,3 +109,24 @@ def redeliver_stuck(
         ledger.in_flight.restamp(user_id, message_id, state, now)
         report.resent.append(ref)
     return report
+
+
+def _nowhere(client: redis.Redis, stuck: Sequence[Waiting]) -> list[Waiting]:
+    """The ``stuck`` messages whose stage task is neither queued nor unacked (the broker read only if any)."""
+    if not stuck:
+        return []
+    waiting = set(tasks_in_broker(client))
+    return [w for w in stuck if (_TASK_FOR[w.state], keys.message_ref(w.user_id, w.message_id)) not in waiting]
+
+
+def resend_lost(settings: Settings, redis_url: str, *, older_than_s: float) -> RedeliverReport:
+    """``redeliver_stuck`` on ``redis_url``, publishing through a Celery client built from ``settings``."""
+    from engram_workers.celery_config import make_celery
+
+    client = redis_client(redis_url)
+    try:
+        return redeliver_stuck(
+            client=client, send=celery_dispatch(make_celery(settings, redis_url)), older_than_s=older_than_s
+        )
+    finally:
+        client.close()

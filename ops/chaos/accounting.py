@@ -5,7 +5,10 @@ Counting rules (README.md, "How the table counts"):
 - sent: messages the producer got a receipt for;
 - applied / dead-lettered: the status hash of each message (``engram_api.keys.status``), cross-checked
   with the dead-letter store;
-- lost: sent - applied - dead-lettered once everything settled (``settle``, a generous timeout);
+- lost: sent - applied - dead-lettered once everything settled (``settle``, a generous timeout); while
+  it waits, ``settle`` runs the redelivery sweep as production's Beat would, and returns what it re-sent
+  (``Tally.resent``): the scenario must account for each (``Scenario.strandable``), so a message the
+  fleet lost and only this sweep brought home is never counted as delivered without a word;
 - duplicated: duplicate entities (user + norm_name), facts (user + statement + valid_from), episodes,
   provenance links (repeated ``source_ids``, parallel ``FROM`` relationships) and vectors (FAISS rows
   beyond the graph's unique embeddings, or rows for nodes the graph does not have), read by ``audit``
@@ -26,6 +29,7 @@ from typing import Any
 
 from fleet import Poller
 from pydantic import BaseModel, Field
+from workload import all_facts
 
 from engram_api import MemoryClient
 from engram_api.errors import WaitTimeoutError
@@ -39,6 +43,7 @@ class Tally:
     dead: set[str]
     pending: set[str]
     notes: list[str] = field(default_factory=list)
+    resent: list[str] = field(default_factory=list)  # user_id:message_id the harness's own sweep re-sent
 
     @property
     def lost(self) -> int:
@@ -49,15 +54,9 @@ _SWEEP_EVERY_S = 15.0
 
 
 def _redeliver(client: MemoryClient) -> list[str]:
-    from engram_workers.celery_config import make_celery
-    from engram_workers.dispatch import celery_dispatch
-    from engram_workers.maintenance import redeliver_stuck
+    from engram_workers.maintenance import resend_lost
 
-    report = redeliver_stuck(
-        client=client.redis,
-        send=celery_dispatch(make_celery(client.settings, client.redis_url)),
-        older_than_s=client.settings.visibility_timeout_s,
-    )
+    report = resend_lost(client.settings, client.redis_url, older_than_s=client.settings.visibility_timeout_s)
     return report.resent
 
 
@@ -77,8 +76,6 @@ def settle(client: MemoryClient, receipts: Sequence[Receipt], *, timeout: float)
             # What production's Beat does every ENGRAM_REDELIVER_INTERVAL_S: re-send the stage task of
             # messages stuck between stages (kombu can lose one taken by a worker SIGKILLed mid-fetch).
             resent += _redeliver(client)
-    if resent:
-        notes.append(f"redelivery sweep re-sent {len(resent)}: {resent[:3]}")
     verdict = client.producer.verdict(pairs)
     tally = Tally(
         sent=len(pairs),
@@ -86,6 +83,7 @@ def settle(client: MemoryClient, receipts: Sequence[Receipt], *, timeout: float)
         dead=set(verdict.dead_lettered),
         pending=set(verdict.pending),
         notes=notes,
+        resent=resent,
     )
     letters = {(d.user_id, d.message_id) for d in client.dead_letters()} & set(pairs)
     in_dlq = {mid for _, mid in letters}
@@ -149,13 +147,7 @@ def audit(client: MemoryClient, users: Sequence[str]) -> Duplicates:
     # ``read``, not ``load``: an unreadable index (base + delta log) is counted, not skipped as missing.
     files = client.reader.keeper.vectors
     for user in users:
-        page, facts = 1, []
-        while True:
-            batch = client.graph.page(user, page, 1000)
-            facts += batch.facts
-            if len(facts) >= batch.total_facts or not batch.facts:
-                break
-            page += 1
+        facts = all_facts(client, user)
         dup.surplus["source_ids"] += sum(len(f.source_ids) - len(set(f.source_ids)) for f in facts)
 
         items, version = client.graph.vectors(user)

@@ -25,7 +25,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from accounting import ScenarioResult, settle
+from accounting import ScenarioResult
 from fleet import EXTRACT_8, Poller, Services
 from scenario import Scenario, ScenarioParams
 from workload import Workload, enqueue_paced
@@ -152,7 +152,7 @@ class FlakyLLM(Scenario[Params]):
         phase1_start = time.time()
         llm.inject_failures(params.failure_rate, mix=failure_mix(), seed=params.seed)
         enqueue_paced(self.client, self.work.messages, self.receipts, seconds=params.produce_s)
-        phase1 = settle(self.client, self.receipts, timeout=params.settle_timeout_s)
+        phase1 = self.settle_phase(self.receipts, timeout=params.settle_timeout_s)
         injected = llm.failures_injected
         llm.inject_failures(0.0)
 
@@ -165,7 +165,7 @@ class FlakyLLM(Scenario[Params]):
         time.sleep(params.outage_s)
         llm.inject_failures(0.0)
         healthy_at = time.time()
-        phase2 = settle(self.client, outage_receipts, timeout=params.settle_timeout_s)
+        phase2 = self.settle_phase(outage_receipts, timeout=params.settle_timeout_s)
         watch.stop()
         stats = watch.breaker.stats()
 

@@ -55,6 +55,7 @@ class Poison(Scenario[Params]):
             dataclasses.replace(m, message_id=f"poison-{m.message_id}") if poisoned[m.user_id] is m else m
             for m in self.work.messages
         ]
+        self.work.messages = self.messages  # what is sent: the graph check expects no episode of a poison one
         self.poison_ids = {f"poison-{m.message_id}" for m in poisoned.values()}
         # The poisoned users' messages after their poison one: they must not wait for it.
         self.later = [m for m in self.messages if m.timestamp > poisoned[m.user_id].timestamp]

@@ -10,6 +10,10 @@ Invariants:
 
 - the count (``Scenario.settle``) covers every message sent through ``self.receipts`` and audits the
   users of every workload the scenario names in ``workloads()``, so nothing sent escapes the audit;
+- ``settle`` checks every message of those workloads against the graph (applied: its episode and each
+  scripted fact once; dead-lettered: nothing), and that every receipt belongs to one of them;
+- the harness's own redelivery sweep may re-send at most ``strandable()`` messages, the number the
+  scenario's faults could have left nowhere in the broker (none, unless a scenario says why);
 - the applied monitor samples from the first paced message until everything settled, so a recovery that
   happens while the backlog drains is seen (``recovery``);
 - a service taken down by ``outage`` is brought back whatever interrupts the outage.
@@ -93,6 +97,7 @@ class Scenario(abc.ABC, Generic[P]):
         self.receipts: list[Receipt] = []
         self.monitor: AppliedMonitor | None = None
         self.settled_at = 0.0
+        self.resent_earlier: list[str] = []  # what the sweep re-sent while a phase settled (``settle_phase``)
         self._producer: threading.Thread | None = None
 
     # ------------------------------------------------------------------------ what a scenario says
@@ -107,6 +112,12 @@ class Scenario(abc.ABC, Generic[P]):
     def fleet_settings(self) -> Mapping[str, object]:
         """Settings of the fleet beyond the stack's (``ENGRAM_*`` as ``Settings`` field names)."""
         return {}
+
+    def strandable(self) -> int:
+        """How many messages this scenario's faults could leave where only the redelivery sweep finds them: taken
+        from a queue by a consumer that died (or lost Redis) before kombu recorded them unacked. None by
+        default: a scenario that strands messages says how many, and why, by overriding this."""
+        return 0
 
     def prepare_llm(self) -> None:
         self.llm.reset()
@@ -178,7 +189,35 @@ class Scenario(abc.ABC, Generic[P]):
         if self.monitor is not None:
             self.monitor.stop()  # only now: throughput may resume while the backlog drains
         self.result.count(tally, audit(self.client, [u for w in self.workloads() for u in w.users]))
+        self.check_graph(tally)
+        self.check_resent(tally)
         return tally
+
+    def settle_phase(self, receipts: Sequence[Receipt], *, timeout: float) -> Tally:
+        """Settle one phase's messages only (counted again, with the rest, by ``settle``); what the sweep
+        re-sent meanwhile is accounted for with the rest."""
+        tally = settle(self.client, receipts, timeout=timeout)
+        self.resent_earlier += tally.resent
+        return tally
+
+    def check_graph(self, tally: Tally) -> None:
+        """Every message sent is one of the workloads', and the graph holds what each says (``graph_mismatches``)."""
+        known = {m.message_id for w in self.workloads() for m in w.messages}
+        strangers = sorted({r.message_id for r in self.receipts} - known)
+        wrong = [p for w in self.workloads() for p in w.graph_mismatches(self.client, tally.applied, tally.dead)]
+        self.result.checks["every message's episode and facts in the graph"] = not strangers and not wrong
+        self.result.metrics["graph_checked"] = len(tally.applied) + len(tally.dead)
+        if strangers or wrong:
+            self.result.notes.append(f"graph disagrees: {len(wrong)}, e.g. {wrong[:2]}; unknown ids: {strangers[:2]}")
+
+    def check_resent(self, tally: Tally) -> None:
+        """The harness's sweep re-sent no more than the faults could strand (``strandable``), each one named."""
+        allowed, resent = self.strandable(), [*self.resent_earlier, *tally.resent]
+        self.result.checks["sweep re-sent only what the faults could strand"] = len(resent) <= allowed
+        self.result.metrics["sweep_resent"] = f"{len(resent)} (may: {allowed})"
+        self.result.details["sweep_resent"] = resent
+        if resent:
+            self.result.notes.append(f"sweep re-sent {resent[:3]}")
 
     def resumed_after(self, t: float) -> float | None:
         """Seconds from ``t`` until applies resumed (``AppliedMonitor.resumed_after``); None: never seen."""

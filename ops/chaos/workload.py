@@ -6,20 +6,24 @@ Invariants:
 - a message applied twice shows up as a duplicate (its fact is new to its user), never as a reinforcement;
 - nouns repeat within a user, so entity resolution runs under load;
 - ``moves`` LIVES_IN messages per user are in event-time order, so the user's final chain must follow it
-  whatever order the fleet applied them in (``Workload.order_violations``).
+  whatever order the fleet applied them in (``Workload.order_violations``);
+- every message's scripted extraction says what the graph must hold once it is applied: its episode, and
+  each of its facts stored once and linked to that episode (``Workload.graph_mismatches``); a dead-lettered
+  message left no episode.
 """
 
 from __future__ import annotations
 
 import itertools
 import time
+from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from engram_api import MemoryClient
-from engram_api.models import Receipt
+from engram_api.models import FactRecord, Receipt
 from engram_testing import Reply
 from tests.support.extractions import entity, fact, lives_in, message_text
 
@@ -111,6 +115,51 @@ class Workload:
             if got != expected or not linked or (chain and chain[-1].valid_until is not None):
                 bad.append(user)
         return bad
+
+    def graph_mismatches(self, client: MemoryClient, applied: set[str], dead: set[str]) -> list[str]:
+        """Messages of this workload the graph disagrees with, each with what is wrong: an applied message
+        must have its episode, and each fact of its scripted extraction stored exactly once (one fact with
+        that statement for the user) with the message among its sources and linked from its episode; a
+        dead-lettered message must have no episode. Read through the store's public reads, per user."""
+        problems = []
+        by_user: dict[str, list[Message]] = defaultdict(list)
+        for m in self.messages:
+            by_user[m.user_id].append(m)
+        for user, messages in by_user.items():
+            episodes = {e.id: e for e in client.graph.episodes(user)}
+            statements: dict[str, list[FactRecord]] = defaultdict(list)
+            for f in all_facts(client, user):
+                statements[f.statement].append(f)
+            for m in messages:
+                episode = episodes.get(m.message_id)
+                if m.message_id in dead:
+                    if episode is not None:
+                        problems.append(f"{m.message_id}: dead-lettered, yet its episode is stored")
+                    continue
+                if m.message_id not in applied:
+                    continue
+                if episode is None:
+                    problems.append(f"{m.message_id}: applied, no episode")
+                    continue
+                for wanted in self.extractions[m.text]["facts"]:
+                    copies = statements.get(wanted["statement"], [])
+                    stated = [f for f in copies if m.message_id in f.source_ids and f.id in episode.fact_ids]
+                    if len(copies) != 1 or len(stated) != 1:
+                        problems.append(
+                            f"{m.message_id}: {wanted['statement']!r} stored {len(copies)}x, "
+                            f"{len(stated)}x from this message"
+                        )
+        return problems
+
+
+def all_facts(client: MemoryClient, user: str) -> list[FactRecord]:
+    page, facts = 1, []
+    while True:
+        batch = client.graph.page(user, page, 1000)
+        facts += batch.facts
+        if len(facts) >= batch.total_facts or not batch.facts:
+            return facts
+        page += 1
 
 
 def enqueue_paced(
