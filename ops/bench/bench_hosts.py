@@ -84,6 +84,9 @@ def _write(client: Any, user_id: str, n: int) -> float:
     return write_one(client, user_id, n, read_index=True)
 
 
+# The users' sizes of a full run (facts).
+FULL_SIZES = (10_000, 100_000)
+
 # How long after a write the listening reader answers (its background catch-up has run by then).
 SIGNAL_PAUSE_S = 0.1
 
@@ -213,7 +216,7 @@ def _measure(ctx: BenchContext, stack: Any, size: int, writes: int) -> dict[str,
 
 
 def run(ctx: BenchContext) -> BenchResult:
-    sizes = [2_000] if ctx.quick else [10_000, 100_000]
+    sizes = [2_000] if ctx.quick else list(FULL_SIZES)
     writes = ctx.size(12, 40)
     recall = Table(
         "recall on a reader host right after another host's write (ms); floor = query embedding + FAISS search",
