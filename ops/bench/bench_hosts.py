@@ -110,6 +110,24 @@ def _hosts(ctx: BenchContext, stack: Any, size: int) -> dict[str, Any]:
     return out
 
 
+def _timed_feed_reads(into: list[float]) -> Any:
+    """Time each write's read for its change-feed entry (``UserWrite._feed_entry``, inside the apply's
+    time); returns the undo."""
+    from engram_api.storage.writer.userwrite import UserWrite
+
+    real = UserWrite._feed_entry
+
+    def timed(self: Any, *args: Any, **kwargs: Any) -> Any:
+        start = time.perf_counter()
+        try:
+            return real(self, *args, **kwargs)
+        finally:
+            into.append((time.perf_counter() - start) * 1e3)
+
+    UserWrite._feed_entry = timed  # type: ignore[method-assign]
+    return lambda: setattr(UserWrite, "_feed_entry", real)
+
+
 def _measure(ctx: BenchContext, stack: Any, size: int, writes: int) -> dict[str, Any]:
     from engram_api import keys
 
@@ -136,6 +154,8 @@ def _measure(ctx: BenchContext, stack: Any, size: int, writes: int) -> dict[str,
     parts: dict[str, list[dict[str, float]]] = {"catch-up": [], "no write since": []}
     floor: list[float] = []
     apply: dict[str, list[float]] = {"alternating hosts": [], "one host": []}
+    feed_reads: list[float] = []
+    undo = _timed_feed_reads(feed_reads)
     for i in range(writes):
         # One host: its second write in a row finds its copy current (a delta append). Alternating: the other
         # host writes next, its copy one write behind (a catch-up, then the append).
@@ -169,6 +189,7 @@ def _measure(ctx: BenchContext, stack: Any, size: int, writes: int) -> dict[str,
         start = time.perf_counter()
         index.search(reader.reader.embedder.encode([qs[4 + 3 * i]])[0], 30)
         floor.append((time.perf_counter() - start) * 1e3)
+    undo()
     signalled.signals.stop()  # its catch-ups' reads would count in the bytes below
     received, catchup_bytes, both_bytes, feed_bytes = _Received().install(), [], [], []
     for i in range(3):
@@ -206,6 +227,7 @@ def _measure(ctx: BenchContext, stack: Any, size: int, writes: int) -> dict[str,
         },
         "apply_ms": {k: dist(v) for k, v in apply.items()},
         "apply_ratio_p50": ratio(dist(apply["alternating hosts"])["p50"], dist(apply["one host"])["p50"]),
+        "feed_read_ms": dist(feed_reads),
         "catchup_bytes_p50": statistics.median(catchup_bytes),
         "user_changes_bytes_p50": statistics.median(both_bytes),
         "feed_entry_bytes_p50": statistics.median(feed_bytes),
@@ -242,7 +264,15 @@ def run(ctx: BenchContext) -> BenchResult:
     )
     apply = Table(
         "apply (one write through UserWrites, ms): writes alternating two hosts vs all on one host",
-        ["facts", "alternating p50", "one host p50", "ratio p50", "alternating p95", "one host p95"],
+        [
+            "facts",
+            "alternating p50",
+            "one host p50",
+            "ratio p50",
+            "alternating p95",
+            "one host p95",
+            "of which the feed entry's read p50",
+        ],
     )
     reads = Table(
         "read from the graph (bytes this process read: /proc/self/io rchar)",
@@ -271,7 +301,7 @@ def run(ctx: BenchContext) -> BenchResult:
             ap = got["apply_ms"]
             apply.add(
                 size, ap["alternating hosts"]["p50"], ap["one host"]["p50"], got["apply_ratio_p50"],
-                ap["alternating hosts"]["p95"], ap["one host"]["p95"],
+                ap["alternating hosts"]["p95"], ap["one host"]["p95"], got["feed_read_ms"]["p50"],
             )  # fmt: skip
             extra = got["rebuilds_after_first_load"]
             reads.add(
