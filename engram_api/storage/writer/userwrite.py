@@ -20,8 +20,7 @@ Invariants:
   in Redis (atomically only while the lease is still ours) with the write's change-feed entry (what the
   graph's ``user_changes`` returns right after the commit, so readers behind need not ask the graph;
   ``engram_api.storage.faiss.feed``; a write that removed anything deletes the feed instead) and drops
-  the process's caches; after
-  ``forget_user`` it also leaves the erasure tombstone every host's sweep deletes its files by. When the
+  the process's caches; after ``forget_user`` it also leaves the erasure tombstone every host's sweep deletes its files by. When the
   lease was lost after the commit, it takes the lease again and finishes only if the graph is still at
   its stamp; otherwise the newer writer owns the index and the published stamp.
 - Only users a write changed are published: nothing here walks every user.
