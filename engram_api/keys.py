@@ -217,6 +217,16 @@ def stamps_channel() -> str:
     return f"{PREFIX}:stamps"
 
 
+def change_feed(user_id: str) -> str:
+    """Sorted set of the user's last few committed writes, each one JSON entry (the stamps before and after,
+    the vectors, records and horizon ``GraphStore.user_changes`` read right after the commit), scored by the
+    version after: a reader whose copies are behind reads them with the stamp in one round trip instead of
+    asking the graph (``engram_api.storage.faiss.feed``). Moved only by ``publish_stamp``'s script, atomically
+    with the stamp; capped, expiring, deleted by any write that removed a record (a forget) and by erasure,
+    so it never holds what the graph no longer holds. A hint: a gap or a trim falls back to the graph."""
+    return f"{PREFIX}:feed:{user_id}"
+
+
 def apply_lock(user_id: str) -> str:
     """The user's write lease (a redis-py ``Lock``): whoever holds its token may write and publish."""
     return f"{PREFIX}:lock:apply:{user_id}"
@@ -235,6 +245,7 @@ def user_keys(user_id: str) -> tuple[str, ...]:
         extract_order(user_id),
         extract_turn(user_id),
         parked(user_id),
+        change_feed(user_id),
     )
 
 

@@ -50,19 +50,31 @@ def new_epoch() -> int:
     return (time.time_ns() // 1000) << 10 | secrets.randbits(10)
 
 
-def publish_stamp(client: redis.Redis, user_id: str, stamp: Stamp, *, lease_token: str | None = None) -> bool:
+def publish_stamp(
+    client: redis.Redis,
+    user_id: str,
+    stamp: Stamp,
+    *,
+    lease_token: str | None = None,
+    entry: str = "",
+    scrub: bool = False,
+) -> bool:
     """Publish ``stamp`` if it is newer than the published one, and send it on the stamps channel (readers'
     hint, ``keys.stamps_channel``); with ``lease_token``, only while that token still holds the user's lease
-    (checked atomically, ``controls.PUBLISH_STAMP``). False when the lease was lost."""
+    (checked atomically, ``controls.PUBLISH_STAMP``). False when the lease was lost. ``entry``: this write's
+    change-feed entry, added with the stamp; ``scrub``: delete the user's change feed first (whatever the
+    lease says), ``engram_api.storage.faiss.feed``."""
     # Imported here: a read (stats, history) that never publishes must not load the ledger and redis-py.
     from engram_api.ledger.controls import PUBLISH_STAMP, StampArgs, StampKeys
+    from engram_api.storage.faiss.feed import FEED_LENGTH, FEED_TTL_S
 
     done = PUBLISH_STAMP(
         client,
-        StampKeys(stamp=keys.user_version(user_id), lease=keys.apply_lock(user_id)),
+        StampKeys(stamp=keys.user_version(user_id), lease=keys.apply_lock(user_id), feed=keys.change_feed(user_id)),
         StampArgs(
             epoch=str(stamp.epoch), version=str(stamp.version), lease_token=lease_token or "",
-            channel=keys.stamps_channel(), user_id=user_id,
+            channel=keys.stamps_channel(), user_id=user_id, scrub="1" if scrub else "", entry=entry,
+            feed_length=FEED_LENGTH, feed_ttl_ms=int(FEED_TTL_S * 1000),
         ),
     )  # fmt: skip
     return bool(done)

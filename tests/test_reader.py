@@ -359,7 +359,9 @@ def test_reads_after_another_write_with_the_graph_store_down_raise_never_serve_w
         reader.recall(user, "where does the user live?")
         assert reader.recall(user, "where does the user live?").cached  # warm: the premise
         assert user in reader.reader.cache.users()
+        reader.signals.stop()  # the reader can learn the write from the store only: no signal, ...
         apply_in_process(worker, user, "m1", "I live in Austin.", T0 + timedelta(days=30))
+        worker.redis.delete(keys.change_feed(user))  # ... no change feed (expired)
         link.cut()
         with pytest.raises(StoreUnavailableError, match=re.escape(f"127.0.0.1:{link.port}")):
             read(reader, user)

@@ -20,6 +20,7 @@ __all__ = ["ADMIT", "GCRA", "PUBLISH_STAMP", "RECORD_FAILURE"]
 class StampKeys(NamedTuple):
     stamp: str
     lease: str
+    feed: str  # the user's change feed (``keys.change_feed``)
 
 
 class StampArgs(NamedTuple):
@@ -28,15 +29,22 @@ class StampArgs(NamedTuple):
     lease_token: str  # '' = no lease to check
     channel: str  # where a stamp that moved forward is sent (readers' hint)
     user_id: str
+    scrub: str  # '1': delete the change feed first (the write removed records, or nothing says it did not)
+    entry: str  # '' = none; else this write's change-feed entry, added when the stamp moves forward
+    feed_length: int  # entries kept
+    feed_ttl_ms: int  # the feed expires this long after its last entry
 
 
 # The published stamp only moves forward, and only while the lease token holds (when given); a stamp that
-# moved forward is also sent on the stamps channel. Numbers are
-# compared as decimal strings (length, then text): epochs exceed Lua's exact integer range.
+# moved forward is also sent on the stamps channel, with its change-feed entry (when given) added in the
+# same step, so a reader never finds an entry ahead of the stamp. A scrub deletes the feed whatever else
+# happens (it only ever costs a reader a read of the graph). Numbers are compared as decimal strings
+# (length, then text): epochs exceed Lua's exact integer range; a version is a write count, exact as a score.
 PUBLISH_STAMP = LuaScript(
     StampKeys,
     StampArgs,
     """
+if A.scrub == '1' then redis.call('DEL', K.feed) end
 if A.lease_token ~= '' and redis.call('GET', K.lease) ~= A.lease_token then return 0 end
 local function less(a, b) return #a < #b or (#a == #b and a < b) end
 local cur = redis.call('GET', K.stamp)
@@ -45,6 +53,11 @@ if cur then
   if e and (less(A.epoch, e) or (A.epoch == e and not less(v, A.version))) then return 1 end
 end
 redis.call('SET', K.stamp, A.epoch .. ':' .. A.version)
+if A.entry ~= '' then
+  redis.call('ZADD', K.feed, A.version, A.entry)
+  redis.call('ZREMRANGEBYRANK', K.feed, 0, -1 - tonumber(A.feed_length))
+  redis.call('PEXPIRE', K.feed, A.feed_ttl_ms)
+end
 redis.call('PUBLISH', A.channel, A.user_id .. ' ' .. A.epoch .. ':' .. A.version)
 return 1
 """,

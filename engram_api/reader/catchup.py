@@ -7,9 +7,11 @@ Two ways in:
 - a writer's stamp signal (``engram_api.reader.signals``) starts the same catch-up in the background
   (``signalled``), so the user's next recall usually finds both copies current and reads nothing.
 
-One read: when the snapshot is behind, ``GraphStore.user_changes`` from the older of the two copies'
-versions (one auto-commit statement on Neo4j, one read transaction on SQLite) brings both; when only
-the index is, ``IndexKeeper.current`` reads its changes alone (``vector_changes``).
+One read: the writers' change feed in Redis (``engram_api.storage.faiss.feed``: the stamp and the last
+writes' changes, one round trip) from the older of the copies' versions brings both when it reaches the
+stamp; else, when the snapshot is behind, ``GraphStore.user_changes`` from that version (one auto-commit
+statement on Neo4j, one read transaction on SQLite); when only the index is, ``IndexKeeper.current``
+reads its changes alone (``vector_changes``).
 
 Invariants:
 - correctness never depends on a signal: a recall compares its copies with the stamp it read from Redis
@@ -22,7 +24,10 @@ Invariants:
   stamp), and at most ``SIGNALLED_IN_FLIGHT`` signalled ones at once: a burst of writes to many users is
   dropped past that, and those users' recalls catch up themselves;
 - a catch-up that fails (the store away) is logged and forgotten: the recall's own ``IndexKeeper.current``
-  then reads, and raises the store's error if it is still down.
+  then reads, and raises the store's error if it is still down;
+- a copy is labelled with the stamp its read reached, never the stamp asked for: a read from a lagging
+  replica (below ``stamp``) moves the copies only that far, and the recall's ``IndexKeeper.current`` reads
+  again (``keeper``'s docstring).
 """
 
 from __future__ import annotations
@@ -35,11 +40,15 @@ from typing import TYPE_CHECKING
 
 from engram_api.errors import EngramError
 from engram_api.reader.facts import SnapshotCache
+from engram_api.storage.faiss.feed import read_feed
 from engram_api.storage.faiss.keeper import IndexKeeper
+from engram_api.storage.faiss.sync import UserChanges
 from engram_api.storage.graph.contract import GraphStore
 from engram_api.versions import Stamp
 
 if TYPE_CHECKING:
+    import redis
+
     from engram_api.reader.background import ReaderThreads
 
 __all__ = ["SIGNALLED_IN_FLIGHT", "CatchUps"]
@@ -54,13 +63,21 @@ class CatchUps:
     """One reader's catch-ups (see the module docstring). Thread-safe."""
 
     def __init__(
-        self, *, graph: GraphStore, keeper: IndexKeeper, snapshots: SnapshotCache, threads: ReaderThreads
+        self,
+        *,
+        graph: GraphStore,
+        keeper: IndexKeeper,
+        snapshots: SnapshotCache,
+        threads: ReaderThreads,
+        redis_client: redis.Redis | None = None,
     ) -> None:
         self.graph = graph
+        self.redis = redis_client
         self.keeper = keeper
         self.snapshots = snapshots
         self.threads = threads
         self.signalled = 0  # catch-ups a signal started (tests and benchmarks read it)
+        self.from_feed = 0  # catch-ups the change feed answered, with no read of the graph
         self._running: dict[str, tuple[Stamp, Future[None]]] = {}
         self._signalled_running = 0
         self._pid = os.getpid()
@@ -135,12 +152,36 @@ class CatchUps:
         if index is not None and (index.epoch != stamp.epoch or index.version >= stamp.version):
             index = None  # current, or another lifetime's (``IndexKeeper.current`` rebuilds that)
         held = self.snapshots.peek(user_id)
-        if held is None or not self.snapshots.behind(user_id, stamp):
-            if index is not None:
-                self.keeper.current(user_id, stamp)
+        if held is not None and not self.snapshots.behind(user_id, stamp):
+            held = None
+        if index is None and held is None:
             return
-        since = held.stamp.version if index is None else min(index.version, held.stamp.version)
-        changes = self.graph.user_changes(user_id, since)
+        since = min(copy.stamp.version for copy in (index, held) if copy is not None)
+        changes = self._from_feed(user_id, since, stamp)
+        if changes is None and held is None:
+            self.keeper.current(user_id, stamp)  # its vectors' read alone
+            return
+        if changes is None:
+            changes = self.graph.user_changes(user_id, since)
         if index is not None:
             self.keeper.apply(user_id, index, changes.vectors)
-        self.snapshots.caught_up(held, changes, stamp, answering=answering)
+        if held is not None:
+            self.snapshots.caught_up(held, changes, stamp, answering=answering)
+
+    def _from_feed(self, user_id: str, since: int, stamp: Stamp) -> UserChanges | None:
+        """The changes after ``since`` from the writers' change feed when it reaches ``stamp``; None without
+        Redis, when it does not (a gap, trimmed, expired, scrubbed) or when Redis fails: the graph is read."""
+        if self.redis is None:
+            return None
+        import redis  # only with a client, so loaded already
+
+        try:
+            changes = read_feed(self.redis, user_id, since)
+        except redis.RedisError as exc:
+            log.info("change feed of %s not read (%s): reading the graph", user_id, exc)
+            return None
+        if changes is None or changes.vectors.stamp.epoch != stamp.epoch or changes.vectors.stamp < stamp:
+            return None
+        with self._lock:
+            self.from_feed += 1
+        return changes

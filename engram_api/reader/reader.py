@@ -97,7 +97,9 @@ class Reader:
             max_records=settings.snapshot_max_records, budget_records=settings.snapshot_budget_records
         )
         self._threads = ReaderThreads(threads=_IO_THREADS)
-        self.catchups = CatchUps(graph=graph, keeper=keeper, snapshots=self.snapshots, threads=self._threads)
+        self.catchups = CatchUps(
+            graph=graph, keeper=keeper, snapshots=self.snapshots, threads=self._threads, redis_client=redis_client
+        )
         self._weights = ResultCache(size=_WEIGHTS_CACHE_USERS)  # bounded: a reader may serve millions of users
         # Settings are frozen: the default recipe and its cache-key form are built once, not per recall.
         self._recipe = DEFAULT_RECIPE.model_copy(update={"window": settings.recall_window, "rrf_k": settings.rrf_k})
@@ -193,6 +195,8 @@ class Reader:
         if not early:
             keyword = search(snapshot)
         index = self.keeper.current(user_id, version)
+        if index.stamp < version:  # the graph's reads lag the stamp (a replica): nothing cached under it
+            version = index.stamp
         timings["index"] = (time.perf_counter() - t1) * 1e3
         weights, weights_source = self.weights_for(user_id)
         if snapshot is None:

@@ -7,7 +7,10 @@ bulk-loaded (2K facts quick; 10K and 100K full). Then, write after write (altern
 apply hosts, one new fact each through ``UserWrites``, as the apply stage writes), each reader host answers
 a fresh query right after the write:
 
-- "catch-up": this code (the reader's copy reads only what changed since its version);
+- "catch-up": this code (the reader's copies read only what changed since their version: from the
+  writers' change feed in Redis, ``engram_api.storage.faiss.feed``);
+- "graph catch-up": the same reader code with the change feed refused, so the copies read what changed
+  from the graph (``GraphStore.user_changes``): what this code did before the feed;
 - "rebuild": the same reader code with the catch-up refused, so a copy behind the graph is read whole
   again: what a host without the writer's files did before (``IndexKeeper.apply`` answering None);
 - "after a signal": a third reader host that listens for writers' stamps (``engram_api.reader.signals``)
@@ -15,12 +18,14 @@ a fresh query right after the write:
   were caught up in the background. The first two do not listen: their figure is the recall's own
   catch-up (one read, started before the query is embedded).
 
-Both as a ratio to the floor measured in the same loop (query embedding + FAISS search of the user, top
+All as a ratio to the floor measured in the same loop (the readers answer each write in an order that
+alternates write by write) (query embedding + FAISS search of the user, top
 30). Apply: the ``UserWrites.run`` time of one write when consecutive writes alternate hosts (each write
 finds its host's copy one write behind and catches up) against writes all on one host (a delta append),
-interleaved. Bytes: what the graph sent for one ``GraphStore.vector_changes`` one write behind, against one
-``stamped_vectors`` (a whole read): the bytes the Neo4j driver's Bolt sockets received, plus ``/proc/self/io``
-``rchar`` (file reads: SQLite's pages).
+interleaved (every write also reads what it changed for the feed). Bytes: what the graph sent for one
+``GraphStore.vector_changes`` one write behind, against one ``stamped_vectors`` (a whole read): the bytes
+the Neo4j driver's Bolt sockets received, plus ``/proc/self/io`` ``rchar`` (file reads: SQLite's pages);
+and the size of one write's change-feed entry (what a reader reads from Redis instead).
 """
 
 from __future__ import annotations
@@ -79,6 +84,9 @@ def _write(client: Any, user_id: str, n: int) -> float:
     return write_one(client, user_id, n, read_index=True)
 
 
+# The users' sizes of a full run (facts).
+FULL_SIZES = (10_000, 100_000)
+
 # How long after a write the listening reader answers (its background catch-up has run by then).
 SIGNAL_PAUSE_S = 0.1
 
@@ -87,41 +95,67 @@ def _hosts(ctx: BenchContext, stack: Any, size: int) -> dict[str, Any]:
     from engram_api import MemoryClient
 
     out = {}
-    for name in ("apply-a", "apply-b", "reader", "reader-rebuild", "reader-signalled"):
+    for name in ("apply-a", "apply-b", "reader", "reader-graph", "reader-rebuild", "reader-signalled"):
         settings = stack.settings.model_copy(update={"data_dir": ctx.workdir / f"hosts-{size}" / name})
         out[name] = MemoryClient(settings=settings, redis_url=stack.env["REDIS_URL"])
     # Apply hosts stand for workers (which do not listen); the first two readers answer right after the
     # write with no help. Made now: a client's reader starts the listener, stopped at once.
-    for name in ("apply-a", "apply-b", "reader", "reader-rebuild"):
+    for name in ("apply-a", "apply-b", "reader", "reader-graph", "reader-rebuild"):
         out[name].reader  # noqa: B018
         out[name].signals.stop()
+    # The "before the feed" reader: its catch-ups never read the change feed, only the graph.
+    out["reader-graph"].reader.catchups.redis = None
     # The "before" reader: a copy behind the graph is never caught up, only read whole again.
     out["reader-rebuild"].reader.keeper.apply = lambda user_id, index, changes: None
     return out
 
 
+def _timed_feed_reads(into: list[float]) -> Any:
+    """Time each write's read for its change-feed entry (``UserWrite._feed_entry``, inside the apply's
+    time); returns the undo."""
+    from engram_api.storage.writer.userwrite import UserWrite
+
+    real = UserWrite._feed_entry
+
+    def timed(self: Any, *args: Any, **kwargs: Any) -> Any:
+        start = time.perf_counter()
+        try:
+            return real(self, *args, **kwargs)
+        finally:
+            into.append((time.perf_counter() - start) * 1e3)
+
+    UserWrite._feed_entry = timed  # type: ignore[method-assign]
+    return lambda: setattr(UserWrite, "_feed_entry", real)
+
+
 def _measure(ctx: BenchContext, stack: Any, size: int, writes: int) -> dict[str, Any]:
+    from engram_api import keys
+
     hosts = _hosts(ctx, stack, size)
-    a, b, reader, before, signalled = (
-        hosts[n] for n in ("apply-a", "apply-b", "reader", "reader-rebuild", "reader-signalled")
+    a, b, reader, graph_reader, before, signalled = (
+        hosts[n] for n in ("apply-a", "apply-b", "reader", "reader-graph", "reader-rebuild", "reader-signalled")
     )
     uid = ctx.uid(f"hosts-{size}")
     ctx.log(f"hosts: bulk-loading {size:,} facts (apply host a's copy)")
     bulk_load(a.graph, a.reader.keeper, a.reader.embedder, a.redis, uid, size, seed=str(size), out=ctx.out)
-    qs = queries(f"hosts-{size}", 3 * writes + 4)
+    qs = queries(f"hosts-{size}", 4 * writes + 4)
     _write(b, uid, -1)  # every other host's first load of the user: a rebuild each
-    for n, client in enumerate((reader, before, signalled)):
-        client.recall(uid, f"warm-up {qs[n]}", k=10)
+    for n, client in enumerate((reader, graph_reader, before, signalled)):
+        client.recall(uid, f"warm-up {qs[n % 4]}", k=10)
     # The listening reader recalls once a write: a second recall now loads its snapshot (the others load
     # theirs at their first "no write since" recall), which its signals then keep current.
     signalled.recall(uid, f"warm-up again {qs[2]}", k=10)
     signalled.reader.flush()
     loads = {name: hosts[name].reader.keeper.rebuilds for name in hosts}
-    recall: dict[str, list[float]] = {"catch-up": [], "rebuild": [], "no write since": [], "after a signal": []}
-    index_ms: dict[str, list[float]] = {"catch-up": [], "rebuild": []}
+    recall: dict[str, list[float]] = {
+        "catch-up": [], "graph catch-up": [], "rebuild": [], "no write since": [], "after a signal": [],
+    }  # fmt: skip
+    index_ms: dict[str, list[float]] = {"catch-up": [], "graph catch-up": [], "rebuild": []}
     parts: dict[str, list[dict[str, float]]] = {"catch-up": [], "no write since": []}
     floor: list[float] = []
     apply: dict[str, list[float]] = {"alternating hosts": [], "one host": []}
+    feed_reads: list[float] = []
+    undo = _timed_feed_reads(feed_reads)
     for i in range(writes):
         # One host: its second write in a row finds its copy current (a delta append). Alternating: the other
         # host writes next, its copy one write behind (a catch-up, then the append).
@@ -130,41 +164,47 @@ def _measure(ctx: BenchContext, stack: Any, size: int, writes: int) -> dict[str,
         apply["one host"].append(_write(host, uid, 3 * i + 1))
         apply["alternating hosts"].append(_write(other, uid, 3 * i + 2))
         written = time.perf_counter()
-        order = [("catch-up", reader), ("rebuild", before)][:: 1 if i % 2 else -1]
+        order = [("catch-up", reader), ("graph catch-up", graph_reader), ("rebuild", before)]
+        order = order[i % 3 :] + order[: i % 3]  # each reader first, second and third in turn
         for label, client in order:
             start = time.perf_counter()
-            got = client.recall(uid, qs[4 + 2 * i + (label == "rebuild")], k=10)
+            got = client.recall(uid, qs[4 + 3 * i + [lbl for lbl, _ in order].index(label)], k=10)
             recall[label].append((time.perf_counter() - start) * 1e3)
             index_ms[label].append(got.timings_ms["index"])
             parts.setdefault(label, []).append(got.timings_ms)
             assert not got.cached
         time.sleep(max(0.0, SIGNAL_PAUSE_S - (time.perf_counter() - written)))
         start = time.perf_counter()
-        late = signalled.recall(uid, qs[4 + 2 * writes + i], k=10)
+        late = signalled.recall(uid, qs[4 + 3 * writes + i], k=10)
         recall["after a signal"].append((time.perf_counter() - start) * 1e3)
         assert not late.cached
         start = time.perf_counter()  # the same reader again, nothing written since: its steady state
-        again = reader.recall(uid, f"again {qs[4 + 2 * i]}", k=10)
+        again = reader.recall(uid, f"again {qs[4 + 3 * i]}", k=10)
         recall["no write since"].append((time.perf_counter() - start) * 1e3)
         assert not again.cached
         parts["no write since"].append(again.timings_ms)
+        # The graph reader recalls again too, unmeasured: its snapshot loads and is kept as the feed reader's.
+        graph_reader.recall(uid, f"again {qs[4 + 3 * i + 1]}", k=10)
         index = reader.reader.keeper.current(uid, reader.graph.user_stamp(uid))
         start = time.perf_counter()
-        index.search(reader.reader.embedder.encode([qs[4 + 2 * i]])[0], 30)
+        index.search(reader.reader.embedder.encode([qs[4 + 3 * i]])[0], 30)
         floor.append((time.perf_counter() - start) * 1e3)
+    undo()
     signalled.signals.stop()  # its catch-ups' reads would count in the bytes below
-    received, catchup_bytes, both_bytes = _Received().install(), [], []
+    received, catchup_bytes, both_bytes, feed_bytes = _Received().install(), [], [], []
     for i in range(3):
         since = a.graph.user_stamp(uid).version
         _write(b, uid, 3 * writes + i)
+        feed_bytes.append(sum(map(len, a.redis.zrangebyscore(keys.change_feed(uid), f"({since}", "+inf"))))
         catchup_bytes.append(received.of(lambda since=since: a.graph.vector_changes(uid, since)))
         both_bytes.append(received.of(lambda since=since: a.graph.user_changes(uid, since)))
     whole_bytes = received.of(lambda: a.graph.stamped_vectors(uid))
     extra = {
         name: hosts[name].reader.keeper.rebuilds - loads[name]
-        for name in ("apply-a", "apply-b", "reader", "reader-signalled")
+        for name in ("apply-a", "apply-b", "reader", "reader-graph", "reader-signalled")
     }
     signalled_catchups = signalled.reader.catchups.signalled
+    from_feed = reader.reader.catchups.from_feed
     keeper = reader.reader.keeper
     for client in hosts.values():
         client.close()
@@ -187,17 +227,20 @@ def _measure(ctx: BenchContext, stack: Any, size: int, writes: int) -> dict[str,
         },
         "apply_ms": {k: dist(v) for k, v in apply.items()},
         "apply_ratio_p50": ratio(dist(apply["alternating hosts"])["p50"], dist(apply["one host"])["p50"]),
+        "feed_read_ms": dist(feed_reads),
         "catchup_bytes_p50": statistics.median(catchup_bytes),
         "user_changes_bytes_p50": statistics.median(both_bytes),
+        "feed_entry_bytes_p50": statistics.median(feed_bytes),
         "whole_read_bytes": whole_bytes,
         "rebuilds_after_first_load": extra,
         "reader_catchups": keeper.catchups,
         "signalled_catchups": signalled_catchups,
+        "catchups_from_feed": from_feed,
     }
 
 
 def run(ctx: BenchContext) -> BenchResult:
-    sizes = [2_000] if ctx.quick else [10_000, 100_000]
+    sizes = [2_000] if ctx.quick else list(FULL_SIZES)
     writes = ctx.size(12, 40)
     recall = Table(
         "recall on a reader host right after another host's write (ms); floor = query embedding + FAISS search",
@@ -206,12 +249,14 @@ def run(ctx: BenchContext) -> BenchResult:
             "catch-up p50",
             "catch-up p95",
             "index step p50",
+            "graph catch-up p50",
             "rebuild p50",
             "index step p50",
             "no write since p50",
             "after a signal p50",
             "floor p50",
             "catch-up / floor",
+            "graph catch-up / floor",
             "rebuild / floor",
             "no write / floor",
             "after a signal / floor",
@@ -219,7 +264,15 @@ def run(ctx: BenchContext) -> BenchResult:
     )
     apply = Table(
         "apply (one write through UserWrites, ms): writes alternating two hosts vs all on one host",
-        ["facts", "alternating p50", "one host p50", "ratio p50", "alternating p95", "one host p95"],
+        [
+            "facts",
+            "alternating p50",
+            "one host p50",
+            "ratio p50",
+            "alternating p95",
+            "one host p95",
+            "of which the feed entry's read p50",
+        ],
     )
     reads = Table(
         "read from the graph (bytes this process read: /proc/self/io rchar)",
@@ -227,8 +280,9 @@ def run(ctx: BenchContext) -> BenchResult:
             "facts",
             "one catch-up (one write behind)",
             "index + snapshot catch-up",
+            "change-feed entry (Redis)",
             "one whole read",
-            "rebuilds after first load (a, b, reader, signalled)",
+            "rebuilds after first load (a, b, reader, graph reader, signalled)",
         ],
     )
     summary: dict[str, Any] = {"load_avg_1min": os.getloadavg()[0], "store": ctx.store, "sizes": []}
@@ -239,20 +293,20 @@ def run(ctx: BenchContext) -> BenchResult:
             r, f = got["recall_ms"], got["floor_ms"]
             ix = got["index_ms"]
             recall.add(
-                size, r["catch-up"]["p50"], r["catch-up"]["p95"], ix["catch-up"]["p50"], r["rebuild"]["p50"],
-                ix["rebuild"]["p50"], r["no write since"]["p50"], r["after a signal"]["p50"], f["p50"],
-                got["ratio_p50"]["catch-up"], got["ratio_p50"]["rebuild"], got["ratio_p50"]["no write since"],
-                got["ratio_p50"]["after a signal"],
+                size, r["catch-up"]["p50"], r["catch-up"]["p95"], ix["catch-up"]["p50"], r["graph catch-up"]["p50"],
+                r["rebuild"]["p50"], ix["rebuild"]["p50"], r["no write since"]["p50"], r["after a signal"]["p50"],
+                f["p50"], got["ratio_p50"]["catch-up"], got["ratio_p50"]["graph catch-up"], got["ratio_p50"]["rebuild"],
+                got["ratio_p50"]["no write since"], got["ratio_p50"]["after a signal"],
             )  # fmt: skip
             ap = got["apply_ms"]
             apply.add(
                 size, ap["alternating hosts"]["p50"], ap["one host"]["p50"], got["apply_ratio_p50"],
-                ap["alternating hosts"]["p95"], ap["one host"]["p95"],
+                ap["alternating hosts"]["p95"], ap["one host"]["p95"], got["feed_read_ms"]["p50"],
             )  # fmt: skip
             extra = got["rebuilds_after_first_load"]
             reads.add(
-                size, got["catchup_bytes_p50"], got["user_changes_bytes_p50"], got["whole_read_bytes"],
-                tuple(extra.values()),
+                size, got["catchup_bytes_p50"], got["user_changes_bytes_p50"], got["feed_entry_bytes_p50"],
+                got["whole_read_bytes"], tuple(extra.values()),
             )  # fmt: skip
     return BenchResult(
         bench="hosts",
@@ -264,6 +318,8 @@ def run(ctx: BenchContext) -> BenchResult:
             "rebuild = this code with the catch-up refused: a copy behind the graph read whole again, what a "
             "host without the writer's files did before",
             f"after a signal = a reader listening for writers' stamps, answering {SIGNAL_PAUSE_S:.1f} s after the "
-            "write; catch-up and rebuild do not listen",
+            "write; catch-up, graph catch-up and rebuild do not listen",
+            "catch-up reads the writers' change feed (Redis); graph catch-up = the same reader with the feed "
+            "refused (reads GraphStore.user_changes, as before the feed)",
         ],
     )

@@ -15,6 +15,7 @@ import pytest
 
 from engram_api.models import ChatMessage, EntityChange, Envelope
 from engram_api.storage import GraphStore
+from engram_api.storage.faiss.feed import changes_of, entry_of
 from engram_api.storage.graph.episodes import chunk_envelope, keyword_terms
 from engram_api.storage.snapshot.graph import UserSnapshot
 from engram_api.versions import Stamp
@@ -33,10 +34,26 @@ def _with_vectors(graph_store: GraphStore, held: UserSnapshot, max_records: int)
     return held.caught_up(graph_store.user_changes(held.user_id, held.stamp.version), max_records=max_records)
 
 
+def _via_feed(graph_store: GraphStore, held: UserSnapshot, max_records: int) -> UserSnapshot | None:
+    """The refresh a reader makes from the writers' change feed (``engram_api.storage.faiss.feed``): the
+    entry a writer builds from the same read, through its JSON and back; None when the writer would add
+    no entry (a removal, another lifetime): the reader then reads the graph, which refuses too."""
+    changes = graph_store.user_changes(held.user_id, held.stamp.version)
+    after = changes.vectors.stamp
+    if after == held.stamp:
+        return held.caught_up(changes, max_records=max_records)  # nothing written: no entry to read
+    entry, _ = entry_of(held.stamp, after, changes)
+    if not entry:
+        return None
+    fed = changes_of([entry], held.stamp.version, after)
+    assert fed is not None
+    return held.caught_up(fed, max_records=max_records)
+
+
 Refresh = Callable[[GraphStore, UserSnapshot, int], UserSnapshot | None]
 
 
-@pytest.fixture(params=[_counted, _with_vectors], ids=["counted", "with-vectors"])
+@pytest.fixture(params=[_counted, _with_vectors, _via_feed], ids=["counted", "with-vectors", "via-feed"])
 def refresh(request: pytest.FixtureRequest) -> Refresh:
     return request.param
 

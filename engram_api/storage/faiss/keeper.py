@@ -11,6 +11,10 @@ up the same way before answering, never used stale (a reader that also holds the
 both changes in one round trip, ``GraphStore.user_changes``, and hands the vectors' part to ``apply``). A
 full read of the user's vectors (``rebuild``) happens only when a catch-up is impossible: no copy at all,
 another lifetime of the user, a copy older than the user's catch-up horizon, or a graph behind the copy.
+A copy is labelled with the stamp its read returned, never with the one asked for: a read that lags the
+published stamp (a Neo4j follower the write has not reached) moves it only that far, and ``current``
+reads again a bounded number of times, then hands the copy out below the stamp asked (the reader answers
+at the copy's stamp and caches nothing under the newer one).
 
 Counters (read by tests, benchmarks and health): ``rebuilds`` counts full reads, ``catchups`` reads of
 only what changed. A process that writes a user's index with no copy of it (a forget from a reader that
@@ -36,6 +40,7 @@ dropped index is only a cache miss: the next call loads its local file or the gr
 from __future__ import annotations
 
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 
@@ -44,7 +49,12 @@ from engram_api.storage.faiss.sync import VectorChanges
 from engram_api.storage.graph.contract import GraphStore
 from engram_api.versions import ABSENT, Stamp
 
-__all__ = ["IndexKeeper"]
+__all__ = ["LAG_PAUSE_S", "LAG_READS", "IndexKeeper"]
+
+# Catch-up reads ``current`` makes before it settles for a copy below the stamp asked (a Neo4j follower
+# behind the leader catches up in milliseconds), and the pause between two of them.
+LAG_READS = 3
+LAG_PAUSE_S = 0.01
 
 
 class IndexKeeper:
@@ -228,12 +238,22 @@ class IndexKeeper:
 
     def current(self, user_id: str, expected: Stamp) -> UserIndex:
         """The index of ``expected``'s lifetime at its version or newer: this process's copy, caught up from
-        the graph when behind; rebuilt when there is none or it cannot be caught up."""
+        the graph when behind; rebuilt when there is none or it cannot be caught up. A catch-up read that
+        does not reach ``expected`` (a lagging replica) moves the copy as far as it read and is read again,
+        ``LAG_READS`` reads in all; then the copy is returned below ``expected``, labelled with what it holds
+        (the caller answers at its stamp), never rebuilt for the lag."""
         index = self._loaded(user_id)
-        if index is not None and index.epoch == expected.epoch:
+        if index is None or index.epoch != expected.epoch:
+            return self.rebuild(user_id)
+        for attempt in range(LAG_READS + 1):
             if index.version >= expected.version:
                 return self._remember(user_id, index)
+            if attempt == LAG_READS:
+                break
+            if attempt:
+                time.sleep(LAG_PAUSE_S)
             caught = self._caught_up(user_id, index)
-            if caught is not None and caught.epoch == expected.epoch and caught.version >= expected.version:
-                return caught
-        return self.rebuild(user_id)
+            if caught is None:
+                return self.rebuild(user_id)
+            index = caught
+        return index

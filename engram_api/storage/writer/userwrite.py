@@ -17,8 +17,10 @@ Invariants:
   back; then the fence refuses the write (nothing is written) and the re-plan reads the graph's stamp.
 - ``finish`` runs after the graph writes: it moves the FAISS index from the stamp read at ``open`` to
   the stamp after the writes (a delta, or a rebuild when the file is elsewhere), publishes that stamp
-  in Redis (atomically only while the lease is still ours) and drops the process's caches; after
-  ``forget_user`` it also leaves the erasure tombstone every host's sweep deletes its files by. When the
+  in Redis (atomically only while the lease is still ours) with the write's change-feed entry (what the
+  graph's ``user_changes`` returns right after the commit, so readers behind need not ask the graph;
+  ``engram_api.storage.faiss.feed``; a write that removed anything deletes the feed instead) and drops
+  the process's caches; after ``forget_user`` it also leaves the erasure tombstone every host's sweep deletes its files by. When the
   lease was lost after the commit, it takes the lease again and finishes only if the graph is still at
   its stamp; otherwise the newer writer owns the index and the published stamp.
 - Only users a write changed are published: nothing here walks every user.
@@ -32,8 +34,9 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, TypeVar
 
 from engram_api import keys
-from engram_api.errors import StaleWriteError, UserBusyError
+from engram_api.errors import EngramError, StaleWriteError, UserBusyError
 from engram_api.storage.faiss.erasure import record_erasure
+from engram_api.storage.faiss.feed import entry_of
 from engram_api.storage.faiss.files import Kind, UserIndex
 from engram_api.storage.faiss.keeper import IndexKeeper
 from engram_api.storage.graph.contract import Fence, GraphStore
@@ -84,6 +87,7 @@ class UserWrite:
         """Bring the index, the published stamp and the caches to the graph's state after this write.
         ``changed=False``: a maintenance write no maintenance job needs to look at again (``changes``)."""
         owner, user_id, after = self._owner, self.user_id, self.stamp
+        removals = tuple(removals)
         if after == ABSENT and self.before != ABSENT and owner.redis is not None:
             # The graph erased the user: every host's files go (``erasure``), whoever holds the lease now.
             record_erasure(owner.redis, user_id, self.before.epoch)
@@ -93,15 +97,35 @@ class UserWrite:
         owner.keeper.advance(user_id, from_stamp=self.before, to_stamp=after, upserts=upserts, removals=removals)
         if owner.redis is not None:
             if after == ABSENT:
-                owner.redis.delete(keys.user_version(user_id))
+                owner.redis.delete(keys.user_version(user_id), keys.change_feed(user_id))
                 forget_changes(owner.redis, user_id)
             else:
-                publish_stamp(owner.redis, user_id, after, lease_token=self.lease.token if self.lease else None)
+                entry, scrub = self._feed_entry(after, removed=bool(removals), changed=changed)
+                publish_stamp(
+                    owner.redis, user_id, after, lease_token=self.lease.token if self.lease else None, entry=entry,
+                    scrub=scrub,
+                )  # fmt: skip
                 if changed and after != self.before:  # a write that committed nothing changed nothing
                     mark_changed(owner.redis, user_id)
         owner.drop_caches(user_id)
         self.before = after
         return after
+
+    def _feed_entry(self, after: Stamp, *, removed: bool, changed: bool) -> tuple[str, bool]:
+        """This write's change-feed entry and whether to delete the feed (``engram_api.storage.faiss.feed``):
+        the graph's ``user_changes`` since the stamp before, read now, under the lease, right after the
+        commit. A write that removed records, says nothing of what it changed or starts a lifetime scrubs."""
+        before = self.before
+        if after == before:
+            return "", False
+        if removed or not changed or before == ABSENT or before.epoch != after.epoch:
+            return "", True
+        try:
+            changes = self._owner.graph.user_changes(self.user_id, before.version)
+        except EngramError as exc:  # committed already: readers then read the graph (the chain has a gap)
+            log.warning("change feed entry of %s not read: %s", self.user_id, exc)
+            return "", False
+        return entry_of(before, after, changes)
 
     def _retake(self, after: Stamp) -> bool:
         """The lease lapsed after our commit: take a new one; finish only if nobody wrote since."""

@@ -1,0 +1,205 @@
+"""The writers' change feed (``engram_api.storage.faiss.feed``) and reads that lag (a Neo4j follower), on
+both backends with a real Redis: a reader host behind another host's writes catches its FAISS copy and
+snapshot up from Redis without reading the graph, and answers what a fresh reader answers; a gap falls
+back to the graph; the feed never holds a forgotten fact or an erased user; a copy is never labelled with
+a stamp its read did not reach.
+
+The writer is the apply stage's path (``Memory``); each reader host has its own index directory, and the
+oracle is a fresh reader over a third one (as in test_reader_signals).
+"""
+
+# ruff: noqa: F811 - ``memory`` (and ``embedder``, which it takes) are the suites' fixtures, imported below
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from engram_api import keys
+from engram_api.reader.reader import Reader
+from engram_api.settings import Settings
+from engram_api.storage import GraphStore
+from engram_api.storage.faiss import feed
+from engram_api.storage.faiss.files import VectorStore
+from engram_api.storage.faiss.keeper import IndexKeeper
+from engram_api.versions import Stamp, publish_stamp
+from tests.support.extractions import fact, lives_in
+from tests.support.factories import at, new_user
+
+from .test_hybrid_recall import Memory, embedder  # noqa: F401 - ``embedder``: the fixture
+from .test_reader_signals import Reads, _answer, _chatter, _host, _warm, memory  # noqa: F401 - ``memory``
+
+
+def _entries(client: redis.Redis, user: str) -> list[str]:
+    return list(client.zrange(keys.change_feed(user), 0, -1))
+
+
+def test_a_reader_behind_catches_up_from_the_feed_and_reads_nothing_of_the_graph(
+    memory: Memory,
+    tmp_path: Path,
+) -> None:
+    reader = _host(memory, tmp_path / "reader")  # listens to nothing: only the recall catches it up
+    user = new_user()
+    _chatter(memory, user)
+    _warm(reader, user)
+    memory.say(user, "m1", "I live in Tampa.", at(20), lives_in("Tampa"))
+    memory.say(user, "m2", "I moved, I live in Austin now.", at(30), lives_in("Austin"))  # supersedes Tampa
+    assert len(_entries(memory.redis, user)) >= 2
+    with Reads(memory.graph) as reads:
+        got = _answer(reader, user, "where does the user live now?")
+        reader.flush()
+    assert reads.calls == []  # both copies caught up from Redis
+    assert reader.catchups.from_feed == 1
+    stamp = memory.graph.user_stamp(user)
+    held, index = reader.snapshots.peek(user), reader.keeper.held(user)
+    assert held is not None and held.stamp == stamp and index is not None and index.stamp == stamp
+    assert got == _answer(_host(memory, tmp_path / "fresh"), user, "where does the user live now?")
+    whole = memory.graph.snapshot(user, max_records=10_000)
+    assert whole is not None and dict(held.facts) == dict(whole.facts) and dict(held.chunks) == dict(whole.chunks)
+
+
+def test_a_feed_that_does_not_reach_back_to_the_copy_reads_the_graph(
+    memory: Memory,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    reader = _host(memory, tmp_path / "reader")
+    user = new_user()
+    _chatter(memory, user)
+    _warm(reader, user)
+    monkeypatch.setattr(feed, "FEED_LENGTH", 1)  # the feed keeps one write: the reader is two behind
+    memory.say(user, "m1", "I live in Tampa.", at(20), lives_in("Tampa"))
+    memory.say(user, "m2", "I moved, I live in Austin now.", at(30), lives_in("Austin"))
+    assert len(_entries(memory.redis, user)) == 1
+    with Reads(memory.graph) as reads:
+        got = _answer(reader, user, "where does the user live now?")
+        reader.flush()
+    assert reads.calls == [("user_changes", user)] and reader.catchups.from_feed == 0
+    assert got == _answer(_host(memory, tmp_path / "fresh"), user, "where does the user live now?")
+
+
+def test_the_feed_holds_nothing_of_a_forgotten_fact_or_an_erased_user(memory: Memory, tmp_path: Path) -> None:
+    reader = _host(memory, tmp_path / "reader")
+    user = new_user()
+    _chatter(memory, user)
+    secret = "User collects antique cuckoo clocks"
+    memory.say(
+        user, "clocks", "I collect antique cuckoo clocks.", at(20), {"facts": [fact("user", "COLLECTS", None, secret)]}
+    )
+    _warm(reader, user)
+    memory.say(user, "m1", "I live in Tampa.", at(21), lives_in("Tampa"))
+    (item,) = [i for i in memory.reader.recall(user, "cuckoo clocks", k=10).items if i.statement == secret]
+    assert any(item.id in e and secret in e for e in _entries(memory.redis, user))  # the feed held it
+    memory.reader.forget(user, item.id)
+    assert not memory.redis.exists(keys.change_feed(user))  # the forget's publish deleted the feed
+    memory.say(user, "m2", "I moved, I live in Austin now.", at(30), lives_in("Austin"))
+    entries = _entries(memory.redis, user)
+    assert entries and not any(item.id in e or "cuckoo" in e for e in entries)  # a new feed, without it
+    with Reads(memory.graph) as reads:
+        got = reader.recall(user, "cuckoo clocks", k=10)
+        reader.flush()
+    assert ("user_changes", user) in reads.calls  # the feed does not reach back over the forget
+    assert secret not in {i.statement for i in got.items}
+
+    memory.reader.forget_user(user)
+    assert not memory.redis.exists(keys.change_feed(user))
+    assert not any(user in key for key in memory.redis.scan_iter(match=f"{keys.PREFIX}:feed:*"))
+
+
+def test_an_entry_is_added_only_with_a_stamp_that_moves_forward_under_the_lease(memory: Memory) -> None:
+    client, user = memory.redis, new_user()
+    assert publish_stamp(client, user, Stamp(5, 2), entry="two")
+    assert not publish_stamp(client, user, Stamp(5, 3), lease_token="not-ours", entry="three")  # lease lost
+    assert publish_stamp(client, user, Stamp(5, 1), entry="one")  # older than the published stamp
+    assert _entries(client, user) == ["two"]
+    assert not publish_stamp(client, user, Stamp(5, 4), lease_token="not-ours", scrub=True)
+    assert _entries(client, user) == []  # a scrub happens whatever the lease says
+    assert publish_stamp(client, user, Stamp(5, 6), entry="six")
+    assert 0 < client.pttl(keys.change_feed(user)) <= feed.FEED_TTL_S * 1000  # it expires
+    assert feed.read_feed(client, user, 5) is None  # an entry that does not parse: the graph is read
+
+
+class Lagging:
+    """The graph store as a lagging replica serves it: while ``behind`` holds an earlier reader's answers
+    (taken from the real store before a write), each catch-up read returns that pre-write state, ``once``
+    or until ``caught`` is called; every other call goes to the real store."""
+
+    LAGGED = ("user_changes", "vector_changes")
+
+    def __init__(self, graph: GraphStore) -> None:
+        self._graph = graph
+        self.behind: dict[str, Any] = {}
+        self.once = True
+        self.served = 0
+
+    def lag(self, user: str, since: int) -> None:
+        self.behind = {name: getattr(self._graph, name)(user, since) for name in self.LAGGED}
+
+    def caught(self) -> None:
+        self.behind = {}
+
+    def __getattr__(self, name: str) -> Any:
+        real = getattr(self._graph, name)
+        if name not in self.LAGGED:
+            return real
+
+        def read(user: str, since: int) -> Any:
+            if name in self.behind:
+                self.served += 1
+                return self.behind.pop(name) if self.once else self.behind[name]
+            return real(user, since)
+
+        return read
+
+
+def _lagging_host(writer: Memory, root: Path) -> tuple[Reader, Lagging]:
+    graph = Lagging(writer.graph)
+    keeper = IndexKeeper(graph=graph, vectors=VectorStore(root=root, dim=writer.embedder.dim))  # type: ignore[arg-type]
+    reader = Reader(
+        settings=Settings(), graph=graph, keeper=keeper, embedder=writer.embedder, redis_client=writer.redis,  # type: ignore[arg-type]
+    )  # fmt: skip
+    return reader, graph
+
+
+def test_a_lagging_read_never_labels_a_copy_with_a_stamp_it_did_not_reach(memory: Memory, tmp_path: Path) -> None:
+    reader, graph = _lagging_host(memory, tmp_path / "reader")
+    user = new_user()
+    _chatter(memory, user)
+    _warm(reader, user)
+    before = memory.graph.user_stamp(user)
+    graph.lag(user, before.version)  # the replica's answer before the write
+    memory.say(user, "aurora", "We finally saw the northern lights dancing over the fjord last night!", at(20))
+    memory.redis.delete(keys.change_feed(user))  # the graph's own reads, not the feed
+    stamp = memory.graph.user_stamp(user)
+    question = "aurora borealis trip"
+
+    # Lagging once: the catch-up read returns the pre-write state; the recall reads again and reaches the stamp.
+    got = _answer(reader, user, question)
+    reader.flush()
+    assert graph.served >= 1
+    index = reader.keeper.held(user)
+    assert index is not None and index.stamp == stamp
+    assert got == _answer(_host(memory, tmp_path / "fresh"), user, question)
+
+    # Lagging on every catch-up read: the index stays labelled with the stamp it holds, and the answer
+    # built on it is not cached under the new stamp: once the replica caught up, the same question reads
+    # again (no cache hit) and finds the message in the caught-up index.
+    reader, graph = _lagging_host(memory, tmp_path / "reader-2")
+    _warm(reader, user)
+    graph.once = False
+    graph.lag(user, stamp.version)
+    memory.say(user, "later", "We are planning a trip to see the midnight sun next summer.", at(21))
+    memory.redis.delete(keys.change_feed(user))
+    newer = memory.graph.user_stamp(user)
+    lagged = reader.recall(user, "midnight sun trip", k=10)
+    reader.flush()
+    index = reader.keeper.held(user)
+    assert graph.served >= 1 and index is not None and index.stamp == stamp  # what its reads reached
+    assert not lagged.cached
+    graph.caught()
+    again = reader.recall(user, "midnight sun trip", k=10)
+    assert not again.cached and "later" in {s for i in again.items for s in i.source_ids}
+    assert reader.keeper.held(user).stamp == newer  # type: ignore[union-attr]
