@@ -262,7 +262,7 @@ class Settings(BaseSettings):
     )
     rrf_k: int = Field(1, ge=1, description="reciprocal-rank fusion constant of recall's channels")
     recall_window: int = Field(
-        0, ge=0, le=5, description="neighbouring conversation turns an episode hit brings along, on each side"
+        1, ge=0, le=5, description="neighbouring conversation turns an episode hit brings along, on each side"
     )
     recency_half_life_days: float = Field(30.0, gt=0, description="age at which the recency boost halves")
     cache_ttl_s: float = Field(30.0, ge=0, description="reader result cache lifetime (also invalidated by writes)")
