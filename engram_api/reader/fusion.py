@@ -280,12 +280,16 @@ class _Run:
         if recipe.window > 0 and extracted:
             anchors = list(extracted)
             with self._timed("records"):
-                near = self.graph.neighbour_chunks(self.user_id, anchors, recipe.window)
+                near = self.user_chunks.neighbours(anchors, recipe.window)
             self.chunks.update((c.id, c) for c in near)
             for cid in anchors:
                 anchor = self.chunks[cid]
+                # A turn's context is the exchange it is part of: the turn it replies to and the reply
+                # ("Where did you move?" / "Austin."), not the same speaker's next statement.
                 neighbours[cid] = [
-                    c.id for c in near if abs((c.event_time - anchor.event_time).total_seconds()) < 86400
+                    c.id
+                    for c in near
+                    if c.speaker != anchor.speaker and abs((c.event_time - anchor.event_time).total_seconds()) < 86400
                 ]
         by_episode: dict[str, list[str]] = {}
         for c in episode_chunks:
