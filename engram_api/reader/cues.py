@@ -17,6 +17,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from datetime import datetime
+from functools import lru_cache
 
 from engram_api.relative_dates import annotate
 
@@ -35,6 +36,12 @@ _NAMES_TIME = re.compile(
 _NOBODY = frozenset({"user", "assistant", "system", "i", "me", "my"})
 
 
+@lru_cache(maxsize=4096)
+def _name_words(speaker: str) -> tuple[str, ...]:
+    """The words of a speaker's name that can name it (a conversation has few speakers: read once)."""
+    return tuple(w for w in _WORD.findall(speaker.lower()) if w not in _NOBODY)
+
+
 @dataclass(frozen=True, slots=True)
 class QueryCues:
     words: frozenset[str]
@@ -47,9 +54,7 @@ class QueryCues:
 
     def names(self, speaker: str | None) -> bool:
         """The query names ``speaker`` (one of its name's words)."""
-        if not speaker:
-            return False
-        return any(w in self.words and w not in _NOBODY for w in _WORD.findall(speaker.lower()))
+        return bool(speaker) and any(w in self.words for w in _name_words(speaker))
 
     def answers_when(self, text: str, event_time: datetime) -> bool:
         """The query asks when and ``text`` says when."""
