@@ -10,7 +10,8 @@ share of the final score next to the composite score (similarity, graph, strengt
 learned weights apply there). A turn gets ``speaker_boost`` more when the query names its speaker, and
 ``when_boost`` more when the query asks when and the turn says when (``reader.cues``).
 Hits bring their neighbours: a fact its source episode, an episode the facts extracted from it, and,
-with ``window`` > 0, the turns around it; such an item gets ``link_share`` of its parent's fusion score.
+with ``window`` > 0, the turns around it by another speaker (the exchange it is part of: the question a
+short answer answers); such an item gets ``link_share`` of its parent's fusion score.
 Items are returned best first by their final score; nothing reorders them after.
 """
 
