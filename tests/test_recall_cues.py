@@ -1,5 +1,5 @@
 """Query cues and score normalization: the pure parts of recall's ranking (``reader.cues``,
-``reader.fusion.normalized``); the contract suite checks them on real stores."""
+``reader.scoring.normalized``); the contract suite checks them on real stores."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 import pytest
 
 from engram_api.reader.cues import QueryCues
-from engram_api.reader.fusion import normalized
+from engram_api.reader.scoring import normalized
 
 SENT = datetime(2023, 5, 8, 13, 0, tzinfo=UTC)
 

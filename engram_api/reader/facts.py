@@ -156,13 +156,11 @@ class ChunkCache(RecordCache[ChunkRecord]):
     def __init__(self, users: int = 128, per_user: int = 1024) -> None:
         super().__init__(users, per_user)
         self.episodes: RecordCache[EpisodeChunkIds] = RecordCache(users, per_user)
-        # user -> (stamp, a held snapshot's chunk ids in conversation order, each id's position): built once
-        # a stamp, so a held user's neighbouring turns cost no store call and no sort per recall.
+        # user -> (stamp, a held snapshot's chunk ids in conversation order, positions): sorted once a stamp.
         self._orders: dict[str, tuple[Stamp, list[str], dict[str, int]]] = {}
 
     def conversation(self, snapshot: UserSnapshot) -> tuple[list[str], dict[str, int]]:
-        """The snapshot's chunk ids in conversation order (the stores' ORDER BY event_time, episode_id,
-        seq) and each id's position in it."""
+        """The snapshot's chunk ids in conversation order (``conversation_order``) and their positions."""
         held = self._orders.get(snapshot.user_id)
         if held is None or held[0] != snapshot.stamp:
             rows = snapshot.chunks.rows()
@@ -390,19 +388,17 @@ class UserChunks:
         return sorted(chunks.values(), key=lambda c: c.conversation_order)
 
     def neighbours(self, anchor_ids: Sequence[str], window: int) -> list[AnyChunk]:
-        """The ``window`` chunks before and after each anchor in conversation order, as
-        ``GraphStore.neighbour_chunks`` returns them: from a held snapshot with no store call."""
+        """``GraphStore.neighbour_chunks``'s answer; from a held snapshot with no store call."""
         if self.snapshot is None:
             return list(self.graph.neighbour_chunks(self.user_id, list(anchor_ids), window))
         order, at = self.cache.conversation(self.snapshot)
+        spans = [
+            (i, range(max(0, i - window), min(len(order), i + window + 1)))
+            for i in map(at.get, anchor_ids)
+            if i is not None
+        ]
         rows = self.snapshot.chunks.rows()
-        found: dict[str, AnyChunk] = {}
-        for cid in anchor_ids:
-            i = at.get(cid)
-            if i is not None:
-                for j in (*range(max(0, i - window), i), *range(i + 1, min(len(order), i + window + 1))):
-                    found.setdefault(order[j], rows[order[j]])
-        return list(found.values())
+        return [rows[c] for c in dict.fromkeys(order[j] for i, span in spans for j in span if j != i)]
 
     def _list_episodes(self, episode_ids: list[str]) -> list[EpisodeChunkIds]:
         fresh = self.graph.get_chunks(self.user_id, episode_ids=episode_ids)

@@ -35,7 +35,7 @@ from engram_api.reader.cues import QueryCues
 from engram_api.reader.facts import UserChunks, UserFacts
 from engram_api.reader.items import Candidate, Row, recall_item
 from engram_api.reader.recipe import RecallRecipe, RetrievalChannel
-from engram_api.reader.scoring import Weights, components, named
+from engram_api.reader.scoring import Weights, components, named, normalized
 from engram_api.settings import Settings
 from engram_api.storage.faiss.files import Kind, UserIndex, VectorHit
 from engram_api.storage.graph.contract import GraphStepQuery, GraphStore
@@ -43,24 +43,12 @@ from engram_api.storage.graph.episodes import keyword_terms
 from engram_api.storage.graph.validity import overlaps
 from engram_api.storage.snapshot.rows import AnyChunk, AnyFact
 
-__all__ = ["TimeWindow", "keyword_hits", "normalized", "recall_items"]
+__all__ = ["TimeWindow", "keyword_hits", "recall_items"]
 
 _SEED_MIN_SIM = 0.25
 _SEED_CHUNKS = 5  # the top episode hits whose extracted facts seed the expansion
 _EPISODE_STRENGTH = 1.0  # episodes do not decay: what was said stays said
 _EPISODE_IMPORTANCE = 0.5
-
-
-def normalized(scores: Sequence[float]) -> list[float]:
-    """A channel's scores min-max normalized over its list: its best hit 1, its worst listed hit 0 (one hit
-    alone, or all equal, 1 each). BM25 and cosine scores are on no common scale, and how far a hit is
-    from the channel's best says more than its rank does."""
-    if not scores:
-        return []
-    best, worst = max(scores), min(scores)
-    if best <= worst:
-        return [1.0] * len(scores)
-    return [(s - worst) / (best - worst) for s in scores]
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,6 +19,7 @@ import redis
 from engram_api.errors import InvalidInputError
 from engram_api.models import ChatMessage, Envelope, EpisodeRecord, Extraction, WritePlan
 from engram_api.reader.context import EXCERPTS_HEADER, FACTS_HEADER
+from engram_api.reader.facts import ChunkCache, UserChunks
 from engram_api.reader.reader import Reader
 from engram_api.reader.recipe import DEFAULT_RECIPE
 from engram_api.settings import Settings
@@ -295,6 +296,22 @@ def test_a_short_answer_is_found_by_the_question_it_answers(memory: Memory) -> N
     assert "window" in found[1].channels  # brought by the question it answers
     alone = _scores(memory, user, question, window=0)
     assert _scores(memory, user, question)["a"] > alone.get("a", 0.0)
+
+
+def test_a_held_snapshot_finds_the_neighbouring_turns_the_store_finds(memory: Memory) -> None:
+    user = new_user()
+    for i in range(6):
+        memory.say(user, f"t{i}", f"Turn number {i} of the talk.", at(20 + i / 86400), speaker=("Ann", "Bo")[i % 2])
+    stamp = memory.graph.user_stamp(user)
+    snapshot = memory.graph.snapshot(user, max_records=1000)
+    assert snapshot is not None
+    held = UserChunks(memory.graph, ChunkCache(), user, stamp, snapshot)
+    ids = sorted(snapshot.chunks.rows(), key=lambda c: snapshot.chunks.rows()[c].conversation_order)
+    for window in (1, 2):
+        for anchors in ([ids[0]], [ids[-1]], [ids[2], ids[3]], ids):
+            store = {c.id for c in memory.graph.neighbour_chunks(user, anchors, window)}
+            assert {c.id for c in held.neighbours(anchors, window)} == store, (anchors, window)
+    assert {c.id for c in held.neighbours([ids[0]], 1)} == {ids[1]}  # the first turn has no turn before it
 
 
 def test_get_context_shows_no_small_talk_and_no_replaced_value_the_query_does_not_name(memory: Memory) -> None:
