@@ -58,9 +58,11 @@ def test_a_turn_says_when(text: str, says: bool) -> None:
     assert QueryCues.of("What happened?").answers_when(text, SENT) is False  # not asked
 
 
-def test_scores_are_normalized_over_the_channels_list() -> None:
-    assert normalized([]) == []
-    assert normalized([7.5]) == [1.0]
-    assert normalized([2.0, 2.0]) == [1.0, 1.0]
-    assert normalized([12.0, 9.0, 3.0]) == pytest.approx([1.0, 2 / 3, 0.0])
-    assert normalized([0.61, 0.42, -0.05]) == pytest.approx([1.0, 0.47 / 0.66, 0.0])
+def test_scores_are_normalized_between_the_best_hit_and_the_floor_of_the_list() -> None:
+    assert normalized([], cut=True) == []
+    assert normalized([7.5], cut=True) == [1.0]
+    assert normalized([2.0, 2.0], cut=False) == [1.0, 1.0]
+    # A list cut at k: its worst hit is the floor. A shorter list holds every match: the floor is 0.
+    assert normalized([12.0, 9.0, 3.0], cut=True) == pytest.approx([1.0, 2 / 3, 0.0])
+    assert normalized([12.0, 9.0, 3.0], cut=False) == pytest.approx([1.0, 0.75, 0.25])
+    assert normalized([0.61, 0.42, -0.05], cut=False) == pytest.approx([1.0, 0.47 / 0.66, 0.0])

@@ -148,7 +148,7 @@ class _Run:
         ``fusion_mode`` "score" ``weight`` times the hit's score over the channel's best (``normalized``)."""
         weight = self.recipe.weights.get(channel, 1.0)
         shares = (
-            normalized([scores[i] for i in ids])
+            normalized([scores[i] for i in ids], cut=len(ids) >= self.recipe.k.get(channel, 0))
             if self.recipe.fusion_mode == "score"
             else [1.0 / (self.recipe.rrf_k + rank + 1) for rank in range(len(ids))]
         )
@@ -300,6 +300,10 @@ class _Run:
                 cand.add(channel, share)
 
     # ----------------------------------------------------------------------------------- scoring
+    def _replaced(self, chunk: AnyChunk) -> bool:
+        facts = [self.facts.get(f) for f in chunk.fact_ids]
+        return bool(facts) and all(f is not None and not f.current_at(self.window.as_of) for f in facts)
+
     def items(self, weights: Weights, k: int) -> list[RecallItem]:
         now = self.window.as_of or utcnow()
         missing = [i for i in self.cands if i not in self.sims]
@@ -315,6 +319,10 @@ class _Run:
         recipe = self.recipe
         for node_id, cand in self.cands.items():
             fact, chunk = cand.fact, cand.chunk
+            if chunk is not None and self._replaced(chunk):
+                # What it said has ended (every fact extracted from it ended by ``as_of``): "I live in
+                # Tampa." after a move is history, so the fact that replaced it ranks ahead of it.
+                cand.fusion *= 0.5
             if chunk is not None and (recipe.speaker_boost or recipe.when_boost):
                 # Who said it and when it says something happened are the turn's context, which its words
                 # alone may lack ("I signed up yesterday" answers "when did Melanie sign up?").

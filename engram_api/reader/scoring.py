@@ -66,13 +66,16 @@ def named(values: ComponentValues) -> dict[str, float]:
     return dict(zip(SCORE_COMPONENTS, values, strict=True))
 
 
-def normalized(scores: Sequence[float]) -> list[float]:
-    """A channel's scores min-max normalized over its list: its best hit 1, its worst listed hit 0 (one hit
-    alone, or all equal, 1 each). BM25 and cosine scores are on no common scale, and how far a hit is
-    from the channel's best says more than its rank does."""
+def normalized(scores: Sequence[float], *, cut: bool) -> list[float]:
+    """A channel's scores min-max normalized: its best hit 1, and 0 at the floor of what it could list.
+    A list ``cut`` at the channel's k has that floor at its worst hit; a shorter list holds everything
+    the channel found, so its floor is a non-match's score, 0 (two keyword hits are not best and worst
+    but best and second). One hit alone, or all equal, is 1 each. BM25 and cosine scores are on no common
+    scale, and how far a hit is from the channel's best says more than its rank does."""
     if not scores:
         return []
     best, worst = max(scores), min(scores)
-    if best <= worst:
+    floor = worst if cut else min(0.0, worst)
+    if best <= floor:
         return [1.0] * len(scores)
-    return [(s - worst) / (best - worst) for s in scores]
+    return [(s - floor) / (best - floor) for s in scores]

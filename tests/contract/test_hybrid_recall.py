@@ -249,8 +249,11 @@ def test_two_facts_of_one_message_are_two_answers(memory: Memory) -> None:
 
 
 def _scores(memory: Memory, user: str, query: str, **update: Any) -> dict[str, float]:
-    recipe = memory.reader.recipe().model_copy(update=update)
-    return {i.source_ids[0]: i.score for i in memory.reader.recall(user, query, k=20, recipe=recipe).items}
+    """Scores by message under the recipe changed by ``update``, always from the store: a held snapshot's
+    BM25 counts the user's documents only, so its scores differ a little from the store's."""
+    reader = memory.another_reader(snapshot_max_records=0)
+    recipe = reader.recipe().model_copy(update=update)
+    return {i.source_ids[0]: i.score for i in reader.recall(user, query, k=20, recipe=recipe).items}
 
 
 def test_a_turn_by_the_speaker_the_query_names_ranks_first(memory: Memory) -> None:
@@ -312,6 +315,18 @@ def test_a_held_snapshot_finds_the_neighbouring_turns_the_store_finds(memory: Me
             store = {c.id for c in memory.graph.neighbour_chunks(user, anchors, window)}
             assert {c.id for c in held.neighbours(anchors, window)} == store, (anchors, window)
     assert {c.id for c in held.neighbours([ids[0]], 1)} == {ids[1]}  # the first turn has no turn before it
+
+
+def test_an_excerpt_whose_value_was_replaced_ranks_behind_the_fact_that_replaced_it(memory: Memory) -> None:
+    user = new_user()
+    memory.say(user, "m1", "I live in Tampa.", at(0), lives_in("Tampa"))
+    memory.say(user, "m2", "I just moved to Austin.", at(30), lives_in("Austin"))
+    items = memory.reader.recall(user, "where does the user live?", k=5).items
+    assert items[0].statement == "User lives in Austin", items
+    tampa = next(i for i in items if i.statement == "I live in Tampa.")  # still recalled: it is history
+    past = memory.reader.recall(user, "where does the user live?", k=5, as_of=at(10)).items
+    then = next(i for i in past if i.statement == "I live in Tampa.")
+    assert then.breakdown.rrf > tampa.breakdown.rrf  # before the move it said what held: not demoted
 
 
 def test_get_context_shows_no_small_talk_and_no_replaced_value_the_query_does_not_name(memory: Memory) -> None:
