@@ -298,6 +298,15 @@ class _Run:
                     other, Candidate(kind=kind, fact=self.facts.get(other), chunk=self.chunks.get(other))
                 )
                 cand.add(channel, share)
+        # A fact says what the message it was extracted from says, in fewer words and as it holds now: it
+        # ranks at least with that message's best excerpt.
+        best: dict[str, float] = {}
+        for c in self.cands.values():
+            if c.chunk is not None:
+                best[c.chunk.episode_id] = max(best.get(c.chunk.episode_id, 0.0), c.fusion)
+        for c in self.cands.values():
+            if c.fact is not None:
+                c.fusion = max([c.fusion, *(best.get(e, 0.0) for e in c.fact.source_ids)])
 
     # ----------------------------------------------------------------------------------- scoring
     def _replaced(self, chunk: AnyChunk) -> bool:
