@@ -11,7 +11,9 @@ learned weights apply there). A turn gets ``speaker_boost`` more when the query 
 ``when_boost`` more when the query asks when and the turn says when (``reader.cues``).
 Hits bring their neighbours: a fact its source episode, an episode the facts extracted from it, and,
 with ``window`` > 0, the turns around it by another speaker (the exchange it is part of: the question a
-short answer answers); such an item gets ``link_share`` of its parent's fusion score.
+short answer answers); such an item gets ``link_share`` of its parent's fusion score. A fact ranks at
+least with the best excerpt of its source message, and an excerpt whose extracted facts have all ended
+keeps half its fusion score.
 Items are returned best first by their final score; nothing reorders them after.
 """
 
