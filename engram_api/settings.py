@@ -272,9 +272,15 @@ class Settings(BaseSettings):
         description="how often each worker and reader process deletes the local FAISS files of users erased "
         "(forget_user) on any host, read from Redis's erasure tombstones; also once at start",
     )
-    rrf_k: int = Field(1, ge=1, description="reciprocal-rank fusion constant of recall's channels")
+    rrf_k: int = Field(
+        1, ge=1, description='reciprocal-rank fusion constant of recall\'s channels (a recipe with fusion_mode "rank")'
+    )
     recall_window: int = Field(
-        0, ge=0, le=5, description="neighbouring conversation turns an episode hit brings along, on each side"
+        1,
+        ge=0,
+        le=5,
+        description="neighbouring conversation turns an episode hit brings along, on each side "
+        "(another speaker's: the exchange it is part of)",
     )
     recency_half_life_days: float = Field(30.0, gt=0, description="age at which the recency boost halves")
     cache_ttl_s: float = Field(30.0, ge=0, description="reader result cache lifetime (also invalidated by writes)")

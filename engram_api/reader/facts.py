@@ -156,10 +156,27 @@ class ChunkCache(RecordCache[ChunkRecord]):
     def __init__(self, users: int = 128, per_user: int = 1024) -> None:
         super().__init__(users, per_user)
         self.episodes: RecordCache[EpisodeChunkIds] = RecordCache(users, per_user)
+        # user -> (stamp, a held snapshot's chunk ids in conversation order, positions): sorted once a stamp.
+        self._orders: dict[str, tuple[Stamp, list[str], dict[str, int]]] = {}
+
+    def conversation(self, snapshot: UserSnapshot) -> tuple[list[str], dict[str, int]]:
+        """The snapshot's chunk ids in conversation order (``conversation_order``) and their positions."""
+        held = self._orders.get(snapshot.user_id)
+        if held is None or held[0] != snapshot.stamp:
+            rows = snapshot.chunks.rows()
+            order = sorted(rows, key=lambda c: rows[c].conversation_order)
+            held = (snapshot.stamp, order, {c: i for i, c in enumerate(order)})
+            with self._lock:
+                if snapshot.user_id not in self._orders and len(self._orders) >= self.users:
+                    self._orders.pop(next(iter(self._orders)))
+                self._orders[snapshot.user_id] = held
+        return held[1], held[2]
 
     def drop_user(self, user_id: str) -> None:
         super().drop_user(user_id)
         self.episodes.drop_user(user_id)
+        with self._lock:
+            self._orders.pop(user_id, None)
 
 
 class SnapshotCache:
@@ -369,6 +386,19 @@ class UserChunks:
         listed = self.cache.episodes.through(self.user_id, self.stamp, episode_ids, self._list_episodes)
         chunks = self.load([cid for e in listed.values() for cid in e.chunk_ids])
         return sorted(chunks.values(), key=lambda c: c.conversation_order)
+
+    def neighbours(self, anchor_ids: Sequence[str], window: int) -> list[AnyChunk]:
+        """``GraphStore.neighbour_chunks``'s answer; from a held snapshot with no store call."""
+        if self.snapshot is None:
+            return list(self.graph.neighbour_chunks(self.user_id, list(anchor_ids), window))
+        order, at = self.cache.conversation(self.snapshot)
+        spans = [
+            (i, range(max(0, i - window), min(len(order), i + window + 1)))
+            for i in map(at.get, anchor_ids)
+            if i is not None
+        ]
+        rows = self.snapshot.chunks.rows()
+        return [rows[c] for c in dict.fromkeys(order[j] for i, span in spans for j in span if j != i)]
 
     def _list_episodes(self, episode_ids: list[str]) -> list[EpisodeChunkIds]:
         fresh = self.graph.get_chunks(self.user_id, episode_ids=episode_ids)

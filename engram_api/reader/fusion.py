@@ -31,10 +31,11 @@ import numpy as np
 from engram_api.models import Channel as ChannelName
 from engram_api.models import KeywordHit, RecallItem, ScoreBreakdown, utcnow
 from engram_api.naming import self_entity_id
+from engram_api.reader.cues import QueryCues
 from engram_api.reader.facts import UserChunks, UserFacts
-from engram_api.reader.items import Candidate, Row, novel_first, recall_item
+from engram_api.reader.items import Candidate, Row, recall_item
 from engram_api.reader.recipe import RecallRecipe, RetrievalChannel
-from engram_api.reader.scoring import Weights, components, named
+from engram_api.reader.scoring import Weights, components, named, normalized
 from engram_api.settings import Settings
 from engram_api.storage.faiss.files import Kind, UserIndex, VectorHit
 from engram_api.storage.graph.contract import GraphStepQuery, GraphStore
@@ -85,6 +86,7 @@ class _Run:
     window: TimeWindow
     graph_expansion: bool
     keyword: Future[list[KeywordHit]] | None
+    cues: QueryCues
     facts: dict[str, AnyFact] = field(default_factory=dict)  # models, or a held snapshot's views of them
     chunks: dict[str, AnyChunk] = field(default_factory=dict)
     sims: dict[str, float] = field(default_factory=dict)
@@ -141,14 +143,21 @@ class _Run:
             n *= 4
 
     # ---------------------------------------------------------------------------------- channels
-    def _rank(self, channel: RetrievalChannel, ids: Sequence[str]) -> None:
+    def _rank(self, channel: RetrievalChannel, ids: Sequence[str], scores: dict[str, float]) -> None:
+        """Add the channel's share to each of its hits: ``weight / (rrf_k + rank + 1)`` by rank, or with
+        ``fusion_mode`` "score" ``weight`` times the hit's score over the channel's best (``normalized``)."""
         weight = self.recipe.weights.get(channel, 1.0)
-        for rank, node_id in enumerate(ids):
+        shares = (
+            normalized([scores[i] for i in ids], cut=len(ids) >= self.recipe.k.get(channel, 0))
+            if self.recipe.fusion_mode == "score"
+            else [1.0 / (self.recipe.rrf_k + rank + 1) for rank in range(len(ids))]
+        )
+        for node_id, share in zip(ids, shares, strict=True):
             kind: Literal["fact", "episode"] = "fact" if node_id in self.facts else "episode"
             cand = self.cands.setdefault(
                 node_id, Candidate(kind=kind, fact=self.facts.get(node_id), chunk=self.chunks.get(node_id))
             )
-            cand.add(channel, weight / (self.recipe.rrf_k + rank + 1))
+            cand.add(channel, weight * share)
 
     def channels(self) -> None:
         recipe, k = self.recipe, self.recipe.k
@@ -180,15 +189,16 @@ class _Run:
             chunk_facts=[cid for cid in dict.fromkeys(top_chunks) if cid not in self.chunks],
         )
         if recipe.uses("fact_vector"):
-            self._rank("fact_vector", [h.node_id for h in fact_hits if self._ok(h.node_id)])
+            self._rank("fact_vector", [h.node_id for h in fact_hits if self._ok(h.node_id)], self.sims)
         # The index is the one of the stamp read first; a forget committed since removes chunks it still holds.
-        self._rank("episode_vector", [cid for cid in episode_ids if self._ok(cid)])
-        self._rank("keyword", [h.node_id for h in keyword if self._ok(h.node_id)])
+        self._rank("episode_vector", [cid for cid in episode_ids if self._ok(cid)], self.sims)
+        bm25 = {h.node_id: h.score for h in keyword}
+        self._rank("keyword", [h.node_id for h in keyword if self._ok(h.node_id)], bm25)
         if expanding:
             # A fact reached but not read back was forgotten while the step ran (Neo4j reads at read committed).
-            self._rank(
-                "graph", [fid for fid in self.hops if fid in self.facts and self.window.fact_ok(self.facts[fid])]
-            )
+            reached = [fid for fid in self.hops if fid in self.facts and self.window.fact_ok(self.facts[fid])]
+            decay = self.settings.hop_decay
+            self._rank("graph", reached, {fid: decay ** self.hops[fid] for fid in reached})
 
     def _graph_step(
         self,
@@ -258,12 +268,16 @@ class _Run:
         if recipe.window > 0 and extracted:
             anchors = list(extracted)
             with self._timed("records"):
-                near = self.graph.neighbour_chunks(self.user_id, anchors, recipe.window)
+                near = self.user_chunks.neighbours(anchors, recipe.window)
             self.chunks.update((c.id, c) for c in near)
             for cid in anchors:
                 anchor = self.chunks[cid]
+                # A turn's context is the exchange it is part of: the turn it replies to and the reply
+                # ("Where did you move?" / "Austin."), not the same speaker's next statement.
                 neighbours[cid] = [
-                    c.id for c in near if abs((c.event_time - anchor.event_time).total_seconds()) < 86400
+                    c.id
+                    for c in near
+                    if c.speaker != anchor.speaker and abs((c.event_time - anchor.event_time).total_seconds()) < 86400
                 ]
         by_episode: dict[str, list[str]] = {}
         for c in episode_chunks:
@@ -284,8 +298,21 @@ class _Run:
                     other, Candidate(kind=kind, fact=self.facts.get(other), chunk=self.chunks.get(other))
                 )
                 cand.add(channel, share)
+        # A fact says what the message it was extracted from says, in fewer words and as it holds now: it
+        # ranks at least with that message's best excerpt.
+        best: dict[str, float] = {}
+        for c in self.cands.values():
+            if c.chunk is not None:
+                best[c.chunk.episode_id] = max(best.get(c.chunk.episode_id, 0.0), c.fusion)
+        for c in self.cands.values():
+            if c.fact is not None:
+                c.fusion = max([c.fusion, *(best.get(e, 0.0) for e in c.fact.source_ids)])
 
     # ----------------------------------------------------------------------------------- scoring
+    def _replaced(self, chunk: AnyChunk) -> bool:
+        facts = [self.facts.get(f) for f in chunk.fact_ids]
+        return bool(facts) and all(f is not None and not f.current_at(self.window.as_of) for f in facts)
+
     def items(self, weights: Weights, k: int) -> list[RecallItem]:
         now = self.window.as_of or utcnow()
         missing = [i for i in self.cands if i not in self.sims]
@@ -293,11 +320,25 @@ class _Run:
             vectors = self.index.vectors_for(missing)
         for node_id, vec in vectors.items():
             self.sims[node_id] = float(np.dot(vec, self.qvec))
-        unit = 1.0 / (self.recipe.rrf_k + 1)
+        # Rank fusion's best share is 1 / (rrf_k + 1), score fusion's 1: either way a channel's top hit adds
+        # its weight times ``fusion`` to the composite score.
+        unit = 1.0 / (self.recipe.rrf_k + 1) if self.recipe.fusion_mode == "rank" else 1.0
         w = weights.values()
         rows: list[Row] = []
+        recipe = self.recipe
         for node_id, cand in self.cands.items():
             fact, chunk = cand.fact, cand.chunk
+            if chunk is not None and self._replaced(chunk):
+                # What it said has ended (every fact extracted from it ended by ``as_of``): "I live in
+                # Tampa." after a move is history, so the fact that replaced it ranks ahead of it.
+                cand.fusion *= 0.5
+            if chunk is not None and (recipe.speaker_boost or recipe.when_boost):
+                # Who said it and when it says something happened are the turn's context, which its words
+                # alone may lack ("I signed up yesterday" answers "when did Melanie sign up?").
+                cand.fusion += unit * (
+                    recipe.speaker_boost * self.cues.names(chunk.speaker)
+                    + recipe.when_boost * self.cues.answers_when(chunk.text, chunk.event_time)
+                )
             comp = components(
                 similarity=self.sims.get(node_id, 0.0),
                 hops=self.hops.get(node_id),
@@ -308,9 +349,7 @@ class _Run:
                 settings=self.settings,
             )
             rows.append((sum(map(mul, w, comp)) + self.recipe.fusion * cand.fusion / unit, node_id, cand, comp))
-        rows.sort(key=lambda r: (-r[0], r[1]))
-        if self.recipe.dedup:
-            rows = novel_first(rows)
+        rows.sort(key=lambda r: (-r[0], r[1]))  # best first, ties by id: the order docs/api.md states
         return [
             recall_item(node_id, cand, ScoreBreakdown(**named(comp), rrf=cand.fusion, total=total), self.hops)
             for total, node_id, cand, comp in rows[:k]
@@ -347,6 +386,7 @@ def recall_items(
     graph_expansion: bool,
     keyword: Future[list[KeywordHit]] | None,
     timings: dict[str, float],
+    query: str = "",
 ) -> list[RecallItem]:
     """``keyword``: the keyword channel's hits (``keyword_hits``), started by the caller before it embedded
     the query, so the store's full-text search runs while the encoder does; None without that channel.
@@ -364,6 +404,7 @@ def recall_items(
         window=window,
         graph_expansion=graph_expansion,
         keyword=keyword,
+        cues=QueryCues.of(query),
     )
     start = time.perf_counter()
     run.channels()

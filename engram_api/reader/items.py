@@ -1,6 +1,6 @@
-"""Recall candidates and what a recall returns of them: the candidate record, the item a scored candidate
-becomes, and the dedup order (an item citing only messages better items cite goes behind the rest).
-Fusion (``reader.fusion``) gathers and scores candidates; this module shapes them."""
+"""Recall candidates and what a recall returns of them: the candidate record and the item a scored
+candidate becomes. Fusion (``reader.fusion``) gathers, scores and orders candidates (best first by score,
+nothing reordered after); this module shapes them."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from engram_api.models import RecallItem, ScoreBreakdown
 from engram_api.reader.scoring import ComponentValues
 from engram_api.storage.snapshot.rows import AnyChunk, AnyFact
 
-__all__ = ["Candidate", "Row", "novel_first", "recall_item"]
+__all__ = ["Candidate", "Row", "recall_item"]
 
 
 @dataclass(slots=True)
@@ -92,34 +92,3 @@ def recall_item(node_id: str, cand: Candidate, breakdown: ScoreBreakdown, hops: 
         speaker=chunk.speaker,
         source_ids=[chunk.episode_id],
     )
-
-
-def _sources(cand: Candidate) -> frozenset[str]:
-    return frozenset(cand.fact.source_ids if cand.fact is not None else [cand.chunk.episode_id])  # type: ignore[union-attr]
-
-
-def novel_first(rows: list[Row]) -> list[Row]:
-    """Score order, except that an excerpt whose messages are all cited by better items (the excerpt a
-    shown fact was extracted from) moves behind every item that brings something new: k items then
-    cover as many messages as they can. Of a fact and an excerpt citing the same messages, the fact
-    keeps the slot (it says what is current, in fewer words). A fact is never a repeat of another fact:
-    two facts of one message say two things ("my brother Alex works at Amazon": a brother, an employer).
-    Nothing is dropped."""
-    seen: set[str] = set()
-    novel: list[Row] = []
-    repeats: list[Row] = []
-    slot: dict[frozenset[str], int] = {}  # a source set -> the novel slot of the item that brought it
-    for row in rows:
-        sources = _sources(row[2])
-        held = slot.get(sources)
-        if row[2].kind == "fact" and held is not None and novel[held][2].kind == "episode":
-            novel[held], row = row, novel[held]  # the fact takes its excerpt's slot
-            repeats.append(row)
-            continue
-        if not sources or not sources <= seen or row[2].kind == "fact":
-            slot.setdefault(sources, len(novel))
-            novel.append(row)
-            seen |= sources
-            continue
-        repeats.append(row)
-    return novel + repeats

@@ -217,6 +217,7 @@ class Reader:
             graph_expansion=graph_expansion,
             keyword=keyword,
             timings=timings,
+            query=query,
         )
         recall_id = uuid.uuid4().hex
         result = RecallResult(

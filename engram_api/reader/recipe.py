@@ -2,14 +2,19 @@
 
 Channels: ``fact_vector`` (the user's fact embeddings), ``episode_vector`` (the conversation's chunks),
 ``keyword`` (BM25 over chunks and fact statements) and ``graph`` (expansion from the entities the query
-and the top hits mention). Each channel's ranked list adds ``weight / (rrf_k + rank + 1)`` to a
-candidate (reciprocal-rank fusion); the ``fusion`` weight turns that into a share of the final score next
-to the composite score (similarity, graph, strength, recency, importance; learned weights apply there).
+and the top hits mention). With ``fusion_mode`` "score" (the default) each channel adds ``weight`` times
+a hit's score min-max normalized over the channel's list (BM25, cosine, ``hop_decay ** hops`` for the
+graph): its best hit the whole weight, its worst listed hit nothing; with "rank" it adds
+``weight / (rrf_k + rank + 1)`` (reciprocal-rank fusion). The ``fusion`` weight turns the sum into a
+share of the final score next to the composite score (similarity, graph, strength, recency, importance;
+learned weights apply there). A turn gets ``speaker_boost`` more when the query names its speaker, and
+``when_boost`` more when the query asks when and the turn says when (``reader.cues``).
 Hits bring their neighbours: a fact its source episode, an episode the facts extracted from it, and,
-with ``window`` > 0, the turns around it; such an item gets ``link_share`` of its parent's fusion score.
-With ``dedup``, an item that cites only messages better items already cite (a fact and the excerpt it
-was extracted from) moves behind the items that bring a new message, so k items cover more of the
-conversation; nothing is dropped.
+with ``window`` > 0, the turns around it by another speaker (the exchange it is part of: the question a
+short answer answers); such an item gets ``link_share`` of its parent's fusion score. A fact ranks at
+least with the best excerpt of its source message, and an excerpt whose extracted facts have all ended
+keeps half its fusion score.
+Items are returned best first by their final score; nothing reorders them after.
 """
 
 from __future__ import annotations
@@ -25,6 +30,9 @@ CHANNELS: tuple[RetrievalChannel, ...] = ("fact_vector", "episode_vector", "keyw
 
 
 class RecallRecipe(BaseModel):
+    """The defaults were chosen on two LoCoMo dev conversations and confirmed on the three held aside
+    (docs/benchmarks.md, "How the fusion was chosen")."""
+
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     channels: tuple[RetrievalChannel, ...] = Field(CHANNELS, min_length=1)
@@ -34,19 +42,20 @@ class RecallRecipe(BaseModel):
     )
     weights: dict[RetrievalChannel, float] = Field(
         # BM25 carries names, places and dates where MiniLM is weak; fact vectors mostly re-find what the
-        # episode vectors found. Chosen on LoCoMo dev conversations, confirmed on held-out ones
-        # (docs/benchmarks/history.md, "Choosing the fusion").
+        # episode vectors found.
         default_factory=lambda: {"fact_vector": 0.5, "episode_vector": 1.0, "keyword": 2.0, "graph": 0.5},
-        description="each channel's weight in reciprocal-rank fusion",
+        description="each channel's weight in the fusion",
+    )
+    fusion_mode: Literal["score", "rank"] = Field(
+        "score", description="what a channel adds to a hit: its normalized score, or a share of its rank (RRF)"
     )
     rrf_k: int = Field(1, ge=1, description="reciprocal-rank fusion constant (small: top ranks count most)")
-    fusion: float = Field(1.0, ge=0, description="weight of the normalized fusion score in the final score")
-    link_share: float = Field(0.5, ge=0, le=1, description="a linked item's share of its parent's fusion score")
+    fusion: float = Field(1.0, ge=0, description="weight of the fusion score in the final score")
+    speaker_boost: float = Field(0.25, ge=0, description="fusion added to a turn whose speaker the query names")
+    when_boost: float = Field(0.5, ge=0, description="fusion added to a turn that says when, if the query asks when")
+    link_share: float = Field(0.2, ge=0, le=1, description="a linked item's share of its parent's fusion score")
     links_from: int = Field(10, ge=0, le=100, description="how many top hits bring their linked items")
-    window: int = Field(0, ge=0, le=5, description="neighbouring turns an episode hit brings on each side")
-    dedup: bool = Field(
-        True, description="an item citing only messages a better item already cites goes after the others"
-    )
+    window: int = Field(1, ge=0, le=5, description="neighbouring turns an episode hit brings on each side")
 
     def uses(self, channel: RetrievalChannel) -> bool:
         return channel in self.channels

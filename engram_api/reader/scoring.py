@@ -1,4 +1,5 @@
-"""Recall scoring: the composite score of one candidate (reciprocal-rank fusion is in ``fusion``).
+"""Recall scoring: the composite score of one candidate, and a channel's scores normalized for the fusion
+(which ``fusion`` does).
 
 composite = alpha*similarity + beta*hop_decay**hops + gamma*strength + recency_w*recency + importance_w*importance
 where recency = 2 ** (-age_days / half_life). Weights come from settings or, once the maintenance job has
@@ -9,6 +10,7 @@ are the models of ``engram_api.models`` (``ScoreComponents``, ``Weights``): one 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Literal
 
@@ -16,7 +18,7 @@ from engram_api.models import GLOBAL_SCOPE, SCORE_COMPONENTS, Weights
 from engram_api.settings import Settings
 from engram_api.storage.graph.contract import GraphStore
 
-__all__ = ["ComponentValues", "WeightSource", "Weights", "components", "effective_weights", "named"]
+__all__ = ["ComponentValues", "WeightSource", "Weights", "components", "effective_weights", "named", "normalized"]
 
 
 WeightSource = Literal["configured", "learned:user", "learned:global"]
@@ -62,3 +64,18 @@ def components(
 def named(values: ComponentValues) -> dict[str, float]:
     """The components by name (``ScoreComponents``' fields), for the breakdown of an item returned."""
     return dict(zip(SCORE_COMPONENTS, values, strict=True))
+
+
+def normalized(scores: Sequence[float], *, cut: bool) -> list[float]:
+    """A channel's scores min-max normalized: its best hit 1, and 0 at the floor of what it could list.
+    A list ``cut`` at the channel's k has that floor at its worst hit; a shorter list holds everything
+    the channel found, so its floor is a non-match's score, 0 (two keyword hits are not best and worst
+    but best and second). One hit alone, or all equal, is 1 each. BM25 and cosine scores are on no common
+    scale, and how far a hit is from the channel's best says more than its rank does."""
+    if not scores:
+        return []
+    best, worst = max(scores), min(scores)
+    floor = worst if cut else min(0.0, worst)
+    if best <= floor:
+        return [1.0] * len(scores)
+    return [(s - floor) / (best - floor) for s in scores]

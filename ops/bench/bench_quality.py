@@ -14,7 +14,6 @@ once with the offline rule extractor and once with scripted extractions served b
 
 from __future__ import annotations
 
-import re
 from collections import defaultdict
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -22,19 +21,11 @@ from typing import Any
 import numpy as np
 from benchlib import BenchContext, BenchResult, Table, load_json, start_workers
 from ltm_script import STALE, extraction_for
-from quality_locomo import run_locomo
+from quality_locomo import answer_found, run_locomo
 
 from engram_api.reader.context import EXCERPTS_HEADER
 
 MODES = {"rules": "offline rule extractor", "scripted": "scripted stand-in extractions", "llm": "your LLM_MODEL"}
-_STOP = {"the", "and", "for", "with", "his", "her", "their", "its", "was", "are", "that", "from"}
-
-
-def _answer_found(answer: str, context: str) -> bool:
-    """Every answer word of 3+ letters (stop words aside) occurs in the context, case-insensitively."""
-    words = [w for w in re.findall(r"[a-z0-9]+", answer.lower()) if len(w) > 2 and w not in _STOP]
-    text = context.lower()
-    return bool(words) and all(w in text for w in words)
 
 
 def _sample20(ctx: BenchContext, stack: Any, mode: str) -> list[dict[str, Any]]:
@@ -63,7 +54,7 @@ def _sample20(ctx: BenchContext, stack: Any, mode: str) -> list[dict[str, Any]]:
             "context_lines": sum(line.startswith("- ") for line in context.splitlines()),
             "answer_found": None
             if case["question_type"] == "abstained_response"
-            else _answer_found(case["answer"], context),
+            else answer_found(case["answer"], context),
             # The stale value may be in a dated excerpt (what was said then), never among current facts.
             "stale_absent": None
             if stale is None

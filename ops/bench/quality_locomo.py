@@ -5,10 +5,15 @@ ingested as one message through the real pipeline with the OFFLINE RULE EXTRACTO
 turn's dia_id, event time = the session date plus a second per turn, the speaker's name in the message
 metadata). Per question with evidence:
 - recall@5 / recall@10: share of its evidence dia_ids among the source ids of the top-k items; MRR: the
-  reciprocal rank of the first item citing any evidence (0 when none in the top 10);
-- methods: hybrid (the default recipe), facts only (fact vectors + graph: Engram before episodes),
-  episodes only (episode vectors), keyword only (BM25), naive RAG (raw turns with the speaker's name, one
-  flat FAISS index, the same MiniLM; the fair baseline) and naive RAG over the bare turn text;
+  reciprocal rank of the first item citing any evidence (0 when none in the top 10); answer@10: every
+  word of the reference answer (``answer_found``) is in what the top 10 items say, which credits an item
+  for its content (a fact from an already-cited message still states something) where recall@k counts
+  only messages not yet cited;
+- methods: hybrid (the default recipe), its channels alone with the rest of the recipe (its links,
+  neighbouring turns and query cues): facts only (fact vectors + graph: Engram before episodes), episodes
+  only (episode vectors), keyword only (BM25); the bare BM25 ranking (keyword channel, nothing linked, no
+  cues); naive RAG (raw turns with the speaker's name, one flat FAISS index, the same MiniLM; the fair
+  baseline) and naive RAG over the bare turn text;
 - context: evidence recall of ``get_context(question, max_tokens=1000)`` (the turns whose excerpt, or a
   fact extracted from them, made it into the block) against naive RAG's top turns packed into the same
   1,000 tokens as dated lines;
@@ -23,6 +28,7 @@ Items are at most one message chunk, so methods stay comparable in size.
 
 from __future__ import annotations
 
+import re
 import time
 from collections import defaultdict
 from datetime import UTC, datetime, timedelta
@@ -33,10 +39,28 @@ from benchlib import BenchContext, Table, dist, load_json
 
 CATEGORIES = {1: "multi-hop", 2: "temporal", 3: "open-domain", 4: "single-hop", 5: "adversarial"}
 QUICK_CONVERSATIONS = ("conv-30",)
-METHODS = ("hybrid", "facts only", "episodes only", "keyword only", "naive RAG", "naive RAG, bare turns")
+METHODS = (
+    "hybrid",
+    "facts only",
+    "episodes only",
+    "keyword only",
+    "BM25 ranking, bare",
+    "naive RAG",
+    "naive RAG, bare turns",
+)
 CONTEXT_METHODS = ("get_context", "naive RAG packed")
 CONTEXT_TOKENS = 1000
 WARMUP_RECALLS = 60  # per conversation, each through every recipe: see the module docstring
+
+
+_STOP = {"the", "and", "for", "with", "his", "her", "their", "its", "was", "are", "that", "from"}
+
+
+def answer_found(answer: str, text: str) -> bool:
+    """Every answer word of 3+ letters (stop words aside) occurs in ``text``, case-insensitively."""
+    words = [w for w in re.findall(r"[a-z0-9]+", answer.lower()) if len(w) > 2 and w not in _STOP]
+    lowered = text.lower()
+    return bool(words) and all(w in lowered for w in words)
 
 
 def session_turns(conversation: dict[str, Any]) -> list[tuple[str, str, str, datetime]]:
@@ -51,13 +75,16 @@ def session_turns(conversation: dict[str, Any]) -> list[tuple[str, str, str, dat
     return out
 
 
-def _scores(ranked: list[set[str]], evidence: set[str]) -> tuple[float, float, float]:
+def _scores(ranked: list[set[str]], said: list[str], evidence: set[str], answer: str) -> tuple[float, ...]:
+    """R@5, R@10, MRR and answer@10 (nan for a question without a reference answer)."""
+
     def at(k: int) -> float:
         found = set().union(*ranked[:k]) if ranked[:k] else set()
         return len(found & evidence) / len(evidence)
 
     rr = next((1.0 / (i + 1) for i, sources in enumerate(ranked[:10]) if sources & evidence), 0.0)
-    return at(5), at(10), rr
+    words = float(answer_found(answer, "\n".join(said[:10]))) if answer else float("nan")
+    return at(5), at(10), rr, words
 
 
 def _packed(order: list[int], turns: list[tuple[str, str, str, datetime]]) -> set[str]:
@@ -144,6 +171,9 @@ def run_locomo(ctx: BenchContext, stack: Any) -> tuple[list[Table], dict[str, An
         "facts only": base.with_channels("fact_vector", "graph"),
         "episodes only": base.with_channels("episode_vector"),
         "keyword only": base.with_channels("keyword"),
+        "BM25 ranking, bare": base.with_channels("keyword").model_copy(
+            update={"window": 0, "link_share": 0.0, "speaker_boost": 0.0, "when_boost": 0.0}
+        ),
     }
     sums: dict[tuple[str, Any], list[tuple[float, ...]]] = defaultdict(list)
     coverage = {"turns": 0, "turns_with_facts": 0, "questions": 0, "questions_with_covered_evidence": 0}
@@ -184,6 +214,7 @@ def run_locomo(ctx: BenchContext, stack: Any) -> tuple[list[Table], dict[str, An
             index.search(qvec, 10)
             floor_ms[conv["sample_id"]].append((time.perf_counter() - t0) * 1e3)
             ranked: dict[str, list[set[str]]] = {}
+            said: dict[str, list[str]] = {}
             for name, recipe in recipes.items():
                 t0 = time.perf_counter()
                 result = reader.recall(user, q, k=10, recipe=recipe)
@@ -192,13 +223,16 @@ def run_locomo(ctx: BenchContext, stack: Any) -> tuple[list[Table], dict[str, An
                     for part, ms in result.timings_ms.items():
                         parts_ms[conv["sample_id"]][part].append(ms)
                 ranked[name] = [set(i.source_ids) for i in result.items]
+                said[name] = [i.statement for i in result.items]
             orders = {name: rag[name].search(qvec.reshape(1, -1), len(turns))[1][0].tolist() for name in rag}
             for name, order in orders.items():
                 ranked[name] = [{ids[j]} for j in order[:10]]
+                said[name] = [turns[j][2] for j in order[:10]]
+            answer = str(qa.get("answer", ""))
             shown = {s for item in reader.context_items(user, q, CONTEXT_TOKENS) for s in item.source_ids}
             contexts = {"get_context": shown, "naive RAG packed": _packed(orders["naive RAG"], turns)}
             for method, rows in ranked.items():
-                score = _scores(rows, evidence)
+                score = _scores(rows, said[method], evidence, answer)
                 for cat in (qa["category"], "all", *(("covered",) if evidence & covered else ())):
                     sums[(method, cat)].append(score)
             for method, kept in contexts.items():
@@ -234,8 +268,9 @@ def _tables(
     names = ", ".join(c["sample_id"] for c in convs)
     table = Table(
         f"LoCoMo evidence recall ({names}; {label})",
-        ["category", "n", "method", "R@5", "R@10", "MRR"],
-        caption="covered = questions with at least one evidence turn from which the extractor made a fact",
+        ["category", "n", "method", "R@5", "R@10", "MRR", "A@10"],
+        caption="covered = questions with at least one evidence turn from which the extractor made a fact; "
+        "A@10 = the reference answer's words are in what the top 10 items say (questions with an answer)",
     )
     context = Table(
         f"LoCoMo evidence in a {CONTEXT_TOKENS}-token context ({names})",
@@ -248,7 +283,7 @@ def _tables(
         for method in METHODS:
             rows = sums.get((method, cat), [])
             if rows:
-                means = [float(np.mean([r[i] for r in rows])) for i in range(3)]
+                means = [float(np.nanmean([r[i] for r in rows])) for i in range(4)]
                 summary["by_category"].setdefault(labels[cat], {"n": len(rows)})[method] = means
                 table.add(labels[cat], len(rows), method, *means)
         shares = [sums.get((m, cat), []) for m in CONTEXT_METHODS]

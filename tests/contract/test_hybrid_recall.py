@@ -19,6 +19,7 @@ import redis
 from engram_api.errors import InvalidInputError
 from engram_api.models import ChatMessage, Envelope, EpisodeRecord, Extraction, WritePlan
 from engram_api.reader.context import EXCERPTS_HEADER, FACTS_HEADER
+from engram_api.reader.facts import ChunkCache, UserChunks
 from engram_api.reader.reader import Reader
 from engram_api.reader.recipe import DEFAULT_RECIPE
 from engram_api.settings import Settings
@@ -62,10 +63,17 @@ class Memory:
         self.reader = self.another_reader()
         self.writes = UserWrites(graph=graph, keeper=self.keeper, redis_client=redis_client, lease_ttl_s=30)
 
-    def say(self, user: str, mid: str, text: str, when: datetime, extraction: dict[str, Any] | None = None) -> None:
-        envelope = Envelope(
-            user_id=user, message_id=mid, messages=[ChatMessage(role="user", content=text)], timestamp=when
-        )
+    def say(
+        self,
+        user: str,
+        mid: str,
+        text: str,
+        when: datetime,
+        extraction: dict[str, Any] | None = None,
+        speaker: str | None = None,
+    ) -> None:
+        message = ChatMessage(role="user", content=text, name=speaker)
+        envelope = Envelope(user_id=user, message_id=mid, messages=[message], timestamp=when)
         answer = Extraction.model_validate(extraction or {})
         apply_message(self.writes, self.graph, self.embedder, (), envelope, answer)
 
@@ -209,24 +217,23 @@ def test_episode_hits_bring_their_facts_and_fact_hits_their_episode(memory: Memo
     assert by_kind["fact"].current and by_kind["fact"].statement == "User lives in Lisbon"
 
 
-def test_a_fact_and_the_excerpt_it_came_from_take_one_slot_before_other_messages(memory: Memory) -> None:
+def test_results_are_best_first_by_score_and_a_fact_and_its_excerpt_both_count(memory: Memory) -> None:
+    """The order docs/api.md states: best first by score, nothing reordered after. A fact and the excerpt
+    it was extracted from are two items (one says what holds now, the other what was said, dated)."""
     user = new_user()
     _chatter(memory, user)
     memory.say(user, "home", "I live in Lisbon.", at(20), lives_in("Lisbon"))
-    recipe = memory.reader.recipe()
-    plain = memory.reader.recall(user, "Lisbon", k=10, recipe=recipe.model_copy(update={"dedup": False})).items
-    deduped = memory.reader.recall(user, "Lisbon", k=10, recipe=recipe).items
-    assert [i.source_ids for i in plain[:2]] == [["home"], ["home"]]  # the fact and its excerpt, top two
-    sources = [i.source_ids[0] for i in deduped]
-    assert sources[0] == "home" and sources[-1] == "home"  # the repeat comes after every other message
-    assert (deduped[0].kind, deduped[-1].kind) == ("fact", "episode")  # the fact keeps the slot
-    assert len(set(sources)) == len(sources) - 1 == len(FILLER) + 1
-    assert sorted(i.id for i in deduped) == sorted(i.id for i in plain)  # nothing dropped
+    for recipe in (memory.reader.recipe(), memory.reader.recipe().model_copy(update={"fusion_mode": "rank"})):
+        items = memory.reader.recall(user, "Lisbon", k=10, recipe=recipe).items
+        scores = [i.score for i in items]
+        assert scores == sorted(scores, reverse=True), scores
+        assert [i.source_ids for i in items[:2]] == [["home"], ["home"]]  # the fact and its excerpt, top two
+        assert {i.kind for i in items[:2]} == {"fact", "episode"}
 
 
-def test_two_facts_of_one_message_are_two_answers_not_a_repeat(memory: Memory) -> None:
-    """Dedup moves an excerpt behind the fact it was extracted from, never a second fact of the message:
-    "my brother Alex works at Amazon" says a brother and an employer, and the question may be about either."""
+def test_two_facts_of_one_message_are_two_answers(memory: Memory) -> None:
+    """A message "my brother Alex works at Amazon" says a brother and an employer, and the question may be about
+    either: both facts are in the top 3 (the demo's multi-hop question)."""
     user = new_user()
     _chatter(memory, user)
     brother = {
@@ -239,7 +246,87 @@ def test_two_facts_of_one_message_are_two_answers_not_a_repeat(memory: Memory) -
     memory.say(user, "family", "My brother Alex works at Amazon.", at(20), brother)
     items = memory.reader.recall(user, "what company does my brother work for?", k=3).items
     assert {"User has a brother named Alex", "Alex works at Amazon"} <= {i.statement for i in items}, items
-    assert [i.kind for i in items[:2]] == ["fact", "fact"]  # the excerpt of the same message goes behind
+
+
+def _scores(memory: Memory, user: str, query: str, **update: Any) -> dict[str, float]:
+    """Scores by message under the recipe changed by ``update``, always from the store: a held snapshot's
+    BM25 counts the user's documents only, so its scores differ a little from the store's."""
+    reader = memory.another_reader(snapshot_max_records=0)
+    recipe = reader.recipe().model_copy(update=update)
+    return {i.source_ids[0]: i.score for i in reader.recall(user, query, k=20, recipe=recipe).items}
+
+
+def test_a_turn_by_the_speaker_the_query_names_ranks_first(memory: Memory) -> None:
+    user = new_user()
+    _chatter(memory, user)
+    memory.say(user, "mel", "I painted a sunset over the lake last weekend.", at(20), speaker="Melanie")
+    memory.say(user, "car", "I painted a sunset over the lake last weekend.", at(21), speaker="Caroline")
+    for who, other in (("melanie", "caroline"), ("caroline", "melanie")):
+        question = f"What did {who.title()} paint over the lake?"
+        top = memory.reader.recall(user, question, k=3).items[0]
+        assert top.speaker == who.title(), top
+        cued, plain = _scores(memory, user, question), _scores(memory, user, question, speaker_boost=0.0)
+        mid = {"melanie": "mel", "caroline": "car"}
+        # The named speaker's turn gains exactly the boost; the other speaker's turn nothing.
+        assert cued[mid[who]] - plain[mid[who]] == pytest.approx(memory.reader.recipe().speaker_boost, abs=1e-5)
+        assert cued[mid[other]] == pytest.approx(plain[mid[other]], abs=1e-5)
+
+
+def test_a_when_question_prefers_the_turn_that_says_when(memory: Memory) -> None:
+    user = new_user()
+    _chatter(memory, user)
+    memory.say(user, "love", "I love my pottery class, pottery class is the best class.", at(20))
+    memory.say(user, "when", "I signed up for a pottery class yesterday.", at(21))
+    question = "When did I sign up for the pottery class?"
+    assert memory.reader.recall(user, question, k=3).items[0].source_ids == ["when"]
+    cued, plain = _scores(memory, user, question), _scores(memory, user, question, when_boost=0.0)
+    assert cued["when"] - plain["when"] == pytest.approx(memory.reader.recipe().when_boost, abs=1e-5)
+    assert cued["love"] == pytest.approx(plain["love"], abs=1e-5)  # says nothing of when
+    statement = "I signed up for the pottery class"  # not a question about when: no lift at all
+    assert _scores(memory, user, statement) == pytest.approx(_scores(memory, user, statement, when_boost=0.0))
+
+
+def test_a_short_answer_is_found_by_the_question_it_answers(memory: Memory) -> None:
+    """The answer "Austin." shares no word with "where did I move to after college?"; the turn before it does, and an
+    episode hit brings its neighbouring turns (``window``)."""
+    user = new_user()
+    _chatter(memory, user)
+    memory.say(user, "q", "Where did you move to after college?", at(20), speaker="Melanie")
+    memory.say(user, "a", "Austin.", at(20 + 1 / 86400))
+    question = "where did I move to after college?"
+    found = memory.reader.recall(user, question, k=2).items
+    assert [i.source_ids for i in found] == [["q"], ["a"]], found
+    assert "window" in found[1].channels  # brought by the question it answers
+    alone = _scores(memory, user, question, window=0)
+    assert _scores(memory, user, question)["a"] > alone.get("a", 0.0)
+
+
+def test_a_held_snapshot_finds_the_neighbouring_turns_the_store_finds(memory: Memory) -> None:
+    user = new_user()
+    for i in range(6):
+        memory.say(user, f"t{i}", f"Turn number {i} of the talk.", at(20 + i / 86400), speaker=("Ann", "Bo")[i % 2])
+    stamp = memory.graph.user_stamp(user)
+    snapshot = memory.graph.snapshot(user, max_records=1000)
+    assert snapshot is not None
+    held = UserChunks(memory.graph, ChunkCache(), user, stamp, snapshot)
+    ids = sorted(snapshot.chunks.rows(), key=lambda c: snapshot.chunks.rows()[c].conversation_order)
+    for window in (1, 2):
+        for anchors in ([ids[0]], [ids[-1]], [ids[2], ids[3]], ids):
+            store = {c.id for c in memory.graph.neighbour_chunks(user, anchors, window)}
+            assert {c.id for c in held.neighbours(anchors, window)} == store, (anchors, window)
+    assert {c.id for c in held.neighbours([ids[0]], 1)} == {ids[1]}  # the first turn has no turn before it
+
+
+def test_an_excerpt_whose_value_was_replaced_ranks_behind_the_fact_that_replaced_it(memory: Memory) -> None:
+    user = new_user()
+    memory.say(user, "m1", "I live in Tampa.", at(0), lives_in("Tampa"))
+    memory.say(user, "m2", "I just moved to Austin.", at(30), lives_in("Austin"))
+    items = memory.reader.recall(user, "where does the user live?", k=5).items
+    assert items[0].statement == "User lives in Austin", items
+    tampa = next(i for i in items if i.statement == "I live in Tampa.")  # still recalled: it is history
+    past = memory.reader.recall(user, "where does the user live?", k=5, as_of=at(10)).items
+    then = next(i for i in past if i.statement == "I live in Tampa.")
+    assert then.breakdown.rrf > tampa.breakdown.rrf  # before the move it said what held: not demoted
 
 
 def test_get_context_shows_no_small_talk_and_no_replaced_value_the_query_does_not_name(memory: Memory) -> None:
@@ -354,7 +441,6 @@ def test_a_facts_source_excerpt_comes_from_the_cache_at_the_same_stamp_and_never
         cold = memory.reader.recall(user, "which city does the user live in", k=20).items
         fact = next(i for i in cold if i.kind == "fact")
         assert fact.source_ids == ["home"]
-        # The excerpt the fact came from ranks behind items that bring new messages (dedup), so k is wide.
         excerpt = next(i for i in cold if i.kind == "episode" and i.source_ids == ["home"])
         assert any("home" in ids for ids in by_episode), "the source episode's chunks are read once"
         by_episode.clear()

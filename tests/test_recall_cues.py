@@ -1,0 +1,68 @@
+"""Query cues and score normalization: the pure parts of recall's ranking (``reader.cues``,
+``reader.scoring.normalized``); the contract suite checks them on real stores."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+
+from engram_api.reader.cues import QueryCues
+from engram_api.reader.scoring import normalized
+
+SENT = datetime(2023, 5, 8, 13, 0, tzinfo=UTC)
+
+
+@pytest.mark.parametrize(
+    ("query", "speaker", "named"),
+    [
+        ("When did Melanie sign up for a pottery class?", "Melanie", True),
+        ("What is Caroline's identity?", "Caroline", True),
+        ("what did melanie paint", "Melanie Smith", True),
+        ("When did Melanie sign up?", "Caroline", False),
+        ("what company does my brother work for?", "user", False),
+        ("what did the user say?", "user", False),
+        ("anything", None, False),
+    ],
+)
+def test_a_query_names_a_speaker_by_a_word_of_the_name(query: str, speaker: str | None, named: bool) -> None:
+    assert QueryCues.of(query).names(speaker) is named
+
+
+@pytest.mark.parametrize(
+    ("query", "asks"),
+    [
+        ("When did Caroline go to the LGBTQ support group?", True),
+        ("  when is the party", True),
+        ("What year did Melanie start painting?", True),
+        ("On which day did they meet?", True),
+        ("What did Caroline research?", False),
+        ("Whenever I cook, what do I like?", False),
+    ],
+)
+def test_a_query_asks_when(query: str, asks: bool) -> None:
+    assert QueryCues.of(query).asks_when is asks
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        ("I just signed up for a pottery class yesterday.", True),
+        ("Last Friday I finally took the kids to a workshop.", True),
+        ("We went there in May 2022.", True),
+        ("I love pottery, it is so calming.", False),
+    ],
+)
+def test_a_turn_says_when(text: str, says: bool) -> None:
+    assert QueryCues.of("When did it happen?").answers_when(text, SENT) is says
+    assert QueryCues.of("What happened?").answers_when(text, SENT) is False  # not asked
+
+
+def test_scores_are_normalized_between_the_best_hit_and_the_floor_of_the_list() -> None:
+    assert normalized([], cut=True) == []
+    assert normalized([7.5], cut=True) == [1.0]
+    assert normalized([2.0, 2.0], cut=False) == [1.0, 1.0]
+    # A list cut at k: its worst hit is the floor. A shorter list holds every match: the floor is 0.
+    assert normalized([12.0, 9.0, 3.0], cut=True) == pytest.approx([1.0, 2 / 3, 0.0])
+    assert normalized([12.0, 9.0, 3.0], cut=False) == pytest.approx([1.0, 0.75, 0.25])
+    assert normalized([0.61, 0.42, -0.05], cut=False) == pytest.approx([1.0, 0.47 / 0.66, 0.0])
