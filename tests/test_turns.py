@@ -4,6 +4,7 @@ task back on the queue), and nothing finished or lost holds a user's later messa
 
 from __future__ import annotations
 
+import time
 import uuid
 from datetime import UTC, datetime, timedelta
 
@@ -16,6 +17,7 @@ from engram_api.ledger.wire import task_ref
 from engram_api.models import DeadLetter, MessageState
 from engram_api.producer import build_envelope
 from engram_api.settings import Settings
+from engram_workers.maintenance.redeliver import redeliver_stuck
 
 T0 = datetime(2026, 3, 2, 12, 0, tzinfo=UTC)
 
@@ -126,3 +128,27 @@ def test_a_woken_message_is_taken_before_messages_enqueued_since(
     # Workers take from the right end of the list: the woken message's task is to the right of the newcomer's.
     refs = [ref for _, ref in filter(None, map(task_ref, redis_client.lrange(keys.EXTRACT_QUEUE, 0, -1)))]
     assert refs.index(f"{user}:b") > refs.index(f"{other}:n1")
+
+
+def test_the_sweep_leaves_a_message_parked_behind_a_live_holder_and_resends_one_whose_holder_finished(
+    ledger: MessageLedger, redis_client: redis.Redis
+) -> None:
+    """A parked message's task ended on purpose: it waits for its holder's pass-on however long the burst
+    takes. The sweep re-sends it only when nobody will pass the turn on (the holder finished without it)."""
+    user = f"tn_{uuid.uuid4().hex[:8]}"
+    times = {mid: enqueue(ledger, user, mid, days) for mid, days in (("a", 0), ("b", 1), ("c", 2))}
+    turns = ledger.turns
+    assert turns.take(user, "a", times["a"]).granted
+    assert turns.take(user, "b", times["b"]) == (False, "a") and turns.take(user, "c", times["c"]) == (False, "a")
+
+    def sweep() -> list[str]:
+        sent: list[tuple[str, tuple[str, str]]] = []
+        later = time.time() + 120  # every message of the user waits since before the threshold
+        redeliver_stuck(client=redis_client, send=lambda t, a: sent.append((t, a)), older_than_s=60, now=later,
+                        confirm_after_s=0)  # fmt: skip
+        return sorted(mid for _, (uid, mid) in sent if uid == user)
+
+    assert sweep() == ["a"]  # the holder's task is gone (it "ran" and vanished): re-sent; b and c wait for it
+    # The holder finishes by a path that never passed the turn on: b and c would wait for ever.
+    redis_client.hset(keys.status(user, "a"), "state", MessageState.APPLIED.value)
+    assert sweep() == ["b", "c"]

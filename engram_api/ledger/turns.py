@@ -18,7 +18,8 @@ Invariants:
 - No lost wake-up: a message is in the order from its enqueue (``scripts.ENQUEUE``), so ``pass_on`` sees
   it whether or not its task has run; a parked message is woken by ``pass_on`` or, if that never came (a
   crash between a finish and its ``pass_on``), by the next ``take`` that meets it, and in the end by the
-  redelivery sweep, which re-sends every message queued past the visibility timeout whose task is gone.
+  redelivery sweep, which re-sends every message queued past the visibility timeout whose task is gone
+  (unless it is parked behind a holder that is still unfinished: ``parked_behind_live_holder``).
 - A message whose status says it is finished, or is gone (expired, forgotten), never blocks: ``take``
   drops such a blocker (checked in the script, against the blocker's status) and tries again. A message
   that dead-letters therefore passes the turn on like one that is applied.
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, NamedTuple
 
 from engram_api import keys
@@ -192,6 +194,27 @@ class Turns:
         queue = keys.queue_for(keys.EXTRACT_TASK)
         task_id = str(uuid.uuid4())
         self.redis.rpush(queue, task_message(keys.EXTRACT_TASK, task_id, (user_id, message_id), queue, time.time()))
+
+    def parked_behind_live_holder(self, messages: Iterable[tuple[str, str]]) -> set[tuple[str, str]]:
+        """The (user id, message id) pairs of ``messages`` that are parked while another message of their
+        user holds the turn and is still unfinished: they wait for that holder's ``pass_on``, not for a lost
+        task (the redelivery sweep leaves them alone). Two pipelined reads, whatever the count."""
+        messages = list(messages)
+        pipe = self.redis.pipeline(transaction=False)
+        for user_id, message_id in messages:
+            pipe.sismember(keys.parked(user_id), message_id)
+            pipe.get(keys.extract_turn(user_id))
+        found = pipe.execute()
+        behind = {
+            (user_id, message_id): _text(holder)
+            for (user_id, message_id), parked, holder in zip(messages, found[::2], found[1::2], strict=True)
+            if parked and _text(holder) not in ("", message_id)
+        }
+        pipe = self.redis.pipeline(transaction=False)
+        for (user_id, _), holder in behind.items():
+            pipe.hget(keys.status(user_id, holder), "state")
+        live = (MessageState.QUEUED.value, MessageState.EXTRACTED.value)
+        return {pair for pair, state in zip(behind, pipe.execute(), strict=True) if _text(state) in live}
 
     def waiting(self, user_id: str) -> list[str]:
         """The user's unfinished messages in the order their extractions take the turn (earliest first)."""

@@ -55,7 +55,11 @@ class RedeliverReport(BaseModel):
     resent: list[str] = Field(default_factory=list, description="user_id:message_id of re-sent messages")
     failed: list[str] = Field(default_factory=list, description="messages whose re-send raised, with the error")
     pruned_dead_letters: int = Field(0, description="dead letters older than the retention deleted")
-    waiting: int = Field(0, description="old messages left alone because their task still waits in the broker")
+    waiting: int = Field(
+        0,
+        description="old messages left alone: their task still waits in the broker, or they are parked behind "
+        "their user's live extraction turn holder",
+    )
 
 
 _MAX_AGE_S = 30 * 24 * 3600  # status keys live for days, not longer: a larger threshold finds nothing
@@ -88,6 +92,12 @@ def redeliver_stuck(
         report.pruned_dead_letters = ledger.dead_letters.prune(older_than=dead_letter_retention, now=cutoff)
     report.scanned, overdue = ledger.in_flight.overdue(now - older_than_s)
     stuck = [w for w in overdue if w.since is not None and now - w.since >= older_than_s]
+    # A message parked behind its user's live turn holder waits for that holder's pass-on, however long the
+    # user's burst takes: its task ended on purpose. Only one parked behind nobody (a lost wake-up) is stuck.
+    behind = ledger.turns.parked_behind_live_holder(
+        (w.user_id, w.message_id) for w in stuck if w.state is MessageState.QUEUED
+    )
+    stuck = [w for w in stuck if (w.user_id, w.message_id) not in behind]
     lost = _nowhere(client, stuck)
     if lost and confirm_after_s:
         # The broker is read in pages, not at one instant: a task moving while it is read (a retry's new
@@ -97,7 +107,7 @@ def redeliver_stuck(
         time.sleep(confirm_after_s)
         still = {w[:3] for w in ledger.in_flight.overdue(now - older_than_s)[1]}
         lost = _nowhere(client, [w for w in lost if w[:3] in still])
-    report.waiting = len(stuck) - len(lost)
+    report.waiting = len(stuck) - len(lost) + len(behind)
     for user_id, message_id, state, _ in lost:
         task, ref = _TASK_FOR[state], keys.message_ref(user_id, message_id)
         try:
