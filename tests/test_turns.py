@@ -130,7 +130,7 @@ def test_a_woken_message_is_taken_before_messages_enqueued_since(
     assert refs.index(f"{user}:b") > refs.index(f"{other}:n1")
 
 
-def test_the_sweep_leaves_a_message_parked_behind_a_live_holder_and_resends_one_whose_holder_finished(
+def test_the_sweep_leaves_a_message_parked_behind_a_live_holder_and_resends_the_earliest_whose_holder_finished(
     ledger: MessageLedger, redis_client: redis.Redis
 ) -> None:
     """A parked message's task ended on purpose: it waits for its holder's pass-on however long the burst
@@ -151,4 +151,5 @@ def test_the_sweep_leaves_a_message_parked_behind_a_live_holder_and_resends_one_
     assert sweep() == ["a"]  # the holder's task is gone (it "ran" and vanished): re-sent; b and c wait for it
     # The holder finishes by a path that never passed the turn on: b and c would wait for ever.
     redis_client.hset(keys.status(user, "a"), "state", MessageState.APPLIED.value)
-    assert sweep() == ["b", "c"]
+    assert sweep() == ["b"]  # only the earliest: its take drops the finished holder, and "c" follows in turn
+    assert turns.take(user, "b", times["b"]).granted and turns.waiting(user) == ["b", "c"]

@@ -19,7 +19,7 @@ Invariants:
   it whether or not its task has run; a parked message is woken by ``pass_on`` or, if that never came (a
   crash between a finish and its ``pass_on``), by the next ``take`` that meets it, and in the end by the
   redelivery sweep, which re-sends every message queued past the visibility timeout whose task is gone
-  (unless it is parked behind a holder that is still unfinished: ``parked_behind_live_holder``).
+  (a parked message only when nobody will pass the turn on, and then the user's earliest: ``left_waiting``).
 - A message whose status says it is finished, or is gone (expired, forgotten), never blocks: ``take``
   drops such a blocker (checked in the script, against the blocker's status) and tries again. A message
   that dead-letters therefore passes the turn on like one that is applied.
@@ -195,26 +195,39 @@ class Turns:
         task_id = str(uuid.uuid4())
         self.redis.rpush(queue, task_message(keys.EXTRACT_TASK, task_id, (user_id, message_id), queue, time.time()))
 
-    def parked_behind_live_holder(self, messages: Iterable[tuple[str, str]]) -> set[tuple[str, str]]:
-        """The (user id, message id) pairs of ``messages`` that are parked while another message of their
-        user holds the turn and is still unfinished: they wait for that holder's ``pass_on``, not for a lost
-        task (the redelivery sweep leaves them alone). Two pipelined reads, whatever the count."""
+    def left_waiting(self, messages: Iterable[tuple[str, str]]) -> set[tuple[str, str]]:
+        """The (user id, message id) pairs of ``messages`` the redelivery sweep must leave alone although their
+        task is gone: parked messages wait for a ``pass_on``, not for a lost task. One parked while another
+        message of its user holds the turn and is unfinished waits for that holder; when nobody will pass
+        the turn on (the holder finished without it: a worker killed between its finish and its pass), only
+        the user's earliest parked message needs its task again (its ``take`` drops the finished holder and
+        the rest follow turn by turn), so the others are left too. Three pipelined reads, whatever the count."""
         messages = list(messages)
         pipe = self.redis.pipeline(transaction=False)
         for user_id, message_id in messages:
             pipe.sismember(keys.parked(user_id), message_id)
             pipe.get(keys.extract_turn(user_id))
+            pipe.zscore(keys.extract_order(user_id), message_id)
         found = pipe.execute()
-        behind = {
-            (user_id, message_id): _text(holder)
-            for (user_id, message_id), parked, holder in zip(messages, found[::2], found[1::2], strict=True)
-            if parked and _text(holder) not in ("", message_id)
+        parked = {
+            (user_id, message_id): (_text(holder), score)
+            for (user_id, message_id), is_parked, holder, score in zip(
+                messages, found[::3], found[1::3], found[2::3], strict=True
+            )
+            if is_parked and _text(holder) != message_id
         }
+        holders = sorted({(user_id, holder) for (user_id, _), (holder, _) in parked.items() if holder})
         pipe = self.redis.pipeline(transaction=False)
-        for (user_id, _), holder in behind.items():
+        for user_id, holder in holders:
             pipe.hget(keys.status(user_id, holder), "state")
-        live = (MessageState.QUEUED.value, MessageState.EXTRACTED.value)
-        return {pair for pair, state in zip(behind, pipe.execute(), strict=True) if _text(state) in live}
+        unfinished = (MessageState.QUEUED.value, MessageState.EXTRACTED.value)
+        live = {pair for pair, state in zip(holders, pipe.execute(), strict=True) if _text(state) in unfinished}
+        left = {pair for pair, (holder, _) in parked.items() if (pair[0], holder) in live}
+        earliest: dict[str, tuple[float, str]] = {}
+        for (user_id, message_id), (_, score) in parked.items():
+            if (user_id, message_id) not in left:
+                earliest[user_id] = min(earliest.get(user_id, (float("inf"), "")), (score or 0.0, message_id))
+        return left | {pair for pair in parked if pair not in left and earliest[pair[0]][1] != pair[1]}
 
     def waiting(self, user_id: str) -> list[str]:
         """The user's unfinished messages in the order their extractions take the turn (earliest first)."""

@@ -57,8 +57,8 @@ class RedeliverReport(BaseModel):
     pruned_dead_letters: int = Field(0, description="dead letters older than the retention deleted")
     waiting: int = Field(
         0,
-        description="old messages left alone: their task still waits in the broker, or they are parked behind "
-        "their user's live extraction turn holder",
+        description="old messages left alone: their task still waits in the broker, or they are parked waiting "
+        "for their user's extraction turn",
     )
 
 
@@ -92,11 +92,10 @@ def redeliver_stuck(
         report.pruned_dead_letters = ledger.dead_letters.prune(older_than=dead_letter_retention, now=cutoff)
     report.scanned, overdue = ledger.in_flight.overdue(now - older_than_s)
     stuck = [w for w in overdue if w.since is not None and now - w.since >= older_than_s]
-    # A message parked behind its user's live turn holder waits for that holder's pass-on, however long the
-    # user's burst takes: its task ended on purpose. Only one parked behind nobody (a lost wake-up) is stuck.
-    behind = ledger.turns.parked_behind_live_holder(
-        (w.user_id, w.message_id) for w in stuck if w.state is MessageState.QUEUED
-    )
+    # A parked message's task ended on purpose: it waits for its user's turn, however long the burst takes.
+    # Only a lost wake-up (the holder finished without passing the turn on) is stuck, and then only the
+    # user's earliest parked message needs its task again.
+    behind = ledger.turns.left_waiting((w.user_id, w.message_id) for w in stuck if w.state is MessageState.QUEUED)
     stuck = [w for w in stuck if (w.user_id, w.message_id) not in behind]
     lost = _nowhere(client, stuck)
     if lost and confirm_after_s:

@@ -73,8 +73,11 @@ class WorkerKill(Scenario[Params]):
     def strandable(self) -> int:
         # A main process SIGKILLed between kombu's BRPOP and its unacked record holds one message that is
         # nowhere in Redis (celery/celery#7950): at most one per main-process kill (one consumer, one BRPOP in
-        # flight). A pool child's death never strands one (its main process requeues it).
-        return sum(k.target == "main" and k.hit for k in self.kills)
+        # flight). A pool child's death never strands a task (its main process requeues it). And any process
+        # killed between a message's finish and its extraction turn's pass-on (a main process or an apply pool
+        # child) leaves its user's earliest parked message without its wake-up: the sweep re-sends that one
+        # (``Turns.left_waiting``).
+        return sum(2 if k.target == "main" else 1 for k in self.kills if k.hit)
 
     def kill(self, target: str) -> Kill:
         """SIGKILL a pool child of an apply worker, or the main process of any worker (then restart it)."""
