@@ -157,6 +157,10 @@ def test_redis_client_fixture_works_on_the_session_redis(redis_client: redis.Red
     redis_client.delete(key)
 
 
+def _files(root: Path) -> list[Path]:
+    return [f for f in root.rglob("*") if f.is_file()]
+
+
 @pytest.mark.parametrize("how", ["graceful", "sigkill"])
 def test_redis_restart_keeps_data_through_the_aof(tmp_path: Path, how: str) -> None:
     with RedisServer(data_dir=tmp_path / "redis") as server:
@@ -165,6 +169,12 @@ def test_redis_restart_keeps_data_through_the_aof(tmp_path: Path, how: str) -> N
         try:
             client.rpush("svc:queue", *[f"task-{i}" for i in range(100)])
             client.set("svc:last", "written just before the crash")
+            # appendfsync everysec: Redis may hold a write back up to 2 s while an fsync is slow (a loaded
+            # machine); what this test promises is that what reached the AOF survives the kill.
+            deadline = time.monotonic() + 30
+            while not any(b"written just before the crash" in f.read_bytes() for f in _files(tmp_path / "redis")):
+                assert time.monotonic() < deadline, "the write never reached the AOF"
+                time.sleep(0.05)
             if how == "graceful":
                 server.restart()
             else:

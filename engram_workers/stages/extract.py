@@ -181,7 +181,9 @@ def run_extract(ctx: WorkerResources, user_id: str, message_id: str) -> StageRes
         # The model is shown the user's facts: an earlier message must be applied before this one reads them.
         taken = ctx.ledger.turns.take(user_id, message_id, envelope.timestamp.timestamp())
         if not taken.granted:
-            return StageResult(StageOutcome.WAITING, f"after {taken.blocker}")
+            return StageResult(
+                StageOutcome.WAITING, "parked: an earlier message of the user goes first"
+            )  # no id: logs keep none
         # Read again under the turn: an earlier message may have been applied since the read above (the
         # prompt must show its facts), and this one forgotten (it passes the turn it just took on).
         found = read_stored(ctx, user_id, message_id, published=True)
