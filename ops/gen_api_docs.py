@@ -34,7 +34,7 @@ RESULTS: list[type[BaseModel]] = [
 
 def _type(annotation: Any) -> str:
     text = annotation.__name__ if isinstance(annotation, type) else str(annotation)
-    text = re.sub(r"\b(typing|datetime|engram_api\.models)\.", "", text)
+    text = re.sub(r"\b(typing|datetime|engram_api\.models(\.\w+)?)\.", "", text)
     return text.replace("NoneType", "None").replace("|", "\\|")
 
 

@@ -31,7 +31,7 @@ from engram_api.naming import LABELS, sanitize_label, sanitize_predicate, self_e
 from engram_api.producer import build_envelope
 from engram_testing.llm_standin import Reply
 from engram_workers.consolidation.plan import Planned
-from engram_workers.extraction.llm import parse_extraction
+from engram_workers.extraction.answer import parse_extraction
 from tests.support.extractions import entity, fact, message_text
 from tests.support.memory import apply_extraction, remember
 from tests.support.stack import SETTLE_S, Stack, engram_stack

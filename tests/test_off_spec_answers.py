@@ -19,8 +19,9 @@ from engram_api.errors import LLMError
 from engram_api.models import SELF_REF
 from engram_api.settings import Settings
 from engram_testing.llm_standin import LLMStandin, Reply
+from engram_workers.extraction.answer import _date_or_none, read_answer
 from engram_workers.extraction.dates import read_date
-from engram_workers.extraction.llm import _date_or_none, call_llm, read_answer
+from engram_workers.extraction.llm import call_llm
 from tests.support.off_spec import BOTH, CASES, COMPACT, ONE, score
 
 SYSTEM = {"role": "system", "content": "Extract memory as JSON."}

@@ -2,8 +2,9 @@
 survive, and the answers whose facts were lost with no error and no note.
 
 ``python ops/bench/parse_corpus.py`` reads with this checkout's ``read_answer``; ``--parser FILE`` reads
-with the ``read_answer`` of another copy of ``engram_workers/extraction/llm.py`` (an older commit's, to
-measure before and after in one run: ``git show main:engram_workers/extraction/llm.py > /tmp/llm_main.py``).
+with the ``read_answer`` of another copy of ``engram_workers/extraction/answer.py`` (an older commit's, to
+measure before and after in one run: ``git show main:engram_workers/extraction/answer.py > /tmp/answer_main.py``;
+before the reader had a module of its own, it was in ``llm.py``).
 ``-v`` lists every failed case and why.
 """
 
@@ -23,7 +24,7 @@ from tests.support.off_spec import score  # noqa: E402
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--parser", type=Path, help="another llm.py to read with (default: this checkout's)")
+    parser.add_argument("--parser", type=Path, help="another answer.py to read with (default: this checkout's)")
     parser.add_argument("-v", "--verbose", action="store_true", help="list the failed cases")
     args = parser.parse_args(argv)
     if args.parser:
@@ -34,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
         spec.loader.exec_module(module)
         read = module.read_answer
     else:
-        from engram_workers.extraction.llm import read_answer as read
+        from engram_workers.extraction.answer import read_answer as read
     result = score(read)
     print(f"{args.parser or 'this checkout'}: {result.line()}")
     if args.verbose:

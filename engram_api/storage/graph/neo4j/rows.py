@@ -157,17 +157,17 @@ def _with_times(row: dict[str, Any], times: Sequence[str]) -> dict[str, Any]:
 
 
 def fact_record(row: dict[str, Any]) -> FactRecord:
-    """A fact row of ``neo4j_cypher._FACT``: its times come as epoch microseconds."""
+    """A fact row of ``cypher.schema.FACT``: its times come as epoch microseconds."""
     return FactRecord.model_validate(_with_times(from_db(row), FACT_TIMES))
 
 
 def entity_record(row: dict[str, Any]) -> EntityRecord:
-    """An entity row of ``neo4j_cypher._ENTITY`` or ``_ENTITY_EMB``: its times come as epoch microseconds."""
+    """An entity row of ``cypher.schema.ENTITY`` or ``ENTITY_EMB``: its times come as epoch microseconds."""
     return EntityRecord.model_validate(_with_times(from_db(row), ENTITY_TIMES))
 
 
 def episode_record(row: dict[str, Any]) -> EpisodeRecord:
-    """An episode row of ``neo4j_cypher._EPISODE``: its times come as epoch microseconds."""
+    """An episode row of ``cypher.schema.EPISODE``: its times come as epoch microseconds."""
     return EpisodeRecord.model_validate(episode_fields(_with_times(from_db(row), EPISODE_TIMES)))
 
 
