@@ -36,11 +36,12 @@ _BAKE = (
 )
 
 
-def _run(argv: list[str], *, env: dict[str, str] | None = None, cwd: Path | None = None) -> str:
+def _run(argv: list[str], *, env: dict[str, str] | None = None, cwd: Path | None = None) -> tuple[str, str]:
+    """(stdout, stderr) of a command that must succeed."""
     done = subprocess.run(argv, env=env, cwd=cwd, capture_output=True, text=True)
     if done.returncode != 0:
         sys.exit(f"{' '.join(argv)} failed:\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}")
-    return done.stdout + done.stderr
+    return done.stdout, done.stderr
 
 
 def _mb(path: Path) -> float:
@@ -86,14 +87,14 @@ def main() -> None:
     env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", LITELLM_LOCAL_MODEL_COST_MAP="True")
     env["ENGRAM_MODEL_CACHE_DIR"] = str(work / "models")
     started = time.monotonic()
-    backend = _run([str(venv / "bin" / "python"), "-c", _BAKE], env=env, cwd=work).split()[-1]
+    backend = _run([str(venv / "bin" / "python"), "-c", _BAKE], env=env, cwd=work)[0].strip()
     bake_s = time.monotonic() - started
 
     recalls = []
     for i in range(args.recalls):
         data = work / f"data-{i}"
         shutil.copytree(args.data, data)
-        timed = _run(
+        _, timed = _run(  # /usr/bin/time reports on stderr
             ["/usr/bin/time", "-v", str(venv / "bin" / "engram"), "recall", "demo-user", "where does the user live?"],
             env={**env, "ENGRAM_DATA_DIR": str(data)},
             cwd=work,
