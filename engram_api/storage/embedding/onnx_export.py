@@ -1,17 +1,22 @@
-"""Export a sentence-transformers model to ONNX once, verified against torch, for the fast encoder.
+"""Export a sentence encoder to ONNX once, verified before it is kept, for the runtime encoder.
 
-Why our own export: ONNX Runtime encodes the bundled MiniLM ~2-2.5x faster than sentence-transformers on
-torch for single queries on one thread (measured: ops/bench/bench_encoder.py), with the same vectors. The
-library's own route, ``sentence-transformers[onnx]``, cannot be installed beside sentence-transformers 6.x
-and transformers 5 (its Optimum dependency pins transformers < 5), so we export with ``torch.onnx.export``.
+The graph is built from the model's safetensors weights by ``bert_graph`` (no torch: why, measured, is in
+that module's docstring). Before the export is kept its vectors are compared with a reference:
+- the committed reference vectors of the bundled MiniLM (``minilm_reference.json``, made by
+  sentence-transformers on torch; ``tests/test_embedder.py`` holds them equal to torch's where torch is
+  installed), when the weights' sha256 is theirs: exporting the bundled model never imports torch;
+- otherwise sentence-transformers on torch, when ``engram[torch]`` is installed;
+- otherwise nothing can vouch for the graph, and the export is rejected.
 
 Invariants:
-- only models built as Transformer -> mean Pooling (-> Normalize) are exported: pooling and L2
-  normalisation are inside the ONNX graph, so the runtime side needs no torch at all;
+- only BERT encoders with mean pooling (-> Normalize) are exported: pooling and L2 normalisation are inside
+  the ONNX graph, so the runtime side needs no torch at all;
 - an export is kept only when every probe sentence's ONNX vector has cosine >= ``MIN_COSINE`` with the
-  torch vector; otherwise ``ExportRejected`` is raised and the caller stays on torch;
+  reference vector; otherwise ``ExportRejected`` is raised and the caller stays on torch (or fails);
 - files are written to a temporary name and renamed, so concurrent exporters (several worker processes
-  starting together) never leave a half-written model; the last rename wins with identical content.
+  starting together) never leave a half-written model; the last rename wins with identical content;
+- the graph's inputs and outputs are those of the torch export it replaced (``_FORMAT`` unchanged), so an
+  export made by an earlier version stays valid and stored vectors need no reindex.
 """
 
 from __future__ import annotations
@@ -19,17 +24,17 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import warnings
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-__all__ = ["MIN_COSINE", "ExportRejected", "OnnxArtifacts", "artifacts_for", "export"]
+__all__ = ["MIN_COSINE", "PROBES", "ExportRejected", "OnnxArtifacts", "artifacts_for", "export", "weights_sha256"]
 
 MIN_COSINE = 0.9999
 _FORMAT = "engram-onnx-1"  # bump when the exported graph's inputs/outputs change
-_PROBES = [
+_REFERENCE = Path(__file__).with_name("minilm_reference.json")
+PROBES = [
     "I just moved from Tampa to Austin.",
     "where does the user live?",
     "My brother Alex works at Amazon as an engineer in Seattle and loves hiking in the Cascades.",
@@ -40,7 +45,7 @@ _PROBES = [
 
 
 class ExportRejected(RuntimeError):
-    """The model cannot be exported faithfully (unsupported pooling, vectors drift from torch)."""
+    """The model cannot be exported faithfully (unsupported architecture, vectors drift, no reference)."""
 
 
 class OnnxArtifacts:
@@ -78,70 +83,71 @@ def _write_atomic(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
-def export(st_model: Any, artifacts: OnnxArtifacts) -> None:
-    """Export ``st_model`` (a loaded SentenceTransformer) and verify it; raise ``ExportRejected`` if unfit."""
-    import io
+def weights_sha256(model_dir: Path) -> str:
+    digest = hashlib.sha256()
+    with open(model_dir / "model.safetensors", "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
+
+def _reference_vectors(model_dir: Path) -> tuple[np.ndarray, str]:
+    """The probes' vectors the graph must reproduce, and what made them ("reference" or "torch")."""
+    committed = json.loads(_REFERENCE.read_text())
+    if committed["texts"] == PROBES and committed["weights_sha256"] == weights_sha256(model_dir):
+        return np.asarray(committed["vectors"], dtype=np.float32), "reference"
+    try:
+        from sentence_transformers import SentenceTransformer
+    except ImportError:
+        raise ExportRejected(
+            "no reference vectors for these weights: install engram[torch] to verify the export against torch"
+        ) from None
+    model = SentenceTransformer(str(model_dir), device="cpu")
+    want = model.encode(PROBES, normalize_embeddings=True, convert_to_numpy=True, show_progress_bar=False)
+    return np.asarray(want, dtype=np.float32), "torch"
+
+
+def _encode(onnx_bytes: bytes, tokenizer_json: str, max_len: int, texts: list[str]) -> np.ndarray:
+    """The graph's vectors, tokenized as the runtime encoder tokenizes (truncated to ``max_len``)."""
     import onnxruntime as ort
-    import torch
+    from tokenizers import Tokenizer
 
-    modules = list(st_model)
-    names = [type(m).__name__ for m in modules]
-    if names not in (["Transformer", "Pooling"], ["Transformer", "Pooling", "Normalize"]):
-        raise ExportRejected(f"unsupported module stack {names}")
-    if modules[1].get_config_dict().get("pooling_mode") != "mean":
-        raise ExportRejected("only mean pooling is exported")
-    backend = getattr(st_model.tokenizer, "backend_tokenizer", None)
-    if backend is None:
-        raise ExportRejected("the model has no fast tokenizer")
-
-    class _Encoder(torch.nn.Module):
-        def __init__(self, model: torch.nn.Module) -> None:
-            super().__init__()
-            self.model = model
-
-        def forward(self, input_ids: Any, attention_mask: Any, token_type_ids: Any) -> Any:
-            hidden = self.model(
-                input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids
-            ).last_hidden_state
-            mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
-            pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
-            return torch.nn.functional.normalize(pooled, p=2, dim=1)
-
-    max_len = int(st_model.max_seq_length)
-    encoder = _Encoder(modules[0].auto_model).eval()
-    sample = st_model.tokenizer(_PROBES[:2], padding=True, truncation=True, max_length=max_len, return_tensors="pt")
-    inputs = ("input_ids", "attention_mask", "token_type_ids")
-    if any(k not in sample for k in inputs):
-        raise ExportRejected("the tokenizer does not produce BERT-style inputs")
-    buffer = io.BytesIO()
-    # The exporter warns about traced Python branches in BERT's masking code; the verification below is
-    # what decides whether the graph is faithful.
-    with torch.no_grad(), warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        torch.onnx.export(
-            encoder,
-            tuple(sample[k] for k in inputs),
-            buffer,
-            input_names=list(inputs),
-            output_names=["embedding"],
-            dynamic_axes={**{k: {0: "batch", 1: "tokens"} for k in inputs}, "embedding": {0: "batch"}},
-            opset_version=17,
-            dynamo=False,  # the TorchScript exporter needs no onnxscript and handles BERT's dynamic shapes
-        )
-    onnx_bytes = buffer.getvalue()
-
-    # Verify before keeping: same tokenizer settings the runtime side will use.
+    tokenizer = Tokenizer.from_str(tokenizer_json)
+    tokenizer.enable_truncation(max_length=max_len)
+    tokenizer.enable_padding()
+    encodings = tokenizer.encode_batch(texts)
+    feed: dict[str, Any] = {
+        name: np.array([getattr(e, field) for e in encodings], dtype=np.int64)
+        for name, field in (("input_ids", "ids"), ("attention_mask", "attention_mask"), ("token_type_ids", "type_ids"))
+    }
     session = ort.InferenceSession(onnx_bytes, providers=["CPUExecutionProvider"])
-    enc = st_model.tokenizer(_PROBES, padding=True, truncation=True, max_length=max_len, return_tensors="np")
-    got = session.run(None, {k: enc[k].astype(np.int64) for k in inputs})[0]
-    want = st_model.encode(_PROBES, normalize_embeddings=True, convert_to_numpy=True, show_progress_bar=False)
+    out: np.ndarray = session.run(None, feed)[0]
+    return out
+
+
+def export(model_dir: Path, artifacts: OnnxArtifacts) -> None:
+    """Build ``model_dir``'s graph, verify it and keep it; raise ``ExportRejected`` if unfit."""
+    from engram_api.storage.embedding.bert_graph import UnsupportedModel, build_graph
+
+    try:
+        onnx_bytes, config = build_graph(model_dir)
+    except UnsupportedModel as exc:
+        raise ExportRejected(str(exc)) from exc
+    tokenizer_json = (model_dir / "tokenizer.json").read_text()
+    want, source = _reference_vectors(model_dir)
+    got = _encode(onnx_bytes, tokenizer_json, config.max_seq_length, PROBES)
     worst = float((got * want).sum(axis=1).min())
     if worst < MIN_COSINE:
-        raise ExportRejected(f"ONNX vectors drift from torch (min cosine {worst:.5f} < {MIN_COSINE})")
+        raise ExportRejected(f"ONNX vectors drift from the {source} (min cosine {worst:.5f} < {MIN_COSINE})")
 
     artifacts.model.parent.mkdir(parents=True, exist_ok=True)
-    meta = {"format": _FORMAT, "dim": int(got.shape[1]), "max_seq_length": max_len, "min_cosine": worst}
-    _write_atomic(artifacts.tokenizer, backend.to_str().encode())
+    meta = {
+        "format": _FORMAT,
+        "dim": int(got.shape[1]),
+        "max_seq_length": config.max_seq_length,
+        "min_cosine": worst,
+        "verified_against": source,
+    }
+    _write_atomic(artifacts.tokenizer, tokenizer_json.encode())
     _write_atomic(artifacts.model, onnx_bytes)
     _write_atomic(artifacts.meta, json.dumps(meta).encode())  # written last: its presence means complete
