@@ -106,16 +106,18 @@ class LuaScript(Generic[K, A]):
             raise TypeError(f"expected {self.keys_type.__name__} and {self.args_type.__name__}")
         if rest and self.rest is None:
             raise TypeError("this script takes no variable arguments")
-        # Imported here: defining a script (importing this module) must not load redis-py for a process
-        # that never runs one (a stopped fleet's CLI read).
-        from redis.exceptions import NoScriptError
-
         flat = (*keys, *args, *rest)
         try:
             return client.evalsha(self.sha, len(keys), *flat)
-        except NoScriptError:  # a server that has not seen it (new, restarted, or flushed its scripts)
-            client.script_load(self.source)
-            return client.evalsha(self.sha, len(keys), *flat)
+        except Exception as exc:
+            # Imported here, off the common path: defining a script (importing this module) must not load
+            # redis-py for a process that never runs one (a stopped fleet's CLI read).
+            from redis.exceptions import NoScriptError
+
+            if not isinstance(exc, NoScriptError):
+                raise
+        client.script_load(self.source)  # a server that has not seen it (new, restarted, or flushed its scripts)
+        return client.evalsha(self.sha, len(keys), *flat)
 
 
 # Lua that sets ``now`` to Redis' own clock in ms: one clock for every host, whatever their skew.

@@ -22,9 +22,9 @@ from __future__ import annotations
 import base64
 import functools
 import json
+import os
 import re
 import socket
-import uuid
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -88,14 +88,15 @@ def task_message(
     ``sent_at`` (``keys.SENT_AT_HEADER``) as every Celery publish of the fleet is, and carrying ``trace``
     (W3C ``traceparent``/``tracestate``, ``engram_api.tracing.carrier``) as headers, where Celery's
     OpenTelemetry instrumentation reads a task's parent context. The text is exactly what ``json.dumps``
-    of the message writes (``_parts``)."""
+    of the message writes (``_parts``); its delivery tag, kombu's key for it in ``unacked``, is 128 random
+    bits, fresh for every message (kombu writes a UUID4: any unique string serves)."""
     body = base64.b64encode(f"[[{', '.join(map(_json_str, args))}]{_BODY_TAIL}".encode()).decode()
     tid = _json_str(task_id)
     after_sent = "".join(f", {_json_str(k)}: {_json_str(v)}" for k, v in trace.items()) if trace else ""
     p = _parts(task, queue)
     return (
         f'{p[0]}"{body}"{p[1]}{tid}{p[2]}{tid}{p[3]}{_json_str(repr(args))}{p[4]}{float(sent_at)!r}{after_sent}'
-        f"{p[5]}{tid}{p[6]}{_json_str(str(uuid.uuid4()))}{p[7]}"
+        f'{p[5]}{tid}{p[6]}"{os.urandom(16).hex()}"{p[7]}'
     )
 
 
