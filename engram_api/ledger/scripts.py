@@ -28,7 +28,9 @@ Invariants shared by the lifecycle scripts (``MessageLedger`` calls them):
 - Every script that sets a TTL on a key of a message files the message in its user's index
   (``keys.user_messages``) at that time and gives the index the same TTL, so an index member older than
   the TTL names only expired keys (the scripts that finish a message, ``STAGE_WRITE`` and ``DEAD_LETTER``,
-  drop those) and erasure finds every message by the index.
+  drop those), except ``ENQUEUE``: from its enqueue until it finishes, a message is in its user's backlog
+  (``keys.pending``, scored by the enqueue that set its keys' TTLs), and the scripts that finish it file
+  it in the index as they take it out of the backlog. Erasure reads both, so it finds every message.
 - An applied message keeps only its status hash (its ``task_id`` answers a duplicate ``enqueue`` with the
   original receipt; its timestamps are what the benchmarks and operators read) and its index entry: its
   payload, extraction and delivery counters (one key per stage started) go in the script that applies it.
@@ -138,7 +140,6 @@ class EnqueueKeys(NamedTuple):
     tombstone: str
     in_flight: str
     order: str
-    messages: str
 
 
 class EnqueueArgs(NamedTuple):
@@ -160,7 +161,10 @@ class EnqueueArgs(NamedTuple):
 # The payload's SET is the script's first write on purpose: Redis checks maxmemory only at a script's first
 # write, and a ZREMRANGEBYSCORE first (which never refuses) let every enqueue past the limit. Backlog entries
 # older than the TTL (messages lost to a crash) are dropped only when they would refuse the message: the
-# common enqueue sends no trim (issue 45: enqueue's cost), and ``backlogs`` does not count them.
+# common enqueue sends no trim (issue 45: enqueue's cost), and ``backlogs`` does not count them. The backlog
+# entry is also what erasure finds a queued message by: the user's message index (``keys.user_messages``)
+# gets it from the scripts that write the message later (``ENTER``, ``STAGE_WRITE``, ``DEAD_LETTER``), so
+# the enqueue does not write it twice.
 ENQUEUE = LuaScript(
     EnqueueKeys,
     EnqueueArgs,
@@ -178,8 +182,6 @@ if pending >= tonumber(A.limit) then
   end
 end
 redis.call('ZADD', K.pending, A.now, A.message_id)
-redis.call('ZADD', K.messages, A.now, A.message_id)
-redis.call('EXPIRE', K.messages, A.ttl)
 redis.call('ZADD', K.in_flight, A.now, A.ref)
 redis.call('ZADD', K.order, A.event_time, A.message_id)
 redis.call('EXPIRE', K.order, A.ttl)
