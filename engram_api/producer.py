@@ -254,10 +254,9 @@ class Producer:
             raise StoreUnavailableError(f"Redis unavailable, nothing enqueued: {exc}") from exc
         if found.backlog is not None:
             raise _backlog_full(uid, found.backlog, self.settings.max_pending_per_user)
-        # Built without validating again: every field is the validated envelope's or a task id of ours.
         if found.existing:
-            return Receipt.model_construct(user_id=uid, message_id=mid, task_id=found.existing, duplicate=True)
-        return Receipt.model_construct(user_id=uid, message_id=mid, task_id=task_id)
+            return Receipt(user_id=uid, message_id=mid, task_id=found.existing, duplicate=True)
+        return Receipt(user_id=uid, message_id=mid, task_id=task_id)
 
     def enqueue(self, user_id: object, messages: object, **kwargs: object) -> Receipt:
         return self.submit(build_envelope(self.settings, user_id, messages, **kwargs))  # type: ignore[arg-type]
