@@ -93,9 +93,10 @@ def status(user_id: str, message_id: str) -> str:
 
 def user_messages(user_id: str) -> str:
     """Sorted set message id -> when (epoch seconds) a key of that message last had its TTL set: the
-    user's messages Redis may still hold a key of (payload, extraction, status, delivery counters). Every
-    script and pipeline that sets one of those TTLs adds the message here in the same round trip and
-    gives this set the same TTL; the scripts that finish a message drop members older than
+    user's messages Redis may still hold a key of (payload, extraction, status, delivery counters), with
+    ``pending``, which holds a message from its enqueue until it finishes. Every script and pipeline that
+    sets one of those TTLs after the enqueue adds the message here in the same round trip and gives this
+    set the same TTL (the scripts that finish a message among them); they drop members older than
     ``status_ttl_s`` (their keys have expired). ``erase_user`` reads it instead of scanning the keyspace, so erasure costs follow the
     user's message count. Data written before it existed is indexed once by ``engram ledger reindex``."""
     return f"{PREFIX}:user-msgs:{user_id}"
@@ -168,7 +169,8 @@ def forgotten(user_id: str, message_id: str) -> str:
 
 
 def pending(user_id: str) -> str:
-    """Sorted set message id -> enqueue time of the user's unfinished messages: the back-pressure count.
+    """Sorted set message id -> enqueue time of the user's unfinished messages: the back-pressure count,
+    and how erasure finds a message not yet in ``user_messages``.
     Removed when a message is applied, dead-lettered or forgotten; entries older than ``status_ttl_s``
     (a message lost to a crash) are not counted, and are dropped by the enqueue they would refuse, so
     they cannot block their user."""

@@ -10,6 +10,7 @@ window), in one round trip. A message id that is already known returns its origi
 from __future__ import annotations
 
 import math
+import os
 import threading
 import time
 import uuid
@@ -240,7 +241,7 @@ class Producer:
     def submit(self, envelope: Envelope) -> Receipt:
         """Register and publish an already-validated envelope (idempotent by message id)."""
         self.memory.check()
-        task_id = uuid.uuid4().hex
+        task_id = os.urandom(16).hex()  # 128 random bits, as uuid4().hex less its cost
         uid, mid = envelope.user_id, envelope.message_id
         try:
             found = self.ledger.enqueue(envelope, task_id=task_id, limit=self.settings.max_pending_per_user)

@@ -64,14 +64,16 @@ def erase_user(client: redis.Redis, user_id: str, *, tombstone_ttl_s: int) -> in
     """Tombstone every message of the user Redis still knows, then delete all the user's keys.
 
     Returns how many messages were tombstoned. Messages are found by the user's indexes, never by
-    scanning the keyspace: ``keys.user_messages`` (every message with a key left: the scripts that set
-    those keys' TTLs file it there) and ``keys.user_dead_letters``; recall logs by ``keys.recall_logs``.
+    scanning the keyspace: ``keys.user_messages`` and ``keys.pending`` (every message with a key left:
+    the backlog holds it from its enqueue until it finishes, the index from its first stage on) and
+    ``keys.user_dead_letters``; recall logs by ``keys.recall_logs``.
     So the cost follows the user's message count. Keys written before those indexes existed are found
     only after ``engram ledger reindex`` (``engram_api.ledger.reindex``) has run once.
     """
     check_user_id(user_id)
     letters = members(client, keys.user_dead_letters(user_id))
-    message_ids = sorted(set(members(client, keys.user_messages(user_id))) | set(letters))
+    indexed = (*members(client, keys.user_messages(user_id)), *members(client, keys.pending(user_id)))
+    message_ids = sorted(set(indexed) | set(letters))
     recalls = members(client, keys.recall_logs(user_id))
     for start in range(0, len(message_ids), _PAGE):
         chunk = message_ids[start : start + _PAGE]

@@ -118,7 +118,6 @@ class MessageLedger:
                 payload=keys.message_payload(uid, mid), status=keys.status(uid, mid), queue=queue,
                 pending=keys.pending(uid), tombstone=keys.forgotten(uid, mid), in_flight=keys.in_flight(),
                 order=keys.extract_order(uid),
-                messages=keys.user_messages(uid),
             ),
             EnqueueArgs(
                 envelope=envelope.model_dump_json(exclude_none=True), task_id=task_id, ttl=self.status_ttl_s,

@@ -20,9 +20,11 @@ Invariants:
 from __future__ import annotations
 
 import base64
+import functools
 import json
+import os
+import re
 import socket
-import uuid
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -37,37 +39,64 @@ _ORIGIN = f"engram-producer@{socket.gethostname()}"
 _PAGE = 1000
 
 
+# Placeholders in the message ``_parts`` lays out; json.dumps writes each as a quoted string.
+_ID, _BODY, _ARGS, _SENT, _TAG = (f"\x01{name}\x01" for name in ("id", "body", "args", "sent", "tag"))
+_PLACEHOLDER = re.compile(r'"\\u0001(\w+)\\u0001"')
+_BODY_TAIL = ', {}, {"callbacks": null, "errbacks": null, "chain": null, "chord": null}]'
+_json_str = json.encoder.encode_basestring_ascii  # json.dumps' own encoding of a str (ensure_ascii)
+
+
+@functools.cache
+def _parts(task: str, queue: str) -> tuple[str, ...]:
+    """A task's message text for ``queue`` as ``json.dumps`` writes it, cut at the values every publish
+    sets (in order: body, id, id, argsrepr, sent_at, id, delivery tag): the text between them is the same
+    for every message of the task, so a message is a concatenation, not a JSON encoding (issue 45: the
+    encoding was the largest part of the producer's own time)."""
+    headers: dict[str, object] = {
+        "lang": "py", "task": task, "id": _ID, "shadow": None, "eta": None, "expires": None,
+        "group": None, "group_index": None, "retries": 0, "timelimit": [None, None], "root_id": _ID,
+        "parent_id": None, "argsrepr": _ARGS, "kwargsrepr": "{}", "origin": _ORIGIN,
+        "ignore_result": True, "replaced_task_nesting": 0, "stamped_headers": None, "stamps": {},
+        keys.SENT_AT_HEADER: _SENT,
+    }  # fmt: skip
+    text = json.dumps(
+        {
+            "body": _BODY,
+            "content-encoding": "utf-8",
+            "content-type": "application/json",
+            "headers": headers,
+            "properties": {
+                "correlation_id": _ID,
+                "reply_to": "",
+                "delivery_mode": 2,
+                "delivery_info": {"exchange": "", "routing_key": queue},
+                "priority": 0,
+                "body_encoding": "base64",
+                "delivery_tag": _TAG,
+            },
+        }
+    )
+    cut = _PLACEHOLDER.split(text)
+    assert cut[1::2] == ["body", "id", "id", "args", "sent", "id", "tag"], "json.dumps keeps a dict's order"
+    return tuple(cut[::2])
+
+
 def task_message(
     task: str, task_id: str, args: tuple[str, ...], queue: str, sent_at: float, trace: Mapping[str, str] | None = None
 ) -> str:
     """A Celery protocol-2 task message as kombu's Redis transport LPUSHes it onto ``queue``, stamped with
     ``sent_at`` (``keys.SENT_AT_HEADER``) as every Celery publish of the fleet is, and carrying ``trace``
     (W3C ``traceparent``/``tracestate``, ``engram_api.tracing.carrier``) as headers, where Celery's
-    OpenTelemetry instrumentation reads a task's parent context."""
-    body = json.dumps([list(args), {}, {"callbacks": None, "errbacks": None, "chain": None, "chord": None}])
-    headers: dict[str, object] = {
-        "lang": "py", "task": task, "id": task_id, "shadow": None, "eta": None, "expires": None,
-        "group": None, "group_index": None, "retries": 0, "timelimit": [None, None], "root_id": task_id,
-        "parent_id": None, "argsrepr": repr(args), "kwargsrepr": "{}", "origin": _ORIGIN,
-        "ignore_result": True, "replaced_task_nesting": 0, "stamped_headers": None, "stamps": {},
-        keys.SENT_AT_HEADER: sent_at, **(trace or {}),
-    }  # fmt: skip
-    return json.dumps(
-        {
-            "body": base64.b64encode(body.encode()).decode(),
-            "content-encoding": "utf-8",
-            "content-type": "application/json",
-            "headers": headers,
-            "properties": {
-                "correlation_id": task_id,
-                "reply_to": "",
-                "delivery_mode": 2,
-                "delivery_info": {"exchange": "", "routing_key": queue},
-                "priority": 0,
-                "body_encoding": "base64",
-                "delivery_tag": str(uuid.uuid4()),
-            },
-        }
+    OpenTelemetry instrumentation reads a task's parent context. The text is exactly what ``json.dumps``
+    of the message writes (``_parts``); its delivery tag, kombu's key for it in ``unacked``, is 128 random
+    bits, fresh for every message (kombu writes a UUID4: any unique string serves)."""
+    body = base64.b64encode(f"[[{', '.join(map(_json_str, args))}]{_BODY_TAIL}".encode()).decode()
+    tid = _json_str(task_id)
+    after_sent = "".join(f", {_json_str(k)}: {_json_str(v)}" for k, v in trace.items()) if trace else ""
+    p = _parts(task, queue)
+    return (
+        f'{p[0]}"{body}"{p[1]}{tid}{p[2]}{tid}{p[3]}{_json_str(repr(args))}{p[4]}{float(sent_at)!r}{after_sent}'
+        f'{p[5]}{tid}{p[6]}"{os.urandom(16).hex()}"{p[7]}'
     )
 
 
