@@ -55,13 +55,14 @@ def _load(client: Any, applied: int) -> float:
     and ``_IN_FLIGHT`` queued messages, written by the ledger's own scripts, pipelined; returns the bytes
     of Redis memory per applied message (its dead letters included)."""
     from engram_api import keys
-    from engram_api.ledger import scripts
+    from engram_api.ledger import controls, maintenance, scripts, turns
     from engram_api.models import DeadLetter, MessageState
 
     client.flushdb()
-    for script in vars(scripts).values():  # a pipelined EVALSHA does not load its script on a miss
-        if isinstance(script, scripts.LuaScript):
-            client.script_load(script.source)
+    for module in (scripts, turns, controls, maintenance):  # a pipelined EVALSHA does not load its script on a miss
+        for script in vars(module).values():
+            if isinstance(script, scripts.LuaScript):
+                client.script_load(script.source)
     used = int(client.info("memory")["used_memory"])
     for start in range(0, applied, _LOAD_PAGE):
         pipe = client.pipeline(transaction=False)
