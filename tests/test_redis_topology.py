@@ -17,13 +17,14 @@ import pytest
 import redis
 from redbeat.schedulers import get_redis
 
-from engram_api import keys
+from engram_api import MemoryClient, keys
 from engram_api.connections import redis_client
-from engram_api.errors import ConfigError
+from engram_api.errors import ConfigError, WaitTimeoutError
 from engram_api.models import MessageState
 from engram_api.settings import Settings, load_settings
 from engram_workers.broker import SentinelTransport
 from engram_workers.celery_config import beat_config, make_celery
+from engram_workers.services.celery_worker import APPLY_WORKER, EXTRACT_WORKER
 from engram_workers.services.redis_server import RedisServer, TlsFiles
 from tests.support.operator_processes import engram_process, wait_until
 from tests.support.stack import SETTLE_S, engram_stack
@@ -169,3 +170,55 @@ def test_a_message_goes_through_the_pipeline_and_beat_through_sentinel(
         with beat:
             beat.wait_for_log("beat: Acquired lock", timeout=90)
             wait_until(lambda: direct.exists(keys.BEAT_LOCK), timeout=30, what="the Beat lock on the primary")
+
+
+# ------------------------------------------------------------------------------ access control
+OPERATIONS = Path(__file__).resolve().parents[1] / "docs" / "operations.md"
+
+
+def documented_acl(db: int) -> dict[str, list[str]]:
+    """The ``ACL SETUSER`` commands of docs/operations.md ("Access control"), by user, for database ``db``."""
+    text = OPERATIONS.read_text().split("**Access control.**", 1)[1].split("```", 2)[1]
+    users = {}
+    for line in text.strip().splitlines():
+        words = line.replace("<db>", str(db)).split()
+        assert words[:2] == ["ACL", "SETUSER"], line
+        users[words[2]] = [w.replace("<password>", f"{words[2]}-pw") for w in words[2:]]
+    return users
+
+
+def test_the_documented_acl_runs_a_message_a_recall_beat_and_an_erasure(tmp_path: Path) -> None:
+    db = 3
+    with RedisServer(data_dir=tmp_path / "redis", appendonly=True, password="admin-pw") as server:
+        admin = redis.Redis.from_url(f"redis://:admin-pw@127.0.0.1:{server.port}/{db}", decode_responses=True)
+        users = documented_acl(db)
+        assert set(users) == {"engram-worker", "engram-beat", "engram-client"}
+        for rules in users.values():
+            admin.execute_command("ACL", "SETUSER", *rules)
+        url = {name: f"redis://{name}:{name}-pw@127.0.0.1:{server.port}/{db}" for name in users}
+        with engram_stack(
+            redis_url=f"redis://:admin-pw@127.0.0.1:{server.port}/{db}", data_dir=tmp_path / "stack", neo4j_uri=None,
+            llm_url=None, workers=False, database=db,
+        ) as stack:  # fmt: skip
+            stack.env["REDIS_URL"] = url["engram-worker"]  # the stack's own client (flushed the database) is admin
+            admin.execute_command("ACL", "LOG", "RESET")
+            stack.start_worker("extract", EXTRACT_WORKER, concurrency=4)
+            stack.start_worker("apply", APPLY_WORKER)
+            client = MemoryClient(settings=stack.settings, redis_url=url["engram-client"])
+            user = f"acl_{uuid.uuid4().hex[:8]}"
+            receipt = client.enqueue(user, "I live in Lisbon.", timestamp=datetime(2024, 5, 1, tzinfo=UTC))
+            try:
+                assert client.wait(receipt, timeout=SETTLE_S).applied == [receipt.message_id]
+            except WaitTimeoutError as exc:  # say what the ACL refused
+                raise AssertionError(admin.execute_command("ACL", "LOG")) from exc
+            assert "Lisbon" in client.get_context(user, "where do I live?")
+            beat = engram_process(
+                "beat", ["beat"], env={**stack.env, "REDIS_URL": url["engram-beat"]}, log_dir=tmp_path
+            )
+            with beat:
+                beat.wait_for_log("beat: Acquired lock", timeout=90)
+                wait_until(lambda: admin.exists(keys.BEAT_LOCK), timeout=30, what="Beat's lock")
+            client.forget_user(user)
+            assert not admin.exists(keys.status(user, receipt.message_id))
+            client.close()
+        assert admin.execute_command("ACL", "LOG") == []  # nothing any process did was refused
