@@ -133,6 +133,23 @@ def test_only_the_loud_insecure_setting_accepts_an_unverified_server(
     assert make_celery(insecure, tls_server.url).connection_for_write().ssl["ssl_cert_reqs"] == ssl.CERT_NONE
 
 
+def test_a_redis_that_checks_clients_gets_the_configured_client_certificate(
+    tls_files: TlsFiles, tmp_path: Path
+) -> None:
+    trusted = Settings(redis_tls_ca_file=tls_files.ca)
+    with RedisServer(
+        data_dir=tmp_path / "redis", appendonly=False, tls=tls_files, extra_config=["tls-auth-clients yes"]
+    ) as server:
+        with pytest.raises(redis.ConnectionError):
+            redis_client(server.url, trusted).ping()  # no certificate of its own: the server hangs up
+        # The test CA's server certificate has no usage restriction: it serves as a client's too.
+        own = trusted.model_copy(update={"redis_tls_cert_file": tls_files.cert, "redis_tls_key_file": tls_files.key})
+        assert redis_client(server.url, own).ping()
+        queue = f"mtls-probe-{uuid.uuid4().hex[:8]}"
+        make_celery(own, server.url).send_task("engram.tls_probe", queue=queue, routing_key=queue)
+        assert redis_client(server.url, own).llen(queue) == 1
+
+
 # ------------------------------------------------------------------------------ Sentinel
 @pytest.fixture(scope="module")
 def sentinel(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[RedisServer, RedisServer]]:

@@ -72,7 +72,9 @@ def _ping(port: int, password: str | None, tls: TlsFiles | None = None) -> bool:
         with socket.create_connection((HOST, port), timeout=0.5) as raw:
             sock = raw
             if tls is not None:
-                sock = ssl.create_default_context(cafile=tls.ca).wrap_socket(raw, server_hostname=HOST)
+                context = ssl.create_default_context(cafile=tls.ca)
+                context.load_cert_chain(tls.cert, tls.key)  # for a server that checks clients too
+                sock = context.wrap_socket(raw, server_hostname=HOST)
             sock.sendall(auth + b"PING\r\n")
             reply = b""
             while reply.count(b"\r\n") < (2 if auth else 1):
