@@ -73,7 +73,7 @@ class MemoryClient:
         if self._redis is None:
             from engram_api.connections import redis_client
 
-            self._redis = redis_client(self.redis_url)
+            self._redis = redis_client(self.redis_url, self.settings)
         return self._redis
 
     def follow_embedded_redis(self) -> bool:

@@ -97,7 +97,38 @@ class Settings(BaseSettings):
     )
     neo4j_database: str = Field("neo4j", validation_alias=_env("NEO4J_DATABASE"), description="Neo4j database name")
     redis_url: str | None = Field(
-        None, validation_alias=_env("REDIS_URL"), description="Redis (broker + control state); unset: embedded Redis"
+        None,
+        validation_alias=_env("REDIS_URL"),
+        description="Redis (broker + control state): redis://, rediss:// (TLS, verified), unix://, or Sentinel: "
+        "sentinel://[:password@]host:26379/0;sentinel://host2:26379 (the password and database are the "
+        "primary's); unset: embedded Redis",
+    )
+    redis_sentinel_master: str = Field(
+        "mymaster",
+        pattern=r"^[A-Za-z0-9._-]{1,64}$",
+        description="with a sentinel:// REDIS_URL: the name the Sentinels monitor the primary under",
+    )
+    redis_sentinel_password: str | None = Field(
+        None, description="with a sentinel:// REDIS_URL: the Sentinels' own password (requirepass); unset: none"
+    )
+    redis_tls_ca_file: Path | None = Field(
+        None,
+        description="with a rediss:// REDIS_URL: the CA bundle (PEM) the server's certificate must chain to; "
+        "unset: the system's CAs",
+    )
+    redis_tls_cert_file: Path | None = Field(
+        None, description="with a rediss:// REDIS_URL: this client's certificate (PEM), for a Redis that checks clients"
+    )
+    redis_tls_key_file: Path | None = Field(
+        None, description="with a rediss:// REDIS_URL: the private key (PEM) of ENGRAM_REDIS_TLS_CERT_FILE"
+    )
+    redis_tls_check_hostname: bool = Field(
+        True, description="with a rediss:// REDIS_URL: the certificate must name the URL's host"
+    )
+    redis_tls_insecure: bool = Field(
+        False,
+        description="with a rediss:// REDIS_URL: true accepts ANY server certificate (no verification: anyone on "
+        "the path can read and change the traffic); every process logs a warning when it connects. For tests only",
     )
     llm_model: str | None = Field(
         None, validation_alias=_env("LLM_MODEL"), description="litellm model name; unset: offline rule extractor"
@@ -426,8 +457,9 @@ class Settings(BaseSettings):
     def _redis_url(cls, v: str | None) -> str | None:
         if v in (None, ""):
             return None
-        if not v.startswith(("redis://", "rediss://", "unix://")):
-            raise ValueError("expected a URL such as redis://127.0.0.1:6379/0")
+        from engram_api.connections import check_redis_url  # lazily: connections imports this module
+
+        check_redis_url(v)  # its ValueError names what is wrong
         return v
 
     @field_validator("llm_extra_params")
@@ -438,7 +470,7 @@ class Settings(BaseSettings):
             raise ValueError(f"sets {', '.join(taken)}, which Engram sets itself (the other settings say how)")
         return v
 
-    @field_validator("llm_model", "llm_api_key", "llm_api_base", "neo4j_password", "api_key")
+    @field_validator("llm_model", "llm_api_key", "llm_api_base", "neo4j_password", "api_key", "redis_sentinel_password")
     @classmethod
     def _blank_is_unset(cls, v: str | None) -> str | None:
         return v or None
@@ -463,7 +495,17 @@ class Settings(BaseSettings):
     @property
     def secrets(self) -> tuple[str, ...]:
         """Configured credentials: masked wherever text is shown, logged or stored (``redaction``)."""
-        return tuple(s for s in (self.llm_api_key, self.neo4j_password, self.flower_password, self.api_key) if s)
+        return tuple(
+            s
+            for s in (
+                self.llm_api_key,
+                self.neo4j_password,
+                self.flower_password,
+                self.api_key,
+                self.redis_sentinel_password,
+            )
+            if s
+        )
 
     @property
     def index_dir(self) -> Path:
@@ -485,7 +527,9 @@ def variable_for(loc: str) -> str:
 
 
 # Settings whose value is a credential (never echoed), and URLs that may carry one (echoed masked).
-_SECRET_VARIABLES = frozenset(variable_for(n) for n in ("llm_api_key", "neo4j_password", "flower_password", "api_key"))
+_SECRET_VARIABLES = frozenset(
+    variable_for(n) for n in ("llm_api_key", "neo4j_password", "flower_password", "api_key", "redis_sentinel_password")
+)
 _URL_VARIABLES = frozenset(variable_for(n) for n in ("redis_url", "neo4j_uri", "llm_api_base"))
 
 

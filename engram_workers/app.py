@@ -33,7 +33,7 @@ def _config() -> dict[str, Any]:
 
     settings = load_settings()
     redis_url = resolve_redis_url(settings)
-    config = {**celery_config(settings, redis_url), **worker_config(settings), **beat_config(redis_url)}
+    config = {**celery_config(settings, redis_url), **worker_config(settings), **beat_config(settings, redis_url)}
     config["beat_schedule"] = build_schedule(settings)
     config["include"] = ["engram_workers.tasks"]
     return config

@@ -1,5 +1,6 @@
-"""The Celery broker transport for ``redis://`` URLs: kombu's Redis transport, with one redis-py client
-object per channel and connection pool instead of one per operation.
+"""The Celery broker transports (``celery_config.broker_connection`` picks one for every Redis URL):
+kombu's Redis transport, and its Sentinel transport, with one redis-py client object per channel and
+connection pool instead of one per operation, and keep-alive of held messages.
 
 kombu 5.7's Redis channel builds a new ``redis.Redis`` object for every operation that is not the
 consumer's own BRPOP (``Channel.conn_or_acquire`` -> ``_create_client``): the unacked-message bookkeeping
@@ -21,8 +22,12 @@ consuming worker's event loop re-stamps, every ``keep_alive_interval`` seconds (
 is never re-created. So only a dead worker's entries age: its messages are handed out again within the
 timeout plus kombu's restore interval of its death, and a live worker's never are, however long they run.
 
-Everything else is kombu's. ``celery_config`` selects this transport for ``redis://`` broker URLs only:
-``rediss://`` (kombu turns TLS on by that scheme name), ``sentinel://`` and the rest keep kombu's own.
+Sentinel: ``SentinelTransport`` is kombu's Sentinel channel with the same two changes; it reads the
+Sentinels from a transport option (``SENTINELS_OPTION``) instead of kombu's ';'-separated broker URL, which
+kombu's reconnect would switch to its own transport (``kombu.Connection.switch``). TLS: kombu's channel
+takes ``broker_use_ssl`` (certificates verified, ``engram_api.connections.RedisTls``) whatever the
+transport's name; only kombu's own handling of a bare ``rediss://`` turns the checks off, and Engram
+never hands it one. Everything else is kombu's.
 """
 
 from __future__ import annotations
@@ -31,14 +36,27 @@ import logging
 import time
 from typing import Any
 
+import redis
 from kombu.transport import redis as kombu_redis
+from redis.sentinel import Sentinel
 
 log = logging.getLogger(__name__)
 
-__all__ = ["KEEP_ALIVE_OPTION", "TRANSPORT", "Channel", "Transport"]
+__all__ = [
+    "KEEP_ALIVE_OPTION",
+    "SENTINELS_OPTION",
+    "SENTINEL_TRANSPORT",
+    "TRANSPORT",
+    "Channel",
+    "SentinelChannel",
+    "SentinelTransport",
+    "Transport",
+]
 
 TRANSPORT = f"{__name__}:Transport"  # what Celery's ``broker_transport`` names
+SENTINEL_TRANSPORT = f"{__name__}:SentinelTransport"
 KEEP_ALIVE_OPTION = "keep_alive_interval"  # seconds; a transport option only this transport reads
+SENTINELS_OPTION = "sentinels"  # [[host, port], ...]; read by ``SentinelChannel`` only
 
 
 class Channel(kombu_redis.Channel):
@@ -91,3 +109,36 @@ class Transport(kombu_redis.Transport):
             except channel.connection_errors:
                 # The connection is down: kombu reconnects; the next round (or the restore) catches up.
                 log.debug("keep-alive of unacked messages skipped: connection error", exc_info=True)
+
+
+class SentinelChannel(Channel, kombu_redis.SentinelChannel):
+    """kombu's Sentinel channel with this module's client sharing and keep-alive; the Sentinels come from
+    the ``SENTINELS_OPTION`` transport option (kombu would read them from the broker URL's alternates)."""
+
+    from_transport_options = (*kombu_redis.SentinelChannel.from_transport_options, SENTINELS_OPTION)
+    sentinels: list[list[Any]] | None = None
+
+    def _sentinel_managed_pool(self, asynchronous: bool = False) -> Any:
+        if not self.sentinels or not getattr(self, "master_name", None):
+            raise ValueError(f"the {SENTINELS_OPTION!r} and 'master_name' transport options must be set")
+        params = self._connparams(asynchronous)
+        params.pop("host", None)
+        params.pop("port", None)
+        manager = Sentinel(
+            [(str(host), int(port)) for host, port in self.sentinels],
+            min_other_sentinels=getattr(self, "min_other_sentinels", 0),
+            sentinel_kwargs=getattr(self, "sentinel_kwargs", None),
+            **params,
+        )
+        # Kept as kombu keeps its own, so that ``_disconnect_pools`` closes the Sentinels' connections too.
+        if asynchronous:
+            self._async_sentinel_manager = manager
+        else:
+            self._sentinel_manager = manager
+        credentials = {k: params[k] for k in ("username", "password") if k in params}
+        return manager.master_for(self.master_name, redis.Redis, **credentials).connection_pool
+
+
+class SentinelTransport(Transport):
+    default_port = kombu_redis.SentinelTransport.default_port
+    Channel = SentinelChannel

@@ -10,6 +10,11 @@ Three parts, by role:
 - ``worker_config`` and ``stage_defaults``: what a worker runs with (``stage_defaults`` is a stage's
   queues, pool and concurrency; ``worker_config`` the defaults of a worker started without a stage);
 - ``beat_config``: RedBeat, the scheduler with a leader lock in Redis.
+Where Redis is and how it is reached (directly, through Sentinel, over verified TLS) comes from one
+``engram_api.connections.RedisTarget`` for all three, as for every redis-py client (``broker_connection``,
+``beat_config``): kombu never sees a bare ``rediss://`` (it would turn certificate checks off), and every
+scheme runs Engram's transport (``engram_workers.broker``), so a worker keeps its held messages alive
+whichever way it reaches Redis.
 ``engram_workers.app`` (the app ``celery -A engram_workers.app worker|beat`` loads) holds all three, so
 a plain ``celery`` command runs as ``engram worker`` and ``engram beat`` do; the CLI only starts processes.
 Celery is imported lazily so that importing this module costs nothing.
@@ -19,9 +24,10 @@ from __future__ import annotations
 
 import time
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlsplit
+from urllib.parse import quote
 
 from engram_api import keys
+from engram_api.connections import RedisTarget, redis_target
 from engram_api.settings import Settings
 from engram_workers.cpus import usable_cpus
 
@@ -33,6 +39,7 @@ __all__ = [
     "BEAT_MAX_INTERVAL_S",
     "BEAT_PUBLISHING",
     "beat_config",
+    "broker_connection",
     "celery_config",
     "keep_alive_s",
     "make_celery",
@@ -67,12 +74,47 @@ def redelivery_bound_s(settings: Settings) -> float:
     return settings.visibility_timeout_s + restore_interval_s(settings)
 
 
+def broker_connection(target: RedisTarget) -> dict[str, Any]:
+    """Celery's broker settings for ``target``: URL, transport, TLS and the Sentinel options.
+
+    Through Sentinel kombu gets one ``sentinel://`` URL and the Sentinels as a transport option, not its
+    ';'-separated form: kombu would switch such a connection to its own transport on a reconnect.
+    """
+    from engram_workers.broker import SENTINEL_TRANSPORT, SENTINELS_OPTION, TRANSPORT
+
+    if target.url.startswith("unix://"):  # kombu has no transport for it: its own error says so, as before
+        return {"broker_url": target.url, "broker_transport_options": {}}
+    if target.sentinel is None:
+        return {
+            "broker_url": target.url,
+            "broker_transport": TRANSPORT,
+            "broker_use_ssl": target.tls.options() if target.tls else None,
+            "broker_transport_options": {},
+        }
+    node = target.sentinel
+    auth = ""
+    if node.password is not None:
+        auth = f"{quote(node.username or '', safe='')}:{quote(node.password, safe='')}@"
+    host, port = node.nodes[0]
+    return {
+        "broker_url": f"sentinel://{auth}{host}:{port}/{node.db}",
+        "broker_transport": SENTINEL_TRANSPORT,
+        "broker_use_ssl": None,
+        "broker_transport_options": {
+            "master_name": target.master,
+            SENTINELS_OPTION: [list(n) for n in node.nodes],
+            "sentinel_kwargs": {"password": target.sentinel_password, "socket_timeout": 5, "socket_connect_timeout": 5},
+        },
+    }
+
+
 def celery_config(settings: Settings, broker_url: str) -> dict[str, Any]:
     from celery.signals import before_task_publish
     from kombu import Queue
 
-    from engram_workers.broker import KEEP_ALIVE_OPTION, TRANSPORT
+    from engram_workers.broker import KEEP_ALIVE_OPTION
 
+    broker = broker_connection(redis_target(broker_url, settings))
     # Every Celery client of the broker builds its config here; connecting twice is a no-op.
     before_task_publish.connect(_stamp_sent_at)
     transport = {
@@ -89,11 +131,11 @@ def celery_config(settings: Settings, broker_url: str) -> dict[str, Any]:
         "socket_connect_timeout": 5,
         "retry_on_timeout": True,
         "health_check_interval": 10,
+        **broker.pop("broker_transport_options"),
     }
     return {
-        "broker_url": broker_url,
-        # kombu's Redis transport keeping one client object per pool, not one per operation (see there)
-        **({"broker_transport": TRANSPORT} if urlsplit(broker_url).scheme == "redis" else {}),
+        # kombu's Redis transport keeping one client object per pool and held messages alive (see there)
+        **broker,
         "broker_transport_options": transport,
         "broker_connection_retry_on_startup": True,
         "broker_connection_max_retries": None,
@@ -178,20 +220,32 @@ BEAT_LOCK_TIMEOUT_S = 5 * BEAT_MAX_INTERVAL_S
 BEAT_PUBLISHING = {"task_send_sent_event": True}
 
 
-def beat_config(redis_url: str) -> dict[str, Any]:
+def beat_config(settings: Settings, redis_url: str) -> dict[str, Any]:
     """RedBeat keeps the schedule and a leader lock in Redis: any number of Beat processes fire each job
-    once (the others wait for the lock). Only Beat reads these settings."""
+    once (the others wait for the lock). Only Beat reads these settings. Through Sentinel RedBeat asks the
+    Sentinels for the primary (its ``redis-sentinel`` URL is only that marker); over TLS it verifies as
+    every other client does (``redbeat_redis_use_ssl``)."""
+    target = redis_target(redis_url, settings)
+    # Ride out a short Redis restart; a longer outage ends this Beat (its lock may have passed on).
+    options: dict[str, Any] = {"socket_timeout": 10, "socket_connect_timeout": 5, "retry_period": BEAT_LOCK_TIMEOUT_S}
+    if target.sentinel is not None:
+        node = target.sentinel
+        del options["socket_connect_timeout"]  # RedBeat's Sentinel client takes socket_timeout only
+        options |= {
+            "sentinels": [list(n) for n in node.nodes],
+            "service_name": target.master,
+            "db": node.db,
+            "username": node.username,
+            "password": node.password,
+            "sentinel_kwargs": {"password": target.sentinel_password, "socket_timeout": 5},
+        }
     return {
         "beat_scheduler": "redbeat.RedBeatScheduler",
         "beat_max_loop_interval": BEAT_MAX_INTERVAL_S,
-        "redbeat_redis_url": redis_url,
+        "redbeat_redis_url": "redis-sentinel://" if target.sentinel is not None else redis_url,
+        "redbeat_redis_use_ssl": target.tls.options() if target.tls else None,
         "redbeat_key_prefix": keys.BEAT_PREFIX,
         "redbeat_lock_key": keys.BEAT_LOCK,
         "redbeat_lock_timeout": BEAT_LOCK_TIMEOUT_S,
-        # Ride out a short Redis restart; a longer outage ends this Beat (its lock may have passed on).
-        "redbeat_redis_options": {
-            "socket_timeout": 10,
-            "socket_connect_timeout": 5,
-            "retry_period": BEAT_LOCK_TIMEOUT_S,
-        },
+        "redbeat_redis_options": options,
     }

@@ -9,10 +9,16 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram, start_http_server
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
+
+if TYPE_CHECKING:
+    import redis
+
+    from engram_api.settings import Settings
 
 __all__ = [
     "DEAD_LETTERS",
@@ -53,10 +59,8 @@ class QueueDepth(Collector):
     Messages a worker already took (unacked, or waiting for a retry's ETA) are not waiting in the queue.
     """
 
-    def __init__(self, redis_url: str, clock: Callable[[], float] = time.time) -> None:
-        from engram_api.connections import redis_client
-
-        self._redis = redis_client(redis_url, timeout_s=5, decode_responses=False)
+    def __init__(self, client: redis.Redis, clock: Callable[[], float] = time.time) -> None:
+        self._redis = client  # reads lengths and raw task messages: no decoding
         self._clock = clock
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
@@ -88,7 +92,7 @@ class QueueDepth(Collector):
         yield lag
 
 
-def serve(port: int, redis_url: str, *, multiprocess: bool) -> None:
+def serve(port: int, redis_url: str, settings: Settings, *, multiprocess: bool) -> None:
     """Expose /metrics on ``port`` with queue depths and lags; ``multiprocess`` sums the pool children's files."""
     registry = REGISTRY
     if multiprocess:
@@ -96,5 +100,7 @@ def serve(port: int, redis_url: str, *, multiprocess: bool) -> None:
 
         registry = CollectorRegistry()
         multiprocess.MultiProcessCollector(registry)
-    registry.register(QueueDepth(redis_url))
+    from engram_api.connections import redis_client
+
+    registry.register(QueueDepth(redis_client(redis_url, settings, timeout_s=5, decode_responses=False)))
     start_http_server(port, registry=registry)

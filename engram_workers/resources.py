@@ -57,7 +57,7 @@ class WorkerResources:
 
     @cached_property
     def redis(self) -> redis.Redis:
-        return redis_client(self.redis_url)
+        return redis_client(self.redis_url, self.settings)
 
     @cached_property
     def graph(self) -> GraphStore:
@@ -100,12 +100,16 @@ class WorkerResources:
 
     @cached_property
     def rate_limiter(self) -> LLMRateLimiter:
-        return LLMRateLimiter(redis_url=self.redis_url, per_second=self.settings.llm_rate_per_s)
+        # Both controls read numbers only: no decoding; a short timeout, so an absent Redis is a quick retry.
+        return LLMRateLimiter(
+            redis=redis_client(self.redis_url, self.settings, timeout_s=5, decode_responses=False),
+            per_second=self.settings.llm_rate_per_s,
+        )
 
     @cached_property
     def breaker(self) -> LLMBreaker:
         return LLMBreaker(
-            redis_url=self.redis_url,
+            redis=redis_client(self.redis_url, self.settings, timeout_s=5),
             fail_max=self.settings.breaker_failures,
             reset_timeout=self.settings.breaker_reset_s,
             is_failure=is_service_failure,

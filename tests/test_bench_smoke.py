@@ -327,7 +327,7 @@ def test_ingest_counts_redis_commands_since_an_earlier_reading(redis_url):
 
     sys.path.insert(0, str(REPO / "ops" / "bench"))
     benchlib = importlib.import_module("benchlib")
-    client = redis_client(redis_url)
+    client = redis_client(redis_url, Settings())
     before = benchlib.command_calls(client)
     pipe = client.pipeline(transaction=False)
     pipe.pfadd("bench-smoke:hll", "a", "b")

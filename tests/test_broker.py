@@ -11,25 +11,30 @@ import redis
 from celery import Task
 from celery.exceptions import Reject
 
+from engram_api.errors import ConfigError
 from engram_api.settings import Settings
-from engram_workers.broker import Channel, Transport
+from engram_workers.broker import Channel, SentinelTransport, Transport
 from engram_workers.celery_config import make_celery
 from engram_workers.tasks import _retry as retry_or_requeue  # the retry every stage's task asks for
 from tests.support.gateway import free_port
 
 
 @pytest.mark.parametrize(
-    ("url", "ours"),
+    ("url", "transport"),
     [
-        ("redis://127.0.0.1:6379/0", True),
-        ("rediss://127.0.0.1:6379/0", False),  # kombu turns TLS on by the scheme's name: kept as it is
-        ("sentinel://127.0.0.1:26379", False),
-        ("redis+socket:///tmp/redis.sock", False),
+        ("redis://127.0.0.1:6379/0", Transport),
+        ("rediss://127.0.0.1:6379/0", Transport),  # TLS from broker_use_ssl, verified (tests/test_redis_topology.py)
+        ("sentinel://127.0.0.1:26379", SentinelTransport),
     ],
 )
-def test_only_plain_redis_urls_get_the_transport(url: str, ours: bool) -> None:
+def test_every_redis_url_gets_the_transport(url: str, transport: type) -> None:
     connection = make_celery(Settings(), url).connection_for_write()
-    assert (type(connection.transport) is Transport) is ours
+    assert type(connection.transport) is transport
+
+
+def test_a_url_the_settings_refuse_builds_no_celery_client() -> None:
+    with pytest.raises(ConfigError, match="REDIS_URL"):
+        make_celery(Settings(), "redis+socket:///tmp/redis.sock")
 
 
 def test_a_channel_reuses_one_client_until_its_pool_is_replaced(redis_url: str) -> None:

@@ -12,6 +12,8 @@ from collections.abc import Iterator
 import pytest
 import redis
 
+from engram_api.connections import redis_client
+from engram_api.settings import Settings
 from engram_workers.control import LLMBreaker, LLMRateLimiter
 from engram_workers.control.breaker import _OPEN as OPEN_KEY  # the open span's clock: its TTL is the time left
 from engram_workers.control.breaker import BreakerOpenError, BreakerStats
@@ -37,7 +39,10 @@ def url(redis_url: str) -> Iterator[str]:
 
 def breaker(url: str, reset_timeout: float = 3600.0) -> LLMBreaker:
     return LLMBreaker(
-        redis_url=url, fail_max=2, reset_timeout=reset_timeout, is_failure=lambda exc: isinstance(exc, ModelDown)
+        redis=redis_client(url, Settings(), timeout_s=5),
+        fail_max=2,
+        reset_timeout=reset_timeout,
+        is_failure=lambda exc: isinstance(exc, ModelDown),
     )
 
 
@@ -118,7 +123,7 @@ def test_a_bad_answer_does_not_count_against_the_service(url: str) -> None:
 
 def test_rate_limit_slots_are_shared_by_every_process(url: str) -> None:
     # One call per 100 s: whatever the machine's speed, no second slot can come free during the test.
-    one, other = LLMRateLimiter(redis_url=url, per_second=0.01), LLMRateLimiter(redis_url=url, per_second=0.01)
+    one, other = (LLMRateLimiter(redis=redis_client(url, Settings()), per_second=0.01) for _ in range(2))
     assert one.acquire(max_wait=0) is True
     assert one.acquire(max_wait=0) is False
     assert other.acquire(max_wait=5) is False  # the next slot is ~100 s away: not worth waiting 5 s for

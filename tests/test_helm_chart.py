@@ -17,7 +17,14 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 CHART = ROOT / "ops" / "helm" / "engram"
 PRODUCTION = CHART / "values-production.yaml"
-SECRET_NAMES = {"REDIS_URL", "NEO4J_PASSWORD", "LLM_API_KEY", "ENGRAM_API_KEYS", "ENGRAM_API_KEY"}
+SECRET_NAMES = {
+    "REDIS_URL",
+    "ENGRAM_REDIS_SENTINEL_PASSWORD",
+    "NEO4J_PASSWORD",
+    "LLM_API_KEY",
+    "ENGRAM_API_KEYS",
+    "ENGRAM_API_KEY",
+}
 # Values only the chart-made Secret may hold; found anywhere else they leaked.
 PLANTED = {
     "REDIS_URL": "redis://default:planted-redis-pw@redis:6379/0",
@@ -26,12 +33,13 @@ PLANTED = {
     "ENGRAM_API_KEYS": '[{"name":"app","sha256":"' + "a" * 64 + '","scopes":["read"],"namespace":"app"}]',
 }
 # The secrets each workload gets: only those it uses.
+REDIS = {"REDIS_URL", "ENGRAM_REDIS_SENTINEL_PASSWORD"}
 USES = {
-    "extract": {"REDIS_URL", "NEO4J_PASSWORD", "LLM_API_KEY"},
-    "apply": {"REDIS_URL", "NEO4J_PASSWORD"},
-    "maintenance": {"REDIS_URL", "NEO4J_PASSWORD"},
-    "beat": {"REDIS_URL"},
-    "gateway": {"REDIS_URL", "NEO4J_PASSWORD", "ENGRAM_API_KEYS"},
+    "extract": {*REDIS, "NEO4J_PASSWORD", "LLM_API_KEY"},
+    "apply": {*REDIS, "NEO4J_PASSWORD"},
+    "maintenance": {*REDIS, "NEO4J_PASSWORD"},
+    "beat": REDIS,
+    "gateway": {*REDIS, "NEO4J_PASSWORD", "ENGRAM_API_KEYS"},
 }
 WORKLOAD_KINDS = {"Deployment", "StatefulSet", "DaemonSet", "Job", "CronJob"}
 COMPONENTS = {"extract", "apply", "maintenance", "beat", "gateway"}
@@ -269,3 +277,24 @@ def test_migrate_can_run_as_a_hook_job_before_install_and_upgrade() -> None:
     assert not [d for d in render("-f", str(PRODUCTION)) if d["kind"] == "Job"]
     made = helm("template", "engram", str(CHART), "--set", "neo4j.uri=bolt://neo4j:7687", "--set", "migrate.job.enabled=true", check=False)  # fmt: skip
     assert made.returncode != 0 and "migrate.job needs secrets.name" in made.stderr
+
+
+def test_a_redis_ca_secret_is_mounted_in_every_pod_and_named_by_the_tls_setting() -> None:
+    docs = render("--set", "redisTls.caSecret=redis-ca")
+    (config,) = [d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"].endswith("-config")]
+    assert config["data"]["ENGRAM_REDIS_TLS_CA_FILE"] == "/etc/engram/redis-ca/ca.crt"
+    for doc in workloads(docs):
+        spec = pod_spec(doc)
+        if not any(v.get("persistentVolumeClaim") for v in spec["volumes"]):
+            continue  # the migrate hook Job: Neo4j only
+        volumes = {v["name"]: v for v in spec["volumes"]}
+        assert volumes["redis-ca"]["secret"]["secretName"] == "redis-ca", component(doc)
+        for container in spec["containers"]:
+            mounts = {m["name"]: m for m in container["volumeMounts"]}
+            assert mounts["redis-ca"] == {"name": "redis-ca", "mountPath": "/etc/engram/redis-ca", "readOnly": True}
+    assert (
+        "ENGRAM_REDIS_TLS_CA_FILE"
+        not in next(d for d in render() if d["kind"] == "ConfigMap" and d["metadata"]["name"].endswith("-config"))[
+            "data"
+        ]
+    )  # without a CA Secret: the system's CAs

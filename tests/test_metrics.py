@@ -14,6 +14,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from engram_api import keys
+from engram_api.connections import redis_client
 from engram_api.models import StageOutcome
 from engram_api.settings import load_settings
 from engram_testing.llm_standin import LLMStandin, Reply, approx_tokens
@@ -229,7 +230,7 @@ def test_queue_lag_is_the_age_of_the_oldest_waiting_message(redis_url: str, tmp_
         url = stack.env["REDIS_URL"]
         stamps: list[float] = []
         now = 0.0
-        collector = QueueDepth(url, clock=lambda: now)
+        collector = QueueDepth(redis_client(url, stack.settings, decode_responses=False), clock=lambda: now)
         assert _lags(collector) == dict.fromkeys(keys.QUEUES, 0.0)  # empty queues: no lag
         for n in range(2):
             stack.client.enqueue("lag_user", f"message {n}")

@@ -173,7 +173,8 @@ class Turns:
             ),
             PassArgs(message_id=message_id, keep=keep),
         )  # fmt: skip
-        woken = _text(found)
+        # On a pipeline (a bulk load) the script is only queued: no answer yet, so nothing is known to wake.
+        woken = _text(found) if isinstance(found, (str, bytes)) else None
         if woken:
             self._wake(user_id, woken)
         return woken or None

@@ -42,7 +42,7 @@ def live_embedded_redis(settings: Settings) -> str | None:
     if not url:
         return None
     try:
-        redis_client(url, timeout_s=1).ping()
+        redis_client(url, settings, timeout_s=1).ping()
     except redis.RedisError:
         return None
     return str(url)

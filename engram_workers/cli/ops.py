@@ -92,7 +92,7 @@ def worker(
         from engram_api.connections import resolve_redis_url
         from engram_workers import metrics
 
-        metrics.serve(metrics_port, resolve_redis_url(current), multiprocess=True)
+        metrics.serve(metrics_port, resolve_redis_url(current), current, multiprocess=True)
     from engram_workers.probes import start_heartbeat
 
     start_heartbeat(stage)  # `engram probe live --role <stage>` reads it

@@ -17,14 +17,16 @@ itself runs outside any lock; only the state transitions touch Redis.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from pydantic import BaseModel, Field
 
 from engram_api import keys
-from engram_api.connections import redis_client
 from engram_api.errors import BreakerOpenError
 from engram_api.ledger.controls import ADMIT, RECORD_FAILURE, AdmitArgs, AdmitKeys, FailureArgs, FailureKeys
+
+if TYPE_CHECKING:
+    import redis
 
 __all__ = ["BreakerStats", "LLMBreaker"]
 
@@ -46,12 +48,12 @@ class LLMBreaker:
     def __init__(
         self,
         *,
-        redis_url: str,
+        redis: redis.Redis,
         fail_max: int,
         reset_timeout: float,
         is_failure: Callable[[BaseException], bool],
     ) -> None:
-        self.redis = redis_client(redis_url, timeout_s=5)
+        self.redis = redis
         self.fail_max = fail_max
         self.reset_timeout = reset_timeout
         # The model answered but the answer was bad: that says nothing about the service's health.

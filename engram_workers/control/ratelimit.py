@@ -9,17 +9,20 @@ some seconds (measured by the flaky-LLM chaos scenario); spaced grants cannot bu
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 from engram_api import keys
-from engram_api.connections import redis_client
 from engram_api.ledger.controls import GCRA, BucketArgs, BucketKeys
+
+if TYPE_CHECKING:
+    import redis
 
 __all__ = ["LLMRateLimiter"]
 
 
 class LLMRateLimiter:
-    def __init__(self, *, redis_url: str, per_second: float) -> None:
-        self.redis = redis_client(redis_url, timeout_s=5, decode_responses=False)
+    def __init__(self, *, redis: redis.Redis, per_second: float) -> None:
+        self.redis = redis
         self.interval_ms = max(1, round(1000 / per_second))
 
     def acquire(self, *, max_wait: float) -> bool:

@@ -132,7 +132,7 @@ def resend_lost(settings: Settings, redis_url: str, *, older_than_s: float) -> R
     """``redeliver_stuck`` on ``redis_url``, publishing through a Celery client built from ``settings``."""
     from engram_workers.celery_config import make_celery
 
-    client = redis_client(redis_url)
+    client = redis_client(redis_url, settings)
     try:
         return redeliver_stuck(
             client=client, send=celery_dispatch(make_celery(settings, redis_url)), older_than_s=older_than_s

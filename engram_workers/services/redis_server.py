@@ -2,6 +2,9 @@
 
 Used by tests (session fixture), chaos scripts (``kill()`` + ``start()``: the AOF brings queued tasks
 back) and ``engram up``. The port stays the same across restarts so clients reconnect by themselves.
+The same launcher runs a Sentinel watching another ``RedisServer`` (``sentinel_of``: ``redis-server
+--sentinel``) and a TLS-only server (``tls``: a redis-server built with TLS, as Debian's is), so the
+deployment topologies Engram supports are tested against the real thing.
 """
 
 from __future__ import annotations
@@ -10,17 +13,30 @@ import importlib.util
 import os
 import shutil
 import socket
+import ssl
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import NamedTuple
 from urllib.parse import quote
 
 from engram_workers.services.fleet import parent_death_signal
 from engram_workers.services.process import HOST, ServiceProcess, ServiceStartError, file_size, kill_process, log_tail
 
-__all__ = ["RedisServer", "find_redis_server"]
+__all__ = ["RedisServer", "TlsFiles", "find_redis_server"]
+
+# The name a Sentinel started by ``RedisServer(sentinel_of=...)`` monitors its primary under (Redis's own example).
+SENTINEL_MASTER = "mymaster"
+
+
+class TlsFiles(NamedTuple):
+    """PEM files of a TLS server: its certificate and key, and the CA that signed it (what clients trust)."""
+
+    cert: Path
+    key: Path
+    ca: Path
 
 
 def find_redis_server() -> Path:
@@ -49,11 +65,16 @@ def find_redis_server() -> Path:
     )
 
 
-def _ping(port: int, password: str | None) -> bool:
+def _ping(port: int, password: str | None, tls: TlsFiles | None = None) -> bool:
     """True when the server answers PING with PONG (not while it is still loading the AOF)."""
     auth = b"" if password is None else f"AUTH {password}\r\n".encode()
     try:
-        with socket.create_connection((HOST, port), timeout=0.5) as sock:
+        with socket.create_connection((HOST, port), timeout=0.5) as raw:
+            sock = raw
+            if tls is not None:
+                context = ssl.create_default_context(cafile=tls.ca)
+                context.load_cert_chain(tls.cert, tls.key)  # for a server that checks clients too
+                sock = context.wrap_socket(raw, server_hostname=HOST)
             sock.sendall(auth + b"PING\r\n")
             reply = b""
             while reply.count(b"\r\n") < (2 if auth else 1):
@@ -83,7 +104,9 @@ class RedisServer(ServiceProcess):
     ``data_dir`` holds redis.conf, the AOF files and redis.log (the server's stdout and stderr). With a
     ``password`` (``requirepass``; `engram up` generates one each time it starts the embedded Redis) no other local user can
     talk to it; the directory is made 0700 and the server creates its files 0600 (umask 077), since the
-    AOF holds message text.
+    AOF holds message text. With ``tls`` it listens for TLS only (clients need not show a certificate);
+    with ``sentinel_of`` it is a Sentinel monitoring that (started) server as ``SENTINEL_MASTER``, and its
+    ``url`` is the ``sentinel://`` URL of that primary (with its password).
     """
 
     def __init__(
@@ -95,10 +118,14 @@ class RedisServer(ServiceProcess):
         die_with_parent: bool = False,
         extra_config: Sequence[str] = (),
         password: str | None = None,
+        tls: TlsFiles | None = None,
+        sentinel_of: RedisServer | None = None,
     ) -> None:
         super().__init__(data_dir=data_dir, port=port, die_with_parent=die_with_parent)
         self.appendonly = appendonly
         self.password = password
+        self.tls = tls
+        self.sentinel_of = sentinel_of
         self.extra_config = list(extra_config)  # redis.conf lines after Engram's (a later line wins)
         self._binary: Path | None = None
 
@@ -108,8 +135,12 @@ class RedisServer(ServiceProcess):
 
     @property
     def url(self) -> str:
+        if self.sentinel_of is not None:
+            primary = self.sentinel_of.password
+            auth = "" if primary is None else f":{quote(primary, safe='')}@"
+            return f"sentinel://{auth}{HOST}:{self.port}/0"
         auth = "" if self.password is None else f":{quote(self.password, safe='')}@"
-        return f"redis://{auth}{HOST}:{self.port}/0"
+        return f"{'rediss' if self.tls else 'redis'}://{auth}{HOST}:{self.port}/0"
 
     @property
     def binary(self) -> Path:
@@ -121,10 +152,39 @@ class RedisServer(ServiceProcess):
     def log_path(self) -> Path:
         return self.data_dir / "redis.log"
 
-    def _write_config(self, port: int) -> Path:
+    def _sentinel_config(self, port: int, primary: RedisServer) -> list[str]:
         lines = [
             f"bind {HOST}",
             f"port {port}",
+            f'dir "{self.data_dir}"',
+            "daemonize no",
+            'logfile ""',
+            f"sentinel monitor {SENTINEL_MASTER} {HOST} {primary.port} 1",
+            f"sentinel down-after-milliseconds {SENTINEL_MASTER} 5000",
+        ]
+        if primary.password is not None:
+            lines.append(f"sentinel auth-pass {SENTINEL_MASTER} {primary.password}")
+        if self.password is not None:
+            lines.append(f"requirepass {self.password}")
+        return lines
+
+    @staticmethod
+    def _tls_config(port: int, tls: TlsFiles) -> list[str]:
+        return [
+            "port 0",  # TLS only
+            f"tls-port {port}",
+            f'tls-cert-file "{tls.cert}"',
+            f'tls-key-file "{tls.key}"',
+            f'tls-ca-cert-file "{tls.ca}"',
+            "tls-auth-clients no",
+        ]
+
+    def _write_config(self, port: int) -> Path:
+        if self.sentinel_of is not None:
+            return self._write(self._sentinel_config(port, self.sentinel_of))
+        lines = [
+            f"bind {HOST}",
+            *(self._tls_config(port, self.tls) if self.tls else [f"port {port}"]),
             f'dir "{self.data_dir}"',
             "daemonize no",
             # No RDB snapshots: durability comes from the AOF, and a fork per snapshot costs memory.
@@ -142,7 +202,10 @@ class RedisServer(ServiceProcess):
             lines.append("appendonly no")
         if self.password is not None:
             lines.append(f"requirepass {self.password}")
-        lines += self.extra_config
+        return self._write(lines)
+
+    def _write(self, lines: list[str]) -> Path:
+        lines = [*lines, *self.extra_config]
         self.data_dir.chmod(0o700)
         conf = self.data_dir / "redis.conf"
         fd = os.open(conf, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # it may hold the password
@@ -158,7 +221,7 @@ class RedisServer(ServiceProcess):
             # Own session: a Ctrl-C in the terminal reaches the test runner, which then stops Redis
             # cleanly, instead of hitting Redis directly in the middle of a test.
             self._proc = subprocess.Popen(
-                [str(self.binary), str(conf)],
+                [str(self.binary), str(conf), *(["--sentinel"] if self.sentinel_of is not None else [])],
                 cwd=self.data_dir,
                 stdin=subprocess.DEVNULL,
                 stdout=log,
@@ -168,7 +231,7 @@ class RedisServer(ServiceProcess):
             )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if _ping(self.port, self.password):
+            if _ping(self.port, self.password, self.tls):
                 return
             code = self._proc.poll()
             if code is not None:

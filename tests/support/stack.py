@@ -34,7 +34,7 @@ SOURCE_ROOT = Path(__file__).resolve().parents[2]
 def redis_db_url(base_url: str, number: int) -> str:
     """``base_url`` (scheme, credentials, host, port and query kept) pointing at database ``number``."""
     parts = urlsplit(base_url)
-    if parts.scheme not in ("redis", "rediss", "unix"):
+    if parts.scheme not in ("redis", "rediss", "unix", "sentinel"):
         raise ValueError(f"not a Redis URL: {base_url!r}")
     if parts.scheme == "unix":  # unix:///path/to.sock?db=N: the database is a query parameter
         query = [(k, v) for k, v in parse_qsl(parts.query) if k != "db"] + [("db", str(number))]

@@ -104,6 +104,12 @@ volumes:
   - name: tmp
     emptyDir:
       sizeLimit: {{ .root.Values.tmpSizeLimit }}
+{{- with .root.Values.redisTls.caSecret }}
+  - name: redis-ca
+    secret:
+      secretName: {{ . }}
+      items: [{key: ca.crt, path: ca.crt}]
+{{- end }}
 {{- end -}}
 
 {{- define "engram.volumeMounts" -}}
@@ -112,6 +118,11 @@ volumeMounts:
     mountPath: {{ .Values.dataDir }}
   - name: tmp
     mountPath: /tmp
+{{- if .Values.redisTls.caSecret }}
+  - name: redis-ca
+    mountPath: /etc/engram/redis-ca
+    readOnly: true
+{{- end }}
 {{- end -}}
 
 {{- define "engram.image" -}}
