@@ -13,7 +13,7 @@ a fresh query right after the write:
   from the graph (``GraphStore.user_changes``): what this code did before the feed;
 - "rebuild": the same reader code with the catch-up refused, so a copy behind the graph is read whole
   again: what a host without the writer's files did before (``IndexKeeper.apply`` answering None); it
-  answers the first ``REBUILD_WRITES`` writes only (a whole read of a 100K-fact user takes tens of seconds);
+  answers the first ``rebuild_writes(size)`` writes only (a whole read of a 100K-fact user takes minutes);
 - "after a signal": a third reader host that listens for writers' stamps (``engram_api.reader.signals``)
   answers ``SIGNAL_PAUSE_S`` after the write (a chat user's next turn comes seconds later), so its copies
   were caught up in the background. The first two do not listen: their figure is the recall's own
@@ -85,15 +85,19 @@ def _write(client: Any, user_id: str, n: int) -> float:
     return write_one(client, user_id, n, read_index=True)
 
 
-# The users' sizes of a full run (facts).
+# The users' sizes of a full run (facts); ``HOSTS_BENCH_SIZES=100000`` runs some of them only.
 FULL_SIZES = (10_000, 100_000)
 
 # How long after a write the listening reader answers (its background catch-up has run by then).
 SIGNAL_PAUSE_S = 0.1
 
-# The "rebuild" reader answers only the first writes: each answer is a whole read of the user (tens of
-# seconds at 100K facts on a loaded machine); all of a quick run's writes.
-REBUILD_WRITES = 12
+# The "rebuild" reader answers only the first writes: each answer is a whole read of the user (minutes at
+# 100K facts on a loaded machine): all of a quick run's writes, 12 at 10K facts, 3 at 100K.
+REBUILD_READ_FACTS = 300_000
+
+
+def rebuild_writes(size: int) -> int:
+    return max(3, min(12, REBUILD_READ_FACTS // size))
 
 
 def _hosts(ctx: BenchContext, stack: Any, size: int) -> dict[str, Any]:
@@ -177,7 +181,7 @@ def _measure(ctx: BenchContext, stack: Any, size: int, writes: int) -> dict[str,
         written = time.perf_counter()
         order = [("catch-up", reader), ("graph catch-up", graph_reader), ("rebuild", before)]
         order = order[i % 3 :] + order[: i % 3]  # each reader first, second and third in turn
-        if i >= REBUILD_WRITES:
+        if i >= rebuild_writes(size):
             order = [(label, client) for label, client in order if label != "rebuild"]
         for label, client in order:
             start = time.perf_counter()
@@ -255,7 +259,8 @@ def _measure(ctx: BenchContext, stack: Any, size: int, writes: int) -> dict[str,
 
 
 def run(ctx: BenchContext) -> BenchResult:
-    sizes = [2_000] if ctx.quick else list(FULL_SIZES)
+    chosen = os.environ.get("HOSTS_BENCH_SIZES", "")
+    sizes = [2_000] if ctx.quick else [int(n) for n in chosen.split(",") if n] or list(FULL_SIZES)
     writes = ctx.size(12, 40)
     recall = Table(
         "recall on a reader host right after another host's write (ms); floor = query embedding + FAISS search",
@@ -331,7 +336,7 @@ def run(ctx: BenchContext) -> BenchResult:
             f"store {ctx.store}; every host its own data directory, no shared files; load average "
             f"{summary['load_avg_1min']:.1f} (1 min) at the start; ratios are within one loop",
             "rebuild = this code with the catch-up refused: a copy behind the graph read whole again, what a "
-            f"host without the writer's files did before (the first {REBUILD_WRITES} writes only)",
+            "host without the writer's files did before (the first 12 writes only; 3 at 100K facts)",
             f"after a signal = a reader listening for writers' stamps, answering {SIGNAL_PAUSE_S:.1f} s after the "
             "write; catch-up, graph catch-up and rebuild do not listen",
             "catch-up reads the writers' change feed (Redis); graph catch-up = the same reader with the feed "
