@@ -97,6 +97,7 @@ REBUILD_READ_FACTS = 300_000
 
 
 def rebuild_writes(size: int) -> int:
+    """How many of the writes the "rebuild" reader answers for a user of ``size`` facts."""
     return max(3, min(12, REBUILD_READ_FACTS // size))
 
 
