@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from contextlib import suppress
 from datetime import datetime
@@ -181,9 +181,11 @@ class Reader:
         # query is embedded (one read of what changed, ``CatchUps``), unless a writer's signal already did;
         # "catchup" is how long the recall waited for it after embedding.
         catching = self.catchups.start(user_id, version)
-        search = partial(self._keyword, user_id, query, recipe, window)
-        early = catching is None or snapshot is not None  # the keyword search needs no refreshed snapshot
-        keyword = search(snapshot) if early else None
+        # The keyword search needs the snapshot at ``version``: when the one held is older and a catch-up runs,
+        # it waits for that catch-up on its reader thread, so both run while the query is embedded (with no
+        # snapshot held it asks the store, which is current).
+        after = catching if snapshot is None and self.snapshots.peek(user_id) is not None else None
+        keyword = self._keyword(user_id, query, recipe, window, snapshot, after=after, version=version)
         qvec = self.embedder.encode_one(query)
         t1 = time.perf_counter()
         timings["embed"] = (t1 - t0) * 1e3
@@ -192,8 +194,6 @@ class Reader:
             timings["catchup"] = (time.perf_counter() - t1) * 1e3
             if snapshot is None:
                 snapshot = self.snapshots.get(user_id, version)
-        if not early:
-            keyword = search(snapshot)
         index = self.keeper.current(user_id, version)
         if index.stamp < version:  # the graph's reads lag the stamp (a replica): nothing cached under it
             version = index.stamp
@@ -234,13 +234,33 @@ class Reader:
         return result
 
     def _keyword(
-        self, user_id: str, query: str, recipe: RecallRecipe, window: TimeWindow, snapshot: UserSnapshot | None
+        self,
+        user_id: str,
+        query: str,
+        recipe: RecallRecipe,
+        window: TimeWindow,
+        snapshot: UserSnapshot | None,
+        *,
+        after: Future[None] | None,
+        version: Stamp,
     ) -> Future[list[KeywordHit]] | None:
-        """The keyword channel's search on a reader thread (a held snapshot's, else the store's); None without one."""
+        """The keyword channel's search on a reader thread (a held snapshot's, else the store's); None without
+        one. With ``after`` (the user's catch-up, submitted to the same threads earlier, so FIFO order starts
+        it first and this wait cannot starve the pool), the thread waits for it and searches the snapshot
+        held at ``version`` then (the one the recall reads after it, or a newer one a later catch-up left)."""
         if not recipe.uses("keyword"):
             return None
-        search = snapshot.keyword_search if snapshot is not None else partial(self.graph.keyword_search, user_id)
-        return self._threads.submit(keyword_hits, search, query, recipe, window)
+        if after is None:
+            return self._threads.submit(keyword_hits, self._searcher(user_id, snapshot), query, recipe, window)
+
+        def caught_up() -> list[KeywordHit]:
+            after.result()
+            return keyword_hits(self._searcher(user_id, self.snapshots.get(user_id, version)), query, recipe, window)
+
+        return self._threads.submit(caught_up)
+
+    def _searcher(self, user_id: str, snapshot: UserSnapshot | None) -> Callable[..., list[KeywordHit]]:
+        return snapshot.keyword_search if snapshot is not None else partial(self.graph.keyword_search, user_id)
 
     def _log_recall(self, user_id: str, recall_id: str, items: Sequence[RecallItem]) -> None:
         """Keep the score components briefly so ``feedback`` can turn them into training rows (written

@@ -12,7 +12,8 @@ a fresh query right after the write:
 - "graph catch-up": the same reader code with the change feed refused, so the copies read what changed
   from the graph (``GraphStore.user_changes``): what this code did before the feed;
 - "rebuild": the same reader code with the catch-up refused, so a copy behind the graph is read whole
-  again: what a host without the writer's files did before (``IndexKeeper.apply`` answering None);
+  again: what a host without the writer's files did before (``IndexKeeper.apply`` answering None); it
+  answers the first ``rebuild_writes(size)`` writes only (a whole read of a 100K-fact user takes minutes);
 - "after a signal": a third reader host that listens for writers' stamps (``engram_api.reader.signals``)
   answers ``SIGNAL_PAUSE_S`` after the write (a chat user's next turn comes seconds later), so its copies
   were caught up in the background. The first two do not listen: their figure is the recall's own
@@ -84,11 +85,20 @@ def _write(client: Any, user_id: str, n: int) -> float:
     return write_one(client, user_id, n, read_index=True)
 
 
-# The users' sizes of a full run (facts).
+# The users' sizes of a full run (facts); ``HOSTS_BENCH_SIZES=100000`` runs some of them only.
 FULL_SIZES = (10_000, 100_000)
 
 # How long after a write the listening reader answers (its background catch-up has run by then).
 SIGNAL_PAUSE_S = 0.1
+
+# The "rebuild" reader answers only the first writes: each answer is a whole read of the user (minutes at
+# 100K facts on a loaded machine): all of a quick run's writes, 12 at 10K facts, 3 at 100K.
+REBUILD_READ_FACTS = 300_000
+
+
+def rebuild_writes(size: int) -> int:
+    """How many of the writes the "rebuild" reader answers for a user of ``size`` facts."""
+    return max(3, min(12, REBUILD_READ_FACTS // size))
 
 
 def _hosts(ctx: BenchContext, stack: Any, size: int) -> dict[str, Any]:
@@ -137,8 +147,12 @@ def _measure(ctx: BenchContext, stack: Any, size: int, writes: int) -> dict[str,
     )
     uid = ctx.uid(f"hosts-{size}")
     ctx.log(f"hosts: bulk-loading {size:,} facts (apply host a's copy)")
+    started = time.perf_counter()
     bulk_load(a.graph, a.reader.keeper, a.reader.embedder, a.redis, uid, size, seed=str(size), out=ctx.out)
+    load_s = time.perf_counter() - started
+    ctx.log(f"hosts: loaded in {load_s:.0f} s; every other host's first read of the user")
     qs = queries(f"hosts-{size}", 4 * writes + 4)
+    started = time.perf_counter()
     _write(b, uid, -1)  # every other host's first load of the user: a rebuild each
     for n, client in enumerate((reader, graph_reader, before, signalled)):
         client.recall(uid, f"warm-up {qs[n % 4]}", k=10)
@@ -146,6 +160,8 @@ def _measure(ctx: BenchContext, stack: Any, size: int, writes: int) -> dict[str,
     # theirs at their first "no write since" recall), which its signals then keep current.
     signalled.recall(uid, f"warm-up again {qs[2]}", k=10)
     signalled.reader.flush()
+    first_reads_s = time.perf_counter() - started
+    ctx.log(f"hosts: first reads in {first_reads_s:.0f} s; {writes} writes")
     loads = {name: hosts[name].reader.keeper.rebuilds for name in hosts}
     recall: dict[str, list[float]] = {
         "catch-up": [], "graph catch-up": [], "rebuild": [], "no write since": [], "after a signal": [],
@@ -166,6 +182,8 @@ def _measure(ctx: BenchContext, stack: Any, size: int, writes: int) -> dict[str,
         written = time.perf_counter()
         order = [("catch-up", reader), ("graph catch-up", graph_reader), ("rebuild", before)]
         order = order[i % 3 :] + order[: i % 3]  # each reader first, second and third in turn
+        if i >= rebuild_writes(size):
+            order = [(label, client) for label, client in order if label != "rebuild"]
         for label, client in order:
             start = time.perf_counter()
             got = client.recall(uid, qs[4 + 3 * i + [lbl for lbl, _ in order].index(label)], k=10)
@@ -212,6 +230,8 @@ def _measure(ctx: BenchContext, stack: Any, size: int, writes: int) -> dict[str,
     return {
         "facts": size,
         "writes": writes,
+        "bulk_load_s": load_s,
+        "first_reads_s": first_reads_s,
         "recall_ms": {k: dist(v) for k, v in recall.items()},
         "floor_ms": floor_d,
         "ratio_p50": {k: ratio(dist(v)["p50"], floor_d["p50"]) for k, v in recall.items()},
@@ -240,7 +260,8 @@ def _measure(ctx: BenchContext, stack: Any, size: int, writes: int) -> dict[str,
 
 
 def run(ctx: BenchContext) -> BenchResult:
-    sizes = [2_000] if ctx.quick else list(FULL_SIZES)
+    chosen = os.environ.get("HOSTS_BENCH_SIZES", "")
+    sizes = [2_000] if ctx.quick else [int(n) for n in chosen.split(",") if n] or list(FULL_SIZES)
     writes = ctx.size(12, 40)
     recall = Table(
         "recall on a reader host right after another host's write (ms); floor = query embedding + FAISS search",
@@ -316,7 +337,7 @@ def run(ctx: BenchContext) -> BenchResult:
             f"store {ctx.store}; every host its own data directory, no shared files; load average "
             f"{summary['load_avg_1min']:.1f} (1 min) at the start; ratios are within one loop",
             "rebuild = this code with the catch-up refused: a copy behind the graph read whole again, what a "
-            "host without the writer's files did before",
+            "host without the writer's files did before (the first 12 writes only; 3 at 100K facts)",
             f"after a signal = a reader listening for writers' stamps, answering {SIGNAL_PAUSE_S:.1f} s after the "
             "write; catch-up, graph catch-up and rebuild do not listen",
             "catch-up reads the writers' change feed (Redis); graph catch-up = the same reader with the feed "

@@ -61,6 +61,28 @@ def test_a_reader_behind_catches_up_from_the_feed_and_reads_nothing_of_the_graph
     assert whole is not None and dict(held.facts) == dict(whole.facts) and dict(held.chunks) == dict(whole.chunks)
 
 
+def test_right_after_a_write_the_keyword_channel_searches_the_caught_up_snapshot(
+    memory: Memory,
+    tmp_path: Path,
+) -> None:
+    """The recall's keyword search waits for the catch-up on its reader thread (so both overlap the query's
+    embedding) and then searches the snapshot at the new stamp: never the older one it started from, and
+    not the store."""
+    reader = _host(memory, tmp_path / "reader")
+    user = new_user()
+    _chatter(memory, user)
+    _warm(reader, user)
+    memory.say(user, "aurora", "We finally saw the northern lights dancing over the fjord last night!", at(20))
+    with Reads(memory.graph) as reads:
+        items = reader.recall(user, "northern lights over the fjord", k=10).items
+        reader.flush()
+    assert reads.calls == []  # caught up from the feed; the keyword search and the graph step in memory
+    said = [i for i in items if i.kind == "episode" and "northern lights" in i.statement]
+    assert said and "keyword" in said[0].channels, [(i.statement, i.channels) for i in items]
+    held = reader.snapshots.peek(user)
+    assert held is not None and held.stamp == memory.graph.user_stamp(user)
+
+
 def test_a_feed_that_does_not_reach_back_to_the_copy_reads_the_graph(
     memory: Memory,
     tmp_path: Path,
