@@ -18,7 +18,16 @@ from engram_api.models import GLOBAL_SCOPE, SCORE_COMPONENTS, Weights
 from engram_api.settings import Settings
 from engram_api.storage.graph.contract import GraphStore
 
-__all__ = ["ComponentValues", "WeightSource", "Weights", "components", "effective_weights", "named", "normalized"]
+__all__ = [
+    "ComponentValues",
+    "WeightSource",
+    "Weights",
+    "by_rank",
+    "components",
+    "effective_weights",
+    "named",
+    "normalized",
+]
 
 
 WeightSource = Literal["configured", "learned:user", "learned:global"]
@@ -79,3 +88,15 @@ def normalized(scores: Sequence[float], *, cut: bool) -> list[float]:
     if best <= floor:
         return [1.0] * len(scores)
     return [(s - floor) / (best - floor) for s in scores]
+
+
+_RANK_POWER = 3  # chosen on the LoCoMo dev conversations (docs/benchmarks.md)
+
+
+def by_rank(count: int, k: int) -> list[float]:
+    """Shares of a ranked list of ``count`` hits cut at ``k``: ``(1 - rank / k) ** 3``, the best
+    hit 1 and the (k+1)th, the first the channel could not list, 0. For the keyword channel: its BM25 is
+    computed over the user's documents by a held snapshot and over every user's rows by the store's
+    full-text index, so the scores' gaps depend on which index answers, and only the order is theirs."""
+    n = max(k, count, 1)
+    return [(1.0 - rank / n) ** _RANK_POWER for rank in range(count)]
