@@ -1,5 +1,5 @@
 """Recall scoring: the composite score of one candidate, and a channel's scores normalized for the fusion
-(which ``fusion`` does).
+(which ``fusion`` does): by score (``normalized``), or for the keyword channel by rank (``by_rank``).
 
 composite = alpha*similarity + beta*hop_decay**hops + gamma*strength + recency_w*recency + importance_w*importance
 where recency = 2 ** (-age_days / half_life). Weights come from settings or, once the maintenance job has
@@ -78,9 +78,10 @@ def named(values: ComponentValues) -> dict[str, float]:
 def normalized(scores: Sequence[float], *, cut: bool) -> list[float]:
     """A channel's scores min-max normalized: its best hit 1, and 0 at the floor of what it could list.
     A list ``cut`` at the channel's k has that floor at its worst hit; a shorter list holds everything
-    the channel found, so its floor is a non-match's score, 0 (two keyword hits are not best and worst
-    but best and second). One hit alone, or all equal, is 1 each. BM25 and cosine scores are on no common
-    scale, and how far a hit is from the channel's best says more than its rank does."""
+    the channel found, so its floor is a non-match's score, 0 (two graph hits are not best and worst but
+    best and second). One hit alone, or all equal, is 1 each. Cosine and hop scores are on no common
+    scale, and how far a hit is from the channel's best says more than its rank does (the keyword
+    channel is the exception: ``by_rank``)."""
     if not scores:
         return []
     best, worst = max(scores), min(scores)
