@@ -35,7 +35,7 @@ from engram_api.reader.cues import QueryCues
 from engram_api.reader.facts import UserChunks, UserFacts
 from engram_api.reader.items import Candidate, Row, recall_item
 from engram_api.reader.recipe import RecallRecipe, RetrievalChannel
-from engram_api.reader.scoring import Weights, by_rank, components, named, normalized
+from engram_api.reader.scoring import Weights, by_rank, components, named, normalized, word_share
 from engram_api.settings import Settings
 from engram_api.storage.faiss.files import Kind, UserIndex, VectorHit
 from engram_api.storage.graph.contract import GraphStepQuery, GraphStore
@@ -168,10 +168,8 @@ class _Run:
 
     def _coverage(self, node_id: str) -> float:
         """The share of the query's keyword stems the hit's indexed text holds (1 with no stems)."""
-        if not self.qstems:
-            return 1.0
         text = self.facts[node_id].statement if node_id in self.facts else self.chunks[node_id].indexed_text
-        return len(self.qstems.intersection(stems(text))) / len(self.qstems)
+        return word_share(self.qstems, text)
 
     def channels(self) -> None:
         recipe, k = self.recipe, self.recipe.k

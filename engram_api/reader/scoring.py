@@ -12,11 +12,13 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from datetime import datetime
+from functools import lru_cache
 from typing import Literal
 
 from engram_api.models import GLOBAL_SCOPE, SCORE_COMPONENTS, Weights
 from engram_api.settings import Settings
 from engram_api.storage.graph.contract import GraphStore
+from engram_api.storage.snapshot.keywords import stems
 
 __all__ = [
     "ComponentValues",
@@ -27,6 +29,7 @@ __all__ = [
     "effective_weights",
     "named",
     "normalized",
+    "word_share",
 ]
 
 
@@ -101,3 +104,17 @@ def by_rank(count: int, k: int) -> list[float]:
     full-text index, so the scores' gaps depend on which index answers, and only the order is theirs."""
     n = max(k, count, 1)
     return [(1.0 - rank / n) ** _RANK_POWER for rank in range(count)]
+
+
+@lru_cache(maxsize=16_384)
+def _terms(text: str) -> frozenset[str]:
+    """The indexed terms of a keyword hit's text, kept: a user's hits recur from query to query, and
+    stemming ~80 of them again at every recall measured 7.7 ms on this machine at load 23."""
+    return frozenset(stems(text))
+
+
+def word_share(query_terms: frozenset[str], text: str) -> float:
+    """The share of ``query_terms`` (stemmed, as ``stems`` gives them) that ``text`` holds; 1 for none."""
+    if not query_terms:
+        return 1.0
+    return len(query_terms & _terms(text)) / len(query_terms)
