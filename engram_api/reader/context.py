@@ -13,8 +13,8 @@ The contract (also in docs/api.md):
   (MiniLM puts "Good morning!" closer to "plan a dinner for me" than many an answer to its question);
 - lines are chosen in recall order (most relevant first) while they fit in ``max_tokens`` (about four
   characters a token, headers included); a line that does not fit is skipped, not cut;
-- nothing is said twice: a fact whose every source message is already shown as an excerpt is left out
-  (the excerpt says it in full, and its date when), and so is an excerpt whose text is already shown;
+- an excerpt whose text is already shown is left out (the same words said twice); a fact is kept next
+  to the excerpt it came from, since only the fact says that it holds now;
 - an excerpt said within ``NEAR_S`` of an excerpt already chosen (the other side of the exchange) is
   shown under it as an indented "speaker: text" line, without repeating the date: one excerpt of the
   exchange, which saves the tokens of a dated line;
@@ -80,11 +80,10 @@ def select_context(items: Sequence[RecallItem], max_tokens: int, replaced: Colle
     chosen: list[RecallItem] = []
     heads: list[RecallItem] = []  # the chosen excerpts shown with their date
     headers: set[str] = set()
-    excerpted: set[str] = set()  # messages shown as an excerpt
     texts: set[str] = set()
     used = 0
     for item in items:
-        if item.kind == "fact" and (not item.current or (item.source_ids and set(item.source_ids) <= excerpted)):
+        if item.kind == "fact" and not item.current:
             continue
         if item.kind == "episode" and (
             item.id in replaced or is_trivial(item.statement) or item.statement.strip() in texts
@@ -100,7 +99,6 @@ def select_context(items: Sequence[RecallItem], max_tokens: int, replaced: Colle
         used += cost
         if item.kind == "episode":
             heads += [] if joins else [item]
-            excerpted.update(item.source_ids)
             texts.add(item.statement.strip())
     return chosen
 
