@@ -1,5 +1,5 @@
 """Query cues and score normalization: the pure parts of recall's ranking (``reader.cues``,
-``reader.scoring.normalized``); the contract suite checks them on real stores."""
+``reader.scoring.normalized`` and ``by_rank``); the contract suite checks them on real stores."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 import pytest
 
 from engram_api.reader.cues import QueryCues
-from engram_api.reader.scoring import normalized
+from engram_api.reader.scoring import by_rank, normalized
 
 SENT = datetime(2023, 5, 8, 13, 0, tzinfo=UTC)
 
@@ -66,3 +66,11 @@ def test_scores_are_normalized_between_the_best_hit_and_the_floor_of_the_list() 
     assert normalized([12.0, 9.0, 3.0], cut=True) == pytest.approx([1.0, 2 / 3, 0.0])
     assert normalized([12.0, 9.0, 3.0], cut=False) == pytest.approx([1.0, 0.75, 0.25])
     assert normalized([0.61, 0.42, -0.05], cut=False) == pytest.approx([1.0, 0.47 / 0.66, 0.0])
+
+
+def test_keyword_hits_share_by_rank_from_one_for_the_best_to_zero_past_the_channels_k() -> None:
+    assert by_rank(0, 40) == []
+    assert by_rank(3, 4) == pytest.approx([1.0, (3 / 4) ** 3, (2 / 4) ** 3])
+    # A list longer than k (a caller's own cut) still ends above 0; the shares fall with the rank.
+    shares = by_rank(5, 2)
+    assert shares[0] == 1.0 and shares[-1] > 0 and shares == sorted(shares, reverse=True)

@@ -35,12 +35,13 @@ from engram_api.reader.cues import QueryCues
 from engram_api.reader.facts import UserChunks, UserFacts
 from engram_api.reader.items import Candidate, Row, recall_item
 from engram_api.reader.recipe import RecallRecipe, RetrievalChannel
-from engram_api.reader.scoring import Weights, components, named, normalized
+from engram_api.reader.scoring import Weights, by_rank, components, named, normalized, word_share
 from engram_api.settings import Settings
 from engram_api.storage.faiss.files import Kind, UserIndex, VectorHit
 from engram_api.storage.graph.contract import GraphStepQuery, GraphStore
 from engram_api.storage.graph.episodes import keyword_terms
 from engram_api.storage.graph.validity import overlaps
+from engram_api.storage.snapshot.keywords import stems
 from engram_api.storage.snapshot.rows import AnyChunk, AnyFact
 
 __all__ = ["TimeWindow", "keyword_hits", "recall_items"]
@@ -87,6 +88,7 @@ class _Run:
     graph_expansion: bool
     keyword: Future[list[KeywordHit]] | None
     cues: QueryCues
+    qstems: frozenset[str] = frozenset()
     facts: dict[str, AnyFact] = field(default_factory=dict)  # models, or a held snapshot's views of them
     chunks: dict[str, AnyChunk] = field(default_factory=dict)
     sims: dict[str, float] = field(default_factory=dict)
@@ -145,19 +147,29 @@ class _Run:
     # ---------------------------------------------------------------------------------- channels
     def _rank(self, channel: RetrievalChannel, ids: Sequence[str], scores: dict[str, float]) -> None:
         """Add the channel's share to each of its hits: ``weight / (rrf_k + rank + 1)`` by rank, or with
-        ``fusion_mode`` "score" ``weight`` times the hit's score over the channel's best (``normalized``)."""
-        weight = self.recipe.weights.get(channel, 1.0)
-        shares = (
-            normalized([scores[i] for i in ids], cut=len(ids) >= self.recipe.k.get(channel, 0))
-            if self.recipe.fusion_mode == "score"
-            else [1.0 / (self.recipe.rrf_k + rank + 1) for rank in range(len(ids))]
-        )
+        ``fusion_mode`` "score" ``weight`` times the hit's score over the channel's best (``normalized``);
+        for the keyword channel, whose ``scores`` are each hit's share of the query's words, that share
+        times its rank's (``by_rank``)."""
+        weight, k = self.recipe.weights.get(channel, 1.0), self.recipe.k.get(channel, 0)
+        if self.recipe.fusion_mode == "rank":
+            shares = [1.0 / (self.recipe.rrf_k + rank + 1) for rank in range(len(ids))]
+        elif channel == "keyword":
+            # By rank and by the share of the query's words a hit holds: both the same whichever index
+            # answers, where the BM25 scores are not (``scoring.by_rank``).
+            shares = [share * scores[i] for share, i in zip(by_rank(len(ids), k), ids, strict=True)]
+        else:
+            shares = normalized([scores[i] for i in ids], cut=len(ids) >= k)
         for node_id, share in zip(ids, shares, strict=True):
             kind: Literal["fact", "episode"] = "fact" if node_id in self.facts else "episode"
             cand = self.cands.setdefault(
                 node_id, Candidate(kind=kind, fact=self.facts.get(node_id), chunk=self.chunks.get(node_id))
             )
             cand.add(channel, weight * share)
+
+    def _coverage(self, node_id: str) -> float:
+        """The share of the query's keyword stems the hit's indexed text holds (1 with no stems)."""
+        text = self.facts[node_id].statement if node_id in self.facts else self.chunks[node_id].indexed_text
+        return word_share(self.qstems, text)
 
     def channels(self) -> None:
         recipe, k = self.recipe, self.recipe.k
@@ -192,8 +204,9 @@ class _Run:
             self._rank("fact_vector", [h.node_id for h in fact_hits if self._ok(h.node_id)], self.sims)
         # The index is the one of the stamp read first; a forget committed since removes chunks it still holds.
         self._rank("episode_vector", [cid for cid in episode_ids if self._ok(cid)], self.sims)
-        bm25 = {h.node_id: h.score for h in keyword}
-        self._rank("keyword", [h.node_id for h in keyword if self._ok(h.node_id)], bm25)
+        for table in ("episode", "fact"):  # each table's own ranking (the stores' and the snapshot's)
+            ids = [h.node_id for h in keyword if h.kind == table and self._ok(h.node_id)]
+            self._rank("keyword", ids, {i: self._coverage(i) for i in ids})
         if expanding:
             # A fact reached but not read back was forgotten while the step ran (Neo4j reads at read committed).
             reached = [fid for fid in self.hops if fid in self.facts and self.window.fact_ok(self.facts[fid])]
@@ -405,6 +418,7 @@ def recall_items(
         graph_expansion=graph_expansion,
         keyword=keyword,
         cues=QueryCues.of(query),
+        qstems=frozenset(stems(" ".join(keyword_terms(query)))),
     )
     start = time.perf_counter()
     run.channels()

@@ -3,8 +3,11 @@
 Channels: ``fact_vector`` (the user's fact embeddings), ``episode_vector`` (the conversation's chunks),
 ``keyword`` (BM25 over chunks and fact statements) and ``graph`` (expansion from the entities the query
 and the top hits mention). With ``fusion_mode`` "score" (the default) each channel adds ``weight`` times
-a hit's score min-max normalized over the channel's list (BM25, cosine, ``hop_decay ** hops`` for the
-graph): its best hit the whole weight, its worst listed hit nothing; with "rank" it adds
+a hit's score min-max normalized over the channel's list (cosine, ``hop_decay ** hops`` for the graph):
+its best hit the whole weight, its worst listed hit nothing; the keyword channel adds ``weight`` times
+the share of the query's words the hit holds times ``(1 - rank / k) ** 3`` (its rank in its table:
+chunks, facts), never its BM25 score, which a held snapshot computes over the user's documents and the
+store over every user's, so two readers of one memory fuse the same shares; with "rank" it adds
 ``weight / (rrf_k + rank + 1)`` (reciprocal-rank fusion). The ``fusion`` weight turns the sum into a
 share of the final score next to the composite score (similarity, graph, strength, recency, importance;
 learned weights apply there). A turn gets ``speaker_boost`` more when the query names its speaker, and
@@ -43,7 +46,7 @@ class RecallRecipe(BaseModel):
     weights: dict[RetrievalChannel, float] = Field(
         # BM25 carries names, places and dates where MiniLM is weak; fact vectors mostly re-find what the
         # episode vectors found.
-        default_factory=lambda: {"fact_vector": 0.5, "episode_vector": 1.0, "keyword": 2.0, "graph": 0.5},
+        default_factory=lambda: {"fact_vector": 0.5, "episode_vector": 1.0, "keyword": 5.0, "graph": 0.5},
         description="each channel's weight in the fusion",
     )
     fusion_mode: Literal["score", "rank"] = Field(

@@ -1,5 +1,5 @@
 """Recall scoring: the composite score of one candidate, and a channel's scores normalized for the fusion
-(which ``fusion`` does).
+(which ``fusion`` does): by score (``normalized``), or for the keyword channel by rank (``by_rank``).
 
 composite = alpha*similarity + beta*hop_decay**hops + gamma*strength + recency_w*recency + importance_w*importance
 where recency = 2 ** (-age_days / half_life). Weights come from settings or, once the maintenance job has
@@ -12,13 +12,25 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from datetime import datetime
+from functools import lru_cache
 from typing import Literal
 
 from engram_api.models import GLOBAL_SCOPE, SCORE_COMPONENTS, Weights
 from engram_api.settings import Settings
 from engram_api.storage.graph.contract import GraphStore
+from engram_api.storage.snapshot.keywords import stems
 
-__all__ = ["ComponentValues", "WeightSource", "Weights", "components", "effective_weights", "named", "normalized"]
+__all__ = [
+    "ComponentValues",
+    "WeightSource",
+    "Weights",
+    "by_rank",
+    "components",
+    "effective_weights",
+    "named",
+    "normalized",
+    "word_share",
+]
 
 
 WeightSource = Literal["configured", "learned:user", "learned:global"]
@@ -69,9 +81,10 @@ def named(values: ComponentValues) -> dict[str, float]:
 def normalized(scores: Sequence[float], *, cut: bool) -> list[float]:
     """A channel's scores min-max normalized: its best hit 1, and 0 at the floor of what it could list.
     A list ``cut`` at the channel's k has that floor at its worst hit; a shorter list holds everything
-    the channel found, so its floor is a non-match's score, 0 (two keyword hits are not best and worst
-    but best and second). One hit alone, or all equal, is 1 each. BM25 and cosine scores are on no common
-    scale, and how far a hit is from the channel's best says more than its rank does."""
+    the channel found, so its floor is a non-match's score, 0 (two graph hits are not best and worst but
+    best and second). One hit alone, or all equal, is 1 each. Cosine and hop scores are on no common
+    scale, and how far a hit is from the channel's best says more than its rank does (the keyword
+    channel is the exception: ``by_rank``)."""
     if not scores:
         return []
     best, worst = max(scores), min(scores)
@@ -79,3 +92,29 @@ def normalized(scores: Sequence[float], *, cut: bool) -> list[float]:
     if best <= floor:
         return [1.0] * len(scores)
     return [(s - floor) / (best - floor) for s in scores]
+
+
+_RANK_POWER = 3  # chosen on the LoCoMo dev conversations (docs/benchmarks.md)
+
+
+def by_rank(count: int, k: int) -> list[float]:
+    """Shares of a ranked list of ``count`` hits cut at ``k``: ``(1 - rank / k) ** 3``, the best
+    hit 1 and the (k+1)th, the first the channel could not list, 0. For the keyword channel: its BM25 is
+    computed over the user's documents by a held snapshot and over every user's rows by the store's
+    full-text index, so the scores' gaps depend on which index answers, and only the order is theirs."""
+    n = max(k, count, 1)
+    return [(1.0 - rank / n) ** _RANK_POWER for rank in range(count)]
+
+
+@lru_cache(maxsize=16_384)
+def _terms(text: str) -> frozenset[str]:
+    """The indexed terms of a keyword hit's text, kept: a user's hits recur from query to query, and
+    stemming ~80 of them again at every recall measured 7.7 ms on this machine at load 23."""
+    return frozenset(stems(text))
+
+
+def word_share(query_terms: frozenset[str], text: str) -> float:
+    """The share of ``query_terms`` (stemmed, as ``stems`` gives them) that ``text`` holds; 1 for none."""
+    if not query_terms:
+        return 1.0
+    return len(query_terms & _terms(text)) / len(query_terms)

@@ -34,7 +34,7 @@ from tests.support.extractions import entity, fact, lives_in
 from tests.support.factories import at, new_user
 from tests.support.memory import apply_message
 
-# Every channel but the keyword search, whose ranks a snapshot computes with the user's own statistics.
+# Every channel but the keyword search.
 NO_KEYWORD = DEFAULT_RECIPE.with_channels("fact_vector", "episode_vector", "graph")
 FILLER = [
     "I had pasta for lunch today.",
@@ -458,11 +458,12 @@ def test_a_facts_source_excerpt_comes_from_the_cache_at_the_same_stamp_and_never
 def test_a_small_users_snapshot_answers_recall_as_the_store_does_and_only_at_its_stamp(memory: Memory) -> None:
     """The snapshot is loaded off the recall path once a second recall finds the same stamp; from then on
     recall makes no store call at all (records, graph step, keyword search), returns what a reader without
-    snapshots returns, and a write (here a forget) takes it out of service.
+    snapshots returns (the same items, order and scores, with every channel and without the keyword one),
+    and a write (here a forget) takes it out of service.
 
-    The keyword channel is left out of the comparison: the snapshot ranks by the user's own BM25 statistics
-    and the store by its whole index's (on the shared Neo4j, every test user's rows), so its ranks, and the
-    fused scores, may differ; which documents it finds is the same (tests/contract/test_snapshot_keywords.py)."""
+    The snapshot's BM25 counts the user's own documents and the store's its whole index (on the shared
+    Neo4j, every test user's rows), so the keyword channel fuses a hit's rank and its share of the query's
+    words, never its BM25 score: the two readers' orders are the same."""
     user = new_user()
     _chatter(memory, user)
     memory.say(user, "home", "I live in Tampa, by the bay.", at(11), lives_in("Tampa"))
@@ -494,15 +495,15 @@ def test_a_small_users_snapshot_answers_recall_as_the_store_does_and_only_at_its
         setattr(memory.graph, name, counted(name))
     try:
         for question in ("where does the user live?", "aurora borealis trip", "the bay", "what did we watch?"):
-            assert memory.reader.recall(user, question, k=10).items  # every channel: no store call
-            got = memory.reader.recall(user, question, k=10, recipe=NO_KEYWORD).items
-            assert reads == []
-            want = plain.recall(user, question, k=10, recipe=NO_KEYWORD).items
-            plain_reads += len(reads)
-            reads.clear()
-            assert [(i.id, i.channels, round(i.score, 4)) for i in got] == [
-                (i.id, i.channels, round(i.score, 4)) for i in want
-            ]
+            for recipe in (DEFAULT_RECIPE, NO_KEYWORD):
+                got = memory.reader.recall(user, question, k=10, recipe=recipe).items
+                assert got and reads == []
+                want = plain.recall(user, question, k=10, recipe=recipe).items
+                plain_reads += len(reads)
+                reads.clear()
+                assert [(i.id, i.channels, round(i.score, 4)) for i in got] == [
+                    (i.id, i.channels, round(i.score, 4)) for i in want
+                ]
     finally:
         for name in real:
             delattr(memory.graph, name)
@@ -566,8 +567,8 @@ def test_another_processs_write_refreshes_the_held_snapshot_and_recall_still_ans
         assert whole is not None and dict(refreshed.facts) == dict(whole.facts)
         assert dict(refreshed.chunks) == dict(whole.chunks) and refreshed.touching == whole.touching
         for question in ("where does the user live?", "northern lights over the fjord", "Denver", "the bay"):
-            got = reader.recall(user, question, k=10, recipe=NO_KEYWORD).items  # see the test above
-            want = plain.recall(user, question, k=10, recipe=NO_KEYWORD).items
+            got = reader.recall(user, question, k=10).items  # every channel: see the test above
+            want = plain.recall(user, question, k=10).items
             assert [(i.id, i.channels, round(i.score, 4)) for i in got] == [
                 (i.id, i.channels, round(i.score, 4)) for i in want
             ]
