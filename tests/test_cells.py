@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -65,7 +66,7 @@ def test_a_users_cell_is_the_same_in_every_process() -> None:
     code = "import json,sys; from engram_api.cells import cell_of; print(json.dumps([cell_of(u, 3) for u in json.load(sys.stdin)]))"
     out = subprocess.run(
         [sys.executable, "-c", code], input=json.dumps(users), capture_output=True, text=True, check=True,
-        env={**__import__("os").environ, "PYTHONHASHSEED": "12345"},
+        env={**os.environ, "PYTHONHASHSEED": "12345"},
     )  # fmt: skip
     assert json.loads(out.stdout) == here
     assert here == [int(hashlib.sha256(u.encode()).hexdigest(), 16) % 3 for u in users]
