@@ -11,7 +11,7 @@ import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 
 from engram_api.errors import ConfigError
@@ -432,6 +432,18 @@ class Settings(BaseSettings):
     gateway_public_docs: bool = Field(
         False, description="serve /docs and /openapi.json without a key when keys are configured"
     )
+    cell_count: int | None = Field(
+        None,
+        ge=1,
+        description="cells: the number of independent stacks users are spread over (unset: no cells; "
+        'docs/operations.md "Scaling")',
+    )
+    cell_index: int | None = Field(
+        None,
+        ge=0,
+        description="cells: which cell (0 .. ENGRAM_CELL_COUNT-1) this stack is; its gateway answers 421 for a user "
+        "of another cell (set both or neither)",
+    )
 
     @property
     def neo4j_pool(self) -> dict[str, float]:
@@ -468,6 +480,17 @@ class Settings(BaseSettings):
         taken = sorted(set(v) & _LLM_PARAMS_OURS)
         if taken:
             raise ValueError(f"sets {', '.join(taken)}, which Engram sets itself (the other settings say how)")
+        return v
+
+    @field_validator("cell_index")
+    @classmethod
+    def _in_the_cells(cls, v: int | None, info: ValidationInfo) -> int | None:
+        # cell_count is declared first, so it is validated (and in ``info.data``) by now.
+        count = info.data.get("cell_count")
+        if (v is None) != (count is None):
+            raise ValueError("is set without ENGRAM_CELL_COUNT, or unset with it: set both or neither")
+        if v is not None and count is not None and v >= count:
+            raise ValueError(f"must be below ENGRAM_CELL_COUNT ({count})")
         return v
 
     @field_validator("llm_model", "llm_api_key", "llm_api_base", "neo4j_password", "api_key", "redis_sentinel_password")

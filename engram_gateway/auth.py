@@ -7,6 +7,9 @@ Invariants:
   ``<namespace>.<rest>``. Namespaces cannot contain '.', so a user id belongs to exactly one namespace and
   the check is a pure function of the id string: it answers the same whether or not the user exists (no
   existence oracle). ``*`` (every user) is for operator keys.
+- A gateway configured as one cell (``ENGRAM_CELL_INDEX`` of ``ENGRAM_CELL_COUNT``) checks the user's cell
+  after the namespace: another cell's user is ``WrongCellError`` (421, naming the right cell), so a
+  router's mistake is refused before anything is read or written here, never written into this stack.
 - With no key configured the gateway is in local mode: every caller is the ``local`` principal (all scopes,
   every namespace), and ``engram serve`` refuses to listen anywhere but loopback.
 """
@@ -16,8 +19,9 @@ from __future__ import annotations
 import hashlib
 import secrets
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from engram_api.cells import Cell
 from engram_api.errors import ConfigError, EngramError
 from engram_api.models import check_user_id
 from engram_api.settings import ApiKeySpec, Scope
@@ -65,6 +69,7 @@ class Principal:
     name: str
     scopes: frozenset[Scope]
     namespace: str
+    cell: Cell | None = None  # this gateway's cell: another cell's user is refused (421), whatever the key
 
     def require(self, scope: Scope) -> None:
         if scope not in self.scopes:
@@ -80,6 +85,8 @@ class Principal:
             raise AccessDeniedError(
                 403, f"user ids of key {self.name!r} start with {self.namespace + '.'!r}", field=field
             )
+        if self.cell is not None:
+            self.cell.check(uid, field)
         return uid
 
 
@@ -89,8 +96,9 @@ LOCAL = Principal(name="local", scopes=ALL_SCOPES, namespace="*")
 class KeyRing:
     """The configured keys, by digest."""
 
-    def __init__(self, specs: Iterable[ApiKeySpec]) -> None:
+    def __init__(self, specs: Iterable[ApiKeySpec], cell: Cell | None = None) -> None:
         self._by_digest = {spec.sha256: spec for spec in specs}
+        self.cell = cell
 
     @property
     def local_mode(self) -> bool:
@@ -99,13 +107,13 @@ class KeyRing:
     def principal(self, key: str | None) -> Principal:
         """The principal of a presented key; 401 when it is missing or unknown (local mode: ``LOCAL``)."""
         if self.local_mode:
-            return LOCAL
+            return replace(LOCAL, cell=self.cell)
         if not key:
             raise AccessDeniedError(401, "missing API key (send 'Authorization: Bearer <key>' or 'X-API-Key')")
         spec = self._by_digest.get(digest(key))
         if spec is None:
             raise AccessDeniedError(401, "unknown API key")
-        return Principal(name=spec.name, scopes=spec.scopes, namespace=spec.namespace)
+        return Principal(name=spec.name, scopes=spec.scopes, namespace=spec.namespace, cell=self.cell)
 
     def from_headers(self, authorization: str | None, api_key: str | None) -> Principal:
         if api_key:

@@ -5,7 +5,8 @@ Invariants:
   404, a duplicate message id 409 (with the original receipt), ``BackPressureError`` 429 and
   ``StoreUnavailableError`` 503 (both with ``Retry-After``), a key over its quota 429 (``rate-limited``,
   with ``Retry-After``), a missing/unknown key 401, a key without the
-  scope or namespace 403, a body over ``ENGRAM_GATEWAY_MAX_BODY_BYTES`` 413.
+  scope or namespace 403, a body over ``ENGRAM_GATEWAY_MAX_BODY_BYTES`` 413, a user of another cell
+  (``WrongCellError``) 421 Misdirected Request with the user's cell in ``Engram-Cell``.
 - Request-model validation errors (wrong types, unknown fields) are 400 too, naming the first bad field
   the way the library does (``items[3].messages``), so clients handle one shape; only the first is
   reported (the models' bounds keep the list pydantic builds short).
@@ -27,6 +28,7 @@ from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from engram_api.cells import WrongCellError
 from engram_api.errors import (
     BackPressureError,
     EngramError,
@@ -39,6 +41,7 @@ from engram_gateway.auth import AccessDeniedError
 from engram_gateway.quotas import RateLimitedError
 
 __all__ = [
+    "CELL_HEADER",
     "BodyLimit",
     "DuplicateMessageError",
     "Problem",
@@ -50,6 +53,7 @@ __all__ = [
 
 log = logging.getLogger("engram.gateway")
 STORE_RETRY_AFTER_S = 5
+CELL_HEADER = "Engram-Cell"  # on a 421: the cell the user belongs to, for the router to resend it there
 
 
 class Problem(BaseModel):
@@ -142,6 +146,12 @@ def install_handlers(app: FastAPI) -> None:
                 401, "unauthorized", "Unauthorized", str(exc), headers={"WWW-Authenticate": "Bearer"}
             )
         return problem_response(403, "forbidden", "Forbidden", str(exc), field=exc.field)
+
+    @app.exception_handler(WrongCellError)
+    async def _wrong_cell(_: Request, exc: WrongCellError) -> JSONResponse:
+        return problem_response(
+            421, "wrong-cell", "Misdirected request", str(exc), field=exc.field, headers={CELL_HEADER: str(exc.cell)}
+        )
 
     @app.exception_handler(NotFoundError)
     async def _not_found(_: Request, exc: NotFoundError) -> JSONResponse:

@@ -4,7 +4,7 @@ come before every call into the library.
 Invariants:
 - The gateway validates, enqueues and reads; it never calls an LLM and never waits for extraction
   (``MemoryClient.enqueue`` is one Redis round trip; reads go to the reader).
-- Every user id passes ``Principal.user`` (syntax, then namespace) before the library sees it, and every
+- Every user id passes ``Principal.user`` (syntax, then namespace, then cell) before the library sees it, and every
   check runs before anything is written, so a refused request changed nothing.
 - Per-key quotas (``engram_gateway.quotas``): a request rate and a cap on open MCP sessions, per key.
 - With the embedded default, a Redis error makes the gateway look up the Redis ``engram up`` runs now
@@ -26,6 +26,7 @@ from typing import Any
 import redis
 
 from engram_api import MemoryClient, keys
+from engram_api.cells import Cell
 from engram_api.errors import BackPressureError, NotFoundError, StoreUnavailableError
 from engram_api.models import ChatMessage, Receipt, check_message_id
 from engram_api.settings import Settings
@@ -43,7 +44,7 @@ class Gateway:
     def __init__(self, settings: Settings, client: MemoryClient | None = None) -> None:
         self.settings = settings
         self.client = client or MemoryClient(settings=settings)
-        self.ring = KeyRing(settings.api_keys)
+        self.ring = KeyRing(settings.api_keys, Cell.of(settings))
         self.rates = KeyRates(settings.gateway_key_rate, settings.gateway_key_burst)
         self.sessions = SessionLedger(settings.gateway_key_mcp_sessions, settings.gateway_mcp_session_idle_s)
         self._depth = (0.0, 0)
