@@ -207,6 +207,14 @@ def parked(user_id: str) -> str:
     return f"{PREFIX}:parked:{user_id}"
 
 
+def parked_traces(user_id: str) -> str:
+    """Hash message id -> the trace context (W3C headers as JSON) of the extract span that parked it, written
+    with the parking only when tracing is on: the wake reads and removes it in the same script and puts it
+    in the woken task's headers, so the message's trace runs on from its enqueue (``engram_api.tracing``).
+    Removed when the message is woken or finished; lives ``status_ttl_s`` like ``parked``."""
+    return f"{PREFIX}:parked-traces:{user_id}"
+
+
 def user_version(user_id: str) -> str:
     """The per-user stamp ("epoch:version") writers publish; readers compare it with their cache and index."""
     return f"{PREFIX}:version:{user_id}"
@@ -247,6 +255,7 @@ def user_keys(user_id: str) -> tuple[str, ...]:
         extract_order(user_id),
         extract_turn(user_id),
         parked(user_id),
+        parked_traces(user_id),
         change_feed(user_id),
     )
 

@@ -6,12 +6,18 @@ the SDK, the OTLP exporter and the instrumentation packages (the ``engram[tracin
 is on. How the pieces join:
 
 - ``span(name)`` opens one of Engram's own spans: ``engram.enqueue`` (the producer), ``engram.extract`` /
-  ``engram.apply`` (a stage task), ``engram.llm`` (one model call), ``engram.recall`` (the reader).
+  ``engram.apply`` (a stage task, with its outcome as ``engram.outcome``), ``engram.llm`` (one model
+  call), ``engram.recall`` (the reader).
 - The enqueue writes the current context (W3C ``traceparent``/``tracestate``) into the extract task's
   kombu headers (``carrier``, read by ``engram_api.ledger.wire.task_message``): Celery's instrumentation
   in the worker reads it from the request, so the worker's ``run/engram.extract`` span is a child of
   ``engram.enqueue``; the hand-over to apply is an ordinary Celery publish, which the instrumentation
   injects into the same way.
+- A message that parks behind an earlier one of its user (``engram_api.ledger.turns``) keeps its extract
+  span's context beside its parking (``keys.parked_traces``, in the same script; not ``TRACE_FIELD``,
+  which names the extract span a recall links to, and is read by the script that picks the message to
+  wake): the task that wakes it carries that context in its headers, so the woken ``run/engram.extract``
+  is a child of the parked run's ``engram.extract`` (outcome ``waiting``), in the trace of its enqueue.
 - Extract records its span's context on the message's status hash (``status_fields``, field
   ``TRACE_FIELD``), which lives ``status_ttl_s``; a recall adds a link to it for each message its result
   cites (``recalled``), so the recall, in its own trace, points at the trace of every message it found.

@@ -41,8 +41,10 @@ StageFn = Callable[[WorkerResources, str, str, Delivery], StageResult]
 def _run_stage(task: Task, stage: str, fn: StageFn, user_id: str, message_id: str) -> StageResult:
     ctx = get_resources()
     try:
-        with tracing.span(f"engram.{stage}", **tracing.message_ids(user_id, message_id)):
-            return _deliver(ctx, task, stage, fn, user_id, message_id)
+        with tracing.span(f"engram.{stage}", **tracing.message_ids(user_id, message_id)) as span:
+            result = _deliver(ctx, task, stage, fn, user_id, message_id)
+            span.set_attribute("engram.outcome", result.outcome.value)  # a no-op with tracing off
+            return result
     except redis.RedisError as exc:
         # Redis itself is away (restart, failover): the bookkeeping cannot be trusted, and acking would
         # lose the message. Back on the queue it goes; the stages are idempotent.

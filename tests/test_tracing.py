@@ -6,7 +6,9 @@ One message's trace, continuing the caller's ``traceparent``: the gateway's HTTP
 -> the extract worker's ``run/engram.extract`` (its parent read from the task message's headers, which the
 enqueue script wrote) -> ``engram.extract`` -> ``engram.llm``, and -> Celery's publish of the apply task ->
 ``run/engram.apply`` -> ``engram.apply``. The recall that finds the message, in the caller's other trace,
-carries a link to the message's ``engram.extract`` span. With tracing off (the default) nothing is written.
+carries a link to the message's ``engram.extract`` span. A message parked behind its user's earlier one (an
+extraction turn) stays in its trace: the task that wakes it is a child of the parked run's extract span.
+With tracing off (the default) nothing is written.
 """
 
 from __future__ import annotations
@@ -64,14 +66,19 @@ def _one(spans: list[Span], name: str, trace_id: str) -> Span:
     return found[0]
 
 
+def _lineage(span: Span, spans: list[Span]) -> list[Span]:
+    """``span``'s ancestors in its trace, nearest first."""
+    by_id = {s.span_id: s for s in spans if s.trace_id == span.trace_id}
+    found, parent = [], span.parent
+    while parent in by_id:
+        found.append(by_id[parent])
+        parent = by_id[parent].parent
+    return found
+
+
 def _ancestors(span: Span, spans: list[Span]) -> list[str]:
     """The names of ``span``'s ancestors in its trace, nearest first."""
-    by_id = {s.span_id: s for s in spans if s.trace_id == span.trace_id}
-    names, parent = [], span.parent
-    while parent in by_id:
-        names.append(by_id[parent].name)
-        parent = by_id[parent].parent
-    return names
+    return [s.name for s in _lineage(span, spans)]
 
 
 @pytest.mark.slow  # a fleet of processes
@@ -137,6 +144,66 @@ def test_one_trace_from_enqueue_to_recall(
     assert "Lisbon" not in text and "Where does" not in text
 
 
+@pytest.mark.slow  # a fleet of processes
+def test_a_message_parked_behind_its_users_earlier_one_keeps_its_trace(
+    traced_fleet: tuple[Stack, GatewayProcess, dict[str, str], OtlpCollector], llm_server: LLMStandin
+) -> None:
+    """Two messages of one user back to back: the second's extract task finds the first holding the turn
+    and parks; the first's pass-on wakes it with a fresh task, which carries the context it parked with,
+    so its extract, LLM and apply spans are in the trace of its own enqueue."""
+    _, gw, key_secrets, collector = traced_fleet
+    llm_server.reset()
+    llm_server.latency_s = 1.0  # the first holds the turn through its model call while the second arrives
+    headers = auth(key_secrets, "a_rw")
+    uid, first, second = f"appA.{uuid.uuid4().hex[:8]}", uuid.uuid4().hex, uuid.uuid4().hex
+    first_parent, first_trace, _ = _traceparent()
+    second_parent, second_trace, _ = _traceparent()
+
+    with httpx.Client(base_url=gw.url, timeout=60) as http:
+        for mid, parent in ((first, first_parent), (second, second_parent)):
+            body = {"user_id": uid, "message_id": mid, "messages": [{"role": "user", "content": TEXT}]}
+            r = http.post("/v1/messages", json=body, headers={**headers, "traceparent": parent})
+            assert r.status_code == 202, r.text
+        wait_state(http, headers, uid, second)
+    assert llm_server.calls >= 2
+
+    def second_complete(got: list[Span]) -> bool:
+        """Every process has exported its spans of the second message (each on its own schedule)."""
+        mine = [s for s in got if s.trace_id == second_trace]
+        extracts = sum(s.name == "engram.extract" for s in mine)
+        first_enqueued = any(s.name == "engram.enqueue" and s.trace_id == first_trace for s in got)
+        return (
+            first_enqueued
+            and extracts >= 2
+            and {"engram.enqueue", "engram.llm", "engram.apply"} <= {s.name for s in mine}
+        )
+
+    spans = collector.wait_for(second_complete, SETTLE_S)
+    assert _one(spans, "engram.enqueue", first_trace).attributes["engram.message_id"] == first
+
+    # It really parked: its first extract run ended "waiting", a child of its own enqueue.
+    enqueue = _one(spans, "engram.enqueue", second_trace)
+    assert enqueue.attributes["engram.message_id"] == second
+    runs = [s for s in spans if s.name == "engram.extract" and s.trace_id == second_trace]
+    extracts = {s.attributes["engram.outcome"]: s for s in runs}
+    assert len(runs) == 2 and sorted(extracts) == ["llm", "waiting"], [s.attributes for s in runs]
+    parked, woken = extracts["waiting"], extracts["llm"]
+    assert [s.span_id for s in _lineage(parked, spans)][1] == enqueue.span_id
+    assert all(s.attributes["engram.message_id"] == second for s in runs)
+
+    # The woken task's run is a child of the parked run's extract span: one trace from the enqueue on.
+    assert _ancestors(woken, spans)[:4] == [
+        f"run/{keys.EXTRACT_TASK}", "engram.extract", f"run/{keys.EXTRACT_TASK}", "engram.enqueue"
+    ]  # fmt: skip
+    assert [s.span_id for s in _lineage(woken, spans)][1:4:2] == [parked.span_id, enqueue.span_id]
+    assert woken.span_id in [s.span_id for s in _lineage(_one(spans, "engram.llm", second_trace), spans)]
+    apply = _one(spans, "engram.apply", second_trace)
+    assert apply.attributes["engram.outcome"] == "applied"
+    assert {woken.span_id, enqueue.span_id} <= {s.span_id for s in _lineage(apply, spans)}
+    # The wake read and removed what the parking kept.
+    assert not traced_fleet[0].client.redis.exists(keys.parked_traces(uid))
+
+
 def test_tracing_off_writes_no_context(stack_off: Stack) -> None:
     """The default: no trace context in the task message or the status hash, whatever the process does."""
     client = stack_off.client
@@ -148,6 +215,13 @@ def test_tracing_off_writes_no_context(stack_off: Stack) -> None:
     assert tracing.carrier() == {} and tracing.status_fields() == {}
     with tracing.span("engram.enqueue") as span:
         assert not span.is_recording()
+    # A message parked behind an earlier one keeps no context either.
+    later = client.enqueue(receipt.user_id, TEXT)
+    turns = client.producer.ledger.turns
+    assert turns.take(receipt.user_id, receipt.message_id, 1.0).granted
+    assert turns.take(receipt.user_id, later.message_id, 2.0) == (False, receipt.message_id)
+    assert client.redis.sismember(keys.parked(receipt.user_id), later.message_id)
+    assert not client.redis.exists(keys.parked_traces(receipt.user_id))
 
 
 def test_tracing_on_without_the_extra_is_a_config_error_naming_the_setting() -> None:

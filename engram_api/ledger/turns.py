@@ -24,16 +24,21 @@ Invariants:
   drops such a blocker (checked in the script, against the blocker's status) and tries again. A message
   that dead-letters therefore passes the turn on like one that is applied.
 - ``pass_on`` of a message still queued or extracted changes nothing (checked in the script).
+- A woken message's trace runs on (``engram_api.tracing``): with tracing on, a message parks together with
+  the trace context of the extract span that parked it (``keys.parked_traces``, same script), and the script
+  that wakes it hands that context back (and removes it), which the woken task carries in its headers, as
+  the enqueue's task does. With tracing off the scripts neither write nor read it: not one command more.
 """
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, NamedTuple
 
-from engram_api import keys
+from engram_api import keys, tracing
 from engram_api.ledger.scripts import LuaScript
 from engram_api.ledger.wire import task_message
 from engram_api.models import MessageState
@@ -52,19 +57,21 @@ class TurnKeys(NamedTuple):
     turn: str
     order: str
     parked: str
+    traces: str
 
 
 class TakeArgs(NamedTuple):
     message_id: str
     event_time: str
     ttl: int
+    trace: str  # the parking span's context, kept if the message parks ('' = tracing off: none kept or read)
 
 
 # A message asks for its user's turn. It joins the order if it is not in it (enqueued before orders existed).
 # Granted when it holds the turn already (a redelivery, a message sent back by apply) or when the turn is free
 # and it is the earliest of the order. Otherwise it parks; if the turn is free and the earliest message parked
 # without being woken (a lost wake-up), that one is un-parked and returned to be woken. Returns {granted,
-# blocker (the holder, else the earliest), message to wake or ''}.
+# blocker (the holder, else the earliest), message to wake or '', the trace context it parked with or ''}.
 TAKE_TURN = LuaScript(
     TurnKeys,
     TakeArgs,
@@ -74,19 +81,29 @@ redis.call('EXPIRE', K.order, A.ttl)
 local holder = redis.call('GET', K.turn)
 if holder == A.message_id then
   redis.call('EXPIRE', K.turn, A.ttl)
-  return {1, '', ''}
+  return {1, '', '', ''}
 end
 local first = redis.call('ZRANGE', K.order, 0, 0)[1]
 if not holder and first == A.message_id then
   redis.call('SET', K.turn, A.message_id, 'EX', A.ttl)
   redis.call('SREM', K.parked, A.message_id)
-  return {1, '', ''}
+  return {1, '', '', ''}
 end
 redis.call('SADD', K.parked, A.message_id)
 redis.call('EXPIRE', K.parked, A.ttl)
-local wake = ''
-if not holder and redis.call('SREM', K.parked, first) == 1 then wake = first end
-return {0, holder or first, wake}
+if A.trace ~= '' then
+  redis.call('HSET', K.traces, A.message_id, A.trace)
+  redis.call('EXPIRE', K.traces, A.ttl)
+end
+local wake, trace = '', ''
+if not holder and redis.call('SREM', K.parked, first) == 1 then
+  wake = first
+  if A.trace ~= '' then
+    trace = redis.call('HGET', K.traces, first) or ''
+    redis.call('HDEL', K.traces, first)
+  end
+end
+return {0, holder or first, wake, trace}
 """,
 )
 
@@ -95,18 +112,20 @@ class PassKeys(NamedTuple):
     turn: str
     order: str
     parked: str
+    traces: str
     status: str
 
 
 class PassArgs(NamedTuple):
     message_id: str
     keep: str  # a message not to wake ('' = none): a ``take`` that drops a blocker tries again itself
+    traced: str  # '1': tracing is on, the parked messages' trace contexts are read and removed; '' = off
 
 
 # A finished message leaves the order (and the turn, if it held it): checked against its status in the
 # script, so a message still queued or extracted is left alone (returns false). When the turn is then free
 # and the earliest message of the order parked (and is not ``keep``), it is un-parked and returned, to be
-# woken; else ''.
+# woken, with the trace context it parked with: {message to wake or '', its trace context or ''}.
 PASS_TURN = LuaScript(
     PassKeys,
     PassArgs,
@@ -115,11 +134,19 @@ local state = redis.call('HGET', K.status, 'state')
 if state == '{MessageState.QUEUED.value}' or state == '{MessageState.EXTRACTED.value}' then return false end
 redis.call('ZREM', K.order, A.message_id)
 redis.call('SREM', K.parked, A.message_id)
+if A.traced ~= '' then redis.call('HDEL', K.traces, A.message_id) end
 if redis.call('GET', K.turn) == A.message_id then redis.call('DEL', K.turn) end
-if redis.call('EXISTS', K.turn) == 1 then return '' end
+if redis.call('EXISTS', K.turn) == 1 then return {{'', ''}} end
 local first = redis.call('ZRANGE', K.order, 0, 0)[1]
-if first and first ~= A.keep and redis.call('SREM', K.parked, first) == 1 then return first end
-return ''
+if first and first ~= A.keep and redis.call('SREM', K.parked, first) == 1 then
+  local trace = ''
+  if A.traced ~= '' then
+    trace = redis.call('HGET', K.traces, first) or ''
+    redis.call('HDEL', K.traces, first)
+  end
+  return {{first, trace}}
+end
+return {{'', ''}}
 """,
 )
 
@@ -135,6 +162,24 @@ def _text(value: str | bytes | None) -> str:
     return (value.decode() if isinstance(value, bytes) else value) or ""
 
 
+def _turn_keys(user_id: str) -> TurnKeys:
+    return TurnKeys(
+        keys.extract_turn(user_id), keys.extract_order(user_id), keys.parked(user_id), keys.parked_traces(user_id)
+    )
+
+
+def _headers(trace: str | bytes | None) -> dict[str, str] | None:
+    """The task headers of a trace context kept by a parking (``TakeArgs.trace``); None when there is none
+    or it is not a JSON object of strings (a woken task without its context is still woken)."""
+    try:
+        found = json.loads(_text(trace) or "null")
+    except ValueError:
+        return None
+    if not isinstance(found, dict) or not all(isinstance(v, str) for v in found.values()):
+        return None
+    return found or None
+
+
 class Turns:
     """The extraction turns on one Redis (``client``); the order, turn and parked keys live ``status_ttl_s``."""
 
@@ -145,12 +190,15 @@ class Turns:
     def take(self, user_id: str, message_id: str, event_time: float) -> Taken:
         """Take the user's turn for ``message_id`` (event time ``event_time``, epoch seconds), or park it
         behind the message that blocks it; a blocker that is finished or gone is dropped first."""
-        keys_ = TurnKeys(keys.extract_turn(user_id), keys.extract_order(user_id), keys.parked(user_id))
-        args = TakeArgs(message_id=message_id, event_time=repr(event_time), ttl=self.status_ttl_s)
+        context = tracing.carrier()  # the extract span's: a woken task continues the message's trace from it
+        args = TakeArgs(
+            message_id=message_id, event_time=repr(event_time), ttl=self.status_ttl_s,
+            trace=json.dumps(context) if context else "",
+        )  # fmt: skip
         for _ in range(_DROPS + 1):
-            granted, blocker, wake = TAKE_TURN(self.redis, keys_, args)
+            granted, blocker, wake, trace = TAKE_TURN(self.redis, _turn_keys(user_id), args)
             if wake:
-                self._wake(user_id, _text(wake))
+                self._wake(user_id, _text(wake), trace)
             if granted:
                 return Taken(True)
             blocker = _text(blocker)
@@ -167,16 +215,13 @@ class Turns:
     def _pass(self, user_id: str, message_id: str, *, keep: str) -> str | None:
         found = PASS_TURN(
             self.redis,
-            PassKeys(
-                keys.extract_turn(user_id), keys.extract_order(user_id), keys.parked(user_id),
-                keys.status(user_id, message_id),
-            ),
-            PassArgs(message_id=message_id, keep=keep),
-        )  # fmt: skip
+            PassKeys(*_turn_keys(user_id), keys.status(user_id, message_id)),
+            PassArgs(message_id=message_id, keep=keep, traced="1" if tracing.enabled() else ""),
+        )
         # On a pipeline (a bulk load) the script is only queued: no answer yet, so nothing is known to wake.
-        woken = _text(found) if isinstance(found, (str, bytes)) else None
+        woken, trace = (_text(found[0]), found[1]) if isinstance(found, list) else ("", None)
         if woken:
-            self._wake(user_id, woken)
+            self._wake(user_id, woken, trace)
         return woken or None
 
     def _drop(self, user_id: str, blocker: str, taker: str) -> bool:
@@ -188,13 +233,16 @@ class Turns:
         self._pass(user_id, blocker, keep=taker)
         return True
 
-    def _wake(self, user_id: str, message_id: str) -> None:
+    def _wake(self, user_id: str, message_id: str, trace: str | bytes | None) -> None:
         """Put the extract task of a parked message on its queue (the producer's wire format) at the end
         workers take from next: it has waited its turn already, and a user's whole burst waits on it, so it
-        does not queue again behind messages enqueued since (kombu LPUSHes and BRPOPs: RPUSH is the front)."""
+        does not queue again behind messages enqueued since (kombu LPUSHes and BRPOPs: RPUSH is the front).
+        ``trace``, the context it parked with, goes in the task's headers: its trace goes on where it parked."""
         queue = keys.queue_for(keys.EXTRACT_TASK)
-        task_id = str(uuid.uuid4())
-        self.redis.rpush(queue, task_message(keys.EXTRACT_TASK, task_id, (user_id, message_id), queue, time.time()))
+        message = task_message(
+            keys.EXTRACT_TASK, str(uuid.uuid4()), (user_id, message_id), queue, time.time(), _headers(trace)
+        )
+        self.redis.rpush(queue, message)
 
     def left_waiting(self, messages: Iterable[tuple[str, str]]) -> set[tuple[str, str]]:
         """The (user id, message id) pairs of ``messages`` the redelivery sweep must leave alone although their
