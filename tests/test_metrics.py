@@ -4,20 +4,24 @@ what the fleet did; and ENGRAM_LOG_FORMAT=json logs carrying user and message id
 from __future__ import annotations
 
 import json
+import shutil
 import time
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
-from prometheus_client import REGISTRY
+from prometheus_client import REGISTRY, CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
-from engram_api import keys
+from engram_api import MemoryClient, keys
 from engram_api.connections import redis_client
+from engram_api.errors import InvalidInputError
 from engram_api.models import StageOutcome
+from engram_api.reader.metrics import reader_metrics
 from engram_api.settings import load_settings
 from engram_api.storage.writer.lease import Lease
 from engram_testing.llm_standin import LLMStandin, Reply, approx_tokens
@@ -29,6 +33,7 @@ from engram_workers.services.ports import free_port
 from engram_workers.stages.apply import run_apply
 from engram_workers.stages.common import RetryLater
 from tests.support.extractions import entity, fact, lives_in, message_text
+from tests.support.memory import remember
 from tests.support.operator_processes import engram_process
 from tests.support.stack import SETTLE_S, engram_stack
 
@@ -42,6 +47,7 @@ ANSWERS = {
 BROKEN = "My passport number is X1234567."  # answered with non-JSON until it is dead-lettered
 NOT_JSON = "{not json at all"
 MAINTENANCE_BACKLOG = 3  # jobs left waiting: this worker does not consume the maintenance queue
+T0 = datetime(2024, 5, 1, tzinfo=UTC)
 TRIVIAL = "ok thanks"  # the extract stage skips the LLM for these
 
 
@@ -344,3 +350,51 @@ def test_an_apply_refused_by_a_held_lease_is_counted(redis_url: str, tmp_path: P
             run_apply(ctx, receipt.user_id, receipt.message_id)
         assert _count("engram_apply_lease_busy_total") == busy + 1
         assert stack.client.redis.hget(keys.status(receipt.user_id, receipt.message_id), "state") == "queued"
+
+
+def _reader_samples(registry: CollectorRegistry) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    return {
+        (s.name, frozenset(s.labels.items())): s.value
+        for family in registry.collect()
+        if family.name.startswith("engram_reader_")
+        for s in family.samples
+    }
+
+
+def test_the_reader_records_into_a_registry_only_when_given_one(redis_url: str, tmp_path: Path) -> None:
+    with engram_stack(redis_url=redis_url, data_dir=tmp_path, neo4j_uri=None, llm_url=None, workers=False) as stack:
+        url = stack.env["REDIS_URL"]
+        plain = MemoryClient(settings=stack.settings, redis_url=url)
+        default_before = _reader_samples(REGISTRY)
+        plain.recall("metrics_user", "where do I live?")
+        assert plain.reader.metrics is None
+        assert _reader_samples(REGISTRY) == default_before  # not asked: nothing recorded anywhere
+
+        remember(plain, "metrics_user", ["I live in Tampa."], T0)
+        shutil.rmtree(stack.settings.index_dir)  # as on another host: the next reader rebuilds from the graph
+        registry = CollectorRegistry()
+        client = MemoryClient(settings=stack.settings, redis_url=url, metrics_registry=registry)
+        assert _reader_samples(registry) == {}  # nothing registered before the reader is built
+        client.recall("metrics_user", "where do I live?")
+        client.recall("metrics_user", "where do I live?")  # the result cache answers
+        with pytest.raises(InvalidInputError):
+            client.recall("metrics_user", "where do I live?", k=0)
+        samples = _reader_samples(registry)
+        assert samples[("engram_reader_recall_seconds_count", frozenset({("cached", "false")}))] == 1
+        assert samples[("engram_reader_recall_seconds_count", frozenset({("cached", "true")}))] == 1
+        assert samples[("engram_reader_recall_errors_total", frozenset({("error", "InvalidInputError")}))] == 1
+        loads = {dict(k[1])["how"]: v for k, v in samples.items() if k[0] == "engram_reader_index_loads_total"}
+        assert loads == {"rebuild": 1}  # the first recall read the user's vectors from the graph
+
+        # A second client on the same registry shares its metrics (registering the names again would raise).
+        again = MemoryClient(settings=stack.settings, redis_url=url, metrics_registry=registry)
+        again.recall("metrics_user", "something else")
+        assert _reader_samples(registry)[("engram_reader_recall_seconds_count", frozenset({("cached", "false")}))] == 2
+        # ENGRAM_READER_METRICS: the default registry, for an application that serves that one.
+        asked = MemoryClient(settings=stack.settings.model_copy(update={"reader_metrics": True}), redis_url=url)
+        assert asked.reader.metrics is reader_metrics(REGISTRY)
+        before = REGISTRY.get_sample_value("engram_reader_recall_seconds_count", {"cached": "false"}) or 0
+        asked.recall("metrics_user", "something new")
+        assert REGISTRY.get_sample_value("engram_reader_recall_seconds_count", {"cached": "false"}) == before + 1
+        for c in (plain, client, again, asked):
+            c.close()
