@@ -228,6 +228,16 @@ def test_queue_lag_is_served_with_the_depths(scrape: Scrape) -> None:
     assert scrape.value("engram_queue_lag_seconds", queue=keys.EXTRACT_QUEUE) == 0
 
 
+def test_the_backlog_and_the_breaker_are_served_with_the_depths(scrape: Scrape) -> None:
+    # Every message was applied or dead-lettered: none is left in flight (a task may still await its ack).
+    assert scrape.value("engram_in_flight_messages") == 0
+    assert scrape.has("engram_unacked_messages")
+    # Bad answers are not service failures: the breaker stayed closed and admitted every call to the model.
+    assert scrape.value("engram_llm_breaker_state") == 0
+    assert scrape.value("engram_llm_breaker_calls_total", decision="admitted") == scrape.llm_calls
+    assert scrape.value("engram_llm_breaker_calls_total", decision="rejected") == 0
+
+
 def _lags(collector: QueueDepth) -> dict[str, float]:
     return {
         s.labels["queue"]: s.value
