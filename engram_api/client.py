@@ -36,9 +36,11 @@ from engram_api.settings import Settings, load_settings
 
 if TYPE_CHECKING:
     import redis
+    from prometheus_client import CollectorRegistry
 
     from engram_api.producer import Producer
     from engram_api.reader import Reader
+    from engram_api.reader.metrics import ReaderMetrics
     from engram_api.reader.signals import StampSignals
     from engram_api.storage import GraphStore
     from engram_api.storage.faiss.erasure import IndexSweeper
@@ -47,8 +49,18 @@ __all__ = ["AsyncMemoryClient", "MemoryClient"]
 
 
 class MemoryClient:
-    def __init__(self, *, settings: Settings | None = None, redis_url: str | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        settings: Settings | None = None,
+        redis_url: str | None = None,
+        metrics_registry: CollectorRegistry | None = None,
+    ) -> None:
+        """``metrics_registry``: the read side records its Prometheus metrics there (``reader.metrics``);
+        without one, into prometheus_client's default registry when ``ENGRAM_READER_METRICS`` is on, else
+        nowhere."""
         self.settings = settings or load_settings()
+        self._metrics_registry = metrics_registry
         tracing.configure(self.settings)  # ENGRAM_TRACING on: this process exports spans (no-op when off)
         self._redis_url = redis_url
         self._url_given = redis_url is not None
@@ -148,10 +160,12 @@ class MemoryClient:
             from engram_api.storage.faiss.keeper import IndexKeeper
 
             embedder = embedder_for(self.settings)
+            metrics = self._reader_metrics()
             keeper = IndexKeeper(
                 graph=self.graph,
                 vectors=VectorStore.from_settings(self.settings, embedder.dim),
                 cache_size=self.settings.index_cache_users,
+                on_load=metrics.index_loaded if metrics is not None else None,
             )
             redis_client = self._reader_redis()
             if redis_client is not None:
@@ -160,13 +174,28 @@ class MemoryClient:
 
                 self.sweeper = IndexSweeper(keeper, redis_client, self.settings.index_sweep_interval_s).start()
             self._reader = Reader(
-                settings=self.settings, graph=self.graph, keeper=keeper, embedder=embedder, redis_client=redis_client
+                settings=self.settings,
+                graph=self.graph,
+                keeper=keeper,
+                embedder=embedder,
+                redis_client=redis_client,
+                metrics=metrics,
             )
             if redis_client is not None:
                 from engram_api.reader.signals import StampSignals
 
                 self.signals = StampSignals(redis_client, self._reader.catchups.signalled_stamp).start()
         return self._reader
+
+    def _reader_metrics(self) -> ReaderMetrics | None:
+        registry = self._metrics_registry
+        if registry is None and self.settings.reader_metrics:
+            from prometheus_client import REGISTRY as registry
+        if registry is None:
+            return None
+        from engram_api.reader.metrics import reader_metrics
+
+        return reader_metrics(registry)
 
     def close(self) -> None:
         if self.sweeper is not None:
@@ -315,8 +344,14 @@ def _in_thread(name: str) -> Callable[..., Any]:
 class AsyncMemoryClient:
     """Async twin of ``MemoryClient``: the same methods, awaited, run in a worker thread."""
 
-    def __init__(self, *, settings: Settings | None = None, redis_url: str | None = None) -> None:
-        self.sync = MemoryClient(settings=settings, redis_url=redis_url)
+    def __init__(
+        self,
+        *,
+        settings: Settings | None = None,
+        redis_url: str | None = None,
+        metrics_registry: CollectorRegistry | None = None,
+    ) -> None:
+        self.sync = MemoryClient(settings=settings, redis_url=redis_url, metrics_registry=metrics_registry)
 
     async def __aenter__(self) -> AsyncMemoryClient:
         return self

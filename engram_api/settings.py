@@ -384,6 +384,12 @@ class Settings(BaseSettings):
         "the gateway's HTTP spans (needs `engram[tracing]`); exported over OTLP as the standard OTEL_EXPORTER_OTLP_* "
         "and OTEL_SERVICE_NAME variables say, unless the application set its own tracer provider",
     )
+    reader_metrics: bool = Field(
+        False,
+        description="the read side (`MemoryClient`) records Prometheus metrics (recall latency, recall errors, index "
+        "loads) into prometheus_client's default registry; an application can pass its own registry instead "
+        "(`MemoryClient(metrics_registry=...)`)",
+    )
     debug: bool = Field(False, description="CLI: show the traceback of an unexpected error instead of one line")
 
     # --- HTTP / MCP gateway (`engram serve`) ---

@@ -2,7 +2,8 @@
 
 Celery's prefork children each count on their own: with ``PROMETHEUS_MULTIPROC_DIR`` set (``engram
 worker --metrics-port`` sets it, to ENGRAM_METRICS_DIR or a temporary directory) prometheus_client aggregates them and ``engram worker --metrics-port`` serves the sum.
-Queue depths and lags (the autoscaling signals) are read from the broker at scrape time (``QueueDepth``).
+Queue depths and lags (the autoscaling signals), kombu's unacked count, the in-flight index's size and the LLM
+breaker's state are read from Redis at scrape time (``QueueDepth``: one pipelined round trip, no SCAN).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram, start_http_server
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
@@ -23,7 +24,10 @@ if TYPE_CHECKING:
 __all__ = [
     "DEAD_LETTERS",
     "INDEX_LOADS",
+    "LEASE_BUSY",
     "LLM_COST",
+    "LLM_RATE_REFUSED",
+    "LLM_RATE_WAIT",
     "LLM_TOKENS",
     "MESSAGES",
     "STAGE_SECONDS",
@@ -48,6 +52,22 @@ INDEX_LOADS = Counter(
     ["how"],
 )
 
+LEASE_BUSY = Counter(
+    "engram_apply_lease_busy_total", "Apply tasks retried because another worker held the user's write lease"
+)
+LLM_RATE_WAIT = Counter(
+    "engram_llm_rate_wait_seconds_total", "Seconds LLM callers slept for a slot of the fleet-wide rate limit"
+)
+LLM_RATE_REFUSED = Counter(
+    "engram_llm_rate_refused_total", "LLM calls put off for later: no rate-limit slot within their wait"
+)
+# The breaker's state as one number: alert on > 0, graph it as a step.
+_BREAKER_STATE = {"closed": 0.0, "half-open": 0.5, "open": 1.0}
+
+
+def _text(value: str | bytes) -> str:
+    return value.decode() if isinstance(value, bytes) else value  # the collector's client does not decode
+
 
 class QueueDepth(Collector):
     """``engram_queue_depth{queue}`` and ``engram_queue_lag_seconds{queue}``, read from the broker at each
@@ -56,7 +76,12 @@ class QueueDepth(Collector):
     Lag is the age of the oldest waiting message: kombu LPUSHes and consumes from the tail, so the tail
     (``LINDEX -1``) is next out, and its ``keys.SENT_AT_HEADER`` is its publish time. 0 for an empty queue;
     no sample when the oldest message carries no stamp (published by an older Engram), rather than a guess.
-    Messages a worker already took (unacked, or waiting for a retry's ETA) are not waiting in the queue.
+    Messages a worker already took (unacked, or waiting for a retry's ETA) are not waiting in the queue:
+    ``engram_unacked_messages`` counts them (kombu's ``unacked`` hash, fleet-wide, every queue), and
+    ``engram_in_flight_messages`` every message enqueued or extracted and not yet applied (the ledger's
+    in-flight index: queued, taken, or waiting for a retry). ``engram_llm_breaker_state`` is the breaker's
+    state as ``LLMBreaker.state`` reads it (0 closed, 0.5 half-open, 1 open) and
+    ``engram_llm_breaker_calls_total{decision}`` its fleet-wide decision counts (``BreakerStats``).
     """
 
     def __init__(self, client: redis.Redis, clock: Callable[[], float] = time.time) -> None:
@@ -68,14 +93,20 @@ class QueueDepth(Collector):
 
         from engram_api import keys
         from engram_api.ledger import wire
+        from engram_workers.control.breaker import BreakerStats
 
         names = keys.QUEUES
         pipe = self._redis.pipeline(transaction=False)
         for name in names:
             pipe.llen(name)
             pipe.lindex(name, -1)
+        pipe.hlen(keys.kombu_unacked())
+        pipe.zcard(keys.in_flight())
+        pipe.exists(keys.breaker("open"))
+        pipe.exists(keys.breaker("tripped"))
+        pipe.hgetall(keys.breaker("stats"))
         try:
-            replies = pipe.execute()
+            *replies, unacked, in_flight, is_open, tripped, stats = pipe.execute()
         except redis.RedisError:
             return  # Redis down: the other metrics still serve; the missing series is the signal
         now = self._clock()
@@ -90,6 +121,25 @@ class QueueDepth(Collector):
                 lag.add_metric([name], max(0.0, now - sent_at))
         yield depth
         yield lag
+        yield GaugeMetricFamily(
+            "engram_unacked_messages", "Messages workers took from any queue and have not acked", value=unacked
+        )
+        yield GaugeMetricFamily(
+            "engram_in_flight_messages", "Messages enqueued or extracted and not yet applied", value=in_flight
+        )
+        state = "open" if is_open else "half-open" if tripped else "closed"
+        yield GaugeMetricFamily(
+            "engram_llm_breaker_state",
+            "LLM circuit breaker: 0 closed, 0.5 half-open, 1 open",
+            value=_BREAKER_STATE[state],
+        )
+        calls = CounterMetricFamily(
+            "engram_llm_breaker_calls", "The LLM breaker's fleet-wide decisions and openings", labels=["decision"]
+        )
+        counts = BreakerStats.model_validate({_text(k): int(v) for k, v in stats.items()})
+        for decision, count in counts.model_dump().items():
+            calls.add_metric([decision], count)
+        yield calls
 
 
 def serve(port: int, redis_url: str, settings: Settings, *, multiprocess: bool) -> None:

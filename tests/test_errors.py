@@ -30,7 +30,7 @@ def breaker(redis_url: str) -> Iterator[LLMBreaker]:
     state = [keys.breaker(part) for part in ("open", "tripped", "failures", "trial")]
     client = redis.Redis.from_url(url)
     client.delete(*state)
-    yield LLMBreaker(redis_url=url, fail_max=1, reset_timeout=30.0, is_failure=lambda _: True)
+    yield LLMBreaker(redis=client, fail_max=1, reset_timeout=30.0, is_failure=lambda _: True)
     client.delete(*state)
     client.close()
 

@@ -4,24 +4,36 @@ what the fleet did; and ENGRAM_LOG_FORMAT=json logs carrying user and message id
 from __future__ import annotations
 
 import json
+import shutil
+import time
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client import REGISTRY, CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
-from engram_api import keys
+from engram_api import MemoryClient, keys
 from engram_api.connections import redis_client
+from engram_api.errors import InvalidInputError
 from engram_api.models import StageOutcome
+from engram_api.reader.metrics import reader_metrics
 from engram_api.settings import load_settings
+from engram_api.storage.writer.lease import Lease
 from engram_testing.llm_standin import LLMStandin, Reply, approx_tokens
 from engram_workers.celery_config import make_celery
+from engram_workers.control import LLMBreaker, LLMRateLimiter
 from engram_workers.metrics import QueueDepth
+from engram_workers.resources import WorkerResources
 from engram_workers.services.ports import free_port
+from engram_workers.stages.apply import run_apply
+from engram_workers.stages.common import RetryLater
 from tests.support.extractions import entity, fact, lives_in, message_text
+from tests.support.memory import remember
 from tests.support.operator_processes import engram_process
 from tests.support.stack import SETTLE_S, engram_stack
 
@@ -35,6 +47,7 @@ ANSWERS = {
 BROKEN = "My passport number is X1234567."  # answered with non-JSON until it is dead-lettered
 NOT_JSON = "{not json at all"
 MAINTENANCE_BACKLOG = 3  # jobs left waiting: this worker does not consume the maintenance queue
+T0 = datetime(2024, 5, 1, tzinfo=UTC)
 TRIVIAL = "ok thanks"  # the extract stage skips the LLM for these
 
 
@@ -215,6 +228,16 @@ def test_queue_lag_is_served_with_the_depths(scrape: Scrape) -> None:
     assert scrape.value("engram_queue_lag_seconds", queue=keys.EXTRACT_QUEUE) == 0
 
 
+def test_the_backlog_and_the_breaker_are_served_with_the_depths(scrape: Scrape) -> None:
+    # Every message was applied or dead-lettered: none is left in flight (a task may still await its ack).
+    assert scrape.value("engram_in_flight_messages") == 0
+    assert scrape.has("engram_unacked_messages")
+    # Bad answers are not service failures: the breaker stayed closed and admitted every call to the model.
+    assert scrape.value("engram_llm_breaker_state") == 0
+    assert scrape.value("engram_llm_breaker_calls_total", decision="admitted") == scrape.llm_calls
+    assert scrape.value("engram_llm_breaker_calls_total", decision="rejected") == 0
+
+
 def _lags(collector: QueueDepth) -> dict[str, float]:
     return {
         s.labels["queue"]: s.value
@@ -248,3 +271,140 @@ def test_queue_lag_is_the_age_of_the_oldest_waiting_message(redis_url: str, tmp_
         # A message without a stamp (an older Engram's) gives no sample rather than a made-up age.
         stack.client.redis.rpush(keys.APPLY_QUEUE, json.dumps({"headers": {"task": keys.APPLY_TASK}}))
         assert keys.APPLY_QUEUE not in _lags(collector)
+
+
+def _gauges(collector: QueueDepth) -> dict[str, float]:
+    """The collector's unlabelled samples, and the breaker's decision counts as ``decision:<name>``."""
+    found: dict[str, float] = {}
+    for family in collector.collect():
+        for s in family.samples:
+            found[f"decision:{s.labels['decision']}" if "decision" in s.labels else s.name] = s.value
+    return found
+
+
+def test_unacked_in_flight_and_breaker_state_are_read_at_scrape_time(redis_url: str, tmp_path: Path) -> None:
+    """Each set up through the code that keeps it: kombu reserving a task, the ledger's enqueue, the breaker."""
+    with engram_stack(redis_url=redis_url, data_dir=tmp_path, neo4j_uri=None, llm_url=None, workers=False) as stack:
+        url = stack.env["REDIS_URL"]
+        collector = QueueDepth(redis_client(url, stack.settings, decode_responses=False))
+        before = _gauges(collector)
+        assert before["engram_unacked_messages"] == 0 and before["engram_in_flight_messages"] == 0
+        assert before["engram_llm_breaker_state"] == 0
+        assert {k: v for k, v in before.items() if k.startswith("decision:")} == {
+            "decision:admitted": 0, "decision:trials": 0,
+            "decision:rejected": 0, "decision:opened": 0,
+        }  # fmt: skip
+        for n in range(2):
+            stack.client.enqueue("gauge_user", f"message {n}")
+        # A worker takes one without acking (kombu's reservation, as a prefork child holds a task).
+        with make_celery(stack.settings, url).connection_for_read() as connection:
+            channel = connection.default_channel
+            taken = channel.basic_get(keys.EXTRACT_QUEUE, no_ack=False)
+            assert taken is not None
+            seen = _gauges(collector)
+            assert seen["engram_unacked_messages"] == 1
+            assert seen["engram_in_flight_messages"] == 2  # taken or waiting: neither is applied
+            taken.ack()
+        assert _gauges(collector)["engram_unacked_messages"] == 0
+
+        def fail() -> None:
+            raise ConnectionError("model down")
+
+        breaker = LLMBreaker(redis=stack.client.redis, fail_max=2, reset_timeout=1.0, is_failure=lambda _: True)
+        for _ in range(2):
+            with pytest.raises(ConnectionError):
+                breaker.call(fail)
+        opened = _gauges(collector)
+        if breaker.state == "open":  # still open after the scrape, so open during it (a slow host may be past)
+            assert opened["engram_llm_breaker_state"] == 1
+        assert opened["decision:admitted"] == 2 and opened["decision:opened"] == 1
+        while breaker.state == "open":  # the open key expires after reset_timeout
+            time.sleep(0.01)
+        assert _gauges(collector)["engram_llm_breaker_state"] == 0.5
+        assert breaker.call(lambda: "answer") == "answer"  # the trial succeeds: closed again
+        closed = _gauges(collector)
+        assert closed["engram_llm_breaker_state"] == 0 and closed["decision:trials"] == 1
+
+
+def _count(name: str) -> float:
+    return REGISTRY.get_sample_value(name) or 0.0
+
+
+def test_rate_limit_waits_and_refusals_are_counted(redis_url: str, tmp_path: Path) -> None:
+    with engram_stack(redis_url=redis_url, data_dir=tmp_path, neo4j_uri=None, llm_url=None, workers=False) as stack:
+        _count_rate_limit(stack.client.redis)
+
+
+def _count_rate_limit(client: Any) -> None:
+    refused, waited = _count("engram_llm_rate_refused_total"), _count("engram_llm_rate_wait_seconds_total")
+    slow = LLMRateLimiter(redis=client, per_second=0.01)  # one slot per 100 s
+    assert slow.acquire(max_wait=0)
+    assert not slow.acquire(max_wait=1)  # the next slot is ~100 s away: refused, without sleeping
+    assert _count("engram_llm_rate_refused_total") == refused + 1
+    assert _count("engram_llm_rate_wait_seconds_total") == waited
+    client.delete(keys.RATE_BUCKET)
+    fast = LLMRateLimiter(redis=client, per_second=20)  # slots 50 ms apart
+    assert fast.acquire(max_wait=0)
+    assert fast.acquire(max_wait=5)  # waits for its slot
+    assert _count("engram_llm_rate_wait_seconds_total") > waited
+    assert _count("engram_llm_rate_refused_total") == refused + 1
+
+
+def test_an_apply_refused_by_a_held_lease_is_counted(redis_url: str, tmp_path: Path) -> None:
+    with engram_stack(redis_url=redis_url, data_dir=tmp_path, neo4j_uri=None, llm_url=None, workers=False) as stack:
+        ctx = WorkerResources(settings=stack.settings, dispatch=lambda _task, _args: None)
+        receipt = stack.client.enqueue("busy_user", "I live in Tampa.")
+        busy = _count("engram_apply_lease_busy_total")
+        # Another writer holds the user's lease: the apply is put off, not run.
+        with Lease(stack.client.redis, receipt.user_id, ttl=30, wait=0), pytest.raises(RetryLater):
+            run_apply(ctx, receipt.user_id, receipt.message_id)
+        assert _count("engram_apply_lease_busy_total") == busy + 1
+        assert stack.client.redis.hget(keys.status(receipt.user_id, receipt.message_id), "state") == "queued"
+
+
+def _reader_samples(registry: CollectorRegistry) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    return {
+        (s.name, frozenset(s.labels.items())): s.value
+        for family in registry.collect()
+        if family.name.startswith("engram_reader_")
+        for s in family.samples
+    }
+
+
+def test_the_reader_records_into_a_registry_only_when_given_one(redis_url: str, tmp_path: Path) -> None:
+    with engram_stack(redis_url=redis_url, data_dir=tmp_path, neo4j_uri=None, llm_url=None, workers=False) as stack:
+        url = stack.env["REDIS_URL"]
+        plain = MemoryClient(settings=stack.settings, redis_url=url)
+        default_before = _reader_samples(REGISTRY)
+        plain.recall("metrics_user", "where do I live?")
+        assert plain.reader.metrics is None
+        assert _reader_samples(REGISTRY) == default_before  # not asked: nothing recorded anywhere
+
+        remember(plain, "metrics_user", ["I live in Tampa."], T0)
+        shutil.rmtree(stack.settings.index_dir)  # as on another host: the next reader rebuilds from the graph
+        registry = CollectorRegistry()
+        client = MemoryClient(settings=stack.settings, redis_url=url, metrics_registry=registry)
+        assert _reader_samples(registry) == {}  # nothing registered before the reader is built
+        client.recall("metrics_user", "where do I live?")
+        client.recall("metrics_user", "where do I live?")  # the result cache answers
+        with pytest.raises(InvalidInputError):
+            client.recall("metrics_user", "where do I live?", k=0)
+        samples = _reader_samples(registry)
+        assert samples[("engram_reader_recall_seconds_count", frozenset({("cached", "false")}))] == 1
+        assert samples[("engram_reader_recall_seconds_count", frozenset({("cached", "true")}))] == 1
+        assert samples[("engram_reader_recall_errors_total", frozenset({("error", "InvalidInputError")}))] == 1
+        loads = {dict(k[1])["how"]: v for k, v in samples.items() if k[0] == "engram_reader_index_loads_total"}
+        assert loads == {"rebuild": 1}  # the first recall read the user's vectors from the graph
+
+        # A second client on the same registry shares its metrics (registering the names again would raise).
+        again = MemoryClient(settings=stack.settings, redis_url=url, metrics_registry=registry)
+        again.recall("metrics_user", "something else")
+        assert _reader_samples(registry)[("engram_reader_recall_seconds_count", frozenset({("cached", "false")}))] == 2
+        # ENGRAM_READER_METRICS: the default registry, for an application that serves that one.
+        asked = MemoryClient(settings=stack.settings.model_copy(update={"reader_metrics": True}), redis_url=url)
+        assert asked.reader.metrics is reader_metrics(REGISTRY)
+        before = REGISTRY.get_sample_value("engram_reader_recall_seconds_count", {"cached": "false"}) or 0
+        asked.recall("metrics_user", "something new")
+        assert REGISTRY.get_sample_value("engram_reader_recall_seconds_count", {"cached": "false"}) == before + 1
+        for c in (plain, client, again, asked):
+            c.close()

@@ -49,6 +49,7 @@ from engram_api.reader.catchup import CatchUps
 from engram_api.reader.context import render_context, select_context
 from engram_api.reader.facts import ChunkCache, FactCache, SnapshotCache, UserChunks, UserFacts
 from engram_api.reader.fusion import TimeWindow, keyword_hits, recall_items
+from engram_api.reader.metrics import ReaderMetrics, timed_recall
 from engram_api.reader.recipe import DEFAULT_RECIPE, RecallRecipe
 from engram_api.reader.scoring import Weights, effective_weights
 from engram_api.settings import Settings
@@ -84,8 +85,10 @@ class Reader:
         keeper: IndexKeeper,
         embedder: Embedder,
         redis_client: redis.Redis | None,
+        metrics: ReaderMetrics | None = None,
     ) -> None:
         self.settings = settings
+        self.metrics = metrics  # None: nothing recorded (``engram_api.reader.metrics``)
         self.graph = graph
         self.keeper = keeper
         self.embedder = embedder
@@ -139,6 +142,7 @@ class Reader:
         return self._recipe
 
     @tracing.traced_recall
+    @timed_recall
     def recall(
         self,
         user_id: str,

@@ -4,6 +4,9 @@
 Grants are spaced ``1/rate`` apart across every worker process. A moving window (what the ``limits``
 package offers) lets each window's whole quota go in one burst, so the provider saw 1.5x the rate in
 some seconds (measured by the flaky-LLM chaos scenario); spaced grants cannot bunch like that.
+
+Saturation is counted where it is felt: the seconds callers sleep for a slot (``LLM_RATE_WAIT``) and the
+calls put off because no slot came within their wait (``LLM_RATE_REFUSED``).
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from engram_api import keys
 from engram_api.ledger.controls import GCRA, BucketArgs, BucketKeys
+from engram_workers.metrics import LLM_RATE_REFUSED, LLM_RATE_WAIT
 
 if TYPE_CHECKING:
     import redis
@@ -35,5 +39,7 @@ class LLMRateLimiter:
             if wait_ms == 0:
                 return True
             if time.monotonic() + wait_ms / 1000 > deadline:
+                LLM_RATE_REFUSED.inc()
                 return False
+            LLM_RATE_WAIT.inc(wait_ms / 1000)
             time.sleep(wait_ms / 1000)

@@ -26,6 +26,7 @@ from engram_api import keys
 from engram_api.errors import StoreUnavailableError, UserBusyError
 from engram_api.models import Envelope, MessageState, StageOutcome, StageResult
 from engram_api.storage.writer.userwrite import UserWrite
+from engram_workers.metrics import LEASE_BUSY
 from engram_workers.resources import WorkerResources
 from engram_workers.stages.batch import Claim, apply_batch, mark_applied
 from engram_workers.stages.common import (
@@ -86,6 +87,7 @@ def run_apply(ctx: WorkerResources, user_id: str, message_id: str, *, first_star
             published=first_start,
         )
     except UserBusyError:
+        LEASE_BUSY.inc()
         raise RetryLater(random.uniform(0.05, 0.4), "another worker is applying this user's messages") from None
     except StoreUnavailableError as exc:
         attempts = ctx.ledger.count(user_id, message_id, "store_attempts")
