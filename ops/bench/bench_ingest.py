@@ -286,9 +286,12 @@ def _apply_breakdown(ctx: BenchContext, stack: Any, n: int) -> tuple[Table, dict
 def _breaker_probe(ctx: BenchContext, threads: int, call_s: float) -> tuple[Table, dict[str, float]]:
     """Wall time of ``threads`` concurrent calls through LLMBreaker vs the same calls without it: the
     extract worker's threads all go through one breaker per process."""
+    from engram_api.connections import redis_client
+    from engram_api.settings import Settings
     from engram_workers.control.breaker import LLMBreaker
 
-    breaker = LLMBreaker(redis_url=ctx.services.redis_url, fail_max=1000, reset_timeout=30, is_failure=lambda exc: True)
+    client = redis_client(ctx.services.redis_url, Settings())
+    breaker = LLMBreaker(redis=client, fail_max=1000, reset_timeout=30, is_failure=lambda exc: True)
 
     def wall(call: Callable[[], object]) -> float:
         workers = [threading.Thread(target=call) for _ in range(threads)]

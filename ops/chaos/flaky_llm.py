@@ -30,7 +30,9 @@ from fleet import EXTRACT_8, Poller, Services
 from scenario import Scenario, ScenarioParams
 from workload import Workload, enqueue_paced
 
+from engram_api.connections import redis_client
 from engram_api.models import DeadLetter, Receipt
+from engram_api.settings import Settings
 from engram_testing import Reply
 from engram_workers.control.breaker import LLMBreaker
 from engram_workers.services.celery_worker import APPLY_WORKER
@@ -140,7 +142,7 @@ class FlakyLLM(Scenario[Params]):
         params, llm = self.params, self.llm
         watch = BreakerWatch(
             LLMBreaker(
-                redis_url=self.stack.env["REDIS_URL"],
+                redis=redis_client(self.stack.env["REDIS_URL"], Settings()),
                 fail_max=int(SETTINGS["breaker_failures"]),
                 reset_timeout=float(SETTINGS["breaker_reset_s"]),
                 is_failure=lambda _: False,  # only watched: this instance never calls the model
