@@ -1,5 +1,5 @@
 """The message ledger on a real Redis: named KEYS/ARGV reach the Lua by name, a script survives a server
-that forgot it, and each transition of ``MessageLedger`` writes what its docstring says, atomically
+that forgot it, its call is packed byte for byte as redis-py packs it, and each transition of ``MessageLedger`` writes what its docstring says, atomically
 refusing to write for a forgotten message."""
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import redis
 
 from engram_api import keys
 from engram_api.ledger import MessageLedger
+from engram_api.ledger.lua import packed_evalsha
 from engram_api.ledger.scripts import LuaScript, NoArgs
 from engram_api.ledger.wire import task_ref
 from engram_api.models import DeadLetter, MessageState
@@ -57,6 +58,32 @@ def test_a_call_with_another_scripts_tuples_is_refused_before_redis() -> None:
         no_rest(nowhere, PairKeys(first="k", second="k"), NoArgs(), "extra")
     with pytest.raises(ValueError, match="plain Lua name"):
         LuaScript(NamedTuple("Until", [("until", str)]), NoArgs, "return 0")  # a Lua keyword
+
+
+def test_a_call_is_packed_as_redis_py_packs_it_and_keeps_the_pools_semantics(
+    redis_client: redis.Redis, redis_url: str
+) -> None:
+    flat = ("k1", "k2", "Zoë ☕ \r\n", 604_800, 1_733_500_000.123456, -3, 0.1, b"\x00raw")
+    assert packed_evalsha(ECHO.sha, 2, flat) == b"".join(redis.Connection().pack_command("EVALSHA", ECHO.sha, 2, *flat))
+    assert packed_evalsha(ECHO.sha, 2, ("k1", "k2", True)) is None  # redis-py's own path refuses it
+    call = (PairKeys(first="k1", second="k2"), PairArgs(left="Zoë ☕", right="b"))
+    with pytest.raises(redis.DataError):
+        ECHO(redis_client, call[0], PairArgs(left=True, right="b"))  # type: ignore[arg-type]
+    failing = LuaScript(PairKeys, NoArgs, "return redis.error_reply('refused ' .. K.first)")
+    with pytest.raises(redis.ResponseError, match="refused k1"):  # an error reply is redis-py's exception
+        failing(redis_client, call[0], NoArgs())
+    pipe = redis_client.pipeline()  # a pipeline queues the call (redis-py's path), and runs it with the rest
+    assert ECHO(pipe, *call, "x") is pipe and pipe.execute() == [["k1", "k2", "Zoë ☕", "b", "x"]]
+
+    pool = redis_client.connection_pool
+    conn = pool.get_connection()
+    conn.send_command("CLIENT", "ID")
+    own = conn.read_response()
+    pool.release(conn)
+    with redis.Redis.from_url(redis_url) as other:
+        assert other.client_kill_filter(_id=own) == 1  # the pooled connection dies between two calls
+    assert ECHO(redis_client, *call) == ["k1", "k2", "Zoë ☕", "b"]  # a fresh connection answers
+    assert not pool._in_use_connections  # every call gave its connection back, the failed ones too
 
 
 @pytest.fixture

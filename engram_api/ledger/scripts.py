@@ -1,23 +1,9 @@
-"""Every Lua script of the message lifecycle, each with named KEYS and ARGV, and the wrapper that runs them.
+"""Every Lua script of the message lifecycle, each with named KEYS and ARGV (run by ``lua.LuaScript``).
 
-``LuaScript`` is the one way Engram runs a script on Redis. Each script declares its keys and its
-arguments as two ``NamedTuple`` classes; a caller builds those (by name, checked by the type checker) and
-never writes ``KEYS[n]``. The script's text reads them by name too: ``K.<key name>`` and ``A.<argument
-name>`` are replaced by ``KEYS[i]`` and ``ARGV[i]`` (declaration order) when the script is defined, so the
-Lua and the Python cannot disagree on a position, and a name the tuples do not declare is refused there.
-A script whose ARGV ends in a variable list (field/value pairs) declares ``rest``: a prologue binds
-``REST`` to the index of its first element. The scripts that
-are not part of a message's life (the published stamp, the LLM controls) are in ``controls``.
-
-Invariants of the wrapper:
-- Naming costs the running script nothing (issue 45: a prologue that built two tables of names cost each
-  call ~3 µs of Redis CPU), and the ``REST`` prologue only binds a local: a script's first write is still
-  its own first write (Redis checks ``maxmemory`` there, which ``ENQUEUE`` relies on).
-- A script is hashed once, when it is defined; a call is one ``EVALSHA`` (one more round trip to load it
-  the first time a server has not seen it, as redis-py's own ``Script`` does). Any client works, and a
-  client is never cached, so a script outlives a reconnect or a fork.
-- A call with a keys or args tuple of another script's types is refused (``TypeError``) before Redis
-  is touched; a name that is not a plain Lua name (or is a Lua keyword) is refused at definition.
+Each script declares its keys and its arguments as two ``NamedTuple`` classes; a caller builds those (by
+name, checked by the type checker) and never writes ``KEYS[n]``; the script's text reads them as ``K.<key
+name>`` and ``A.<argument name>`` (``engram_api.ledger.lua``). The scripts that are not part of a message's
+life (the published stamp, the LLM controls) are in ``controls``.
 
 Invariants shared by the lifecycle scripts (``MessageLedger`` calls them):
 - Every write for a message checks its tombstone (``forgotten``) in the same script: a stage that was
@@ -38,14 +24,10 @@ Invariants shared by the lifecycle scripts (``MessageLedger`` calls them):
 
 from __future__ import annotations
 
-import hashlib
-import re
-from typing import TYPE_CHECKING, Any, Generic, NamedTuple, TypeVar
+from typing import NamedTuple
 
+from engram_api.ledger.lua import LuaScript
 from engram_api.models import MessageState
-
-if TYPE_CHECKING:
-    import redis
 
 __all__ = [
     "CLAIM_READY",
@@ -59,68 +41,6 @@ __all__ = [
     "LuaScript",
     "NoArgs",
 ]
-
-K = TypeVar("K", bound=tuple[Any, ...])
-A = TypeVar("A", bound=tuple[Any, ...])
-
-_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
-_LUA_WORDS = frozenset({
-    "and", "break", "do", "else", "elseif", "end", "false", "for", "function", "goto", "if", "in", "local", "nil",
-    "not", "or", "repeat", "return", "then", "true", "until", "while",
-})  # fmt: skip
-
-
-_REFERENCE = re.compile(r"\b([KA])\.([A-Za-z_]\w*)")
-
-
-def _resolved(body: str, key_names: tuple[str, ...], arg_names: tuple[str, ...]) -> str:
-    """``body`` with every ``K.name`` / ``A.name`` replaced by its ``KEYS[i]`` / ``ARGV[i]``."""
-    tables = {"K": ("KEYS", key_names), "A": ("ARGV", arg_names)}
-
-    def position(found: re.Match[str]) -> str:
-        table, names = tables[found[1]]
-        if found[2] not in names:
-            raise ValueError(f"{found[0]} is not one of the script's {table} ({', '.join(names)})")
-        return f"{table}[{names.index(found[2]) + 1}]"
-
-    return _REFERENCE.sub(position, body)
-
-
-class LuaScript(Generic[K, A]):
-    """``keys`` and ``args`` are NamedTuple classes naming the script's KEYS and ARGV in order; ``body``
-    is Lua that reads them as ``K.name`` and ``A.name`` (and ``REST``, with ``rest``)."""
-
-    def __init__(self, keys: type[K], args: type[A], body: str, *, rest: str | None = None) -> None:
-        key_names: tuple[str, ...] = keys._fields  # type: ignore[attr-defined]
-        arg_names: tuple[str, ...] = args._fields  # type: ignore[attr-defined]
-        for field in (*key_names, *arg_names):
-            if not _NAME.match(field) or field in _LUA_WORDS:
-                raise ValueError(f"{field!r} is not a plain Lua name")
-        self.keys_type, self.args_type, self.rest = keys, args, rest
-        prologue = "" if rest is None else f"local REST = {len(arg_names) + 1}  -- {rest}\n"
-        self.source = prologue + _resolved(body.lstrip("\n"), key_names, arg_names)
-        self.sha = hashlib.sha1(self.source.encode()).hexdigest()
-
-    def __call__(self, client: redis.Redis, keys: K, args: A, *rest: object) -> Any:
-        """Run the script with ``keys`` and ``args`` (and, for a script that declares ``rest``, the
-        variable tail of ARGV); returns what Redis returns."""
-        if type(keys) is not self.keys_type or type(args) is not self.args_type:
-            raise TypeError(f"expected {self.keys_type.__name__} and {self.args_type.__name__}")
-        if rest and self.rest is None:
-            raise TypeError("this script takes no variable arguments")
-        flat = (*keys, *args, *rest)
-        try:
-            return client.evalsha(self.sha, len(keys), *flat)
-        except Exception as exc:
-            # Imported here, off the common path: defining a script (importing this module) must not load
-            # redis-py for a process that never runs one (a stopped fleet's CLI read).
-            from redis.exceptions import NoScriptError
-
-            if not isinstance(exc, NoScriptError):
-                raise
-        client.script_load(self.source)  # a server that has not seen it (new, restarted, or flushed its scripts)
-        return client.evalsha(self.sha, len(keys), *flat)
-
 
 # Lua that sets ``now`` to Redis' own clock in ms: one clock for every host, whatever their skew.
 NOW_MS = """local t = redis.call('TIME')
@@ -158,36 +78,35 @@ class EnqueueArgs(NamedTuple):
 # time, ``engram_api.ledger.turns``) and the task message on the queue, all or nothing.
 # Returns the existing task id for a known message id, {pending} when the user's backlog is full (nothing
 # written), else "". Enqueueing a message id again after it was forgotten is a new message: its tombstone goes.
-# The payload's SET is the script's first write on purpose: Redis checks maxmemory only at a script's first
-# write, and a ZREMRANGEBYSCORE first (which never refuses) let every enqueue past the limit. Backlog entries
-# older than the TTL (messages lost to a crash) are dropped only when they would refuse the message: the
-# common enqueue sends no trim (issue 45: enqueue's cost), and ``backlogs`` does not count them. The backlog
-# entry is also what erasure finds a queued message by: the user's message index (``keys.user_messages``)
-# gets it from the scripts that write the message later (``ENTER``, ``STAGE_WRITE``, ``DEAD_LETTER``), so
-# the enqueue does not write it twice.
+# The status's HSETNX of the task id is both the idempotency check and the script's first write, on purpose:
+# Redis checks maxmemory only at a script's first write (a ZREMRANGEBYSCORE first, which never refuses, once
+# let every enqueue past the limit), and a full backlog takes back only that field. Backlog entries older
+# than the TTL (messages lost to a crash) are dropped only when they would refuse the message: the common
+# enqueue sends no trim (issue 45: enqueue's cost), and ``backlogs`` does not count them. The backlog entry
+# is also what erasure finds a queued message by: the user's message index (``keys.user_messages``) gets it
+# from the scripts that write the message later (``ENTER``, ``STAGE_WRITE``, ``DEAD_LETTER``).
 ENQUEUE = LuaScript(
     EnqueueKeys,
     EnqueueArgs,
     f"""
-local existing = redis.call('HGET', K.status, 'task_id')
-if existing then return existing end
-redis.call('SET', K.payload, A.envelope, 'EX', A.ttl)
+if redis.call('HSETNX', K.status, 'task_id', A.task_id) == 0 then return redis.call('HGET', K.status, 'task_id') end
 local pending = redis.call('ZCARD', K.pending)
 if pending >= tonumber(A.limit) then
   redis.call('ZREMRANGEBYSCORE', K.pending, '-inf', tonumber(A.now) - tonumber(A.ttl))
   pending = redis.call('ZCARD', K.pending)
   if pending >= tonumber(A.limit) then
-    redis.call('DEL', K.payload)
+    redis.call('HDEL', K.status, 'task_id')
     return {{pending}}
   end
 end
+redis.call('SET', K.payload, A.envelope, 'EX', A.ttl)
 redis.call('ZADD', K.pending, A.now, A.message_id)
 redis.call('ZADD', K.in_flight, A.now, A.ref)
 redis.call('ZADD', K.order, A.event_time, A.message_id)
 redis.call('EXPIRE', K.order, A.ttl)
 redis.call('DEL', K.tombstone)
 redis.call('EXPIRE', K.pending, A.ttl)
-redis.call('HSET', K.status, 'state', '{MessageState.QUEUED.value}', 'task_id', A.task_id, 'enqueued_at', A.now)
+redis.call('HSET', K.status, 'state', '{MessageState.QUEUED.value}', 'enqueued_at', A.now)
 redis.call('EXPIRE', K.status, A.ttl)
 redis.call('LPUSH', K.queue, A.message)
 return ''
