@@ -108,7 +108,7 @@ class MessageLedger:
     def enqueue(self, envelope: Envelope, *, task_id: str, limit: int) -> Enqueued:
         """Store the payload and the status, file the message in its user's backlog (refused past ``limit``)
         and push its extract task onto the queue, atomically. Raises what Redis raises (``OOM`` when full:
-        then nothing was written, the payload being the script's first write)."""
+        then nothing was written: the status's task id is the script's first write)."""
         uid, mid = envelope.user_id, envelope.message_id
         queue = keys.queue_for(keys.EXTRACT_TASK)
         now = time.time()
