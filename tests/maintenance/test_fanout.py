@@ -24,7 +24,7 @@ from engram_api.storage.graph.contract import GraphStore
 from engram_api.storage.graph.fading import Fading
 from engram_api.storage.writer.changes import FANNED_OUT
 from engram_api.storage.writer.userwrite import UserWrite, UserWrites
-from engram_workers.maintenance import decay_users, fanout, rebuild_hierarchy, run_decay
+from engram_workers.maintenance import decay_users, fanout, rebuild_hierarchy, reconcile, run_decay
 from engram_workers.maintenance.fanout import Chunk, drive, release
 from tests.support.builders import T0, GuardSpy, UserGraph, at, new_user
 
@@ -168,6 +168,35 @@ def test_hierarchy_visits_only_the_users_written_since_its_last_run(
     drive(job="reconcile", client=redis_client, graph=store, send=collect([]), claim_s=600)
     drive(job="hierarchy", client=redis_client, graph=store, send=collect([]), claim_s=600)
     assert redis_client.zcard(CHANGED) == 0
+
+
+def test_reconcile_visits_only_the_users_written_since_its_last_run(
+    store: GraphStore, keeper: IndexKeeper, guard: GuardSpy, writes: UserWrites, redis_client: redis.Redis
+) -> None:
+    """Counted visits: after the first run (every stored user once), a run's tasks visit the users written
+    since, and no other."""
+    users = [new_user() for _ in range(12)]
+    for user in users:
+        say(writes, store, user, TOPICS)
+
+    def visit() -> list[str]:
+        sent: list[Chunk] = []
+        drive(job="reconcile", client=redis_client, graph=store, send=collect(sent), claim_s=600)
+        visited = []
+        for chunk in sent:
+            report = reconcile(graph=store, keeper=keeper, guard=guard, user_ids=chunk.user_ids, orphans=False)
+            release(redis_client, chunk, report.failed)
+            assert report.users == len(chunk.user_ids) and not report.failed
+            visited += chunk.user_ids
+        return sorted(visited)
+
+    assert visit() == sorted(users)  # the first run: every stored user once
+    written = users[3:5]
+    for user in written:
+        say(writes, store, user, [("Alex", "LIVES_IN", "Austin", "Alex lives in Austin")])
+    assert visit() == sorted(written)
+    assert visit() == []
+    assert redis_client.zcard(todo("reconcile")) == 0
 
 
 def test_a_task_that_dies_leaves_its_users_to_the_next_run(
