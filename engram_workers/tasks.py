@@ -129,7 +129,9 @@ def _guard(ctx: WorkerResources) -> Callable[[str], AbstractContextManager[UserW
     return lambda user_id: ctx.writes.open(user_id, wait=60.0)
 
 
-def _fan_out(ctx: WorkerResources, job: Job, task: str, interval_s: float, **extra: str) -> dict[str, Any]:
+def _fan_out(
+    ctx: WorkerResources, job: Job, task: str, interval_s: float, due: list[str] | None = None, **extra: str
+) -> dict[str, Any]:
     """Beat's driver for ``job``: queue its users in tasks of ``task`` (``maintenance.fanout``). A claim
     lapses a little before the next driver run, so whatever a task left undone is sent again then; a task
     still queued when its claim lapses is dropped (``expires``), its users already being sent again."""
@@ -141,7 +143,7 @@ def _fan_out(ctx: WorkerResources, job: Job, task: str, interval_s: float, **ext
         kwargs = {"user_ids": chunk.user_ids, "claim": chunk.claim, **extra}
         return app.send_task(task, kwargs=kwargs, queue=keys.queue_for(task), expires=claim_s)
 
-    report = drive(job=job, client=ctx.redis, graph=ctx.graph, send=send, claim_s=claim_s)
+    report = drive(job=job, client=ctx.redis, graph=ctx.graph, send=send, claim_s=claim_s, due=due)
     return report.model_dump(mode="json")
 
 
@@ -157,13 +159,15 @@ def _released(ctx: WorkerResources, job: Job, user_ids: list[str] | None, claim:
 def decay_task(
     user_ids: list[str] | None = None, now: str | None = None, claim: int | None = None, fan_out: bool = False
 ) -> dict[str, Any]:
-    """``fan_out`` (Beat): queue every user in tasks; ``claim``: one such task; neither: run here."""
-    from engram_workers.maintenance import run_decay
+    """``fan_out`` (Beat): queue the users with a fact due (``decay_users``) in tasks; ``claim``: one such
+    task; neither: run here."""
+    from engram_workers.maintenance import decay_users, run_decay
 
     ctx = get_resources()
     when = datetime.fromisoformat(now) if now else utcnow()
     if fan_out:
-        return _fan_out(ctx, "decay", keys.DECAY_TASK, ctx.settings.decay_interval_s, now=when.isoformat())
+        due = decay_users(ctx.graph, ctx.settings, when)
+        return _fan_out(ctx, "decay", keys.DECAY_TASK, ctx.settings.decay_interval_s, due, now=when.isoformat())
     report = run_decay(graph=ctx.graph, settings=ctx.settings, guard=_guard(ctx), now=when, user_ids=user_ids)
     _released(ctx, "decay", user_ids, claim, report)
     return report.model_dump(mode="json")

@@ -44,8 +44,8 @@ def say(client, user: str, i: int, text: str) -> None:
 def remember(client, user: str) -> None:
     for i, text in enumerate(MESSAGES):
         say(client, user, i, text)
-    # Decay (strengths below 1) and learned per-user weights are part of the memory too.
-    client.graph.decay(user, now=T0 + timedelta(days=200), per_day=0.995, threshold=0.01, batch=100)
+    # Archival by decay (the store's policy) and learned per-user weights are part of the memory too.
+    client.graph.decay(user, now=T0 + timedelta(days=200), batch=100)
     client.graph.save_weights(
         LearnedWeights(scope=user, alpha=0.5, beta=0.3, gamma=0.2, recency_weight=0.1, importance_weight=0.1,
                        samples=40, quality=0.8)

@@ -176,17 +176,40 @@ print(json.dumps({{"top": next(i for i in r.items if i.kind == "fact").object, "
     assert len(llm_server.requests) == calls_before
 
 
+def test_recall_scores_each_fact_with_its_strength_faded_as_the_old_daily_job_stored_it(stack):
+    """Read-time decay: the strength in a fact's score is its stored strength times decay_per_day ** days
+    since it was set, the value the old daily job stored had it run at the recall's instant (fixed here
+    by ``as_of``: 40 and 140 days on, where the old job would have faded every fact 40 and 140 times)."""
+    client, user = stack.client, uid()
+    ingest(client, user, ["I live in Austin.", "I enjoy chess.", "I have a dog named Rex."])
+    per_day, day = client.settings.decay_per_day, timedelta(days=1)
+    for days in (40, 140):
+        when = utcnow() + timedelta(days=days)
+        recall = client.recall(user, "what does the user do and where do they live?", k=10, as_of=when)
+        items = {i.id: i for i in recall.items if i.kind == "fact"}
+        assert items
+        for record in client.graph.get_facts(user, list(items)):
+            since = record.last_decay_at or record.created_at
+            old_job = record.strength  # the old job's daily runs, one factor a day, then one run at ``when``
+            for _ in range(days - 1):
+                old_job *= per_day
+                since += day
+            old_job *= per_day ** ((when - since) / day)
+            assert items[record.id].breakdown.strength == pytest.approx(old_job, rel=1e-9)
+            assert record.strength == 1.0 and not record.archived  # nothing was written: it is read faded
+
+
 def test_feedback_is_stored_reinforces_the_useful_fact_and_moves_the_version(stack):
     client, user = stack.client, uid()
     ingest(client, user, ["I live in Austin.", "I enjoy chess.", "I have a dog named Rex."])
-    # Decay the facts hard (decay refuses a future instant, so the rate does the work) to give a
-    # reinforcement room to show: a new fact is at full strength.
-    steep = client.settings.model_copy(update={"decay_per_day": 1e-6})
-    decayed = run_decay(graph=client.graph, settings=steep,
+    # Decay is read at recall: the job finds nothing due for months, so it reads and writes nothing.
+    version = client.graph.user_version(user)
+    decayed = run_decay(graph=client.graph, settings=client.settings,
                         guard=lambda u: client.reader.writes.open(u, wait=30.0),
                         now=utcnow(), user_ids=[user])  # fmt: skip
-    assert decayed.decayed == 3 and decayed.archived == 0
-    assert read_stamp(client.redis, user) == client.graph.user_stamp(user)  # the job published what it changed
+    assert (decayed.due, decayed.archived) == (0, 0)
+    assert client.graph.user_version(user) == version
+    assert read_stamp(client.redis, user) == client.graph.user_stamp(user)
 
     recall = client.recall(user, "does the user have a dog?", k=3)
     (rex,) = [i for i in recall.items if i.kind == "fact" and "Rex" in i.statement]

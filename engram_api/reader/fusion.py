@@ -35,7 +35,7 @@ from engram_api.reader.cues import QueryCues
 from engram_api.reader.facts import UserChunks, UserFacts
 from engram_api.reader.items import Candidate, Row, recall_item
 from engram_api.reader.recipe import RecallRecipe, RetrievalChannel
-from engram_api.reader.scoring import Weights, by_rank, components, named, normalized, word_share
+from engram_api.reader.scoring import Weights, by_rank, components, fact_strength, named, normalized, word_share
 from engram_api.settings import Settings
 from engram_api.storage.faiss.files import Kind, UserIndex, VectorHit
 from engram_api.storage.graph.contract import GraphStepQuery, GraphStore
@@ -355,7 +355,7 @@ class _Run:
             comp = components(
                 similarity=self.sims.get(node_id, 0.0),
                 hops=self.hops.get(node_id),
-                strength=fact.strength if fact else _EPISODE_STRENGTH,
+                strength=fact_strength(fact, now, self.settings) if fact else _EPISODE_STRENGTH,
                 importance=fact.importance if fact else _EPISODE_IMPORTANCE,
                 valid_from=fact.valid_from if fact else chunk.event_time,  # type: ignore[union-attr]
                 now=now,

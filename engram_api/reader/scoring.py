@@ -2,7 +2,9 @@
 (which ``fusion`` does): by score (``normalized``), or for the keyword channel by rank (``by_rank``).
 
 composite = alpha*similarity + beta*hop_decay**hops + gamma*strength + recency_w*recency + importance_w*importance
-where recency = 2 ** (-age_days / half_life). Weights come from settings or, once the maintenance job has
+where recency = 2 ** (-age_days / half_life) and strength is a fact's effective strength at the recall's
+instant (``fact_strength``: the stored one faded by ``decay_per_day`` since it was set, as the decay job
+used to store it daily). Weights come from settings or, once the maintenance job has
 learned them from feedback, from the store (per user, else global). The components and the weights
 are the models of ``engram_api.models`` (``ScoreComponents``, ``Weights``): one vocabulary everywhere.
 """
@@ -18,7 +20,9 @@ from typing import Literal
 from engram_api.models import GLOBAL_SCOPE, SCORE_COMPONENTS, Weights
 from engram_api.settings import Settings
 from engram_api.storage.graph.contract import GraphStore
+from engram_api.storage.graph.fading import Fading
 from engram_api.storage.snapshot.keywords import stems
+from engram_api.storage.snapshot.rows import AnyFact
 
 __all__ = [
     "ComponentValues",
@@ -27,6 +31,7 @@ __all__ = [
     "by_rank",
     "components",
     "effective_weights",
+    "fact_strength",
     "named",
     "normalized",
     "word_share",
@@ -71,6 +76,13 @@ def components(
         math.pow(2.0, -age_days / settings.recency_half_life_days),
         importance,
     )
+
+
+def fact_strength(fact: AnyFact, at: datetime, settings: Settings) -> float:
+    """``fact``'s effective strength at ``at`` (``storage.graph.fading``): what the old daily decay job
+    would have stored had it run at ``at``; never above the stored strength (an ``as_of`` before it was set)."""
+    fading = Fading.of(settings.decay_per_day, settings.archive_threshold)
+    return fading.strength_at(fact.strength, fact.last_decay_at or fact.created_at, at)
 
 
 def named(values: ComponentValues) -> dict[str, float]:

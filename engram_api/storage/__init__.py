@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from engram_api.storage.graph.contract import ExtractionContext, GraphStep, GraphStepQuery, GraphStore
+from engram_api.storage.graph.fading import Fading
 
 if TYPE_CHECKING:
     from engram_api.settings import Settings
@@ -19,6 +20,7 @@ __all__ = ["ExtractionContext", "GraphStep", "GraphStepQuery", "GraphStore", "mi
 
 def open_graph_store(settings: Settings) -> GraphStore:
     """Neo4j when ``NEO4J_URI`` is set, else the embedded SQLite store under ``ENGRAM_DATA_DIR``."""
+    fading = Fading.of(settings.decay_per_day, settings.archive_threshold)
     if settings.neo4j_uri:
         from engram_api.storage.graph.neo4j.store import Neo4jGraphStore
 
@@ -29,10 +31,11 @@ def open_graph_store(settings: Settings) -> GraphStore:
             database=settings.neo4j_database,
             query_timeout_s=settings.neo4j_query_timeout_s,
             pool=settings.neo4j_pool,
+            fading=fading,
         )
     from engram_api.storage.graph.sqlite.store import SqliteGraphStore
 
-    return SqliteGraphStore(path=settings.sqlite_path)
+    return SqliteGraphStore(path=settings.sqlite_path, fading=fading)
 
 
 def migrate_graph_store(settings: Settings) -> tuple[int | None, int | None]:

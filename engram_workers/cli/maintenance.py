@@ -17,7 +17,10 @@ from engram_workers.cli._output import emit_json, json_option, table
 __all__ = ["COMMANDS"]
 
 _JOBS = {
-    "decay": ("decay_task", "Weaken facts not reinforced lately; archive those below ENGRAM_ARCHIVE_THRESHOLD."),
+    "decay": (
+        "decay_task",
+        "Archive the facts whose faded strength fell below ENGRAM_ARCHIVE_THRESHOLD (the facts due).",
+    ),
     "hierarchy": ("hierarchy_task", "Rebuild the topic clusters that `search --detail broad` returns."),
     "weights": ("weights_task", "Learn recall scoring weights from feedback (needs ENGRAM_MIN_FEEDBACK rows)."),
     "reconcile": (

@@ -5,7 +5,7 @@ runs decay, hierarchy and reconcile through ``fanout``: a driver sends per-user 
 work (docs/operations.md "Maintenance")."""
 
 from engram_workers.maintenance._common import Guard, UserFailure
-from engram_workers.maintenance.decay import DecayReport, DecayUser, run_decay
+from engram_workers.maintenance.decay import DecayReport, DecayUser, decay_users, run_decay
 from engram_workers.maintenance.hierarchy import HierarchyReport, HierarchyUser, rebuild_hierarchy
 from engram_workers.maintenance.reconcile import BackfillUser, ReconcileReport, ReconcileUser, reconcile, remove_orphans
 from engram_workers.maintenance.redeliver import RedeliverReport, redeliver_stuck, resend_lost
@@ -31,6 +31,7 @@ __all__ = [
     "UserFailure",
     "Weights",
     "WeightsReport",
+    "decay_users",
     "effective_weights",
     "learn_weights",
     "rebuild_hierarchy",

@@ -1,13 +1,19 @@
-"""Strength decay and archival.
+"""Archival of faded facts (decay itself is read, not written).
 
-The store applies the closed form ``strength *= per_day ** days_since_last_decay`` and stamps
-``last_decay_at = now``, so the job has no memory of its own: a run that Beat doubles changes nothing
-the second time and a missed day is caught up by the next run.
+Recall computes a fact's effective strength when it reads it, ``strength * per_day ** days`` since the
+strength was set (``engram_api.storage.graph.fading``), and every write that sets a strength stores the
+instant it will fall below ``archive_threshold`` (``archive_due_at``). So this job no longer rewrites every
+fact daily: it visits only the users with a fact due (``decay_users``: the stores' due index) and reads and
+writes only those facts, archiving the ones below the threshold (the old job's test, so the same facts on
+the same run). A user with nothing due keeps its version, so its readers reload nothing. The job has no
+memory of its own: a run that Beat doubles changes nothing the second time, and a missed run is caught up
+by the next (everything due by then).
 
 Episodes never decay unless ``decay_episodes`` is on. Then the rule is age, not strength (a chunk has
 none): the chunks of every episode whose event time is more than ``episode_max_age_days`` before ``now``
 leave recall (their vectors and keyword entries are deleted); the episode stays as provenance of its
-facts, and reconcile's backfill skips it for as long as the setting is on.
+facts, and reconcile's backfill skips it for as long as the setting is on. While it is on, every user is
+visited (episodes have no due index).
 """
 
 from __future__ import annotations
@@ -16,19 +22,19 @@ from datetime import datetime, timedelta
 
 from pydantic import BaseModel, Field
 
-from engram_api.errors import InvalidInputError
+from engram_api.errors import ConfigError, InvalidInputError
 from engram_api.models import check_aware, utcnow
 from engram_api.settings import Settings
 from engram_api.storage.graph.contract import GraphStore
 from engram_api.storage.writer.userwrite import UserWrite
 from engram_workers.maintenance._common import Guard, UserFailure, guarded, isolate, target_users
 
-__all__ = ["DecayReport", "DecayUser", "episode_cutoff", "run_decay"]
+__all__ = ["DecayReport", "DecayUser", "decay_users", "episode_cutoff", "run_decay"]
 
 
 class DecayUser(BaseModel):
     user_id: str
-    decayed: int
+    due: int = Field(description="facts due for archival that were read (archived or not faded yet)")
     archived: int
     episode_chunks_removed: int = 0
     version: int = Field(description="the user's graph version after the run")
@@ -39,7 +45,7 @@ class DecayReport(BaseModel):
     per_day: float
     threshold: float
     users: int = 0
-    decayed: int = 0
+    due: int = 0
     archived: int = 0
     episode_chunks_removed: int = 0
     per_user: list[DecayUser] = Field(default_factory=list)
@@ -55,6 +61,12 @@ def episode_cutoff(settings: Settings, now: datetime) -> datetime | None:
     return now - timedelta(days=settings.episode_max_age_days) if settings.decay_episodes else None
 
 
+def decay_users(graph: GraphStore, settings: Settings, now: datetime) -> list[str]:
+    """The users decay has work for at ``now``: those with a fact due for archival (the due index), or
+    every stored user while episodes decay too."""
+    return graph.list_users() if settings.decay_episodes else graph.users_due(now)
+
+
 def run_decay(
     *,
     graph: GraphStore,
@@ -63,40 +75,42 @@ def run_decay(
     now: datetime,
     user_ids: list[str] | None = None,
 ) -> DecayReport:
-    """Decay every fact of each user to ``now`` and archive those below ``settings.archive_threshold``."""
+    """Archive each user's facts faded at ``now`` (below ``settings.archive_threshold``); ``user_ids``
+    None: the users with work (``decay_users``)."""
     when = check_aware(now, "now")
     if when is None:
         raise InvalidInputError("now", "is required: decay is measured up to this instant")
     if when > utcnow() + _CLOCK_SKEW:
-        # A future instant would decay (and archive) every fact by years at once: never a real run.
+        # A future instant would archive every fact due by then at once: never a real run.
         raise InvalidInputError("now", f"must not be in the future (got {when.isoformat()})")
-    report = DecayReport(now=when, per_day=settings.decay_per_day, threshold=settings.archive_threshold)
-    for user_id in target_users(graph, user_ids):
+    fading = graph.fading
+    if (fading.per_day, fading.threshold) != (settings.decay_per_day, settings.archive_threshold):
+        # The store computed every archive_due_at with its own policy: archiving by another would miss facts.
+        raise ConfigError(
+            "ENGRAM_DECAY_PER_DAY",
+            f"the graph store fades by {fading} but the settings say per_day={settings.decay_per_day}, "
+            f"threshold={settings.archive_threshold}: open the store with the same settings",
+        )
+    report = DecayReport(now=when, per_day=fading.per_day, threshold=fading.threshold)
+    users = decay_users(graph, settings, when) if user_ids is None else target_users(graph, user_ids)
+    for user_id in users:
 
         def decay(write: UserWrite) -> tuple[int, int, int, int]:
-            decayed, archived = graph.decay(
-                write.user_id,
-                now=when,
-                per_day=settings.decay_per_day,
-                threshold=settings.archive_threshold,
-                batch=settings.maintenance_batch,
-            )
+            due, archived = graph.decay(write.user_id, now=when, batch=settings.maintenance_batch)
             removed = _expire_episodes(graph, write.user_id, episode_cutoff(settings, when))
-            # Strengths change no embedding: the index moves by the removed chunks only (often an empty delta).
+            # Archival changes no embedding: the index moves by the removed chunks only (often an empty delta).
             # Only an archival or a removed chunk changes what the other jobs look at (``fanout``).
             after = write.finish(removals=removed, changed=bool(archived or removed))
-            return decayed, archived, len(removed), after.version
+            return due, archived, len(removed), after.version
 
         with isolate("decay", user_id, report.failed):
-            decayed, archived, removed, after = guarded(guard, user_id, decay)
+            due, archived, removed, after = guarded(guard, user_id, decay)
             report.users += 1
-            report.decayed += decayed
+            report.due += due
             report.archived += archived
             report.episode_chunks_removed += removed
             report.per_user.append(
-                DecayUser(
-                    user_id=user_id, decayed=decayed, archived=archived, episode_chunks_removed=removed, version=after
-                )
+                DecayUser(user_id=user_id, due=due, archived=archived, episode_chunks_removed=removed, version=after)
             )
     return report
 

@@ -11,8 +11,10 @@ Where the to-do set comes from:
   ``UserWrite.finish`` keeps; ``engram_api.storage.writer.changes``), so a run costs the users that changed,
   not the users that exist. The first run ever (no ``seen`` mark yet) takes every stored user once: users
   written before the changed set existed must not be skipped forever.
-- ``decay``: every stored user, each run. Recall reads the stored strength, so every fact still has to be
-  faded daily; the fan-out bounds each task, not the total (docs/operations.md "Maintenance").
+- ``decay``: the users with a fact due for archival (``GraphStore.users_due``, read from the stores' due
+  index; ``maintenance.decay.decay_users``). Recall computes a fact's strength when it reads it
+  (``storage.graph.fading``), so a user with nothing due is not visited at all; only while
+  ``decay_episodes`` is on does it take every stored user, whose old episodes it reads by age.
 
 Invariants:
 - A claim is atomic (one script): two drivers never send the same user in the same claim window.
@@ -23,7 +25,7 @@ Invariants:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Literal
 
 import redis
@@ -72,13 +74,24 @@ Send = Callable[[Chunk], object]
 """Publishes one chunk as a task (the worker sends the job's Celery task; tests may run it inline)."""
 
 
-def drive(*, job: Job, client: redis.Redis, graph: GraphStore, send: Send, claim_s: float) -> FanOutReport:
-    """Fill ``job``'s to-do set and send its users in tasks, each claimed for ``claim_s`` seconds."""
+def drive(
+    *,
+    job: Job,
+    client: redis.Redis,
+    graph: GraphStore,
+    send: Send,
+    claim_s: float,
+    due: Sequence[str] | None = None,
+) -> FanOutReport:
+    """Fill ``job``'s to-do set and send its users in tasks, each claimed for ``claim_s`` seconds. ``due``:
+    decay's users (``decay.decay_users``), required for it and for it only."""
     if job not in FANNED_OUT:
         raise ValueError(f"{job!r} is not a fanned-out maintenance job ({', '.join(FANNED_OUT)})")
+    if (due is None) != (job != "decay"):
+        raise ValueError("decay's driver takes the users it has work for (due); the other jobs take none")
     report = FanOutReport(job=job)
-    if job == "decay":
-        report.taken_in = _take_in_all(client, job, graph.list_users())
+    if due is not None:
+        report.taken_in = _take_in_all(client, job, list(due))
     else:
         if client.get(keys.maintenance_seen(job)) is None:
             # First run: every stored user, then only the writes after this sequence number.

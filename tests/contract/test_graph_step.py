@@ -266,7 +266,9 @@ def test_a_warm_fact_cache_rereads_nothing_until_the_users_stamp_moves(graph_sto
     assert graph_store.user_stamp(user) > old_stamp
     after_write, _ = step(q)
     assert set(counting.sent) >= set(ids)
-    assert after_write[ids[0]].strength > cold_records[ids[0]].strength
+    # Reinforced at day 31: its strength faded to then plus 0.5, measured then (read-time decay).
+    assert (cold_records[ids[0]].last_decay_at, after_write[ids[0]].last_decay_at) == (None, at(31))
+    assert after_write[ids[0]].strength != cold_records[ids[0]].strength
     assert cache.held(user, old_stamp) == {}  # the old stamp's records are gone
     counting.sent.clear()
 

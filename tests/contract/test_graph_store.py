@@ -34,6 +34,7 @@ from engram_api.models import (
 )
 from engram_api.naming import normalize_name
 from engram_api.storage import GraphStepQuery, GraphStore
+from engram_api.storage.graph.fading import Fading
 from tests.support.factories import (
     DIM,
     T0,
@@ -426,6 +427,7 @@ def test_entity_changes_add_aliases_once_and_replace_given_fields(graph_store: G
 
 
 def test_slot_facts_are_current_superseded_and_archived(graph_store: GraphStore, user: str, other_user: str) -> None:
+    graph_store.fading = Fading(0.5, 0.01)
     ana, bob, paris, berlin, jazz = (make_entity(user, n) for n in ("Ana", "Bob", "Paris", "Berlin", "Jazz"))
     in_paris = make_fact(user, ana, "LIVES_IN", paris, valid_from=at(30), single_valued=True)
     in_berlin = make_fact(user, ana, "LIVES_IN", berlin, valid_from=at(31), single_valued=True)
@@ -435,7 +437,7 @@ def test_slot_facts_are_current_superseded_and_archived(graph_store: GraphStore,
     graph_store.apply(
         plan(user, "m2", entities=[berlin], facts=[in_berlin], fact_changes=[supersede(in_paris, in_berlin)])
     )
-    assert graph_store.decay(user, now=at(30), per_day=0.5, threshold=0.01, batch=100) == (1, 1)
+    assert graph_store.decay(user, now=at(30), batch=100) == (1, 1)
 
     found = by_id(slot_facts(graph_store, user, [(ana.id, "LIVES_IN"), (ana.id, "LIKES"), (bob.id, "WORKS_AT")]))
 
@@ -530,11 +532,12 @@ def test_fact_changes_supersede(graph_store: GraphStore, user: str) -> None:
 
 
 def test_reinforced_facts_regain_strength_and_provenance(graph_store: GraphStore, user: str) -> None:
+    graph_store.fading = Fading(0.5, 0.01)
     ana, jazz = make_entity(user, "Ana"), make_entity(user, "Jazz")
     likes = make_fact(user, ana, "LIKES", jazz, valid_from=at(0))
     # Message ids chosen so that source order (sorted) differs from apply order.
     graph_store.apply(plan(user, "m-b", entities=[ana, jazz], facts=[likes]))
-    assert graph_store.decay(user, now=at(10), per_day=0.5, threshold=0.01, batch=10) == (1, 1)
+    assert graph_store.decay(user, now=at(10), batch=10) == (1, 1)
     assert graph_store.stats(user).archived_facts == 1
 
     graph_store.apply(plan(user, "m-a", at(11), reinforced=[likes.id]))
@@ -686,7 +689,9 @@ def test_expand_returns_read_shaped_facts(graph_store: GraphStore, user: str) ->
     result = by_id(expand(graph_store, user, [g.a.id], max_hops=1, as_of=None, limit=FAR, per_seed=FAR))
     assert all(isinstance(f, HopFact) for f in result.values())
     assert_fact(result[g.f0.id], g.f0, source_ids=["m1"])
-    assert_fact(result[g.f1.id], g.f1, source_ids=["m1", "m3"])
+    restated = result[g.f1.id]  # reinforced: full strength as of the write, its reference instant
+    assert restated.last_decay_at is not None and restated.last_decay_at > g.f1.created_at
+    assert_fact(restated, g.f1, source_ids=["m1", "m3"], last_decay_at=restated.last_decay_at)
     assert result[g.fa.id].object_name is None
 
 
@@ -725,12 +730,13 @@ def test_expand_as_of_uses_facts_valid_then(graph_store: GraphStore, user: str) 
 
 
 def test_expand_never_uses_archived_facts(graph_store: GraphStore, user: str) -> None:
+    graph_store.fading = Fading(0.5, 0.01)
     a, b, c, x = (make_entity(user, n) for n in ("A", "B", "C", "X"))
     old = make_fact(user, a, "KNOWS", b, valid_from=at(0))  # decays below the threshold
     b_c = make_fact(user, b, "KNOWS", c, valid_from=at(30))
     a_x = make_fact(user, a, "LIKES", x, valid_from=at(30))
     graph_store.apply(plan(user, "m1", entities=[a, b, c, x], facts=[old, b_c, a_x]))
-    assert graph_store.decay(user, now=at(30), per_day=0.5, threshold=0.01, batch=10) == (1, 1)
+    assert graph_store.decay(user, now=at(30), batch=10) == (1, 1)
 
     assert hops(expand(graph_store, user, [a.id], max_hops=2, as_of=None, limit=FAR, per_seed=FAR)) == [(a_x.id, 0)]
     assert hops(expand(graph_store, user, [a.id], max_hops=2, as_of=at(31), limit=FAR, per_seed=FAR)) == [(a_x.id, 0)]
@@ -741,6 +747,7 @@ def test_expand_never_uses_archived_facts(graph_store: GraphStore, user: str) ->
 
 
 def test_history_lists_every_fact_of_the_subject_by_valid_from(graph_store: GraphStore, user: str) -> None:
+    graph_store.fading = Fading(0.5, 0.01)
     ana = make_entity(user, "Ana", aliases=["Annie"])
     bob, paris, berlin, rome, jazz = (make_entity(user, n) for n in ("Bob", "Paris", "Berlin", "Rome", "Jazz"))
     in_paris = make_fact(user, ana, "LIVES_IN", paris, valid_from=at(0), created_at=at(40))
@@ -752,7 +759,7 @@ def test_history_lists_every_fact_of_the_subject_by_valid_from(graph_store: Grap
     graph_store.apply(plan(user, "m1", entities=[ana, bob, rome, jazz, paris], facts=[in_rome, jazz_fact, bob_knows]))
     graph_store.apply(plan(user, "m2", entities=[berlin], facts=[in_berlin, in_paris]))
     graph_store.apply(plan(user, "m3", fact_changes=[supersede(in_paris, in_berlin), supersede(in_berlin, in_rome)]))
-    graph_store.decay(user, now=at(40), per_day=0.5, threshold=0.01, batch=10)
+    graph_store.decay(user, now=at(40), batch=10)
 
     everything = graph_store.history(user, "Ana", None)
     assert [f.id for f in everything] == [in_paris.id, jazz_fact.id, in_berlin.id, in_rome.id]
@@ -814,6 +821,7 @@ def test_page_orders_facts_by_created_at_then_id(graph_store: GraphStore, user: 
 
 
 def test_stats_counts(graph_store: GraphStore, user: str) -> None:
+    graph_store.fading = Fading(0.5, 0.01)
     ana, paris, berlin, jazz = (make_entity(user, n) for n in ("Ana", "Paris", "Berlin", "Jazz"))
     in_paris = make_fact(user, ana, "LIVES_IN", paris, valid_from=at(0))
     likes = make_fact(user, ana, "LIKES", jazz, valid_from=at(0))
@@ -832,7 +840,7 @@ def test_stats_counts(graph_store: GraphStore, user: str) -> None:
         )
     )
     # Archives both old facts; in_paris is then superseded AND archived and counts in both.
-    assert graph_store.decay(user, now=at(30), per_day=0.5, threshold=0.01, batch=10) == (2, 2)
+    assert graph_store.decay(user, now=at(30), batch=10) == (2, 2)
     graph_store.replace_clusters(user, [make_cluster(user, "home", facts=[in_berlin]), make_cluster(user, "music")])
 
     stats = graph_store.stats(user)
@@ -1131,86 +1139,6 @@ def test_forget_unknown_user_is_a_no_op(graph_store: GraphStore, user: str) -> N
 
 
 # ------------------------------------------------------------------------------------- maintenance
-
-
-def test_decay_follows_the_closed_form_and_is_idempotent_at_the_same_now(graph_store: GraphStore, user: str) -> None:
-    ana = make_entity(user, "Ana")
-    f1 = make_fact(user, ana, "A", created_at=at(0))
-    f2 = make_fact(user, ana, "B", created_at=at(0))
-    f3 = make_fact(user, ana, "C", created_at=at(10))  # younger than the first run's `now`
-    graph_store.apply(plan(user, "m1", entities=[ana], facts=[f1, f2, f3]))
-    version = graph_store.user_version(user)
-
-    # batch=1: several transactions, one result.
-    assert graph_store.decay(user, now=at(5), per_day=0.9, threshold=0.01, batch=1) == (2, 0)
-    facts = by_id(graph_store.get_facts(user, [f1.id, f2.id, f3.id]))
-    assert facts[f1.id].strength == pytest.approx(0.9**5, abs=1e-9)
-    assert facts[f2.id].strength == pytest.approx(0.9**5, abs=1e-9)
-    assert facts[f1.id].last_decay_at == at(5)
-    assert (facts[f3.id].strength, facts[f3.id].last_decay_at) == (1.0, None)
-    decayed_version = graph_store.user_version(user)
-    assert decayed_version > version
-
-    assert graph_store.decay(user, now=at(5), per_day=0.9, threshold=0.01, batch=1) == (0, 0)
-    assert graph_store.user_version(user) == decayed_version
-    assert by_id(graph_store.get_facts(user, [f1.id, f2.id, f3.id])) == facts
-
-    # Fractional days; the result depends only on the time since creation, not on the steps.
-    assert graph_store.decay(user, now=at(12.5), per_day=0.9, threshold=0.01, batch=100) == (3, 0)
-    facts = by_id(graph_store.get_facts(user, [f1.id, f3.id]))
-    assert facts[f1.id].strength == pytest.approx(0.9**12.5, abs=1e-9)
-    assert facts[f3.id].strength == pytest.approx(0.9**2.5, abs=1e-9)
-    assert facts[f3.id].last_decay_at == at(12.5)
-
-
-def test_decay_archives_below_threshold(graph_store: GraphStore, user: str) -> None:
-    ana = make_entity(user, "Ana")
-    old = make_fact(user, ana, "A", created_at=at(0))
-    young = make_fact(user, ana, "B", created_at=at(10))
-    graph_store.apply(plan(user, "m1", entities=[ana], facts=[old, young]))
-
-    # old: 0.9**40 ~ 0.0148 < 0.03 -> archived; young: 0.9**30 ~ 0.0424 stays.
-    assert graph_store.decay(user, now=at(40), per_day=0.9, threshold=0.03, batch=100) == (2, 1)
-    facts = by_id(graph_store.get_facts(user, [old.id, young.id]))
-    assert facts[old.id].archived is True and facts[young.id].archived is False
-    assert facts[old.id].strength == pytest.approx(0.9**40, abs=1e-9)
-    assert (graph_store.stats(user).archived_facts, graph_store.stats(user).current_facts) == (1, 1)
-    # DECISION: archived facts are out of recall and are not decayed again (until reinforced).
-    assert graph_store.decay(user, now=at(50), per_day=0.9, threshold=0.03, batch=100) == (1, 1)
-    assert graph_store.decay(user, now=at(60), per_day=0.9, threshold=0.03, batch=100) == (0, 0)
-    assert one_fact(graph_store, user, old.id).strength == pytest.approx(0.9**40, abs=1e-9)
-
-
-def test_reinforce_raises_strength_and_unarchives(graph_store: GraphStore, user: str, other_user: str) -> None:
-    ana = make_entity(user, "Ana")
-    weak = make_fact(user, ana, "A", created_at=at(0))  # 0.5**10 -> archived
-    faded = make_fact(user, ana, "B", created_at=at(5))  # 0.5**5 = 0.03125
-    fresh = make_fact(user, ana, "C", created_at=at(100))  # untouched, strength 1.0
-    graph_store.apply(plan(user, "m1", entities=[ana], facts=[weak, faded, fresh]))
-    twin = make_entity(other_user, "Ana")
-    theirs = make_fact(other_user, twin, "A", strength=0.5)
-    graph_store.apply(plan(other_user, "m1", entities=[twin], facts=[theirs]))
-    assert graph_store.decay(user, now=at(10), per_day=0.5, threshold=0.01, batch=10) == (2, 1)
-    version = graph_store.user_version(user)
-
-    changed = graph_store.reinforce(
-        user, [weak.id, faded.id, fresh.id, theirs.id, "fact-missing"], amount=0.3, now=at(11)
-    )
-
-    assert changed == 2  # fresh is already at 1.0; theirs is not this user's
-    facts = by_id(graph_store.get_facts(user, [weak.id, faded.id, fresh.id]))
-    assert facts[weak.id].strength == pytest.approx(0.5**10 + 0.3, abs=1e-9)
-    assert facts[weak.id].archived is False
-    assert facts[faded.id].strength == pytest.approx(0.5**5 + 0.3, abs=1e-9)
-    assert facts[fresh.id].strength == 1.0
-    assert graph_store.user_version(user) == version + 1
-    assert graph_store.stats(user).archived_facts == 0
-    assert one_fact(graph_store, other_user, theirs.id).strength == pytest.approx(0.5)
-
-    assert graph_store.reinforce(user, [faded.id], amount=0.9, now=at(12)) == 1
-    assert one_fact(graph_store, user, faded.id).strength == pytest.approx(1.0)  # capped
-    assert graph_store.reinforce(user, [faded.id, fresh.id], amount=0.3, now=at(13)) == 0
-    assert graph_store.user_version(user) == version + 2
 
 
 def test_replace_clusters_round_trip_and_replacement(graph_store: GraphStore, user: str, other_user: str) -> None:

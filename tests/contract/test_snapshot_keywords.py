@@ -16,6 +16,7 @@ from datetime import datetime
 from engram_api.models import ChatMessage, Envelope
 from engram_api.storage import GraphStore
 from engram_api.storage.graph.episodes import chunk_envelope, keyword_terms
+from engram_api.storage.graph.fading import Fading
 from engram_api.storage.snapshot.graph import UserSnapshot
 from tests.support.factories import at, make_entity, make_fact, plan, supersede, vec
 from tests.support.graph_world import FAR, WINDOWS
@@ -53,6 +54,7 @@ def _say(store: GraphStore, user: str, mid: str, speaker: str, text: str, when: 
 def _conversation(store: GraphStore, user: str) -> None:
     """Six named turns on days 20-30, facts with a slot superseded twice (Tampa, then Austin, then Denver)
     and an archived one."""
+    store.fading = Fading(0.5, 0.01)
     me, bakery = make_entity(user, "Caroline"), make_entity(user, "Sunrise bakery")
     cities = [make_entity(user, name) for name in ("Tampa", "Austin", "Denver")]
     lives = [
@@ -65,7 +67,7 @@ def _conversation(store: GraphStore, user: str) -> None:
     paints = make_fact(user, me, "LIKES", statement="Caroline likes painting horses", valid_from=at(21))
     old = make_fact(user, me, "USED_TO", statement="Caroline used to run marathons", valid_from=at(0))
     store.apply(plan(user, "old", at(0), entities=[me], facts=[old]))
-    assert store.decay(user, now=at(19), per_day=0.5, threshold=0.01, batch=100)[1] == 1
+    assert store.decay(user, now=at(19), batch=100)[1] == 1
     for i, (speaker, text) in enumerate(TURNS):
         when = at(20 + 2 * i)
         planned: dict[str, object] = {}

@@ -106,7 +106,7 @@ def test_a_refreshed_snapshot_is_what_a_whole_load_reads_after_every_kind_of_wri
     chunks = [c.model_copy(update={"embedding": vec(c.id)}) for c in chunk_envelope(envelope)]
     assert graph_store.add_chunks(user, chunks) == 1
     step("chunks added to a stored message")
-    assert graph_store.decay(user, now=at(400), per_day=0.9, threshold=0.01, batch=FAR)[0] > 0
+    assert graph_store.decay(user, now=at(400), batch=FAR)[0] > 0
     step("a decay")
     archived = [fid for fid, f in held.facts.items() if f.archived]
     assert archived and graph_store.reinforce(user, archived[:2], amount=0.5, now=at(401)) > 0

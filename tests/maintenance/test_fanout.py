@@ -1,5 +1,5 @@
 """The maintenance fan-out on a real Redis: the changed set the writers keep, the drivers' to-do sets, and
-which users the jobs' tasks visit (seen in the store: a visit rebuilds clusters or decays facts).
+which users the jobs' tasks visit (seen in the store: a visit rebuilds clusters or archives facts).
 
 SQLite only: a first run takes in every stored user, and the Neo4j database is shared by every test.
 """
@@ -7,6 +7,7 @@ SQLite only: a first run takes in every stored user, and the Neo4j database is s
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from datetime import datetime
 
 import pytest
 import redis
@@ -20,11 +21,12 @@ from engram_api.settings import Settings
 from engram_api.storage.embedding.embedder import Embedder, get_embedder
 from engram_api.storage.faiss.keeper import IndexKeeper
 from engram_api.storage.graph.contract import GraphStore
+from engram_api.storage.graph.fading import Fading
 from engram_api.storage.writer.changes import FANNED_OUT
 from engram_api.storage.writer.userwrite import UserWrite, UserWrites
-from engram_workers.maintenance import fanout, rebuild_hierarchy, run_decay
+from engram_workers.maintenance import decay_users, fanout, rebuild_hierarchy, reconcile, run_decay
 from engram_workers.maintenance.fanout import Chunk, drive, release
-from tests.support.builders import GuardSpy, UserGraph, at, new_user
+from tests.support.builders import T0, GuardSpy, UserGraph, at, new_user
 
 pytestmark = pytest.mark.parametrize("backend", ["sqlite"])
 
@@ -77,13 +79,17 @@ def run(store: GraphStore, keeper: IndexKeeper, guard: GuardSpy, redis_client: r
 
 
 def say(
-    writes: UserWrites, store: GraphStore, user: str, facts: list[tuple[str, str, str | None, str]]
+    writes: UserWrites,
+    store: GraphStore,
+    user: str,
+    facts: list[tuple[str, str, str | None, str]],
+    when: datetime = T0,
 ) -> list[FactRecord]:
     """One message for ``user`` written as the apply stage writes it: a ``UserWrite`` that finishes."""
 
     def body(write: UserWrite) -> list[FactRecord]:
         memory = UserGraph(store, user)
-        records = memory.say(facts)
+        records = memory.say(facts, when=when)
         vectors = [(e.id, "entity", e.embedding or []) for e in memory.entities.values()]
         write.finish(upserts=[*vectors, *((f.id, "fact", f.embedding or []) for f in records)])
         return records
@@ -164,6 +170,35 @@ def test_hierarchy_visits_only_the_users_written_since_its_last_run(
     assert redis_client.zcard(CHANGED) == 0
 
 
+def test_reconcile_visits_only_the_users_written_since_its_last_run(
+    store: GraphStore, keeper: IndexKeeper, guard: GuardSpy, writes: UserWrites, redis_client: redis.Redis
+) -> None:
+    """Counted visits: after the first run (every stored user once), a run's tasks visit the users written
+    since, and no other."""
+    users = [new_user() for _ in range(12)]
+    for user in users:
+        say(writes, store, user, TOPICS)
+
+    def visit() -> list[str]:
+        sent: list[Chunk] = []
+        drive(job="reconcile", client=redis_client, graph=store, send=collect(sent), claim_s=600)
+        visited = []
+        for chunk in sent:
+            report = reconcile(graph=store, keeper=keeper, guard=guard, user_ids=chunk.user_ids, orphans=False)
+            release(redis_client, chunk, report.failed)
+            assert report.users == len(chunk.user_ids) and not report.failed
+            visited += chunk.user_ids
+        return sorted(visited)
+
+    assert visit() == sorted(users)  # the first run: every stored user once
+    written = users[3:5]
+    for user in written:
+        say(writes, store, user, [("Alex", "LIVES_IN", "Austin", "Alex lives in Austin")])
+    assert visit() == sorted(written)
+    assert visit() == []
+    assert redis_client.zcard(todo("reconcile")) == 0
+
+
 def test_a_task_that_dies_leaves_its_users_to_the_next_run(
     store: GraphStore, writes: UserWrites, redis_client: redis.Redis, run: Run, small_tasks: int
 ) -> None:
@@ -199,29 +234,39 @@ def test_a_task_that_dies_leaves_its_users_to_the_next_run(
     assert release(redis_client, chunk.model_copy(update={"claim": 5}), []) == 0
 
 
-def test_decay_fanned_out_is_decay_run_directly(
+def test_decay_visits_only_the_users_with_a_fact_due(
     store: GraphStore, guard: GuardSpy, writes: UserWrites, redis_client: redis.Redis, small_tasks: int
 ) -> None:
-    """Decay visits every user each run (recall reads the stored strength), with the same closed form;
-    only an archival marks the user changed for the other jobs."""
-    fanned, direct = [new_user() for _ in range(5)], new_user()
-    facts = {user: [f.id for f in say(writes, store, user, TOPICS)] for user in [*fanned, direct]}
-    marks = {u: redis_client.zscore(CHANGED, u) for u in fanned}
+    """Recall reads a fact's strength faded, so decay's driver takes in only the users with a fact due for
+    archival (the due index): the visits are counted by the guard; the others are neither read nor
+    written (their versions stay), and only an archival marks a user changed for the other jobs."""
+    store.fading = Fading(SETTINGS.decay_per_day, SETTINGS.archive_threshold)
+    due = [new_user() for _ in range(4)]
+    quiet = [new_user() for _ in range(20)]
+    for user in due:
+        say(writes, store, user, TOPICS)  # 0.9 ** d < 0.3 after ~11.4 days: due at day 12
+    for user in quiet:
+        say(writes, store, user, TOPICS, when=at(10))  # due at ~day 21.4
+    marks = {u: redis_client.zscore(CHANGED, u) for u in [*due, *quiet]}
+    versions = {u: store.user_version(u) for u in quiet}
 
     sent: list[Chunk] = []
-    report = drive(job="decay", client=redis_client, graph=store, send=collect(sent), claim_s=600)
-    assert report.queued == len(fanned) + 1
+    todo_users = decay_users(store, SETTINGS, at(12))
+    report = drive(job="decay", client=redis_client, graph=store, send=collect(sent), claim_s=600, due=todo_users)
+    assert sorted(todo_users) == sorted(due) and (report.queued, report.tasks) == (4, 2)
     for chunk in sent:
-        decayed = run_decay(graph=store, settings=SETTINGS, guard=guard, now=at(2), user_ids=chunk.user_ids)
+        decayed = run_decay(graph=store, settings=SETTINGS, guard=guard, now=at(12), user_ids=chunk.user_ids)
         release(redis_client, chunk, decayed.failed)
-    run_decay(graph=store, settings=SETTINGS, guard=guard, now=at(2), user_ids=[direct])
+        assert decayed.archived == len(TOPICS) * len(chunk.user_ids)
 
-    def strengths(user: str) -> list[float]:
-        return sorted(f.strength for f in store.get_facts(user, facts[user]))
-
-    assert all(strengths(u) == pytest.approx([0.81] * 3) for u in fanned)
-    assert strengths(fanned[0]) == strengths(direct)
-    assert {u: redis_client.zscore(CHANGED, u) for u in fanned} == marks  # faded, nothing archived
-    run_decay(graph=store, settings=SETTINGS, guard=guard, now=at(20), user_ids=[fanned[0]])  # archives
-    assert redis_client.zscore(CHANGED, fanned[0]) > marks[fanned[0]]
+    assert sorted(guard.entered) == sorted(due)  # one visit per user due, none for the 20 others
+    assert all(store.stats(u).archived_facts == len(TOPICS) for u in due)
+    assert {u: store.user_version(u) for u in quiet} == versions
+    assert all(redis_client.zscore(CHANGED, u) > marks[u] for u in due)
+    assert {u: redis_client.zscore(CHANGED, u) for u in quiet} == {u: marks[u] for u in quiet}
     assert redis_client.zcard(todo("decay")) == 0
+    again = drive(
+        job="decay", client=redis_client, graph=store, send=collect(sent), claim_s=600,
+        due=decay_users(store, SETTINGS, at(12)),
+    )  # fmt: skip
+    assert again.queued == 0  # all archived: nothing due any more

@@ -13,6 +13,7 @@ from typing import Any
 from engram_api.models import ChatMessage, EntityRecord, Envelope, FactRecord
 from engram_api.storage import GraphStore
 from engram_api.storage.graph.episodes import chunk_envelope
+from engram_api.storage.graph.fading import Fading
 from tests.support.factories import at, make_entity, make_fact, plan, supersede, vec
 
 FAR = 10_000
@@ -39,6 +40,7 @@ class World:
 def build_world(store: GraphStore, user: str, seed: int = 7) -> World:
     """A hub (the user's own node), 11 entities, 30 random facts with tied importances, a single-valued
     slot superseded twice, and a fact archived by decay."""
+    store.fading = Fading(0.5, 0.01)
     rng = random.Random(seed)
     hub = make_entity(user, "Me")
     others = [make_entity(user, f"E{i}") for i in range(11)]
@@ -64,7 +66,7 @@ def build_world(store: GraphStore, user: str, seed: int = 7) -> World:
     store.apply(plan(user, "m4", at(28), facts=[city[2]], fact_changes=[supersede(city[1], city[2])]))
     old = make_fact(user, others[4], "USED_TO", others[5], valid_from=at(0))
     store.apply(plan(user, "m5", at(0), facts=[old]))
-    assert store.decay(user, now=at(30), per_day=0.5, threshold=0.01, batch=100)[1] == 1
+    assert store.decay(user, now=at(30), batch=100)[1] == 1
     return World(entities, [*facts, *city, old], hub.id, [city[0].id, city[1].id], old.id)
 
 

@@ -21,11 +21,13 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Hashable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import datetime
 from functools import wraps
 from typing import Any, TypeVar
 
 from engram_api.errors import InvalidInputError, StaleWriteError
-from engram_api.models import Record
+from engram_api.models import FactRecord, Record
+from engram_api.storage.graph.fading import Fading
 from engram_api.versions import ABSENT, Stamp, new_epoch
 
 __all__ = ["Fence", "Link", "Rule", "StoreBase", "count", "distinct", "guarded", "linked", "owned"]
@@ -128,8 +130,11 @@ class StoreBase(ABC):
     """Lifecycle, the per-instance write fence and batching; applies ``guarded`` declarations to every
     backend's implementations (see the module docstring)."""
 
-    def __init__(self) -> None:
+    def __init__(self, fading: Fading | None = None) -> None:
         self._fences = threading.local()  # .fence: this thread's fence on this store
+        # The decay policy every strength write computes ``archive_due_at`` with (``fading``); the
+        # settings' (``open_graph_store``), the defaults when None.
+        self.fading = fading or Fading()
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -140,6 +145,11 @@ class StoreBase(ABC):
             guard = getattr(declared, "__guard__", None)
             if guard is not None:
                 setattr(cls, name, _behind(guard, impl))
+
+    def _fact_due(self, fact: FactRecord) -> datetime | None:
+        """A stored fact's ``archive_due_at``: none when archived, else when its strength, measured at its
+        reference instant (``last_decay_at``, else ``created_at``), fades below the threshold."""
+        return None if fact.archived else self.fading.due(fact.strength, fact.last_decay_at or fact.created_at)
 
     # ----------------------------------------------------------------------------------- lifecycle
     @abstractmethod

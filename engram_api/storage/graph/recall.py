@@ -280,4 +280,5 @@ class RecallStore(StoreBase):
     @abstractmethod
     @guarded(distinct("fact_ids"), nothing=int)
     def reinforce(self, user_id: str, fact_ids: Sequence[str], *, amount: float, now: datetime) -> int:
-        """strength = min(1, strength + amount); un-archives. Returns how many facts changed."""
+        """strength = min(1, effective strength at ``now`` + amount), measured at ``now`` (``fading``), with
+        its new ``archive_due_at``; un-archives. Returns how many facts changed."""

@@ -14,8 +14,8 @@ Invariants:
 from __future__ import annotations
 
 from abc import abstractmethod
-from collections.abc import Callable, Sequence
-from datetime import datetime, timedelta
+from collections.abc import Sequence
+from datetime import datetime
 from typing import Any
 
 from engram_api.errors import InvalidInputError, StaleWriteError
@@ -32,8 +32,6 @@ from engram_api.storage.graph.base import Link, StoreBase, count, distinct, guar
 from engram_api.storage.graph.forgetting import ForgetPlan, ForgetScope, Removed, plan_forget
 
 __all__ = ["UpkeepStore"]
-
-_DAY = timedelta(days=1)
 
 
 class UpkeepStore(StoreBase):
@@ -131,32 +129,33 @@ class UpkeepStore(StoreBase):
         says what each store keeps beyond it)."""
 
     # --------------------------------------------------------------------------------- maintenance
-    def decay(self, user_id: str, *, now: datetime, per_day: float, threshold: float, batch: int) -> tuple[int, int]:
-        """strength *= per_day ** (days since the fact's ``last_decay_at`` or ``created_at``), set
-        ``last_decay_at = now``; facts below ``threshold`` become archived. Facts whose last decay is
-        at or after ``now`` are untouched, so a repeated run changes nothing. Works in transactions of
-        at most ``batch`` facts. Returns (decayed, archived)."""
+    def decay(self, user_id: str, *, now: datetime, batch: int) -> tuple[int, int]:
+        """Archive the user's facts faded at ``now`` (``storage.graph.fading``: the effective strength below
+        the threshold, the old daily job's test). Reads only the facts whose ``archive_due_at`` is at or
+        before ``now`` (an index), never the others, and writes only those: a faded one is archived with
+        its strength at ``now`` (the version bumped); one not faded yet (a changed policy) gets its due
+        again, after ``now``, with no bump, since recall reads nothing new. So a repeated run changes
+        nothing, and a user with nothing due is neither read nor written. Works in transactions of at most
+        ``batch`` facts. Returns (facts due, archived)."""
         if batch < 1:
             raise InvalidInputError("batch", f"must be >= 1 (got {batch})")
-
-        def fade(strength: float, since: datetime) -> tuple[float, bool]:
-            faded = strength * per_day ** ((now - since) / _DAY)
-            return faded, faded < threshold
-
-        decayed = archived = 0
+        due = archived = 0
         while True:
-            flags = self._decay_batch(user_id, now=now, batch=batch, fade=fade)
-            decayed, archived = decayed + len(flags), archived + sum(flags)
+            flags = self._archive_batch(user_id, now=now, batch=batch)
+            due, archived = due + len(flags), archived + sum(flags)
             if len(flags) < batch:
-                return decayed, archived
+                return due, archived
 
     @abstractmethod
-    def _decay_batch(
-        self, user_id: str, *, now: datetime, batch: int, fade: Callable[[float, datetime], tuple[float, bool]]
-    ) -> list[bool]:
-        """One transaction: the first ``batch`` (by id) unarchived facts last decayed (or created) before
-        ``now`` get ``fade(strength, since)`` (new strength, archived) and ``last_decay_at = now``; bumps
-        the version when any changed. Returns their archived flags."""
+    def _archive_batch(self, user_id: str, *, now: datetime, batch: int) -> list[bool]:
+        """One transaction: the first ``batch`` (by due, id) unarchived facts due at ``now`` get
+        ``fading.archival``'s decision; bumps the version when any was archived. Returns their archived
+        flags."""
+
+    @abstractmethod
+    def users_due(self, now: datetime) -> list[str]:
+        """The users with a fact due for archival at ``now`` (``archive_due_at`` at or before it), sorted:
+        the decay job's to-do list, read from the due index alone."""
 
     @abstractmethod
     @guarded(owned("clusters"), nothing=lambda: None)

@@ -53,6 +53,7 @@ from engram_api.errors import ConfigError, SchemaNotMigratedError, StoreUnavaila
 from engram_api.storage.faiss.sync import REMOVAL_RETAIN
 from engram_api.storage.graph.contract import Fence, GraphStore, Link
 from engram_api.storage.graph.episodes import user_key
+from engram_api.storage.graph.fading import Fading
 from engram_api.storage.graph.neo4j import cypher as cy
 from engram_api.storage.graph.neo4j import episodes as episodes_cypher
 from engram_api.storage.graph.neo4j import rows as shape
@@ -67,6 +68,7 @@ CONNECTION_TIMEOUT_S = 5.0
 # for this long; a server that stays down surfaces as StoreUnavailableError after it.
 MAX_RETRY_TIME_S = 10.0
 SCHEMA_WAIT_S = 60
+_BACKFILL_ROWS = 10_000  # archive_due_at values written per statement by `engram migrate`'s backfill
 
 
 def _fenced(
@@ -117,10 +119,11 @@ class Neo4jConnection(GraphStore):
         database: str,
         query_timeout_s: float | None = None,
         pool: dict[str, float] | None = None,
+        fading: Fading | None = None,
     ) -> None:
         """``pool``: the driver's ``max_connection_pool_size``, ``connection_acquisition_timeout`` and
         ``max_connection_lifetime`` (``Settings.neo4j_pool``); the driver's defaults when None."""
-        super().__init__()
+        super().__init__(fading)
         self._uri = uri
         self._pool = dict(pool or {})
         self._query_timeout_s = query_timeout_s
@@ -320,6 +323,15 @@ class Neo4jConnection(GraphStore):
             for record in session.run(episodes_cypher.Q_UNKEYED_FACT_USERS).data():
                 uid = record["user_id"]
                 session.run(episodes_cypher.Q_SET_FACT_UKEY, user_id=uid, ukey=user_key(uid)).consume()
+            # Facts stored before read-time decay get their archive_due_at (another scan of every fact).
+            for record in session.run(cy.Q_UNDUE_FACT_USERS).data():
+                uid = record["user_id"]
+                rows = [
+                    {"id": r["id"], "due": self.fading.due(float(r["strength"]), r["since"].to_native())}
+                    for r in session.run(cy.Q_UNDUE_FACTS, user_id=uid)
+                ]
+                for start in range(0, len(rows), _BACKFILL_ROWS):
+                    session.run(cy.Q_DUE_SET, user_id=uid, rows=rows[start : start + _BACKFILL_ROWS]).consume()
             session.run(cy.Q_SET_SCHEMA_VERSION, version=cy.SCHEMA_VERSION).consume()
             self._schema_ready = True
             return before, cy.SCHEMA_VERSION

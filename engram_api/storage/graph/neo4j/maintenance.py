@@ -8,9 +8,8 @@ maintenance write that changes what recall can return bumps the user's version i
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, cast
 
 from neo4j import ManagedTransaction
 
@@ -23,39 +22,52 @@ from engram_api.storage.graph.neo4j.connection import Neo4jConnection, bump
 __all__ = ["Neo4jMaintenance"]
 
 
+def _native(value: Any) -> datetime:
+    """A stored DateTime as an aware Python datetime (microseconds: the stores' resolution)."""
+    return cast(datetime, value.to_native().astimezone(UTC))
+
+
 class Neo4jMaintenance(Neo4jConnection):
     """Decay, reinforce, clusters, feedback and weights hooks of the graph-store contract on Neo4j."""
 
-    def _decay_batch(
-        self, user_id: str, *, now: datetime, batch: int, fade: Callable[[float, datetime], tuple[float, bool]]
-    ) -> list[bool]:
+    def _archive_batch(self, user_id: str, *, now: datetime, batch: int) -> list[bool]:
         params = {"user_id": user_id, "now": shape.utc(now), "batch": int(batch)}
 
         def work(tx: ManagedTransaction) -> list[bool]:
-            rows = []
-            for r in tx.run(cy.Q_DECAY_BATCH, params):
-                strength, archived = fade(float(r["strength"]), r["since"].to_native().astimezone(UTC))
-                rows.append({"id": r["id"], "strength": strength, "archived": archived})
-            if rows:
-                tx.run(cy.Q_DECAY_SET, params, rows=rows).consume()
-                bump(tx, user_id, now=params["now"], facts=[r["id"] for r in rows])
-            return [r["archived"] for r in rows]
+            archived, moved = [], []
+            for r in tx.run(cy.Q_ARCHIVE_DUE, params):
+                strength, due = self.fading.archival(float(r["strength"]), _native(r["since"]), now)
+                if strength is None:
+                    moved.append({"id": r["id"], "due": due})
+                else:
+                    archived.append({"id": r["id"], "strength": strength})
+            if archived:
+                tx.run(cy.Q_ARCHIVE_SET, params, rows=archived).consume()
+                bump(tx, user_id, now=params["now"], facts=[r["id"] for r in archived])
+            if moved:  # not faded yet (a changed policy): only the due moves, recall reads nothing new
+                tx.run(cy.Q_DUE_SET, params, rows=moved).consume()
+            return [True] * len(archived) + [False] * len(moved)
 
         return self._write(work)
 
+    def users_due(self, now: datetime) -> list[str]:
+        return [r["user_id"] for r in self._read_one(cy.Q_USERS_DUE, {"now": shape.utc(now)})]
+
     def reinforce(self, user_id: str, fact_ids: list[str], *, amount: float, now: datetime) -> int:
-        params = {
-            "user_id": user_id,
-            "ids": fact_ids,
-            "amount": float(amount),
-            "now": shape.utc(now),
-        }
+        params = {"user_id": user_id, "ids": fact_ids, "now": shape.utc(now)}
 
         def work(tx: ManagedTransaction) -> int:
-            changed = int(tx.run(cy.Q_REINFORCE, params).single(strict=True)["changed"])
-            if changed:
+            rows = []
+            for r in tx.run(cy.Q_REINFORCE_READ, params):
+                after = self.fading.reinforcement(
+                    float(r["strength"]), _native(r["since"]), bool(r["archived"]), now, amount
+                )
+                if after is not None:
+                    rows.append({"id": r["id"], "strength": after, "due": self.fading.due(after, now)})
+            if rows:
+                tx.run(cy.Q_REINFORCE_SET, params, rows=rows).consume()
                 bump(tx, user_id, now=params["now"], facts=fact_ids)
-            return changed
+            return len(rows)
 
         return self._write(work)
 

@@ -119,7 +119,8 @@ def entity_props(entity: EntityRecord, user_id: str) -> dict[str, Any]:
     }
 
 
-def fact_props(fact: FactRecord, user_id: str) -> dict[str, Any]:
+def fact_props(fact: FactRecord, user_id: str, due: datetime | None) -> dict[str, Any]:
+    """A new fact's properties; ``due``: its ``archive_due_at`` (``Fading.due``; None when never)."""
     return {
         "id": fact.id,
         "user_id": user_id,
@@ -136,6 +137,7 @@ def fact_props(fact: FactRecord, user_id: str) -> dict[str, Any]:
         "superseded_by": fact.superseded_by,
         "archived": fact.archived,
         "last_decay_at": instant(fact.last_decay_at),
+        "archive_due_at": instant(due),
         "embedding": vector(fact.embedding),
         "ukey": user_key(user_id),
         "created_at": instant(fact.created_at),

@@ -124,6 +124,7 @@ class Neo4jGraphStore(Neo4jDeletion, Neo4jMaintenance, Neo4jVectors, Neo4jConnec
             "epoch": self._creation_epoch(),
             "now": utcnow(),
         }
+        params["restated"] = self.fading.due(1.0, params["now"])  # a restated fact: full strength as of now
         episode_props = {
             "id": episode.id,
             "user_id": user_id,
@@ -147,7 +148,7 @@ class Neo4jGraphStore(Neo4jDeletion, Neo4jMaintenance, Neo4jVectors, Neo4jConnec
             }
             for c in plan.entity_changes
         ]
-        fact_rows = [{"props": shape.fact_props(f, user_id)} for f in plan.new_facts]
+        fact_rows = [{"props": shape.fact_props(f, user_id, self._fact_due(f))} for f in plan.new_facts]
         chunk_rows = [shape.chunk_props(c, user_id, episode.id) for c in plan.chunks]
         fact_change_rows = [
             {"id": c.id, "valid_until": shape.instant(c.valid_until), "superseded_by": c.superseded_by}

@@ -19,6 +19,7 @@ from contextlib import contextmanager
 
 from engram_api.errors import StoreUnavailableError
 from engram_api.storage.graph.contract import GraphStore
+from engram_api.storage.graph.fading import Fading
 from engram_api.storage.graph.sqlite import edits as edits_sql
 from engram_api.storage.graph.sqlite import episodes as episodes_sql
 from engram_api.storage.graph.sqlite import rows as db
@@ -33,8 +34,8 @@ FTS_SECURE_DELETE = sqlite3.sqlite_version_info >= (3, 42, 0)
 class SqliteConnection(GraphStore):
     """The connection plumbing ``SqliteGraphStore`` and its mixins share."""
 
-    def __init__(self, *, path: pathlib.Path) -> None:
-        super().__init__()
+    def __init__(self, *, path: pathlib.Path, fading: Fading | None = None) -> None:
+        super().__init__(fading)
         self._path = pathlib.Path(path)
         self._lock = threading.Lock()
         self._local = threading.local()
@@ -130,6 +131,7 @@ class SqliteConnection(GraphStore):
             ("users", "epoch", "NOT NULL DEFAULT 0"), ("users", "removed", "NOT NULL DEFAULT 0"),
             ("users", "vectors_from", ""), ("facts", "changed", "NOT NULL DEFAULT 0"),
             ("chunks", "changed", "NOT NULL DEFAULT 0"), ("entities", "changed", "NOT NULL DEFAULT 0"),
+            ("facts", "archive_due_at", ""),
         )  # fmt: skip
         for table, column, constraint in columns:
             if column not in {r["name"] for r in conn.execute(f"PRAGMA table_info({table})")}:
@@ -139,11 +141,29 @@ class SqliteConnection(GraphStore):
                     if "duplicate column" not in str(exc):  # another process added it first
                         raise
         conn.executescript(sql.CHANGED_INDEXES)
+        conn.executescript(sql.DUE_INDEXES)
+        self._backfill_due(conn)
         if FTS_SECURE_DELETE:
             # Persistent in each table's config: a delete then removes the row's terms from the index
             # segments at once instead of adding a tombstone next to them.
             for table in episodes_sql.FTS_TABLES:
                 conn.execute(f"INSERT INTO {table} ({table}, rank) VALUES ('secure-delete', 1)")
+
+    def _backfill_due(self, conn: sqlite3.Connection) -> None:
+        """Facts stored before ``archive_due_at`` existed (or by an older process) get theirs, from their
+        stored strength and reference instant: the data migration of read-time decay. Finds them by the
+        due index (NULL first), so a store with none reads a few index entries."""
+        rows = conn.execute(
+            "SELECT id, strength, COALESCE(last_decay_at, created_at) AS since FROM facts"
+            " WHERE archive_due_at IS NULL AND archived = 0"
+        ).fetchall()
+        dues = [(db.to_us_opt(self.fading.due(r["strength"], db.from_us(r["since"]))), r["id"]) for r in rows]
+        if any(due is not None for due, _ in dues):
+            with self._write() as write:
+                write.executemany(
+                    "UPDATE facts SET archive_due_at = ? WHERE id = ? AND archive_due_at IS NULL AND archived = 0",
+                    [(due, fid) for due, fid in dues if due is not None],
+                )
 
     def ping(self) -> None:
         try:

@@ -8,7 +8,6 @@ Encodings as in ``sqlite_store``: datetimes are INTEGER microseconds, embeddings
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
@@ -23,38 +22,65 @@ __all__ = ["SqliteMaintenance"]
 class SqliteMaintenance(SqliteConnection):
     """Decay, reinforce, clusters, feedback and weights hooks of the graph-store contract on SQLite."""
 
-    def _decay_batch(
-        self, user_id: str, *, now: datetime, batch: int, fade: Callable[[float, datetime], tuple[float, bool]]
-    ) -> list[bool]:
+    def _archive_batch(self, user_id: str, *, now: datetime, batch: int) -> list[bool]:
         now_us = db.to_us(now)
         with self._write() as conn:
             rows = conn.execute(
                 """SELECT id, strength, COALESCE(last_decay_at, created_at) AS since FROM facts
-                    WHERE user_id = ? AND archived = 0 AND COALESCE(last_decay_at, created_at) < ?
-                    ORDER BY id LIMIT ?""",
+                    WHERE user_id = ? AND archive_due_at <= ? AND archived = 0
+                    ORDER BY archive_due_at, id LIMIT ?""",
                 (user_id, now_us, batch),
             ).fetchall()
-            faded = [(r["id"], *fade(r["strength"], db.from_us(r["since"]))) for r in rows]
+            seen = [(r["id"], *self.fading.archival(r["strength"], db.from_us(r["since"]), now)) for r in rows]
+            archived = [(strength, now_us, now_us, user_id, fid) for fid, strength, due in seen if strength is not None]
             conn.executemany(
-                "UPDATE facts SET strength = ?, archived = ?, last_decay_at = ?, updated_at = ?"
+                "UPDATE facts SET strength = ?, archived = 1, archive_due_at = NULL, last_decay_at = ?, updated_at = ?"
                 " WHERE user_id = ? AND id = ?",
-                [(strength, int(drop), now_us, now_us, user_id, fid) for fid, strength, drop in faded],
+                archived,
             )
-            if faded:
-                db.bump(conn, user_id, None, facts=[fid for fid, _, _ in faded])
-        return [drop for _, _, drop in faded]
+            # Not faded yet (a changed policy, rounding at the instant): only the due moves; recall reads
+            # nothing new, so no version is bumped for it.
+            conn.executemany(
+                "UPDATE facts SET archive_due_at = ? WHERE user_id = ? AND id = ?",
+                [(db.to_us_opt(due), user_id, fid) for fid, strength, due in seen if strength is None],
+            )
+            if archived:
+                db.bump(conn, user_id, None, facts=[fid for *_, fid in archived])
+        return [strength is not None for _, strength, _ in seen]
+
+    def users_due(self, now: datetime) -> list[str]:
+        rows = self._conn().execute(
+            "SELECT DISTINCT user_id FROM facts WHERE archive_due_at <= ? ORDER BY user_id",
+            (db.to_us(now),),
+        )
+        return [r[0] for r in rows]
 
     def reinforce(self, user_id: str, fact_ids: list[str], *, amount: float, now: datetime) -> int:
+        now_us = db.to_us(now)
         with self._write() as conn:
-            changed = conn.execute(
-                """UPDATE facts SET strength = MIN(1.0, strength + :amount), archived = 0, updated_at = :now
-                    WHERE user_id = :user_id AND id IN (SELECT value FROM json_each(:ids))
-                      AND (archived = 1 OR MIN(1.0, strength + :amount) != strength)""",
-                {"amount": amount, "now": db.to_us(now), "user_id": user_id, "ids": db.json_ids(fact_ids)},
-            ).rowcount
+            rows = conn.execute(
+                """SELECT id, strength, archived, COALESCE(last_decay_at, created_at) AS since FROM facts
+                    WHERE user_id = ? AND id IN (SELECT value FROM json_each(?))""",
+                (user_id, db.json_ids(fact_ids)),
+            ).fetchall()
+            fade = self.fading
+            after = {
+                r["id"]: fade.reinforcement(r["strength"], db.from_us(r["since"]), bool(r["archived"]), now, amount)
+                for r in rows
+            }
+            changed = [
+                (strength, db.to_us_opt(fade.due(strength, now)), now_us, now_us, user_id, fid)
+                for fid, strength in after.items()
+                if strength is not None
+            ]
+            conn.executemany(
+                "UPDATE facts SET strength = ?, archived = 0, archive_due_at = ?, last_decay_at = ?, updated_at = ?"
+                " WHERE user_id = ? AND id = ?",
+                changed,
+            )
             if changed:
                 db.bump(conn, user_id, None, facts=fact_ids)
-        return changed
+        return len(changed)
 
     def replace_clusters(self, user_id: str, clusters: list[ClusterRecord]) -> None:
         with self._write() as conn:

@@ -327,12 +327,13 @@ def check_fact_entities(conn: sqlite3.Connection, plan: WritePlan) -> None:
                 )
 
 
-def insert_fact(conn: sqlite3.Connection, fact: FactRecord) -> None:
+def insert_fact(conn: sqlite3.Connection, fact: FactRecord, due: datetime | None) -> None:
+    """``due``: the fact's ``archive_due_at`` (``Fading.due``; None when archived or never due)."""
     conn.execute(
         """INSERT INTO facts (id, user_id, subject_id, predicate, object_id, statement, memory_type,
                               importance, strength, single_valued, valid_from, valid_until, superseded_by,
-                              archived, last_decay_at, embedding, created_at, updated_at)
-           VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)""",
+                              archived, last_decay_at, archive_due_at, embedding, created_at, updated_at)
+           VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)""",
         (
             fact.id,
             fact.user_id,
@@ -349,6 +350,7 @@ def insert_fact(conn: sqlite3.Connection, fact: FactRecord) -> None:
             fact.superseded_by,
             int(fact.archived),
             to_us_opt(fact.last_decay_at),
+            to_us_opt(due),
             to_blob(fact.embedding),
             to_us(fact.created_at),
             to_us(fact.updated_at),

@@ -12,6 +12,7 @@ from engram_api.storage.graph.validity import OVERLAPS_SQL, VALID_AT_SQL
 
 __all__ = [
     "CHANGED_INDEXES",
+    "DUE_INDEXES",
     "ENTITY_LOOKUP",
     "EXPAND",
     "FACTS_BY_ID",
@@ -90,6 +91,7 @@ CREATE TABLE IF NOT EXISTS facts (
     superseded_by TEXT,
     archived      INTEGER NOT NULL,
     last_decay_at INTEGER,
+    archive_due_at INTEGER,  -- when its strength fades below the archive threshold (graph.fading); NULL: never
     embedding     BLOB,
     created_at    INTEGER NOT NULL,
     updated_at    INTEGER NOT NULL,
@@ -195,6 +197,13 @@ CHANGED_INDEXES = """
 CREATE INDEX IF NOT EXISTS ix_facts_user_changed ON facts (user_id, changed);
 CREATE INDEX IF NOT EXISTS ix_chunks_user_changed ON chunks (user_id, changed);
 CREATE INDEX IF NOT EXISTS ix_entities_user_changed ON entities (user_id, changed);
+"""
+
+# The decay job reads only the facts due for archival: which users have any (the fan-out's driver), then
+# each user's (``SqliteMaintenance._archive_batch``). Archived facts hold NULL, so neither holds them.
+DUE_INDEXES = """
+CREATE INDEX IF NOT EXISTS ix_facts_due ON facts (archive_due_at, user_id);
+CREATE INDEX IF NOT EXISTS ix_facts_user_due ON facts (user_id, archive_due_at);
 """
 
 # Every fact read goes through these columns so subject/object names and sources are filled alike.

@@ -138,7 +138,7 @@ class SqliteGraphStore(SqliteDeletion, SqliteMaintenance, SqliteVectors, SqliteC
                     edits.record_edit(conn, user_id, change.id, episode_id, changed[0], change.summary, changed[1])
             db.check_fact_entities(conn, plan)
             for fact in plan.new_facts:
-                db.insert_fact(conn, fact)
+                db.insert_fact(conn, fact, self._fact_due(fact))
                 db.link_episode(conn, user_id, fact.id, "fact", episode_id)
             now = db.to_us(utcnow())
             # Changes, reinforcements and mentions of ids the user no longer has are skipped, not
@@ -154,10 +154,13 @@ class SqliteGraphStore(SqliteDeletion, SqliteMaintenance, SqliteVectors, SqliteC
                         fact_change.id,
                     ),
                 )
+            restated = db.to_us_opt(self.fading.due(1.0, db.from_us(now)))
             for fact_id in dict.fromkeys(plan.reinforced_fact_ids):
+                # A restated fact is at full strength as of now (its reference instant, its new due).
                 updated = conn.execute(
-                    "UPDATE facts SET strength = 1.0, archived = 0, updated_at = ? WHERE user_id = ? AND id = ?",
-                    (now, user_id, fact_id),
+                    "UPDATE facts SET strength = 1.0, archived = 0, last_decay_at = ?, archive_due_at = ?,"
+                    " updated_at = ? WHERE user_id = ? AND id = ?",
+                    (now, restated, now, user_id, fact_id),
                 ).rowcount
                 if updated:
                     db.link_episode(conn, user_id, fact_id, "fact", episode_id)

@@ -61,6 +61,10 @@ SCHEMA = (
     # a FAISS copy's catch-up reads the vectors written and the ids removed since its version (``vectorsync``)
     "CREATE INDEX engram_entity_changed IF NOT EXISTS FOR (n:Entity) ON (n.user_id, n.changed)",
     "CREATE INDEX engram_removal_user IF NOT EXISTS FOR (n:Removal) ON (n.user_id, n.version)",
+    # the decay job reads only the facts due for archival: which users have any, then each user's (Q_USERS_DUE,
+    # Q_ARCHIVE_DUE); archived facts have no due, so neither index holds them
+    "CREATE INDEX engram_fact_due IF NOT EXISTS FOR (n:Fact) ON (n.archive_due_at)",
+    "CREATE INDEX engram_fact_user_due IF NOT EXISTS FOR (n:Fact) ON (n.user_id, n.archive_due_at)",
     "CREATE INDEX engram_cluster_user IF NOT EXISTS FOR (n:Cluster) ON (n.user_id)",
     "CREATE INDEX engram_entity_edit_episode IF NOT EXISTS FOR (n:EntityEdit) ON (n.user_id, n.episode_id)",
     "CREATE INDEX engram_entity_edit_entity IF NOT EXISTS FOR (n:EntityEdit) ON (n.user_id, n.entity_id)",
@@ -72,7 +76,8 @@ SCHEMA = (
 # The schema's version: bumped with every change to SCHEMA or to the data migrations `engram migrate` runs
 # (``Neo4jConnection.migrate``), which records it in the one :EngramSchema node. A process checks that node
 # at its first query and refuses a database at another version (``SchemaNotMigratedError``).
-SCHEMA_VERSION = 1
+# 2: read-time decay (the due indexes; every unarchived fact's archive_due_at backfilled).
+SCHEMA_VERSION = 2
 Q_SCHEMA_VERSION = "MATCH (s:EngramSchema {name: 'engram'}) RETURN s.version AS version"
 Q_SET_SCHEMA_VERSION = """
 MERGE (s:EngramSchema {name: 'engram'}) SET s.version = $version, s.migrated_at = datetime()

@@ -12,14 +12,15 @@ from engram_api.storage.graph.neo4j.cypher.schema import projection
 
 __all__ = [
     "FORGET_USER_LABELS",
+    "Q_ARCHIVE_DUE",
+    "Q_ARCHIVE_SET",
     "Q_CLUSTERS",
     "Q_CLUSTERS_CREATE",
     "Q_CLUSTERS_DELETE",
     "Q_CLUSTERS_LINK_ENTITIES",
     "Q_CLUSTERS_LINK_FACTS",
     "Q_CLUSTER_MEMBERS",
-    "Q_DECAY_BATCH",
-    "Q_DECAY_SET",
+    "Q_DUE_SET",
     "Q_FEEDBACK_ADD",
     "Q_FEEDBACK_ALL",
     "Q_FEEDBACK_USER",
@@ -31,7 +32,11 @@ __all__ = [
     "Q_FORGET_PLAN",
     "Q_FORGET_RESTORE",
     "Q_FORGET_USER_SCAN",
-    "Q_REINFORCE",
+    "Q_REINFORCE_READ",
+    "Q_REINFORCE_SET",
+    "Q_UNDUE_FACTS",
+    "Q_UNDUE_FACT_USERS",
+    "Q_USERS_DUE",
     "Q_WEIGHTS_LOAD",
     "Q_WEIGHTS_SAVE",
 ]
@@ -110,25 +115,47 @@ FORGET_USER_LABELS = (
 )
 
 # --------------------------------------------------------------------------------- maintenance
-Q_DECAY_BATCH = """
+# Only the facts due (engram_fact_user_due); archived facts have no due, so the index never holds them.
+Q_ARCHIVE_DUE = """
 MATCH (f:Fact {user_id: $user_id})
-WHERE f.archived = false AND coalesce(f.last_decay_at, f.created_at) < $now
-WITH f ORDER BY f.id LIMIT $batch
+WHERE f.archive_due_at <= $now AND f.archived = false
+WITH f ORDER BY f.archive_due_at, f.id LIMIT $batch
 RETURN f.id AS id, f.strength AS strength, coalesce(f.last_decay_at, f.created_at) AS since
 """
-Q_DECAY_SET = """
+Q_ARCHIVE_SET = """
 UNWIND $rows AS r
 MATCH (f:Fact {user_id: $user_id, id: r.id})
-SET f.strength = r.strength, f.archived = r.archived, f.last_decay_at = $now, f.updated_at = $now
+SET f.strength = r.strength, f.archived = true, f.archive_due_at = null, f.last_decay_at = $now, f.updated_at = $now
 """
-Q_REINFORCE = """
+Q_DUE_SET = """
+UNWIND $rows AS r
+MATCH (f:Fact {user_id: $user_id, id: r.id})
+SET f.archive_due_at = r.due
+"""
+# The decay job's to-do list, from the due index alone (engram_fact_due): every user's facts, by design.
+Q_USERS_DUE = """
+MATCH (f:Fact) WHERE f.archive_due_at <= $now
+RETURN DISTINCT f.user_id AS user_id ORDER BY user_id
+"""
+# `engram migrate`'s backfill of facts stored before read-time decay (a scan of every fact, once).
+Q_UNDUE_FACT_USERS = """
+MATCH (f:Fact) WHERE f.archived = false AND f.archive_due_at IS NULL RETURN DISTINCT f.user_id AS user_id
+"""
+Q_UNDUE_FACTS = """
+MATCH (f:Fact {user_id: $user_id}) WHERE f.archived = false AND f.archive_due_at IS NULL
+RETURN f.id AS id, f.strength AS strength, coalesce(f.last_decay_at, f.created_at) AS since
+"""
+Q_REINFORCE_READ = """
 UNWIND $ids AS fid
 MATCH (f:Fact {user_id: $user_id, id: fid})
-WITH DISTINCT f
-WITH f, CASE WHEN f.strength + $amount > 1.0 THEN 1.0 ELSE f.strength + $amount END AS strength
-WHERE strength <> f.strength OR f.archived
-SET f.strength = strength, f.archived = false, f.updated_at = $now
-RETURN count(f) AS changed
+RETURN DISTINCT f.id AS id, f.strength AS strength, f.archived AS archived,
+       coalesce(f.last_decay_at, f.created_at) AS since
+"""
+Q_REINFORCE_SET = """
+UNWIND $rows AS r
+MATCH (f:Fact {user_id: $user_id, id: r.id})
+SET f.strength = r.strength, f.archived = false, f.archive_due_at = r.due, f.last_decay_at = $now,
+    f.updated_at = $now
 """
 Q_CLUSTERS_DELETE = "MATCH (c:Cluster {user_id: $user_id}) DETACH DELETE c"
 Q_CLUSTERS_CREATE = "UNWIND $rows AS row CREATE (c:Cluster) SET c = row"

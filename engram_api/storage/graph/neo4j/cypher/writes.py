@@ -93,7 +93,7 @@ CALL (ep) {{
   UNWIND $facts AS row
   WITH row WHERE row IS NOT NULL
   MATCH (s:Entity {{user_id: $user_id, id: row.props.subject_id}})
-  CREATE (f:Fact) SET f = row.props, {set_times("f", "row.props", FACT_TIMES)}, f.changed = $version
+  CREATE (f:Fact) SET f = row.props, {set_times("f", "row.props", (*FACT_TIMES, "archive_due_at"))}, f.changed = $version
   CREATE (f)-[:SUBJECT]->(s)
   CREATE (f)-[:FROM]->(ep)
   WITH f, row
@@ -110,7 +110,8 @@ CALL () {{
 CALL (ep) {{
   UNWIND $reinforced AS fid
   MATCH (f:Fact {{user_id: $user_id, id: fid}})
-  SET f.strength = 1.0, f.archived = false, f.updated_at = $now, f.changed = $version
+  SET f.strength = 1.0, f.archived = false, f.last_decay_at = $now, f.archive_due_at = $restated,
+      f.updated_at = $now, f.changed = $version
   MERGE (f)-[:FROM]->(ep)
 }}
 CALL (ep) {{
