@@ -33,6 +33,7 @@ from engram_api.models import KeywordHit, RecallItem, ScoreBreakdown, utcnow
 from engram_api.naming import self_entity_id
 from engram_api.reader.cues import QueryCues
 from engram_api.reader.facts import UserChunks, UserFacts
+from engram_api.reader.fitted import fitted_scores
 from engram_api.reader.items import Candidate, Row, recall_item
 from engram_api.reader.recipe import RecallRecipe, RetrievalChannel
 from engram_api.reader.scoring import Weights, by_rank, components, named, normalized, word_share
@@ -322,8 +323,11 @@ class _Run:
                 c.fusion = max([c.fusion, *(best.get(e, 0.0) for e in c.fact.source_ids)])
 
     # ----------------------------------------------------------------------------------- scoring
-    def _replaced(self, chunk: AnyChunk) -> bool:
-        facts = [self.facts.get(f) for f in chunk.fact_ids]
+    def _replaced(self, cand: Candidate) -> bool:
+        """An excerpt every fact extracted from which has ended by ``as_of``."""
+        if cand.chunk is None:
+            return False
+        facts = [self.facts.get(f) for f in cand.chunk.fact_ids]
         return bool(facts) and all(f is not None and not f.current_at(self.window.as_of) for f in facts)
 
     def items(self, weights: Weights, k: int) -> list[RecallItem]:
@@ -339,13 +343,18 @@ class _Run:
         w = weights.values()
         rows: list[Row] = []
         recipe = self.recipe
+        fitted = recipe.fusion_mode == "fitted"
+        if fitted:
+            scores = fitted_scores(self.cands, self.sims, self.cues, self.qstems, recipe, self._replaced)
         for node_id, cand in self.cands.items():
             fact, chunk = cand.fact, cand.chunk
-            if chunk is not None and self._replaced(chunk):
+            if fitted:
+                cand.fusion = scores[node_id]
+            elif chunk is not None and self._replaced(cand):
                 # What it said has ended (every fact extracted from it ended by ``as_of``): "I live in
                 # Tampa." after a move is history, so the fact that replaced it ranks ahead of it.
                 cand.fusion *= 0.5
-            if chunk is not None and (recipe.speaker_boost or recipe.when_boost):
+            if chunk is not None and not fitted and (recipe.speaker_boost or recipe.when_boost):
                 # Who said it and when it says something happened are the turn's context, which its words
                 # alone may lack ("I signed up yesterday" answers "when did Melanie sign up?").
                 cand.fusion += unit * (

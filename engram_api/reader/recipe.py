@@ -49,8 +49,10 @@ class RecallRecipe(BaseModel):
         default_factory=lambda: {"fact_vector": 0.5, "episode_vector": 1.0, "keyword": 5.0, "graph": 0.5},
         description="each channel's weight in the fusion",
     )
-    fusion_mode: Literal["score", "rank"] = Field(
-        "score", description="what a channel adds to a hit: its normalized score, or a share of its rank (RRF)"
+    fusion_mode: Literal["fitted", "score", "rank"] = Field(
+        "fitted",
+        description="how a hit's fusion score is made: the fitted model of its channels' shares and cues "
+        "(``reader.fitted``), the sum of its normalized channel scores, or of shares of its ranks (RRF)",
     )
     rrf_k: int = Field(1, ge=1, description="reciprocal-rank fusion constant (small: top ranks count most)")
     fusion: float = Field(1.0, ge=0, description="weight of the fusion score in the final score")
