@@ -14,8 +14,9 @@ Features of one candidate (each the same whichever index answered: no BM25 score
   fact's source excerpt, an excerpt's extracted fact, a neighbouring turn), over the recipe's link share;
 - ``similarity``: the query's cosine with the candidate's own vector;
 - ``fact``: 1 for a fact, 0 for an excerpt;
-- ``speaker``, ``when``: the query cues (``reader.cues``), 1 when the query names the turn's speaker, or
-  asks when and the turn says when;
+- ``speaker``, ``when``: the query cues (``reader.cues``): the recipe's ``speaker_boost`` when the query
+  names the turn's speaker, its ``when_boost`` when the query asks when and the turn says when, else 0 (so
+  the recipe turns a cue off or scales it as in score fusion);
 - ``word_share``: the share of the query's stemmed words the candidate's text holds.
 
 Invariants: the weights are loaded once and validated (every feature named, finite); a missing or bad
@@ -110,8 +111,8 @@ def features(
         *linked,
         similarity,
         float(cand.fact is not None),
-        float(chunk is not None and cues.names(chunk.speaker)),
-        float(chunk is not None and cues.answers_when(chunk.text, chunk.event_time)),
+        recipe.speaker_boost * (chunk is not None and cues.names(chunk.speaker)),
+        recipe.when_boost * (chunk is not None and cues.answers_when(chunk.text, chunk.event_time)),
         word_share(query_terms, text),
     )
 
