@@ -18,10 +18,11 @@ Invariants:
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from datetime import datetime
 from operator import mul
 from typing import Literal
 
@@ -32,14 +33,14 @@ from engram_api.models import KeywordHit, RecallItem, ScoreBreakdown, utcnow
 from engram_api.naming import self_entity_id
 from engram_api.reader.cues import QueryCues
 from engram_api.reader.facts import UserChunks, UserFacts
-from engram_api.reader.fitted import fitted_scores
 from engram_api.reader.items import Candidate, Row, recall_item
-from engram_api.reader.recipe import RecallRecipe, RetrievalChannel, TimeWindow, keyword_hits
+from engram_api.reader.recipe import RecallRecipe, RetrievalChannel
 from engram_api.reader.scoring import Weights, by_rank, components, named, normalized, word_share
 from engram_api.settings import Settings
 from engram_api.storage.faiss.files import Kind, UserIndex, VectorHit
 from engram_api.storage.graph.contract import GraphStepQuery, GraphStore
 from engram_api.storage.graph.episodes import keyword_terms
+from engram_api.storage.graph.validity import overlaps
 from engram_api.storage.snapshot.keywords import stems
 from engram_api.storage.snapshot.rows import AnyChunk, AnyFact
 
@@ -49,6 +50,28 @@ _SEED_MIN_SIM = 0.25
 _SEED_CHUNKS = 5  # the top episode hits whose extracted facts seed the expansion
 _EPISODE_STRENGTH = 1.0  # episodes do not decay: what was said stays said
 _EPISODE_IMPORTANCE = 0.5
+
+
+@dataclass(frozen=True, slots=True)
+class TimeWindow:
+    as_of: datetime | None = None
+    since: datetime | None = None
+    until: datetime | None = None
+
+    @property
+    def filtering(self) -> bool:
+        return self.as_of is not None or self.since is not None or self.until is not None
+
+    def chunk_ok(self, chunk: AnyChunk) -> bool:
+        t = chunk.event_time
+        return (
+            (self.as_of is None or t <= self.as_of)
+            and (self.since is None or t >= self.since)
+            and (self.until is None or t < self.until)
+        )
+
+    def fact_ok(self, fact: AnyFact) -> bool:
+        return fact.current_at(self.as_of) and overlaps(fact.valid_from, fact.valid_until, self.since, self.until)
 
 
 @dataclass
@@ -299,11 +322,8 @@ class _Run:
                 c.fusion = max([c.fusion, *(best.get(e, 0.0) for e in c.fact.source_ids)])
 
     # ----------------------------------------------------------------------------------- scoring
-    def _replaced(self, cand: Candidate) -> bool:
-        """An excerpt every fact extracted from which has ended by ``as_of``."""
-        if cand.chunk is None:
-            return False
-        facts = [self.facts.get(f) for f in cand.chunk.fact_ids]
+    def _replaced(self, chunk: AnyChunk) -> bool:
+        facts = [self.facts.get(f) for f in chunk.fact_ids]
         return bool(facts) and all(f is not None and not f.current_at(self.window.as_of) for f in facts)
 
     def items(self, weights: Weights, k: int) -> list[RecallItem]:
@@ -319,18 +339,13 @@ class _Run:
         w = weights.values()
         rows: list[Row] = []
         recipe = self.recipe
-        fitted = recipe.fusion_mode == "fitted"
-        if fitted:
-            scores = fitted_scores(self.cands, self.sims, self.cues, self.qstems, recipe, self._replaced)
         for node_id, cand in self.cands.items():
             fact, chunk = cand.fact, cand.chunk
-            if fitted:
-                cand.fusion = scores[node_id]
-            elif chunk is not None and self._replaced(cand):
+            if chunk is not None and self._replaced(chunk):
                 # What it said has ended (every fact extracted from it ended by ``as_of``): "I live in
                 # Tampa." after a move is history, so the fact that replaced it ranks ahead of it.
                 cand.fusion *= 0.5
-            if chunk is not None and not fitted and (recipe.speaker_boost or recipe.when_boost):
+            if chunk is not None and (recipe.speaker_boost or recipe.when_boost):
                 # Who said it and when it says something happened are the turn's context, which its words
                 # alone may lack ("I signed up yesterday" answers "when did Melanie sign up?").
                 cand.fusion += unit * (
@@ -352,6 +367,20 @@ class _Run:
             recall_item(node_id, cand, ScoreBreakdown(**named(comp), rrf=cand.fusion, total=total), self.hops)
             for total, node_id, cand, comp in rows[:k]
         ]
+
+
+def keyword_hits(
+    search: Callable[..., list[KeywordHit]], query: str, recipe: RecallRecipe, window: TimeWindow
+) -> list[KeywordHit]:
+    """The keyword channel: BM25 over the user's chunks and fact statements inside the time window, by
+    ``search`` (the store's ``GraphStore.keyword_search`` for the user, or a held ``UserSnapshot``'s)."""
+    return search(
+        keyword_terms(query),
+        recipe.k.get("keyword", 40),
+        as_of=window.as_of,
+        since=window.since,
+        until=window.until,
+    )
 
 
 def recall_items(

@@ -24,13 +24,11 @@ class Candidate:
     chunk: AnyChunk | None = None
     fusion: float = 0.0
     channels: list[ChannelName] = field(default_factory=list)
-    parts: dict[ChannelName, float] = field(default_factory=dict)  # what each channel added to ``fusion``
 
     def add(self, channel: ChannelName, amount: float) -> None:
         self.fusion += amount
-        if channel not in self.parts:
+        if channel not in self.channels:
             self.channels.append(channel)
-        self.parts[channel] = self.parts.get(channel, 0.0) + amount
 
 
 # (total, node id, candidate, components): the breakdown model is built for the k items returned only.

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import pytest
 import redis
@@ -20,7 +20,6 @@ from engram_api.errors import InvalidInputError
 from engram_api.models import ChatMessage, Envelope, EpisodeRecord, Extraction, WritePlan
 from engram_api.reader.context import EXCERPTS_HEADER, FACTS_HEADER
 from engram_api.reader.facts import ChunkCache, UserChunks
-from engram_api.reader.fitted import fitted_fusion
 from engram_api.reader.reader import Reader
 from engram_api.reader.recipe import DEFAULT_RECIPE
 from engram_api.settings import Settings
@@ -257,14 +256,6 @@ def _scores(memory: Memory, user: str, query: str, **update: Any) -> dict[str, f
     return {i.source_ids[0]: i.score for i in reader.recall(user, query, k=20, recipe=recipe).items}
 
 
-def _lift(memory: Memory, cue: Literal["speaker", "when"]) -> float:
-    """What a cue adds to a turn's score under the default recipe: its boost, times its fitted weight
-    when the recipe's fusion is the fitted one (``reader.fitted``)."""
-    recipe = memory.reader.recipe()
-    boost = recipe.speaker_boost if cue == "speaker" else recipe.when_boost
-    return boost * (fitted_fusion().weights[cue] if recipe.fusion_mode == "fitted" else 1.0)
-
-
 def test_a_turn_by_the_speaker_the_query_names_ranks_first(memory: Memory) -> None:
     user = new_user()
     _chatter(memory, user)
@@ -277,7 +268,7 @@ def test_a_turn_by_the_speaker_the_query_names_ranks_first(memory: Memory) -> No
         cued, plain = _scores(memory, user, question), _scores(memory, user, question, speaker_boost=0.0)
         mid = {"melanie": "mel", "caroline": "car"}
         # The named speaker's turn gains exactly the boost; the other speaker's turn nothing.
-        assert cued[mid[who]] - plain[mid[who]] == pytest.approx(_lift(memory, "speaker"), abs=1e-5)
+        assert cued[mid[who]] - plain[mid[who]] == pytest.approx(memory.reader.recipe().speaker_boost, abs=1e-5)
         assert cued[mid[other]] == pytest.approx(plain[mid[other]], abs=1e-5)
 
 
@@ -289,7 +280,7 @@ def test_a_when_question_prefers_the_turn_that_says_when(memory: Memory) -> None
     question = "When did I sign up for the pottery class?"
     assert memory.reader.recall(user, question, k=3).items[0].source_ids == ["when"]
     cued, plain = _scores(memory, user, question), _scores(memory, user, question, when_boost=0.0)
-    assert cued["when"] - plain["when"] == pytest.approx(_lift(memory, "when"), abs=1e-5)
+    assert cued["when"] - plain["when"] == pytest.approx(memory.reader.recipe().when_boost, abs=1e-5)
     assert cued["love"] == pytest.approx(plain["love"], abs=1e-5)  # says nothing of when
     statement = "I signed up for the pottery class"  # not a question about when: no lift at all
     assert _scores(memory, user, statement) == pytest.approx(_scores(memory, user, statement, when_boost=0.0))
