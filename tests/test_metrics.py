@@ -28,7 +28,6 @@ from engram_testing.llm_standin import LLMStandin, Reply, approx_tokens
 from engram_workers.celery_config import make_celery
 from engram_workers.control import LLMBreaker, LLMRateLimiter
 from engram_workers.metrics import QueueDepth
-from engram_workers.resources import WorkerResources
 from engram_workers.services.ports import free_port
 from engram_workers.stages.apply import run_apply
 from engram_workers.stages.common import RetryLater
@@ -368,7 +367,7 @@ def _count_rate_limit(client: Any) -> None:
 
 def test_an_apply_refused_by_a_held_lease_is_counted(redis_url: str, tmp_path: Path) -> None:
     with engram_stack(redis_url=redis_url, data_dir=tmp_path, neo4j_uri=None, llm_url=None, workers=False) as stack:
-        ctx = WorkerResources(settings=stack.settings, dispatch=lambda _task, _args: None)
+        ctx = stack.worker_resources(dispatch=lambda _task, _args: None)
         receipt = stack.client.enqueue("busy_user", "I live in Tampa.")
         busy = _count("engram_apply_lease_busy_total")
         # Another writer holds the user's lease: the apply is put off, not run.
