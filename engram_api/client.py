@@ -203,7 +203,7 @@ class MemoryClient:
         if self.signals is not None:
             self.signals.stop()  # before the flush: no catch-up starts after it
         if self._reader is not None:
-            self._reader.flush()
+            self._reader.close()
         if self._graph is not None:
             self._graph.close()
         if self._redis is not None:

@@ -159,6 +159,14 @@ def in_flight() -> str:
     return f"{PREFIX}:inflight"
 
 
+def in_flight_extracted() -> str:
+    """Sorted set: the members of ``in_flight`` that are extracted (waiting for apply), with the same scores.
+    The scripts that file, re-file or remove a member of ``in_flight`` keep it (a message sent back to
+    extract leaves it), so ``ZCARD`` of the two tells each stage's share of the backlog at scrape time
+    without reading a status (``engram_in_flight_messages{stage}``)."""
+    return f"{PREFIX}:inflight:extracted"
+
+
 def forgotten(user_id: str, message_id: str) -> str:
     """Tombstone of a forgotten message: while it exists no stage may write anything for the message.
 

@@ -45,8 +45,8 @@ access = logging.getLogger("engram.gateway.access")
 
 
 class _Counters:
-    def __init__(self) -> None:
-        self.registry = CollectorRegistry()
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
         self.requests = Counter(
             "engram_gateway_requests_total", "HTTP requests by route and status", ["route", "status"],
             registry=self.registry,
@@ -120,8 +120,8 @@ def create_app(gateway: Gateway) -> FastAPI:
     )
     install_docs(app, router, ui_router)
     app.state.gateway = gateway
-    counters = _Counters()
-    app.state.registry = counters.registry
+    counters = _Counters(gateway.registry)  # beside the reader's metrics (``Gateway.registry``)
+    app.state.registry = gateway.registry
     install_handlers(app)
     app.include_router(router)
     install_ui(app)  # the memory explorer at /ui and its /v1 routes

@@ -9,6 +9,8 @@ Invariants:
 - Per-key quotas (``engram_gateway.quotas``): a request rate and a cap on open MCP sessions, per key.
 - With the embedded default, a Redis error makes the gateway look up the Redis ``engram up`` runs now
   (``follow_redis``): after a restart of the fleet on another port, the next request reaches it.
+- One Prometheus registry per gateway (``registry``): its HTTP counters and its ``MemoryClient``'s reader
+  metrics, served together by ``/v1/metrics``.
 - Back-pressure: when the extract queue is longer than ``ENGRAM_GATEWAY_MAX_QUEUE_DEPTH`` an enqueue is
   refused with ``BackPressureError`` (429) instead of growing a ``noeviction`` Redis without bound. The
   depth is read at most every ``_DEPTH_TTL_S`` so the check costs no round trip per request.
@@ -24,6 +26,7 @@ from datetime import datetime
 from typing import Any
 
 import redis
+from prometheus_client import CollectorRegistry
 
 from engram_api import MemoryClient, keys
 from engram_api.cells import Cell
@@ -43,7 +46,10 @@ _DEPTH_TTL_S = 0.25
 class Gateway:
     def __init__(self, settings: Settings, client: MemoryClient | None = None) -> None:
         self.settings = settings
-        self.client = client or MemoryClient(settings=settings)
+        # What /v1/metrics serves: the HTTP counters (``app``) and the reader's recall and index-load metrics.
+        # A ``client`` passed in records its reader's metrics where its maker said, not here.
+        self.registry = CollectorRegistry()
+        self.client = client or MemoryClient(settings=settings, metrics_registry=self.registry)
         self.ring = KeyRing(settings.api_keys, Cell.of(settings))
         self.rates = KeyRates(settings.gateway_key_rate, settings.gateway_key_burst)
         self.sessions = SessionLedger(settings.gateway_key_mcp_sessions, settings.gateway_mcp_session_idle_s)

@@ -78,8 +78,9 @@ class QueueDepth(Collector):
     no sample when the oldest message carries no stamp (published by an older Engram), rather than a guess.
     Messages a worker already took (unacked, or waiting for a retry's ETA) are not waiting in the queue:
     ``engram_unacked_messages`` counts them (kombu's ``unacked`` hash, fleet-wide, every queue), and
-    ``engram_in_flight_messages`` every message enqueued or extracted and not yet applied (the ledger's
-    in-flight index: queued, taken, or waiting for a retry). ``engram_llm_breaker_state`` is the breaker's
+    ``engram_in_flight_messages{stage}`` every message enqueued or extracted and not yet applied (the
+    ledger's in-flight index: queued, taken, or waiting for a retry), by the stage it waits for: ``extract``
+    (queued) or ``apply`` (extracted; ``keys.in_flight_extracted``). ``engram_llm_breaker_state`` is the breaker's
     state as ``LLMBreaker.state`` reads it (0 closed, 0.5 half-open, 1 open) and
     ``engram_llm_breaker_calls_total{decision}`` its fleet-wide decision counts (``BreakerStats``).
     """
@@ -102,11 +103,12 @@ class QueueDepth(Collector):
             pipe.lindex(name, -1)
         pipe.hlen(keys.kombu_unacked())
         pipe.zcard(keys.in_flight())
+        pipe.zcard(keys.in_flight_extracted())
         pipe.exists(keys.breaker("open"))
         pipe.exists(keys.breaker("tripped"))
         pipe.hgetall(keys.breaker("stats"))
         try:
-            *replies, unacked, in_flight, is_open, tripped, stats = pipe.execute()
+            *replies, unacked, in_flight, extracted, is_open, tripped, stats = pipe.execute()
         except redis.RedisError:
             return  # Redis down: the other metrics still serve; the missing series is the signal
         now = self._clock()
@@ -124,9 +126,15 @@ class QueueDepth(Collector):
         yield GaugeMetricFamily(
             "engram_unacked_messages", "Messages workers took from any queue and have not acked", value=unacked
         )
-        yield GaugeMetricFamily(
-            "engram_in_flight_messages", "Messages enqueued or extracted and not yet applied", value=in_flight
+        waiting = GaugeMetricFamily(
+            "engram_in_flight_messages",
+            "Messages enqueued or extracted and not yet applied, by the stage they wait for",
+            labels=["stage"],
         )
+        # Read in one pipeline, not one transaction: a message between the reads shows in one stage or none.
+        waiting.add_metric(["extract"], max(0, in_flight - extracted))
+        waiting.add_metric(["apply"], extracted)
+        yield waiting
         state = "open" if is_open else "half-open" if tripped else "closed"
         yield GaugeMetricFamily(
             "engram_llm_breaker_state",

@@ -120,8 +120,16 @@ class WorkerResources:
         return build_hooks(self.settings)
 
     def close(self) -> None:
+        """Stop the erasure sweep (before the stores it reads go), then close what was opened."""
+        if self.sweeper is not None:
+            self.sweeper.stop()
         if "graph" in self.__dict__:
             self.graph.close()
+        if "redis" in self.__dict__:
+            self.redis.close()
+        for control in ("rate_limiter", "breaker"):  # each has its own client (no decoding, short timeouts)
+            if control in self.__dict__:
+                self.__dict__[control].redis.close()
 
 
 _resources: WorkerResources | None = None

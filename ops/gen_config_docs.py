@@ -15,7 +15,7 @@ from engram_api.settings import Settings, variable_for  # noqa: E402
 
 HEADER = """# Configuration reference
 
-Every setting Engram has, generated from `engram_api/settings.py` by `python ops/gen_config_docs.py`.
+Every setting Engram has, generated from `engram_api/settings/` by `python ops/gen_config_docs.py`.
 Seed-compatible names (`NEO4J_URI`, `REDIS_URL`, `LLM_MODEL`, ...) are read as they are; the rest are
 `ENGRAM_<NAME>`. A wrong value stops the process at start-up with a message naming the variable.
 With nothing set, Engram runs embedded: SQLite graph store, a local Redis started by `engram up` / `engram demo`,

@@ -9,11 +9,16 @@ Flower, chaos) that takes tens of seconds. The Neo4j half is not left to hand-ma
 asks for ``neo4j_server``/``neo4j_uri`` or runs a ``"neo4j"`` parameter is marked here, and a test not
 marked slow that reaches Neo4j anyway (``getfixturevalue``) fails. So ``pytest -m "not slow"`` (the fast
 loop) never starts a JVM and runs every store-parametrized test on SQLite.
+
+Whatever a test opens it closes: an Engram thread still running after the last teardown (a ``MemoryClient``
+or ``WorkerResources`` left open, whose erasure sweep goes on calling the stopped Redis) is named in the
+summary.
 """
 
 from __future__ import annotations
 
 import os
+import threading
 import uuid
 from collections.abc import Iterator
 
@@ -54,6 +59,14 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 _running: list[pytest.Item] = []  # the test being set up, so the Neo4j fixture can name it
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    # After every fixture's teardown: a thread left here is a client or a worker's resources never closed.
+    left = sorted(t.name for t in threading.enumerate() if t.name.startswith("engram-") and t.is_alive())
+    if left:
+        terminalreporter.write_sep("-", "Engram threads left running: a MemoryClient or WorkerResources not closed")
+        terminalreporter.write_line(", ".join(left))
 
 
 @pytest.hookimpl(hookwrapper=True)

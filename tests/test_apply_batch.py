@@ -93,7 +93,7 @@ def process(stack: Stack, batch: int) -> tuple[WorkerResources, Recording]:
     extractions do not wait for their user's turn (``extract_in_order`` off): these tests queue several
     model-path messages of one user ready to apply at once, which turns allow only one at a time."""
     settings = stack.settings.model_copy(update={"apply_batch": batch, "extract_in_order": False})
-    ctx = WorkerResources(settings=settings, dispatch=lambda _task, _args: None)
+    ctx = stack.worker_resources(settings, dispatch=lambda _task, _args: None)
     recording = Recording(ctx.embedder)
     ctx.__dict__["embedder"] = recording
     return ctx, recording

@@ -38,7 +38,9 @@ class Stalled:
         self.message_id = receipt.message_id
         run_extract(self.ctx, user, self.message_id)
         self.gate.close()
-        self.thread = threading.Thread(target=run_apply, args=(self.ctx, user, self.message_id))
+        # Daemons, here and in ``in_thread``: a test that fails while they wait (a gate, a 600 s lease wait)
+        # must not hold the session's exit.
+        self.thread = threading.Thread(target=run_apply, args=(self.ctx, user, self.message_id), daemon=True)
         self.thread.start()
         assert self.gate.waiting.wait(timeout=120), "the apply never reached its commit"
 
@@ -66,7 +68,7 @@ def lease_waits(monkeypatch: pytest.MonkeyPatch) -> Iterator[set[str]]:
 
 def in_thread(name: str, call: Callable[[], Any]) -> tuple[threading.Thread, list[Any]]:
     out: list[Any] = []
-    thread = threading.Thread(target=lambda: out.append(call()), name=name)
+    thread = threading.Thread(target=lambda: out.append(call()), name=name, daemon=True)
     thread.start()
     return thread, out
 

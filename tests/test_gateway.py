@@ -156,6 +156,44 @@ def test_same_message_id_twice_is_applied_once(fleet: tuple[Stack, GatewayProces
     assert stack.client.redis.llen(keys.EXTRACT_QUEUE) == 0
 
 
+def _reader_samples(http: httpx.Client, headers: dict[str, str]) -> dict[tuple[str, str], float]:
+    """The reader's samples on the gateway's /v1/metrics: (sample name, its label values) -> value."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    scraped = http.get("/v1/metrics", headers=headers)
+    assert scraped.status_code == 200
+    return {
+        (s.name, ",".join(s.labels.values())): s.value
+        for family in text_string_to_metric_families(scraped.text)
+        if family.name.startswith("engram_reader_")
+        for s in family.samples
+    }
+
+
+def test_the_gateways_metrics_show_its_readers_recalls(
+    fleet: tuple[Stack, GatewayProcess, dict], http: httpx.Client
+) -> None:
+    # The gateway's MemoryClient records into the gateway's own registry, so one scrape sees both.
+    _, _, secrets = fleet
+    a, op = auth(secrets, "a_rw"), auth(secrets, "a_op")
+    uid = f"appA.{uuid.uuid4().hex[:8]}"
+    told = {"user_id": uid, "messages": "I live in Porto", "message_id": "m1"}
+    assert http.post("/v1/messages", headers=a, json=told).status_code == 202
+    wait_state(http, a, uid, "m1")
+    before = _reader_samples(http, op)
+    query = {"query": "where does the user live?"}
+    for _ in range(2):  # the second recall of an unchanged user is answered by the result cache
+        assert http.post(f"/v1/users/{uid}/recall", headers=a, json=query).status_code == 200
+    after = _reader_samples(http, op)
+
+    def grew(name: str, labels: str) -> float:
+        return after.get((name, labels), 0.0) - before.get((name, labels), 0.0)
+
+    assert grew("engram_reader_recall_seconds_count", "false") == 1
+    assert grew("engram_reader_recall_seconds_count", "true") == 1
+    assert uid not in http.get("/v1/metrics", headers=op).text
+
+
 def _bad_requests(secrets: dict[str, str], uid: str) -> list[tuple[str, str, dict[str, Any], int, str | None]]:
     """(method, path, httpx kwargs, expected status, expected field)."""
     a, ro, b = auth(secrets, "a_rw"), auth(secrets, "a_read"), auth(secrets, "b_rw")

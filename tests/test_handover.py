@@ -79,7 +79,7 @@ class FailingOnce:
 
 def process(stack: Stack) -> tuple[WorkerResources, Recording]:
     """A worker process's resources in this process, its embedder recorded; tasks are not published."""
-    ctx = WorkerResources(settings=stack.settings, dispatch=lambda _task, _args: None)
+    ctx = stack.worker_resources(dispatch=lambda _task, _args: None)
     recording = Recording(ctx.embedder)
     ctx.__dict__["embedder"] = recording  # before anything (the query batcher, the keeper) takes the real one
     return ctx, recording
@@ -264,7 +264,7 @@ def test_a_redelivered_extract_whose_answer_is_stored_asks_for_apply_again_witho
     """A worker that died after storing the answer but before its apply task went out: the redelivered
     extract finds the stored answer, publishes apply again (RE_HANDED) and calls no model; apply then writes."""
     sent: list[tuple[str, tuple[str, ...]]] = []
-    ctx = WorkerResources(settings=stack.settings, dispatch=lambda task, args: sent.append((task, tuple(args))))
+    ctx = stack.worker_resources(dispatch=lambda task, args: sent.append((task, tuple(args))))
     user = new_user()
     extract(ctx, stack, user, "m1", FIRST, 0)
     assert sent == [(keys.APPLY_TASK, (user, "m1"))]  # this publish is the one the dead worker never made

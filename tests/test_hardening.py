@@ -18,7 +18,6 @@ from engram_api.models import DeadLetter, StageOutcome, utcnow
 from engram_api.settings import Settings
 from engram_testing.llm_standin import Reply
 from engram_workers.maintenance import redeliver_stuck
-from engram_workers.resources import WorkerResources
 from engram_workers.stages.common import keep_alive
 from engram_workers.stages.extract import run_extract
 from tests.support.extractions import lives_in, message_text
@@ -145,7 +144,7 @@ def test_dead_letters_past_the_retention_are_pruned_by_the_sweep(stack):
 # ----------------------------------------------------------------------------------------- finding 10
 def test_a_payload_that_expired_while_waiting_is_dead_lettered_with_that_reason(stack):
     client, user = stack.client, uid()
-    ctx = WorkerResources(settings=stack.settings)
+    ctx = stack.worker_resources()
     client.redis.hset(keys.status(user, "m-expired"), mapping={"state": "queued", "enqueued_at": "0"})
 
     outcome = run_extract(ctx, user, "m-expired")
@@ -158,7 +157,7 @@ def test_a_payload_that_expired_while_waiting_is_dead_lettered_with_that_reason(
 
 def test_a_retried_message_keeps_its_payload_for_another_full_ttl(stack):
     client, user = stack.client, uid()
-    ctx = WorkerResources(settings=stack.settings)
+    ctx = stack.worker_resources()
     client.redis.set(keys.message_payload(user, "m-wait"), "{}", ex=5)
     client.redis.hset(keys.status(user, "m-wait"), "state", "queued")
     client.redis.expire(keys.status(user, "m-wait"), 5)

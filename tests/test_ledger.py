@@ -169,22 +169,34 @@ def test_the_in_flight_index_follows_the_status_it_files(ledger: MessageLedger, 
     def since(message_id: str) -> float | None:
         return redis_client.zscore(keys.in_flight(), refs[message_id])
 
+    def for_apply(message_id: str) -> float | None:  # the extracted share, with the same score
+        return redis_client.zscore(keys.in_flight_extracted(), refs[message_id])
+
     for message_id in refs:
         ledger.enqueue(build_envelope(Settings(), user, "Hi.", message_id=message_id), task_id=message_id, limit=9)
     enqueued_at = float(ledger.status(user, "m1")["enqueued_at"])
-    assert since("m1") == enqueued_at
+    assert since("m1") == enqueued_at and for_apply("m1") is None
 
     ledger.set_state(user, "m1", MessageState.EXTRACTED, extraction="{}")
-    assert since("m1") == float(ledger.status(user, "m1")["extracted_at"]) >= enqueued_at
+    assert since("m1") == for_apply("m1") == float(ledger.status(user, "m1")["extracted_at"]) >= enqueued_at
     ledger.set_state(user, "m1", MessageState.QUEUED)  # sent back: waits since it was enqueued, as its status says
-    assert since("m1") == enqueued_at
+    assert since("m1") == enqueued_at and for_apply("m1") is None
+    for message_id in refs:
+        ledger.set_state(user, message_id, MessageState.EXTRACTED, extraction="{}")
     ledger.set_state(user, "m1", MessageState.APPLIED)
-    assert ledger.dead_letter(DeadLetter(user_id=user, message_id="m2", stage="extract", reason="x"))
+    assert ledger.dead_letter(DeadLetter(user_id=user, message_id="m2", stage="apply", reason="x"))
     ledger.forget(user, "m3")
     assert [since(m) for m in ("m1", "m2", "m3")] == [None, None, None] and since("m4") is not None
+    assert [for_apply(m) for m in ("m1", "m2", "m3")] == [None, None, None] and for_apply("m4") == since("m4")
 
-    ledger.in_flight.restamp(user, "m4", MessageState.QUEUED, 1000.0)
-    assert since("m4") == 1000.0 and ledger.status(user, "m4")["enqueued_at"] == "1000.0"
-    assert (user, "m4", MessageState.QUEUED, 1000.0) in ledger.in_flight.overdue(1000.0)[1]
+    ledger.in_flight.restamp(user, "m4", MessageState.EXTRACTED, 1000.0)
+    assert since("m4") == for_apply("m4") == 1000.0 and ledger.status(user, "m4")["extracted_at"] == "1000.0"
+    assert (user, "m4", MessageState.EXTRACTED, 1000.0) in ledger.in_flight.overdue(1000.0)[1]
+    ledger.set_state(user, "m5", MessageState.EXTRACTED, extraction="{}")  # no enqueue: filed by its stage write
+    redis_client.hdel(keys.status(user, "m5"), "state")  # a status no longer saying extracted: the sweep drops it
+    refs["m5"] = keys.message_ref(user, "m5")
+    ledger.in_flight.restamp(user, "m5", MessageState.EXTRACTED, 999.0)
+    ledger.in_flight.overdue(999.0)
+    assert since("m5") is None and for_apply("m5") is None
     ledger.forget_user(user)
-    assert since("m4") is None
+    assert since("m4") is None and for_apply("m4") is None

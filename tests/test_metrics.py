@@ -20,7 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from engram_api import MemoryClient, keys
 from engram_api.connections import redis_client
 from engram_api.errors import InvalidInputError
-from engram_api.models import StageOutcome
+from engram_api.models import MessageState, StageOutcome
 from engram_api.reader.metrics import reader_metrics
 from engram_api.settings import load_settings
 from engram_api.storage.writer.lease import Lease
@@ -28,7 +28,6 @@ from engram_testing.llm_standin import LLMStandin, Reply, approx_tokens
 from engram_workers.celery_config import make_celery
 from engram_workers.control import LLMBreaker, LLMRateLimiter
 from engram_workers.metrics import QueueDepth
-from engram_workers.resources import WorkerResources
 from engram_workers.services.ports import free_port
 from engram_workers.stages.apply import run_apply
 from engram_workers.stages.common import RetryLater
@@ -230,7 +229,8 @@ def test_queue_lag_is_served_with_the_depths(scrape: Scrape) -> None:
 
 def test_the_backlog_and_the_breaker_are_served_with_the_depths(scrape: Scrape) -> None:
     # Every message was applied or dead-lettered: none is left in flight (a task may still await its ack).
-    assert scrape.value("engram_in_flight_messages") == 0
+    assert scrape.value("engram_in_flight_messages", stage="extract") == 0
+    assert scrape.value("engram_in_flight_messages", stage="apply") == 0
     assert scrape.has("engram_unacked_messages")
     # Bad answers are not service failures: the breaker stayed closed and admitted every call to the model.
     assert scrape.value("engram_llm_breaker_state") == 0
@@ -274,11 +274,17 @@ def test_queue_lag_is_the_age_of_the_oldest_waiting_message(redis_url: str, tmp_
 
 
 def _gauges(collector: QueueDepth) -> dict[str, float]:
-    """The collector's unlabelled samples, and the breaker's decision counts as ``decision:<name>``."""
+    """The collector's unlabelled samples, the breaker's decision counts as ``decision:<name>`` and the
+    in-flight messages by stage as ``in_flight:<stage>``."""
     found: dict[str, float] = {}
     for family in collector.collect():
         for s in family.samples:
-            found[f"decision:{s.labels['decision']}" if "decision" in s.labels else s.name] = s.value
+            if "decision" in s.labels:
+                found[f"decision:{s.labels['decision']}"] = s.value
+            elif "stage" in s.labels:
+                found[f"in_flight:{s.labels['stage']}"] = s.value
+            else:
+                found[s.name] = s.value
     return found
 
 
@@ -288,14 +294,14 @@ def test_unacked_in_flight_and_breaker_state_are_read_at_scrape_time(redis_url: 
         url = stack.env["REDIS_URL"]
         collector = QueueDepth(redis_client(url, stack.settings, decode_responses=False))
         before = _gauges(collector)
-        assert before["engram_unacked_messages"] == 0 and before["engram_in_flight_messages"] == 0
+        assert before["engram_unacked_messages"] == 0
+        assert before["in_flight:extract"] == 0 and before["in_flight:apply"] == 0
         assert before["engram_llm_breaker_state"] == 0
         assert {k: v for k, v in before.items() if k.startswith("decision:")} == {
             "decision:admitted": 0, "decision:trials": 0,
             "decision:rejected": 0, "decision:opened": 0,
         }  # fmt: skip
-        for n in range(2):
-            stack.client.enqueue("gauge_user", f"message {n}")
+        first, second = (stack.client.enqueue("gauge_user", f"message {n}").message_id for n in range(2))
         # A worker takes one without acking (kombu's reservation, as a prefork child holds a task).
         with make_celery(stack.settings, url).connection_for_read() as connection:
             channel = connection.default_channel
@@ -303,9 +309,18 @@ def test_unacked_in_flight_and_breaker_state_are_read_at_scrape_time(redis_url: 
             assert taken is not None
             seen = _gauges(collector)
             assert seen["engram_unacked_messages"] == 1
-            assert seen["engram_in_flight_messages"] == 2  # taken or waiting: neither is applied
+            # Taken or waiting, neither is extracted yet: both wait for extract.
+            assert (seen["in_flight:extract"], seen["in_flight:apply"]) == (2, 0)
             taken.ack()
         assert _gauges(collector)["engram_unacked_messages"] == 0
+        # Through the ledger's own transitions: extracted waits for apply, applied leaves, sent back returns.
+        ledger = stack.client.producer.ledger
+        ledger.set_state("gauge_user", first, MessageState.EXTRACTED, extraction="{}")
+        ledger.set_state("gauge_user", second, MessageState.EXTRACTED, extraction="{}")
+        assert [_gauges(collector)[f"in_flight:{s}"] for s in ("extract", "apply")] == [0, 2]
+        ledger.set_state("gauge_user", first, MessageState.APPLIED)
+        ledger.set_state("gauge_user", second, MessageState.QUEUED)  # sent back to extract
+        assert [_gauges(collector)[f"in_flight:{s}"] for s in ("extract", "apply")] == [1, 0]
 
         def fail() -> None:
             raise ConnectionError("model down")
@@ -352,7 +367,7 @@ def _count_rate_limit(client: Any) -> None:
 
 def test_an_apply_refused_by_a_held_lease_is_counted(redis_url: str, tmp_path: Path) -> None:
     with engram_stack(redis_url=redis_url, data_dir=tmp_path, neo4j_uri=None, llm_url=None, workers=False) as stack:
-        ctx = WorkerResources(settings=stack.settings, dispatch=lambda _task, _args: None)
+        ctx = stack.worker_resources(dispatch=lambda _task, _args: None)
         receipt = stack.client.enqueue("busy_user", "I live in Tampa.")
         busy = _count("engram_apply_lease_busy_total")
         # Another writer holds the user's lease: the apply is put off, not run.

@@ -70,7 +70,9 @@ def test_two_appliers_whose_leases_overlap_end_as_a_sequential_run(stack: Stack)
     first = stack.client.enqueue(user, "I live in Paris.", timestamp=T0 + timedelta(days=1))
     run_extract(a, user, first.message_id)
     gate.close()
-    stalled = threading.Thread(target=run_apply, args=(a, user, first.message_id))
+    # A daemon: should the test fail while it is gated, it must not hold the session's exit (up to the gate's
+    # 120 s, then its retries against the stopped Redis).
+    stalled = threading.Thread(target=run_apply, args=(a, user, first.message_id), daemon=True)
     stalled.start()
     assert gate.waiting.wait(timeout=120), "A never reached its commit"
     # A's lease expires while it is stalled (what a TTL lapse looks like to the holder).

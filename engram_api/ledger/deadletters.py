@@ -76,6 +76,7 @@ class DeadLetterStore:
                 pending=keys.pending(uid),
                 ready=keys.ready(uid),
                 in_flight=keys.in_flight(),
+                in_flight_extracted=keys.in_flight_extracted(),
                 messages=keys.user_messages(uid),
             ),
             DeadLetterArgs(

@@ -57,6 +57,7 @@ def erase_message(client: redis.Redis, user_id: str, message_id: str, *, tombsto
     pipe.zrem(keys.pending(user_id), message_id)
     pipe.zrem(keys.ready(user_id), message_id)
     pipe.zrem(keys.in_flight(), keys.message_ref(user_id, message_id))
+    pipe.zrem(keys.in_flight_extracted(), keys.message_ref(user_id, message_id))
     pipe.execute()
 
 
@@ -80,7 +81,9 @@ def erase_user(client: redis.Redis, user_id: str, *, tombstone_ttl_s: int) -> in
         pipe = client.pipeline(transaction=False)
         for message_id in chunk:
             pipe.set(keys.forgotten(user_id, message_id), "1", ex=tombstone_ttl_s)
-        pipe.zrem(keys.in_flight(), *(keys.message_ref(user_id, m) for m in chunk))
+        refs = [keys.message_ref(user_id, m) for m in chunk]
+        pipe.zrem(keys.in_flight(), *refs)
+        pipe.zrem(keys.in_flight_extracted(), *refs)
         pipe.execute()
     pipe = client.pipeline(transaction=False)
     for start in range(0, len(message_ids), _PAGE):

@@ -16,6 +16,9 @@ Invariants:
   message enqueued again meanwhile keeps its entry).
 - ``restamp`` moves the status field and the score together (one MULTI): the next sweep waits a full
   period before sending the message again.
+- ``keys.in_flight_extracted`` holds the extracted members with the same scores, kept by the same scripts
+  (erasure, ``DEAD_LETTER`` and ``DROP_SETTLED`` remove from both), so the metrics collector tells the
+  backlog's stages apart by two ``ZCARD``s (``engram_in_flight_messages{stage}``).
 """
 
 from __future__ import annotations
@@ -75,7 +78,11 @@ class InFlight:
                 if state not in SINCE_FIELD:
                     DROP_SETTLED(
                         self.redis,
-                        SettledKeys(in_flight=keys.in_flight(), status=keys.status(user_id, message_id)),
+                        SettledKeys(
+                            in_flight=keys.in_flight(),
+                            in_flight_extracted=keys.in_flight_extracted(),
+                            status=keys.status(user_id, message_id),
+                        ),
                         SettledArgs(ref=ref),
                     )
                     continue
@@ -89,4 +96,6 @@ class InFlight:
         pipe = self.redis.pipeline(transaction=True)
         pipe.hset(keys.status(user_id, message_id), SINCE_FIELD[state], str(at))
         pipe.zadd(keys.in_flight(), {keys.message_ref(user_id, message_id): at})
+        if state is MessageState.EXTRACTED:
+            pipe.zadd(keys.in_flight_extracted(), {keys.message_ref(user_id, message_id): at})
         pipe.execute()

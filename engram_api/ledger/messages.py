@@ -191,6 +191,7 @@ class MessageLedger:
                 ready=keys.ready(user_id),
                 payload=keys.message_payload(user_id, message_id),
                 in_flight=keys.in_flight(),
+                in_flight_extracted=keys.in_flight_extracted(),
                 messages=keys.user_messages(user_id),
                 extract_deliveries=keys.deliveries(user_id, message_id, "extract"),
                 apply_deliveries=keys.deliveries(user_id, message_id, "apply"),
@@ -199,7 +200,7 @@ class MessageLedger:
                 ttl=self.status_ttl_s, now=time.time(), extraction=extraction, event_time=repr(event_time),
                 finished="1" if state in _FINISHED else "0", message_id=message_id,
                 applied="1" if state is MessageState.APPLIED else "0", ref=keys.message_ref(user_id, message_id),
-                since_field=SINCE_FIELD.get(state, ""),
+                since_field=SINCE_FIELD.get(state, ""), extracted="1" if state is MessageState.EXTRACTED else "0",
             ),
             *(x for pair in mapping.items() for x in pair),
         )  # fmt: skip

@@ -173,6 +173,7 @@ class StageWriteKeys(NamedTuple):
     ready: str
     payload: str
     in_flight: str
+    in_flight_extracted: str
     messages: str
     extract_deliveries: str
     apply_deliveries: str
@@ -188,11 +189,13 @@ class StageWriteArgs(NamedTuple):
     applied: str  # '1' / '0'
     ref: str
     since_field: str  # the status field the message waits since ('' = none: finished)
+    extracted: str  # '1': the message waits for apply (filed in ``in_flight_extracted`` too) / '0'
 
 
 # A stage's status write (REST: field, value, ...). A stored extraction makes the message ready to apply
 # (scored by event time); a finished message leaves its user's backlog, the ready set and the in-flight
-# index; an unfinished one is filed in the index since its status's ``since_field``; an applied
+# index; an unfinished one is filed in the index since its status's ``since_field`` (an extracted one in
+# the extracted share as well, any other taken out of it); an applied
 # message's payload, extraction and delivery counters go with its status write. Returns 0 (nothing
 # written) when forgotten.
 STAGE_WRITE = LuaScript(
@@ -219,9 +222,15 @@ redis.call('ZADD', K.messages, A.now, A.message_id)
 redis.call('EXPIRE', K.messages, A.ttl)
 if A.finished == '1' then
   redis.call('ZREM', K.in_flight, A.ref)
+  redis.call('ZREM', K.in_flight_extracted, A.ref)
 elseif A.since_field ~= '' then
   local since = redis.call('HGET', K.status, A.since_field)
   if since then redis.call('ZADD', K.in_flight, since, A.ref) end
+  if since and A.extracted == '1' then
+    redis.call('ZADD', K.in_flight_extracted, since, A.ref)
+  else
+    redis.call('ZREM', K.in_flight_extracted, A.ref)
+  end
 end
 return 1
 """,
@@ -265,6 +274,7 @@ class DeadLetterKeys(NamedTuple):
     pending: str
     ready: str
     in_flight: str
+    in_flight_extracted: str
     messages: str
 
 
@@ -289,6 +299,7 @@ if redis.call('EXISTS', K.tombstone) == 1 then return 0 end
 redis.call('ZREM', K.pending, A.message_id)
 redis.call('ZREM', K.ready, A.message_id)
 redis.call('ZREM', K.in_flight, A.ref)
+redis.call('ZREM', K.in_flight_extracted, A.ref)
 redis.call('ZREMRANGEBYSCORE', K.messages, '-inf', tonumber(A.now) - tonumber(A.ttl))
 redis.call('SET', K.letter, A.letter)
 redis.call('ZADD', K.user_letters, A.failed_at, A.message_id)
@@ -305,6 +316,7 @@ return 1
 
 class SettledKeys(NamedTuple):
     in_flight: str
+    in_flight_extracted: str
     status: str
 
 
@@ -321,6 +333,7 @@ DROP_SETTLED = LuaScript(
     f"""
 local state = redis.call('HGET', K.status, 'state')
 if state == '{MessageState.QUEUED.value}' or state == '{MessageState.EXTRACTED.value}' then return 0 end
+redis.call('ZREM', K.in_flight_extracted, A.ref)
 return redis.call('ZREM', K.in_flight, A.ref)
 """,
 )

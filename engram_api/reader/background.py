@@ -12,7 +12,8 @@ Invariants:
 - work nobody waits for (a recall log, a user's snapshot load) is tracked until done: ``flush`` waits for
   it, so a caller that closes the stores after it never closes them under a thread still using them;
 - the threads are made at first use and again in a forked child, whose copy has no threads behind it (nor
-  the parent's writes in flight).
+  the parent's writes in flight); ``close`` waits for the work in flight and ends them, so a closed reader
+  leaves no thread behind (the pool's threads are not daemons: a process exits only once they end).
 """
 
 from __future__ import annotations
@@ -131,6 +132,14 @@ class ReaderThreads:
         with self._lock:
             pending = [*held.logging.values(), *held.behind]
         wait(pending)  # their errors are theirs: each logs or suppresses its own
+
+    def close(self) -> None:
+        """``flush``, then end this process's threads; a later use makes new ones (as after a fork)."""
+        self.flush()
+        with self._lock:
+            held, self._held = self._held, None
+        if held is not None and held.pid == os.getpid():
+            held.pool.shutdown(wait=True, cancel_futures=True)  # what nobody waits for and has not started
 
 
 def _write(client: redis.Redis, user_id: str, recall_id: str, rows: str) -> None:

@@ -280,6 +280,10 @@ class Reader:
         needs nor closes the store under a load)."""
         self._threads.flush()
 
+    def close(self) -> None:
+        """``flush``, then end the reader's threads (``MemoryClient.close``): none outlives the client."""
+        self._threads.close()
+
     # ----------------------------------------------------------------------------- other reads
     def search(self, user_id: str, query: str, k: int = 10, detail_level: DetailLevel = "auto") -> SearchResult:
         check_user_id(user_id)

@@ -43,7 +43,7 @@ def stack(
 
 def process(stack: Stack) -> WorkerResources:
     """A worker process's resources, in this process."""
-    return WorkerResources(settings=stack.settings)
+    return stack.worker_resources()
 
 
 def deliver(ctx: WorkerResources, stack: Stack, user: str, text: str, day: int) -> str:

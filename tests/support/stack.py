@@ -12,11 +12,15 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from engram_api import MemoryClient
 from engram_api.settings import Settings
 from engram_workers.services.celery_worker import APPLY_WORKER, EXTRACT_WORKER, ManagedProcess, worker_command
+
+if TYPE_CHECKING:
+    from engram_workers.resources import WorkerResources
 
 # How long a test waits for messages to settle: a hang guard, not a performance bound (benchmarks measure
 # speed). Cold workers on a loaded 2-core machine take minutes over their first message (litellm import,
@@ -62,10 +66,20 @@ class Stack:
     data_dir: Path
     client: MemoryClient
     workers: list[ManagedProcess] = field(default_factory=list)
+    resources: list[WorkerResources] = field(default_factory=list)
 
     @property
     def settings(self) -> Settings:
         return self.client.settings
+
+    def worker_resources(self, settings: Settings | None = None, **kwargs: Any) -> WorkerResources:
+        """A worker process's resources in this process (the stack's settings unless given), closed with the
+        stack: its erasure sweep must not outlive the stack's Redis."""
+        from engram_workers.resources import WorkerResources
+
+        ctx = WorkerResources(settings=settings or self.settings, **kwargs)
+        self.resources.append(ctx)
+        return ctx
 
     def start_worker(self, name: str, spec: Mapping[str, object], **overrides: object) -> ManagedProcess:
         args = {**spec, **overrides}
@@ -83,6 +97,8 @@ class Stack:
         return proc
 
     def stop(self) -> None:
+        for ctx in self.resources:
+            ctx.close()
         for proc in self.workers:
             proc.stop()
         self.client.close()

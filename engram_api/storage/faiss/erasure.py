@@ -42,6 +42,7 @@ __all__ = ["TOMBSTONE_RETAIN_S", "IndexSweeper", "record_erasure", "sweep_erased
 log = logging.getLogger(__name__)
 
 TOMBSTONE_RETAIN_S = 30 * 86_400.0
+_STOP_WAIT_S = 30.0  # the most ``stop`` waits for a sweep under way (a Redis call's timeouts and retries)
 
 
 def record_erasure(client: redis.Redis, user_id: str, epoch: int) -> None:
@@ -69,13 +70,20 @@ def sweep_erased(client: redis.Redis, keeper: IndexKeeper) -> int:
 
 
 class IndexSweeper:
-    """Runs ``sweep_erased`` now and then every ``interval_s`` on a daemon thread, for one process."""
+    """Runs ``sweep_erased`` now and then every ``interval_s`` on a daemon thread, for one process.
+
+    A sweep that fails (Redis away) is tried again the next interval for as long as the process runs (Redis
+    may come back), logged once an outage, not at every retry. ``stop`` returns once the thread has ended:
+    whoever made the sweeper stops it when it closes (``MemoryClient.close``, ``WorkerResources.close``), so
+    none is left sweeping a Redis that is gone.
+    """
 
     def __init__(self, keeper: IndexKeeper, client: redis.Redis, interval_s: float) -> None:
         self.keeper = keeper
         self.client = client
         self.interval_s = interval_s
         self.sweeps = 0
+        self.failures = 0  # sweeps that failed (tests read it)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -87,12 +95,21 @@ class IndexSweeper:
 
     def stop(self) -> None:
         self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=_STOP_WAIT_S)  # at once between sweeps; a sweep under way ends first
 
     def _run(self) -> None:
+        failing = False
         while not self._stop.is_set():
             try:
                 sweep_erased(self.client, self.keeper)
                 self.sweeps += 1
+                if failing:
+                    log.info("erasure sweep done again")
+                    failing = False
             except Exception:  # a sweep that fails (Redis away) retries next interval
-                log.warning("erasure sweep failed; retrying in %.0f s", self.interval_s, exc_info=True)
+                self.failures += 1
+                if not failing:
+                    log.warning("erasure sweep failed; retrying every %.0f s", self.interval_s, exc_info=True)
+                    failing = True
             self._stop.wait(self.interval_s)
