@@ -69,7 +69,9 @@ class HeldStep:
 
 @dataclass(frozen=True, slots=True)
 class UserSnapshot:
-    """Every fact (any state) and every episode chunk of ``user_id``, read at ``stamp``."""
+    """Every fact (any state) and every episode chunk of ``user_id``, read at ``stamp``: a base and what
+    was written since it (``recent`` and the records' and keyword index's own recent parts, ``overlay``),
+    read together; ``merged`` folds them into one base that answers every read the same."""
 
     user_id: str
     stamp: Stamp

@@ -27,7 +27,7 @@ overlay: a write that removed a record makes the refresh impossible (``UserSnaps
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from engram_api.storage.snapshot.rows import IMPORTANCE, Row
@@ -102,14 +102,7 @@ def _folded(order: tuple[str, ...], moved: Reranked, rows: Mapping[str, Row]) ->
     out: list[str] = []
     at = 0
     for fid in moved.placed:
-        rank = (rows[fid][IMPORTANCE], fid)
-        lo, hi = at, len(kept)
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if (rows[kept[mid]][IMPORTANCE], kept[mid]) > rank:
-                lo = mid + 1
-            else:
-                hi = mid
+        lo = _place(kept, fid, rows, at)
         out += kept[at:lo]
         out.append(fid)
         at = lo
@@ -145,13 +138,18 @@ def reranked(
     gone = {i for i in moving if i in before}
     out = [i for i in order if i not in gone] if gone else list(order)
     for fid in moving:
-        rank = (facts[fid][IMPORTANCE], fid)
-        lo, hi = 0, len(out)
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if (facts[out[mid]][IMPORTANCE], out[mid]) > rank:
-                lo = mid + 1
-            else:
-                hi = mid
-        out.insert(lo, fid)
+        out.insert(_place(out, fid, facts), fid)
     return tuple(out)
+
+
+def _place(order: Sequence[str], fid: str, rows: Mapping[str, Row], lo: int = 0) -> int:
+    """Where ``fid`` goes in ``order`` (ranked: importance descending, id descending), at ``lo`` or after:
+    a binary search, O(log n) rank reads."""
+    rank, hi = (rows[fid][IMPORTANCE], fid), len(order)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if (rows[order[mid]][IMPORTANCE], order[mid]) > rank:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
