@@ -254,7 +254,7 @@ class SnapshotCache:
                 self._loading.discard(user_id)
         if snapshot is None:  # more records than vectors (facts without one): the store's step it is
             return
-        self._keep(snapshot, answering=False)
+        self._keep(snapshot.merged() if snapshot.merge_due else snapshot, answering=False)  # off the path
 
     def _keep(self, snapshot: UserSnapshot, *, answering: bool) -> bool:
         """Hold ``snapshot`` unless a newer one of the user is held (a slow load never rolls one back);
@@ -301,6 +301,17 @@ class SnapshotCache:
         if fresh is None or not self._keep(fresh, answering=answering):
             return None
         return fresh if fresh.stamp.epoch == stamp.epoch and fresh.stamp >= stamp else None  # kept all the same
+
+    def fold(self, user_id: str) -> None:
+        """Fold the held snapshot's overlay into a new base when due (``overlay``; a copy of the user's
+        snapshot, so on a reader thread, off any recall's path) and hold it unless another replaced it."""
+        held = self.peek(user_id)
+        if held is None or not held.merge_due:
+            return
+        merged = held.merged()
+        with self._lock:
+            if self._held.get(user_id) is held:
+                self._held[user_id] = merged
 
     def drop_user(self, user_id: str) -> None:
         with self._lock:

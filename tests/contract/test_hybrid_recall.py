@@ -565,7 +565,8 @@ def test_another_processs_write_refreshes_the_held_snapshot_and_recall_still_ans
         assert refreshed is not None and refreshed.stamp == stamp and whole_loads == []
         whole = real_snapshot(user, max_records=10_000)
         assert whole is not None and dict(refreshed.facts) == dict(whole.facts)
-        assert dict(refreshed.chunks) == dict(whole.chunks) and refreshed.touching == whole.touching
+        assert dict(refreshed.chunks) == dict(whole.chunks) and refreshed.merged().touching == whole.touching
+        assert refreshed.recent_size > 0  # the write is held apart from the base (``snapshot.overlay``)
         for question in ("where does the user live?", "northern lights over the fjord", "Denver", "the bay"):
             got = reader.recall(user, question, k=10).items  # every channel: see the test above
             want = plain.recall(user, question, k=10).items
@@ -577,6 +578,7 @@ def test_another_processs_write_refreshes_the_held_snapshot_and_recall_still_ans
         reader.flush()
         reloaded = reader.snapshots.peek(user)
         assert whole_loads == [user] and reloaded is not None and reloaded.stamp == memory.graph.user_stamp(user)
+        assert reloaded.recent_size == 0  # a removal is never kept in an overlay: a whole load
 
         for n, when in enumerate((14, 15)):  # written between every recall: each first recall refreshes
             memory.say(user, f"later-{n}", f"Nothing much happened on day {n}.", at(when))

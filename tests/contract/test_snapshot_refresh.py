@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import pytest
 
-from engram_api.models import ChatMessage, EntityChange, Envelope
+from engram_api.models import ChatMessage, EntityChange, Envelope, FactRecord
 from engram_api.storage import GraphStore
 from engram_api.storage.faiss.feed import changes_of, entry_of
 from engram_api.storage.graph.episodes import chunk_envelope, keyword_terms
@@ -51,6 +51,7 @@ def _via_feed(graph_store: GraphStore, held: UserSnapshot, max_records: int) -> 
 
 
 Refresh = Callable[[GraphStore, UserSnapshot, int], UserSnapshot | None]
+RANKS = (0.2, 0.5, 0.9)  # tied importances: the id breaks the ties
 
 
 @pytest.fixture(params=[_counted, _with_vectors, _via_feed], ids=["counted", "with-vectors", "via-feed"])
@@ -63,7 +64,12 @@ def _same(refreshed: UserSnapshot | None, whole: UserSnapshot | None) -> UserSna
     assert refreshed.stamp == whole.stamp
     assert dict(refreshed.facts) == dict(whole.facts)
     assert dict(refreshed.chunks) == dict(whole.chunks)
-    assert refreshed.touching == whole.touching and refreshed.episodes == whole.episodes
+    # Read through the overlay (``engram_api.storage.snapshot.overlay``) and folded into a new base: the same.
+    assert {e: tuple(refreshed.entity_facts(e)) for e in whole.touching} == whole.touching
+    assert {e: refreshed.episode_chunk_ids(e) for e in whole.episodes} == whole.episodes
+    merged = refreshed.merged()
+    assert merged.recent_size == 0 and dict(merged.facts) == dict(whole.facts)
+    assert merged.touching == whole.touching and merged.episodes == whole.episodes
     for query in ("Ana lives in Rome", "Paris, the City of Light", "late words said again", "E1 E2 REL3 REL17"):
         terms = keyword_terms(query)
         assert refreshed.keyword_search(terms, 5) == whole.keyword_search(terms, 5)  # its keyword index too
@@ -135,25 +141,31 @@ def test_a_refreshed_snapshot_is_what_a_whole_load_reads_after_every_kind_of_wri
 
 
 def test_a_merge_ranks_each_entitys_facts_as_a_whole_build_does() -> None:
-    """``UserSnapshot.updated`` re-ranks by binary insertion: random graphs with tied importances, new
-    facts and facts whose importance changed, against ``UserSnapshot.of`` over the merged records."""
+    """``UserSnapshot.updated`` re-ranks by binary insertion in its overlay: random graphs with tied
+    importances, new facts and facts whose importance changed (twice over, so a fact placed in the overlay
+    moves again), against ``UserSnapshot.of`` over the merged records, read through the overlay and folded."""
     rng = random.Random(5)
     user = "u-merge"
     people = [make_entity(user, f"P{i}") for i in range(6)]
+
+    def new_facts(predicate: str, n: int) -> list[FactRecord]:
+        return [
+            make_fact(user, rng.choice(people), predicate, rng.choice([None, *people]), importance=rng.choice(RANKS))
+            for _ in range(n)
+        ]
+
     for _ in range(40):
-        facts = [
-            make_fact(
-                user, rng.choice(people), "R", rng.choice([None, *people]), importance=rng.choice((0.2, 0.5, 0.9))
-            )
-            for _ in range(rng.randint(1, 30))
-        ]
+        facts = new_facts("R", rng.randint(1, 30))
         held = UserSnapshot.of(user, Stamp(1, 1), facts, [])
-        changed = [
-            f.model_copy(update={"importance": rng.choice((0.2, 0.5, 0.9))})
-            for f in rng.sample(facts, rng.randint(0, len(facts)))
-        ]
-        added = [make_fact(user, rng.choice(people), "S", rng.choice([None, *people]), importance=rng.choice((0.2, 0.5, 0.9))) for _ in range(rng.randint(0, 5))]  # fmt: skip
-        merged = UserSnapshot.of(
-            user, Stamp(1, 2), {**{f.id: f for f in facts}, **{f.id: f for f in [*changed, *added]}}.values(), []
-        )
-        assert held.updated(Stamp(1, 2), [*changed, *added], []).touching == merged.touching
+        every = {f.id: f for f in facts}
+        for version in (2, 3):
+            changed = [
+                f.model_copy(update={"importance": rng.choice(RANKS)})
+                for f in rng.sample(list(every.values()), rng.randint(0, len(every)))
+            ]
+            written = [*changed, *new_facts("S", rng.randint(0, 5))]
+            every.update((f.id, f) for f in written)
+            held = held.updated(Stamp(1, version), written, [])
+            whole = UserSnapshot.of(user, Stamp(1, version), every.values(), [])
+            assert {e: tuple(held.entity_facts(e)) for e in whole.touching} == whole.touching
+            assert held.merged().touching == whole.touching

@@ -30,6 +30,7 @@ from engram_api.models import ChunkRecord, FactRecord, KeywordHit
 from engram_api.storage.graph.step import GraphStepQuery
 from engram_api.storage.graph.validity import instant, overlaps
 from engram_api.storage.snapshot.keywords import KeywordIndex
+from engram_api.storage.snapshot.overlay import Overlay, merge_due
 from engram_api.storage.snapshot.rows import (
     CHUNK_FACTS,
     CHUNK_ROWS,
@@ -68,15 +69,18 @@ class HeldStep:
 
 @dataclass(frozen=True, slots=True)
 class UserSnapshot:
-    """Every fact (any state) and every episode chunk of ``user_id``, read at ``stamp``."""
+    """Every fact (any state) and every episode chunk of ``user_id``, read at ``stamp``: a base and what
+    was written since it (``recent`` and the records' and keyword index's own recent parts, ``overlay``),
+    read together; ``merged`` folds them into one base that answers every read the same."""
 
     user_id: str
     stamp: Stamp
     facts: RecordRows[FactRecord, FactView]  # held as rows (``record_rows``), not as models: a fifth of the memory
     chunks: RecordRows[ChunkRecord, ChunkView]
-    touching: Mapping[str, tuple[str, ...]]  # entity id -> the facts mentioning it, in rank order
-    episodes: Mapping[str, tuple[str, ...]]  # episode id -> its chunks, in conversation order
+    touching: Mapping[str, tuple[str, ...]]  # the base's: entity id -> the facts mentioning it, in rank order
+    episodes: Mapping[str, tuple[str, ...]]  # the base's: episode id -> its chunks, in conversation order
     keywords: KeywordIndex  # the chunks' indexed text and the facts' statements
+    recent: Overlay = field(default_factory=Overlay)  # what was written since the base (``overlay``)
 
     @classmethod
     def of(cls, user_id: str, stamp: Stamp, facts: Iterable[FactRecord], chunks: Iterable[ChunkRecord]) -> UserSnapshot:
@@ -114,38 +118,58 @@ class UserSnapshot:
 
     def updated(self, stamp: Stamp, facts: Iterable[FactRecord], chunks: Iterable[ChunkRecord]) -> UserSnapshot:
         """This snapshot at ``stamp``: its records, those of ``facts`` and ``chunks`` (written since) in
-        their place (``GraphStore.refresh_snapshot``, which knows nothing was removed). Only the entities
-        and episodes those records touch are re-ranked, so a refresh costs what changed, not the user's size."""
+        their place (``GraphStore.refresh_snapshot``, which knows nothing was removed), kept in the overlay
+        (``overlay``): only what they touch is copied, so a refresh costs what changed, not the user's size."""
         fresh = {f.id: f for f in facts}
         held = self.facts.rows()
         by_id = self.facts.with_records(fresh.values())
         new_chunks = {c.id: c for c in chunks}
         all_chunks = self.chunks.with_records(new_chunks.values())
         chunk_rows = all_chunks.rows()
+        moved = {i for i, f in fresh.items() if i not in held or held[i][IMPORTANCE] != f.importance}
         reached: dict[str, list[str]] = {}
         for f in fresh.values():
             for entity in dict.fromkeys((f.subject_id, f.object_id)):
-                if entity:
+                if entity and f.id in moved:
                     reached.setdefault(entity, []).append(f.id)
-        touching = dict(self.touching)
-        moved = {i for i, f in fresh.items() if i not in held or held[i][IMPORTANCE] != f.importance}
-        for entity, ids in reached.items():
-            touching[entity] = _reranked(touching.get(entity, ()), [i for i in ids if i in moved], by_id.rows(), held)
         joined: dict[str, list[str]] = {}
         for c in new_chunks.values():
             joined.setdefault(c.episode_id, []).append(c.id)
-        episodes = dict(self.episodes)
+        episodes = dict(self.recent.episodes)
         for episode, ids in joined.items():
-            merged = dict.fromkeys([*episodes.get(episode, ()), *ids])
+            merged = dict.fromkeys([*self.episode_chunk_ids(episode), *ids])
             episodes[episode] = tuple(sorted(merged, key=lambda i: chunk_rows[i].conversation_order))
         keywords = self.keywords.added(
             ((c.id, c.indexed_text) for i, c in new_chunks.items() if i not in self.chunks),
             ((f.id, f.statement) for i, f in fresh.items() if i not in held),  # a statement never changes
         )
+        recent = Overlay(touching=self.recent.with_facts(reached, self.facts.base, by_id.rows()), episodes=episodes)
         return UserSnapshot(
-            user_id=self.user_id, stamp=stamp, facts=by_id, chunks=all_chunks, touching=touching, episodes=episodes,
-            keywords=keywords,
+            user_id=self.user_id, stamp=stamp, facts=by_id, chunks=all_chunks, touching=self.touching,
+            episodes=self.episodes, keywords=keywords, recent=recent,
         )  # fmt: skip
+
+    def merged(self) -> UserSnapshot:
+        """The same snapshot with its overlay folded into a new base (a copy of the user's records, off any
+        recall's path: ``overlay``); itself when it has none."""
+        if not self.recent_size:
+            return self
+        facts = self.facts.merged()
+        return UserSnapshot(
+            user_id=self.user_id, stamp=self.stamp, facts=facts, chunks=self.chunks.merged(),
+            touching=self.recent.merged_touching(self.touching, facts.rows()),
+            episodes={**self.episodes, **self.recent.episodes}, keywords=self.keywords.merged(),
+        )  # fmt: skip
+
+    @property
+    def recent_size(self) -> int:
+        """The records held in the overlay (new ones, and new versions of the base's)."""
+        return len(self.facts.recent) + len(self.chunks.recent)
+
+    @property
+    def merge_due(self) -> bool:
+        """True when the overlay is to be folded into a new base (``overlay.merge_due``)."""
+        return merge_due(self.recent_size, self.size)
 
     def refreshed(
         self,
@@ -183,6 +207,15 @@ class UserSnapshot:
             changes.vectors.stamp, changes.removed, changes.facts, changes.chunks, max_records=max_records
         )
 
+    def entity_facts(self, entity: str) -> Iterable[str]:
+        """The facts mentioning ``entity`` in the stores' rank order (importance descending, id descending),
+        the overlay's among the base's (read lazily: a walk reads only as far as it needs)."""
+        return self.recent.entity_facts(entity, self.touching, self.facts.rows())
+
+    def episode_chunk_ids(self, episode: str) -> tuple[str, ...]:
+        """The episode's chunks, in conversation order."""
+        return self.recent.episode_chunks(episode, self.episodes)
+
     @property
     def size(self) -> int:
         return len(self.facts) + len(self.chunks)
@@ -190,7 +223,7 @@ class UserSnapshot:
     def episode_chunks(self, episode_ids: Sequence[str]) -> list[ChunkView]:
         """Every chunk of the user's episodes among ``episode_ids``, in conversation order."""
         rows = self.chunks.rows()
-        held = [rows[c] for e in dict.fromkeys(episode_ids) for c in self.episodes.get(e, ())]
+        held = [rows[c] for e in dict.fromkeys(episode_ids) for c in self.episode_chunk_ids(e)]
         return sorted(held, key=lambda c: c.conversation_order)
 
     def keyword_search(
@@ -236,6 +269,7 @@ class UserSnapshot:
 
     def _expand(self, q: GraphStepQuery, seed_facts: list[str]) -> list[tuple[str, int]]:
         rows, at = self.facts.rows(), q.at
+        recent, base = self.facts.recent, self.facts.base
 
         def seeding(f: Row) -> bool:
             return valid_at(f, at) and overlaps(f[VALID_FROM], f[VALID_UNTIL], q.since, q.until)
@@ -260,10 +294,10 @@ class UserSnapshot:
                 need = q.per_seed - len(level)
                 for entity in frontier:
                     new = 0
-                    for fid in self.touching.get(entity, ()):
+                    for fid in self.entity_facts(entity):
                         if new == need:
                             break
-                        fact = rows[fid]
+                        fact = recent.get(fid) or base[fid]  # two dicts' lookups (C), not a Mapping's
                         ok = valid.get(fid)
                         if ok is None:
                             ok = valid[fid] = valid_at(fact, at)
@@ -287,28 +321,3 @@ class UserSnapshot:
                 best[fid] = min(hops, best.get(fid, hops))
         ranked = sorted(best.items(), key=lambda kv: (kv[1], -rows[kv[0]][IMPORTANCE], kv[0]))
         return ranked[: q.limit]
-
-
-def _reranked(
-    order: tuple[str, ...], moving: list[str], facts: Mapping[str, Row], before: Mapping[str, Row]
-) -> tuple[str, ...]:
-    """``order`` (an entity's facts, importance descending, id descending) with ``moving`` (new facts, or
-    facts whose importance changed) in their place, each inserted by binary search: a hub entity's tens of
-    thousands of facts cost O(log n) rank reads per change, not a sort (4.6 of a 10K-fact refresh's 6 ms).
-    Only facts held ``before`` are looked for in ``order``: new ones only are copied past (the 100K-fact
-    user's owner, in 80K facts: 6 of a one-fact refresh's 11 ms went to looking)."""
-    if not moving:
-        return order
-    gone = {i for i in moving if i in before}
-    out = [i for i in order if i not in gone] if gone else list(order)
-    for fid in moving:
-        rank = (facts[fid][IMPORTANCE], fid)
-        lo, hi = 0, len(out)
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if (facts[out[mid]][IMPORTANCE], out[mid]) > rank:
-                lo = mid + 1
-            else:
-                hi = mid
-        out.insert(lo, fid)
-    return tuple(out)

@@ -129,46 +129,44 @@ class KeywordTable:
             postings=postings,
         )
 
+    def joined(self, other: KeywordTable) -> KeywordTable:
+        """This table with ``other``'s documents (ids it does not hold) appended, as ``added`` appends
+        them, with no text stemmed again (``overlay`` folds its recent documents into a base so)."""
+        if not other.ids:
+            return self
+        shift = len(self.ids)
+        postings = dict(self.postings)
+        for term, (at, tf) in other.postings.items():
+            old = postings.get(term)
+            postings[term] = (
+                (at + shift, tf)
+                if old is None
+                else (np.concatenate([old[0], at + shift]), np.concatenate([old[1], tf]))
+            )
+        slots = np.searchsorted(self.sorted_ids, other.sorted_ids)
+        wide = np.result_type(self.sorted_ids, other.sorted_ids)  # a longer id widens the bytes array, never cut
+        sorted_ids = np.insert(self.sorted_ids.astype(wide, copy=False), slots, other.sorted_ids)
+        by_id = np.insert(self.by_id, slots, other.by_id + shift)
+        rank = np.empty(shift + len(other.ids), dtype=np.int64)
+        rank[by_id] = np.arange(len(rank))
+        return KeywordTable(
+            ids=self.ids + other.ids,
+            lengths=np.concatenate([self.lengths, other.lengths]),
+            sorted_ids=sorted_ids,
+            by_id=by_id,
+            rank=rank,
+            postings=postings,
+        )
+
     def ranked(self, terms: Sequence[str], k: int, keep: Callable[[str], bool]) -> list[tuple[str, float]]:
         """The best ``k`` documents ``keep`` accepts holding any of ``terms`` (stemmed query words), as
         (node id, BM25 score), best first, ties by node id."""
-        n = len(self.ids)
-        if not n or k <= 0:
-            return []
-        avg = float(self.lengths.sum()) / n or 1.0
-        held = [self.postings[term] for term in dict.fromkeys(terms) if term in self.postings]
-        rare = [p for p in held if 4 * len(p[0]) < n]
-        common = [p for p in held if 4 * len(p[0]) >= n]
-        found = rare + common  # the rare terms' shares added first on both paths: the same sums
-        # Terms in a quarter of the documents or more (the 100K-fact user's "user": 79K) score little each
-        # (IDF <= 1.2) and cost the most: first rank the documents holding a rarer term, adding the common
-        # terms' share to those alone; that is the answer when the k-th kept of them outscores all the common
-        # terms together (a document holding only those), else score them all (MaxScore, Turtle and Flood 1995).
-        if common and rare:
-            ceiling = sum(self._idf(len(at)) * (_K1 + 1.0) for at, _ in common)
-            scores = np.zeros(n)
-            for at, tf in rare:
-                scores[at] += self._weights(at, tf, avg, len(at))
-            cand = np.flatnonzero(scores)
-            for at, tf in common:
-                slot = np.minimum(np.searchsorted(at, cand), len(at) - 1)  # a posting's positions ascend
-                hit = at[slot] == cand
-                scores[cand[hit]] += self._weights(at[slot[hit]], tf[slot[hit]], avg, len(at))
-            kept = self._best(scores, cand, k, keep)
-            if len(kept) == k and kept[-1][1] > ceiling:
-                return kept
-        scores = np.zeros(n)
-        for at, tf in found:
-            scores[at] += self._weights(at, tf, avg, len(at))
-        return self._best(scores, np.flatnonzero(scores), k, keep)
+        return ranked((self,), terms, k, keep)
 
-    def _idf(self, df: int) -> float:
-        n = len(self.ids)
-        return math.log(1.0 + (n - df + 0.5) / (df + 0.5))
-
-    def _weights(self, at: np.ndarray, tf: np.ndarray, avg: float, df: int) -> np.ndarray:
-        """The BM25 share of a term in ``df`` documents in those at positions ``at`` holding it ``tf`` times."""
-        return self._idf(df) * tf * (_K1 + 1.0) / (tf + _K1 * (1.0 - _B + _B * self.lengths[at] / avg))
+    def _weights(self, at: np.ndarray, tf: np.ndarray, avg: float, idf: float) -> np.ndarray:
+        """The BM25 share of a term of inverse document frequency ``idf`` in the documents at positions
+        ``at`` holding it ``tf`` times."""
+        return idf * tf * (_K1 + 1.0) / (tf + _K1 * (1.0 - _B + _B * self.lengths[at] / avg))
 
     def _best(
         self, scores: np.ndarray, matched: np.ndarray, k: int, keep: Callable[[str], bool]
@@ -192,20 +190,105 @@ class KeywordTable:
         return kept
 
 
+def ranked(
+    tables: Sequence[KeywordTable], terms: Sequence[str], k: int, keep: Callable[[str], bool]
+) -> list[tuple[str, float]]:
+    """``KeywordTable.ranked`` over the union of ``tables`` (distinct ids: a base and the documents added
+    since, ``overlay``) without joining them: the statistics (documents, lengths, each term's documents)
+    are the union's, each table scores its own documents with them and the answers are merged by (score,
+    id), so the union answers exactly as one table of all its documents (the same sums in the same order)."""
+    n = sum(len(t.ids) for t in tables)
+    if not n or k <= 0:
+        return []
+    avg = sum(float(t.lengths.sum()) for t in tables) / n or 1.0
+    held: list[tuple[int, list[_Postings | None]]] = []  # per query term: its documents, its postings by table
+    for term in dict.fromkeys(terms):
+        parts = [t.postings.get(term) for t in tables]
+        df = sum(len(p[0]) for p in parts if p is not None)
+        if df:
+            held.append((df, parts))
+    rare = [h for h in held if 4 * h[0] < n]
+    common = [h for h in held if 4 * h[0] >= n]
+
+    def idf(df: int) -> float:
+        return math.log(1.0 + (n - df + 0.5) / (df + 0.5))
+
+    def scores_of(i: int, terms: list[tuple[int, list[_Postings | None]]]) -> np.ndarray:
+        scores = np.zeros(len(tables[i].ids))
+        for df, parts in terms:
+            p = parts[i]
+            if p is not None:
+                scores[p[0]] += tables[i]._weights(p[0], p[1], avg, idf(df))
+        return scores
+
+    # Terms in a quarter of the documents or more (the 100K-fact user's "user": 79K) score little each
+    # (IDF <= 1.2) and cost the most: first rank the documents holding a rarer term, adding the common
+    # terms' share to those alone; that is the answer when the k-th kept of them outscores all the common
+    # terms together (a document holding only those), else score them all (MaxScore, Turtle and Flood 1995).
+    # The rare terms' shares are added first on both paths: the same sums.
+    if common and rare:
+        ceiling = sum(idf(df) * (_K1 + 1.0) for df, _ in common)
+        answers = []
+        for i, table in enumerate(tables):
+            if all(parts[i] is None for _, parts in rare):
+                continue  # no rare word: no candidate in this table
+            scores = scores_of(i, rare)
+            cand = np.flatnonzero(scores)
+            for df, parts in common:
+                p = parts[i]
+                if p is None or not len(cand):
+                    continue
+                at, tf = p
+                slot = np.minimum(np.searchsorted(at, cand), len(at) - 1)  # a posting's positions ascend
+                hit = at[slot] == cand
+                scores[cand[hit]] += table._weights(at[slot[hit]], tf[slot[hit]], avg, idf(df))
+            answers.append(table._best(scores, cand, k, keep))
+        kept = _merged(answers, k)
+        if len(kept) == k and kept[-1][1] > ceiling:
+            return kept
+    answers = []
+    for i, table in enumerate(tables):
+        if any(parts[i] is not None for _, parts in held):  # a small recent table seldom holds a query word
+            scores = scores_of(i, rare + common)
+            answers.append(table._best(scores, np.flatnonzero(scores), k, keep))
+    return _merged(answers, k)
+
+
+def _merged(answers: list[list[tuple[str, float]]], k: int) -> list[tuple[str, float]]:
+    """The best ``k`` of several tables' answers (each best first, ties by id): by score, ties by id."""
+    if len(answers) <= 1:
+        return answers[0] if answers else []
+    return sorted((hit for answer in answers for hit in answer), key=lambda h: (-h[1], h[0]))[:k]
+
+
 @dataclass(frozen=True, slots=True)
 class KeywordIndex:
-    """A user's chunks and fact statements, each table apart (as the stores keep them)."""
+    """A user's chunks and fact statements, each table apart (as the stores keep them), and the documents
+    added since the base (``recent``, searched together with it: an overlay's, ``UserSnapshot.updated``)."""
 
     chunks: KeywordTable
     facts: KeywordTable
+    recent: KeywordIndex | None = None
 
     @classmethod
     def of(cls, chunks: Iterable[tuple[str, str]], facts: Iterable[tuple[str, str]]) -> KeywordIndex:
         return cls(chunks=KeywordTable.of(chunks), facts=KeywordTable.of(facts))
 
     def added(self, chunks: Iterable[tuple[str, str]], facts: Iterable[tuple[str, str]]) -> KeywordIndex:
-        """This index with new chunks and facts (ids it does not hold)."""
+        """This index with new chunks and facts (ids it does not hold), kept in ``recent``: only the recent
+        tables are copied, never the base's."""
+        recent = (self.recent or KeywordIndex.of((), ())).grown(chunks, facts)
+        return KeywordIndex(self.chunks, self.facts, recent=recent)
+
+    def grown(self, chunks: Iterable[tuple[str, str]], facts: Iterable[tuple[str, str]]) -> KeywordIndex:
+        """This index's tables with new chunks and facts appended (a copy of both tables)."""
         return KeywordIndex(chunks=self.chunks.added(chunks), facts=self.facts.added(facts))
+
+    def merged(self) -> KeywordIndex:
+        """The same documents in one base (``KeywordTable.joined``: what ``added`` defers)."""
+        if self.recent is None:
+            return self
+        return KeywordIndex(chunks=self.chunks.joined(self.recent.chunks), facts=self.facts.joined(self.recent.facts))
 
     def search(
         self, terms: Sequence[str], k: int, *, chunk_ok: Callable[[str], bool], fact_ok: Callable[[str], bool]
@@ -213,6 +296,9 @@ class KeywordIndex:
         """``GraphStore.keyword_search`` over this index: the best ``k`` chunks ``chunk_ok`` accepts and
         the best ``k`` facts ``fact_ok`` accepts holding any of ``terms`` (query words), best first."""
         stemmed = _stemmer().stemWords(list(terms))
-        hits = [KeywordHit(node_id=i, kind="episode", score=s) for i, s in self.chunks.ranked(stemmed, k, chunk_ok)]
-        hits += [KeywordHit(node_id=i, kind="fact", score=s) for i, s in self.facts.ranked(stemmed, k, fact_ok)]
+        more = () if self.recent is None else (self.recent,)
+        chunks = ranked((self.chunks, *(r.chunks for r in more)), stemmed, k, chunk_ok)
+        facts = ranked((self.facts, *(r.facts for r in more)), stemmed, k, fact_ok)
+        hits = [KeywordHit(node_id=i, kind="episode", score=s) for i, s in chunks]
+        hits += [KeywordHit(node_id=i, kind="fact", score=s) for i, s in facts]
         return sorted(hits, key=lambda h: (-h.score, h.node_id))

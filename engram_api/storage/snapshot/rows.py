@@ -143,34 +143,80 @@ def valid_at(fact: Row, at: datetime | None) -> bool:
 
 
 class RecordRows(Mapping[str, V], Generic[M, V]):
-    """Records by id, held as rows of ``shape`` (its views; ``shape.record`` builds one's model back)."""
+    """Records by id, held as rows of ``shape`` (its views; ``shape.record`` builds one's model back): an
+    immutable base and the rows written since (``recent``: new records and new versions of base ones),
+    which ``with_records`` grows without copying the base and ``merged`` folds in (``overlay``'s policy)."""
 
-    __slots__ = ("_rows", "shape")
+    __slots__ = ("_base", "_recent", "_view", "shape")
 
-    def __init__(self, shape: RowShape[M, V], rows: dict[str, V]) -> None:
+    def __init__(self, shape: RowShape[M, V], rows: dict[str, V], recent: dict[str, V] | None = None) -> None:
         self.shape = shape
-        self._rows = rows
+        self._base = rows
+        self._recent = recent or {}
+        self._view: Mapping[str, V] = _Layered(self._recent, rows) if self._recent else rows
 
     @classmethod
     def of(cls, shape: RowShape[M, V], records: Iterable[M]) -> RecordRows[M, V]:
         return cls(shape, {r.id: shape.row(r) for r in records})
 
     def with_records(self, records: Iterable[M]) -> RecordRows[M, V]:
-        """These rows with those of ``records`` added or in their place."""
-        return RecordRows(self.shape, {**self._rows, **{r.id: self.shape.row(r) for r in records}})
+        """These rows with those of ``records`` added or in their place: only the recent rows are copied."""
+        return RecordRows(self.shape, self._base, {**self._recent, **{r.id: self.shape.row(r) for r in records}})
+
+    def merged(self) -> RecordRows[M, V]:
+        """The same rows in one base (a copy of the base: the cost ``with_records`` defers)."""
+        return RecordRows(self.shape, {**self._base, **self._recent}) if self._recent else self
+
+    @property
+    def recent(self) -> Mapping[str, V]:
+        """The rows added or replaced since the base."""
+        return self._recent
+
+    @property
+    def base(self) -> Mapping[str, V]:
+        """The base's rows, a replaced one at its old version."""
+        return self._base
 
     def rows(self) -> Mapping[str, V]:
-        """The rows by id, as held (the plain dict: the hot loops' lookups skip ``Mapping``'s)."""
-        return self._rows
+        """The rows by id: the plain dict when nothing is recent (the hot loops' lookups skip ``Mapping``'s)."""
+        return self._view
 
     def __getitem__(self, record_id: str) -> V:
-        return self._rows[record_id]
+        return self._view[record_id]
 
     def __contains__(self, record_id: object) -> bool:
-        return record_id in self._rows
+        return record_id in self._view
 
     def __iter__(self) -> Iterator[str]:
-        return iter(self._rows)
+        return iter(self._view)
 
     def __len__(self) -> int:
-        return len(self._rows)
+        return len(self._view)
+
+
+class _Layered(Mapping[str, V]):
+    """``recent`` over ``base``: a recent row hides the base's row of its id."""
+
+    __slots__ = ("_base", "_len", "_recent")
+
+    def __init__(self, recent: dict[str, V], base: dict[str, V]) -> None:
+        self._recent, self._base = recent, base
+        self._len = len(base) + sum(1 for i in recent if i not in base)
+
+    def __getitem__(self, record_id: str) -> V:
+        row = self._recent.get(record_id)
+        return self._base[record_id] if row is None else row
+
+    def get(self, record_id: str, default: Any = None) -> Any:
+        row = self._recent.get(record_id)
+        return self._base.get(record_id, default) if row is None else row
+
+    def __contains__(self, record_id: object) -> bool:
+        return record_id in self._recent or record_id in self._base
+
+    def __iter__(self) -> Iterator[str]:
+        yield from self._base
+        yield from (i for i in self._recent if i not in self._base)
+
+    def __len__(self) -> int:
+        return self._len

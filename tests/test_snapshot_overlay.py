@@ -1,0 +1,167 @@
+"""A held snapshot keeps what was written since its base apart (``engram_api.storage.snapshot.overlay``):
+every read through the overlay must answer exactly as a snapshot built whole from the same records (the
+same records, each entity's facts in the same order, the same keyword hits with the same scores, the same
+graph step), and folding the overlay into a new base (``UserSnapshot.merged``) must give that whole build.
+The stores' answers are held against the snapshot by the contract suite (tests/contract/); here the
+oracle is ``UserSnapshot.of``, with no store.
+"""
+
+from __future__ import annotations
+
+import random
+from datetime import timedelta
+
+from engram_api.models import ChunkRecord, FactRecord
+from engram_api.reader.facts import SnapshotCache
+from engram_api.storage.graph.step import GraphStepQuery
+from engram_api.storage.snapshot.graph import UserSnapshot
+from engram_api.storage.snapshot.overlay import merge_due
+from engram_api.versions import Stamp
+from tests.support.factories import T0, at, make_entity, make_fact
+
+USER = "u-overlay"
+WORDS = [
+    "coffee",
+    "paris",
+    "violin",
+    "sister",
+    "garden",
+    "chess",
+    "museum",
+    "bakery",
+    "novel",
+    "guitar",
+    "river",
+    "mountain",
+    "tea",
+]
+QUERIES = (["coffee", "paris"], ["violin"], ["sister", "garden", "tea"], ["river", "user"], ["nothing"])
+
+
+def _chunk(rng: random.Random, n: int, episode: str, seq: int, day: float) -> ChunkRecord:
+    return ChunkRecord(
+        id=f"chk-{n:05d}", user_id=USER, episode_id=episode, seq=seq, speaker="user", event_time=at(day),
+        text=" ".join(rng.choices(WORDS, k=rng.randint(2, 6))),
+    )  # fmt: skip
+
+
+def _world(rng: random.Random, n: int) -> tuple[list, list[FactRecord], list[ChunkRecord]]:
+    people = [make_entity(USER, f"P{i}") for i in range(8)]
+    facts = [
+        make_fact(
+            USER, rng.choice(people), "R", rng.choice([None, *people]), importance=rng.choice((0.2, 0.5, 0.9)),
+            statement=f"the user {' '.join(rng.choices(WORDS, k=3))}", valid_from=at(rng.randint(0, 30)),
+        )
+        for _ in range(n)
+    ]  # fmt: skip
+    chunks = [_chunk(rng, i, f"ep-{i // 2}", i % 2, i / 10) for i in range(n)]
+    return people, facts, chunks
+
+
+def _steps(people: list) -> list[GraphStepQuery]:
+    return [
+        GraphStepQuery(seeds=[p.id], max_hops=2, limit=20, per_seed=per_seed, now=at(60), avoid=[people[0].id])
+        for p in people
+        for per_seed in (2, 5)
+    ]
+
+
+def _answers(snapshot: UserSnapshot, people: list) -> tuple:
+    """Everything a recall reads of a snapshot, as plain values."""
+    step = [snapshot.graph_step(q) for q in _steps(people)]
+    return (
+        dict(snapshot.facts),
+        dict(snapshot.chunks),
+        {p.id: tuple(snapshot.entity_facts(p.id)) for p in people},
+        [snapshot.keyword_search(q, 4) for q in QUERIES],
+        [snapshot.keyword_search(q, 3, as_of=at(10)) for q in QUERIES],
+        [(s.facts, s.hops, s.chunks) for s in step],
+        snapshot.episode_chunks([f"ep-{i}" for i in range(0, 400, 7)]),
+    )
+
+
+def test_an_overlay_answers_every_read_as_a_snapshot_built_whole_and_its_merge_is_that_build() -> None:
+    rng = random.Random(11)
+    people, facts, chunks = _world(rng, 120)
+    held = UserSnapshot.of(USER, Stamp(1, 1), facts, chunks)
+    every_fact, every_chunk = {f.id: f for f in facts}, {c.id: c for c in chunks}
+    for version in range(2, 9):
+        n = 1000 + 10 * version
+        new = _world(rng, 3)[1]  # facts about other entities too: a P of another world is a new entity
+        new = [f.model_copy(update={"id": f"fact-new-{version}-{i}"}) for i, f in enumerate(new)]
+        old = rng.sample(list(every_fact.values()), 4)
+        changed = [
+            old[0].model_copy(update={"importance": 0.7}),  # re-ranked
+            old[1].model_copy(update={"valid_until": at(40), "superseded_by": new[0].id}),  # superseded
+            old[2].model_copy(update={"archived": True}),
+            old[3].model_copy(update={"strength": 0.3}),  # changed, same rank
+        ]
+        written_chunks = [_chunk(rng, n, f"ep-new-{version}", 0, 50 + version), _chunk(rng, n + 1, "ep-3", 5, 0.3)]
+        written_chunks[1] = written_chunks[1].model_copy(update={"id": f"chk-late-{version}"})
+        held = held.updated(Stamp(1, version), [*new, *changed], written_chunks)
+        every_fact.update((f.id, f) for f in [*new, *changed])
+        every_chunk.update((c.id, c) for c in written_chunks)
+        whole = UserSnapshot.of(USER, Stamp(1, version), every_fact.values(), every_chunk.values())
+        assert held.recent_size > 0 and whole.recent_size == 0
+        assert _answers(held, people) == _answers(whole, people)
+        merged = held.merged()
+        assert merged.recent_size == 0 and merged.stamp == whole.stamp
+        assert merged.touching == whole.touching and merged.episodes == whole.episodes
+        assert _answers(merged, people) == _answers(whole, people)
+    assert merged.merged() is merged  # nothing recent: itself
+
+
+def test_a_supersession_in_the_overlay_hides_the_base_record_and_leaves_the_base_as_it_was() -> None:
+    ana, paris, rome = (make_entity(USER, name) for name in ("Ana", "Paris", "Rome"))
+    lives = make_fact(USER, ana, "LIVES_IN", paris, statement="Ana lives in Paris", valid_from=at(1))
+    base = UserSnapshot.of(USER, Stamp(1, 1), [lives], [])
+    moved = make_fact(USER, ana, "LIVES_IN", rome, statement="Ana lives in Rome", valid_from=at(5))
+    ended = lives.model_copy(update={"valid_until": moved.valid_from, "superseded_by": moved.id})
+    after = base.updated(Stamp(1, 2), [ended, moved], [])
+    step = GraphStepQuery(seeds=[ana.id], max_hops=1, limit=10, per_seed=5, now=at(9))
+
+    assert after.facts[lives.id].valid_until == moved.valid_from  # the overlay's row hides the base's
+    assert [h.node_id for h in after.keyword_search(["lives"], 5)] == [moved.id]
+    assert [h.node_id for h in after.keyword_search(["paris"], 5)] == []
+    assert [h.node_id for h in after.keyword_search(["paris"], 5, as_of=at(2))] == [lives.id]
+    assert [fid for fid, _ in after.graph_step(step).hops] == [moved.id]
+    # the snapshot a concurrent recall may still hold is untouched
+    assert base.facts[lives.id].valid_until is None
+    assert [fid for fid, _ in base.graph_step(step).hops] == [lives.id]
+
+
+def test_a_removal_is_never_kept_in_an_overlay_and_erasure_drops_it() -> None:
+    """A write that removed a record (a forget) refuses the refresh: the reader loads the user whole, with
+    no overlay; ``forget_user`` drops the held snapshot, overlay and all."""
+    rng = random.Random(3)
+    _, facts, chunks = _world(rng, 20)
+    held = UserSnapshot.of(USER, Stamp(1, 1), facts, chunks).updated(Stamp(1, 2), _world(rng, 2)[1], [])
+    assert held.recent_size == 2
+    assert held.refreshed(Stamp(1, 3), 3, [], [], max_records=1000) is None  # removed at version 3
+    cache = SnapshotCache(max_records=1000, budget_records=10_000)
+    assert cache._keep(held, answering=False) and cache.peek(USER) is held
+    cache.drop_user(USER)
+    assert cache.peek(USER) is None
+
+
+def test_the_overlay_is_folded_now_and_then_off_the_path() -> None:
+    """A share of the user's records (``overlay.merge_due``); ``SnapshotCache.fold`` swaps the folded base
+    in only while the snapshot it folded is still the one held."""
+    assert not merge_due(10, 100) and merge_due(64, 100) and not merge_due(64, 100_000) and merge_due(3125, 100_000)
+    rng = random.Random(4)
+    people, facts, chunks = _world(rng, 40)
+    held = UserSnapshot.of(USER, Stamp(1, 1), facts, chunks)
+    extra = [
+        c.model_copy(update={"id": f"chk-x{i}", "event_time": T0 + timedelta(days=90 + i)})
+        for i, c in enumerate(chunks)
+    ]
+    big = held.updated(Stamp(1, 2), _world(rng, 30)[1], extra)  # fmt: skip
+    assert big.merge_due
+    cache = SnapshotCache(max_records=1000, budget_records=10_000)
+    cache._keep(big, answering=False)
+    cache.fold(USER)
+    folded = cache.peek(USER)
+    assert folded is not None and folded is not big and folded.recent_size == 0
+    assert _answers(folded, people) == _answers(big, people)
+    cache.fold(USER)
+    assert cache.peek(USER) is folded  # nothing due: left as it is
