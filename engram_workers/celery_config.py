@@ -131,6 +131,9 @@ def celery_config(settings: Settings, broker_url: str) -> dict[str, Any]:
         "socket_connect_timeout": 5,
         "retry_on_timeout": True,
         "health_check_interval": 10,
+        # The deployment's prefix before every key and channel kombu writes (queues, unacked, bindings,
+        # pidbox), as before Engram's own (``engram_api.keys``): deployments share a database apart.
+        "global_keyprefix": keys.DEPLOYMENT_PREFIX,
         **broker.pop("broker_transport_options"),
     }
     return {

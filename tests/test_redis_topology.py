@@ -26,6 +26,7 @@ from engram_workers.broker import SentinelTransport
 from engram_workers.celery_config import beat_config, make_celery
 from engram_workers.services.celery_worker import APPLY_WORKER, EXTRACT_WORKER
 from engram_workers.services.redis_server import RedisServer, TlsFiles
+from tests.support.acl import documented_acl
 from tests.support.operator_processes import engram_process, wait_until
 from tests.support.stack import SETTLE_S, engram_stack
 from tests.support.tls import make_tls_files
@@ -190,20 +191,6 @@ def test_a_message_goes_through_the_pipeline_and_beat_through_sentinel(
 
 
 # ------------------------------------------------------------------------------ access control
-OPERATIONS = Path(__file__).resolve().parents[1] / "docs" / "operations.md"
-
-
-def documented_acl(db: int) -> dict[str, list[str]]:
-    """The ``ACL SETUSER`` commands of docs/operations.md ("Access control"), by user, for database ``db``."""
-    text = OPERATIONS.read_text().split("**Access control.**", 1)[1].split("```", 2)[1]
-    users = {}
-    for line in text.strip().splitlines():
-        words = line.replace("<db>", str(db)).split()
-        assert words[:2] == ["ACL", "SETUSER"], line
-        users[words[2]] = [w.replace("<password>", f"{words[2]}-pw") for w in words[2:]]
-    return users
-
-
 def test_the_documented_acl_runs_a_message_a_recall_beat_and_an_erasure(tmp_path: Path) -> None:
     db = 3
     with RedisServer(data_dir=tmp_path / "redis", appendonly=True, password="admin-pw") as server:
