@@ -111,6 +111,11 @@ class Settings(BaseSettings):
     redis_sentinel_password: str | None = Field(
         None, description="with a sentinel:// REDIS_URL: the Sentinels' own password (requirepass); unset: none"
     )
+    redis_sentinel_tls: bool = Field(
+        False,
+        description="with a sentinel:// REDIS_URL: reach the Sentinels and the primary over TLS, verified as a "
+        "rediss:// URL is (the ENGRAM_REDIS_TLS_* settings apply to both)",
+    )
     redis_tls_ca_file: Path | None = Field(
         None,
         description="with a rediss:// REDIS_URL: the CA bundle (PEM) the server's certificate must chain to; "

@@ -190,6 +190,36 @@ def test_a_message_goes_through_the_pipeline_and_beat_through_sentinel(
             wait_until(lambda: direct.exists(keys.BEAT_LOCK), timeout=30, what="the Beat lock on the primary")
 
 
+def test_sentinel_over_tls_is_verified_and_carries_a_message_and_beat(tls_files: TlsFiles, tmp_path: Path) -> None:
+    """A TLS-only primary and a TLS-only Sentinel (which reaches the primary over TLS too): with
+    ENGRAM_REDIS_SENTINEL_TLS every client speaks TLS to both, verifying their certificates by default."""
+    with (
+        RedisServer(data_dir=tmp_path / "primary", appendonly=False, password=PRIMARY_PASSWORD, tls=tls_files) as primary,
+        RedisServer(data_dir=tmp_path / "sentinel", appendonly=False, sentinel_of=primary, tls=tls_files) as watcher,
+    ):  # fmt: skip
+        url = watcher.url
+        unknown_ca = Settings(redis_sentinel_tls=True)
+        # No Sentinel answers a client that refuses its certificate (redis-py names each Sentinel's error).
+        with pytest.raises(redis.ConnectionError, match="CERTIFICATE_VERIFY_FAILED"):
+            redis_client(url, unknown_ca).ping()
+        with pytest.raises(Exception, match="CERTIFICATE_VERIFY_FAILED"):
+            make_celery(unknown_ca, url).connection_for_write().ensure_connection(max_retries=0)
+        trusted = Settings(redis_sentinel_tls=True, redis_tls_ca_file=tls_files.ca)
+        assert redis_client(url, trusted).ping()
+        assert make_celery(trusted, url).connection_for_write().ssl["ssl_cert_reqs"] == ssl.CERT_REQUIRED
+
+        tls_env = {"redis_sentinel_tls": True, "redis_tls_ca_file": tls_files.ca}
+        with engram_stack(redis_url=url, data_dir=tmp_path / "stack", neo4j_uri=None, llm_url=None, **tls_env) as stack:
+            user = f"sentinel_tls_{uuid.uuid4().hex[:8]}"
+            receipt = stack.client.enqueue(user, "I live in Lisbon.", timestamp=datetime(2024, 5, 1, tzinfo=UTC))
+            assert stack.client.wait(receipt, timeout=SETTLE_S).applied == [receipt.message_id]
+            assert "Lisbon" in stack.client.get_context(user, "where do I live?")
+            beat = engram_process("beat", ["beat"], env=stack.env, log_dir=tmp_path)
+            with beat:
+                beat.wait_for_log("beat: Acquired lock", timeout=90)
+                wait_until(lambda: stack.client.redis.exists(keys.BEAT_LOCK), timeout=30, what="the Beat lock")
+
+
 # ------------------------------------------------------------------------------ access control
 def test_the_documented_acl_runs_a_message_a_recall_beat_and_an_erasure(tmp_path: Path) -> None:
     db = 3
