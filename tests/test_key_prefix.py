@@ -109,6 +109,7 @@ def _channels_published(pubsub: redis.client.PubSub) -> set[str]:
     return seen
 
 
+@pytest.mark.slow  # a Redis, two deployments' workers and Beats (six processes), the CLI's commands
 def test_two_deployments_share_one_database_apart(tmp_path: Path) -> None:
     with (
         RedisServer(data_dir=tmp_path / "redis", appendonly=True, password="admin-pw") as server,
