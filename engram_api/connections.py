@@ -8,7 +8,8 @@ scripts work against the embedded stack without configuration.
 ``sentinel://`` URL names the Sentinels (the primary is asked of them on every new connection, so a
 failover is followed), a ``rediss://`` one TLS. Every client is made from a target: redis-py's here
 (``redis_client``: producer, reader, ledger, workers, breaker, rate limiter, metrics, CLI), kombu's and
-RedBeat's in ``engram_workers.celery_config``. Invariant: TLS verifies the server's certificate (against
+RedBeat's in ``engram_workers.celery_config``; through Sentinel, TLS (``ENGRAM_REDIS_SENTINEL_TLS``) covers the
+Sentinels and the primary alike. Invariant: TLS verifies the server's certificate (against
 ``ENGRAM_REDIS_TLS_CA_FILE`` or the system's CAs, and its host name) unless ``ENGRAM_REDIS_TLS_INSECURE``
 says otherwise, which every process that builds a target then logs as a warning; a URL cannot weaken it
 (the settings refuse ``ssl_*`` URL parameters).
@@ -45,6 +46,7 @@ __all__ = [
     "redis_client",
     "redis_target",
     "resolve_redis_url",
+    "sentinel_tls",
     "write_services_file",
 ]
 
@@ -156,7 +158,8 @@ class RedisTls(BaseModel):
 
 class RedisTarget(BaseModel):
     """One Redis as every client reaches it: ``url`` directly, or through ``sentinel`` (the primary named
-    ``master``); ``tls`` for a ``rediss://`` URL."""
+    ``master``); ``tls`` for a ``rediss://`` URL, or a Sentinel URL with ``ENGRAM_REDIS_SENTINEL_TLS`` (then
+    the Sentinels and the primary are both reached over TLS, verified alike)."""
 
     model_config = ConfigDict(frozen=True)
     url: str = Field(repr=False)  # may carry a password
@@ -174,7 +177,7 @@ def redis_target(url: str, settings: Settings) -> RedisTarget:
     except ValueError as exc:
         raise ConfigError("REDIS_URL", f"{exc} (got {mask_userinfo(url)!r})") from None
     tls = None
-    if urlsplit(url).scheme == "rediss":
+    if urlsplit(url).scheme == "rediss" or (sentinel is not None and settings.redis_sentinel_tls):
         tls = RedisTls(
             verify=not settings.redis_tls_insecure,
             check_hostname=settings.redis_tls_check_hostname,
@@ -231,9 +234,17 @@ def redis_client(
                 "password": target.sentinel_password,
                 "socket_timeout": options["socket_connect_timeout"],
                 "socket_connect_timeout": options["socket_connect_timeout"],
+                **sentinel_tls(target),
             },
         )
         return sentinels.master_for(
-            target.master, db=node.db, username=node.username, password=node.password, **options
+            target.master, db=node.db, username=node.username, password=node.password, **options, **sentinel_tls(target)
         )
     return redis.Redis.from_url(url, **options, **(target.tls.options() if target.tls else {}))
+
+
+def sentinel_tls(target: RedisTarget) -> dict[str, Any]:
+    """The options that make redis-py reach a Sentinel, or the primary it names, over ``target``'s TLS
+    (``ssl`` picks the TLS connection class); empty without TLS. Every Sentinel client takes them: redis-py's
+    here, kombu's and RedBeat's in ``engram_workers.celery_config``."""
+    return {"ssl": True, **target.tls.options()} if target.tls else {}

@@ -102,7 +102,7 @@ def check_all(client: Dependencies) -> HealthReport:
         pipe = client.redis.pipeline(transaction=False)
         names = keys.QUEUES
         for name in names:
-            pipe.llen(name)
+            pipe.llen(keys.queue_key(name))
         depths = pipe.execute()
         dead = client.redis.zcard(keys.dead_letters())
         return ", ".join(f"{n}={d}" for n, d in zip(names, depths, strict=True)) + f", dead_letters={dead}"

@@ -8,15 +8,27 @@ literal and no f-string over ``PREFIX`` lives outside this file); Engram's own k
 ``PREFIX``; the names kombu and RedBeat own (a queue's priority lists, the ``unacked`` hash, RedBeat's
 prefix and lock) are spelled here too, so that what Engram reads of them is declared beside its own keys.
 User ids never contain ':', so a key that ends in ``<user_id>:<message_id>`` splits at the first ':'.
+
+The deployment's prefix (``ENGRAM_REDIS_KEY_PREFIX``, read once when this module is imported, so every key
+of a process carries the same one): a name ``n`` puts ``n:`` before EVERY key and channel the deployment
+writes, Engram's (``PREFIX`` is ``n:engram``), kombu's (``DEPLOYMENT_PREFIX`` is its ``global_keyprefix``:
+queues, ``unacked``, bindings, pidbox) and RedBeat's, so two deployments share one Redis database apart and
+an ACL grants one of them ``~n:*``. Unset (the default), keys are exactly what they were before the prefix.
+A process serves one deployment: ``Settings`` refuses another prefix than the one read here.
 """
 
 from __future__ import annotations
 
 import hashlib
+import os
+import re
+
+from engram_api.errors import ConfigError
 
 __all__ = [
     "APPLY_QUEUE",
     "APPLY_TASK",
+    "DEPLOYMENT_PREFIX",
     "EXTRACT_QUEUE",
     "EXTRACT_TASK",
     "MAINTENANCE_QUEUE",
@@ -25,10 +37,37 @@ __all__ = [
     "QUEUES",
     "SENT_AT_HEADER",
     "TASK_QUEUES",
+    "deployment_prefix",
     "queue_for",
+    "queue_key",
 ]
 
-PREFIX = "engram"
+KEY_PREFIX_VARIABLE = "ENGRAM_REDIS_KEY_PREFIX"
+# A name safe in a SCAN pattern and an ACL key pattern (no glob character), and in a ':'-separated key.
+_DEPLOYMENT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+
+
+def deployment_prefix(name: str) -> str:
+    """What a deployment named ``name`` puts before every key: ``name:``, or nothing for the empty name.
+    ValueError for a name that is not 1-64 letters, digits, '_', '.' or '-' (starting with a letter or digit)."""
+    if not name:
+        return ""
+    if not _DEPLOYMENT_NAME.fullmatch(name):
+        raise ValueError("must be 1-64 letters, digits, '_', '.' or '-', starting with a letter or digit")
+    return f"{name}:"
+
+
+def _process_prefix() -> str:
+    name = os.environ.get(KEY_PREFIX_VARIABLE, "")
+    try:
+        return deployment_prefix(name)
+    except ValueError as exc:
+        raise ConfigError(KEY_PREFIX_VARIABLE, f"{exc} (got {name!r})") from None
+
+
+DEPLOYMENT_PREFIX = _process_prefix()
+"""Before every key and channel of this process's deployment; kombu's ``global_keyprefix``."""
+PREFIX = f"{DEPLOYMENT_PREFIX}engram"
 
 # Queues: extraction is I/O bound (LLM), apply is CPU/DB bound, maintenance runs on Beat's schedule.
 EXTRACT_QUEUE = "engram.extract"
@@ -63,8 +102,15 @@ SENT_AT_HEADER = "engram_sent_at"
 
 
 def queue_for(task: str) -> str:
-    """The queue a task is published on; KeyError for a task Engram does not have."""
+    """The queue a task is published on (kombu's name: routing key and delivery info); KeyError for a task
+    Engram does not have."""
     return TASK_QUEUES[task]
+
+
+def queue_key(queue: str) -> str:
+    """The Redis list kombu keeps ``queue`` in (its ``global_keyprefix`` before the queue's name): what the
+    producer's enqueue pushes onto and the depth gauges read."""
+    return f"{DEPLOYMENT_PREFIX}{queue}"
 
 
 def erased_indexes() -> str:
@@ -342,9 +388,9 @@ _PRIORITY_STEPS = ("", "\x06\x163", "\x06\x166", "\x06\x169")  # kombu's default
 
 def queue_lists(queue: str) -> tuple[str, ...]:
     """The Redis lists kombu keeps for ``queue``: the queue itself and one per default priority step."""
-    return tuple(queue + step for step in _PRIORITY_STEPS)
+    return tuple(queue_key(queue) + step for step in _PRIORITY_STEPS)
 
 
 def kombu_unacked() -> str:
     """kombu's hash of reserved messages: delivery tag -> JSON [message, exchange, routing key]."""
-    return "unacked"
+    return f"{DEPLOYMENT_PREFIX}unacked"

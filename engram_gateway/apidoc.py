@@ -8,6 +8,10 @@ Invariants:
 - No operation lists 422: request validation errors are 400 problem bodies (``engram_gateway.problems``),
   so FastAPI's generated 422 and its ``HTTPValidationError`` schema are removed. Error bodies are
   described as ``application/problem+json``, the type they are sent with.
+- Every operation that takes a user id (a ``user_id`` parameter, or a body naming user ids: enqueue, the
+  batch) lists 421 Misdirected Request: a gateway serving one cell (``ENGRAM_CELL_INDEX``) refuses another
+  cell's user with the ``wrong-cell`` problem and the user's cell in the ``Engram-Cell`` header
+  (``engram_api.cells``); no other operation lists it.
 - ``/docs`` loads Swagger UI from this process, never from the network: the bundle and stylesheet
   installed with litellm (a dependency) are served at ``/docs/assets/``. Without them ``/docs`` says so
   and links the schema (``/openapi.json``), instead of a page that stays blank offline.
@@ -26,6 +30,7 @@ from fastapi.responses import FileResponse, HTMLResponse
 from fastapi.routing import APIRoute
 
 from engram_gateway.guard import route_scope
+from engram_gateway.problems import CELL_HEADER
 
 __all__ = ["ASSETS", "install_docs", "swagger_assets"]
 
@@ -36,6 +41,33 @@ _SECURITY_SCHEMES = {
 }
 _KEY_ERRORS = ("401", "403", "429")  # a missing key, a scope, a key's rate
 _PROBLEM = {"$ref": "#/components/schemas/Problem"}
+_WRONG_CELL = {
+    "description": "Misdirected Request: this gateway serves one cell (ENGRAM_CELL_INDEX) and the user is another's "
+    "(problem type urn:engram:problem:wrong-cell, its field naming the user id); nothing was read or written. "
+    f"Send the request to the cell in {CELL_HEADER}.",
+    "headers": {CELL_HEADER: {"description": "the user's cell (0-based)", "schema": {"type": "integer"}}},
+    "content": {"application/problem+json": {"schema": _PROBLEM}},
+}
+
+
+def _names_users(schema: dict[str, Any], schemas: dict[str, Any], depth: int = 0) -> bool:
+    """Whether a request body of ``schema`` carries a ``user_id`` (in its fields, or its lists' items)."""
+    if depth > 4:  # request models nest shallowly; a recursive schema must not loop
+        return False
+    if "$ref" in schema:
+        schema = schemas.get(schema["$ref"].rsplit("/", 1)[-1], {})
+    properties = schema.get("properties", {})
+    if "user_id" in properties:
+        return True
+    nested = [*properties.values(), schema.get("items", {}), *schema.get("anyOf", [])]
+    return any(_names_users(child, schemas, depth + 1) for child in nested if isinstance(child, dict))
+
+
+def _takes_user(operation: dict[str, Any], schemas: dict[str, Any]) -> bool:
+    if any(parameter.get("name") == "user_id" for parameter in operation.get("parameters", [])):
+        return True
+    body = operation.get("requestBody", {}).get("content", {}).get("application/json", {}).get("schema", {})
+    return _names_users(body, schemas)
 
 
 def swagger_assets() -> Path | None:
@@ -68,6 +100,8 @@ def _schema(app: FastAPI, routers: tuple[APIRouter, ...]) -> dict[str, Any]:
                 if content.get("application/json", {}).get("schema") == _PROBLEM:
                     content.pop("application/problem+json", None)
                     content["application/problem+json"] = content.pop("application/json")
+            if _takes_user(operation, schema.get("components", {}).get("schemas", {})):
+                responses["421"] = _WRONG_CELL
             if scope is None:
                 for code in _KEY_ERRORS:
                     responses.pop(code, None)

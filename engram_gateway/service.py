@@ -74,7 +74,7 @@ class Gateway:
             checked_at, depth = self._depth
             if now - checked_at > _DEPTH_TTL_S:
                 try:
-                    depth = int(self.client.redis.llen(keys.EXTRACT_QUEUE))
+                    depth = int(self.client.redis.llen(keys.queue_key(keys.EXTRACT_QUEUE)))
                 except redis.RedisError as exc:
                     raise StoreUnavailableError(f"Redis unavailable, nothing enqueued: {exc}") from exc
                 self._depth = (now, depth)

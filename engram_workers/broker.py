@@ -22,6 +22,10 @@ consuming worker's event loop re-stamps, every ``keep_alive_interval`` seconds (
 is never re-created. So only a dead worker's entries age: its messages are handed out again within the
 timeout plus kombu's restore interval of its death, and a live worker's never are, however long they run.
 
+A channel whose connection was closed under it (the consumer reconnecting after Redis went away) raises a
+connection error to a late ack or reject, which Celery logs and survives, instead of kombu's AttributeError,
+which stopped the worker (``tests/test_sentinel_failover.py``).
+
 Sentinel: ``SentinelTransport`` is kombu's Sentinel channel with the same two changes; it reads the
 Sentinels from a transport option (``SENTINELS_OPTION``) instead of kombu's ';'-separated broker URL, which
 kombu's reconnect would switch to its own transport (``kombu.Connection.switch``). TLS: kombu's channel
@@ -63,6 +67,12 @@ class Channel(kombu_redis.Channel):
     _shared_client: Any = None
 
     def _create_client(self, asynchronous: bool = False) -> Any:
+        if self.connection.client is None:
+            # Redis went away (a failover) and the consumer closed this channel's connection to reconnect,
+            # while a task's ack or reject of one of its messages was still on its way here. kombu would fail
+            # with an AttributeError that stops the worker; a connection error is what Celery logs and
+            # survives, and the message, still in ``unacked``, is handed out again.
+            raise redis.ConnectionError("this channel's broker connection was closed (reconnecting)")
         if asynchronous:  # the consumer's own client, which kombu already keeps (``Channel.client``)
             return super()._create_client(asynchronous=True)
         pool = self.pool

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 from engram_api import keys
-from engram_api.connections import RedisTarget, redis_target
+from engram_api.connections import RedisTarget, redis_target, sentinel_tls
 from engram_api.settings import Settings
 from engram_workers.cpus import usable_cpus
 
@@ -99,11 +99,17 @@ def broker_connection(target: RedisTarget) -> dict[str, Any]:
     return {
         "broker_url": f"sentinel://{auth}{host}:{port}/{node.db}",
         "broker_transport": SENTINEL_TRANSPORT,
-        "broker_use_ssl": None,
+        # The primary's TLS (kombu's Sentinel channel then picks redis-py's Sentinel-managed TLS connection).
+        "broker_use_ssl": target.tls.options() if target.tls else None,
         "broker_transport_options": {
             "master_name": target.master,
             SENTINELS_OPTION: [list(n) for n in node.nodes],
-            "sentinel_kwargs": {"password": target.sentinel_password, "socket_timeout": 5, "socket_connect_timeout": 5},
+            "sentinel_kwargs": {
+                "password": target.sentinel_password,
+                "socket_timeout": 5,
+                "socket_connect_timeout": 5,
+                **sentinel_tls(target),
+            },
         },
     }
 
@@ -131,6 +137,9 @@ def celery_config(settings: Settings, broker_url: str) -> dict[str, Any]:
         "socket_connect_timeout": 5,
         "retry_on_timeout": True,
         "health_check_interval": 10,
+        # The deployment's prefix before every key and channel kombu writes (queues, unacked, bindings,
+        # pidbox), as before Engram's own (``engram_api.keys``): deployments share a database apart.
+        "global_keyprefix": keys.DEPLOYMENT_PREFIX,
         **broker.pop("broker_transport_options"),
     }
     return {
@@ -237,7 +246,7 @@ def beat_config(settings: Settings, redis_url: str) -> dict[str, Any]:
             "db": node.db,
             "username": node.username,
             "password": node.password,
-            "sentinel_kwargs": {"password": target.sentinel_password, "socket_timeout": 5},
+            "sentinel_kwargs": {"password": target.sentinel_password, "socket_timeout": 5, **sentinel_tls(target)},
         }
     return {
         "beat_scheduler": "redbeat.RedBeatScheduler",

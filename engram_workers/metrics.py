@@ -99,8 +99,8 @@ class QueueDepth(Collector):
         names = keys.QUEUES
         pipe = self._redis.pipeline(transaction=False)
         for name in names:
-            pipe.llen(name)
-            pipe.lindex(name, -1)
+            pipe.llen(keys.queue_key(name))
+            pipe.lindex(keys.queue_key(name), -1)
         pipe.hlen(keys.kombu_unacked())
         pipe.zcard(keys.in_flight())
         pipe.zcard(keys.in_flight_extracted())

@@ -156,5 +156,13 @@ def test_a_gateway_of_one_cell_answers_421_for_another_cells_user(router: CellCl
 
         assert http.post("/v1/messages", json={"user_id": mine, "messages": "I live in Paris"}).status_code == 202
         assert http.post(f"/v1/users/{mine}/recall", json={"query": "where"}).status_code == 200
+
+        # The API description says so: every operation taking a user id lists the 421 and its header.
+        paths = http.get("/openapi.json").json()["paths"]
+        listed = {(m, p) for p, ops in paths.items() for m, op in ops.items() if "421" in op["responses"]}
+        assert {("post", "/v1/messages"), ("post", "/v1/messages/batch"), ("delete", "/v1/users/{user_id}")} <= listed
+        assert not {p for _, p in listed} & {"/v1/health", "/v1/whoami", "/v1/users", "/v1/metrics"}
+        recall = paths["/v1/users/{user_id}/recall"]["post"]["responses"]["421"]
+        assert "Engram-Cell" in recall["headers"] and "wrong-cell" in recall["description"]
     assert queue.llen(keys.EXTRACT_QUEUE) == 1
     assert router.cell(1).redis.llen(keys.EXTRACT_QUEUE) == 0

@@ -26,6 +26,7 @@ from engram_workers.broker import SentinelTransport
 from engram_workers.celery_config import beat_config, make_celery
 from engram_workers.services.celery_worker import APPLY_WORKER, EXTRACT_WORKER
 from engram_workers.services.redis_server import RedisServer, TlsFiles
+from tests.support.acl import documented_acl
 from tests.support.operator_processes import engram_process, wait_until
 from tests.support.stack import SETTLE_S, engram_stack
 from tests.support.tls import make_tls_files
@@ -189,21 +190,37 @@ def test_a_message_goes_through_the_pipeline_and_beat_through_sentinel(
             wait_until(lambda: direct.exists(keys.BEAT_LOCK), timeout=30, what="the Beat lock on the primary")
 
 
+def test_sentinel_over_tls_is_verified_and_carries_a_message_and_beat(tls_files: TlsFiles, tmp_path: Path) -> None:
+    """A TLS-only primary and a TLS-only Sentinel (which reaches the primary over TLS too): with
+    ENGRAM_REDIS_SENTINEL_TLS every client speaks TLS to both, verifying their certificates by default."""
+    with (
+        RedisServer(data_dir=tmp_path / "primary", appendonly=False, password=PRIMARY_PASSWORD, tls=tls_files) as primary,
+        RedisServer(data_dir=tmp_path / "sentinel", appendonly=False, sentinel_of=primary, tls=tls_files) as watcher,
+    ):  # fmt: skip
+        url = watcher.url
+        unknown_ca = Settings(redis_sentinel_tls=True)
+        # No Sentinel answers a client that refuses its certificate (redis-py names each Sentinel's error).
+        with pytest.raises(redis.ConnectionError, match="CERTIFICATE_VERIFY_FAILED"):
+            redis_client(url, unknown_ca).ping()
+        with pytest.raises(Exception, match="CERTIFICATE_VERIFY_FAILED"):
+            make_celery(unknown_ca, url).connection_for_write().ensure_connection(max_retries=0)
+        trusted = Settings(redis_sentinel_tls=True, redis_tls_ca_file=tls_files.ca)
+        assert redis_client(url, trusted).ping()
+        assert make_celery(trusted, url).connection_for_write().ssl["ssl_cert_reqs"] == ssl.CERT_REQUIRED
+
+        tls_env = {"redis_sentinel_tls": True, "redis_tls_ca_file": tls_files.ca}
+        with engram_stack(redis_url=url, data_dir=tmp_path / "stack", neo4j_uri=None, llm_url=None, **tls_env) as stack:
+            user = f"sentinel_tls_{uuid.uuid4().hex[:8]}"
+            receipt = stack.client.enqueue(user, "I live in Lisbon.", timestamp=datetime(2024, 5, 1, tzinfo=UTC))
+            assert stack.client.wait(receipt, timeout=SETTLE_S).applied == [receipt.message_id]
+            assert "Lisbon" in stack.client.get_context(user, "where do I live?")
+            beat = engram_process("beat", ["beat"], env=stack.env, log_dir=tmp_path)
+            with beat:
+                beat.wait_for_log("beat: Acquired lock", timeout=90)
+                wait_until(lambda: stack.client.redis.exists(keys.BEAT_LOCK), timeout=30, what="the Beat lock")
+
+
 # ------------------------------------------------------------------------------ access control
-OPERATIONS = Path(__file__).resolve().parents[1] / "docs" / "operations.md"
-
-
-def documented_acl(db: int) -> dict[str, list[str]]:
-    """The ``ACL SETUSER`` commands of docs/operations.md ("Access control"), by user, for database ``db``."""
-    text = OPERATIONS.read_text().split("**Access control.**", 1)[1].split("```", 2)[1]
-    users = {}
-    for line in text.strip().splitlines():
-        words = line.replace("<db>", str(db)).split()
-        assert words[:2] == ["ACL", "SETUSER"], line
-        users[words[2]] = [w.replace("<password>", f"{words[2]}-pw") for w in words[2:]]
-    return users
-
-
 def test_the_documented_acl_runs_a_message_a_recall_beat_and_an_erasure(tmp_path: Path) -> None:
     db = 3
     with RedisServer(data_dir=tmp_path / "redis", appendonly=True, password="admin-pw") as server:

@@ -115,7 +115,7 @@ class MessageLedger:
         found = ENQUEUE(
             self.redis,
             EnqueueKeys(
-                payload=keys.message_payload(uid, mid), status=keys.status(uid, mid), queue=queue,
+                payload=keys.message_payload(uid, mid), status=keys.status(uid, mid), queue=keys.queue_key(queue),
                 pending=keys.pending(uid), tombstone=keys.forgotten(uid, mid), in_flight=keys.in_flight(),
                 order=keys.extract_order(uid),
             ),

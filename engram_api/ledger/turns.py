@@ -242,7 +242,7 @@ class Turns:
         message = task_message(
             keys.EXTRACT_TASK, str(uuid.uuid4()), (user_id, message_id), queue, time.time(), _headers(trace)
         )
-        self.redis.rpush(queue, message)
+        self.redis.rpush(keys.queue_key(queue), message)
 
     def left_waiting(self, messages: Iterable[tuple[str, str]]) -> set[tuple[str, str]]:
         """The (user id, message id) pairs of ``messages`` the redelivery sweep must leave alone although their

@@ -51,6 +51,11 @@ class ServiceSettings(BaseModel):
     redis_sentinel_password: str | None = Field(
         None, description="with a sentinel:// REDIS_URL: the Sentinels' own password (requirepass); unset: none"
     )
+    redis_sentinel_tls: bool = Field(
+        False,
+        description="with a sentinel:// REDIS_URL: reach the Sentinels and the primary over TLS, verified as a "
+        "rediss:// URL is (the ENGRAM_REDIS_TLS_* settings apply to both)",
+    )
     redis_tls_ca_file: Path | None = Field(
         None,
         description="with a rediss:// REDIS_URL: the CA bundle (PEM) the server's certificate must chain to; "
@@ -69,6 +74,13 @@ class ServiceSettings(BaseModel):
         False,
         description="with a rediss:// REDIS_URL: true accepts ANY server certificate (no verification: anyone on "
         "the path can read and change the traffic); every process logs a warning when it connects. For tests only",
+    )
+    redis_key_prefix: str = Field(
+        "",
+        description="a name (letters, digits, '_', '.', '-') put as '<name>:' before every Redis key and channel of "
+        "this deployment (Engram's, Celery's queues and bindings, RedBeat's), so several deployments share one "
+        "Redis database and an ACL can grant one '~<name>:*'; read once per process from the environment; "
+        "unset: the keys carry no prefix (engram:..., as before)",
     )
     llm_model: str | None = Field(
         None, validation_alias=_env("LLM_MODEL"), description="litellm model name; unset: offline rule extractor"
@@ -119,6 +131,19 @@ class ServiceSettings(BaseModel):
         from engram_api.connections import check_redis_url  # lazily: connections imports this module
 
         check_redis_url(v)  # its ValueError names what is wrong
+        return v
+
+    @field_validator("redis_key_prefix")
+    @classmethod
+    def _one_key_prefix(cls, v: str) -> str:
+        from engram_api import keys  # lazily: most settings users never build a key
+
+        if keys.deployment_prefix(v) != keys.DEPLOYMENT_PREFIX:  # its ValueError names a malformed name
+            current = repr(keys.DEPLOYMENT_PREFIX) if keys.DEPLOYMENT_PREFIX else "none"
+            raise ValueError(
+                f"differs from this process's key prefix ({current}, read from the environment when "
+                "engram_api.keys was imported): a process serves one deployment's keys"
+            )
         return v
 
     @property

@@ -3,8 +3,9 @@
 Used by tests (session fixture), chaos scripts (``kill()`` + ``start()``: the AOF brings queued tasks
 back) and ``engram up``. The port stays the same across restarts so clients reconnect by themselves.
 The same launcher runs a Sentinel watching another ``RedisServer`` (``sentinel_of``: ``redis-server
---sentinel``) and a TLS-only server (``tls``: a redis-server built with TLS, as Debian's is), so the
-deployment topologies Engram supports are tested against the real thing.
+--sentinel``), a replica of another (``replica_of``), and TLS-only servers and Sentinels (``tls``: a
+redis-server built with TLS, as Debian's is; replication and the Sentinel's own links then use TLS too), so
+the deployment topologies Engram supports are tested against the real thing.
 """
 
 from __future__ import annotations
@@ -106,7 +107,8 @@ class RedisServer(ServiceProcess):
     talk to it; the directory is made 0700 and the server creates its files 0600 (umask 077), since the
     AOF holds message text. With ``tls`` it listens for TLS only (clients need not show a certificate);
     with ``sentinel_of`` it is a Sentinel monitoring that (started) server as ``SENTINEL_MASTER``, and its
-    ``url`` is the ``sentinel://`` URL of that primary (with its password).
+    ``url`` is the ``sentinel://`` URL of that primary (with its password); with ``replica_of`` it replicates
+    that server (give it the primary's ``password``: after a failover either may be the primary).
     """
 
     def __init__(
@@ -120,12 +122,14 @@ class RedisServer(ServiceProcess):
         password: str | None = None,
         tls: TlsFiles | None = None,
         sentinel_of: RedisServer | None = None,
+        replica_of: RedisServer | None = None,
     ) -> None:
         super().__init__(data_dir=data_dir, port=port, die_with_parent=die_with_parent)
         self.appendonly = appendonly
         self.password = password
         self.tls = tls
         self.sentinel_of = sentinel_of
+        self.replica_of = replica_of
         self.extra_config = list(extra_config)  # redis.conf lines after Engram's (a later line wins)
         self._binary: Path | None = None
 
@@ -155,7 +159,7 @@ class RedisServer(ServiceProcess):
     def _sentinel_config(self, port: int, primary: RedisServer) -> list[str]:
         lines = [
             f"bind {HOST}",
-            f"port {port}",
+            *(self._tls_config(port, self.tls) if self.tls else [f"port {port}"]),
             f'dir "{self.data_dir}"',
             "daemonize no",
             'logfile ""',
@@ -177,6 +181,7 @@ class RedisServer(ServiceProcess):
             f'tls-key-file "{tls.key}"',
             f'tls-ca-cert-file "{tls.ca}"',
             "tls-auth-clients no",
+            "tls-replication yes",  # a replica's link to its primary, and a Sentinel's to the servers
         ]
 
     def _write_config(self, port: int) -> Path:
@@ -201,7 +206,9 @@ class RedisServer(ServiceProcess):
         else:
             lines.append("appendonly no")
         if self.password is not None:
-            lines.append(f"requirepass {self.password}")
+            lines += [f"requirepass {self.password}", f"masterauth {self.password}"]
+        if self.replica_of is not None:
+            lines.append(f"replicaof {HOST} {self.replica_of.port}")
         return self._write(lines)
 
     def _write(self, lines: list[str]) -> Path:
