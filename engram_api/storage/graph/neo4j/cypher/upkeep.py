@@ -21,6 +21,7 @@ __all__ = [
     "Q_CLUSTERS_LINK_FACTS",
     "Q_CLUSTER_MEMBERS",
     "Q_DUE_SET",
+    "Q_FADING",
     "Q_FEEDBACK_ADD",
     "Q_FEEDBACK_ALL",
     "Q_FEEDBACK_USER",
@@ -32,8 +33,11 @@ __all__ = [
     "Q_FORGET_PLAN",
     "Q_FORGET_RESTORE",
     "Q_FORGET_USER_SCAN",
+    "Q_REDUE_FACTS",
+    "Q_REDUE_SET",
     "Q_REINFORCE_READ",
     "Q_REINFORCE_SET",
+    "Q_SET_FADING",
     "Q_UNDUE_FACTS",
     "Q_UNDUE_FACT_USERS",
     "Q_USERS_DUE",
@@ -144,6 +148,30 @@ MATCH (f:Fact) WHERE f.archived = false AND f.archive_due_at IS NULL RETURN DIST
 Q_UNDUE_FACTS = """
 MATCH (f:Fact {user_id: $user_id}) WHERE f.archived = false AND f.archive_due_at IS NULL
 RETURN f.id AS id, f.strength AS strength, coalesce(f.last_decay_at, f.created_at) AS since
+"""
+# The decay policy the stored dues were computed with (``GraphStore.refresh_dues``), on the schema marker
+# (`engram migrate` sets only its version and migrated_at, so it keeps them; a process opens only a
+# migrated database, so the node is there).
+Q_FADING = """
+MATCH (s:EngramSchema {name: 'engram'}) WHERE s.decay_per_day IS NOT NULL
+RETURN s.decay_per_day AS per_day, s.archive_threshold AS threshold
+"""
+Q_SET_FADING = """
+MATCH (s:EngramSchema {name: 'engram'}) SET s.decay_per_day = $per_day, s.archive_threshold = $threshold
+"""
+# The recompute after a policy change: every user's unarchived facts, a page by id (engram_fact_id's index).
+Q_REDUE_FACTS = """
+MATCH (f:Fact) WHERE f.id > $after AND f.archived = false
+WITH f ORDER BY f.id LIMIT $batch
+RETURN f.id AS id, f.strength AS strength, coalesce(f.last_decay_at, f.created_at) AS since
+"""
+# Only a fact still as read: no user lock is held, so a write in between (a reinforcement, a restatement,
+# an archival) keeps the due it computed itself.
+Q_REDUE_SET = """
+UNWIND $rows AS r
+MATCH (f:Fact {id: r.id})
+WHERE f.archived = false AND f.strength = r.strength AND coalesce(f.last_decay_at, f.created_at) = r.since
+SET f.archive_due_at = r.due
 """
 Q_REINFORCE_READ = """
 UNWIND $ids AS fid
