@@ -49,6 +49,7 @@ class DecayReport(BaseModel):
     now: datetime
     per_day: float
     threshold: float
+    recomputed: int = Field(0, description="facts whose due was recomputed for a changed policy (refresh_dues)")
     users: int = 0
     due: int = 0
     archived: int = 0
@@ -103,8 +104,8 @@ def run_decay(
         )
     # The driver recomputed the dues already (``decay_users``: here one read); a run on named users
     # (`engram maintenance decay --user`) must not archive by stale ones either.
-    graph.refresh_dues(batch=settings.maintenance_batch)
-    report = DecayReport(now=when, per_day=fading.per_day, threshold=fading.threshold)
+    recomputed = graph.refresh_dues(batch=settings.maintenance_batch)
+    report = DecayReport(now=when, per_day=fading.per_day, threshold=fading.threshold, recomputed=recomputed)
     users = decay_users(graph, settings, when) if user_ids is None else target_users(graph, user_ids)
     for user_id in users:
 

@@ -99,6 +99,7 @@ def test_a_run_on_named_users_after_a_policy_change_archives_by_the_new_dues(
 
     report = run_decay(graph=graph, settings=faster, guard=guard, now=at(1), user_ids=[user])
 
+    assert report.recomputed >= 1  # every unarchived fact in the store (a Neo4j one is the session's)
     assert (report.due, report.archived) == (1, 1)
     assert _strengths(store, user, [weak[0].id]) == {weak[0].id: (pytest.approx(0.5 * 0.5), True)}
 

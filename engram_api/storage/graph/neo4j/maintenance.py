@@ -65,7 +65,12 @@ class Neo4jMaintenance(Neo4jConnection):
     def _redue_batch(self, after: str, batch: int) -> list[str]:
         def work(tx: ManagedTransaction) -> list[str]:
             rows = [
-                {**r.data(), "due": self.fading.due(float(r["strength"]), _native(r["since"]))}
+                {
+                    "id": r["id"],
+                    "strength": r["strength"],
+                    "since_us": r["since_us"],
+                    "due": self.fading.due(float(r["strength"]), _native(r["since"])),
+                }
                 for r in tx.run(cy.Q_REDUE_FACTS, after=after, batch=int(batch))
             ]
             if rows:
