@@ -5,9 +5,14 @@ strength was set (``engram_api.storage.graph.fading``), and every write that set
 instant it will fall below ``archive_threshold`` (``archive_due_at``). So this job no longer rewrites every
 fact daily: it visits only the users with a fact due (``decay_users``: the stores' due index) and reads and
 writes only those facts, archiving the ones below the threshold (the old job's test, so the same facts on
-the same run). A user with nothing due keeps its version, so its readers reload nothing. The job has no
-memory of its own: a run that Beat doubles changes nothing the second time, and a missed run is caught up
-by the next (everything due by then).
+the same run). A user with nothing due keeps its version, so its readers reload nothing. When the policy
+(``decay_per_day``, ``archive_threshold``) changed since the dues were computed, the driver (``decay_users``)
+first recomputes every unarchived fact's due (``GraphStore.refresh_dues``). The job does it, not a store's
+opening (every process opens the store, readers included, and a recompute writes every fact) nor
+`engram migrate` (the Helm chart runs that in every pod's init container: each would start a full pass):
+one driver a day, and the job is what reads the dues. The job has no memory of its own: a run that Beat
+doubles changes nothing the second time, and a missed run is caught up by the next (everything due by
+then).
 
 Episodes never decay unless ``decay_episodes`` is on. Then the rule is age, not strength (a chunk has
 none): the chunks of every episode whose event time is more than ``episode_max_age_days`` before ``now``
@@ -44,6 +49,7 @@ class DecayReport(BaseModel):
     now: datetime
     per_day: float
     threshold: float
+    recomputed: int = Field(0, description="facts whose due was recomputed for a changed policy (refresh_dues)")
     users: int = 0
     due: int = 0
     archived: int = 0
@@ -63,7 +69,11 @@ def episode_cutoff(settings: Settings, now: datetime) -> datetime | None:
 
 def decay_users(graph: GraphStore, settings: Settings, now: datetime) -> list[str]:
     """The users decay has work for at ``now``: those with a fact due for archival (the due index), or
-    every stored user while episodes decay too."""
+    every stored user while episodes decay too. First makes the stored dues the settings' policy's
+    (``GraphStore.refresh_dues``: one read, unless ``ENGRAM_DECAY_PER_DAY`` or ``ENGRAM_ARCHIVE_THRESHOLD``
+    changed since the dues were computed, when it recomputes them all), so the due index this reads is
+    the policy's: a fact that now fades sooner is due at its new instant, not its old one."""
+    graph.refresh_dues(batch=settings.maintenance_batch)
     return graph.list_users() if settings.decay_episodes else graph.users_due(now)
 
 
@@ -85,13 +95,17 @@ def run_decay(
         raise InvalidInputError("now", f"must not be in the future (got {when.isoformat()})")
     fading = graph.fading
     if (fading.per_day, fading.threshold) != (settings.decay_per_day, settings.archive_threshold):
-        # The store computed every archive_due_at with its own policy: archiving by another would miss facts.
+        # The store computes (and recomputes, ``decay_users``) every archive_due_at with its own policy:
+        # archiving by another would miss facts. A store opened with other settings is a wiring error.
         raise ConfigError(
             "ENGRAM_DECAY_PER_DAY",
             f"the graph store fades by {fading} but the settings say per_day={settings.decay_per_day}, "
             f"threshold={settings.archive_threshold}: open the store with the same settings",
         )
-    report = DecayReport(now=when, per_day=fading.per_day, threshold=fading.threshold)
+    # The driver recomputed the dues already (``decay_users``: here one read); a run on named users
+    # (`engram maintenance decay --user`) must not archive by stale ones either.
+    recomputed = graph.refresh_dues(batch=settings.maintenance_batch)
+    report = DecayReport(now=when, per_day=fading.per_day, threshold=fading.threshold, recomputed=recomputed)
     users = decay_users(graph, settings, when) if user_ids is None else target_users(graph, user_ids)
     for user_id in users:
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -19,6 +19,7 @@ from engram_api.reader.scoring import fact_strength
 from engram_api.settings import Settings
 from engram_api.storage import GraphStore
 from engram_api.storage.graph.fading import Fading
+from engram_workers.maintenance import decay_users
 from tests.support.factories import at, make_entity, make_fact, plan
 
 PER_DAY, THRESHOLD = 0.9, 0.01
@@ -169,6 +170,84 @@ def test_facts_stored_before_read_time_decay_are_given_their_due_by_the_migratio
     assert faded.decay(user, now=at(20), batch=10) == (1, 1)
     weak, strong = list(old)
     assert {f.id: f.archived for f in faded.get_facts(user, list(old))} == {weak: True, strong: False}
+
+
+# A faster fade than the stored dues were computed with: a fact at 1.0 crosses in ~17.5 days, not ~43.7.
+FASTER = Fading(0.8, 0.02)
+
+
+def test_a_faster_fade_set_after_the_facts_were_written_archives_them_when_the_new_policy_says(
+    faded: GraphStore, user: str
+) -> None:
+    faded.refresh_dues(batch=100)  # the dues' policy recorded: (PER_DAY, THRESHOLD)
+    old = _say(faded, user, [(1.0, 0), (0.6, 1.5), (0.3, 3), (0.9, 5.25), (0.05, 2)])
+    first_day = {
+        fade: {fid: next(d for d in range(1, 80) if fade.faded(s.strength, s.since, _run(d))) for fid, s in old.items()}
+        for fade in (faded.fading, FASTER)
+    }
+    assert all(first_day[FASTER][fid] < first_day[faded.fading][fid] for fid in old)  # their old due: too late
+
+    faded.fading = FASTER  # the settings changed: ENGRAM_DECAY_PER_DAY=0.8, ENGRAM_ARCHIVE_THRESHOLD=0.02
+    settings = Settings(decay_per_day=FASTER.per_day, archive_threshold=FASTER.threshold)
+    archived_on: dict[str, int] = {}
+    for day in range(1, 45):
+        due = decay_users(faded, settings, _run(day))  # the job's driver: recomputes on its first run
+        if day == 1:
+            assert _dues(faded, user) == _fresh_dues(faded, user, FASTER)
+        expected = {fid for fid, d in first_day[FASTER].items() if d == day}
+        assert (user in due) == bool(expected), day
+        assert faded.decay(user, now=_run(day), batch=3) == (len(expected), len(expected)), day
+        for fact in faded.get_facts(user, list(expected)):  # with the strength the closed form gives
+            s = old[fact.id]
+            assert fact.archived and fact.strength == pytest.approx(FASTER.strength_at(s.strength, s.since, _run(day)))
+        archived_on.update(dict.fromkeys(expected, day))
+    assert archived_on == first_day[FASTER]
+    assert faded.refresh_dues(batch=100) == 0  # recorded: later runs read one row
+
+
+def test_a_recompute_that_died_midway_is_finished_by_the_next_run(faded: GraphStore, user: str) -> None:
+    faded.refresh_dues(batch=100)
+    old = _say(faded, user, [(1.0, 0), (0.6, 1), (0.3, 2), (0.8, 3)])
+    before = faded.fading
+    faded.fading = FASTER
+
+    assert len(faded._redue_batch("", 1)) == 1  # a run's first batch of one fact, then the run dies
+    assert faded._recorded_fading() == before  # not recorded: the next run starts again
+    stale = _fresh_dues(faded, user, FASTER).items() - _dues(faded, user).items()
+    assert len(stale) >= len(old) - 1  # a mix of old and new dues is left
+
+    assert faded.refresh_dues(batch=2) >= len(old)  # the next run: every fact again, in batches of 2
+    assert faded._recorded_fading() == FASTER
+    assert _dues(faded, user) == _fresh_dues(faded, user, FASTER)
+    assert faded.refresh_dues(batch=2) == 0
+
+
+def _run(day: int) -> datetime:
+    return at(day) + timedelta(hours=3)
+
+
+def _fresh_dues(store: GraphStore, user: str, fade: Fading) -> dict[str, datetime | None]:
+    """What a fresh computation gives each of the user's unarchived facts."""
+    facts = store.get_facts(user, list(_dues(store, user)))
+    return {f.id: fade.due(f.strength, f.last_decay_at or f.created_at) for f in facts}
+
+
+def _dues(store: GraphStore, user: str) -> dict[str, datetime | None]:
+    """The stored archive_due_at of the user's unarchived facts."""
+    from engram_api.storage.graph.neo4j.connection import Neo4jConnection
+    from engram_api.storage.graph.sqlite import rows as db
+    from engram_api.storage.graph.sqlite.connection import SqliteConnection
+
+    if isinstance(store, SqliteConnection):
+        rows = store._conn().execute("SELECT id, archive_due_at FROM facts WHERE user_id = ? AND archived = 0", (user,))
+        return {r["id"]: db.from_us_opt(r["archive_due_at"]) for r in rows}
+    assert isinstance(store, Neo4jConnection)
+    with store._get_driver().session(database=store._database) as session:
+        result = session.run(
+            "MATCH (f:Fact {user_id: $user_id}) WHERE f.archived = false RETURN f.id AS id, f.archive_due_at AS due",
+            user_id=user,
+        )
+        return {r["id"]: None if r["due"] is None else r["due"].to_native().astimezone(UTC) for r in result}
 
 
 def _forget_dues(store: GraphStore, user: str) -> None:

@@ -89,6 +89,21 @@ def test_a_store_of_another_policy_is_refused(
     assert store.user_version(user) == version and store.stats(user).archived_facts == 0
 
 
+def test_a_run_on_named_users_after_a_policy_change_archives_by_the_new_dues(
+    store: GraphStore, graph: GraphStore, keeper: IndexKeeper, guard: GuardSpy, user: str
+) -> None:
+    store.refresh_dues(batch=10)  # the dues' policy recorded: (PER_DAY, THRESHOLD)
+    weak = UserGraph(store, user).say(WEAK, when=T0, strength=0.5)  # 0.5 * 0.9 ** d < 0.3 after ~4.85 days
+    faster = SETTINGS.model_copy(update={"decay_per_day": 0.5})  # 0.5 * 0.5 ** d < 0.3 after ~0.74 days
+    store.fading = Fading(faster.decay_per_day, faster.archive_threshold)  # the process restarted with it
+
+    report = run_decay(graph=graph, settings=faster, guard=guard, now=at(1), user_ids=[user])
+
+    assert report.recomputed >= 1  # every unarchived fact in the store (a Neo4j one is the session's)
+    assert (report.due, report.archived) == (1, 1)
+    assert _strengths(store, user, [weak[0].id]) == {weak[0].id: (pytest.approx(0.5 * 0.5), True)}
+
+
 def test_the_index_is_restamped_not_rebuilt_and_only_when_something_was_archived(
     store: GraphStore, graph: GraphStore, keeper: IndexKeeper, guard: GuardSpy, user: str
 ) -> None:

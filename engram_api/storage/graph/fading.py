@@ -20,7 +20,9 @@ Invariants:
 - ``due`` is never after the real crossing (it is computed a millisecond early), so a fact the old job
   would have archived at a run is always among the facts due at that run; the job then asks ``faded``,
   the old job's own test, so the facts archived are the old job's;
-- a strength write computes from the effective strength at the write's instant, never the stored one.
+- a strength write computes from the effective strength at the write's instant, never the stored one;
+- the store records the policy its dues were computed with; the decay job, finding another one in its
+  settings, recomputes every unarchived fact's due before it reads any (``GraphStore.refresh_dues``).
 """
 
 from __future__ import annotations

@@ -29,6 +29,7 @@ from engram_api.models import (
     StoredEpisode,
 )
 from engram_api.storage.graph.base import Link, StoreBase, count, distinct, guarded, linked, owned
+from engram_api.storage.graph.fading import Fading
 from engram_api.storage.graph.forgetting import ForgetPlan, ForgetScope, Removed, plan_forget
 
 __all__ = ["UpkeepStore"]
@@ -156,6 +157,42 @@ class UpkeepStore(StoreBase):
     def users_due(self, now: datetime) -> list[str]:
         """The users with a fact due for archival at ``now`` (``archive_due_at`` at or before it), sorted:
         the decay job's to-do list, read from the due index alone."""
+
+    def refresh_dues(self, *, batch: int) -> int:
+        """Make every stored ``archive_due_at`` this store's policy's (``fading``): when the policy the
+        dues were computed with (recorded in the store) is another one, or none is recorded (a store from
+        before the record, or a new one), recompute the due of every unarchived fact from its stored
+        strength and reference instant, in transactions of at most ``batch`` facts (by id), then record
+        the policy. Nothing when the recorded policy is this one (one read). Returns the facts recomputed.
+
+        Resumable: the policy is recorded only after the last batch, and a batch's result depends on the
+        fact alone, so a run that died midway leaves the old record and the next run redoes it all (a
+        fact already recomputed gets the same due again). It holds no user's lock: a batch sets the due of
+        a fact only as it read it, so a strength write in between keeps the due it computed itself (with
+        the writer's policy: the same one when every process has the same settings)."""
+        if batch < 1:
+            raise InvalidInputError("batch", f"must be >= 1 (got {batch})")
+        if self._recorded_fading() == self.fading:
+            return 0
+        done, after = 0, ""
+        while ids := self._redue_batch(after, batch):
+            done, after = done + len(ids), ids[-1]
+        self._record_fading(self.fading)
+        return done
+
+    @abstractmethod
+    def _recorded_fading(self) -> Fading | None:
+        """The policy the stored dues were computed with (``refresh_dues`` records it); None: none recorded."""
+
+    @abstractmethod
+    def _record_fading(self, fading: Fading) -> None:
+        """Record ``fading`` as the policy of the stored dues (one small write)."""
+
+    @abstractmethod
+    def _redue_batch(self, after: str, batch: int) -> list[str]:
+        """One transaction: the first ``batch`` unarchived facts (every user's) with an id above ``after``,
+        by id, get ``fading.due`` of their stored strength and reference instant, each only if unchanged
+        since read. Returns their ids."""
 
     @abstractmethod
     @guarded(owned("clusters"), nothing=lambda: None)

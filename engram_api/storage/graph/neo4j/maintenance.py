@@ -7,6 +7,7 @@ maintenance write that changes what recall can return bumps the user's version i
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from datetime import UTC, datetime
 from typing import Any, cast
@@ -15,6 +16,7 @@ from neo4j import ManagedTransaction
 
 from engram_api.models import ClusterRecord, FeedbackRow, LearnedWeights, utcnow
 from engram_api.storage.graph.contract import Link
+from engram_api.storage.graph.fading import Fading
 from engram_api.storage.graph.neo4j import cypher as cy
 from engram_api.storage.graph.neo4j import rows as shape
 from engram_api.storage.graph.neo4j.connection import Neo4jConnection, bump
@@ -52,6 +54,30 @@ class Neo4jMaintenance(Neo4jConnection):
 
     def users_due(self, now: datetime) -> list[str]:
         return [r["user_id"] for r in self._read_one(cy.Q_USERS_DUE, {"now": shape.utc(now)})]
+
+    def _recorded_fading(self) -> Fading | None:
+        found = self._read_one(cy.Q_FADING, {})
+        return Fading(float(found[0]["per_day"]), float(found[0]["threshold"])) if found else None
+
+    def _record_fading(self, fading: Fading) -> None:
+        self._write(lambda tx: tx.run(cy.Q_SET_FADING, dataclasses.asdict(fading)).consume())
+
+    def _redue_batch(self, after: str, batch: int) -> list[str]:
+        def work(tx: ManagedTransaction) -> list[str]:
+            rows = [
+                {
+                    "id": r["id"],
+                    "strength": r["strength"],
+                    "since_us": r["since_us"],
+                    "due": self.fading.due(float(r["strength"]), _native(r["since"])),
+                }
+                for r in tx.run(cy.Q_REDUE_FACTS, after=after, batch=int(batch))
+            ]
+            if rows:
+                tx.run(cy.Q_REDUE_SET, rows=rows).consume()
+            return [r["id"] for r in rows]
+
+        return self._write(work)
 
     def reinforce(self, user_id: str, fact_ids: list[str], *, amount: float, now: datetime) -> int:
         params = {"user_id": user_id, "ids": fact_ids, "now": shape.utc(now)}

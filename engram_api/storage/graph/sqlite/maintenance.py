@@ -8,11 +8,14 @@ Encodings as in ``sqlite_store``: datetimes are INTEGER microseconds, embeddings
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from datetime import datetime
 from typing import Any
 
 from engram_api.models import SCORE_COMPONENTS, WEIGHT_FIELDS, ClusterRecord, FeedbackRow, LearnedWeights
 from engram_api.storage.graph.contract import Link
+from engram_api.storage.graph.fading import Fading
 from engram_api.storage.graph.sqlite import rows as db
 from engram_api.storage.graph.sqlite.connection import SqliteConnection
 
@@ -54,6 +57,31 @@ class SqliteMaintenance(SqliteConnection):
             (db.to_us(now),),
         )
         return [r[0] for r in rows]
+
+    def _recorded_fading(self) -> Fading | None:
+        row = self._conn().execute("SELECT value FROM meta WHERE name = 'fading'").fetchone()
+        return None if row is None else Fading(**json.loads(row["value"]))
+
+    def _record_fading(self, fading: Fading) -> None:
+        with self._write() as conn:
+            conn.execute(
+                "INSERT INTO meta (name, value) VALUES ('fading', ?)"
+                " ON CONFLICT (name) DO UPDATE SET value = excluded.value",
+                (json.dumps(dataclasses.asdict(fading)),),
+            )
+
+    def _redue_batch(self, after: str, batch: int) -> list[str]:
+        with self._write() as conn:
+            rows = conn.execute(
+                "SELECT id, strength, COALESCE(last_decay_at, created_at) AS since FROM facts"
+                " WHERE id > ? AND archived = 0 ORDER BY id LIMIT ?",
+                (after, batch),
+            ).fetchall()
+            conn.executemany(
+                "UPDATE facts SET archive_due_at = ? WHERE id = ?",
+                [(db.to_us_opt(self.fading.due(r["strength"], db.from_us(r["since"]))), r["id"]) for r in rows],
+            )
+        return [r["id"] for r in rows]
 
     def reinforce(self, user_id: str, fact_ids: list[str], *, amount: float, now: datetime) -> int:
         now_us = db.to_us(now)

@@ -178,6 +178,13 @@ CREATE TABLE IF NOT EXISTS weights (
     fitted_at         INTEGER NOT NULL
 );
 
+-- Facts about the store itself, one row a name: 'fading' is the decay policy the stored archive_due_at
+-- values were computed with (JSON; ``GraphStore.refresh_dues``).
+CREATE TABLE IF NOT EXISTS meta (
+    name  TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+);
+
 -- The ids each write deleted, by the version it committed: a FAISS copy catches up by them (``vectorsync``).
 CREATE TABLE IF NOT EXISTS removals (
     user_id TEXT    NOT NULL,

@@ -2,13 +2,16 @@
 jobs (``neo4j.maintenance``: decay, reinforcement, clusters, feedback, learned weights).
 
 Invariants: the package's (``neo4j.cypher``): every query filters on ``$user_id``, and model-provided text
-is only ever a parameter.
+is only ever a parameter. The exceptions are store-wide by design and return or write no user's content:
+the decay driver's users with a fact due, the due backfill and the due recompute after a policy change
+(ids, strengths and instants only), and the policy record.
 """
 
 from __future__ import annotations
 
 from engram_api.models import FeedbackRow
 from engram_api.storage.graph.neo4j.cypher.schema import projection
+from engram_api.storage.graph.neo4j.episodes import MICROS
 
 __all__ = [
     "FORGET_USER_LABELS",
@@ -21,6 +24,7 @@ __all__ = [
     "Q_CLUSTERS_LINK_FACTS",
     "Q_CLUSTER_MEMBERS",
     "Q_DUE_SET",
+    "Q_FADING",
     "Q_FEEDBACK_ADD",
     "Q_FEEDBACK_ALL",
     "Q_FEEDBACK_USER",
@@ -32,8 +36,11 @@ __all__ = [
     "Q_FORGET_PLAN",
     "Q_FORGET_RESTORE",
     "Q_FORGET_USER_SCAN",
+    "Q_REDUE_FACTS",
+    "Q_REDUE_SET",
     "Q_REINFORCE_READ",
     "Q_REINFORCE_SET",
+    "Q_SET_FADING",
     "Q_UNDUE_FACTS",
     "Q_UNDUE_FACT_USERS",
     "Q_USERS_DUE",
@@ -144,6 +151,33 @@ MATCH (f:Fact) WHERE f.archived = false AND f.archive_due_at IS NULL RETURN DIST
 Q_UNDUE_FACTS = """
 MATCH (f:Fact {user_id: $user_id}) WHERE f.archived = false AND f.archive_due_at IS NULL
 RETURN f.id AS id, f.strength AS strength, coalesce(f.last_decay_at, f.created_at) AS since
+"""
+# The decay policy the stored dues were computed with (``GraphStore.refresh_dues``), on the schema marker
+# (`engram migrate` sets only its version and migrated_at, so it keeps them; a process opens only a
+# migrated database, so the node is there).
+Q_FADING = """
+MATCH (s:EngramSchema {name: 'engram'}) WHERE s.decay_per_day IS NOT NULL
+RETURN s.decay_per_day AS per_day, s.archive_threshold AS threshold
+"""
+Q_SET_FADING = """
+MATCH (s:EngramSchema {name: 'engram'}) SET s.decay_per_day = $per_day, s.archive_threshold = $threshold
+"""
+# The recompute after a policy change: every user's unarchived facts, a page by id (engram_fact_id's index).
+# The reference instant comes back as epoch microseconds too, to compare with, not a DateTime: one sent
+# back as a parameter need not equal the stored one (its zone).
+_SINCE = "coalesce(f.last_decay_at, f.created_at)"
+Q_REDUE_FACTS = f"""
+MATCH (f:Fact) WHERE f.id > $after AND f.archived = false
+WITH f ORDER BY f.id LIMIT $batch
+RETURN f.id AS id, f.strength AS strength, {_SINCE} AS since, {MICROS.format(t=_SINCE)} AS since_us
+"""
+# Only a fact still as read: no user lock is held, so a write in between (a reinforcement, a restatement,
+# an archival) keeps the due it computed itself.
+Q_REDUE_SET = f"""
+UNWIND $rows AS r
+MATCH (f:Fact {{id: r.id}})
+WHERE f.archived = false AND f.strength = r.strength AND {MICROS.format(t=_SINCE)} = r.since_us
+SET f.archive_due_at = r.due
 """
 Q_REINFORCE_READ = """
 UNWIND $ids AS fid
