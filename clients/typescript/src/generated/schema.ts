@@ -1277,6 +1277,17 @@ export interface operations {
                     "application/problem+json": components["schemas"]["Problem"];
                 };
             };
+            /** @description Misdirected Request: this gateway serves one cell (ENGRAM_CELL_INDEX) and the user is another's (problem type urn:engram:problem:wrong-cell, its field naming the user id); nothing was read or written. Send the request to the cell in Engram-Cell. */
+            421: {
+                headers: {
+                    /** @description the user's cell (0-based) */
+                    "Engram-Cell"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
             /** @description Too Many Requests */
             429: {
                 headers: {
@@ -1349,6 +1360,17 @@ export interface operations {
             /** @description Request Entity Too Large */
             413: {
                 headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Misdirected Request: this gateway serves one cell (ENGRAM_CELL_INDEX) and the user is another's (problem type urn:engram:problem:wrong-cell, its field naming the user id); nothing was read or written. Send the request to the cell in Engram-Cell. */
+            421: {
+                headers: {
+                    /** @description the user's cell (0-based) */
+                    "Engram-Cell"?: number;
                     [name: string]: unknown;
                 };
                 content: {
@@ -1441,6 +1463,17 @@ export interface operations {
                     "application/problem+json": components["schemas"]["Problem"];
                 };
             };
+            /** @description Misdirected Request: this gateway serves one cell (ENGRAM_CELL_INDEX) and the user is another's (problem type urn:engram:problem:wrong-cell, its field naming the user id); nothing was read or written. Send the request to the cell in Engram-Cell. */
+            421: {
+                headers: {
+                    /** @description the user's cell (0-based) */
+                    "Engram-Cell"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
             /** @description Too Many Requests */
             429: {
                 headers: {
@@ -1515,6 +1548,17 @@ export interface operations {
             /** @description Request Entity Too Large */
             413: {
                 headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Misdirected Request: this gateway serves one cell (ENGRAM_CELL_INDEX) and the user is another's (problem type urn:engram:problem:wrong-cell, its field naming the user id); nothing was read or written. Send the request to the cell in Engram-Cell. */
+            421: {
+                headers: {
+                    /** @description the user's cell (0-based) */
+                    "Engram-Cell"?: number;
                     [name: string]: unknown;
                 };
                 content: {
@@ -1607,6 +1651,17 @@ export interface operations {
                     "application/problem+json": components["schemas"]["Problem"];
                 };
             };
+            /** @description Misdirected Request: this gateway serves one cell (ENGRAM_CELL_INDEX) and the user is another's (problem type urn:engram:problem:wrong-cell, its field naming the user id); nothing was read or written. Send the request to the cell in Engram-Cell. */
+            421: {
+                headers: {
+                    /** @description the user's cell (0-based) */
+                    "Engram-Cell"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
             /** @description Too Many Requests */
             429: {
                 headers: {
@@ -1677,6 +1732,17 @@ export interface operations {
             /** @description Request Entity Too Large */
             413: {
                 headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Misdirected Request: this gateway serves one cell (ENGRAM_CELL_INDEX) and the user is another's (problem type urn:engram:problem:wrong-cell, its field naming the user id); nothing was read or written. Send the request to the cell in Engram-Cell. */
+            421: {
+                headers: {
+                    /** @description the user's cell (0-based) */
+                    "Engram-Cell"?: number;
                     [name: string]: unknown;
                 };
                 content: {
@@ -1763,6 +1829,17 @@ export interface operations {
                     "application/problem+json": components["schemas"]["Problem"];
                 };
             };
+            /** @description Misdirected Request: this gateway serves one cell (ENGRAM_CELL_INDEX) and the user is another's (problem type urn:engram:problem:wrong-cell, its field naming the user id); nothing was read or written. Send the request to the cell in Engram-Cell. */
+            421: {
+                headers: {
+                    /** @description the user's cell (0-based) */
+                    "Engram-Cell"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
             /** @description Too Many Requests */
             429: {
                 headers: {
@@ -1843,6 +1920,17 @@ export interface operations {
                     "application/problem+json": components["schemas"]["Problem"];
                 };
             };
+            /** @description Misdirected Request: this gateway serves one cell (ENGRAM_CELL_INDEX) and the user is another's (problem type urn:engram:problem:wrong-cell, its field naming the user id); nothing was read or written. Send the request to the cell in Engram-Cell. */
+            421: {
+                headers: {
+                    /** @description the user's cell (0-based) */
+                    "Engram-Cell"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
             /** @description Too Many Requests */
             429: {
                 headers: {
@@ -1917,6 +2005,17 @@ export interface operations {
             /** @description Request Entity Too Large */
             413: {
                 headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Misdirected Request: this gateway serves one cell (ENGRAM_CELL_INDEX) and the user is another's (problem type urn:engram:problem:wrong-cell, its field naming the user id); nothing was read or written. Send the request to the cell in Engram-Cell. */
+            421: {
+                headers: {
+                    /** @description the user's cell (0-based) */
+                    "Engram-Cell"?: number;
                     [name: string]: unknown;
                 };
                 content: {
@@ -2004,6 +2103,17 @@ export interface operations {
                     "application/problem+json": components["schemas"]["Problem"];
                 };
             };
+            /** @description Misdirected Request: this gateway serves one cell (ENGRAM_CELL_INDEX) and the user is another's (problem type urn:engram:problem:wrong-cell, its field naming the user id); nothing was read or written. Send the request to the cell in Engram-Cell. */
+            421: {
+                headers: {
+                    /** @description the user's cell (0-based) */
+                    "Engram-Cell"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
             /** @description Too Many Requests */
             429: {
                 headers: {
@@ -2077,6 +2187,17 @@ export interface operations {
             /** @description Request Entity Too Large */
             413: {
                 headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Misdirected Request: this gateway serves one cell (ENGRAM_CELL_INDEX) and the user is another's (problem type urn:engram:problem:wrong-cell, its field naming the user id); nothing was read or written. Send the request to the cell in Engram-Cell. */
+            421: {
+                headers: {
+                    /** @description the user's cell (0-based) */
+                    "Engram-Cell"?: number;
                     [name: string]: unknown;
                 };
                 content: {
@@ -2159,6 +2280,17 @@ export interface operations {
                     "application/problem+json": components["schemas"]["Problem"];
                 };
             };
+            /** @description Misdirected Request: this gateway serves one cell (ENGRAM_CELL_INDEX) and the user is another's (problem type urn:engram:problem:wrong-cell, its field naming the user id); nothing was read or written. Send the request to the cell in Engram-Cell. */
+            421: {
+                headers: {
+                    /** @description the user's cell (0-based) */
+                    "Engram-Cell"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
             /** @description Too Many Requests */
             429: {
                 headers: {
@@ -2229,6 +2361,17 @@ export interface operations {
             /** @description Request Entity Too Large */
             413: {
                 headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Misdirected Request: this gateway serves one cell (ENGRAM_CELL_INDEX) and the user is another's (problem type urn:engram:problem:wrong-cell, its field naming the user id); nothing was read or written. Send the request to the cell in Engram-Cell. */
+            421: {
+                headers: {
+                    /** @description the user's cell (0-based) */
+                    "Engram-Cell"?: number;
                     [name: string]: unknown;
                 };
                 content: {
@@ -2321,6 +2464,17 @@ export interface operations {
                     "application/problem+json": components["schemas"]["Problem"];
                 };
             };
+            /** @description Misdirected Request: this gateway serves one cell (ENGRAM_CELL_INDEX) and the user is another's (problem type urn:engram:problem:wrong-cell, its field naming the user id); nothing was read or written. Send the request to the cell in Engram-Cell. */
+            421: {
+                headers: {
+                    /** @description the user's cell (0-based) */
+                    "Engram-Cell"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
             /** @description Too Many Requests */
             429: {
                 headers: {
@@ -2401,6 +2555,17 @@ export interface operations {
             /** @description Request Entity Too Large */
             413: {
                 headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Misdirected Request: this gateway serves one cell (ENGRAM_CELL_INDEX) and the user is another's (problem type urn:engram:problem:wrong-cell, its field naming the user id); nothing was read or written. Send the request to the cell in Engram-Cell. */
+            421: {
+                headers: {
+                    /** @description the user's cell (0-based) */
+                    "Engram-Cell"?: number;
                     [name: string]: unknown;
                 };
                 content: {
@@ -2831,6 +2996,17 @@ export interface operations {
             /** @description Not Found */
             404: {
                 headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Misdirected Request: this gateway serves one cell (ENGRAM_CELL_INDEX) and the user is another's (problem type urn:engram:problem:wrong-cell, its field naming the user id); nothing was read or written. Send the request to the cell in Engram-Cell. */
+            421: {
+                headers: {
+                    /** @description the user's cell (0-based) */
+                    "Engram-Cell"?: number;
                     [name: string]: unknown;
                 };
                 content: {
