@@ -107,7 +107,7 @@ def test_llm_quality_bench_sends_speakers_owner_and_earlier_turns():
     offline = [build_envelope(Settings(), **dict(i)) for i in locomo.ingest_items("u1", "Caroline", turns, 0, False)]
     assert offline[0].text == "turn 1" and offline[0].earlier == [] and offline[0].owner_name is None
     # Without an LLM the two turns before go along too: a chunk's vector carries the question it answers.
-    assert [(m.name, m.content) for m in offline[-1].earlier] == [("Melanie", "turn 7"), ("Caroline", "turn 8")]
+    assert [(m.name, m.content) for m in offline[-1].earlier] == [("Caroline", "turn 7"), ("Melanie", "turn 8")]
 
 
 def test_quality_bench_runs_the_chosen_conversations_and_names_an_unknown_one():
