@@ -104,7 +104,10 @@ def test_llm_quality_bench_sends_speakers_owner_and_earlier_turns():
     assert last.owner_name == "Caroline" and last.messages[0].name == "Caroline"
     assert [m.content for m in last.earlier] == [f"turn {i}" for i in range(3, 9)]
     assert last.earlier[0].name == "Caroline" and last.earlier[1].name == "Melanie"
-    assert locomo.ingest_items("u1", "Caroline", turns, 0, False)[0]["messages"] == "turn 1"
+    offline = [build_envelope(Settings(), **dict(i)) for i in locomo.ingest_items("u1", "Caroline", turns, 0, False)]
+    assert offline[0].text == "turn 1" and offline[0].earlier == [] and offline[0].owner_name is None
+    # Without an LLM the two turns before go along too: a chunk's vector carries the question it answers.
+    assert [(m.name, m.content) for m in offline[-1].earlier] == [("Caroline", "turn 7"), ("Melanie", "turn 8")]
 
 
 def test_quality_bench_runs_the_chosen_conversations_and_names_an_unknown_one():

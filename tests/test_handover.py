@@ -128,6 +128,25 @@ def test_apply_does_not_encode_the_text_whose_vector_extract_handed_over(stack: 
     assert np.allclose(stored, carried.for_texts(ctx.embedder, [SECOND])[SECOND], atol=1e-6)
 
 
+def test_a_chunk_that_answers_an_earlier_turn_is_embedded_with_it_and_not_from_the_hand_over(stack: Stack) -> None:
+    ctx, recorded = process(stack)
+    user = new_user()
+    extract(ctx, stack, user, "m0", FIRST, 0)
+    apply(ctx, user, "m0")
+    question = {"role": "assistant", "content": "Who in your family works in a hospital?"}
+    stack.client.enqueue(user, SECOND, message_id="m1", timestamp=T0 + timedelta(days=1), earlier=[question])
+    assert run_extract(ctx, user, "m1").outcome is StageOutcome.LLM
+    assert handed_over(stack, user, "m1").vectors is None  # the query's vector is not the chunk's: not carried
+
+    recorded.calls.clear()
+    apply(ctx, user, "m1")
+    embedded = f"{SECOND}\n(replying to assistant: {question['content']})"
+    assert embedded in recorded.texts() and len(recorded.calls) == 1
+    stored = memory(stack, user)[("episode", SECOND)]  # the keyword document and the text shown: the words
+    assert np.allclose(stored, ctx.embedder.encode([embedded])[0], atol=1e-5)
+    assert not np.allclose(stored, ctx.embedder.encode([SECOND])[0], atol=1e-2)
+
+
 def _foreign(model: str, dim: int) -> CarriedVectors:
     """Another model's vector for SECOND: unrelated numbers, which would show in the memory if used."""
     vector = np.random.default_rng(7).standard_normal(dim).astype("<f4")

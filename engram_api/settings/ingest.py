@@ -55,6 +55,12 @@ class IngestSettings(BaseModel):
     llm_context_turns: int = Field(
         6, ge=0, le=20, description="the user's earlier messages shown to the extractor as context (0 = none)"
     )
+    chunk_embed_context: Literal["none", "other_turn", "prev_turn", "dated"] = Field(
+        "other_turn",
+        description="what an episode chunk's vector is made from beside its words: other_turn (the last turn of "
+        "another speaker before it in the message or its `earlier` turns: the question a short answer answers), "
+        "prev_turn (the turn right before), dated (its date), none (the words alone); stored vectors keep theirs",
+    )
     llm_output_mode: Literal["auto", "schema", "json"] = Field(
         "auto",
         description="how the answer's shape is asked for: schema (the extraction's JSON Schema; litellm sends it "

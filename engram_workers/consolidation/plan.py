@@ -59,7 +59,7 @@ from engram_api.naming import (
 )
 from engram_api.storage.faiss.files import Kind, UserIndex, VectorHit
 from engram_api.storage.graph.contract import GraphStore
-from engram_api.storage.graph.episodes import chunk_envelope, episode_text
+from engram_api.storage.graph.episodes import EmbedContext, chunk_envelope, embedded_texts, episode_text
 from engram_workers.consolidation.resolution import Resolver, Vectors, hashed_id, named_entities
 from engram_workers.consolidation.stance import read_stance
 from engram_workers.consolidation.timeline import late_ends, supersede_single
@@ -82,19 +82,23 @@ class Incoming:
     extraction: Extraction
     usage: Usage
     chunks: tuple[ChunkRecord, ...]
+    embedded: tuple[str, ...]
     texts: tuple[str, ...]
 
     @classmethod
-    def of(cls, envelope: Envelope, extraction: Extraction, usage: Usage) -> Incoming:
+    def of(
+        cls, envelope: Envelope, extraction: Extraction, usage: Usage, embed_context: EmbedContext = "other_turn"
+    ) -> Incoming:
         named = named_entities(extraction)
         chunks = tuple(chunk_envelope(envelope))
+        embedded = tuple(embedded_texts(envelope, list(chunks), embed_context))
         # A fact may name a thing instead of referring to a listed entity: that name gets an entity too.
         listed = {e.ref for e in named.entities} | {SELF_REF}
         refs = [r.strip()[:200] for f in named.facts for r in (f.subject, f.object or "") if r and r not in listed]
         statements = [" ".join(f.statement.split())[:1000] for f in named.facts]
         names = [e.name for e in named.entities]
-        texts = (*names, *refs, *statements, "User", *(c.indexed_text for c in chunks))
-        return cls(envelope, named, usage, chunks, texts)
+        texts = (*names, *refs, *statements, "User", *embedded)
+        return cls(envelope, named, usage, chunks, embedded, texts)
 
 
 @dataclass
@@ -276,7 +280,10 @@ def plan_message(message: Incoming, *, graph: GraphStore, index: UserIndex, vect
     envelope, extraction = message.envelope, message.extraction
     uid, mid = envelope.user_id, envelope.message_id
     # Copies: the message's chunks are planned again, unchanged, after a replay or a re-plan.
-    chunks = [c.model_copy(update={"embedding": vectors(c.indexed_text).tolist()}) for c in message.chunks]
+    chunks = [
+        c.model_copy(update={"embedding": vectors(t).tolist()})
+        for c, t in zip(message.chunks, message.embedded, strict=True)
+    ]
     resolver = Resolver(
         user_id=uid, message_id=mid, graph=graph, vectors=vectors, index=index, owner_name=envelope.owner_name
     )

@@ -66,7 +66,12 @@ def _apply_locked(
         set_state(ctx, user_id, message_id, MessageState.QUEUED)
         ctx.dispatch(keys.EXTRACT_TASK, (user_id, message_id))
         return StageResult(StageOutcome.SENT_BACK, "extraction missing")
-    return apply_batch(ctx, write, Member.handed(envelope, HandOver.model_validate_json(found.extraction)), claim)
+    return apply_batch(
+        ctx,
+        write,
+        Member.handed(envelope, HandOver.model_validate_json(found.extraction), ctx.settings.chunk_embed_context),
+        claim,
+    )
 
 
 def run_apply(ctx: WorkerResources, user_id: str, message_id: str, *, first_start: bool = False) -> StageResult:

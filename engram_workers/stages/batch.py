@@ -71,7 +71,13 @@ def _load(ctx: WorkerResources, user_id: str, message_ids: list[str]) -> list[Me
         if payload is None or stored is None:
             continue
         try:
-            members.append(Member.handed(Envelope.model_validate_json(payload), HandOver.model_validate_json(stored)))
+            members.append(
+                Member.handed(
+                    Envelope.model_validate_json(payload),
+                    HandOver.model_validate_json(stored),
+                    ctx.settings.chunk_embed_context,
+                )
+            )
         except ValidationError as exc:
             log.warning("apply batch: %s left to its own task (unreadable: %s)", mid, type(exc).__name__)
     return members

@@ -6,7 +6,7 @@ pydantic. Transient failures retry with backoff and jitter; after ``llm_max_atte
 dead-lettered with the reason and the raw answer. The extraction is stored in Redis before the apply task
 is published, so a retried apply never calls the LLM again. When the message is one chunk, its
 slim-context query is that chunk's text, and the vector goes with the extraction (``engram_workers.stages.handover``):
-apply then does not encode the chunk again.
+apply then does not encode the chunk again, unless the chunk's vector carries an earlier turn (``chunk_embed_context``).
 
 A message of the LLM path is extracted only while it holds its user's turn (``engram_api.ledger.turns``, on
 by ``extract_in_order``): the user's messages reach the model one at a time in event-time order, each after
@@ -27,7 +27,7 @@ from engram_api import keys, tracing
 from engram_api.errors import BreakerOpenError, LLMError, StoreUnavailableError
 from engram_api.models import Envelope, EpisodeRecord, Extraction, MessageState, StageOutcome, StageResult, Usage
 from engram_api.naming import SINGLE_VALUED, self_entity_id
-from engram_api.storage.graph.episodes import chunk_envelope
+from engram_api.storage.graph.episodes import EmbedContext, chunk_envelope, embedded_texts
 from engram_api.versions import ABSENT, Stamp
 from engram_workers import metrics
 from engram_workers.extraction.llm import Completion, LLMAnswer, call_llm
@@ -50,12 +50,12 @@ __all__ = ["run_extract"]
 _CONTEXT_ITEMS = 8
 
 
-def _query(envelope: Envelope) -> tuple[str, bool]:
+def _query(envelope: Envelope, embed_context: EmbedContext) -> tuple[str, bool]:
     """The slim-context query text, and whether apply embeds that very text (as the message's one chunk)."""
     chunks = chunk_envelope(envelope)
     if len(chunks) == 1:
         # The same words as the whole text: chunking only folds whitespace, which the tokenizer ignores.
-        return chunks[0].text, chunks[0].indexed_text == chunks[0].text
+        return chunks[0].text, embedded_texts(envelope, chunks, embed_context)[0] == chunks[0].text
     return envelope.text[:2000], False
 
 
@@ -83,7 +83,7 @@ def read_prompt_inputs(ctx: WorkerResources, envelope: Envelope, published: Stam
     if stamp == ABSENT:  # a user the store has never seen has no memory and no earlier episodes
         return PromptInputs(SlimContext(), [], {})
     index = ctx.keeper.current(uid, stamp)
-    text, apply_needs_it = _query(envelope)
+    text, apply_needs_it = _query(envelope, ctx.settings.chunk_embed_context)
     query = ctx.queries.encode_one(text)
     hits = index.search(query, _CONTEXT_ITEMS * 2)
     turns = 0 if envelope.earlier else ctx.settings.llm_context_turns  # the producer's turns are the context

@@ -44,6 +44,7 @@ from engram_api.models import ApplyOutcome, Envelope, StageOutcome, StageResult
 from engram_api.storage.embedding.embedder import Embedder
 from engram_api.storage.faiss.files import Kind, UserIndex
 from engram_api.storage.graph.contract import GraphStore
+from engram_api.storage.graph.episodes import EmbedContext
 from engram_api.storage.writer.userwrite import UserWrite
 from engram_api.versions import Stamp
 from engram_workers.consolidation.plan import Incoming, Planned, plan_message
@@ -64,9 +65,10 @@ class Member:
     carried: CarriedVectors | None = None
 
     @classmethod
-    def handed(cls, envelope: Envelope, handed: HandOver) -> Member:
-        """The member for a stored message and the extraction extract handed over for it."""
-        return cls(Incoming.of(envelope, handed.extraction, handed.usage), handed.vectors)
+    def handed(cls, envelope: Envelope, handed: HandOver, embed_context: EmbedContext = "other_turn") -> Member:
+        """The member for a stored message and the extraction extract handed over for it; ``embed_context``:
+        what a chunk's vector carries beside its words (``Settings.chunk_embed_context``)."""
+        return cls(Incoming.of(envelope, handed.extraction, handed.usage, embed_context), handed.vectors)
 
     @property
     def message_id(self) -> str:

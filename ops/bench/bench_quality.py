@@ -181,7 +181,7 @@ def run(ctx: BenchContext) -> BenchResult:
             "LoCoMo rows use the OFFLINE RULE EXTRACTOR (no LLM): first-person facts only; every turn is also "
             "kept as an episode, so hybrid recall is not limited by extraction coverage",
             "recall@k = share of a question's evidence dia_ids among the source ids of the top-k items; "
-            "MRR over the top 10; naive RAG embeds 'Speaker: text' like Engram's episodes (the fair baseline)",
+            "MRR over the top 10; naive RAG embeds 'Speaker: text' (Engram's episodes embed that and the other speaker's turn before)",
             "sample_20 'answer found' = every answer word (3+ letters, stop words aside) is in the context; "
             "stale values of the knowledge-update cases are our annotation (ltm_script.STALE)",
             "sample_20 sessions are a week apart, each applied before the next is sent; a scripted answer that "

@@ -107,10 +107,17 @@ def ingest_items(
 ) -> list[dict[str, Any]]:
     """enqueue_many items for turns[lo:lo+500]. For an LLM (``engram bench --llm``) each turn names its
     speaker, the first speaker is the memory owner and the preceding turns go along as ``earlier``."""
-    if not llm:
+    if not llm:  # the two turns before go along as ``earlier`` (the extractor ignores it; chunk vectors may not)
         return [
-            {"user_id": user, "messages": text, "message_id": dia, "timestamp": when, "metadata": {"speaker": who}}
-            for dia, who, text, when in turns[lo : lo + 500]
+            {
+                "user_id": user,
+                "messages": text,
+                "message_id": dia,
+                "timestamp": when,
+                "metadata": {"speaker": who},
+                "earlier": [{"role": "user", "name": t[1], "content": t[2]} for t in turns[max(0, i - 2) : i]],
+            }
+            for i, (dia, who, text, when) in enumerate(turns[lo : lo + 500], start=lo)
         ]
     return [
         {

@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import re
 from datetime import datetime
+from typing import Literal
 
 from engram_api.models import ChunkRecord, Envelope, EpisodeRecord
 
@@ -24,6 +25,7 @@ __all__ = [
     "chunk_envelope",
     "chunk_episode",
     "chunk_id",
+    "embedded_texts",
     "episode_text",
     "keyword_terms",
     "split_chunks",
@@ -268,3 +270,30 @@ def chunk_envelope(envelope: Envelope) -> list[ChunkRecord]:
                 _chunk(envelope.user_id, envelope.message_id, seq, text, speaker, message.role, envelope.timestamp)
             )
     return chunks
+
+
+EmbedContext = Literal["none", "other_turn", "prev_turn", "dated"]
+
+
+def embedded_texts(envelope: Envelope, chunks: list[ChunkRecord], context: EmbedContext) -> list[str]:
+    """The text each chunk's vector is made from (the keyword document stays ``indexed_text``).
+
+    ``none``: ``indexed_text``. ``other_turn``: after it, the last turn before the chunk's message that
+    another speaker said (the question a short answer answers), from the envelope's own earlier messages
+    or, before them, its ``earlier`` turns; ``prev_turn``: the turn right before, whoever said it;
+    ``dated``: the message's date before it. Only what the envelope carries is used, so the text is the
+    same however the user's messages are batched or ordered at apply."""
+    if context == "none":
+        return [c.indexed_text for c in chunks]
+    if context == "dated":
+        return [f"[{c.event_time.date().isoformat()}] {c.indexed_text}" for c in chunks]
+    turns = [(m.name or m.role, m.content) for m in envelope.earlier]
+    out: list[str] = []
+    for message in envelope.messages:
+        speaker = _speaker(envelope, message, message.role)
+        before = next((t for t in reversed(turns) if context == "prev_turn" or t[0] != speaker), None)
+        for c in chunks[len(out) : len(out) + len(split_chunks(message.content))]:
+            reply = "" if before is None else f"\n(replying to {before[0]}: {before[1][:300]})"
+            out.append(c.indexed_text + reply)
+        turns.append((speaker, message.content))
+    return out
