@@ -52,7 +52,7 @@ def test_written_rows_show_their_embeddings_in_a_few_characters() -> None:
         id="c1", user_id="u1", episode_id="m1", seq=0, text="I like tea", speaker="Alice", event_time=T0,
         embedding=EMBEDDING,
     )  # fmt: skip
-    rows = [shape.entity_props(entity, "u1"), shape.fact_props(fact, "u1"), shape.chunk_props(chunk, "u1", "m1")]
+    rows = [shape.entity_props(entity, "u1"), shape.fact_props(fact, "u1", None), shape.chunk_props(chunk, "u1", "m1")]
     for row in rows:
         assert row["embedding"] == EMBEDDING
         assert repr(row["embedding"]) == "<vector of 384>"
@@ -61,7 +61,7 @@ def test_written_rows_show_their_embeddings_in_a_few_characters() -> None:
 
 def test_a_missing_embedding_stays_null() -> None:
     fact = make_fact("u1", make_entity("u1", "Alice"), "likes tea", embedding=False)
-    assert shape.fact_props(fact, "u1")["embedding"] is None
+    assert shape.fact_props(fact, "u1", None)["embedding"] is None
 
 
 @pytest.mark.parametrize(
@@ -87,9 +87,15 @@ def test_written_rows_carry_no_datetime_for_the_driver_to_convert() -> None:
     chunk = ChunkRecord(
         id="c1", user_id="u1", episode_id="m1", seq=0, text="I like tea", speaker="Alice", event_time=T0
     )
-    for row in (shape.entity_props(entity, "u1"), shape.fact_props(fact, "u1"), shape.chunk_props(chunk, "u1", "m1")):
+    due = T0 + timedelta(days=30)
+    for row in (
+        shape.entity_props(entity, "u1"),
+        shape.fact_props(fact, "u1", due),
+        shape.chunk_props(chunk, "u1", "m1"),
+    ):
         assert not [k for k, v in row.items() if isinstance(v, datetime)]
-    assert shape.fact_props(fact, "u1")["valid_until"] == shape.instant(T0 + timedelta(days=1))
+    assert shape.fact_props(fact, "u1", due)["valid_until"] == shape.instant(T0 + timedelta(days=1))
+    assert shape.fact_props(fact, "u1", due)["archive_due_at"] == shape.instant(due)
 
 
 def test_a_naive_time_is_refused_by_name() -> None:
