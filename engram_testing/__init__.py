@@ -16,15 +16,16 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from engram_testing.llm_standin import LLMStandin, Reply, approx_tokens
+    from engram_testing.llm_standin import LLMStandin
+    from engram_testing.llm_standin_replies import Reply, approx_tokens
     from engram_testing.neo4j_server import Neo4jServer
 
 __all__ = ["LLMStandin", "Neo4jServer", "Reply", "approx_tokens"]
 
 _LAZY = {
     "LLMStandin": "engram_testing.llm_standin",
-    "Reply": "engram_testing.llm_standin",
-    "approx_tokens": "engram_testing.llm_standin",
+    "Reply": "engram_testing.llm_standin_replies",
+    "approx_tokens": "engram_testing.llm_standin_replies",
     "Neo4jServer": "engram_testing.neo4j_server",
 }
 

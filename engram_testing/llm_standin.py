@@ -12,6 +12,9 @@ answers, else ``responder``, else an empty extraction. Replies can also fail on 
 Standalone (benchmarks run it as its own process)::
 
     python -m engram_testing.llm_standin --port 0 --latency 1.0
+
+Here: the server's state, scripting and answers (``LLMStandin``); its replies and records are in
+``llm_standin_replies``, its HTTP server and handler in ``llm_standin_http``; every public name imports from here.
 """
 
 from __future__ import annotations
@@ -24,97 +27,26 @@ import random
 import signal
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from collections.abc import Mapping, Sequence
 from types import FrameType, TracebackType
 from typing import Any
+
+from engram_testing.llm_standin_http import _Handler, _Server
+from engram_testing.llm_standin_replies import (
+    DEFAULT_CONTENT,
+    MODEL,
+    RecordedRequest,
+    Reply,
+    Responder,
+    _coerce,
+    _default_failure_mix,
+    _message_text,
+    approx_tokens,
+)
 
 __all__ = ["DEFAULT_CONTENT", "LLMStandin", "RecordedRequest", "Reply", "Responder", "approx_tokens"]
 
 log = logging.getLogger(__name__)
-
-DEFAULT_CONTENT = json.dumps({"entities": [], "facts": []})
-MODEL = "standin"
-
-
-@dataclass
-class Reply:
-    """One scripted answer. ``status`` >= 400 sends an OpenAI-style error body with ``content`` as message.
-
-    ``truncate`` announces the full Content-Length, sends half the body and closes the connection;
-    ``hang`` sends nothing for ``LLMStandin.hang_s`` seconds (client timeouts), then closes.
-    ``body`` replaces the whole HTTP body with raw bytes (answers that are not an API response).
-    """
-
-    content: str = DEFAULT_CONTENT
-    status: int = 200
-    delay_s: float = 0.0
-    headers: dict[str, str] = field(default_factory=dict)
-    truncate: bool = False
-    hang: bool = False
-    body: bytes | None = None
-    finish_reason: str = "stop"
-
-    @classmethod
-    def json(cls, obj: Any, **kwargs: Any) -> Reply:
-        """A successful answer whose content is ``obj`` as JSON text."""
-        return cls(content=json.dumps(obj), **kwargs)
-
-    @classmethod
-    def error(cls, status: int = 500, message: str | None = None) -> Reply:
-        return cls(content=message or f"stand-in: scripted HTTP {status}", status=status)
-
-    @classmethod
-    def rate_limited(cls, retry_after: float = 1) -> Reply:
-        return cls(
-            content="stand-in: scripted rate limit",
-            status=429,
-            headers={"Retry-After": f"{retry_after:g}"},
-        )
-
-    @classmethod
-    def malformed(cls) -> Reply:
-        """HTTP 200 whose body is not JSON at all (a broken proxy or gateway)."""
-        return cls(body=b'{"id": "chatcmpl-malformed", "object": "chat.completion", "choices": [{"mess')
-
-
-Responder = Callable[[dict[str, Any]], "Reply | str | Mapping[str, Any] | None"]
-"""Gets the request JSON; returns a Reply, a str (the content), a dict (sent as JSON content) or None
-(no opinion: the next rule, then ``responder``, then the default answer)."""
-
-
-@dataclass(frozen=True)
-class RecordedRequest:
-    timestamp: float
-    model: str
-    messages: list[dict[str, Any]]
-    body: dict[str, Any]
-
-
-def approx_tokens(text: str) -> int:
-    """The stand-in's token count: ~4 characters per token, like OpenAI's rule of thumb; deterministic so
-    tests can assert exact usage numbers."""
-    return max(1, (len(text) + 3) // 4)
-
-
-def _message_text(message: Mapping[str, Any]) -> str:
-    content = message.get("content")
-    if isinstance(content, list):  # content parts: [{"type": "text", "text": ...}, ...]
-        return "".join(str(part.get("text", "")) for part in content if isinstance(part, Mapping))
-    return "" if content is None else str(content)
-
-
-def _coerce(answer: Reply | str | Mapping[str, Any]) -> Reply:
-    if isinstance(answer, Reply):
-        return answer
-    if isinstance(answer, str):
-        return Reply(content=answer)
-    return Reply.json(dict(answer))
-
-
-def _default_failure_mix() -> list[Reply]:
-    return [Reply.error(500), Reply.error(503), Reply.rate_limited(1), Reply.malformed()]
 
 
 class LLMStandin:
@@ -328,101 +260,6 @@ class LLMStandin:
             "stop_sequence": None,
             "usage": {"input_tokens": approx_tokens(prompt), "output_tokens": approx_tokens(reply.content)},
         }
-
-
-def _error_body(status: int, message: str) -> dict[str, Any]:
-    kind = {429: "rate_limit_error", 400: "invalid_request_error", 404: "not_found_error"}
-    error_type = kind.get(status, "server_error" if status >= 500 else "invalid_request_error")
-    return {"error": {"message": message, "type": error_type, "param": None, "code": str(status)}}
-
-
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True  # a hanging handler must never keep the process alive
-    request_queue_size = 256  # benchmarks open hundreds of connections at once
-    allow_reuse_address = True
-
-    def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler], standin: LLMStandin):
-        self.standin = standin
-        super().__init__(address, handler)
-
-
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"  # keep-alive: httpx pools connections as with a hosted API
-    server: _Server
-
-    def log_message(self, format: str, *args: Any) -> None:
-        """Silent: thousands of requests per benchmark; ``standin.requests`` has the record."""
-
-    def _send(self, status: int, payload: bytes, headers: Mapping[str, str], *, truncate: bool = False) -> None:
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(payload)))
-        for name, value in headers.items():
-            self.send_header(name, value)
-        if truncate:
-            self.send_header("Connection", "close")
-        self.end_headers()
-        self.wfile.write(payload[: len(payload) // 2] if truncate else payload)
-        if truncate:
-            self.wfile.flush()
-            self.close_connection = True
-
-    def _send_json(self, status: int, obj: Any, headers: Mapping[str, str] | None = None) -> None:
-        self._send(status, json.dumps(obj).encode(), headers or {})
-
-    def do_GET(self) -> None:
-        path = self.path.split("?", 1)[0].rstrip("/")
-        if path in ("/health", "/v1/health"):
-            self._send_json(200, {"status": "ok"})
-        elif path in ("/v1/models", "/models"):
-            created = int(time.time())
-            self._send_json(
-                200,
-                {
-                    "object": "list",
-                    "data": [{"id": MODEL, "object": "model", "created": created, "owned_by": "engram"}],
-                },
-            )
-        else:
-            self._send_json(404, _error_body(404, f"no route GET {path}"))
-
-    def do_POST(self) -> None:
-        standin = self.server.standin
-        path = self.path.split("?", 1)[0].rstrip("/")
-        raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-        anthropic = path in ("/v1/messages", "/messages")
-        if path not in ("/v1/chat/completions", "/chat/completions") and not anthropic:
-            self._send_json(404, _error_body(404, f"no route POST {path}"))
-            return
-        try:
-            body = json.loads(raw or b"{}")
-            if not isinstance(body, dict):
-                raise ValueError("request body is not a JSON object")
-        except ValueError as exc:
-            self._send_json(400, _error_body(400, f"invalid JSON body: {exc}"))
-            return
-        standin._record(body)
-        if body.get("stream"):
-            # Streaming is not implemented: fail loudly rather than answer in a shape the client misreads.
-            self._send_json(400, _error_body(400, "the LLM stand-in does not stream; call without stream"))
-            return
-
-        reply = standin._choose(body)
-        if not standin._sleep(standin.latency_s + reply.delay_s):
-            return
-        if reply.hang:
-            standin._sleep(standin.hang_s)
-            self.close_connection = True  # no answer at all: the client's timeout has to fire
-            return
-        if reply.body is not None:
-            payload = reply.body
-        elif reply.status >= 400:
-            payload = json.dumps(_error_body(reply.status, reply.content)).encode()
-        elif anthropic:
-            payload = json.dumps(standin._anthropic_message(body, reply)).encode()
-        else:
-            payload = json.dumps(standin._completion(body, reply)).encode()
-        self._send(reply.status, payload, reply.headers, truncate=reply.truncate)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
