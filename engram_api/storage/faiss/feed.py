@@ -48,7 +48,16 @@ if TYPE_CHECKING:
 
     from engram_api.storage.faiss.index import Kind
 
-__all__ = ["FEED_ENTRY_MAX_BYTES", "FEED_LENGTH", "FEED_TTL_S", "FeedEntry", "changes_of", "entry_of", "read_feed"]
+__all__ = [
+    "FEED_ENTRY_MAX_BYTES",
+    "FEED_LENGTH",
+    "FEED_TTL_S",
+    "FeedEntry",
+    "changes_of",
+    "entry_of",
+    "read_feed",
+    "vectors_from_feed",
+]
 
 log = logging.getLogger(__name__)
 
@@ -148,3 +157,16 @@ def read_feed(client: redis.Redis, user_id: str, since: int) -> UserChanges | No
     if raw_stamp is None or not raw:
         return None
     return changes_of(raw, since, Stamp.parse(raw_stamp))
+
+
+def vectors_from_feed(client: redis.Redis, user_id: str, since: int) -> VectorChanges | None:
+    """The vectors' part of ``read_feed`` (what a writer's copy of the index needs); None also when Redis
+    fails: the caller reads the graph."""
+    import redis  # only with a client, so loaded already
+
+    try:
+        changes = read_feed(client, user_id, since)
+    except redis.RedisError as exc:
+        log.info("change feed of %s not read (%s): reading the graph", user_id, exc)
+        return None
+    return None if changes is None else changes.vectors

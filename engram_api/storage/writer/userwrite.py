@@ -31,12 +31,13 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from functools import partial
 from typing import TYPE_CHECKING, TypeVar
 
 from engram_api import keys
 from engram_api.errors import EngramError, StaleWriteError, UserBusyError
 from engram_api.storage.faiss.erasure import record_erasure
-from engram_api.storage.faiss.feed import entry_of
+from engram_api.storage.faiss.feed import entry_of, vectors_from_feed
 from engram_api.storage.faiss.files import Kind, UserIndex
 from engram_api.storage.faiss.keeper import IndexKeeper
 from engram_api.storage.graph.contract import Fence, GraphStore
@@ -74,8 +75,12 @@ class UserWrite:
         return self._fence.expected
 
     def index(self) -> UserIndex:
-        """The user's FAISS index at the stamp the plan is built on."""
-        return self._owner.keeper.current(self.user_id, self.before)
+        """The user's FAISS index at the stamp the plan is built on. A copy behind it (another host wrote
+        last) is caught up from the change feed that writer published with its stamp (one Redis round trip),
+        the graph read only when the feed cannot bring it there."""
+        owner = self._owner
+        feed = None if owner.redis is None else partial(vectors_from_feed, owner.redis, self.user_id)
+        return owner.keeper.current(self.user_id, self.before, feed=feed)
 
     def finish(
         self,
