@@ -211,7 +211,7 @@ def _measure(ctx: BenchContext, stack: Any, size: int, writes: int) -> dict[str,
     undo()
     signalled.signals.stop()  # its catch-ups' reads would count in the bytes below
     ctx.log("hosts: apply rounds")
-    rounds = apply_rounds(a, b, uid, rounds=ctx.size(5, 7), pairs=ctx.size(8, 10), first_n=10 * writes)
+    rounds = apply_rounds(a, b, uid, rounds=ctx.size(7, 9), pairs=8, first_n=10 * writes)
     received, catchup_bytes, both_bytes, feed_bytes = _Received().install(), [], [], []
     for i in range(3):
         since = a.graph.user_stamp(uid).version

@@ -1,11 +1,12 @@
 """The hosts bench's apply part: one write through ``UserWrites`` when writes alternate two hosts (each its
 own data directory) against all writes on one host, in alternated rounds, with each write's steps timed.
 
-A round is ``pairs`` writes strictly alternating the hosts (each write finds its host's copy of the user one
-write behind: the other host wrote last) and ``pairs`` writes all on one host (each finds its copy current);
-which block comes first alternates round by round, and the first write of the one-host block (its host one
-write behind) is not counted. The figure is the median over rounds of each round's p50 ratio, so one run
-says something on a loaded machine where a single loop's p50 moves by tens of per cent from run to run.
+Writes alternate hosts pair by pair: a host whose copy is one write behind (the other host wrote last)
+writes ("alternating hosts"), then writes again at once, its copy now current ("one host"); the next pair
+is the other host's. So each pair's two writes are adjacent in time and see the same load, and every host
+writes as often in both modes. A round is ``pairs`` pairs; the figure is the median over rounds of each
+round's p50 ratio, with each round's ratio listed, so one run says something on a loaded machine where a
+single loop's p50 moves by tens of per cent from run to run.
 
 Each write is written as the apply stage writes a message of one new fact (``write_one``: the plan reads the
 writer's index, the fence is on the published stamp), and its steps are timed by wrapping the methods that
@@ -69,13 +70,14 @@ def _steps(total: float, timed: dict[str, float]) -> dict[str, float]:
 
 
 def apply_rounds(a: Any, b: Any, user_id: str, *, rounds: int, pairs: int, first_n: int) -> dict[str, Any]:
-    """``rounds`` rounds of ``pairs`` alternating and ``pairs`` one-host writes of ``user_id`` by the clients
-    ``a`` and ``b`` (see the module docstring); fact numbers from ``first_n`` on."""
+    """``rounds`` rounds of ``pairs`` pairs (a write by the host behind, then again by it) of ``user_id`` by
+    the clients ``a`` and ``b`` (see the module docstring); fact numbers from ``first_n`` on."""
     n = first_n
     timed: dict[str, float] = {}
     ms: dict[str, list[float]] = {"alternating hosts": [], "one host": []}
     steps: dict[str, list[dict[str, float]]] = {"alternating hosts": [], "one host": []}
     round_ratios: list[float] = []
+    this_round: dict[str, list[float]] = {}
 
     def write(client: Any, mode: str | None) -> None:
         nonlocal n
@@ -87,17 +89,15 @@ def apply_rounds(a: Any, b: Any, user_id: str, *, rounds: int, pairs: int, first
             steps[mode].append(_steps(total, timed))
 
     with _timed_steps(type(a.graph), timed):
-        for r in range(rounds):
-            this_round: dict[str, list[float]] = {"alternating hosts": [], "one host": []}
-            blocks = ["alternating hosts", "one host"]
-            for mode in blocks if r % 2 == 0 else blocks[::-1]:
-                if mode == "one host":
-                    write(a, None)  # a was one write behind (or current): now current, uncounted
-                    for _ in range(pairs):
-                        write(a, mode)
-                else:
-                    for i in range(pairs):
-                        write((b, a)[i % 2], mode)  # b first: a wrote last whichever block came before
+        write(a, None)  # a wrote last: b's copy is one write behind
+        for _ in range(rounds):
+            this_round = {"alternating hosts": [], "one host": []}
+            for i in range(pairs):
+                host = (b, a)[i % 2]  # the host that did not write last
+                write(host, "alternating hosts")
+                write(host, "one host")
+            if pairs % 2:
+                write(a, None)  # b wrote last: a's next round starts with b behind again
             for mode, values in this_round.items():
                 ms[mode].extend(values)
             round_ratios.append(
