@@ -89,8 +89,10 @@ class FeedEntry(BaseModel):
 
 def entry_of(before: Stamp, after: Stamp, changes: UserChanges) -> tuple[str, bool]:
     """``(entry, scrub)`` for a write from ``before`` to ``after`` given ``changes``, the graph's
-    ``user_changes(user, before.version)`` read right after the commit: the entry ('' for none) and whether
-    the feed must be deleted (the read shows a record removed since ``before``)."""
+    ``user_changes(user, before.version)`` read right after the commit (or by the write's own statement):
+    the entry ('' for none) and whether the feed must be deleted (the read shows a record removed since
+    ``before``). Its records are in (kind,) id order: a store returns them in no set order, and the read in
+    the write's statement and one after the commit need not agree on it."""
     import numpy as np  # only a writer with Redis builds entries
 
     vectors = changes.vectors
@@ -103,9 +105,9 @@ def entry_of(before: Stamp, after: Stamp, changes: UserChanges) -> tuple[str, bo
         removed=changes.removed,
         vectors=[
             (node, kind, base64.b64encode(np.asarray(vec, dtype=np.float32).tobytes()).decode())
-            for node, kind, vec in vectors.upserts
+            for node, kind, vec in sorted(vectors.upserts, key=lambda u: (u[1], u[0]))
         ],
-        facts=list(changes.facts), chunks=list(changes.chunks),
+        facts=sorted(changes.facts, key=lambda f: f.id), chunks=sorted(changes.chunks, key=lambda c: c.id),
     ).model_dump_json(exclude_defaults=False)  # fmt: skip
     return (entry, False) if len(entry) <= FEED_ENTRY_MAX_BYTES else ("", False)
 
