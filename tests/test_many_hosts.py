@@ -131,6 +131,43 @@ def test_writes_alternating_hosts_never_rebuild_and_erasure_reaches_every_host(
     assert graph.user_stamp(user) != ABSENT
 
 
+def test_a_writer_whose_copy_is_behind_catches_up_from_the_feed_not_the_graph(
+    graph: GraphStore, tmp_path: Path, redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Writes alternating hosts: each writer finds its copy one write behind (the other host wrote last) and
+    brings it up from the change feed that host published with its stamp, reading none of the graph's
+    vectors; its copy then equals a whole read, and a reader host still answers as a single-host reader. A
+    write that removed records deletes the feed: the next writer behind reads the graph, as before."""
+    user = new_user()
+    a, b, reader = (host(n, graph, tmp_path, redis_client) for n in ("apply-a", "apply-b", "reader"))
+    said = UserGraph(graph, user)
+    messages: list[str] = []
+    write_on(a, said, 0, messages)
+    write_on(b, said, 1, messages)  # b's first load of the user (a rebuild)
+    vector_reads: list[str] = []
+    real = graph.vector_changes
+    monkeypatch.setattr(graph, "vector_changes", lambda *args, **kw: vector_reads.append(args[0]) or real(*args, **kw))
+
+    def write_and_check(h: Host, step: int) -> None:
+        write_on(h, said, step, messages)
+        held = h.keeper.held(user)
+        truth = whole(graph, user, tmp_path).rebuild(user)
+        assert held is not None and held.stamp == truth.stamp and held.node_ids() == truth.node_ids()
+
+    for i, step in enumerate((3, 4, 6, 7, 9, 10)):  # no removal: every third step (2, 5, 8) forgets
+        write_and_check((a, b)[i % 2], step)
+        assert vector_reads == []
+        assert_reader_matches_whole(reader, graph, user, tmp_path)
+        vector_reads.clear()  # the reader's own catch-up reads
+    assert (a.keeper.feed_catchups, b.keeper.feed_catchups) == (3, 3)
+    assert (a.keeper.rebuilds, b.keeper.rebuilds) == (0, 1)
+
+    write_and_check(a, 11)  # from the feed again; this step forgets, so its publish deletes the feed
+    write_and_check(b, 12)  # b is one write behind with no feed: it reads the graph
+    assert vector_reads == [user] and b.keeper.feed_catchups == 3 and b.keeper.rebuilds == 1
+    assert_reader_matches_whole(reader, graph, user, tmp_path)
+
+
 def test_a_copy_behind_the_removal_horizon_is_rebuilt_once(
     graph: GraphStore, tmp_path: Path, redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -146,6 +146,7 @@ class _Run:
         mid, started = member.message_id, time.perf_counter()
         try:
             planned = plan_message(member.message, graph=self.graph, index=self.index, vectors=self.vectors)
+            self.write.feed_with_next_write(last)  # the last write's statement reads what the batch changed
             outcome = self.graph.apply(planned.plan)
         except StaleWriteError:
             raise  # another writer moved the user: the whole batch is planned again from fresh reads

@@ -40,6 +40,7 @@ from typing import Any
 from benchlib import BenchContext, BenchResult, Table, dist, ratio
 from bulk import bulk_load
 from corpus import queries
+from hosts_apply import STEPS, apply_rounds
 from snapshot_refresh import write_one
 
 __all__ = ["run"]
@@ -209,6 +210,8 @@ def _measure(ctx: BenchContext, stack: Any, size: int, writes: int) -> dict[str,
         floor.append((time.perf_counter() - start) * 1e3)
     undo()
     signalled.signals.stop()  # its catch-ups' reads would count in the bytes below
+    ctx.log("hosts: apply rounds")
+    rounds = apply_rounds(a, b, uid, rounds=ctx.size(7, 9), pairs=8, first_n=10 * writes)
     received, catchup_bytes, both_bytes, feed_bytes = _Received().install(), [], [], []
     for i in range(3):
         since = a.graph.user_stamp(uid).version
@@ -248,6 +251,7 @@ def _measure(ctx: BenchContext, stack: Any, size: int, writes: int) -> dict[str,
         "apply_ms": {k: dist(v) for k, v in apply.items()},
         "apply_ratio_p50": ratio(dist(apply["alternating hosts"])["p50"], dist(apply["one host"])["p50"]),
         "feed_read_ms": dist(feed_reads),
+        "apply_rounds": rounds,
         "catchup_bytes_p50": statistics.median(catchup_bytes),
         "user_changes_bytes_p50": statistics.median(both_bytes),
         "feed_entry_bytes_p50": statistics.median(feed_bytes),
@@ -284,16 +288,24 @@ def run(ctx: BenchContext) -> BenchResult:
         ],
     )
     apply = Table(
-        "apply (one write through UserWrites, ms): writes alternating two hosts vs all on one host",
+        "apply (one write through UserWrites, ms): writes alternating two hosts vs all on one host; in the "
+        "recall loop, then alternated rounds (ratio: median of the rounds' p50 ratios)",
         [
             "facts",
-            "alternating p50",
+            "loop: alternating p50",
             "one host p50",
             "ratio p50",
-            "alternating p95",
-            "one host p95",
             "of which the feed entry's read p50",
+            "rounds x writes",
+            "rounds: alternating p50",
+            "one host p50",
+            "ratio (median of rounds)",
+            "each round's ratio",
         ],
+    )
+    steps = Table(
+        "apply rounds: each step's p50 (ms) by mode (open = lease, fence, release)",
+        ["facts", "mode", *STEPS],
     )
     reads = Table(
         "read from the graph (bytes this process read: /proc/self/io rchar)",
@@ -320,10 +332,15 @@ def run(ctx: BenchContext) -> BenchResult:
                 got["ratio_p50"]["no write since"], got["ratio_p50"]["after a signal"],
             )  # fmt: skip
             ap = got["apply_ms"]
+            ar = got["apply_rounds"]
             apply.add(
                 size, ap["alternating hosts"]["p50"], ap["one host"]["p50"], got["apply_ratio_p50"],
-                ap["alternating hosts"]["p95"], ap["one host"]["p95"], got["feed_read_ms"]["p50"],
+                got["feed_read_ms"]["p50"], f"{ar['rounds']} x {2 * ar['pairs']}",
+                ar["ms"]["alternating hosts"]["p50"], ar["ms"]["one host"]["p50"], ar["ratio_median_of_rounds"],
+                " ".join(f"{x:.2f}" for x in ar["round_ratios"]),
             )  # fmt: skip
+            for mode, by_step in ar["steps_p50_ms"].items():
+                steps.add(size, mode, *(by_step[step] for step in STEPS))
             extra = got["rebuilds_after_first_load"]
             reads.add(
                 size, got["catchup_bytes_p50"], got["user_changes_bytes_p50"], got["feed_entry_bytes_p50"],
@@ -332,7 +349,7 @@ def run(ctx: BenchContext) -> BenchResult:
     return BenchResult(
         bench="hosts",
         summary=summary,
-        tables=[recall, apply, reads],
+        tables=[recall, apply, steps, reads],
         notes=[
             f"store {ctx.store}; every host its own data directory, no shared files; load average "
             f"{summary['load_avg_1min']:.1f} (1 min) at the start; ratios are within one loop",

@@ -29,9 +29,10 @@ REPO = BENCH_DIR.parents[1]
 BOUNDS = {"store step": 5_000, "snapshot": 20_000}
 
 
-def write_one(client: Any, user_id: str, n: int, *, read_index: bool = False) -> float:
+def write_one(client: Any, user_id: str, n: int, *, read_index: bool = False, published: bool = False) -> float:
     """One message with one new fact about the user, as the apply stage writes it; with ``read_index`` the
-    plan first reads the writer's index, as consolidation does. Returns the write's milliseconds (the
+    plan first reads the writer's index, as consolidation does; with ``published`` the write is fenced on
+    the published stamp, as a message's first start in the apply stage is. Returns the write's milliseconds (the
     ``UserWrites.run``, the text's embedding left out)."""
     from engram_api.models import EpisodeRecord, FactRecord, WritePlan, utcnow
     from engram_api.naming import self_entity_id
@@ -53,7 +54,7 @@ def write_one(client: Any, user_id: str, n: int, *, read_index: bool = False) ->
         write.finish(upserts=[(fact.id, "fact", embedding)])
 
     start = time.perf_counter()
-    client.reader.writes.run(user_id, body, wait=10.0)
+    client.reader.writes.run(user_id, body, wait=10.0, published=published)
     return (time.perf_counter() - start) * 1e3
 
 

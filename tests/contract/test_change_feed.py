@@ -12,6 +12,7 @@ oracle is a fresh reader over a third one (as in test_reader_signals).
 
 from __future__ import annotations
 
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ import pytest
 import redis
 
 from engram_api import keys
+from engram_api.models import ChatMessage, Envelope, Extraction, Usage
 from engram_api.reader.reader import Reader
 from engram_api.settings import Settings
 from engram_api.storage import GraphStore
@@ -26,6 +28,9 @@ from engram_api.storage.faiss import feed
 from engram_api.storage.faiss.files import VectorStore
 from engram_api.storage.faiss.keeper import IndexKeeper
 from engram_api.versions import Stamp, publish_stamp
+from engram_workers.consolidation.plan import Incoming
+from engram_workers.middleware import Hooks
+from engram_workers.stages.writing import Member, write_members
 from tests.support.extractions import fact, lives_in
 from tests.support.factories import at, new_user
 
@@ -81,6 +86,78 @@ def test_right_after_a_write_the_keyword_channel_searches_the_caught_up_snapshot
     assert said and "keyword" in said[0].channels, [(i.statement, i.channels) for i in items]
     held = reader.snapshots.peek(user)
     assert held is not None and held.stamp == memory.graph.user_stamp(user)
+
+
+def _envelope(user: str, mid: str, text: str, when: datetime) -> Envelope:
+    return Envelope(user_id=user, message_id=mid, messages=[ChatMessage(role="user", content=text)], timestamp=when)
+
+
+def _published_entry(memory: Memory, user: str, before: Stamp) -> feed.FeedEntry:
+    (raw,) = memory.redis.zrangebyscore(keys.change_feed(user), f"({before.version}", "+inf")
+    return feed.FeedEntry.model_validate_json(raw)
+
+
+def test_a_writes_entry_is_what_the_graph_reads_after_it(memory: Memory, tmp_path: Path) -> None:
+    """The entry a write publishes is exactly the entry of ``user_changes`` from the stamp before, read
+    after the commit (same stamps, vectors and records), whether the write's own statement read it (Neo4j:
+    no read of its own) or the writer read it after the commit (SQLite); so is a batch's, one entry for
+    every member. A reader host caught up from those entries answers as a fresh single-host reader."""
+    reader = _host(memory, tmp_path / "reader")
+    user = new_user()
+    _chatter(memory, user)
+    _warm(reader, user)
+    neo4j = type(memory.graph).__name__.startswith("Neo4j")
+    said = (
+        ("m1", "I live in Tampa.", at(20), lives_in("Tampa")),
+        ("m2", "I moved, I live in Austin now.", at(30), lives_in("Austin")),  # supersedes Tampa
+        ("m3", "We saw the northern lights over the fjord last night!", at(40), None),
+        ("m4", "I live in Austin, yes.", at(41), lives_in("Austin")),  # restated: reinforces
+        ("m5", "Tampa was nice though.", at(42), None),
+    )
+    for mid, text, when, extraction in said:
+        before = memory.graph.user_stamp(user)
+        with Reads(memory.graph) as reads:
+            memory.say(user, mid, text, when, extraction)
+        after = memory.graph.user_stamp(user)
+        read, scrub = feed.entry_of(before, after, memory.graph.user_changes(user, before.version))
+        assert not scrub and _published_entry(memory, user, before) == feed.FeedEntry.model_validate_json(read)
+        assert reads.calls.count(("user_changes", user)) == (0 if neo4j else 1)
+    # A batch in one shared transaction (the stage's, on Neo4j): its last member's statement reads for all.
+    before = memory.graph.user_stamp(user)
+    members = [
+        Member(Incoming.of(_envelope(user, mid, text, when), Extraction.model_validate(extraction), Usage()))
+        for mid, text, when, extraction in (
+            ("m6", "I live in Denver now.", at(50), lives_in("Denver")),
+            (
+                "m7",
+                "My sister visited me in Denver.",
+                at(51),
+                {"facts": [fact("user", "HAS_SISTER", None, "User has a sister")]},
+            ),
+        )
+    ]
+    with Reads(memory.graph) as reads:
+        memory.writes.run(
+            user,
+            lambda write: write_members(
+                write,
+                members,
+                trigger=members[0],
+                graph=memory.graph,
+                embedder=memory.embedder,
+                hooks=Hooks(()),
+                share=True,
+            ),
+            wait=30,
+        )
+    after = memory.graph.user_stamp(user)
+    assert after.version > before.version
+    read, _ = feed.entry_of(before, after, memory.graph.user_changes(user, before.version))
+    assert _published_entry(memory, user, before) == feed.FeedEntry.model_validate_json(read)
+    assert reads.calls.count(("user_changes", user)) == (0 if neo4j else 1)
+    for question in ("where does the user live now?", "northern lights over the fjord", "who visited?"):
+        assert _answer(reader, user, question) == _answer(_host(memory, tmp_path / "fresh"), user, question)
+    assert reader.catchups.from_feed >= 1
 
 
 def test_a_feed_that_does_not_reach_back_to_the_copy_reads_the_graph(

@@ -48,7 +48,16 @@ if TYPE_CHECKING:
 
     from engram_api.storage.faiss.index import Kind
 
-__all__ = ["FEED_ENTRY_MAX_BYTES", "FEED_LENGTH", "FEED_TTL_S", "FeedEntry", "changes_of", "entry_of", "read_feed"]
+__all__ = [
+    "FEED_ENTRY_MAX_BYTES",
+    "FEED_LENGTH",
+    "FEED_TTL_S",
+    "FeedEntry",
+    "changes_of",
+    "entry_of",
+    "read_feed",
+    "vectors_from_feed",
+]
 
 log = logging.getLogger(__name__)
 
@@ -80,8 +89,10 @@ class FeedEntry(BaseModel):
 
 def entry_of(before: Stamp, after: Stamp, changes: UserChanges) -> tuple[str, bool]:
     """``(entry, scrub)`` for a write from ``before`` to ``after`` given ``changes``, the graph's
-    ``user_changes(user, before.version)`` read right after the commit: the entry ('' for none) and whether
-    the feed must be deleted (the read shows a record removed since ``before``)."""
+    ``user_changes(user, before.version)`` read right after the commit (or by the write's own statement):
+    the entry ('' for none) and whether the feed must be deleted (the read shows a record removed since
+    ``before``). Its records are in (kind,) id order: a store returns them in no set order, and the read in
+    the write's statement and one after the commit need not agree on it."""
     import numpy as np  # only a writer with Redis builds entries
 
     vectors = changes.vectors
@@ -94,9 +105,9 @@ def entry_of(before: Stamp, after: Stamp, changes: UserChanges) -> tuple[str, bo
         removed=changes.removed,
         vectors=[
             (node, kind, base64.b64encode(np.asarray(vec, dtype=np.float32).tobytes()).decode())
-            for node, kind, vec in vectors.upserts
+            for node, kind, vec in sorted(vectors.upserts, key=lambda u: (u[1], u[0]))
         ],
-        facts=list(changes.facts), chunks=list(changes.chunks),
+        facts=sorted(changes.facts, key=lambda f: f.id), chunks=sorted(changes.chunks, key=lambda c: c.id),
     ).model_dump_json(exclude_defaults=False)  # fmt: skip
     return (entry, False) if len(entry) <= FEED_ENTRY_MAX_BYTES else ("", False)
 
@@ -148,3 +159,16 @@ def read_feed(client: redis.Redis, user_id: str, since: int) -> UserChanges | No
     if raw_stamp is None or not raw:
         return None
     return changes_of(raw, since, Stamp.parse(raw_stamp))
+
+
+def vectors_from_feed(client: redis.Redis, user_id: str, since: int) -> VectorChanges | None:
+    """The vectors' part of ``read_feed`` (what a writer's copy of the index needs); None also when Redis
+    fails: the caller reads the graph."""
+    import redis  # only with a client, so loaded already
+
+    try:
+        changes = read_feed(client, user_id, since)
+    except redis.RedisError as exc:
+        log.info("change feed of %s not read (%s): reading the graph", user_id, exc)
+        return None
+    return None if changes is None else changes.vectors

@@ -17,7 +17,9 @@ reads again a bounded number of times, then hands the copy out below the stamp a
 at the copy's stamp and caches nothing under the newer one).
 
 Counters (read by tests, benchmarks and health): ``rebuilds`` counts full reads, ``catchups`` reads of
-only what changed. A process that writes a user's index with no copy of it (a forget from a reader that
+only what changed, ``feed_catchups`` those of them a writer took from the change feed in Redis instead of
+the graph (``current``'s ``feed``: a host whose copy is behind because the other host wrote last catches
+up from what that writer published). A process that writes a user's index with no copy of it (a forget from a reader that
 never recalled the user, a maintenance job) does not load one: the next reader catches up or loads.
 
 Local files: with ``persist`` (the default) a copy is also kept in this process's data directory as a
@@ -49,12 +51,15 @@ from engram_api.storage.faiss.sync import VectorChanges
 from engram_api.storage.graph.contract import GraphStore
 from engram_api.versions import ABSENT, Stamp
 
-__all__ = ["LAG_PAUSE_S", "LAG_READS", "IndexKeeper"]
+__all__ = ["LAG_PAUSE_S", "LAG_READS", "Feed", "IndexKeeper"]
 
 # Catch-up reads ``current`` makes before it settles for a copy below the stamp asked (a Neo4j follower
 # behind the leader catches up in milliseconds), and the pause between two of them.
 LAG_READS = 3
 LAG_PAUSE_S = 0.01
+
+# What changed since a version, from somewhere cheaper than the graph (None: it cannot say).
+Feed = Callable[[int], VectorChanges | None]
 
 
 class IndexKeeper:
@@ -77,6 +82,7 @@ class IndexKeeper:
         self._lock = threading.Lock()
         self.rebuilds = 0  # full reads of a user's vectors from the graph
         self.catchups = 0  # reads of only what changed since a copy's version
+        self.feed_catchups = 0  # of those, the ones the change feed answered (``current``'s ``feed``)
         self.catchup_vector_bytes = 0  # float32 bytes those catch-ups brought in (benchmarks report it)
         self._on_load = on_load  # told "rebuild" or "catchup" at each (a worker's Prometheus counter)
 
@@ -236,15 +242,24 @@ class IndexKeeper:
                 return caught
         return self.rebuild(user_id)
 
-    def current(self, user_id: str, expected: Stamp) -> UserIndex:
+    def current(self, user_id: str, expected: Stamp, *, feed: Feed | None = None) -> UserIndex:
         """The index of ``expected``'s lifetime at its version or newer: this process's copy, caught up from
         the graph when behind; rebuilt when there is none or it cannot be caught up. A catch-up read that
         does not reach ``expected`` (a lagging replica) moves the copy as far as it read and is read again,
         ``LAG_READS`` reads in all; then the copy is returned below ``expected``, labelled with what it holds
-        (the caller answers at its stamp), never rebuilt for the lag."""
+        (the caller answers at its stamp), never rebuilt for the lag.
+
+        ``feed(version)``: the changes since ``version`` from a cheaper source than the graph (a writer's
+        read of the change feed in Redis, ``UserWrite.index``), tried once before the graph; None, or
+        changes that cannot bring the copy to ``expected``, and the graph is read as without it."""
         index = self._loaded(user_id)
         if index is None or index.epoch != expected.epoch:
             return self.rebuild(user_id)
+        if feed is not None and index.version < expected.version:
+            changes = feed(index.version)
+            if changes is not None and changes.stamp >= expected and changes.usable_from(index.stamp):
+                self.feed_catchups += 1
+                index = self.apply(user_id, index, changes) or index
         for attempt in range(LAG_READS + 1):
             if index.version >= expected.version:
                 return self._remember(user_id, index)

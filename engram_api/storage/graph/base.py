@@ -27,6 +27,7 @@ from typing import Any, TypeVar
 
 from engram_api.errors import InvalidInputError, StaleWriteError
 from engram_api.models import FactRecord, Record
+from engram_api.storage.faiss.sync import UserChanges
 from engram_api.storage.graph.fading import Fading
 from engram_api.versions import ABSENT, Stamp, new_epoch
 
@@ -44,11 +45,19 @@ Rule = Callable[[dict[str, Any]], bool]
 @dataclass(slots=True)
 class Fence:
     """What the next write of ``user_id`` in this thread must find: ``expected``; a write that creates
-    the user (``expected`` is ``ABSENT``) creates it with ``epoch``."""
+    the user (``expected`` is ``ABSENT``) creates it with ``epoch``.
+
+    ``changes_since``: set by a writer that will read the user's changes after that version once it has
+    written (the change feed's entry, ``UserWrite.finish``); a store that can read them inside its write
+    statement at no extra round trip (Neo4j's ``apply``) leaves them in ``changes``, exactly what
+    ``user_changes(user_id, changes_since)`` returns after the commit (the user is locked meanwhile). A
+    batched block that rolls back clears ``changes``; a reader of it checks its stamp is the committed one."""
 
     user_id: str
     expected: Stamp
     epoch: int
+    changes_since: int | None = None
+    changes: UserChanges | None = None
 
     def check_before(self, found: Stamp) -> None:
         if found != self.expected:

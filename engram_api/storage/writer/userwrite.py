@@ -19,10 +19,14 @@ Invariants:
   the stamp after the writes (a delta, or a rebuild when the file is elsewhere), publishes that stamp
   in Redis (atomically only while the lease is still ours) with the write's change-feed entry (what the
   graph's ``user_changes`` returns right after the commit, so readers behind need not ask the graph;
-  ``engram_api.storage.faiss.feed``; a write that removed anything deletes the feed instead) and drops
+  ``engram_api.storage.faiss.feed``; a write that removed anything deletes the feed instead; on Neo4j the
+  last write statement reads it itself, ``Fence.changes``, so the entry costs no round trip) and drops
   the process's caches; after ``forget_user`` it also leaves the erasure tombstone every host's sweep deletes its files by. When the
   lease was lost after the commit, it takes the lease again and finishes only if the graph is still at
   its stamp; otherwise the newer writer owns the index and the published stamp.
+- ``index`` catches a copy that is behind (another host wrote the user last) up from that writer's
+  change-feed entries in Redis, the graph read only when the feed does not reach back: a host that was not
+  the user's last writer pays one Redis round trip, not a graph read.
 - Only users a write changed are published: nothing here walks every user.
 """
 
@@ -31,12 +35,13 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from functools import partial
 from typing import TYPE_CHECKING, TypeVar
 
 from engram_api import keys
 from engram_api.errors import EngramError, StaleWriteError, UserBusyError
 from engram_api.storage.faiss.erasure import record_erasure
-from engram_api.storage.faiss.feed import entry_of
+from engram_api.storage.faiss.feed import entry_of, vectors_from_feed
 from engram_api.storage.faiss.files import Kind, UserIndex
 from engram_api.storage.faiss.keeper import IndexKeeper
 from engram_api.storage.graph.contract import Fence, GraphStore
@@ -67,6 +72,14 @@ class UserWrite:
         self.lease = lease
         self._fence = fence
         self.before = fence.expected
+        self.feed_with_next_write(True)
+
+    def feed_with_next_write(self, wanted: bool) -> None:
+        """Whether the store's next write statement also reads what this write changed since ``before``
+        (the change feed's entry, ``Fence.changes_since``; on by default): a batch asks it of its last
+        member only, whose read covers every member."""
+        wanted = wanted and self._owner.redis is not None and self.before != ABSENT
+        self._fence.changes_since = self.before.version if wanted else None
 
     @property
     def stamp(self) -> Stamp:
@@ -74,8 +87,12 @@ class UserWrite:
         return self._fence.expected
 
     def index(self) -> UserIndex:
-        """The user's FAISS index at the stamp the plan is built on."""
-        return self._owner.keeper.current(self.user_id, self.before)
+        """The user's FAISS index at the stamp the plan is built on. A copy behind it (another host wrote
+        last) is caught up from the change feed that writer published with its stamp (one Redis round trip),
+        the graph read only when the feed cannot bring it there."""
+        owner = self._owner
+        feed = None if owner.redis is None else partial(vectors_from_feed, owner.redis, self.user_id)
+        return owner.keeper.current(self.user_id, self.before, feed=feed)
 
     def finish(
         self,
@@ -109,17 +126,22 @@ class UserWrite:
                     mark_changed(owner.redis, user_id)
         owner.drop_caches(user_id)
         self.before = after
+        self._fence.changes = None
+        self.feed_with_next_write(True)
         return after
 
     def _feed_entry(self, after: Stamp, *, removed: bool, changed: bool) -> tuple[str, bool]:
         """This write's change-feed entry and whether to delete the feed (``engram_api.storage.faiss.feed``):
-        the graph's ``user_changes`` since the stamp before, read now, under the lease, right after the
-        commit. A write that removed records, says nothing of what it changed or starts a lifetime scrubs."""
+        the graph's ``user_changes`` since the stamp before, as the last write statement read them (Neo4j,
+        ``Fence.changes``) or read now, under the lease, right after the commit. A write that removed records, says nothing of what it changed or starts a lifetime scrubs."""
         before = self.before
         if after == before:
             return "", False
         if removed or not changed or before == ABSENT or before.epoch != after.epoch:
             return "", True
+        changes = self._fence.changes  # read by the write statement itself, when the store could
+        if changes is not None and self._fence.changes_since == before.version and changes.vectors.stamp == after:
+            return entry_of(before, after, changes)
         try:
             changes = self._owner.graph.user_changes(self.user_id, before.version)
         except EngramError as exc:  # committed already: readers then read the graph (the chain has a gap)

@@ -200,6 +200,7 @@ class Neo4jConnection(GraphStore):
             except BaseException:
                 if fence is not None:
                     fence.expected = found  # nothing of the block committed
+                    fence.changes = None  # nor what a statement of it read
                 raise
             finally:
                 self._batch.tx = None

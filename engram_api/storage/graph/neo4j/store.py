@@ -52,11 +52,12 @@ from engram_api.storage.graph.neo4j import rows as shape
 from engram_api.storage.graph.neo4j.connection import Neo4jConnection, bump
 from engram_api.storage.graph.neo4j.deletion import Neo4jDeletion
 from engram_api.storage.graph.neo4j.maintenance import Neo4jMaintenance
-from engram_api.storage.graph.neo4j.vectors import Neo4jVectors
+from engram_api.storage.graph.neo4j.vectors import Q_APPLY_WRITES_CHANGES, Neo4jVectors, user_changes_of
 from engram_api.storage.graph.validity import instant
 from engram_api.versions import ABSENT, Stamp
 
 if TYPE_CHECKING:
+    from engram_api.storage.faiss.sync import UserChanges
     from engram_api.storage.snapshot.graph import UserSnapshot  # imports numpy: the CLI's light reads must not
 
 __all__ = ["Neo4jGraphStore"]
@@ -155,7 +156,12 @@ class Neo4jGraphStore(Neo4jDeletion, Neo4jMaintenance, Neo4jVectors, Neo4jConnec
             for c in plan.fact_changes
         ]
 
-        def work(tx: ManagedTransaction, check: Callable[[Stamp], None]) -> tuple[ApplyOutcome, Stamp]:
+        fence = self._fence()
+        since = fence.changes_since if fence is not None else None  # the feed's read, in the write statement
+
+        def work(
+            tx: ManagedTransaction, check: Callable[[Stamp], None]
+        ) -> tuple[tuple[ApplyOutcome, UserChanges | None], Stamp]:
             locked = tx.run(
                 cy.Q_APPLY_LOCK,
                 params,
@@ -171,9 +177,10 @@ class Neo4jGraphStore(Neo4jDeletion, Neo4jMaintenance, Neo4jVectors, Neo4jConnec
                     f"plan for episode {episode.id!r} references unknown entities of user "
                     f"{user_id!r}: {sorted(locked['missing'])}"
                 )
-            tx.run(
-                cy.Q_APPLY_WRITES,
+            written = tx.run(
+                cy.Q_APPLY_WRITES if since is None else Q_APPLY_WRITES_CHANGES,
                 params,
+                since=since,
                 version=version,
                 episode=episode_props,
                 chunks=cy.plan_rows(chunk_rows),
@@ -184,15 +191,21 @@ class Neo4jGraphStore(Neo4jDeletion, Neo4jMaintenance, Neo4jVectors, Neo4jConnec
                 reinforced=cy.plan_list(plan.reinforced_fact_ids),
                 mentioned=cy.plan_list(plan.mentioned_entity_ids),
                 linked=cy.plan_list(plan.linked_fact_ids),
-            ).consume()
-            return ApplyOutcome(applied=True, version=version), Stamp(int(locked["epoch"]), version)
+            )
+            changes = None if since is None else user_changes_of(written.single(strict=True))
+            if since is None:
+                written.consume()
+            return (ApplyOutcome(applied=True, version=version), changes), Stamp(int(locked["epoch"]), version)
 
         try:
-            return self._write_locking(work)
+            outcome, changes = self._write_locking(work)
         except _AlreadyApplied as skipped:
             if self._batch_tx() is not None:
                 raise  # the lock statement's writes are in the block's transaction: the block must roll back
             return ApplyOutcome(applied=False, version=skipped.version)
+        if fence is not None:
+            fence.changes = changes
+        return outcome
 
     # --------------------------------------------------------------------------------- read
     def user_stamp(self, user_id: str) -> Stamp:

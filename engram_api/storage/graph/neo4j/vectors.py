@@ -23,7 +23,7 @@ from engram_api.versions import Stamp
 if TYPE_CHECKING:
     from neo4j import Record
 
-__all__ = ["Neo4jVectors"]
+__all__ = ["Q_APPLY_WRITES_CHANGES", "Neo4jVectors", "user_changes_of"]
 
 # One statement, one round trip (an auto-commit read, ``_read_one``): the stamp, the removals, the records,
 # the stamp again, in that order for the user's one row (the order ``vectorsync`` relies on under read
@@ -65,6 +65,12 @@ Q_USER_CHANGES = (
 )
 
 
+# A write's statement (``Neo4jGraphStore.apply``) followed by the read of the user's changes after ``$since``
+# in the same statement, for the change feed (``Fence.changes_since``): it sees its own writes, under the
+# user's lock, so it returns what ``user_changes`` would right after the commit, with no round trip of its own.
+Q_APPLY_WRITES_CHANGES = cy.Q_APPLY_WRITES + "WITH count(*) AS written\n" + Q_USER_CHANGES
+
+
 class Neo4jVectors(Neo4jConnection):
     """``vector_changes`` and ``user_changes`` of the graph-store contract on Neo4j."""
 
@@ -74,12 +80,17 @@ class Neo4jVectors(Neo4jConnection):
 
     def user_changes(self, user_id: str, since: int) -> UserChanges:
         (row,) = self._read_one(Q_USER_CHANGES, {"user_id": user_id, "since": since})
-        return UserChanges(
-            vectors=_vectors(row),
-            removed=int(row["removed_at"]),
-            facts=shape.live_facts(row["facts"]),
-            chunks=shape.live_chunks(row["chunks"]),
-        )
+        return user_changes_of(row)
+
+
+def user_changes_of(row: Record) -> UserChanges:
+    """The ``UserChanges`` of a row of ``Q_USER_CHANGES`` (or ``Q_APPLY_WRITES_CHANGES``)."""
+    return UserChanges(
+        vectors=_vectors(row),
+        removed=int(row["removed_at"]),
+        facts=shape.live_facts(row["facts"]),
+        chunks=shape.live_chunks(row["chunks"]),
+    )
 
 
 def _vectors(row: Record) -> VectorChanges:
