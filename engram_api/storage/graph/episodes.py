@@ -301,7 +301,7 @@ def stored_texts(chunks: list[ChunkRecord], before: list[ChunkRecord], context: 
     last such run of ``before``. Equal to what apply made when the client's ``earlier`` turns were the
     user's preceding stored messages, each one speaker's whole turn of single-spaced sentences (a chat
     ingested turn by turn); otherwise the nearest the store can give."""
-    return _in_context(_runs(before)[-1:], [(s, w, run) for s, w, run in _runs(chunks)], context)
+    return _in_context([(s, w) for s, w, _ in _runs(before)[-1:]], _runs(chunks), context)
 
 
 def _runs(chunks: list[ChunkRecord]) -> list[tuple[str, str, list[ChunkRecord]]]:

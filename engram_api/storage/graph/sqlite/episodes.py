@@ -181,7 +181,7 @@ def chunks_to_reembed(
 
 
 def reembed_chunks(
-    conn: sqlite3.Connection, user_id: str, context: str, vectors: Sequence[tuple[str, bytes]]
+    conn: sqlite3.Connection, user_id: str, context: str, vectors: Sequence[tuple[str, bytes | None]]
 ) -> list[str]:
     """Give each chunk still of another policy its vector and ``context``; the ids written, sorted."""
     written = []
