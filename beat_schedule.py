@@ -2,8 +2,8 @@
 
 Every entry carries ``expires`` (a run that waited longer than its interval is dropped rather than run
 late on top of the next one) and goes to the maintenance queue. The jobs are idempotent: decay is computed
-from elapsed time, the others converge to the same state, so an extra run is harmless. Decay, hierarchy and
-reconcile fire as drivers (``fan_out``) that send per-user tasks (``engram_workers.maintenance.fanout``).
+from elapsed time, the others converge to the same state, so an extra run is harmless. Decay, hierarchy,
+reconcile and reembed fire as drivers (``fan_out``) that send per-user tasks (``engram_workers.maintenance.fanout``).
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ JOBS: dict[str, tuple[str, str]] = {
     "weights": (keys.WEIGHTS_TASK, "weights_interval_s"),
     "reconcile": (keys.RECONCILE_TASK, "reconcile_interval_s"),
     "redeliver": (keys.REDELIVER_TASK, "redeliver_interval_s"),
+    "reembed": (keys.REEMBED_TASK, "reembed_interval_s"),
 }
 
 

@@ -85,7 +85,8 @@ HIERARCHY_TASK = "engram.maintenance.hierarchy"
 WEIGHTS_TASK = "engram.maintenance.weights"
 RECONCILE_TASK = "engram.maintenance.reconcile"
 REDELIVER_TASK = "engram.maintenance.redeliver"
-MAINTENANCE_TASKS = (DECAY_TASK, HIERARCHY_TASK, WEIGHTS_TASK, RECONCILE_TASK, REDELIVER_TASK)
+REEMBED_TASK = "engram.maintenance.reembed"
+MAINTENANCE_TASKS = (DECAY_TASK, HIERARCHY_TASK, WEIGHTS_TASK, RECONCILE_TASK, REDELIVER_TASK, REEMBED_TASK)
 
 # Routes: the queue of every task. The Celery config, the producer's Lua enqueue, worker hand-overs,
 # redelivery and Beat all route through ``queue_for``.

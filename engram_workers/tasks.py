@@ -28,7 +28,16 @@ from engram_workers.stages.extract import run_extract
 if TYPE_CHECKING:  # the maintenance jobs are imported by the tasks that run them (numpy, faiss)
     from engram_workers.maintenance.fanout import Chunk, Job
 
-__all__ = ["apply", "decay_task", "extract", "hierarchy_task", "reconcile_task", "redeliver_task", "weights_task"]
+__all__ = [
+    "apply",
+    "decay_task",
+    "extract",
+    "hierarchy_task",
+    "reconcile_task",
+    "redeliver_task",
+    "reembed_task",
+    "weights_task",
+]
 
 # Unexpected errors (bugs, corrupt data) are retried a few times, then the message is dead-lettered
 # instead of being acked into oblivion.
@@ -218,6 +227,24 @@ def reconcile_task(
         embedder=ctx.embedder, settings=ctx.settings, orphans=claim is None,
     )  # fmt: skip
     _released(ctx, "reconcile", user_ids, claim, report)
+    return report.model_dump(mode="json")
+
+
+@app.task(name=keys.REEMBED_TASK)
+def reembed_task(user_ids: list[str] | None = None, claim: int | None = None, fan_out: bool = False) -> dict[str, Any]:
+    """``fan_out`` (Beat): queue the users with a chunk of another chunk-vector policy (``reembed_users``;
+    one read once the store records the settings' policy); ``claim``: one such task; neither: run here
+    (every such user, then the store's record)."""
+    from engram_workers.maintenance import reembed_users, run_reembed
+
+    ctx = get_resources()
+    if fan_out:
+        due = reembed_users(ctx.graph, ctx.settings)
+        return _fan_out(ctx, "reembed", keys.REEMBED_TASK, ctx.settings.reembed_interval_s, due)
+    report = run_reembed(
+        graph=ctx.graph, embedder=ctx.embedder, settings=ctx.settings, guard=_guard(ctx), user_ids=user_ids
+    )
+    _released(ctx, "reembed", user_ids, claim, report)
     return report.model_dump(mode="json")
 
 

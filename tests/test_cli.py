@@ -102,7 +102,8 @@ def test_the_cli_has_every_command_of_the_brief() -> None:
     expected = {
         "demo", "worker", "beat", "flower", "up", "enqueue", "recall", "search", "context", "history", "graph",
         "stats", "forget", "forget-user", "health", "dlq list", "dlq replay", "dlq drop", "maintenance decay",
-        "maintenance hierarchy", "maintenance weights", "maintenance reconcile", "reindex", "export",
+        "maintenance hierarchy", "maintenance weights", "maintenance reconcile", "maintenance reembed", "reindex",
+        "export",
     }  # fmt: skip
     assert expected <= names
 
@@ -456,7 +457,7 @@ def test_ledger_reindex_moves_old_dead_letters_and_indexes_old_keys(stack: Stack
 
 
 def test_maintenance_jobs_and_reindex_run_in_process(moved_user: str, stack: Stack) -> None:
-    env = runner_env(**stack.env)
+    env, stack_env = runner_env(**stack.env), clean_env(**stack.env)
 
     def run(job: str) -> dict:
         result = invoke(["maintenance", job, "--user", moved_user, "--json"], env)
@@ -485,6 +486,16 @@ def test_maintenance_jobs_and_reindex_run_in_process(moved_user: str, stack: Sta
     assert (reconcile["users"], reconcile["ok"] + reconcile["rebuilt"]) == (1, 1), reconcile
     rebuilt = json.loads(invoke(["reindex", "--user", moved_user, "--json"], env).stdout)
     assert rebuilt[0]["user_id"] == moved_user and rebuilt[0]["vectors"] > 0
+
+    # The workers made the 3 chunks' vectors under the default policy: nothing to do, until it changes (a
+    # process of its own: this one's worker resources hold the settings they were made with).
+    assert (run("reembed")["chunks"], run("reembed")["context"]) == (0, "other_turn")
+    args = ["maintenance", "reembed", "--user", moved_user, "--json"]
+    dated = engram(args, {**stack_env, "ENGRAM_CHUNK_EMBED_CONTEXT": "dated"})
+    assert dated.returncode == 0, dated.stderr
+    report = json.loads(dated.stdout)
+    assert (report["users"], report["chunks"], report["per_user"][0]["user_id"]) == (1, 3, moved_user), report
+    assert run("reembed")["chunks"] == 3 and run("reembed")["chunks"] == 0  # back, then nothing left
 
 
 def test_forget_and_forget_user(stack: Stack, env: dict[str, str]) -> None:

@@ -52,7 +52,12 @@ def test_written_rows_show_their_embeddings_in_a_few_characters() -> None:
         id="c1", user_id="u1", episode_id="m1", seq=0, text="I like tea", speaker="Alice", event_time=T0,
         embedding=EMBEDDING,
     )  # fmt: skip
-    rows = [shape.entity_props(entity, "u1"), shape.fact_props(fact, "u1", None), shape.chunk_props(chunk, "u1", "m1")]
+    rows = [
+        shape.entity_props(entity, "u1"),
+        shape.fact_props(fact, "u1", None),
+        shape.chunk_props(chunk, "u1", "m1", "other_turn"),
+    ]
+    assert rows[2]["embedded_with"] == "other_turn"  # the policy its vector was made with
     for row in rows:
         assert row["embedding"] == EMBEDDING
         assert repr(row["embedding"]) == "<vector of 384>"
@@ -91,7 +96,7 @@ def test_written_rows_carry_no_datetime_for_the_driver_to_convert() -> None:
     for row in (
         shape.entity_props(entity, "u1"),
         shape.fact_props(fact, "u1", due),
-        shape.chunk_props(chunk, "u1", "m1"),
+        shape.chunk_props(chunk, "u1", "m1", None),
     ):
         assert not [k for k, v in row.items() if isinstance(v, datetime)]
     assert shape.fact_props(fact, "u1", due)["valid_until"] == shape.instant(T0 + timedelta(days=1))

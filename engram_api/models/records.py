@@ -160,6 +160,11 @@ class WritePlan(_Model):
     reinforced_fact_ids: list[str] = Field(default_factory=list)
     mentioned_entity_ids: list[str] = Field(default_factory=list, description="provenance links")
     chunks: list[ChunkRecord] = Field(default_factory=list, description="the episode's recallable pieces")
+    chunk_context: Literal["none", "other_turn", "prev_turn", "dated"] | None = Field(
+        None,
+        description="what the chunks' vectors were made from beside their words (ENGRAM_CHUNK_EMBED_CONTEXT), "
+        "recorded with each chunk; None: not known (a restore), so the re-embedding pass redoes them",
+    )
     linked_fact_ids: list[str] = Field(
         default_factory=list, description="provenance links to stored facts without reinforcing them (restore)"
     )

@@ -59,7 +59,8 @@ class IngestSettings(BaseModel):
         "other_turn",
         description="what an episode chunk's vector is made from beside its words: other_turn (the last turn of "
         "another speaker before it in the message or its `earlier` turns: the question a short answer answers), "
-        "prev_turn (the turn right before), dated (its date), none (the words alone); stored vectors keep theirs",
+        "prev_turn (the turn right before), dated (its date), none (the words alone); chunks stored under another "
+        "value are re-embedded by the `reembed` maintenance job",
     )
     llm_output_mode: Literal["auto", "schema", "json"] = Field(
         "auto",

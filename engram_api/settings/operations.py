@@ -43,6 +43,12 @@ class OperationsSettings(BaseModel):
     redeliver_interval_s: float = Field(
         600, gt=0, description="Beat: re-send messages stuck between stages longer than the visibility timeout"
     )
+    reembed_interval_s: float = Field(
+        3600,
+        gt=0,
+        description="Beat: re-embed the chunks whose vectors were made under another ENGRAM_CHUNK_EMBED_CONTEXT "
+        "(one store read once none is left)",
+    )
 
     # --- hooks: run after the built-in middleware, in order
     middleware: str = Field("", description="extra pipeline middleware, 'pkg.module:Class' comma-separated")

@@ -27,6 +27,10 @@ _JOBS = {
         "reconcile_task",
         "Check every FAISS index against the graph; rebuild what drifted; backfill episode chunks.",
     ),
+    "reembed": (
+        "reembed_task",
+        "Re-embed the episode chunks whose vectors were made under another ENGRAM_CHUNK_EMBED_CONTEXT.",
+    ),
 }
 
 

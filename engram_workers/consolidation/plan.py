@@ -84,6 +84,7 @@ class Incoming:
     chunks: tuple[ChunkRecord, ...]
     embedded: tuple[str, ...]
     texts: tuple[str, ...]
+    context: EmbedContext = "other_turn"  # what ``embedded`` adds to each chunk's words
 
     @classmethod
     def of(
@@ -98,7 +99,7 @@ class Incoming:
         statements = [" ".join(f.statement.split())[:1000] for f in named.facts]
         names = [e.name for e in named.entities]
         texts = (*names, *refs, *statements, "User", *embedded)
-        return cls(envelope, named, usage, chunks, embedded, texts)
+        return cls(envelope, named, usage, chunks, embedded, texts, embed_context)
 
 
 @dataclass
@@ -344,6 +345,7 @@ def plan_message(message: Incoming, *, graph: GraphStore, index: UserIndex, vect
         reinforced_fact_ids=sorted(set(reinforced)),
         mentioned_entity_ids=sorted(mentioned),
         chunks=chunks,
+        chunk_context=message.context,
         usage=message.usage,
     )
     upserts: list[tuple[str, Kind, Sequence[float]]] = [

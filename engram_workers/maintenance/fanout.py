@@ -11,6 +11,8 @@ Where the to-do set comes from:
   ``UserWrite.finish`` keeps; ``engram_api.storage.writer.changes``), so a run costs the users that changed,
   not the users that exist. The first run ever (no ``seen`` mark yet) takes every stored user once: users
   written before the changed set existed must not be skipped forever.
+- ``reembed``: the users with a chunk whose vector was made under another chunk-vector policy
+  (``maintenance.reembed.reembed_users``); none, after one read, once the store records the settings' one.
 - ``decay``: the users with a fact due for archival (``GraphStore.users_due``, read from the stores' due
   index; ``maintenance.decay.decay_users``). Recall computes a fact's strength when it reads it
   (``storage.graph.fading``), so a user with nothing due is not visited at all; only while
@@ -48,7 +50,9 @@ from engram_workers.maintenance._common import UserFailure
 
 __all__ = ["USERS_PER_TASK", "Chunk", "FanOutReport", "Job", "Send", "drive", "release"]
 
-Job = Literal["decay", "hierarchy", "reconcile"]
+Job = Literal["decay", "hierarchy", "reconcile", "reembed"]
+# The jobs whose driver is handed the users it has work for (``due``) instead of the changed set.
+_GIVEN_USERS = ("decay", "reembed")
 USERS_PER_TASK = 100
 # Changed users taken into a to-do set per script call: bounds how long one call holds Redis.
 _PAGE = 1000
@@ -84,11 +88,12 @@ def drive(
     due: Sequence[str] | None = None,
 ) -> FanOutReport:
     """Fill ``job``'s to-do set and send its users in tasks, each claimed for ``claim_s`` seconds. ``due``:
-    decay's users (``decay.decay_users``), required for it and for it only."""
+    the users decay or reembed has work for (``decay.decay_users``, ``reembed.reembed_users``), required
+    for them and for them only."""
     if job not in FANNED_OUT:
         raise ValueError(f"{job!r} is not a fanned-out maintenance job ({', '.join(FANNED_OUT)})")
-    if (due is None) != (job != "decay"):
-        raise ValueError("decay's driver takes the users it has work for (due); the other jobs take none")
+    if (due is None) != (job not in _GIVEN_USERS):
+        raise ValueError("decay's and reembed's drivers take the users they have work for (due); the others none")
     report = FanOutReport(job=job)
     if due is not None:
         report.taken_in = _take_in_all(client, job, list(due))

@@ -159,7 +159,16 @@ class GuardedGraph:
     """Passes everything to the real store but fails a per-user write made outside that user's guard."""
 
     WRITES = frozenset(
-        {"decay", "reinforce", "replace_clusters", "apply", "forget_message", "add_chunks", "remove_chunks"}
+        {
+            "decay",
+            "reinforce",
+            "replace_clusters",
+            "apply",
+            "forget_message",
+            "add_chunks",
+            "remove_chunks",
+            "reembed_chunks",
+        }
     )
 
     def __init__(self, graph: GraphStore, spy: GuardSpy) -> None:

@@ -15,6 +15,7 @@ from engram_api.producer import build_envelope
 from engram_api.storage import GraphStore
 from engram_api.storage.embedding.embedder import Embedder
 from engram_api.storage.faiss.files import VectorStore
+from engram_api.storage.graph.episodes import EmbedContext
 from engram_api.storage.writer.userwrite import UserWrite, UserWrites
 from engram_workers.consolidation.plan import Incoming, Planned
 from engram_workers.extraction.rules import extract_rules
@@ -60,10 +61,12 @@ def write_one(
     graph: GraphStore,
     embedder: Embedder,
     hooks: Hooks | None = None,
+    embed_context: EmbedContext = "other_turn",
 ) -> Done:
     """What the apply stage writes for one message, in this process: its one write path (``write_members``),
-    the message a batch of one, inside ``write``; the message's error raised as its task raises it."""
-    member = Member(Incoming.of(envelope, extraction, usage))
+    the message a batch of one, inside ``write``; the message's error raised as its task raises it.
+    ``embed_context``: the worker's ``ENGRAM_CHUNK_EMBED_CONTEXT``."""
+    member = Member(Incoming.of(envelope, extraction, usage, embed_context))
     written = write_members(write, [member], trigger=member, graph=graph, embedder=embedder, hooks=hooks or Hooks(()))
     if written.trigger_error is not None:
         raise written.trigger_error
@@ -78,6 +81,7 @@ def apply_message(
     envelope: Envelope,
     extraction: Extraction,
     usage: Usage | None = None,
+    embed_context: EmbedContext = "other_turn",
 ) -> Done:
     """What the apply stage does with one message, minus Celery and Redis bookkeeping: ``write_one`` (plan,
     idempotent graph write, hooks, FAISS index, published stamp) inside the user's fenced ``UserWrite``. The
@@ -87,7 +91,8 @@ def apply_message(
     return writes.run(
         envelope.user_id,
         lambda write: write_one(
-            write, envelope, extraction, usage or Usage(), graph=graph, embedder=embedder, hooks=hooks
+            write, envelope, extraction, usage or Usage(), graph=graph, embedder=embedder, hooks=hooks,
+            embed_context=embed_context,
         ),
         wait=30.0,
     )  # fmt: skip

@@ -29,6 +29,7 @@ __all__ = [
     "episode_text",
     "keyword_terms",
     "split_chunks",
+    "stored_texts",
     "user_key",
     "words",
 ]
@@ -283,17 +284,53 @@ def embedded_texts(envelope: Envelope, chunks: list[ChunkRecord], context: Embed
     or, before them, its ``earlier`` turns; ``prev_turn``: the turn right before, whoever said it;
     ``dated``: the message's date before it. Only what the envelope carries is used, so the text is the
     same however the user's messages are batched or ordered at apply."""
+    turns = [(m.name or m.role, m.content) for m in envelope.earlier]
+    messages: list[tuple[str, str, list[ChunkRecord]]] = []
+    for message in envelope.messages:
+        at = sum(len(run) for _, _, run in messages)
+        run = chunks[at : at + len(split_chunks(message.content))]
+        messages.append((_speaker(envelope, message, message.role), message.content, run))
+    return _in_context(turns, messages, context)
+
+
+def stored_texts(chunks: list[ChunkRecord], before: list[ChunkRecord], context: EmbedContext) -> list[str]:
+    """``embedded_texts`` from what a store holds (the re-embedding of stored chunks): ``chunks`` are one
+    stored message's (an episode's, by ``seq``), ``before`` the chunks of the message stored right before it
+    in the user's conversation order (empty for the first). The envelope's turns are not stored, so its
+    messages are the runs of one speaker's chunks (words joined by a space) and its one earlier turn is the
+    last such run of ``before``. Equal to what apply made when the client's ``earlier`` turns were the
+    user's preceding stored messages, each one speaker's whole turn of single-spaced sentences (a chat
+    ingested turn by turn); otherwise the nearest the store can give."""
+    return _in_context([(s, w) for s, w, _ in _runs(before)[-1:]], _runs(chunks), context)
+
+
+def _runs(chunks: list[ChunkRecord]) -> list[tuple[str, str, list[ChunkRecord]]]:
+    """Consecutive chunks of one speaker as (speaker, their words joined, the chunks)."""
+    runs: list[tuple[str, str, list[ChunkRecord]]] = []
+    for chunk in chunks:
+        if runs and runs[-1][0] == chunk.speaker:
+            speaker, words, run = runs[-1]
+            runs[-1] = (speaker, f"{words} {chunk.text}", [*run, chunk])
+        else:
+            runs.append((chunk.speaker, chunk.text, [chunk]))
+    return runs
+
+
+def _in_context(
+    turns: list[tuple[str, str]], messages: list[tuple[str, str, list[ChunkRecord]]], context: EmbedContext
+) -> list[str]:
+    """Each message's chunks (``messages``: speaker, words, chunks) in ``context``, after ``turns`` (the
+    earlier turns as speaker, words): ``embedded_texts``'s rule, whatever the turns were read from."""
+    chunks = [c for _, _, run in messages for c in run]
     if context == "none":
         return [c.indexed_text for c in chunks]
     if context == "dated":
         return [f"[{c.event_time.date().isoformat()}] {c.indexed_text}" for c in chunks]
-    turns = [(m.name or m.role, m.content) for m in envelope.earlier]
+    turns = list(turns)
     out: list[str] = []
-    for message in envelope.messages:
-        speaker = _speaker(envelope, message, message.role)
+    for speaker, words, run in messages:
         before = next((t for t in reversed(turns) if context == "prev_turn" or t[0] != speaker), None)
-        for c in chunks[len(out) : len(out) + len(split_chunks(message.content))]:
-            reply = "" if before is None else f"\n(replying to {before[0]}: {before[1][:300]})"
-            out.append(c.indexed_text + reply)
-        turns.append((speaker, message.content))
+        reply = "" if before is None else f"\n(replying to {before[0]}: {before[1][:300]})"
+        out.extend(c.indexed_text + reply for c in run)
+        turns.append((speaker, words))
     return out

@@ -16,7 +16,7 @@ from __future__ import annotations
 from abc import abstractmethod
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, get_args
 
 from engram_api.errors import InvalidInputError, StaleWriteError
 from engram_api.models import (
@@ -28,11 +28,33 @@ from engram_api.models import (
     LearnedWeights,
     StoredEpisode,
 )
-from engram_api.storage.graph.base import Link, StoreBase, count, distinct, guarded, linked, owned
+from engram_api.storage.graph.base import Link, Rule, StoreBase, count, distinct, guarded, linked, owned
+from engram_api.storage.graph.episodes import EmbedContext
 from engram_api.storage.graph.fading import Fading
 from engram_api.storage.graph.forgetting import ForgetPlan, ForgetScope, Removed, plan_forget
 
 __all__ = ["UpkeepStore"]
+
+
+def _known(name: str) -> Rule:
+    """A chunk-vector policy (``episodes.EmbedContext``): another value is refused."""
+
+    def rule(args: dict[str, Any]) -> bool:
+        if args[name] not in get_args(EmbedContext):
+            raise InvalidInputError(name, f"must be one of {', '.join(get_args(EmbedContext))} (got {args[name]!r})")
+        return True
+
+    return rule
+
+
+def _listed(name: str) -> Rule:
+    """A sequence of (id, vector) pairs, as a list; asks for something when non-empty."""
+
+    def rule(args: dict[str, Any]) -> bool:
+        args[name] = list(args[name])
+        return bool(args[name])
+
+    return rule
 
 
 class UpkeepStore(StoreBase):
@@ -193,6 +215,39 @@ class UpkeepStore(StoreBase):
         """One transaction: the first ``batch`` unarchived facts (every user's) with an id above ``after``,
         by id, get ``fading.due`` of their stored strength and reference instant, each only if unchanged
         since read. Returns their ids."""
+
+    # ------------------------------------------------------------------------------ chunk vectors
+    @abstractmethod
+    def recorded_chunk_context(self) -> str | None:
+        """The ``ENGRAM_CHUNK_EMBED_CONTEXT`` every stored chunk's vector was made with, as the
+        re-embedding pass recorded it once no chunk was left under another (``record_chunk_context``);
+        None: none recorded (a store from before the record, or one the pass has not finished)."""
+
+    @abstractmethod
+    @guarded(_known("context"), nothing=lambda: None)
+    def record_chunk_context(self, context: str) -> None:
+        """Record ``context`` as the policy of every stored chunk vector (one small write)."""
+
+    @abstractmethod
+    @guarded(_known("context"))
+    def users_to_reembed(self, context: str) -> list[str]:
+        """The users with a chunk whose vector was made under another context than ``context`` or under
+        one not recorded (written before the record, or restored), sorted: the pass's to-do list. Reads
+        every chunk: the driver asks only while the recorded context is another one."""
+
+    @abstractmethod
+    @guarded(_known("context"), count("batch"))
+    def chunks_to_reembed(self, user_id: str, context: str, *, after: str, batch: int) -> list[ChunkRecord]:
+        """The first ``batch`` of the user's chunks with an id above ``after``, by id, whose vector was made
+        under another context than ``context`` (or an unrecorded one)."""
+
+    @abstractmethod
+    @guarded(_known("context"), _listed("vectors"))
+    def reembed_chunks(self, user_id: str, context: str, vectors: Sequence[tuple[str, list[float]]]) -> list[str]:
+        """One transaction: each of the user's chunks ``vectors`` names (id, vector) whose vector is still
+        another context's gets that vector and ``context``; a chunk written meanwhile under ``context`` (by
+        apply) keeps its own. Bumps the version marking the chunks written (so every copy catches up by
+        version) when any was; returns their ids, sorted."""
 
     @abstractmethod
     @guarded(owned("clusters"), nothing=lambda: None)

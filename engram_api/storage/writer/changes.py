@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 __all__ = ["FANNED_OUT", "forget_changes", "mark_changed"]
 
 # The maintenance jobs that keep a per-user to-do set (their Beat entry fans out over it).
-FANNED_OUT = ("decay", "hierarchy", "reconcile")
+FANNED_OUT = ("decay", "hierarchy", "reconcile", "reembed")
 
 
 def mark_changed(client: redis.Redis, user_id: str) -> None:

@@ -1,7 +1,7 @@
 """Neo4j side of episodes as memories: chunk nodes, the Lucene full-text keyword index, their queries.
 
 Graph shape: ``(:Chunk {id, user_id, ukey, episode_id, seq, text, body, speaker, role, event_time,
-embedding, created_at})-[:PART_OF]->(:Episode)``; ``body`` is the indexed text (the speaker's name with
+embedding, created_at, embedded_with})-[:PART_OF]->(:Episode)``; ``body`` is the indexed text (the speaker's name with
 the words). Facts carry ``ukey`` too. Invariants:
 - one full-text index ``engram_keyword`` over ``Chunk.body``, ``Fact.statement`` and both ``ukey``s,
   updated at commit (not eventually consistent), so a committed apply or forget is what search sees;
@@ -24,12 +24,17 @@ __all__ = [
     "KEYWORD_INDEX",
     "MICROS",
     "Q_CHUNKS",
+    "Q_CHUNKS_TO_REEMBED",
+    "Q_CHUNK_CONTEXT",
     "Q_FORGET_CHUNKS",
     "Q_KEYWORD",
     "Q_KEYWORD_COUNT",
     "Q_NEIGHBOURS",
+    "Q_REEMBED_SET",
+    "Q_SET_CHUNK_CONTEXT",
     "Q_SET_FACT_UKEY",
     "Q_UNKEYED_FACT_USERS",
+    "Q_USERS_TO_REEMBED",
     "SCHEMA",
     "lucene_query",
     "set_times",
@@ -119,6 +124,26 @@ CALL (x) {{
 WITH DISTINCT n AS c
 RETURN {CHUNK_ROW} AS row
 """
+
+# The re-embedding pass (``GraphStore.chunks_to_reembed``): chunks of another or no recorded policy
+# (``embedded_with``, absent on chunks written before the record), a user's a page by id, every user's.
+_OTHER_POLICY = "(c.embedded_with IS NULL OR c.embedded_with <> $context)"
+Q_USERS_TO_REEMBED = f"MATCH (c:Chunk) WHERE {_OTHER_POLICY} RETURN DISTINCT c.user_id AS user_id ORDER BY user_id"
+Q_CHUNKS_TO_REEMBED = f"""
+MATCH (c:Chunk {{user_id: $user_id}}) WHERE c.id > $after AND {_OTHER_POLICY}
+WITH c ORDER BY c.id LIMIT $batch
+RETURN {CHUNK_ROW} AS row
+"""
+# Only a chunk still of another policy: one apply wrote meanwhile under $context keeps its own vector.
+Q_REEMBED_SET = f"""
+UNWIND $rows AS r
+MATCH (c:Chunk {{user_id: $user_id, id: r.id}}) WHERE {_OTHER_POLICY}
+SET c.embedding = r.embedding, c.embedded_with = $context
+RETURN c.id AS id ORDER BY id
+"""
+# The policy every chunk vector was made with, on the schema marker (as the decay policy, ``Q_FADING``).
+Q_CHUNK_CONTEXT = "MATCH (s:EngramSchema {name: 'engram'}) RETURN s.chunk_context AS context"
+Q_SET_CHUNK_CONTEXT = "MATCH (s:EngramSchema {name: 'engram'}) SET s.chunk_context = $context"
 
 # Chunks and facts in one query (one round trip): each branch keeps its own top k, as two queries did.
 Q_KEYWORD = f"""

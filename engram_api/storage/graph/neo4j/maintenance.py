@@ -1,5 +1,5 @@
-"""Maintenance on the Neo4j backend: decay, reinforcement, clusters, feedback and learned weights, as a
-mixin of ``Neo4jGraphStore``.
+"""Maintenance on the Neo4j backend: decay, reinforcement, chunk re-embedding, clusters, feedback and
+learned weights, as a mixin of ``Neo4jGraphStore``.
 
 The decay formula and the input checks live in ``base``; here are queries and transactions only. A
 maintenance write that changes what recall can return bumps the user's version in the same transaction.
@@ -14,10 +14,11 @@ from typing import Any, cast
 
 from neo4j import ManagedTransaction
 
-from engram_api.models import ClusterRecord, FeedbackRow, LearnedWeights, utcnow
+from engram_api.models import ChunkRecord, ClusterRecord, FeedbackRow, LearnedWeights, utcnow
 from engram_api.storage.graph.contract import Link
 from engram_api.storage.graph.fading import Fading
 from engram_api.storage.graph.neo4j import cypher as cy
+from engram_api.storage.graph.neo4j import episodes as episodes_cypher
 from engram_api.storage.graph.neo4j import rows as shape
 from engram_api.storage.graph.neo4j.connection import Neo4jConnection, bump
 
@@ -94,6 +95,34 @@ class Neo4jMaintenance(Neo4jConnection):
                 tx.run(cy.Q_REINFORCE_SET, params, rows=rows).consume()
                 bump(tx, user_id, now=params["now"], facts=fact_ids)
             return len(rows)
+
+        return self._write(work)
+
+    def recorded_chunk_context(self) -> str | None:
+        found = self._read_one(episodes_cypher.Q_CHUNK_CONTEXT, {})
+        return found[0]["context"] if found else None
+
+    def record_chunk_context(self, context: str) -> None:
+        self._write(lambda tx: tx.run(episodes_cypher.Q_SET_CHUNK_CONTEXT, context=context).consume())
+
+    def users_to_reembed(self, context: str) -> list[str]:
+        return [r["user_id"] for r in self._read_one(episodes_cypher.Q_USERS_TO_REEMBED, {"context": context})]
+
+    def chunks_to_reembed(self, user_id: str, context: str, *, after: str, batch: int) -> list[ChunkRecord]:
+        rows = self._rows(
+            episodes_cypher.Q_CHUNKS_TO_REEMBED, user_id=user_id, context=context, after=after, batch=int(batch)
+        )
+        return shape.live_chunks(rows)
+
+    def reembed_chunks(self, user_id: str, context: str, vectors: list[tuple[str, list[float]]]) -> list[str]:
+        rows = [{"id": c, "embedding": shape.vector(v)} for c, v in vectors]
+
+        def work(tx: ManagedTransaction) -> list[str]:
+            params = {"user_id": user_id, "context": context, "rows": rows}
+            written = [r["id"] for r in tx.run(episodes_cypher.Q_REEMBED_SET, params)]
+            if written:
+                bump(tx, user_id, now=shape.utc(utcnow()), chunks=written)
+            return written
 
         return self._write(work)
 

@@ -195,8 +195,9 @@ def each_live_chunk(rows: Iterable[dict[str, Any]]) -> Iterator[ChunkRecord]:
     return (ChunkRecord.model_validate(_with_times(r, _CHUNK_ROW_TIMES)) for r in rows if r.get("text") is not None)
 
 
-def chunk_props(c: ChunkRecord, user_id: str, episode_id: str) -> dict[str, Any]:
-    """A chunk's node properties: ``body`` (speaker and words) and ``ukey`` feed the keyword index."""
+def chunk_props(c: ChunkRecord, user_id: str, episode_id: str, context: str | None) -> dict[str, Any]:
+    """A chunk's node properties: ``body`` (speaker and words) and ``ukey`` feed the keyword index;
+    ``embedded_with`` is the policy its vector was made with (``WritePlan.chunk_context``; absent: not known)."""
     return {
         "id": c.id,
         "user_id": user_id,
@@ -210,4 +211,5 @@ def chunk_props(c: ChunkRecord, user_id: str, episode_id: str) -> dict[str, Any]
         "event_time": instant(c.event_time),
         "embedding": vector(c.embedding),
         "created_at": instant(c.created_at),
+        "embedded_with": context,
     }

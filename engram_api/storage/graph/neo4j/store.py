@@ -150,7 +150,7 @@ class Neo4jGraphStore(Neo4jDeletion, Neo4jMaintenance, Neo4jVectors, Neo4jConnec
             for c in plan.entity_changes
         ]
         fact_rows = [{"props": shape.fact_props(f, user_id, self._fact_due(f))} for f in plan.new_facts]
-        chunk_rows = [shape.chunk_props(c, user_id, episode.id) for c in plan.chunks]
+        chunk_rows = [shape.chunk_props(c, user_id, episode.id, plan.chunk_context) for c in plan.chunks]
         fact_change_rows = [
             {"id": c.id, "valid_until": shape.instant(c.valid_until), "superseded_by": c.superseded_by}
             for c in plan.fact_changes
@@ -335,7 +335,7 @@ class Neo4jGraphStore(Neo4jDeletion, Neo4jMaintenance, Neo4jVectors, Neo4jConnec
     def add_chunks(self, user_id: str, chunks: list[ChunkRecord]) -> int:
         by_episode: dict[str, list[dict[str, Any]]] = {}
         for c in chunks:
-            by_episode.setdefault(c.episode_id, []).append(shape.chunk_props(c, user_id, c.episode_id))
+            by_episode.setdefault(c.episode_id, []).append(shape.chunk_props(c, user_id, c.episode_id, "none"))
         rows = [{"episode_id": e, "chunks": cs} for e, cs in by_episode.items()]
 
         def work(tx: ManagedTransaction) -> int:

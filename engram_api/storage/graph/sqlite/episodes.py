@@ -27,11 +27,13 @@ __all__ = [
     "SCHEMA",
     "add_chunks",
     "chunk_counts",
+    "chunks_to_reembed",
     "delete_chunks",
     "get_chunks",
     "insert_chunks",
     "keyword_search",
     "neighbour_chunks",
+    "reembed_chunks",
     "register_functions",
 ]
 
@@ -54,6 +56,7 @@ CREATE TABLE IF NOT EXISTS chunks (
     embedding  BLOB,
     created_at INTEGER NOT NULL,
     changed    INTEGER NOT NULL DEFAULT 0,  -- the version of the write that created it
+    embedded_with TEXT,  -- the ENGRAM_CHUNK_EMBED_CONTEXT its vector was made with; NULL: not known
     UNIQUE (user_id, id),
     FOREIGN KEY (user_id, episode_id) REFERENCES episodes (user_id, id) ON DELETE CASCADE
 );
@@ -130,20 +133,25 @@ def register_functions(conn: sqlite3.Connection) -> None:
     conn.create_function("engram_ukey", 1, user_key, deterministic=True)
 
 
-def insert_chunks(conn: sqlite3.Connection, chunks: Sequence[ChunkRecord], us: Any, blob: Any) -> None:
+def insert_chunks(
+    conn: sqlite3.Connection, chunks: Sequence[ChunkRecord], us: Any, blob: Any, context: str | None
+) -> None:
+    """Insert chunks whose vectors were made under ``context`` (``WritePlan.chunk_context``)."""
     conn.executemany(
-        """INSERT INTO chunks (id, user_id, episode_id, seq, text, speaker, role, event_time, embedding, created_at)
-           VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)""",
+        """INSERT INTO chunks (id, user_id, episode_id, seq, text, speaker, role, event_time, embedding, created_at,
+                               embedded_with)
+           VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)""",
         [
             (c.id, c.user_id, c.episode_id, c.seq, c.text, c.speaker, c.role, us(c.event_time), blob(c.embedding),
-             us(c.created_at))
+             us(c.created_at), context)
             for c in chunks
         ],
     )  # fmt: skip
 
 
 def add_chunks(conn: sqlite3.Connection, user_id: str, chunks: Sequence[ChunkRecord], us: Any, blob: Any) -> int:
-    """Insert the chunks of stored episodes of the user that have no chunk yet (see ``GraphStore.add_chunks``)."""
+    """Insert the chunks of stored episodes of the user that have no chunk yet (see ``GraphStore.add_chunks``);
+    their vectors are of the words alone (``none``)."""
     wanted = sorted({c.episode_id for c in chunks if c.user_id == user_id})
     open_ids = {
         r[0]
@@ -154,8 +162,38 @@ def add_chunks(conn: sqlite3.Connection, user_id: str, chunks: Sequence[ChunkRec
         )
     }
     rows = [c for c in chunks if c.user_id == user_id and c.episode_id in open_ids]
-    insert_chunks(conn, rows, us, blob)
+    insert_chunks(conn, rows, us, blob, "none")
     return len(rows)
+
+
+# The re-embedding pass (``GraphStore.chunks_to_reembed``): a user's chunks of another (or no) recorded
+# policy, a page by id.
+_TO_REEMBED = f"""{_CHUNK_COLUMNS} FROM chunks c
+ WHERE c.user_id = :user_id AND c.id > :after AND c.embedded_with IS NOT :context
+ ORDER BY c.id LIMIT :batch"""
+
+
+def chunks_to_reembed(
+    conn: sqlite3.Connection, user_id: str, context: str, after: str, batch: int, dt: Any
+) -> list[ChunkRecord]:
+    params = {"user_id": user_id, "context": context, "after": after, "batch": batch}
+    return [_chunk(r, dt) for r in conn.execute(_TO_REEMBED, params)]
+
+
+def reembed_chunks(
+    conn: sqlite3.Connection, user_id: str, context: str, vectors: Sequence[tuple[str, bytes | None]]
+) -> list[str]:
+    """Give each chunk still of another policy its vector and ``context``; the ids written, sorted."""
+    written = []
+    for chunk_id, blob in vectors:
+        row = conn.execute(
+            """UPDATE chunks SET embedding = ?, embedded_with = ?
+                WHERE user_id = ? AND id = ? AND embedded_with IS NOT ? RETURNING id""",
+            (blob, context, user_id, chunk_id, context),
+        ).fetchone()
+        if row is not None:
+            written.append(row[0])
+    return sorted(written)
 
 
 def delete_chunks(conn: sqlite3.Connection, user_id: str, chunk_ids: Sequence[str]) -> list[str]:

@@ -1,5 +1,5 @@
-"""Maintenance on the embedded SQLite backend: decay, reinforcement, clusters, feedback and learned
-weights, as a mixin of ``SqliteGraphStore``.
+"""Maintenance on the embedded SQLite backend: decay, reinforcement, chunk re-embedding, clusters, feedback
+and learned weights, as a mixin of ``SqliteGraphStore``.
 
 The decay formula and the input checks live in ``base``; here are queries and transactions only. A
 maintenance write that changes what recall can return bumps the user's version in the same transaction.
@@ -13,9 +13,10 @@ import json
 from datetime import datetime
 from typing import Any
 
-from engram_api.models import SCORE_COMPONENTS, WEIGHT_FIELDS, ClusterRecord, FeedbackRow, LearnedWeights
+from engram_api.models import SCORE_COMPONENTS, WEIGHT_FIELDS, ChunkRecord, ClusterRecord, FeedbackRow, LearnedWeights
 from engram_api.storage.graph.contract import Link
 from engram_api.storage.graph.fading import Fading
+from engram_api.storage.graph.sqlite import episodes as episodes_sql
 from engram_api.storage.graph.sqlite import rows as db
 from engram_api.storage.graph.sqlite.connection import SqliteConnection
 
@@ -82,6 +83,34 @@ class SqliteMaintenance(SqliteConnection):
                 [(db.to_us_opt(self.fading.due(r["strength"], db.from_us(r["since"]))), r["id"]) for r in rows],
             )
         return [r["id"] for r in rows]
+
+    def recorded_chunk_context(self) -> str | None:
+        row = self._conn().execute("SELECT value FROM meta WHERE name = 'chunk_context'").fetchone()
+        return None if row is None else str(row["value"])
+
+    def record_chunk_context(self, context: str) -> None:
+        with self._write() as conn:
+            conn.execute(
+                "INSERT INTO meta (name, value) VALUES ('chunk_context', ?)"
+                " ON CONFLICT (name) DO UPDATE SET value = excluded.value",
+                (context,),
+            )
+
+    def users_to_reembed(self, context: str) -> list[str]:
+        rows = self._conn().execute(
+            "SELECT DISTINCT user_id FROM chunks WHERE embedded_with IS NOT ? ORDER BY user_id", (context,)
+        )
+        return [r[0] for r in rows]
+
+    def chunks_to_reembed(self, user_id: str, context: str, *, after: str, batch: int) -> list[ChunkRecord]:
+        return episodes_sql.chunks_to_reembed(self._conn(), user_id, context, after, batch, db.from_us)
+
+    def reembed_chunks(self, user_id: str, context: str, vectors: list[tuple[str, list[float]]]) -> list[str]:
+        with self._write() as conn:
+            written = episodes_sql.reembed_chunks(conn, user_id, context, [(c, db.to_blob(v)) for c, v in vectors])
+            if written:
+                db.bump(conn, user_id, None, chunks=written)
+        return written
 
     def reinforce(self, user_id: str, fact_ids: list[str], *, amount: float, now: datetime) -> int:
         now_us = db.to_us(now)

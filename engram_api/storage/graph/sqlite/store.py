@@ -127,7 +127,7 @@ class SqliteGraphStore(SqliteDeletion, SqliteMaintenance, SqliteVectors, SqliteC
                 return ApplyOutcome(applied=False, version=db.read_version(conn, user_id))
             db.insert_episode(conn, plan.episode)
             episode_id = plan.episode.id
-            episodes_sql.insert_chunks(conn, plan.chunks, db.to_us, db.to_blob)
+            episodes_sql.insert_chunks(conn, plan.chunks, db.to_us, db.to_blob, plan.chunk_context)
             for entity in plan.new_entities:
                 db.insert_entity(conn, entity)
                 db.link_episode(conn, user_id, entity.id, "entity", episode_id)
