@@ -194,12 +194,14 @@ class _Run(RecallRun):
                 # What it said has ended (every fact extracted from it ended by ``as_of``): "I live in
                 # Tampa." after a move is history, so the fact that replaced it ranks ahead of it.
                 cand.fusion *= 0.5
-            if chunk is not None and (recipe.speaker_boost or recipe.when_boost):
+            if chunk is not None and (recipe.speaker_boost or recipe.when_boost or recipe.period_boost):
                 # Who said it and when it says something happened are the turn's context, which its words
-                # alone may lack ("I signed up yesterday" answers "when did Melanie sign up?").
+                # alone may lack ("I signed up yesterday" answers "when did Melanie sign up?"); so is when it
+                # was said ("camping last week", said on 27 June, answers "camping in June").
                 cand.fusion += unit * (
                     recipe.speaker_boost * self.cues.names(chunk.speaker)
                     + recipe.when_boost * self.cues.answers_when(chunk.text, chunk.event_time)
+                    + recipe.period_boost * self.cues.in_period(chunk.text, chunk.event_time)
                 )
             comp = components(
                 similarity=self.sims.get(node_id, 0.0),
