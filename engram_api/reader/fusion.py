@@ -71,10 +71,23 @@ class _Run(RecallRun):
         for node_id, share in zip(ids, shares, strict=True):
             self.candidate(node_id).add(channel, weight * share)
 
-    def _coverage(self, node_id: str) -> float:
-        """The share of the query's keyword stems the hit's indexed text holds (1 with no stems)."""
-        text = self.facts[node_id].statement if node_id in self.facts else self.chunks[node_id].indexed_text
-        return word_share(self.qstems, text)
+    def _coverage(self, node_id: str, turn_stems: frozenset[str]) -> float:
+        """The share of the query's keyword stems the hit's indexed text holds (1 with no stems); a turn's
+        share is of ``turn_stems``."""
+        if node_id in self.facts:
+            return word_share(self.qstems, self.facts[node_id].statement)
+        return word_share(turn_stems, self.chunks[node_id].indexed_text)
+
+    def _turn_stems(self, keyword: list[KeywordHit]) -> frozenset[str]:
+        """The query's stems a turn's words are scored on: without the names of the speakers it names. A name
+        the query gives is matched by who said a turn (the speaker cue), not by its words: "Hey Melanie!"
+        is not about Melanie, yet its indexed text holds her name, as every turn of hers does ("Melanie: ...").
+        All of them when nothing else is left."""
+        named = {
+            c.speaker for h in keyword if (c := self.chunks.get(h.node_id)) is not None and self.cues.names(c.speaker)
+        }
+        rest = self.qstems - frozenset(stems(" ".join(sorted(named))))
+        return rest or self.qstems
 
     def channels(self) -> None:
         recipe, k = self.recipe, self.recipe.k
@@ -109,9 +122,10 @@ class _Run(RecallRun):
             self._rank("fact_vector", [h.node_id for h in fact_hits if self.ok(h.node_id)], self.sims)
         # The index is the one of the stamp read first; a forget committed since removes chunks it still holds.
         self._rank("episode_vector", [cid for cid in episode_ids if self.ok(cid)], self.sims)
+        turn_stems = self._turn_stems(keyword)
         for table in ("episode", "fact"):  # each table's own ranking (the stores' and the snapshot's)
             ids = [h.node_id for h in keyword if h.kind == table and self.ok(h.node_id)]
-            self._rank("keyword", ids, {i: self._coverage(i) for i in ids})
+            self._rank("keyword", ids, {i: self._coverage(i, turn_stems) for i in ids})
         if expanding:
             # A fact reached but not read back was forgotten while the step ran (Neo4j reads at read committed).
             reached = [fid for fid in self.hops if fid in self.facts and self.window.fact_ok(self.facts[fid])]

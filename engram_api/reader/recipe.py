@@ -6,7 +6,8 @@ and the top hits mention). With ``fusion_mode`` "score" (the default) each chann
 a hit's score min-max normalized over the channel's list (cosine, ``hop_decay ** hops`` for the graph):
 its best hit the whole weight, its worst listed hit nothing; the keyword channel adds ``weight`` times
 the share of the query's words the hit holds times ``(1 - rank / k) ** 3`` (its rank in its table:
-chunks, facts), never its BM25 score, which a held snapshot computes over the user's documents and the
+chunks, facts; a turn's share leaves out the names of the speakers the query names, which the speaker cue
+matches by who said it), never its BM25 score, which a held snapshot computes over the user's documents and the
 store over every user's, so two readers of one memory fuse the same shares; with "rank" it adds
 ``weight / (rrf_k + rank + 1)`` (reciprocal-rank fusion). The ``fusion`` weight turns the sum into a
 share of the final score next to the composite score (similarity, graph, strength, recency, importance;

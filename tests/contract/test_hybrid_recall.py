@@ -286,6 +286,21 @@ def test_a_when_question_prefers_the_turn_that_says_when(memory: Memory) -> None
     assert _scores(memory, user, statement) == pytest.approx(_scores(memory, user, statement, when_boost=0.0))
 
 
+def test_a_name_the_query_gives_is_matched_by_who_said_a_turn_not_by_its_words(memory: Memory) -> None:
+    """ "Hey Melanie" holds the query's word "Melanie" but is not about her: in the keyword ranking (no links, no
+    cues) that word adds nothing to it, while her own turn still gains by the words it shares with the query."""
+    user = new_user()
+    _chatter(memory, user)
+    memory.say(user, "hey", "Hey Melanie, how was your week?", at(20), speaker="Caroline")
+    memory.say(user, "bake", "I baked sourdough bread with the kids.", at(21), speaker="Melanie")
+    bare = {"channels": ("keyword",), "window": 0, "link_share": 0.0, "speaker_boost": 0.0, "when_boost": 0.0}
+    question = "What bread did Melanie bake?"
+    ranked = _scores(memory, user, question, **bare)
+    unweighted = _scores(memory, user, question, **bare, weights={"keyword": 0.0})
+    assert ranked["bake"] > unweighted["bake"]  # "bread", "bake"
+    assert ranked["hey"] == pytest.approx(unweighted["hey"], abs=1e-6)  # "Melanie" alone: nothing
+
+
 def test_a_question_naming_a_period_prefers_the_turn_said_in_it(memory: Memory) -> None:
     """The same words said in June and in August: "... in June?" ranks the June turn first, by exactly the
     recipe's ``period_boost``, and so does a turn said early in July whose "last week" resolves into June."""
