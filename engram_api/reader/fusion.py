@@ -25,12 +25,12 @@ from operator import mul
 
 import numpy as np
 
+from engram_api.models import Channel as ChannelName
 from engram_api.models import KeywordHit, RecallItem, ScoreBreakdown, utcnow
 from engram_api.naming import self_entity_id
 from engram_api.reader.cues import QueryCues
 from engram_api.reader.facts import UserChunks, UserFacts
 from engram_api.reader.items import Row, recall_item
-from engram_api.reader.links import add_links
 from engram_api.reader.recipe import RecallRecipe, RetrievalChannel
 from engram_api.reader.scoring import Weights, by_rank, components, fact_strength, named, normalized, word_share
 from engram_api.reader.state import RecallRun, TimeWindow
@@ -51,7 +51,7 @@ _EPISODE_IMPORTANCE = 0.5
 
 @dataclass
 class _Run(RecallRun):
-    """A recall's steps over its state: ask the channels, then (after ``add_links``) score the candidates."""
+    """A recall's steps over its state: ask the channels, bring the top hits' linked items, score."""
 
     # ---------------------------------------------------------------------------------- channels
     def _rank(self, channel: RetrievalChannel, ids: Sequence[str], scores: dict[str, float]) -> None:
@@ -184,6 +184,61 @@ class _Run(RecallRun):
         self.chunks.update((c.id, c) for c in step.chunks)
         self.hops.update(step.hops)
 
+    # ------------------------------------------------------------------------------------- links
+    def links(self) -> None:
+        """Each of the top ``links_from`` candidates brings its linked items with ``link_share`` of its fusion
+        score: a fact its source message's chunks, an excerpt the facts extracted from it and the other
+        speaker's turns around it; then every fact ranks at least with its source message's best excerpt."""
+        recipe = self.recipe
+        if recipe.links_from == 0 or recipe.link_share == 0:
+            return
+        top = sorted(self.cands.items(), key=lambda kv: -kv[1].fusion)[: recipe.links_from]
+        sources = {fid: c.fact.source_ids for fid, c in top if c.fact is not None}
+        extracted = {cid: c.chunk.fact_ids for cid, c in top if c.chunk is not None}
+        with self.timed("records"):
+            episode_chunks = self.user_chunks.of_episodes(sorted({e for ids in sources.values() for e in ids}))
+        self.chunks.update((c.id, c) for c in episode_chunks)
+        self.load_facts(f for ids in extracted.values() for f in ids)
+        neighbours: dict[str, list[str]] = {}
+        if recipe.window > 0 and extracted:
+            anchors = list(extracted)
+            with self.timed("records"):
+                near = self.user_chunks.neighbours(anchors, recipe.window)
+            self.chunks.update((c.id, c) for c in near)
+            for cid in anchors:
+                anchor = self.chunks[cid]
+                # A turn's context is the exchange it is part of: the turn it replies to and the reply
+                # ("Where did you move?" / "Austin."), not the same speaker's next statement.
+                neighbours[cid] = [
+                    c.id
+                    for c in near
+                    if c.speaker != anchor.speaker and abs((c.event_time - anchor.event_time).total_seconds()) < 86400
+                ]
+        by_episode: dict[str, list[str]] = {}
+        for c in episode_chunks:
+            by_episode.setdefault(c.episode_id, []).append(c.id)
+        for node_id, parent in top:
+            share = recipe.link_share * parent.fusion
+            linked: list[tuple[ChannelName, str]] = []
+            if parent.fact is not None:
+                linked += [("source", cid) for e in sources[node_id] for cid in by_episode.get(e, [])]
+            else:
+                linked += [("extracted", fid) for fid in extracted[node_id]]
+                linked += [("window", cid) for cid in neighbours.get(node_id, [])]
+            for channel, other in linked:
+                if other == node_id or not self.ok(other):
+                    continue
+                self.candidate(other).add(channel, share)
+        # A fact says what the message it was extracted from says, in fewer words and as it holds now: it
+        # ranks at least with that message's best excerpt.
+        best: dict[str, float] = {}
+        for c in self.cands.values():
+            if c.chunk is not None:
+                best[c.chunk.episode_id] = max(best.get(c.chunk.episode_id, 0.0), c.fusion)
+        for c in self.cands.values():
+            if c.fact is not None:
+                c.fusion = max([c.fusion, *(best.get(e, 0.0) for e in c.fact.source_ids)])
+
     # ----------------------------------------------------------------------------------- scoring
     def _replaced(self, chunk: AnyChunk) -> bool:
         facts = [self.facts.get(f) for f in chunk.fact_ids]
@@ -287,7 +342,7 @@ def recall_items(
     )
     start = time.perf_counter()
     run.channels()
-    add_links(run)
+    run.links()
     items = run.items(weights, k)
     spent = (time.perf_counter() - start) * 1e3
     timings.update(run.timings, fusion=max(0.0, spent - sum(run.timings.values())))

@@ -1,5 +1,5 @@
 """One recall's state (``RecallRun``) and time window (``TimeWindow``): what the fusion steps
-(``reader.fusion``, ``reader.links``) share.
+(``reader.fusion``) share.
 
 Invariants:
 - a record is read at most once a recall (``load_facts``, ``load_chunks`` skip what is held), and
@@ -62,7 +62,7 @@ class TimeWindow:
 @dataclass
 class RecallRun:
     """One recall's state: its inputs, the records it read, each candidate's similarity and hops, the
-    candidates and the time spent by part; ``reader.fusion`` and ``reader.links`` fill it."""
+    candidates and the time spent by part; ``reader.fusion`` fills it."""
 
     graph: GraphStore
     user_facts: UserFacts
