@@ -7,6 +7,9 @@ Invariants:
   starves a channel; keyword search filters inside the store's query;
 - a linked item (a fact's source episode, an episode's extracted facts, a neighbouring turn) obeys the
   same window and only adds a share of its parent's fusion score, never more than the parent has;
+- the query's cues (``reader.cues``: the speaker it names, whether it asks when, the period it names) only
+  add to a turn's fusion score, each a fixed amount of the recipe; a name the query gives counts through
+  the speaker cue, not in a turn's keyword share;
 - zero LLM calls, and at most a fixed number of store round trips whatever the user's size (none for a
   user whose snapshot the reader holds): the keyword search (started by the caller before it embedded the
   query), the graph step (hydrate the fact hits
@@ -79,10 +82,11 @@ class _Run(RecallRun):
         return word_share(turn_stems, self.chunks[node_id].indexed_text)
 
     def _turn_stems(self, keyword: list[KeywordHit]) -> frozenset[str]:
-        """The query's stems a turn's words are scored on: without the names of the speakers it names. A name
-        the query gives is matched by who said a turn (the speaker cue), not by its words: "Hey Melanie!"
-        is not about Melanie, yet its indexed text holds her name, as every turn of hers does ("Melanie: ...").
-        All of them when nothing else is left."""
+        """The query's stems a turn's words are scored on: without the names of the keyword hits' speakers
+        the query names. A name the query gives is matched by who said a turn (the speaker cue), not by its
+        words: "Hey Melanie!" is not about Melanie, yet its indexed text holds her name, as every turn of
+        hers does ("Melanie: ..."). All of them when nothing else is left. The hits are the same documents
+        for a held snapshot and the store (the contract suite), so both readers score the same shares."""
         named = {
             c.speaker for h in keyword if (c := self.chunks.get(h.node_id)) is not None and self.cues.names(c.speaker)
         }
