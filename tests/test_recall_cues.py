@@ -1,4 +1,4 @@
-"""Query cues and score normalization: the pure parts of recall's ranking (``reader.cues``,
+"""Query cues (speaker, when, the period a query names) and score normalization: the pure parts of recall's ranking (``reader.cues``,
 ``reader.scoring.normalized`` and ``by_rank``); the contract suite checks them on real stores."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from engram_api.reader.cues import QueryCues
+from engram_api.reader.cues import Period, QueryCues
 from engram_api.reader.scoring import by_rank, normalized
 
 SENT = datetime(2023, 5, 8, 13, 0, tzinfo=UTC)
@@ -56,6 +56,43 @@ def test_a_query_asks_when(query: str, asks: bool) -> None:
 def test_a_turn_says_when(text: str, says: bool) -> None:
     assert QueryCues.of("When did it happen?").answers_when(text, SENT) is says
     assert QueryCues.of("What happened?").answers_when(text, SENT) is False  # not asked
+
+
+@pytest.mark.parametrize(
+    ("query", "period"),
+    [
+        ("When did Melanie go camping in June?", Period(year=None, month=6)),
+        ("What did Mel and her kids paint in July 2023?", Period(year=2023, month=7)),
+        ("What painting did Melanie show to Caroline on October 13, 2023?", Period(year=2023, month=10, day=13)),
+        ("what did she do on the 13th of October 2023", Period(year=2023, month=10, day=13)),
+        ("How many times has Melanie gone to the beach in 2023?", Period(year=2023)),
+        ("Who did Maria have dinner with in May?", Period(year=None, month=5)),
+        ("May I ask what she likes?", None),  # the verb, not the month
+        ("When did Caroline go to the support group?", None),
+    ],
+)
+def test_a_query_names_a_period_to_its_own_precision(query: str, period: Period | None) -> None:
+    assert QueryCues.of(query).period == period
+
+
+@pytest.mark.parametrize(
+    ("query", "text", "said", "inside"),
+    [
+        ("camping in June?", "We went camping.", datetime(2023, 6, 27, tzinfo=UTC), True),  # said in it
+        ("camping in June?", "We went camping.", datetime(2022, 6, 2, tzinfo=UTC), True),  # June of any year
+        ("camping in June?", "We went camping last week.", datetime(2023, 7, 3, tzinfo=UTC), True),  # resolved
+        ("camping in June?", "We went camping yesterday.", datetime(2023, 7, 3, tzinfo=UTC), False),  # July 2
+        ("camping in June?", "We went camping.", datetime(2023, 7, 3, tzinfo=UTC), False),
+        ("camping in June 2022?", "We went camping.", datetime(2023, 6, 27, tzinfo=UTC), False),  # another year
+        ("on May 3, 2023?", "I had dinner with mom yesterday.", datetime(2023, 5, 4, tzinfo=UTC), True),
+        ("on May 3, 2023?", "I had dinner with mom.", datetime(2023, 5, 4, tzinfo=UTC), False),
+        ("camping?", "We went camping.", datetime(2023, 6, 27, tzinfo=UTC), False),  # no period named
+    ],
+)
+def test_a_turn_is_in_the_period_by_when_it_was_said_or_what_its_words_resolve_to(
+    query: str, text: str, said: datetime, inside: bool
+) -> None:
+    assert QueryCues.of(query).in_period(text, said) is inside
 
 
 def test_scores_are_normalized_between_the_best_hit_and_the_floor_of_the_list() -> None:

@@ -7,6 +7,9 @@ Invariants:
   starves a channel; keyword search filters inside the store's query;
 - a linked item (a fact's source episode, an episode's extracted facts, a neighbouring turn) obeys the
   same window and only adds a share of its parent's fusion score, never more than the parent has;
+- the query's cues (``reader.cues``: the speaker it names, whether it asks when, the period it names) only
+  add to a turn's fusion score, each a fixed amount of the recipe; a name the query gives counts through
+  the speaker cue, not in a turn's keyword share;
 - zero LLM calls, and at most a fixed number of store round trips whatever the user's size (none for a
   user whose snapshot the reader holds): the keyword search (started by the caller before it embedded the
   query), the graph step (hydrate the fact hits
@@ -18,13 +21,10 @@ Invariants:
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
-from contextlib import contextmanager
-from dataclasses import dataclass, field
-from datetime import datetime
+from dataclasses import dataclass
 from operator import mul
-from typing import Literal
 
 import numpy as np
 
@@ -33,16 +33,16 @@ from engram_api.models import KeywordHit, RecallItem, ScoreBreakdown, utcnow
 from engram_api.naming import self_entity_id
 from engram_api.reader.cues import QueryCues
 from engram_api.reader.facts import UserChunks, UserFacts
-from engram_api.reader.items import Candidate, Row, recall_item
+from engram_api.reader.items import Row, recall_item
 from engram_api.reader.recipe import RecallRecipe, RetrievalChannel
 from engram_api.reader.scoring import Weights, by_rank, components, fact_strength, named, normalized, word_share
+from engram_api.reader.state import RecallRun, TimeWindow
 from engram_api.settings import Settings
-from engram_api.storage.faiss.files import Kind, UserIndex, VectorHit
+from engram_api.storage.faiss.files import UserIndex, VectorHit
 from engram_api.storage.graph.contract import GraphStepQuery, GraphStore
 from engram_api.storage.graph.episodes import keyword_terms
-from engram_api.storage.graph.validity import overlaps
 from engram_api.storage.snapshot.keywords import stems
-from engram_api.storage.snapshot.rows import AnyChunk, AnyFact
+from engram_api.storage.snapshot.rows import AnyChunk
 
 __all__ = ["TimeWindow", "keyword_hits", "recall_items"]
 
@@ -52,97 +52,9 @@ _EPISODE_STRENGTH = 1.0  # episodes do not decay: what was said stays said
 _EPISODE_IMPORTANCE = 0.5
 
 
-@dataclass(frozen=True, slots=True)
-class TimeWindow:
-    as_of: datetime | None = None
-    since: datetime | None = None
-    until: datetime | None = None
-
-    @property
-    def filtering(self) -> bool:
-        return self.as_of is not None or self.since is not None or self.until is not None
-
-    def chunk_ok(self, chunk: AnyChunk) -> bool:
-        t = chunk.event_time
-        return (
-            (self.as_of is None or t <= self.as_of)
-            and (self.since is None or t >= self.since)
-            and (self.until is None or t < self.until)
-        )
-
-    def fact_ok(self, fact: AnyFact) -> bool:
-        return fact.current_at(self.as_of) and overlaps(fact.valid_from, fact.valid_until, self.since, self.until)
-
-
 @dataclass
-class _Run:
-    graph: GraphStore
-    user_facts: UserFacts
-    user_chunks: UserChunks
-    settings: Settings
-    index: UserIndex
-    qvec: np.ndarray
-    user_id: str
-    recipe: RecallRecipe
-    window: TimeWindow
-    graph_expansion: bool
-    keyword: Future[list[KeywordHit]] | None
-    cues: QueryCues
-    qstems: frozenset[str] = frozenset()
-    facts: dict[str, AnyFact] = field(default_factory=dict)  # models, or a held snapshot's views of them
-    chunks: dict[str, AnyChunk] = field(default_factory=dict)
-    sims: dict[str, float] = field(default_factory=dict)
-    hops: dict[str, int] = field(default_factory=dict)
-    cands: dict[str, Candidate] = field(default_factory=dict)
-    timings: dict[str, float] = field(default_factory=dict)  # ms per part (``RecallResult.timings_ms``)
-
-    @contextmanager
-    def _timed(self, part: str) -> Iterator[None]:
-        start = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.timings[part] = self.timings.get(part, 0.0) + (time.perf_counter() - start) * 1e3
-
-    def _search(self, k: int, kind: Kind) -> list[VectorHit]:
-        with self._timed("faiss"):
-            return self.index.search(self.qvec, k, kind=kind)
-
-    # ----------------------------------------------------------------------------------- loading
-    def _load_facts(self, ids: Iterable[str]) -> None:
-        missing = [i for i in dict.fromkeys(ids) if i not in self.facts]
-        if missing:
-            with self._timed("records"):
-                self.facts.update(self.user_facts.load(missing))
-
-    def _load_chunks(self, ids: Iterable[str]) -> None:
-        missing = [i for i in dict.fromkeys(ids) if i not in self.chunks]
-        if missing:
-            with self._timed("records"):
-                self.chunks.update(self.user_chunks.load(missing))
-
-    def _ok(self, node_id: str) -> bool:
-        if node_id in self.facts:
-            return self.window.fact_ok(self.facts[node_id])
-        return node_id in self.chunks and self.window.chunk_ok(self.chunks[node_id])
-
-    def _episode_hits(self, k: int) -> list[str]:
-        """The top ``k`` episode chunks inside the time window (widening the search until found). Without
-        a window nothing needs checking, so the chunks are loaded later with the keyword hits."""
-        total = self.index.count("episode")
-        if not self.window.filtering:
-            hits = self._search(k, "episode")
-            self.sims.update((h.node_id, h.score) for h in hits)
-            return [h.node_id for h in hits]
-        n = 4 * k
-        while True:
-            hits = self._search(min(n, total), "episode")
-            self.sims.update((h.node_id, h.score) for h in hits)
-            self._load_chunks(h.node_id for h in hits)
-            kept = [h.node_id for h in hits if self._ok(h.node_id)]
-            if len(kept) >= k or n >= total:
-                return kept[:k]
-            n *= 4
+class _Run(RecallRun):
+    """A recall's steps over its state: ask the channels, bring the top hits' linked items, score."""
 
     # ---------------------------------------------------------------------------------- channels
     def _rank(self, channel: RetrievalChannel, ids: Sequence[str], scores: dict[str, float]) -> None:
@@ -160,25 +72,35 @@ class _Run:
         else:
             shares = normalized([scores[i] for i in ids], cut=len(ids) >= k)
         for node_id, share in zip(ids, shares, strict=True):
-            kind: Literal["fact", "episode"] = "fact" if node_id in self.facts else "episode"
-            cand = self.cands.setdefault(
-                node_id, Candidate(kind=kind, fact=self.facts.get(node_id), chunk=self.chunks.get(node_id))
-            )
-            cand.add(channel, weight * share)
+            self.candidate(node_id).add(channel, weight * share)
 
-    def _coverage(self, node_id: str) -> float:
-        """The share of the query's keyword stems the hit's indexed text holds (1 with no stems)."""
-        text = self.facts[node_id].statement if node_id in self.facts else self.chunks[node_id].indexed_text
-        return word_share(self.qstems, text)
+    def _coverage(self, node_id: str, turn_stems: frozenset[str]) -> float:
+        """The share of the query's keyword stems the hit's indexed text holds (1 with no stems); a turn's
+        share is of ``turn_stems``."""
+        if node_id in self.facts:
+            return word_share(self.qstems, self.facts[node_id].statement)
+        return word_share(turn_stems, self.chunks[node_id].indexed_text)
+
+    def _turn_stems(self, keyword: list[KeywordHit]) -> frozenset[str]:
+        """The query's stems a turn's words are scored on: without the names of the keyword hits' speakers
+        the query names. A name the query gives is matched by who said a turn (the speaker cue), not by its
+        words: "Hey Melanie!" is not about Melanie, yet its indexed text holds her name, as every turn of
+        hers does ("Melanie: ..."). All of them when nothing else is left. The hits are the same documents
+        for a held snapshot and the store (the contract suite), so both readers score the same shares."""
+        named = {
+            c.speaker for h in keyword if (c := self.chunks.get(h.node_id)) is not None and self.cues.names(c.speaker)
+        }
+        rest = self.qstems - frozenset(stems(" ".join(sorted(named))))
+        return rest or self.qstems
 
     def channels(self) -> None:
         recipe, k = self.recipe, self.recipe.k
         fact_hits: list[VectorHit] = []
         if recipe.uses("fact_vector") or recipe.uses("graph"):
-            fact_hits = self._search(k.get("fact_vector", 30), "fact")
+            fact_hits = self.search(k.get("fact_vector", 30), "fact")
             self.sims.update((h.node_id, h.score) for h in fact_hits)
-        episode_ids = self._episode_hits(k.get("episode_vector", 40)) if recipe.uses("episode_vector") else []
-        with self._timed("keyword"):  # what is left of it once the query is embedded
+        episode_ids = self.episode_hits(k.get("episode_vector", 40)) if recipe.uses("episode_vector") else []
+        with self.timed("keyword"):  # what is left of it once the query is embedded
             keyword = self.keyword.result() if self.keyword is not None else []
         # The chunks the cache holds serve as they are; the rest, and the facts extracted from the top ones,
         # come in the graph step's round trip.
@@ -201,12 +123,13 @@ class _Run:
             chunk_facts=[cid for cid in dict.fromkeys(top_chunks) if cid not in self.chunks],
         )
         if recipe.uses("fact_vector"):
-            self._rank("fact_vector", [h.node_id for h in fact_hits if self._ok(h.node_id)], self.sims)
+            self._rank("fact_vector", [h.node_id for h in fact_hits if self.ok(h.node_id)], self.sims)
         # The index is the one of the stamp read first; a forget committed since removes chunks it still holds.
-        self._rank("episode_vector", [cid for cid in episode_ids if self._ok(cid)], self.sims)
+        self._rank("episode_vector", [cid for cid in episode_ids if self.ok(cid)], self.sims)
+        turn_stems = self._turn_stems(keyword)
         for table in ("episode", "fact"):  # each table's own ranking (the stores' and the snapshot's)
-            ids = [h.node_id for h in keyword if h.kind == table and self._ok(h.node_id)]
-            self._rank("keyword", ids, {i: self._coverage(i) for i in ids})
+            ids = [h.node_id for h in keyword if h.kind == table and self.ok(h.node_id)]
+            self._rank("keyword", ids, {i: self._coverage(i, turn_stems) for i in ids})
         if expanding:
             # A fact reached but not read back was forgotten while the step ran (Neo4j reads at read committed).
             reached = [fid for fid in self.hops if fid in self.facts and self.window.fact_ok(self.facts[fid])]
@@ -229,10 +152,10 @@ class _Run:
         the facts the top chunks were the source of (those valid in the window)."""
         query = GraphStepQuery(fact_ids=fact_ids, now=utcnow(), chunk_ids=chunk_ids, chunk_facts=chunk_facts)
         if fact_hits is not None:
-            entity_hits = self._search(10, "entity")
+            entity_hits = self.search(10, "entity")
             top_facts = [h.node_id for h in fact_hits if h.score >= _SEED_MIN_SIM][:5]
             # The top chunks that still exist (in the window): the store picks them when the cache lacks one.
-            seeding = [cid for cid in episode_ids if cid not in self.chunks or self._ok(cid)]
+            seeding = [cid for cid in episode_ids if cid not in self.chunks or self.ok(cid)]
             seed_chunks: list[str] = []
             if all(cid in self.chunks for cid in seeding[:_SEED_CHUNKS]):
                 top_facts += [f for cid in seeding[:_SEED_CHUNKS] for f in self.chunks[cid].fact_ids]
@@ -257,7 +180,7 @@ class _Run:
                     "avoid": [self_entity_id(self.user_id)],
                 }
             )
-        with self._timed("graph"):
+        with self.timed("graph"):
             step = self.user_facts.step(query)
         for fact in step.facts:
             self.facts.setdefault(fact.id, fact)
@@ -267,20 +190,23 @@ class _Run:
 
     # ------------------------------------------------------------------------------------- links
     def links(self) -> None:
+        """Each of the top ``links_from`` candidates brings its linked items with ``link_share`` of its fusion
+        score: a fact its source message's chunks, an excerpt the facts extracted from it and the other
+        speaker's turns around it; then every fact ranks at least with its source message's best excerpt."""
         recipe = self.recipe
         if recipe.links_from == 0 or recipe.link_share == 0:
             return
         top = sorted(self.cands.items(), key=lambda kv: -kv[1].fusion)[: recipe.links_from]
         sources = {fid: c.fact.source_ids for fid, c in top if c.fact is not None}
         extracted = {cid: c.chunk.fact_ids for cid, c in top if c.chunk is not None}
-        with self._timed("records"):
+        with self.timed("records"):
             episode_chunks = self.user_chunks.of_episodes(sorted({e for ids in sources.values() for e in ids}))
         self.chunks.update((c.id, c) for c in episode_chunks)
-        self._load_facts(f for ids in extracted.values() for f in ids)
+        self.load_facts(f for ids in extracted.values() for f in ids)
         neighbours: dict[str, list[str]] = {}
         if recipe.window > 0 and extracted:
             anchors = list(extracted)
-            with self._timed("records"):
+            with self.timed("records"):
                 near = self.user_chunks.neighbours(anchors, recipe.window)
             self.chunks.update((c.id, c) for c in near)
             for cid in anchors:
@@ -304,13 +230,9 @@ class _Run:
                 linked += [("extracted", fid) for fid in extracted[node_id]]
                 linked += [("window", cid) for cid in neighbours.get(node_id, [])]
             for channel, other in linked:
-                if other == node_id or not self._ok(other):
+                if other == node_id or not self.ok(other):
                     continue
-                kind: Literal["fact", "episode"] = "fact" if other in self.facts else "episode"
-                cand = self.cands.setdefault(
-                    other, Candidate(kind=kind, fact=self.facts.get(other), chunk=self.chunks.get(other))
-                )
-                cand.add(channel, share)
+                self.candidate(other).add(channel, share)
         # A fact says what the message it was extracted from says, in fewer words and as it holds now: it
         # ranks at least with that message's best excerpt.
         best: dict[str, float] = {}
@@ -329,7 +251,7 @@ class _Run:
     def items(self, weights: Weights, k: int) -> list[RecallItem]:
         now = self.window.as_of or utcnow()
         missing = [i for i in self.cands if i not in self.sims]
-        with self._timed("faiss"):
+        with self.timed("faiss"):
             vectors = self.index.vectors_for(missing)
         for node_id, vec in vectors.items():
             self.sims[node_id] = float(np.dot(vec, self.qvec))
@@ -345,12 +267,14 @@ class _Run:
                 # What it said has ended (every fact extracted from it ended by ``as_of``): "I live in
                 # Tampa." after a move is history, so the fact that replaced it ranks ahead of it.
                 cand.fusion *= 0.5
-            if chunk is not None and (recipe.speaker_boost or recipe.when_boost):
+            if chunk is not None and (recipe.speaker_boost or recipe.when_boost or recipe.period_boost):
                 # Who said it and when it says something happened are the turn's context, which its words
-                # alone may lack ("I signed up yesterday" answers "when did Melanie sign up?").
+                # alone may lack ("I signed up yesterday" answers "when did Melanie sign up?"); so is when it
+                # was said ("camping last week", said on 27 June, answers "camping in June").
                 cand.fusion += unit * (
                     recipe.speaker_boost * self.cues.names(chunk.speaker)
                     + recipe.when_boost * self.cues.answers_when(chunk.text, chunk.event_time)
+                    + recipe.period_boost * self.cues.in_period(chunk.text, chunk.event_time)
                 )
             comp = components(
                 similarity=self.sims.get(node_id, 0.0),

@@ -6,12 +6,15 @@ and the top hits mention). With ``fusion_mode`` "score" (the default) each chann
 a hit's score min-max normalized over the channel's list (cosine, ``hop_decay ** hops`` for the graph):
 its best hit the whole weight, its worst listed hit nothing; the keyword channel adds ``weight`` times
 the share of the query's words the hit holds times ``(1 - rank / k) ** 3`` (its rank in its table:
-chunks, facts), never its BM25 score, which a held snapshot computes over the user's documents and the
+chunks, facts; a turn's share leaves out the names of the speakers the query names, which the speaker cue
+matches by who said it), never its BM25 score, which a held snapshot computes over the user's documents and the
 store over every user's, so two readers of one memory fuse the same shares; with "rank" it adds
 ``weight / (rrf_k + rank + 1)`` (reciprocal-rank fusion). The ``fusion`` weight turns the sum into a
 share of the final score next to the composite score (similarity, graph, strength, recency, importance;
-learned weights apply there). A turn gets ``speaker_boost`` more when the query names its speaker, and
-``when_boost`` more when the query asks when and the turn says when (``reader.cues``).
+learned weights apply there). A turn gets ``speaker_boost`` more when the query names its speaker,
+``when_boost`` more when the query asks when and the turn says when, and ``period_boost`` more when the
+query names a period (a month, a day, a year) and the turn was said in it or its words resolve into it
+(``reader.cues``; 2.0, chosen on the dev conversations: 0.25-1.0 gained less, 3.0 and 5.0 the same).
 Hits bring their neighbours: a fact its source episode, an episode the facts extracted from it, and,
 with ``window`` > 0, the turns around it by another speaker (the exchange it is part of: the question a
 short answer answers); such an item gets ``link_share`` of its parent's fusion score. A fact ranks at
@@ -56,6 +59,11 @@ class RecallRecipe(BaseModel):
     fusion: float = Field(1.0, ge=0, description="weight of the fusion score in the final score")
     speaker_boost: float = Field(0.25, ge=0, description="fusion added to a turn whose speaker the query names")
     when_boost: float = Field(0.5, ge=0, description="fusion added to a turn that says when, if the query asks when")
+    period_boost: float = Field(
+        2.0,
+        ge=0,
+        description="fusion added to a turn said in the period the query names, or whose words resolve into it",
+    )
     link_share: float = Field(0.2, ge=0, le=1, description="a linked item's share of its parent's fusion score")
     links_from: int = Field(10, ge=0, le=100, description="how many top hits bring their linked items")
     window: int = Field(1, ge=0, le=5, description="neighbouring turns an episode hit brings on each side")

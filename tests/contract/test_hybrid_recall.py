@@ -9,7 +9,7 @@ version instead).
 from __future__ import annotations
 
 from collections.abc import Iterator
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -284,6 +284,43 @@ def test_a_when_question_prefers_the_turn_that_says_when(memory: Memory) -> None
     assert cued["love"] == pytest.approx(plain["love"], abs=1e-5)  # says nothing of when
     statement = "I signed up for the pottery class"  # not a question about when: no lift at all
     assert _scores(memory, user, statement) == pytest.approx(_scores(memory, user, statement, when_boost=0.0))
+
+
+def test_a_name_the_query_gives_is_matched_by_who_said_a_turn_not_by_its_words(memory: Memory) -> None:
+    """ "Hey Melanie" holds the query's word "Melanie" but is not about her: in the keyword ranking (no links, no
+    cues) that word adds nothing to it, while her own turn still gains by the words it shares with the query."""
+    user = new_user()
+    _chatter(memory, user)
+    memory.say(user, "hey", "Hey Melanie, how was your week?", at(20), speaker="Caroline")
+    memory.say(user, "bake", "I baked sourdough bread with the kids.", at(21), speaker="Melanie")
+    bare = {"channels": ("keyword",), "window": 0, "link_share": 0.0, "speaker_boost": 0.0, "when_boost": 0.0}
+    question = "What bread did Melanie bake?"
+    ranked = _scores(memory, user, question, **bare)
+    unweighted = _scores(memory, user, question, **bare, weights={"keyword": 0.0})
+    assert ranked["bake"] > unweighted["bake"]  # "bread", "bake"
+    assert ranked["hey"] == pytest.approx(unweighted["hey"], abs=1e-6)  # "Melanie" alone: nothing
+
+
+def test_a_question_naming_a_period_prefers_the_turn_said_in_it(memory: Memory) -> None:
+    """The same words said in June and in August: "... in June?" ranks the June turn first, by exactly the
+    recipe's ``period_boost``, and so does a turn said early in July whose "last week" resolves into June."""
+    user = new_user()
+    _chatter(memory, user)
+    memory.say(user, "aug", "We went camping at the lake with the kids.", datetime(2024, 8, 10, tzinfo=UTC))
+    memory.say(user, "june", "We went camping at the lake with the kids.", datetime(2024, 6, 20, tzinfo=UTC))
+    question = "When did we go camping at the lake in June?"
+    cued, plain = _scores(memory, user, question), _scores(memory, user, question, period_boost=0.0)
+    # The same words: without the cue only ties of the keyword ranking (either way) tell them apart.
+    assert abs(plain["aug"] - plain["june"]) < memory.reader.recipe().period_boost / 4
+    assert cued["june"] - plain["june"] == pytest.approx(memory.reader.recipe().period_boost, abs=1e-5)
+    assert cued["aug"] == pytest.approx(plain["aug"], abs=1e-5)
+    assert memory.reader.recall(user, question, k=3).items[0].source_ids == ["june"]
+    memory.say(user, "july", "Camping at the lake last week was fun.", datetime(2024, 7, 2, tzinfo=UTC))
+    cued, plain = _scores(memory, user, question), _scores(memory, user, question, period_boost=0.0)
+    assert cued["july"] - plain["july"] == pytest.approx(memory.reader.recipe().period_boost, abs=1e-5)
+    assert _scores(memory, user, "camping at the lake") == pytest.approx(
+        _scores(memory, user, "camping at the lake", period_boost=0.0)
+    )  # no period named: no lift at all
 
 
 def test_a_short_answer_is_found_by_the_question_it_answers(memory: Memory) -> None:
