@@ -23,7 +23,9 @@ What it computes, so a newcomer can hold it against the stores' full-text indexe
   a freshly built one;
 - a word in a quarter of the documents or more is first added only to the documents a rarer query word
   found, which settles the top k when its k-th outscores every common word together (MaxScore): the same
-  answers, a 100K-fact user's search 3.1 -> 1.8 ms with its "user" in 79K statements.
+  answers, a 100K-fact user's search 3.1 -> 1.8 ms with its "user" in 79K statements;
+- the best 4k of the matches are selected by (score, id), never by score alone: a common word scores
+  thousands of documents alike, and selecting among equal floats is numpy's slow case (``_best``).
 
 Invariants: immutable once built (a reader thread swaps a new snapshot in; a recall holds the one it
 read); a fact's statement never changes, so a refresh that brings a known fact again leaves its entry be.
@@ -175,20 +177,18 @@ class KeywordTable:
         ties by id."""
         kept: list[tuple[str, float]] = []
         # Ordered first are only the 4k best by (score, id) (``keep`` refuses few), then, if ``keep`` refused
-        # too many of them, the rest. The 4k-th score can be shared by tens of thousands (a common word
-        # alone scores a document by its length): of those only the lowest ids come first, not all of them
-        # (a 100K-fact user's "user" alone: 10-12 -> ms of CPU).
+        # too many of them, the rest. They are found by one selection on (-score, rank) as a complex number
+        # (ordered by its real part, then its imaginary one): the keys are distinct, where the scores are
+        # not (a common word alone scores a document by its length only), and numpy's selection over
+        # thousands of equal floats degenerates (0.05 -> 1-10 ms for 8K-79K of them).
         parts = [(matched, scores)]
         if len(matched) > 4 * k:
-            cut = np.partition(scores, len(scores) - 4 * k)[len(scores) - 4 * k]
-            first = scores > cut
-            tied = np.flatnonzero(scores == cut)
-            room = 4 * k - int(np.count_nonzero(first))  # >= 1: the cut is one of the 4k best scores
-            if len(tied) > room:
-                ranks = self.rank[matched[tied]]
-                tied = tied[ranks <= np.partition(ranks, room - 1)[room - 1]]  # ranks are distinct
-            first[tied] = True
-            parts = [(matched[first], scores[first]), (matched[~first], scores[~first])]
+            key = np.empty(len(matched), dtype=np.complex128)
+            key.real, key.imag = -scores, self.rank[matched]
+            top = np.argpartition(key, 4 * k - 1)[: 4 * k]
+            rest = np.ones(len(matched), dtype=bool)
+            rest[top] = False
+            parts = [(matched[top], scores[top]), (matched[rest], scores[rest])]
         for at, sc in parts:
             order = np.lexsort((self.rank[at], -sc))
             for pos, score in zip(at[order].tolist(), sc[order].tolist(), strict=True):
