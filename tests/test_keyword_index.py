@@ -155,3 +155,28 @@ def test_threads_stem_alike_each_with_its_own_stemmer() -> None:
     with ThreadPoolExecutor(max_workers=6) as pool:
         assert list(pool.map(stems, texts)) == want
         assert len(set(pool.map(own, range(3)))) == 3
+
+
+def test_a_score_shared_by_thousands_at_the_cut_still_ranks_them_by_id() -> None:
+    """A common word alone scores a document by its length only, so thousands share the k-th best score:
+    only the lowest ids of those are ordered first (``KeywordTable._best``), and the answers stay BM25's by
+    (score, id) whatever ``keep`` refuses, in one table and across a base and the documents added since."""
+    rng = random.Random(8)
+    docs = []
+    for i in range(3_000):
+        words = ["user"] * (rng.random() < 0.85) + ["likes"] * (rng.random() < 0.3) + ["rare"] * (i % 97 == 0)
+        words += ["filler"] * rng.choice([0, 0, 0, 1, 1, 2])  # three lengths: ties by the thousand
+        docs.append((f"f{rng.randrange(10**6):06d}-{i}", " ".join(words) or "nothing"))
+    table = KeywordTable.of(docs)
+    grown = KeywordIndex.of((), docs[:2_000]).added((), docs[2_000:])
+    whole = KeywordIndex.of((), docs)
+    keeps = (_all, lambda i: i.endswith(("1", "4", "7")), lambda i: i < "f3", lambda i: i.endswith("-2999"))
+    for words in (["user"], ["likes"], ["user", "likes"], ["user", "rare"], ["user", "likes", "rare"]):
+        query = stems(" ".join(words))
+        for k in (1, 7, 40, 600):
+            for keep in keeps:
+                want = _reference(docs, query, k, keep)
+                assert table.ranked(query, k, keep) == want, (words, k)
+                got = grown.search(query, k, chunk_ok=keep, fact_ok=keep)
+                assert got == whole.search(query, k, chunk_ok=keep, fact_ok=keep)
+                assert [(h.node_id, h.score) for h in got] == want, (words, k)

@@ -41,6 +41,7 @@ _EARLY = timedelta(milliseconds=1)
 # Crossings past this are "never" (a datetime cannot hold them, and no run will see them).
 _NEVER = datetime(9000, 1, 1, tzinfo=UTC)
 _TICK = timedelta(microseconds=1)  # the stores' resolution
+_DAY = timedelta(days=1)  # made once: a new timedelta was most of ``strength_at``, read per recall candidate
 
 
 @dataclass(frozen=True)
@@ -64,7 +65,7 @@ class Fading:
 
     def strength_at(self, strength: float, since: datetime, at: datetime) -> float:
         """The effective strength at ``at`` of ``strength`` measured at ``since`` (no rise before ``since``)."""
-        days = (at - since) / timedelta(days=1)
+        days = (at - since) / _DAY
         return strength * self.per_day**days if days > 0 else strength
 
     def faded(self, strength: float, since: datetime, at: datetime) -> bool:
