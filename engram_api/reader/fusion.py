@@ -239,9 +239,13 @@ class _Run(RecallRun):
         for c in self.cands.values():
             if c.chunk is not None:
                 best[c.chunk.episode_id] = max(best.get(c.chunk.episode_id, 0.0), c.fusion)
-        for c in self.cands.values():
-            if c.fact is not None:
-                c.fusion = max([c.fusion, *(best.get(e, 0.0) for e in c.fact.source_ids)])
+        if best:  # else no excerpt is a candidate: nothing to lift
+            for c in self.cands.values():
+                if c.fact is not None:
+                    for e in c.fact.source_ids:
+                        lifted = best.get(e, 0.0)
+                        if lifted > c.fusion:
+                            c.fusion = lifted
 
     # ----------------------------------------------------------------------------------- scoring
     def _replaced(self, chunk: AnyChunk) -> bool:
