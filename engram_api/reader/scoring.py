@@ -88,15 +88,14 @@ class Scoring:
         )
 
     def strength(self, fact: AnyFact) -> float:
-        """``fact_strength`` at ``now``."""
+        """``fact``'s effective strength at ``now`` (``fact_strength``)."""
         return self.fading.strength_at(fact.strength, fact.last_decay_at or fact.created_at, self.now)
 
 
 def fact_strength(fact: AnyFact, at: datetime, settings: Settings) -> float:
     """``fact``'s effective strength at ``at`` (``storage.graph.fading``): what the old daily decay job
     would have stored had it run at ``at``; never above the stored strength (an ``as_of`` before it was set)."""
-    fading = Fading.of(settings.decay_per_day, settings.archive_threshold)
-    return fading.strength_at(fact.strength, fact.last_decay_at or fact.created_at, at)
+    return Scoring.of(settings, at).strength(fact)
 
 
 def named(values: ComponentValues) -> dict[str, float]:
