@@ -35,7 +35,7 @@ from engram_api.reader.cues import QueryCues
 from engram_api.reader.facts import UserChunks, UserFacts
 from engram_api.reader.items import Row, recall_item
 from engram_api.reader.recipe import RecallRecipe, RetrievalChannel
-from engram_api.reader.scoring import Weights, by_rank, components, fact_strength, named, normalized, word_share
+from engram_api.reader.scoring import Scoring, Weights, by_rank, named, normalized, word_share
 from engram_api.reader.state import RecallRun, TimeWindow
 from engram_api.settings import Settings
 from engram_api.storage.faiss.files import UserIndex, VectorHit
@@ -239,9 +239,13 @@ class _Run(RecallRun):
         for c in self.cands.values():
             if c.chunk is not None:
                 best[c.chunk.episode_id] = max(best.get(c.chunk.episode_id, 0.0), c.fusion)
-        for c in self.cands.values():
-            if c.fact is not None:
-                c.fusion = max([c.fusion, *(best.get(e, 0.0) for e in c.fact.source_ids)])
+        if best:  # else no excerpt is a candidate: nothing to lift
+            for c in self.cands.values():
+                if c.fact is not None:
+                    for e in c.fact.source_ids:
+                        lifted = best.get(e, 0.0)
+                        if lifted > c.fusion:
+                            c.fusion = lifted
 
     # ----------------------------------------------------------------------------------- scoring
     def _replaced(self, chunk: AnyChunk) -> bool:
@@ -260,32 +264,37 @@ class _Run(RecallRun):
         unit = 1.0 / (self.recipe.rrf_k + 1) if self.recipe.fusion_mode == "rank" else 1.0
         w = weights.values()
         rows: list[Row] = []
-        recipe = self.recipe
+        recipe, sims, hops, cues = self.recipe, self.sims, self.hops, self.cues
+        scoring = Scoring.of(self.settings, now)
+        boosting = bool(recipe.speaker_boost or recipe.when_boost or recipe.period_boost)
         for node_id, cand in self.cands.items():
             fact, chunk = cand.fact, cand.chunk
             if chunk is not None and self._replaced(chunk):
                 # What it said has ended (every fact extracted from it ended by ``as_of``): "I live in
                 # Tampa." after a move is history, so the fact that replaced it ranks ahead of it.
                 cand.fusion *= 0.5
-            if chunk is not None and (recipe.speaker_boost or recipe.when_boost or recipe.period_boost):
+            if chunk is not None and boosting:
                 # Who said it and when it says something happened are the turn's context, which its words
                 # alone may lack ("I signed up yesterday" answers "when did Melanie sign up?"); so is when it
                 # was said ("camping last week", said on 27 June, answers "camping in June").
                 cand.fusion += unit * (
-                    recipe.speaker_boost * self.cues.names(chunk.speaker)
-                    + recipe.when_boost * self.cues.answers_when(chunk.text, chunk.event_time)
-                    + recipe.period_boost * self.cues.in_period(chunk.text, chunk.event_time)
+                    recipe.speaker_boost * cues.names(chunk.speaker)
+                    + recipe.when_boost * cues.answers_when(chunk.text, chunk.event_time)
+                    + recipe.period_boost * cues.in_period(chunk.text, chunk.event_time)
                 )
-            comp = components(
-                similarity=self.sims.get(node_id, 0.0),
-                hops=self.hops.get(node_id),
-                strength=fact_strength(fact, now, self.settings) if fact else _EPISODE_STRENGTH,
-                importance=fact.importance if fact else _EPISODE_IMPORTANCE,
-                valid_from=fact.valid_from if fact else chunk.event_time,  # type: ignore[union-attr]
-                now=now,
-                settings=self.settings,
-            )
-            rows.append((sum(map(mul, w, comp)) + self.recipe.fusion * cand.fusion / unit, node_id, cand, comp))
+            if fact is not None:
+                comp = scoring.components(
+                    sims.get(node_id, 0.0), hops.get(node_id), scoring.strength(fact), fact.importance, fact.valid_from
+                )
+            else:
+                comp = scoring.components(
+                    sims.get(node_id, 0.0),
+                    hops.get(node_id),
+                    _EPISODE_STRENGTH,
+                    _EPISODE_IMPORTANCE,
+                    chunk.event_time,  # type: ignore[union-attr]
+                )
+            rows.append((sum(map(mul, w, comp)) + recipe.fusion * cand.fusion / unit, node_id, cand, comp))
         rows.sort(key=lambda r: (-r[0], r[1]))  # best first, ties by id: the order docs/api.md states
         return [
             recall_item(node_id, cand, ScoreBreakdown(**named(comp), rrf=cand.fusion, total=total), self.hops)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from functools import lru_cache
 from typing import Literal
@@ -26,10 +27,10 @@ from engram_api.storage.snapshot.rows import AnyFact
 
 __all__ = [
     "ComponentValues",
+    "Scoring",
     "WeightSource",
     "Weights",
     "by_rank",
-    "components",
     "effective_weights",
     "fact_strength",
     "named",
@@ -57,32 +58,44 @@ def effective_weights(graph: GraphStore, settings: Settings, user_id: str) -> tu
 ComponentValues = tuple[float, float, float, float, float]
 
 
-def components(
-    *,
-    similarity: float,
-    hops: int | None,
-    strength: float,
-    importance: float,
-    valid_from: datetime,
-    now: datetime,
-    settings: Settings,
-) -> ComponentValues:
-    """similarity, graph, strength, recency, importance (``SCORE_COMPONENTS``)."""
-    age_days = max(0.0, (now - valid_from).total_seconds() / 86400)
-    return (
-        max(0.0, similarity),
-        0.0 if hops is None else settings.hop_decay**hops,
-        strength,
-        math.pow(2.0, -age_days / settings.recency_half_life_days),
-        importance,
-    )
+@dataclass(frozen=True, slots=True)
+class Scoring:
+    """What a recall's composite score reads of the settings, taken once a recall: a recall scores ~100
+    candidates, and looking the settings and the decay policy up per candidate was a measurable share of
+    its CPU. ``components`` gives one candidate's, in ``SCORE_COMPONENTS`` order."""
+
+    now: datetime
+    fading: Fading
+    hop_decay: float
+    half_life_days: float
+
+    @staticmethod
+    def of(settings: Settings, now: datetime) -> Scoring:
+        fading = Fading.of(settings.decay_per_day, settings.archive_threshold)
+        return Scoring(now, fading, settings.hop_decay, settings.recency_half_life_days)
+
+    def components(
+        self, similarity: float, hops: int | None, strength: float, importance: float, valid_from: datetime
+    ) -> ComponentValues:
+        """similarity, graph, strength, recency, importance (``SCORE_COMPONENTS``)."""
+        age_days = max(0.0, (self.now - valid_from).total_seconds() / 86400)
+        return (
+            max(0.0, similarity),
+            0.0 if hops is None else self.hop_decay**hops,
+            strength,
+            math.pow(2.0, -age_days / self.half_life_days),
+            importance,
+        )
+
+    def strength(self, fact: AnyFact) -> float:
+        """``fact``'s effective strength at ``now`` (``fact_strength``)."""
+        return self.fading.strength_at(fact.strength, fact.last_decay_at or fact.created_at, self.now)
 
 
 def fact_strength(fact: AnyFact, at: datetime, settings: Settings) -> float:
     """``fact``'s effective strength at ``at`` (``storage.graph.fading``): what the old daily decay job
     would have stored had it run at ``at``; never above the stored strength (an ``as_of`` before it was set)."""
-    fading = Fading.of(settings.decay_per_day, settings.archive_threshold)
-    return fading.strength_at(fact.strength, fact.last_decay_at or fact.created_at, at)
+    return Scoring.of(settings, at).strength(fact)
 
 
 def named(values: ComponentValues) -> dict[str, float]:
