@@ -10,7 +10,9 @@ Invariants: a signal is a hint, never the truth. Redis pub/sub is at most once: 
 process is not subscribed (starting, reconnecting after Redis went away, or slow enough that Redis drops
 its output buffer) is lost, and a recall then reads the published stamp as it always does and catches up
 itself (``engram_api.reader.catchup``). So nothing here retries a message or replays missed ones; after an
-error the thread subscribes again after a pause. A message that does not parse is dropped.
+error the thread subscribes again after a pause. A message that does not parse is dropped. No error of
+Redis or of its socket escapes the thread (Redis going away, the client closed under it): ``stop`` ends it
+quietly, and ``MemoryClient`` starts one listener however many threads open its reader at once.
 """
 
 from __future__ import annotations
