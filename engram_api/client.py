@@ -136,9 +136,8 @@ class MemoryClient:
                 if self._graph is None:
                     from engram_api.storage import open_graph_store
 
-                    graph = open_graph_store(self.settings)
-                    graph.ensure_schema()
-                    self._graph = graph
+                    self._graph = open_graph_store(self.settings)
+                    self._graph.ensure_schema()
         return self._graph
 
     def _reader_redis(self) -> redis.Redis | None:
