@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Collection, Iterable, Mapping
+from itertools import chain
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -43,8 +44,11 @@ def without(snapshot: UserSnapshot, gone: Collection[str]) -> UserSnapshot:
     if not facts_gone and not chunks_gone:
         return snapshot
     base = snapshot.merged()
-    facts = {i: row for i, row in base.facts.base.items() if i not in facts_gone}
-    chunks = {i: row for i, row in base.chunks.base.items() if i not in chunks_gone}
+    facts, chunks = dict(base.facts.base), dict(base.chunks.base)  # copied whole, then the few go: C-speed
+    for i in facts_gone:
+        del facts[i]
+    for i in chunks_gone:
+        del chunks[i]
     removed = [held_facts[i] for i in facts_gone]
     # A chunk lists the facts its episode stated: those removed leave the lists of their episodes' chunks.
     for episode in {e for row in removed for e in row.source_ids}:
@@ -70,7 +74,11 @@ def _pruned(
     snapshot built whole has no entry for an entity no fact mentions, nor an episode with no chunk)."""
     out = dict(lists)
     for key in keys:
-        kept = tuple(i for i in out.get(key, ()) if i not in gone)
+        kept = out.get(key, ())
+        for i in gone:  # each found by ``tuple.index`` and cut out: the user's own node lists ~80K facts
+            if i in kept:
+                at = kept.index(i)
+                kept = kept[:at] + kept[at + 1 :]
         if kept:
             out[key] = kept
         else:
@@ -106,8 +114,10 @@ def table_without(table: KeywordTable, gone: Collection[str]) -> KeywordTable:
     by_id = position[table.by_id[in_order]]
     rank = np.empty(len(by_id), dtype=np.int64)
     rank[by_id] = np.arange(len(by_id))
+    cuts = np.flatnonzero(~keep).tolist()
+    runs = (table.ids[start + 1 : end] for start, end in zip([-1, *cuts], [*cuts, n], strict=True))
     return KeywordTable(
-        ids=tuple(i for i, k in zip(table.ids, keep.tolist(), strict=True) if k),
+        ids=tuple(chain.from_iterable(runs)),
         lengths=table.lengths[keep],
         sorted_ids=table.sorted_ids[in_order],
         by_id=by_id,
