@@ -180,14 +180,20 @@ def test_a_feed_that_does_not_reach_back_to_the_copy_reads_the_graph(
     assert got == _answer(_host(memory, tmp_path / "fresh"), user, "where does the user live now?")
 
 
-def test_the_feed_holds_nothing_of_a_forgotten_fact_or_an_erased_user(memory: Memory, tmp_path: Path) -> None:
-    reader = _host(memory, tmp_path / "reader")
-    user = new_user()
+def _collector(memory: Memory, user: str) -> str:
+    """The user's chatter, then a message stating one fact (the one forgotten later); its statement."""
     _chatter(memory, user)
     secret = "User collects antique cuckoo clocks"
     memory.say(
         user, "clocks", "I collect antique cuckoo clocks.", at(20), {"facts": [fact("user", "COLLECTS", None, secret)]}
     )
+    return secret
+
+
+def test_the_feed_holds_nothing_of_a_forgotten_fact_or_an_erased_user(memory: Memory, tmp_path: Path) -> None:
+    reader = _host(memory, tmp_path / "reader")
+    user = new_user()
+    secret = _collector(memory, user)
     _warm(reader, user)
     memory.say(user, "m1", "I live in Tampa.", at(21), lives_in("Tampa"))
     (item,) = [i for i in memory.reader.recall(user, "cuckoo clocks", k=10).items if i.statement == secret]
@@ -220,11 +226,7 @@ def test_removals_travel_in_the_feed_and_no_host_reads_the_user_whole_again(memo
     a, b = memory, Memory(memory.graph, tmp_path / "writer-b", memory.embedder, memory.redis)
     reader = _host(memory, tmp_path / "reader")
     user = new_user()
-    _chatter(a, user)
-    secret = "User collects antique cuckoo clocks"
-    a.say(
-        user, "clocks", "I collect antique cuckoo clocks.", at(20), {"facts": [fact("user", "COLLECTS", None, secret)]}
-    )
+    secret = _collector(a, user)
     a.say(user, "m1", "I live in Tampa.", at(21), lives_in("Tampa"))
     a.say(user, "m2", "My sister Ana plays the violin.", at(22), {"facts": [fact("user", "HAS_SISTER", None, "User has a sister")]})  # fmt: skip
     _warm(reader, user)
