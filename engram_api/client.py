@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -70,6 +71,9 @@ class MemoryClient:
         self._graph: GraphStore | None = None
         self.sweeper: IndexSweeper | None = None  # the erasure sweep of this reader's index files
         self.signals: StampSignals | None = None  # writers' stamps: this reader catches up before a recall
+        # Held while the graph store or the reader is first opened: ``AsyncMemoryClient`` calls methods from
+        # many threads at once, and a second reader made by a race started threads no ``close`` stopped.
+        self._opening = threading.RLock()
 
     # ------------------------------------------------------------------------------ plumbing
     @property
@@ -83,9 +87,11 @@ class MemoryClient:
     @property
     def redis(self) -> redis.Redis:
         if self._redis is None:
-            from engram_api.connections import redis_client
+            with self._opening:
+                if self._redis is None:
+                    from engram_api.connections import redis_client
 
-            self._redis = redis_client(self.redis_url, self.settings)
+                    self._redis = redis_client(self.redis_url, self.settings)
         return self._redis
 
     def follow_embedded_redis(self) -> bool:
@@ -126,10 +132,12 @@ class MemoryClient:
     @property
     def graph(self) -> GraphStore:
         if self._graph is None:
-            from engram_api.storage import open_graph_store
+            with self._opening:
+                if self._graph is None:
+                    from engram_api.storage import open_graph_store
 
-            self._graph = open_graph_store(self.settings)
-            self._graph.ensure_schema()
+                    self._graph = open_graph_store(self.settings)
+                    self._graph.ensure_schema()
         return self._graph
 
     def _reader_redis(self) -> redis.Redis | None:
@@ -153,38 +161,46 @@ class MemoryClient:
 
     @property
     def reader(self) -> Reader:
-        if self._reader is None:
-            from engram_api.reader import Reader
-            from engram_api.storage.embedding.embedder import embedder_for
-            from engram_api.storage.faiss.files import VectorStore
-            from engram_api.storage.faiss.keeper import IndexKeeper
+        reader = self._reader
+        if reader is None:
+            with self._opening:  # one reader (and one of each of its threads) however many threads ask at once
+                reader = self._reader or self._open_reader()
+        return reader
 
-            embedder = embedder_for(self.settings)
-            metrics = self._reader_metrics()
-            keeper = IndexKeeper(
-                graph=self.graph,
-                vectors=VectorStore.from_settings(self.settings, embedder.dim),
-                cache_size=self.settings.index_cache_users,
-                on_load=metrics.index_loaded if metrics is not None else None,
-            )
-            redis_client = self._reader_redis()
-            if redis_client is not None:
-                # Erasure on every host: this reader's local files of users forgotten anywhere go (``erasure``).
-                from engram_api.storage.faiss.erasure import IndexSweeper
+    def _open_reader(self) -> Reader:
+        """The reader and the threads it needs (the erasure sweep, the stamp listener): ``close`` stops them.
+        Called once, under ``_opening``."""
+        from engram_api.reader import Reader
+        from engram_api.storage.embedding.embedder import embedder_for
+        from engram_api.storage.faiss.files import VectorStore
+        from engram_api.storage.faiss.keeper import IndexKeeper
 
-                self.sweeper = IndexSweeper(keeper, redis_client, self.settings.index_sweep_interval_s).start()
-            self._reader = Reader(
-                settings=self.settings,
-                graph=self.graph,
-                keeper=keeper,
-                embedder=embedder,
-                redis_client=redis_client,
-                metrics=metrics,
-            )
-            if redis_client is not None:
-                from engram_api.reader.signals import StampSignals
+        embedder = embedder_for(self.settings)
+        metrics = self._reader_metrics()
+        keeper = IndexKeeper(
+            graph=self.graph,
+            vectors=VectorStore.from_settings(self.settings, embedder.dim),
+            cache_size=self.settings.index_cache_users,
+            on_load=metrics.index_loaded if metrics is not None else None,
+        )
+        redis_client = self._reader_redis()
+        if redis_client is not None:
+            # Erasure on every host: this reader's local files of users forgotten anywhere go (``erasure``).
+            from engram_api.storage.faiss.erasure import IndexSweeper
 
-                self.signals = StampSignals(redis_client, self._reader.catchups.signalled_stamp).start()
+            self.sweeper = IndexSweeper(keeper, redis_client, self.settings.index_sweep_interval_s).start()
+        self._reader = Reader(
+            settings=self.settings,
+            graph=self.graph,
+            keeper=keeper,
+            embedder=embedder,
+            redis_client=redis_client,
+            metrics=metrics,
+        )
+        if redis_client is not None:
+            from engram_api.reader.signals import StampSignals
+
+            self.signals = StampSignals(redis_client, self._reader.catchups.signalled_stamp).start()
         return self._reader
 
     def _reader_metrics(self) -> ReaderMetrics | None:

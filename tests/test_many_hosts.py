@@ -136,8 +136,9 @@ def test_a_writer_whose_copy_is_behind_catches_up_from_the_feed_not_the_graph(
 ) -> None:
     """Writes alternating hosts: each writer finds its copy one write behind (the other host wrote last) and
     brings it up from the change feed that host published with its stamp, reading none of the graph's
-    vectors; its copy then equals a whole read, and a reader host still answers as a single-host reader. A
-    write that removed records deletes the feed: the next writer behind reads the graph, as before."""
+    vectors, also when that write removed records (every third step forgets a message: its entry lists the
+    removed ids); its copy then equals a whole read, and a reader host still answers as a single-host reader.
+    A forget whose host holds a copy behind catches it up from the feed too (``IndexKeeper.advance``)."""
     user = new_user()
     a, b, reader = (host(n, graph, tmp_path, redis_client) for n in ("apply-a", "apply-b", "reader"))
     said = UserGraph(graph, user)
@@ -154,17 +155,22 @@ def test_a_writer_whose_copy_is_behind_catches_up_from_the_feed_not_the_graph(
         truth = whole(graph, user, tmp_path).rebuild(user)
         assert held is not None and held.stamp == truth.stamp and held.node_ids() == truth.node_ids()
 
-    for i, step in enumerate((3, 4, 6, 7, 9, 10)):  # no removal: every third step (2, 5, 8) forgets
+    for i, step in enumerate(range(2, 14)):  # steps 2, 5, 8, 11 also forget a message
         write_and_check((a, b)[i % 2], step)
         assert vector_reads == []
         assert_reader_matches_whole(reader, graph, user, tmp_path)
         vector_reads.clear()  # the reader's own catch-up reads
-    assert (a.keeper.feed_catchups, b.keeper.feed_catchups) == (3, 3)
-    assert (a.keeper.rebuilds, b.keeper.rebuilds) == (0, 1)
+    assert (a.keeper.feed_catchups, b.keeper.feed_catchups) == (6, 6)
+    assert (a.keeper.rebuilds, b.keeper.rebuilds, reader.keeper.rebuilds) == (0, 1, 1)
 
-    write_and_check(a, 11)  # from the feed again; this step forgets, so its publish deletes the feed
-    write_and_check(b, 12)  # b is one write behind with no feed: it reads the graph
-    assert vector_reads == [user] and b.keeper.feed_catchups == 3 and b.keeper.rebuilds == 1
+    def forget_only(write: UserWrite) -> None:  # a forget's write: no index read before, its removals after
+        gone = graph.forget_message(user, messages.pop(0))
+        write.finish(removals=[*gone.removed_fact_ids, *gone.removed_entity_ids, *gone.removed_chunk_ids])
+
+    a.writes.run(user, forget_only, wait=10)  # a is one write behind (b wrote step 13)
+    held = a.keeper.held(user)
+    assert held is not None and held.node_ids() == whole(graph, user, tmp_path).rebuild(user).node_ids()
+    assert vector_reads == [] and a.keeper.feed_catchups == 7 and a.keeper.rebuilds == 0
     assert_reader_matches_whole(reader, graph, user, tmp_path)
 
 

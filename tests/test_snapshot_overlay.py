@@ -130,14 +130,52 @@ def test_a_supersession_in_the_overlay_hides_the_base_record_and_leaves_the_base
     assert [fid for fid, _ in base.graph_step(step).hops] == [lives.id]
 
 
-def test_a_removal_is_never_kept_in_an_overlay_and_erasure_drops_it() -> None:
-    """A write that removed a record (a forget) refuses the refresh: the reader loads the user whole, with
-    no overlay; ``forget_user`` drops the held snapshot, overlay and all."""
+def test_removed_records_leave_the_snapshot_as_one_built_whole_without_them() -> None:
+    """A write that removed records (a forget, expired chunks) is taken in from the removed ids
+    (``removal.without``): every read answers as a snapshot built whole from the records that remain, a
+    chunk no longer lists a removed fact, and the keyword statistics are the remaining documents'."""
+    rng = random.Random(5)
+    people, facts, chunks = _world(rng, 120)
+    facts = [f.model_copy(update={"source_ids": [f"ep-{i % 60}"]}) for i, f in enumerate(facts)]
+    stated: dict[str, list[str]] = {}
+    for f in facts:
+        stated.setdefault(f.source_ids[0], []).append(f.id)
+    chunks = [c.model_copy(update={"fact_ids": stated.get(c.episode_id, [])}) for c in chunks]
+    held = UserSnapshot.of(USER, Stamp(1, 1), facts, chunks)
+    every_fact, every_chunk = {f.id: f for f in facts}, {c.id: c for c in chunks}
+    for round_ in range(1, 6):
+        new = _world(rng, 2)[1]
+        new = [f.model_copy(update={"id": f"fact-new-{round_}-{i}", "source_ids": ["ep-3"]}) for i, f in enumerate(new)]
+        held = held.updated(Stamp(1, 2 * round_), new, [])  # an addition, held in the overlay
+        every_fact.update((f.id, f) for f in new)
+        dropped = {*rng.sample(sorted(every_fact), 3), new[0].id}  # one of them in the overlay
+        episode = rng.choice(sorted({c.episode_id for c in every_chunk.values()}))
+        chunks_gone = {c.id for c in every_chunk.values() if c.episode_id == episode}
+        stamp = Stamp(1, 2 * round_ + 1)
+        assert held.refreshed(stamp, stamp.version, [], [], max_records=1000) is None  # the ids unknown
+        held = held.refreshed(
+            stamp, stamp.version, [], [], max_records=1000, gone=[*dropped, *chunks_gone, "ent-not-held"]
+        )
+        assert held is not None and held.stamp == stamp
+        every_fact = {i: f for i, f in every_fact.items() if i not in dropped}
+        every_chunk = {
+            i: c.model_copy(update={"fact_ids": [f for f in c.fact_ids if f not in dropped]})
+            for i, c in every_chunk.items()
+            if i not in chunks_gone
+        }
+        whole = UserSnapshot.of(USER, stamp, every_fact.values(), every_chunk.values())
+        assert held.touching == whole.touching and held.episodes == whole.episodes
+        assert _answers(held, people) == _answers(whole, people)
+        for words in QUERIES:
+            for hit, truth in zip(held.keyword_search(words, 50), whole.keyword_search(words, 50), strict=True):
+                assert (hit.node_id, hit.score) == (truth.node_id, truth.score)
+
+
+def test_erasure_drops_a_held_snapshot_overlay_and_all() -> None:
     rng = random.Random(3)
     _, facts, chunks = _world(rng, 20)
     held = UserSnapshot.of(USER, Stamp(1, 1), facts, chunks).updated(Stamp(1, 2), _world(rng, 2)[1], [])
     assert held.recent_size == 2
-    assert held.refreshed(Stamp(1, 3), 3, [], [], max_records=1000) is None  # removed at version 3
     cache = SnapshotCache(max_records=1000, budget_records=10_000)
     assert cache._keep(held, answering=False) and cache.peek(USER) is held
     cache.drop_user(USER)

@@ -10,7 +10,9 @@ Invariants: a signal is a hint, never the truth. Redis pub/sub is at most once: 
 process is not subscribed (starting, reconnecting after Redis went away, or slow enough that Redis drops
 its output buffer) is lost, and a recall then reads the published stamp as it always does and catches up
 itself (``engram_api.reader.catchup``). So nothing here retries a message or replays missed ones; after an
-error the thread subscribes again after a pause. A message that does not parse is dropped.
+error the thread subscribes again after a pause. A message that does not parse is dropped. No error of
+Redis or of its socket escapes the thread (Redis going away, the client closed under it): ``stop`` ends it
+quietly, and ``MemoryClient`` starts one listener however many threads open its reader at once.
 """
 
 from __future__ import annotations
@@ -43,6 +45,16 @@ def parse_signal(data: str | bytes) -> tuple[str, Stamp] | None:
     except ValueError:
         return None
     return (user_id, stamp) if user_id and stamp.epoch >= 0 and stamp.version > 0 else None
+
+
+def _closed(pubsub: redis.client.PubSub) -> None:
+    """Close ``pubsub``'s connection; a Redis already gone (its connection reset) has nothing left to close."""
+    import redis  # only with a client, so loaded already
+
+    try:
+        pubsub.close()
+    except (redis.RedisError, OSError) as exc:
+        log.debug("stamp signals' connection not closed cleanly: %s", exc)
 
 
 class StampSignals:
@@ -84,14 +96,14 @@ class StampSignals:
                     message = pubsub.get_message(timeout=_POLL_S)
                     if message is not None and message.get("type") == "message":
                         self._handle(message["data"])
-            except redis.RedisError as exc:  # signals sent until we are back are lost: recalls catch up themselves
-                if not away:
+            except (redis.RedisError, OSError) as exc:  # signals sent until we are back are lost: recalls catch up
+                if not self._stop.is_set() and not away:  # a client closed under us is a stop, not an outage
                     log.warning("stamp signals lost (%s); subscribing again every %.0f s", exc, _RETRY_S)
                     away = True
                 self._stop.wait(_RETRY_S)
             finally:
                 self.subscribed.clear()
-                pubsub.close()
+                _closed(pubsub)
 
     def _handle(self, data: str | bytes) -> None:
         parsed = parse_signal(data)

@@ -13,8 +13,9 @@ Invariants:
   2K-fact user's step took ~80-100 ms, measured by the hosts bench), which then answers from it; a user
   written between every recall is therefore answered from memory too (a refresh run behind the recall
   instead was never used: measured 1.4x slower);
-- only a snapshot at most ``CATCH_UP_VERSIONS`` behind is refreshed in the recall; a forget, another
-  lifetime or the bound make the refresh impossible, and then, as for a snapshot farther behind, the
+- only a snapshot at most ``CATCH_UP_VERSIONS`` behind is refreshed in the recall (a forget's removed
+  records too: the catch-up's read lists their ids, ``UserSnapshot.caught_up``); another lifetime or the
+  bound make the refresh impossible, and then, as for a snapshot farther behind, the
   recall goes to the store and a reader thread refreshes or loads whole (``missed``: at once when the held
   one answered a recall, else on the second recall at a stamp); one whose index holds more vectors than
   the bound costs no store query at all;
@@ -159,7 +160,7 @@ class SnapshotCache:
         """``held`` brought to the graph's stamp by ``changes`` (``GraphStore.user_changes`` from its
         version or an older one, read by ``engram_api.reader.catchup`` with the FAISS copy's) and held;
         returned when at ``stamp`` or newer (a signal may name a stamp the graph is not at). None when the
-        refresh cannot (a forget, another lifetime, the bound, unmarked writes: the recall then
+        refresh cannot (another lifetime, the bound, unmarked writes: the recall then
         goes to the store, and ``missed`` loads). ``answering``: it answers the recall that refreshed it.
         Newer than ``stamp`` when writes committed since it was published: what the store's own step would
         read too."""

@@ -12,7 +12,7 @@ oracle is a fresh reader over a third one (as in test_reader_signals).
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -180,32 +180,107 @@ def test_a_feed_that_does_not_reach_back_to_the_copy_reads_the_graph(
     assert got == _answer(_host(memory, tmp_path / "fresh"), user, "where does the user live now?")
 
 
-def test_the_feed_holds_nothing_of_a_forgotten_fact_or_an_erased_user(memory: Memory, tmp_path: Path) -> None:
-    reader = _host(memory, tmp_path / "reader")
-    user = new_user()
+def _collector(memory: Memory, user: str) -> str:
+    """The user's chatter, then a message stating one fact (the one forgotten later); its statement."""
     _chatter(memory, user)
     secret = "User collects antique cuckoo clocks"
     memory.say(
         user, "clocks", "I collect antique cuckoo clocks.", at(20), {"facts": [fact("user", "COLLECTS", None, secret)]}
     )
+    return secret
+
+
+def test_the_feed_holds_nothing_of_a_forgotten_fact_or_an_erased_user(memory: Memory, tmp_path: Path) -> None:
+    reader = _host(memory, tmp_path / "reader")
+    user = new_user()
+    secret = _collector(memory, user)
     _warm(reader, user)
     memory.say(user, "m1", "I live in Tampa.", at(21), lives_in("Tampa"))
     (item,) = [i for i in memory.reader.recall(user, "cuckoo clocks", k=10).items if i.statement == secret]
     assert any(item.id in e and secret in e for e in _entries(memory.redis, user))  # the feed held it
     memory.reader.forget(user, item.id)
-    assert not memory.redis.exists(keys.change_feed(user))  # the forget's publish deleted the feed
+    # The forget's publish deleted every earlier entry and added its own: the removed id, nothing of the fact.
+    (entry,) = [feed.FeedEntry.model_validate_json(e) for e in _entries(memory.redis, user)]
+    assert item.id in entry.gone and not any(f.id == item.id for f in entry.facts)
+    assert "cuckoo" not in entry.model_dump_json() and item.id not in {v[0] for v in entry.vectors}
     memory.say(user, "m2", "I moved, I live in Austin now.", at(30), lives_in("Austin"))
     entries = _entries(memory.redis, user)
-    assert entries and not any(item.id in e or "cuckoo" in e for e in entries)  # a new feed, without it
+    assert len(entries) == 2 and not any("cuckoo" in e for e in entries)
     with Reads(memory.graph) as reads:
         got = reader.recall(user, "cuckoo clocks", k=10)
         reader.flush()
-    assert ("user_changes", user) in reads.calls  # the feed does not reach back over the forget
+    assert ("user_changes", user) in reads.calls  # two writes behind, the first before the forget: the graph
     assert secret not in {i.statement for i in got.items}
 
     memory.reader.forget_user(user)
     assert not memory.redis.exists(keys.change_feed(user))
     assert not any(user in key for key in memory.redis.scan_iter(match=f"{keys.PREFIX}:feed:*"))
+
+
+def test_removals_travel_in_the_feed_and_no_host_reads_the_user_whole_again(memory: Memory, tmp_path: Path) -> None:
+    """Writes alternating two apply hosts mix additions, a supersession, a single-fact forget, a message
+    forget and an archival (the decay job's write): after each, a reader host one write behind catches its
+    FAISS copy and snapshot up from the feed alone (no graph read at all), answers exactly as a fresh
+    single-host reader (ids, channels, scores), holds what a whole read holds, and the apply host behind
+    catches up from the feed too; after its first load no host reads the user whole again."""
+    a, b = memory, Memory(memory.graph, tmp_path / "writer-b", memory.embedder, memory.redis)
+    reader = _host(memory, tmp_path / "reader")
+    user = new_user()
+    secret = _collector(a, user)
+    a.say(user, "m1", "I live in Tampa.", at(21), lives_in("Tampa"))
+    a.say(user, "m2", "My sister Ana plays the violin.", at(22), {"facts": [fact("user", "HAS_SISTER", None, "User has a sister")]})  # fmt: skip
+    _warm(reader, user)
+    (clocks,) = [i for i in a.reader.recall(user, "cuckoo clocks", k=10).items if i.statement == secret]
+
+    def austin() -> str:
+        (found,) = [f.id for f in a.graph.snapshot(user, max_records=10_000).facts.values() if "Austin" in f.statement]
+        return found
+
+    def archive(write: Any) -> int:
+        # The decay job's write (``run_decay``): one transaction archiving the first fact due, years ahead.
+        flags = a.graph._archive_batch(write.user_id, now=datetime.now(UTC) + timedelta(days=3650), batch=1)
+        write.finish(changed=True)
+        return sum(flags)
+
+    steps = (
+        lambda: b.say(user, "m3", "I moved, I live in Austin now.", at(30), lives_in("Austin")),  # supersedes
+        lambda: a.reader.forget(user, clocks.id),  # one fact
+        lambda: b.say(user, "m4", "We saw the northern lights over the fjord last night!", at(40)),
+        lambda: a.reader.forget(user, "m2"),  # a message: its chunks, its facts, its entities
+        lambda: b.writes.run(user, archive, wait=30),
+        lambda: a.say(user, "m5", "I live in Austin, yes.", at(50), lives_in("Austin")),  # restated: 2 sources
+        lambda: b.reader.forget(user, "m3"),  # Austin keeps m5 as its source: its record changes, it stays
+        lambda: a.reader.forget(user, austin()),  # Tampa is current again (its chain repaired)
+        lambda: b.say(user, "m6", "I play chess with my neighbour on Sundays.", at(60)),
+    )
+    questions = ("where does the user live now?", "cuckoo clocks", "sister violin", "northern lights", "chess")
+    for step in steps:
+        step()
+        stamp = memory.graph.user_stamp(user)
+        with Reads(memory.graph) as reads:
+            got = [_answer(reader, user, q) for q in questions]
+            reader.flush()
+        assert reads.calls == []  # both copies caught up from the feed, removals included
+        assert got == [_answer(_host(memory, tmp_path / f"fresh-{stamp.version}"), user, q) for q in questions]
+        held, index = reader.snapshots.peek(user), reader.keeper.held(user)
+        assert held is not None and held.stamp == stamp and index is not None and index.stamp == stamp
+        whole = memory.graph.snapshot(user, max_records=10_000)
+        assert whole is not None and dict(held.facts) == dict(whole.facts) and dict(held.chunks) == dict(whole.chunks)
+        assert index.node_ids() == whole_index(memory, user, tmp_path).node_ids()
+    assert all(secret not in e for e in _entries(memory.redis, user))
+    assert reader.keeper.rebuilds == 1 and reader.catchups.from_feed == len(steps)
+    # a made the user (no load); b loaded it at its first write of its own index, then only caught up.
+    assert (a.keeper.rebuilds, b.keeper.rebuilds) == (0, 1)
+    assert a.keeper.feed_catchups >= 3 and b.keeper.feed_catchups >= 3
+
+
+def whole_index(memory: Memory, user: str, tmp_path: Path) -> Any:
+    """The user's index as a single-host reader reads it whole from the graph (nothing kept)."""
+    keeper = IndexKeeper(
+        graph=memory.graph, vectors=VectorStore(root=tmp_path / "whole", dim=memory.embedder.dim), cache=False,
+        persist=False,
+    )  # fmt: skip
+    return keeper.rebuild(user)
 
 
 def test_an_entry_is_added_only_with_a_stamp_that_moves_forward_under_the_lease(memory: Memory) -> None:

@@ -15,16 +15,24 @@ last one. A reader behind reads the stamp and the entries after its version in o
 (``read_feed``) and applies them as one ``UserChanges`` (``changes_of``), exactly what the graph read
 would have returned from that version.
 
+Removals travel in the feed too: an entry lists the ids its write removed (``gone``: facts, chunks and
+entities, the graph's removal records of that version), so a reader's FAISS copy drops their vectors and
+its snapshot their records (``UserSnapshot.caught_up``) with no read of the graph.
+
 Invariants:
 - the graph stays the truth. An entry is what the graph returned after the commit; a reader uses the feed
   only when its entries chain without a gap from at or before its copy's version to the stamp read in the
   same transaction, in one lifetime; anything else (no feed, trimmed or expired, a write that added no
   entry, another lifetime, an entry that does not parse) falls back to ``user_changes``;
-- forgotten means gone: a write that removed any record (a forget, decay, a dedup), that does not say what
-  it changed (``changed=False`` maintenance), that starts a lifetime, or whose read shows a removal deletes
-  the feed in the same script that moves the stamp (``scrub``), before anything else; ``forget_user``
-  deletes it with the user's keys. So the feed never holds a record or a vector the graph no longer holds
-  once the write that removed it is published;
+- forgotten means gone: a write that removed any record (a forget, decay's expired chunks, a dedup) deletes
+  the feed's earlier entries in the same script that moves the stamp and adds its own (``scrub``), so an
+  entry that still held a removed record or its vector is gone once the removal is published; the removal's
+  own entry holds only the removed ids (the graph keeps them too, as removal records). A reader exactly one
+  write behind a removal catches up from that entry; one farther behind reads the graph. A write that does
+  not say what it changed (``changed=False`` maintenance), that starts a lifetime, or whose removal the read
+  cannot list scrubs with no entry; ``forget_user`` deletes the feed with the user's keys;
+- in a chain of entries, an id an entry removes is dropped from every earlier entry's records and vectors
+  (``changes_of``): the changes never hold a record the chain's end no longer holds;
 - an entry above ``FEED_ENTRY_MAX_BYTES`` is not added (the chain breaks: readers read the graph), nor one
   whose read is not exactly at the write's stamp.
 """
@@ -73,7 +81,8 @@ FEED_ENTRY_MAX_BYTES = 256 * 1024
 class FeedEntry(BaseModel):
     """One committed write of a user as the graph returned it right after the commit (see the module
     docstring): stamps ``(epoch, since)`` -> ``(epoch, version)``, the user's catch-up horizon and last
-    removal version, the vectors marked after ``since`` (id, kind, float32 bytes base64) and the records."""
+    removal version, the vectors marked after ``since`` (id, kind, float32 bytes base64), the records, and
+    the ids the write removed (``gone``, in id order; none in an entry of an older release)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -85,21 +94,24 @@ class FeedEntry(BaseModel):
     vectors: list[tuple[str, Literal["fact", "entity", "episode"], str]]
     facts: list[FactRecord]
     chunks: list[ChunkRecord]
+    gone: list[str] = []
 
 
 def entry_of(before: Stamp, after: Stamp, changes: UserChanges) -> tuple[str, bool]:
     """``(entry, scrub)`` for a write from ``before`` to ``after`` given ``changes``, the graph's
     ``user_changes(user, before.version)`` read right after the commit (or by the write's own statement):
-    the entry ('' for none) and whether the feed must be deleted (the read shows a record removed since
-    ``before``). Its records are in (kind,) id order: a store returns them in no set order, and the read in
-    the write's statement and one after the commit need not agree on it."""
+    the entry ('' for none) and whether the feed's earlier entries must be deleted (the read shows a record
+    removed since ``before``: the entry, when there is one, lists the removed ids). Its records are in
+    (kind,) id order: a store returns them in no set order, and the read in the write's statement and one
+    after the commit need not agree on it."""
     import numpy as np  # only a writer with Redis builds entries
 
     vectors = changes.vectors
-    if vectors.removed or changes.removed > before.version:
-        return "", True
+    scrub = bool(vectors.removed) or changes.removed > before.version
+    if scrub and not vectors.removed:
+        return "", True  # a removal the read cannot list: no entry can stand for it
     if vectors.stamp != after or not vectors.settled or vectors.horizon is None or after.epoch != before.epoch:
-        return "", False
+        return "", scrub
     entry = FeedEntry(
         epoch=after.epoch, since=before.version, version=after.version, horizon=vectors.horizon,
         removed=changes.removed,
@@ -108,8 +120,9 @@ def entry_of(before: Stamp, after: Stamp, changes: UserChanges) -> tuple[str, bo
             for node, kind, vec in sorted(vectors.upserts, key=lambda u: (u[1], u[0]))
         ],
         facts=sorted(changes.facts, key=lambda f: f.id), chunks=sorted(changes.chunks, key=lambda c: c.id),
+        gone=sorted(set(vectors.removed)),
     ).model_dump_json(exclude_defaults=False)  # fmt: skip
-    return (entry, False) if len(entry) <= FEED_ENTRY_MAX_BYTES else ("", False)
+    return (entry, scrub) if len(entry) <= FEED_ENTRY_MAX_BYTES else ("", scrub)
 
 
 def changes_of(raw: Sequence[str | bytes], since: int, stamp: Stamp) -> UserChanges | None:
@@ -132,17 +145,26 @@ def changes_of(raw: Sequence[str | bytes], since: int, stamp: Stamp) -> UserChan
         at = entry.version
     if at != stamp.version:
         return None
-    upserts: list[tuple[str, Kind, Sequence[float]]] = []
+    upserts: dict[str, tuple[str, Kind, Sequence[float]]] = {}
     facts: dict[str, FactRecord] = {}
     chunks: dict[str, ChunkRecord] = {}
+    gone: dict[str, None] = {}
     for entry in entries:  # later entries hold the later state of a record written twice
-        upserts.extend(
-            (node, kind, np.frombuffer(base64.b64decode(b64), dtype=np.float32)) for node, kind, b64 in entry.vectors
+        for node in entry.gone:  # removed by this write: no earlier entry's record or vector survives it
+            upserts.pop(node, None)
+            facts.pop(node, None)
+            chunks.pop(node, None)
+            gone[node] = None
+        upserts.update(
+            (node, (node, kind, np.frombuffer(base64.b64decode(b64), dtype=np.float32)))
+            for node, kind, b64 in entry.vectors
         )
         facts.update((f.id, f) for f in entry.facts)
         chunks.update((c.id, c) for c in entry.chunks)
     return UserChanges(
-        vectors=VectorChanges(stamp=stamp, horizon=entries[-1].horizon, upserts=upserts),
+        vectors=VectorChanges(
+            stamp=stamp, horizon=entries[-1].horizon, removed=tuple(gone), upserts=list(upserts.values())
+        ),
         removed=max(e.removed for e in entries),
         facts=list(facts.values()),
         chunks=list(chunks.values()),

@@ -18,8 +18,8 @@ at the copy's stamp and caches nothing under the newer one).
 
 Counters (read by tests, benchmarks and health): ``rebuilds`` counts full reads, ``catchups`` reads of
 only what changed, ``feed_catchups`` those of them a writer took from the change feed in Redis instead of
-the graph (``current``'s ``feed``: a host whose copy is behind because the other host wrote last catches
-up from what that writer published). A process that writes a user's index with no copy of it (a forget from a reader that
+the graph (the ``feed`` of ``current`` and ``advance``: a host whose copy is behind because the other host
+wrote last catches up from what that writer published, removals included). A process that writes a user's index with no copy of it (a forget from a reader that
 never recalled the user, a maintenance job) does not load one: the next reader catches up or loads.
 
 Local files: with ``persist`` (the default) a copy is also kept in this process's data directory as a
@@ -82,7 +82,7 @@ class IndexKeeper:
         self._lock = threading.Lock()
         self.rebuilds = 0  # full reads of a user's vectors from the graph
         self.catchups = 0  # reads of only what changed since a copy's version
-        self.feed_catchups = 0  # of those, the ones the change feed answered (``current``'s ``feed``)
+        self.feed_catchups = 0  # of those, the ones the change feed answered (``feed``)
         self.catchup_vector_bytes = 0  # float32 bytes those catch-ups brought in (benchmarks report it)
         self._on_load = on_load  # told "rebuild" or "catchup" at each (a worker's Prometheus counter)
 
@@ -218,11 +218,13 @@ class IndexKeeper:
         to_stamp: Stamp,
         upserts: Iterable[tuple[str, Kind, Sequence[float]]] = (),
         removals: Iterable[str] = (),
+        feed: Feed | None = None,
     ) -> UserIndex | None:
         """Move this process's copy from ``from_stamp`` to ``to_stamp``: one delta for the whole batch of
-        ``upserts`` and ``removals`` when the copy is at ``from_stamp`` (or the user is new), a catch-up
-        from the graph when it is behind, a rebuild when neither can. None when this process holds no
-        copy of an existing user: it loads none just to write it (the next reader catches up)."""
+        ``upserts`` and ``removals`` when the copy is at ``from_stamp`` (or the user is new, or ``feed``
+        brings a copy behind there: the writes another host published before this one), a catch-up from
+        the graph when it is behind, a rebuild when neither can. None when this process holds no copy of an
+        existing user: it loads none just to write it (the next reader catches up)."""
         if to_stamp == ABSENT:
             self.forget(user_id)
             self.vectors.delete(user_id)
@@ -234,6 +236,8 @@ class IndexKeeper:
             return None
         if index.stamp == to_stamp:
             return self._remember(user_id, index)
+        if index.stamp < from_stamp:  # another host wrote since: what it published brings the copy to ours
+            index = self._fed(user_id, index, from_stamp, feed)
         if index.stamp == from_stamp:
             return self._moved(user_id, index, to_stamp, upserts, removals)
         if index.epoch == to_stamp.epoch and index.stamp < to_stamp:
@@ -241,6 +245,17 @@ class IndexKeeper:
             if caught is not None and caught.stamp >= to_stamp:
                 return caught
         return self.rebuild(user_id)
+
+    def _fed(self, user_id: str, index: UserIndex, expected: Stamp, feed: Feed | None) -> UserIndex:
+        """``index`` brought to ``expected`` (or past it) by ``feed``'s changes since its version, tried once;
+        ``index`` itself without a feed, or when its changes cannot bring it there (the graph is read)."""
+        if feed is None or index.epoch != expected.epoch or index.version >= expected.version:
+            return index
+        changes = feed(index.version)
+        if changes is None or changes.stamp < expected or not changes.usable_from(index.stamp):
+            return index
+        self.feed_catchups += 1
+        return self.apply(user_id, index, changes) or index
 
     def current(self, user_id: str, expected: Stamp, *, feed: Feed | None = None) -> UserIndex:
         """The index of ``expected``'s lifetime at its version or newer: this process's copy, caught up from
@@ -261,11 +276,7 @@ class IndexKeeper:
         index = self._loaded(user_id)
         if index is None or index.epoch != expected.epoch:
             return self.rebuild(user_id)
-        if feed is not None and index.version < expected.version:
-            changes = feed(index.version)
-            if changes is not None and changes.stamp >= expected and changes.usable_from(index.stamp):
-                self.feed_catchups += 1
-                index = self.apply(user_id, index, changes) or index
+        index = self._fed(user_id, index, expected, feed)
         for attempt in range(LAG_READS + 1):
             if index.version >= expected.version:
                 return self._remember(user_id, index)

@@ -21,7 +21,7 @@ Invariants (those of the stores' step, which its docstring states in full):
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING
@@ -31,6 +31,7 @@ from engram_api.storage.graph.step import GraphStepQuery
 from engram_api.storage.graph.validity import instant, overlaps
 from engram_api.storage.snapshot.keywords import KeywordIndex
 from engram_api.storage.snapshot.overlay import Overlay, merge_due
+from engram_api.storage.snapshot.removal import without
 from engram_api.storage.snapshot.rows import (
     CHUNK_FACTS,
     CHUNK_ROWS,
@@ -180,32 +181,42 @@ class UserSnapshot:
         *,
         max_records: int,
         size: int | None = None,
+        gone: Collection[str] | None = None,
     ) -> UserSnapshot | None:
-        """This snapshot at ``stamp`` given the facts and chunks marked after its stamp and the version of
-        the user's last removal (read with ``stamp`` first); itself when nothing changed. None when only a
-        whole load can do it: another lifetime, a graph behind it, a record removed since (a forget), more
-        than ``max_records``, or a ``size`` (the user's count of facts and chunks, when read) that disagrees
-        with the merge (a writer that marked nothing: an older release's)."""
+        """This snapshot at ``stamp`` given the facts and chunks marked after its stamp, the version of the
+        user's last removal (read with ``stamp`` first) and, when known, the ids removed since its stamp
+        (``gone``, ``removal.without``); itself when nothing changed. None when only a whole load can do it:
+        another lifetime, a graph behind it, a record removed since with ``gone`` unknown, more than
+        ``max_records``, or a ``size`` (the user's count of facts and chunks, when read) that disagrees with
+        the merge (a writer that marked nothing: an older release's)."""
         if stamp == self.stamp:
             return self
-        if stamp.epoch != self.stamp.epoch or stamp < self.stamp or removed > self.stamp.version:
+        if stamp.epoch != self.stamp.epoch or stamp < self.stamp:
             return None
+        kept = self
+        if removed > self.stamp.version:
+            if gone is None:
+                return None
+            kept = without(self, gone)
         if size is not None and size > max_records:
             return None  # before the merge: a user grown past the bound costs no merge
-        fresh = self.updated(stamp, facts, chunks)
+        fresh = kept.updated(stamp, facts, chunks)
         if fresh.size > max_records or (size is not None and fresh.size != size):
             return None
         return fresh
 
     def caught_up(self, changes: UserChanges, *, max_records: int) -> UserSnapshot | None:
-        """``refreshed`` by ``GraphStore.user_changes`` (read with a FAISS copy's catch-up): no count was
-        read, so the records are known complete since this snapshot's stamp only when every write since
-        marked what it wrote, which the vectors' horizon says (``VectorChanges.usable_from``)."""
+        """``refreshed`` by ``GraphStore.user_changes`` or the change feed (read with a FAISS copy's
+        catch-up), the ids removed since taken out (``changes.vectors.removed``: the removal records of
+        every write after the read's version, complete with the rest): no count was read, so the records
+        are known complete since this snapshot's stamp only when every write since marked what it wrote,
+        which the vectors' horizon says (``VectorChanges.usable_from``)."""
         if not changes.vectors.usable_from(self.stamp):
             return None
         return self.refreshed(
-            changes.vectors.stamp, changes.removed, changes.facts, changes.chunks, max_records=max_records
-        )
+            changes.vectors.stamp, changes.removed, changes.facts, changes.chunks, max_records=max_records,
+            gone=changes.vectors.removed,
+        )  # fmt: skip
 
     def entity_facts(self, entity: str) -> Iterable[str]:
         """The facts mentioning ``entity`` in the stores' rank order (importance descending, id descending),

@@ -22,7 +22,7 @@ records (at least ``MERGE_MIN``), ``UserSnapshot.merged`` folds it into a new ba
 Invariants: a snapshot with an overlay answers every read exactly as the snapshot its merge gives, and as
 one built whole from the same records (``tests/test_snapshot_overlay.py``): the same records, each
 entity's facts in the same order, the same keyword hits with the same scores. Removals are not kept in an
-overlay: a write that removed a record makes the refresh impossible (``UserSnapshot.refreshed``), as before.
+overlay: a write that removed records folds it and copies the base without them (``removal.without``).
 """
 
 from __future__ import annotations

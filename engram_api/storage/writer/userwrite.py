@@ -19,7 +19,8 @@ Invariants:
   the stamp after the writes (a delta, or a rebuild when the file is elsewhere), publishes that stamp
   in Redis (atomically only while the lease is still ours) with the write's change-feed entry (what the
   graph's ``user_changes`` returns right after the commit, so readers behind need not ask the graph;
-  ``engram_api.storage.faiss.feed``; a write that removed anything deletes the feed instead; on Neo4j the
+  ``engram_api.storage.faiss.feed``; a write that removed anything deletes the earlier entries and adds
+  its own, which lists the removed ids; on Neo4j the
   last write statement reads it itself, ``Fence.changes``, so the entry costs no round trip) and drops
   the process's caches; after ``forget_user`` it also leaves the erasure tombstone every host's sweep deletes its files by. When the
   lease was lost after the commit, it takes the lease again and finishes only if the graph is still at
@@ -43,7 +44,7 @@ from engram_api.errors import EngramError, StaleWriteError, UserBusyError
 from engram_api.storage.faiss.erasure import record_erasure
 from engram_api.storage.faiss.feed import entry_of, vectors_from_feed
 from engram_api.storage.faiss.files import Kind, UserIndex
-from engram_api.storage.faiss.keeper import IndexKeeper
+from engram_api.storage.faiss.keeper import Feed, IndexKeeper
 from engram_api.storage.graph.contract import Fence, GraphStore
 from engram_api.storage.writer.changes import forget_changes, mark_changed
 from engram_api.versions import ABSENT, Stamp, new_epoch, publish_stamp, read_stamp
@@ -90,9 +91,12 @@ class UserWrite:
         """The user's FAISS index at the stamp the plan is built on. A copy behind it (another host wrote
         last) is caught up from the change feed that writer published with its stamp (one Redis round trip),
         the graph read only when the feed cannot bring it there."""
-        owner = self._owner
-        feed = None if owner.redis is None else partial(vectors_from_feed, owner.redis, self.user_id)
-        return owner.keeper.current(self.user_id, self.before, feed=feed)
+        return self._owner.keeper.current(self.user_id, self.before, feed=self._feed())
+
+    def _feed(self) -> Feed | None:
+        """The user's changes since a version from the change feed in Redis (None without Redis)."""
+        redis_client = self._owner.redis
+        return None if redis_client is None else partial(vectors_from_feed, redis_client, self.user_id)
 
     def finish(
         self,
@@ -111,7 +115,9 @@ class UserWrite:
         if self.lease is not None and not self.lease.held() and not self._retake(after):
             owner.drop_caches(user_id)  # another writer owns the user now: its finish covers ours
             return after
-        owner.keeper.advance(user_id, from_stamp=self.before, to_stamp=after, upserts=upserts, removals=removals)
+        owner.keeper.advance(
+            user_id, from_stamp=self.before, to_stamp=after, upserts=upserts, removals=removals, feed=self._feed()
+        )
         if owner.redis is not None:
             if after == ABSENT:
                 owner.redis.delete(keys.user_version(user_id), keys.change_feed(user_id))
@@ -131,23 +137,26 @@ class UserWrite:
         return after
 
     def _feed_entry(self, after: Stamp, *, removed: bool, changed: bool) -> tuple[str, bool]:
-        """This write's change-feed entry and whether to delete the feed (``engram_api.storage.faiss.feed``):
-        the graph's ``user_changes`` since the stamp before, as the last write statement read them (Neo4j,
-        ``Fence.changes``) or read now, under the lease, right after the commit. A write that removed records, says nothing of what it changed or starts a lifetime scrubs."""
+        """This write's change-feed entry and whether to delete the feed's earlier entries
+        (``engram_api.storage.faiss.feed``): the graph's ``user_changes`` since the stamp before, as the last
+        write statement read them (Neo4j, ``Fence.changes``) or read now, under the lease, right after the
+        commit. A write that removed records scrubs and adds its entry (the removed ids with what it wrote),
+        so a reader one write behind still catches up from Redis; one that says nothing of what it changed
+        or starts a lifetime scrubs with no entry."""
         before = self.before
         if after == before:
             return "", False
-        if removed or not changed or before == ABSENT or before.epoch != after.epoch:
+        if not changed or before == ABSENT or before.epoch != after.epoch:
             return "", True
         changes = self._fence.changes  # read by the write statement itself, when the store could
-        if changes is not None and self._fence.changes_since == before.version and changes.vectors.stamp == after:
-            return entry_of(before, after, changes)
-        try:
-            changes = self._owner.graph.user_changes(self.user_id, before.version)
-        except EngramError as exc:  # committed already: readers then read the graph (the chain has a gap)
-            log.warning("change feed entry of %s not read: %s", self.user_id, exc)
-            return "", False
-        return entry_of(before, after, changes)
+        if changes is None or self._fence.changes_since != before.version or changes.vectors.stamp != after:
+            try:
+                changes = self._owner.graph.user_changes(self.user_id, before.version)
+            except EngramError as exc:  # committed already: readers then read the graph (the chain has a gap)
+                log.warning("change feed entry of %s not read: %s", self.user_id, exc)
+                return "", removed
+        entry, scrub = entry_of(before, after, changes)
+        return entry, scrub or removed
 
     def _retake(self, after: Stamp) -> bool:
         """The lease lapsed after our commit: take a new one; finish only if nobody wrote since."""

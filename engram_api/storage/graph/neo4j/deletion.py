@@ -51,8 +51,11 @@ class Neo4jDeletion(Neo4jConnection):
         params = {"user_id": plan.user_id, "episode_id": plan.episode_id, "now": utcnow()}
 
         def work(tx: ManagedTransaction) -> list[str]:
-            reverted = []
+            reverted, kept = [], []
             if plan.episode_id is not None:
+                # Facts the episode stated that another episode keeps: their sources change (marked below).
+                doomed = set(plan.fact_ids)
+                kept = [r["id"] for r in tx.run(cy.Q_FORGET_SOURCED, params) if r["id"] not in doomed]
                 # What the message did to entities it does not take with it (aliases, summaries): undone.
                 reverted = edits.revert_edits(tx, plan.user_id, plan.episode_id, params["now"])
             edits.drop_clusters(tx, plan.user_id, [*plan.fact_ids, *plan.entity_candidates, *reverted])
@@ -65,7 +68,10 @@ class Neo4jDeletion(Neo4jConnection):
                 tx.run(cy.Q_FORGET_EPISODE, params).consume()
             orphans = [r["id"] for r in tx.run(cy.Q_FORGET_ORPHANS, params, candidates=plan.entity_candidates)]
             gone = [*plan.fact_ids, *plan.chunk_ids, *orphans]
-            bump(tx, plan.user_id, now=params["now"], removed=True, gone=gone)
+            # The repaired facts and those that lost a source are marked: a reader's snapshot takes them in with
+            # the removed ids (``feed``), never loading the user whole for a forget.
+            changed = [*(r.fact_id for r in plan.repairs), *kept]
+            bump(tx, plan.user_id, now=params["now"], facts=changed, removed=True, gone=gone)
             return orphans
 
         return self._write(work)

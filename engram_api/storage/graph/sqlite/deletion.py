@@ -86,8 +86,17 @@ class SqliteDeletion(SqliteConnection):
     def _apply_forget(self, plan: ForgetPlan) -> list[str]:
         user_id = plan.user_id
         with self._write() as conn:
-            reverted = []
+            reverted, kept = [], []
             if plan.episode_id is not None:
+                # Facts the episode stated that another episode keeps: their sources change (marked below).
+                kept = [
+                    r[0]
+                    for r in conn.execute(
+                        "SELECT node_id FROM provenance WHERE user_id = ? AND episode_id = ? AND node_kind = 'fact'",
+                        (user_id, plan.episode_id),
+                    )
+                    if r[0] not in plan.fact_ids
+                ]
                 # What the message did to entities it does not take with it (aliases, summaries): undone.
                 reverted = edits.revert_edits(conn, user_id, plan.episode_id)
                 # Cascades to every remaining FROM link to the episode, its edits and its chunks (whose
@@ -115,7 +124,10 @@ class SqliteDeletion(SqliteConnection):
                 )
             ]
             db.delete_nodes(conn, user_id, "entities", orphans)
-            db.bump(conn, user_id, None, removed=True, gone=[*plan.fact_ids, *plan.chunk_ids, *orphans])
+            # The repaired facts and those that lost a source are marked: a reader's snapshot takes them in with
+            # the removed ids (``feed``), never loading the user whole for a forget.
+            changed = [*(r.fact_id for r in plan.repairs), *kept]
+            db.bump(conn, user_id, None, facts=changed, removed=True, gone=[*plan.fact_ids, *plan.chunk_ids, *orphans])
         return orphans
 
     def _forget_user(self, user_id: str) -> Removed:

@@ -35,6 +35,7 @@ __all__ = [
     "Q_FORGET_ORPHANS",
     "Q_FORGET_PLAN",
     "Q_FORGET_RESTORE",
+    "Q_FORGET_SOURCED",
     "Q_FORGET_USER_SCAN",
     "Q_REDUE_FACTS",
     "Q_REDUE_SET",
@@ -90,6 +91,9 @@ UNWIND $doomed AS fid
 MATCH (f:Fact {user_id: $user_id, id: fid})
 DETACH DELETE f
 """
+Q_FORGET_SOURCED = (
+    "MATCH (:Episode {user_id: $user_id, id: $episode_id})<-[:FROM]-(f:Fact {user_id: $user_id}) RETURN f.id AS id"
+)
 Q_FORGET_EPISODE = "MATCH (ep:Episode {user_id: $user_id, id: $episode_id}) DETACH DELETE ep"
 Q_FORGET_ORPHANS = """
 UNWIND $candidates AS eid
