@@ -35,6 +35,7 @@ from engram_api.reader.cues import QueryCues
 from engram_api.reader.facts import UserChunks, UserFacts
 from engram_api.reader.items import Row, recall_item
 from engram_api.reader.recipe import RecallRecipe, RetrievalChannel
+from engram_api.reader.rerank import similarity_step
 from engram_api.reader.scoring import Scoring, Weights, by_rank, named, normalized, word_share
 from engram_api.reader.state import RecallRun, TimeWindow
 from engram_api.settings import Settings
@@ -296,6 +297,7 @@ class _Run(RecallRun):
                 )
             rows.append((sum(map(mul, w, comp)) + recipe.fusion * cand.fusion / unit, node_id, cand, comp))
         rows.sort(key=lambda r: (-r[0], r[1]))  # best first, ties by id: the order docs/api.md states
+        rows = similarity_step(rows, recipe)  # the top re-scored by similarity, still best first (``reader.rerank``)
         return [
             recall_item(node_id, cand, ScoreBreakdown(**named(comp), rrf=cand.fusion, total=total), self.hops)
             for total, node_id, cand, comp in rows[:k]

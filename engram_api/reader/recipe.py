@@ -19,8 +19,11 @@ Hits bring their neighbours: a fact its source episode, an episode the facts ext
 with ``window`` > 0, the turns around it by another speaker (the exchange it is part of: the question a
 short answer answers); such an item gets ``link_share`` of its parent's fusion score. A fact ranks at
 least with the best excerpt of its source message, and an excerpt whose extracted facts have all ended
-keeps half its fusion score.
-Items are returned best first by their final score; nothing reorders them after.
+keeps half its fusion score. Then the similarity step (``reader.rerank``, with a vector channel): each of the
+top ``rerank_depth`` items gets ``rerank_similarity`` times its query similarity min-max normalized over them
+(1.5 over the top 40, chosen on the dev conversations: 1.0 and 2.0 gained about as much, a keyword weight
+of 3.5 or 2.5 with it less).
+Items are returned best first by their final score (the step's share included); nothing reorders them after.
 """
 
 from __future__ import annotations
@@ -67,6 +70,13 @@ class RecallRecipe(BaseModel):
     link_share: float = Field(0.2, ge=0, le=1, description="a linked item's share of its parent's fusion score")
     links_from: int = Field(10, ge=0, le=100, description="how many top hits bring their linked items")
     window: int = Field(1, ge=0, le=5, description="neighbouring turns an episode hit brings on each side")
+    rerank_similarity: float = Field(
+        1.5,
+        ge=0,
+        description="added to each of the top rerank_depth items, times its query similarity min-max normalized "
+        "over them (with a vector channel; reader.rerank)",
+    )
+    rerank_depth: int = Field(40, ge=0, le=200, description="how many top items the similarity step re-scores")
 
     def uses(self, channel: RetrievalChannel) -> bool:
         return channel in self.channels

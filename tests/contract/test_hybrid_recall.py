@@ -323,6 +323,43 @@ def test_a_question_naming_a_period_prefers_the_turn_said_in_it(memory: Memory) 
     )  # no period named: no lift at all
 
 
+def test_the_top_items_are_rescored_by_how_like_the_query_they_are(memory: Memory) -> None:
+    """The similarity step (``reader.rerank``): among the top ``rerank_depth`` items the one most like the query
+    gains exactly ``rerank_similarity``, the least like it nothing, the rest in proportion to their similarity;
+    the list stays best first by score, a recall of 3 is the first 3 of a recall of 20, and a recipe without
+    a vector channel is not touched."""
+    user = new_user()
+    _chatter(memory, user)
+    memory.say(user, "fit", "I ran a marathon in under four hours last spring.", at(20), speaker="Melanie")
+    memory.say(user, "word", "My sport shoes are too small, I need new ones.", at(21), speaker="Melanie")
+    question = "What sport has Melanie done?"
+    weight = memory.reader.recipe().rerank_similarity
+    reader = memory.another_reader(snapshot_max_records=0)
+    stepped = reader.recall(user, question, k=20).items
+    plain = reader.recall(user, question, k=20, recipe=reader.recipe().model_copy(update={"rerank_similarity": 0.0}))
+    before = {i.id: i for i in plain.items}
+    assert len(stepped) <= reader.recipe().rerank_depth  # a small user: every item is in the step
+    sims = {i.id: i.breakdown.similarity for i in stepped}
+    lo, hi = min(sims.values()), max(sims.values())
+    for item in stepped:
+        gained = item.score - before[item.id].score
+        assert gained == pytest.approx(weight * (sims[item.id] - lo) / (hi - lo), abs=1e-5), item.statement
+    closest = max(sims, key=lambda i: sims[i])
+    assert stepped[0].id == closest or stepped[0].score - before[stepped[0].id].score > 0  # the step counted
+    rank = {i.id: n for n, i in enumerate(stepped)}
+    assert rank[closest] <= [i.id for i in plain.items].index(closest)  # the item most like the query moves up
+    scores = [i.score for i in stepped]
+    assert scores == sorted(scores, reverse=True)
+    assert [i.id for i in reader.recall(user, question, k=3).items] == [i.id for i in stepped[:3]]
+    keyword = reader.recipe().with_channels("keyword")
+    assert _scores(memory, user, question, channels=("keyword",)) == pytest.approx(
+        {i.source_ids[0]: i.score for i in reader.recall(user, question, k=20, recipe=keyword).items}
+    )
+    assert _scores(memory, user, question, channels=("keyword",)) == pytest.approx(
+        _scores(memory, user, question, channels=("keyword",), rerank_similarity=0.0)
+    )  # no vector channel: no step
+
+
 def test_a_short_answer_is_found_by_the_question_it_answers(memory: Memory) -> None:
     """The answer "Austin." shares no word with "where did I move to after college?"; the turn before it does, and an
     episode hit brings its neighbouring turns (``window``)."""
