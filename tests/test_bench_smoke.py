@@ -110,6 +110,26 @@ def test_llm_quality_bench_sends_speakers_owner_and_earlier_turns():
     assert [(m.name, m.content) for m in offline[-1].earlier] == [("Caroline", "turn 7"), ("Melanie", "turn 8")]
 
 
+def test_the_context_table_has_the_answer_words_beside_the_evidence():
+    """A rendering that fits more turns by cutting what they say must show as a loss: the quality bench
+    reports, beside each context's evidence share, the share of questions whose answer words it holds."""
+    sys.path.insert(0, str(REPO / "ops" / "bench"))
+    locomo = importlib.import_module("quality_locomo")
+    conversation = {
+        "session_1_date_time": "1:56 pm on 8 May, 2023",
+        "session_1": [{"speaker": "Ana", "dia_id": "D1:1", "text": "I moved to Lisbon."}],
+    }
+    kept, text = locomo._packed([0], locomo.session_turns(conversation))
+    assert kept == {"D1:1"} and text == "- [2023-05-08] Ana: I moved to Lisbon."
+    nan = float("nan")
+    rows = {"get_context": [(1.0, 1.0), (0.5, 0.0), (1.0, nan)], "naive RAG packed": [(0.5, 0.0)] * 3}
+    sums = {(method, cat): r for method, r in rows.items() for cat in (1, "all")}
+    coverage = {"turns": 1, "turns_with_facts": 0, "questions": 3, "questions_with_covered_evidence": 0}
+    tables, summary = locomo._tables([{"sample_id": "conv-x"}], sums, coverage, "rules")
+    assert tables[1].rows[-1] == ["all", 3, pytest.approx(2.5 / 3), 0.5, 0.5, 0.0]  # no answer: not counted
+    assert summary["context_answer_words"]["multi-hop"] == {"get_context": 0.5, "naive RAG packed": 0.0}
+
+
 def test_quality_bench_runs_the_chosen_conversations_and_names_an_unknown_one():
     sys.path.insert(0, str(REPO / "ops" / "bench"))
     locomo = importlib.import_module("quality_locomo")

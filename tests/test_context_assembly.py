@@ -59,3 +59,18 @@ def test_the_same_words_are_not_shown_twice_and_a_fact_stays_beside_its_excerpt(
     chosen = select_context([said, derived, again], 1000)
     assert chosen == [said, derived]  # only the fact says it holds now
     assert render_context(chosen).splitlines()[:2] == [FACTS_HEADER, "- User lives in Austin (since 2023-05-08)"]
+
+
+def test_the_headers_are_short_so_a_small_budget_holds_a_fact_and_an_excerpt() -> None:
+    said = excerpt("a", "Austin.", "Ben")
+    derived = fact("f1", "User lives in Austin", "other")
+    chosen = select_context([derived, said], 30)  # 120 characters: both parts with their headers
+    assert chosen == [derived, said]
+    text = render_context(chosen)
+    assert text.splitlines() == [
+        FACTS_HEADER,
+        "- User lives in Austin (since 2023-05-08)",
+        EXCERPTS_HEADER,
+        "- [2023-05-08] Ben: Austin.",
+    ]
+    assert len(text) + 1 <= 30 * 4

@@ -16,7 +16,10 @@ metadata). Per question with evidence:
   baseline) and naive RAG over the bare turn text;
 - context: evidence recall of ``get_context(question, max_tokens=1000)`` (the turns whose excerpt, or a
   fact extracted from them, made it into the block) against naive RAG's top turns packed into the same
-  1,000 tokens as dated lines;
+  1,000 tokens as dated lines, and beside it the answer words in the context: the share of questions whose
+  reference answer's words (``answer_found``) are all in the block's text, so a rendering that fits more
+  turns by cutting what they say shows as a loss there; and the time of ``get_context`` (its recall, whose
+  query vector the recalls before have cached, the choice of lines and the text);
 - latency: hybrid recall (uncached) against its floor, query embedding + FAISS search of the same index,
   after WARMUP_RECALLS untimed recalls of other conversations' questions against the user (then the
   reader's caches of the user are dropped, so only the store's warmth carries over). The bench starts its
@@ -36,6 +39,8 @@ from typing import Any
 
 import numpy as np
 from benchlib import BenchContext, Table, dist, load_json
+
+from engram_api.reader.context import render_context
 
 CATEGORIES = {1: "multi-hop", 2: "temporal", 3: "open-domain", 4: "single-hop", 5: "adversarial"}
 QUICK_CONVERSATIONS = ("conv-30",)
@@ -87,16 +92,17 @@ def _scores(ranked: list[set[str]], said: list[str], evidence: set[str], answer:
     return at(5), at(10), rr, words
 
 
-def _packed(order: list[int], turns: list[tuple[str, str, str, datetime]]) -> set[str]:
-    """Naive RAG's turns, best first, as dated lines while they fit in the context budget."""
-    budget, used, kept = CONTEXT_TOKENS * 4, 0, set()
+def _packed(order: list[int], turns: list[tuple[str, str, str, datetime]]) -> tuple[set[str], str]:
+    """Naive RAG's turns, best first, as dated lines while they fit in the context budget: their ids and text."""
+    budget, used, kept, lines = CONTEXT_TOKENS * 4, 0, set(), []
     for j in order:
         dia, speaker, text, when = turns[j]
-        cost = len(f"- [{when.date().isoformat()}] {speaker}: {text}") + 1
-        if used + cost <= budget:
+        line = f"- [{when.date().isoformat()}] {speaker}: {text}"
+        if used + len(line) + 1 <= budget:
             kept.add(dia)
-            used += cost
-    return kept
+            lines.append(line)
+            used += len(line) + 1
+    return kept, "\n".join(lines)
 
 
 EARLIER_TURNS = 6  # --llm: the conversation's preceding turns each message carries as context
@@ -187,6 +193,7 @@ def run_locomo(ctx: BenchContext, stack: Any) -> tuple[list[Table], dict[str, An
     recall_ms: dict[str, list[float]] = defaultdict(list)  # per conversation: latency grows with the user
     floor_ms: dict[str, list[float]] = defaultdict(list)
     parts_ms: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))  # timings_ms, by part
+    context_ms: dict[str, list[float]] = defaultdict(list)  # get_context: its recall (query vector cached) and text
     for conv in convs:
         user = ctx.uid(conv["sample_id"])
         turns = session_turns(conv["conversation"])
@@ -236,19 +243,30 @@ def run_locomo(ctx: BenchContext, stack: Any) -> tuple[list[Table], dict[str, An
                 ranked[name] = [{ids[j]} for j in order[:10]]
                 said[name] = [turns[j][2] for j in order[:10]]
             answer = str(qa.get("answer", ""))
-            shown = {s for item in reader.context_items(user, q, CONTEXT_TOKENS) for s in item.source_ids}
-            contexts = {"get_context": shown, "naive RAG packed": _packed(orders["naive RAG"], turns)}
+            t0 = time.perf_counter()
+            chosen = reader.context_items(user, q, CONTEXT_TOKENS)
+            text = render_context(chosen)
+            context_ms[conv["sample_id"]].append((time.perf_counter() - t0) * 1e3)
+            shown = {s for item in chosen for s in item.source_ids}
+            contexts = {"get_context": (shown, text), "naive RAG packed": _packed(orders["naive RAG"], turns)}
             for method, rows in ranked.items():
                 score = _scores(rows, said[method], evidence, answer)
                 for cat in (qa["category"], "all", *(("covered",) if evidence & covered else ())):
                     sums[(method, cat)].append(score)
-            for method, kept in contexts.items():
-                share = (len(kept & evidence) / len(evidence),)
+            for method, (kept, said_text) in contexts.items():
+                words = float(answer_found(answer, said_text)) if answer else float("nan")
+                share = (len(kept & evidence) / len(evidence), words)
                 for cat in (qa["category"], "all"):
                     sums[(method, cat)].append(share)
     turns_of = {c["sample_id"]: len(session_turns(c["conversation"])) for c in convs}
     tables, summary = _tables(convs, sums, coverage, extractor(ctx))
     tables[-1].rows += _latency_rows(summary, turns_of, recall_ms, floor_ms, parts_ms)
+    context_all = dist([x for v in context_ms.values() for x in v])
+    summary["latency_ms"]["get_context"] = context_all
+    tables[-1].add(
+        "get_context p50 / p95 (ms; its query vector cached by the recalls before)",
+        f"{context_all['p50']:.1f} / {context_all['p95']:.1f}",
+    )
     summary["users"] = [ctx.uid(c["sample_id"]) for c in convs]
     return tables, summary
 
@@ -281,10 +299,11 @@ def _tables(
     )
     context = Table(
         f"LoCoMo evidence in a {CONTEXT_TOKENS}-token context ({names})",
-        ["category", "n", "get_context", "naive RAG packed"],
-        caption="share of evidence turns shown (as an excerpt, or as a fact extracted from them)",
+        ["category", "n", "get_context", "naive RAG packed", "answer words: get_context", "naive RAG packed"],
+        caption="share of evidence turns shown (as an excerpt, or as a fact extracted from them); answer words = "
+        "share of questions with a reference answer whose words (answer_found) are all in the context's text",
     )
-    summary: dict[str, Any] = {"coverage": coverage, "by_category": {}, "context": {}}
+    summary: dict[str, Any] = {"coverage": coverage, "by_category": {}, "context": {}, "context_answer_words": {}}
     labels = {**CATEGORIES, "all": "all", "covered": "covered only"}
     for cat in [*sorted(CATEGORIES), "all", "covered"]:
         for method in METHODS:
@@ -296,8 +315,10 @@ def _tables(
         shares = [sums.get((m, cat), []) for m in CONTEXT_METHODS]
         if shares[0]:
             means = [float(np.mean([r[0] for r in rows])) for rows in shares]
+            words = [float(np.nanmean([r[1] for r in rows])) for rows in shares]
             summary["context"][labels[cat]] = dict(zip(CONTEXT_METHODS, means, strict=True))
-            context.add(labels[cat], len(shares[0]), *means)
+            summary["context_answer_words"][labels[cat]] = dict(zip(CONTEXT_METHODS, words, strict=True))
+            context.add(labels[cat], len(shares[0]), *means, *words)
     cov = Table(f"LoCoMo coverage of the {label}, and recall latency", ["measure", "value"])
     cov.add("turns that produced >= 1 fact", f"{coverage['turns_with_facts']} / {coverage['turns']}")
     cov.add(
