@@ -54,6 +54,11 @@ class ResultCache:
             self._data.move_to_end(key)
             return entry[2]
 
+    def holds(self, key: tuple[Any, ...]) -> bool:
+        """Whether a result is kept under ``key``, at any stamp (fresh or not)."""
+        with self._lock:
+            return key in self._data
+
     def put(self, key: tuple[Any, ...], version: Stamp, ttl: float, value: Any) -> None:
         with self._lock:
             self._data[key] = (version, time.monotonic() + ttl, value)

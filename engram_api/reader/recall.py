@@ -151,8 +151,12 @@ class RecallReader:
         recipe = recipe or self._recipe
         timings: dict[str, float] = {}
         t0 = time.perf_counter()
-        version = self._version(user_id)
         key = (user_id, "recall", query, k, as_of, since, until, graph_expansion, recipe_key)
+        # With no result kept under this key at any stamp the recall is a miss whatever the stamp: its query
+        # is embedded on a reader thread (ONNX releases the GIL) while this one reads the stamp and starts
+        # the catch-up and the keyword search, so the Redis round trip and that work overlap the encoder.
+        embedding = None if self.cache.holds(key) else self._threads.submit(self.embedder.encode_one, query)
+        version = self._version(user_id)
         hit = self.cache.get(key, version)
         if hit is not None:
             return hit.model_copy(update={"cached": True, "timings_ms": {"cache": (time.perf_counter() - t0) * 1e3}})
@@ -168,7 +172,7 @@ class RecallReader:
         # snapshot held it asks the store, which is current).
         after = catching if snapshot is None and self.snapshots.peek(user_id) is not None else None
         keyword = self._keyword(user_id, query, recipe, window, snapshot, after=after, version=version)
-        qvec = self.embedder.encode_one(query)
+        qvec = self.embedder.encode_one(query) if embedding is None else embedding.result()
         t1 = time.perf_counter()
         timings["embed"] = (t1 - t0) * 1e3
         if catching is not None:
