@@ -5,8 +5,9 @@ expands through the graph in one query, fuses and scores. Results, and the fact 
 read, are cached per user and keyed by the per-user stamp (epoch, version) the workers publish in Redis, so a
 cache entry can never outlive a write nor survive into another lifetime of the user; a stamp read from Redis
 that fails falls back to the graph's (slower, never wrong). Safe to share between threads: caches are
-locked, and indexes handed out are never mutated (``IndexKeeper`` swaps copies). The keyword search and the
-recall log run on the reader's own threads (``ReaderThreads``), which ``close`` ends: none outlives it.
+locked, and indexes handed out are never mutated (``IndexKeeper`` swaps copies). The query's embedding (when
+no result is kept under the recall's key), the keyword search and the recall log run on the reader's own
+threads (``ReaderThreads``), which ``close`` ends: none outlives it.
 ``Reader`` (``reader.py``) adds the other reads and the writes on top of this class.
 """
 
@@ -172,6 +173,7 @@ class RecallReader:
         # snapshot held it asks the store, which is current).
         after = catching if snapshot is None and self.snapshots.peek(user_id) is not None else None
         keyword = self._keyword(user_id, query, recipe, window, snapshot, after=after, version=version)
+        weights, weights_source = self.weights_for(user_id)  # a store read now and then: while the encoder runs
         qvec = self.embedder.encode_one(query) if embedding is None else embedding.result()
         t1 = time.perf_counter()
         timings["embed"] = (t1 - t0) * 1e3
@@ -184,7 +186,6 @@ class RecallReader:
         if index.stamp < version:  # the graph's reads lag the stamp (a replica): nothing cached under it
             version = index.stamp
         timings["index"] = (time.perf_counter() - t1) * 1e3
-        weights, weights_source = self.weights_for(user_id)
         if snapshot is None:
             vectors = index.count("fact") + index.count("episode")
             self.snapshots.missed(self.graph, user_id, version, vectors, self._threads.behind)
