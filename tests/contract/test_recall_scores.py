@@ -40,15 +40,11 @@ def memory(graph_store: GraphStore, tmp_path: Path, embedder: Embedder, redis_cl
 
 
 def _one_by_one(
-    scoring: Scoring,
-    cands: Mapping[str, Candidate],
-    sims: Mapping[str, float],
-    hops: Mapping[str, int],
-    weights: Sequence[float],
-    fusion: float,
-    unit: float,
+    scoring: Scoring, state: tuple[Mapping[str, Candidate], Mapping[str, float], Mapping[str, int]], **by: Any
 ) -> list[tuple[float, str, tuple[float, ...]]]:
     """The composite formula, candidate by candidate, each component on its own."""
+    cands, sims, hops = state
+    weights: Sequence[float] = by["weights"]
     out = []
     for node_id, cand in cands.items():
         if cand.fact is not None:
@@ -65,7 +61,7 @@ def _one_by_one(
             2.0 ** (-age_days / scoring.half_life_days),
             importance,
         )
-        out.append((sum(map(mul, weights, comp)) + fusion * cand.fusion / unit, node_id, comp))
+        out.append((sum(map(mul, weights, comp)) + by["fusion"] * cand.fusion / by["unit"], node_id, comp))
     return out
 
 
@@ -95,7 +91,8 @@ def test_every_candidates_score_is_the_composite_formula_to_the_bit(
 
     def recorded(self: Scoring, cands: Any, sims: Any, hops: Any, weights: Any, *, fusion: float, unit: float) -> Any:
         rows = real(self, cands, sims, hops, weights, fusion=fusion, unit=unit)
-        calls.append((list(rows), _one_by_one(self, cands, sims, hops, weights, fusion, unit)))  # sorted after
+        expected = _one_by_one(self, (cands, sims, hops), weights=weights, fusion=fusion, unit=unit)
+        calls.append((list(rows), expected))  # a copy: the caller sorts the rows after
         return rows
 
     monkeypatch.setattr(Scoring, "rows", recorded)
