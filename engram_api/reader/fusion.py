@@ -41,7 +41,7 @@ from engram_api.settings import Settings
 from engram_api.storage.faiss.files import UserIndex, VectorHit
 from engram_api.storage.graph.contract import GraphStepQuery, GraphStore
 from engram_api.storage.graph.episodes import keyword_terms
-from engram_api.storage.graph.validity import instant, valid_at
+from engram_api.storage.graph.validity import valid_at
 from engram_api.storage.snapshot.keywords import stems
 from engram_api.storage.snapshot.rows import AnyChunk
 
@@ -248,7 +248,8 @@ class _Run(RecallRun):
 
     # ----------------------------------------------------------------------------------- scoring
     def _replaced(self, chunk: AnyChunk, at: datetime) -> bool:
-        # ``valid_at`` at the recall's one instant: the model's ``current_at`` imports at every call.
+        # ``valid_at`` at the recall's one instant (``as_of``, else now): the model's ``current_at`` imports
+        # at every call.
         facts = [self.facts.get(f) for f in chunk.fact_ids]
         return bool(facts) and all(
             f is not None and not valid_at(f.valid_from, f.valid_until, f.archived, at) for f in facts
@@ -267,10 +268,9 @@ class _Run(RecallRun):
         recipe, sims, hops, cues = self.recipe, self.sims, self.hops, self.cues
         scoring = Scoring.of(self.settings, now)
         boosting = bool(recipe.speaker_boost or recipe.when_boost or recipe.period_boost)
-        at = instant(self.window.as_of, now)
         for cand in self.cands.values():
             chunk = cand.chunk
-            if chunk is not None and self._replaced(chunk, at):
+            if chunk is not None and self._replaced(chunk, now):
                 # What it said has ended (every fact extracted from it ended by ``as_of``): "I live in
                 # Tampa." after a move is history, so the fact that replaced it ranks ahead of it.
                 cand.fusion *= 0.5
