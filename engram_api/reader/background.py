@@ -3,9 +3,12 @@ not wait for where it is.
 
 Invariants:
 - a cached result is only served at the user stamp it was computed at and within its TTL; bounded LRU;
-- the keyword channel's search runs on a reader thread while the calling thread embeds the query (it
-  needs only the text, so the encoder, ONNX on one thread, and the store's full-text search, or a held
-  snapshot's in-memory one, overlap);
+- the keyword channel's search runs on a reader thread while the query is embedded (it needs only the
+  text, so the encoder, ONNX on one thread, and the store's full-text search, or a held snapshot's
+  in-memory one, overlap); a recall with no result kept under its key embeds its query on a reader thread
+  too, submitted first, while the calling thread reads the stamp and starts the rest. No job waits for a
+  job submitted after it (the keyword search waits only for a catch-up submitted before it), so the
+  bounded pool cannot starve;
 - the recall log is written on a reader thread after the result is returned (a Redis round trip, ~0.6 ms
   of a ~20 ms recall, measured), serialized by the caller so almost no Python is left there to compete for
   the GIL; ``wait_logged`` lets this process's ``feedback`` wait for it;
@@ -53,6 +56,11 @@ class ResultCache:
                 return None
             self._data.move_to_end(key)
             return entry[2]
+
+    def holds(self, key: tuple[Any, ...]) -> bool:
+        """Whether a result is kept under ``key``, at any stamp (fresh or not)."""
+        with self._lock:
+            return key in self._data
 
     def put(self, key: tuple[Any, ...], version: Stamp, ttl: float, value: Any) -> None:
         with self._lock:

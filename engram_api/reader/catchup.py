@@ -93,9 +93,12 @@ class CatchUps:
         return self._running.get(user_id)
 
     def _behind(self, user_id: str, stamp: Stamp) -> bool:
-        """True when a copy this process holds in memory is of ``stamp``'s lifetime and older."""
-        index = self.keeper.held(user_id)
-        index_behind = index is not None and index.epoch == stamp.epoch and index.version < stamp.version
+        """True when a copy this process holds in memory is of ``stamp``'s lifetime and older. The index
+        copy is judged as held in memory, its local file not probed: a log another process of this host
+        appended can only move it on, which the catch-up's ``held`` then finds (and a copy at ``stamp``
+        needs nothing from the file)."""
+        held = self.keeper.held_stamp(user_id)
+        index_behind = held is not None and held.epoch == stamp.epoch and held.version < stamp.version
         return index_behind or self.snapshots.behind(user_id, stamp)
 
     def start(self, user_id: str, stamp: Stamp) -> Future[None] | None:

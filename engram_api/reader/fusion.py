@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
-from operator import mul
+from datetime import datetime
 
 import numpy as np
 
@@ -33,7 +33,7 @@ from engram_api.models import KeywordHit, RecallItem, ScoreBreakdown, utcnow
 from engram_api.naming import self_entity_id
 from engram_api.reader.cues import QueryCues
 from engram_api.reader.facts import UserChunks, UserFacts
-from engram_api.reader.items import Row, recall_item
+from engram_api.reader.items import recall_item
 from engram_api.reader.recipe import RecallRecipe, RetrievalChannel
 from engram_api.reader.rerank import similarity_step
 from engram_api.reader.scoring import Scoring, Weights, by_rank, named, normalized, word_share
@@ -42,6 +42,7 @@ from engram_api.settings import Settings
 from engram_api.storage.faiss.files import UserIndex, VectorHit
 from engram_api.storage.graph.contract import GraphStepQuery, GraphStore
 from engram_api.storage.graph.episodes import keyword_terms
+from engram_api.storage.graph.validity import valid_at
 from engram_api.storage.snapshot.keywords import stems
 from engram_api.storage.snapshot.rows import AnyChunk
 
@@ -49,8 +50,6 @@ __all__ = ["TimeWindow", "keyword_hits", "recall_items"]
 
 _SEED_MIN_SIM = 0.25
 _SEED_CHUNKS = 5  # the top episode hits whose extracted facts seed the expansion
-_EPISODE_STRENGTH = 1.0  # episodes do not decay: what was said stays said
-_EPISODE_IMPORTANCE = 0.5
 
 
 @dataclass
@@ -249,9 +248,13 @@ class _Run(RecallRun):
                             c.fusion = lifted
 
     # ----------------------------------------------------------------------------------- scoring
-    def _replaced(self, chunk: AnyChunk) -> bool:
+    def _replaced(self, chunk: AnyChunk, at: datetime) -> bool:
+        # ``valid_at`` at the recall's one instant (``as_of``, else now): the model's ``current_at`` imports
+        # at every call.
         facts = [self.facts.get(f) for f in chunk.fact_ids]
-        return bool(facts) and all(f is not None and not f.current_at(self.window.as_of) for f in facts)
+        return bool(facts) and all(
+            f is not None and not valid_at(f.valid_from, f.valid_until, f.archived, at) for f in facts
+        )
 
     def items(self, weights: Weights, k: int) -> list[RecallItem]:
         now = self.window.as_of or utcnow()
@@ -263,14 +266,12 @@ class _Run(RecallRun):
         # Rank fusion's best share is 1 / (rrf_k + 1), score fusion's 1: either way a channel's top hit adds
         # its weight times ``fusion`` to the composite score.
         unit = 1.0 / (self.recipe.rrf_k + 1) if self.recipe.fusion_mode == "rank" else 1.0
-        w = weights.values()
-        rows: list[Row] = []
         recipe, sims, hops, cues = self.recipe, self.sims, self.hops, self.cues
         scoring = Scoring.of(self.settings, now)
         boosting = bool(recipe.speaker_boost or recipe.when_boost or recipe.period_boost)
-        for node_id, cand in self.cands.items():
-            fact, chunk = cand.fact, cand.chunk
-            if chunk is not None and self._replaced(chunk):
+        for cand in self.cands.values():
+            chunk = cand.chunk
+            if chunk is not None and self._replaced(chunk, now):
                 # What it said has ended (every fact extracted from it ended by ``as_of``): "I live in
                 # Tampa." after a move is history, so the fact that replaced it ranks ahead of it.
                 cand.fusion *= 0.5
@@ -283,19 +284,7 @@ class _Run(RecallRun):
                     + recipe.when_boost * cues.answers_when(chunk.text, chunk.event_time)
                     + recipe.period_boost * cues.in_period(chunk.text, chunk.event_time)
                 )
-            if fact is not None:
-                comp = scoring.components(
-                    sims.get(node_id, 0.0), hops.get(node_id), scoring.strength(fact), fact.importance, fact.valid_from
-                )
-            else:
-                comp = scoring.components(
-                    sims.get(node_id, 0.0),
-                    hops.get(node_id),
-                    _EPISODE_STRENGTH,
-                    _EPISODE_IMPORTANCE,
-                    chunk.event_time,  # type: ignore[union-attr]
-                )
-            rows.append((sum(map(mul, w, comp)) + recipe.fusion * cand.fusion / unit, node_id, cand, comp))
+        rows = scoring.rows(self.cands, sims, hops, weights.values(), fusion=recipe.fusion, unit=unit)
         rows.sort(key=lambda r: (-r[0], r[1]))  # best first, ties by id: the order docs/api.md states
         rows = similarity_step(rows, recipe)  # the top re-scored by similarity, still best first (``reader.rerank``)
         return [

@@ -5,8 +5,9 @@ expands through the graph in one query, fuses and scores. Results, and the fact 
 read, are cached per user and keyed by the per-user stamp (epoch, version) the workers publish in Redis, so a
 cache entry can never outlive a write nor survive into another lifetime of the user; a stamp read from Redis
 that fails falls back to the graph's (slower, never wrong). Safe to share between threads: caches are
-locked, and indexes handed out are never mutated (``IndexKeeper`` swaps copies). The keyword search and the
-recall log run on the reader's own threads (``ReaderThreads``), which ``close`` ends: none outlives it.
+locked, and indexes handed out are never mutated (``IndexKeeper`` swaps copies). The query's embedding (when
+no result is kept under the recall's key), the keyword search and the recall log run on the reader's own
+threads (``ReaderThreads``), which ``close`` ends: none outlives it.
 ``Reader`` (``reader.py``) adds the other reads and the writes on top of this class.
 """
 
@@ -151,8 +152,12 @@ class RecallReader:
         recipe = recipe or self._recipe
         timings: dict[str, float] = {}
         t0 = time.perf_counter()
-        version = self._version(user_id)
         key = (user_id, "recall", query, k, as_of, since, until, graph_expansion, recipe_key)
+        # With no result kept under this key at any stamp the recall is a miss whatever the stamp: its query
+        # is embedded on a reader thread (ONNX releases the GIL) while this one reads the stamp and starts
+        # the catch-up and the keyword search, so the Redis round trip and that work overlap the encoder.
+        embedding = None if self.cache.holds(key) else self._threads.submit(self.embedder.encode_one, query)
+        version = self._version(user_id)
         hit = self.cache.get(key, version)
         if hit is not None:
             return hit.model_copy(update={"cached": True, "timings_ms": {"cache": (time.perf_counter() - t0) * 1e3}})
@@ -168,7 +173,8 @@ class RecallReader:
         # snapshot held it asks the store, which is current).
         after = catching if snapshot is None and self.snapshots.peek(user_id) is not None else None
         keyword = self._keyword(user_id, query, recipe, window, snapshot, after=after, version=version)
-        qvec = self.embedder.encode_one(query)
+        weights, weights_source = self.weights_for(user_id)  # a store read now and then: while the encoder runs
+        qvec = self.embedder.encode_one(query) if embedding is None else embedding.result()
         t1 = time.perf_counter()
         timings["embed"] = (t1 - t0) * 1e3
         if catching is not None:
@@ -180,7 +186,6 @@ class RecallReader:
         if index.stamp < version:  # the graph's reads lag the stamp (a replica): nothing cached under it
             version = index.stamp
         timings["index"] = (time.perf_counter() - t1) * 1e3
-        weights, weights_source = self.weights_for(user_id)
         if snapshot is None:
             vectors = index.count("fact") + index.count("episode")
             self.snapshots.missed(self.graph, user_id, version, vectors, self._threads.behind)
