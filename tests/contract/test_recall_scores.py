@@ -17,6 +17,7 @@ import pytest
 import redis
 
 from engram_api.reader.items import Candidate, Row
+from engram_api.reader.rerank import similarity_step
 from engram_api.reader.scoring import Scoring
 from engram_api.storage import GraphStore
 from engram_api.storage.embedding.embedder import Embedder
@@ -130,7 +131,8 @@ def test_the_items_are_the_rows_best_first_ties_by_id(memory: Memory, monkeypatc
 
     monkeypatch.setattr(Scoring, "rows", recorded)
     items = memory.reader.recall(user, "where does the user live?", k=5).items
-    best = sorted(seen[0], key=lambda r: (-r[0], r[1]))[:5]
+    # The rows best first, then the top's second look by meaning (``reader.rerank``), as fusion orders them.
+    best = similarity_step(sorted(seen[0], key=lambda r: (-r[0], r[1])), memory.reader.recipe())[:5]
     assert [i.id for i in items] == [node_id for _, node_id, _, _ in best]
     assert [i.breakdown.total for i in items] == [total for total, _, _, _ in best]
     assert [i.breakdown.similarity for i in items] == [comp[0] for _, _, _, comp in best]
