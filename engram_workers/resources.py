@@ -4,7 +4,8 @@ the index keeper, the LLM controls, ...), created on first use (after the pool f
 Nothing here connects or loads a model at import: Celery's prefork pool forks after importing the task
 modules, and a Neo4j driver, a Redis pool or torch state copied across a fork is a bug waiting to happen.
 So each pool child drops what it inherited (``reset_resources`` on ``worker_process_init``) and closes
-its own on the way out; the handlers are connected when the task modules import this one, in the parent.
+its own on the way out (``close_resources``, which a one-shot command such as ``engram maintenance`` also
+calls when its job ends); the handlers are connected when the task modules import this one, in the parent.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from engram_workers.extraction.query_batch import QueryBatcher
 from engram_workers.metrics import INDEX_LOADS
 from engram_workers.middleware import Hooks, build_hooks
 
-__all__ = ["WorkerResources", "get_resources", "reset_resources"]
+__all__ = ["WorkerResources", "close_resources", "get_resources", "reset_resources"]
 
 
 class WorkerResources:
@@ -151,6 +152,17 @@ def reset_resources() -> None:
         _resources = None
 
 
+def close_resources() -> None:
+    """Close this process's resources, if any were made, and forget them (the next use makes new ones).
+
+    Never creates them only to close them; the erasure sweep's thread ends here."""
+    global _resources
+    with _lock:
+        current, _resources = _resources, None
+    if current is not None:
+        current.close()
+
+
 @worker_process_init.connect
 def _fresh_resources_after_fork(**_: Any) -> None:
     # A pool child must not reuse sockets or model state copied from its parent.
@@ -159,4 +171,4 @@ def _fresh_resources_after_fork(**_: Any) -> None:
 
 @worker_process_shutdown.connect
 def _close_resources(**_: Any) -> None:
-    get_resources().close()
+    close_resources()

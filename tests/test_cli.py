@@ -10,6 +10,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Iterator, Mapping
@@ -55,6 +56,11 @@ def runner_env(**extra: str) -> dict[str, str | None]:
 
 def invoke(args: list[str], env: Mapping[str, str | None] | None = None) -> Result:
     return CliRunner().invoke(cli.main, args, env=env, catch_exceptions=False)
+
+
+def engram_threads() -> list[str]:
+    """The Engram threads alive in this process: an in-process command must leave none of its own behind."""
+    return sorted(t.name for t in threading.enumerate() if t.name.startswith("engram-") and t.is_alive())
 
 
 def engram(
@@ -206,10 +212,14 @@ def test_the_service_commands_refuse_a_bad_setting_before_starting(command: list
 
 
 def test_worker_needs_a_queue_and_beat_needs_redis(tmp_path: Path) -> None:
+    before = engram_threads()
     no_queue = invoke(["worker", "--queues", " , "], runner_env(ENGRAM_DATA_DIR=str(tmp_path)))
     assert no_queue.exit_code == 2 and "--queues" in one_error_line(no_queue.stderr)
-    no_redis = invoke(["beat"], runner_env(ENGRAM_DATA_DIR=str(tmp_path)))
-    assert no_redis.exit_code == 2 and "REDIS_URL" in one_error_line(no_redis.stderr)
+    for command in (["beat"], ["worker", "--stage", "apply"]):
+        no_redis = invoke(command, runner_env(ENGRAM_DATA_DIR=str(tmp_path)))
+        assert no_redis.exit_code == 2 and "REDIS_URL" in one_error_line(no_redis.stderr), command
+    # Refused before the liveness heartbeat starts: no probe may read a process that is not going to run.
+    assert engram_threads() == before
 
 
 def test_no_redis_configured_is_a_config_error_not_a_traceback(tmp_path: Path) -> None:
@@ -458,6 +468,7 @@ def test_ledger_reindex_moves_old_dead_letters_and_indexes_old_keys(stack: Stack
 
 def test_maintenance_jobs_and_reindex_run_in_process(moved_user: str, stack: Stack) -> None:
     env, stack_env = runner_env(**stack.env), clean_env(**stack.env)
+    threads = engram_threads()
 
     def run(job: str) -> dict:
         result = invoke(["maintenance", job, "--user", moved_user, "--json"], env)
@@ -487,8 +498,8 @@ def test_maintenance_jobs_and_reindex_run_in_process(moved_user: str, stack: Sta
     rebuilt = json.loads(invoke(["reindex", "--user", moved_user, "--json"], env).stdout)
     assert rebuilt[0]["user_id"] == moved_user and rebuilt[0]["vectors"] > 0
 
-    # The workers made the 3 chunks' vectors under the default policy: nothing to do, until it changes (a
-    # process of its own: this one's worker resources hold the settings they were made with).
+    # The workers made the 3 chunks' vectors under the default policy: nothing to do, until it changes (in a
+    # process of its own, as an operator would run it with another setting).
     assert (run("reembed")["chunks"], run("reembed")["context"]) == (0, "other_turn")
     args = ["maintenance", "reembed", "--user", moved_user, "--json"]
     dated = engram(args, {**stack_env, "ENGRAM_CHUNK_EMBED_CONTEXT": "dated"})
@@ -496,6 +507,7 @@ def test_maintenance_jobs_and_reindex_run_in_process(moved_user: str, stack: Sta
     report = json.loads(dated.stdout)
     assert (report["users"], report["chunks"], report["per_user"][0]["user_id"]) == (1, 3, moved_user), report
     assert run("reembed")["chunks"] == 3 and run("reembed")["chunks"] == 0  # back, then nothing left
+    assert engram_threads() == threads  # each job closed its stores and stopped its erasure sweep
 
 
 def test_forget_and_forget_user(stack: Stack, env: dict[str, str]) -> None:

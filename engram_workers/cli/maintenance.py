@@ -53,8 +53,12 @@ def _job_command(job: str, task_name: str, summary: str) -> click.Command:
     @json_option
     def command(user_ids: tuple[str, ...], as_json: bool) -> None:
         from engram_workers import tasks
+        from engram_workers.resources import close_resources
 
-        report: dict[str, Any] = getattr(tasks, task_name)(user_ids=list(user_ids) or None)
+        try:
+            report: dict[str, Any] = getattr(tasks, task_name)(user_ids=list(user_ids) or None)
+        finally:
+            close_resources()  # a one-shot command: its stores and its erasure sweep end with the job
         if as_json:
             emit_json(report)
         else:

@@ -78,6 +78,7 @@ def worker(
     loglevel: str,
 ) -> None:
     """Run a Celery worker for one stage of the pipeline (or all of them)."""
+    from engram_api.connections import resolve_redis_url
     from engram_workers.celery_config import stage_defaults
 
     current = settings()  # a bad environment fails here with the variable's name, not deep inside Celery
@@ -85,14 +86,14 @@ def worker(
     chosen_queues = [q.strip() for q in queues.split(",") if q.strip()] if queues else stage_queues
     if not chosen_queues:
         raise click.BadParameter("no queue given", param_hint="--queues")
+    redis_url = resolve_redis_url(current)  # no Redis fails here too, before the heartbeat says a worker runs
     if metrics_port is not None:
         # Before anything imports prometheus_client: it picks multiprocess mode at import, from this variable
         # (inherited by the pool children).
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = _metrics_dir(current.metrics_dir)
-        from engram_api.connections import resolve_redis_url
         from engram_workers import metrics
 
-        metrics.serve(metrics_port, resolve_redis_url(current), current, multiprocess=True)
+        metrics.serve(metrics_port, redis_url, current, multiprocess=True)
     from engram_workers.probes import start_heartbeat
 
     start_heartbeat(stage)  # `engram probe live --role <stage>` reads it
@@ -115,9 +116,12 @@ def beat(loglevel: str) -> None:
     Safe to run more than once for availability: a Redis lock elects one leader, the others stand by
     and take over within ~25 s of its death. Intervals come from ENGRAM_*_INTERVAL_S.
     """
+    from engram_api.connections import resolve_redis_url
     from engram_workers.probes import start_heartbeat
 
-    settings()  # a bad environment fails here with the variable's name, not deep inside Celery
+    # A bad environment or no Redis fails here with the variable's name, not deep inside Celery, and
+    # before the heartbeat: a probe must not see a Beat that is not going to run.
+    resolve_redis_url(settings())
     start_heartbeat("beat")  # `engram probe live --role beat` reads it
     _celery(["beat", "--loglevel", loglevel])
 
