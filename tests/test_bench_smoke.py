@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from engram_api.producer import build_envelope
@@ -360,3 +361,37 @@ def test_ingest_counts_redis_commands_since_an_earlier_reading(redis_url):
     calls = benchlib.command_calls(client, since=before)
     assert (calls["pfadd"], calls["pfcount"]) == (1, 2)
     client.delete("bench-smoke:hll")
+
+
+def test_dense_offline_scores_sentences_and_feedback_through_the_recall_step():
+    """The offline dense measurement (docs/benchmarks.md, "Dense signals measured offline"): a turn's
+    sentences are its long ones with the speaker; a sentence that fits the query lifts its turn above a
+    turn whose whole vector fits better; the feedback vector is the query moved toward the keyword
+    channel's top turns; the recalled similarity left as it is gives the pool back in the step's order."""
+    sys.path.insert(0, str(REPO / "ops" / "bench"))
+    offline = importlib.import_module("dense_offline")
+    from engram_api.storage.embedding.embedder import Embedder
+
+    assert offline.sentences("Ana: Hi! I moved to Lisbon last May with my cats. Great news, right?") == [
+        "Ana: I moved to Lisbon last May with my cats."
+    ]
+    encoder = Embedder(model="all-MiniLM-L6-v2", backend="onnx")
+    texts = [
+        "Ana: Work was long today and the bus was late again. I adopted a grey kitten from the shelter on Friday.",
+        "Ben: My cat and my dog both love the garden, and pets are great company at home.",
+    ]
+    vectors = encoder.encode(texts)
+    turns = {"u": offline.Turns(["c1", "c2"], texts, ["D1:1", "D1:2"], vectors)}
+    signals = offline.Signals(encoder, turns)
+    qvec = encoder.encode(["Did Ana adopt a kitten from the shelter?"])[0]
+    question = offline.Question("u", "single-hop", {"D1:1"}, "yes", qvec, [], ["c2"])
+    best = signals.sentence_best("u", "c1", qvec)
+    assert best == pytest.approx(max(float(encoder.encode([s])[0] @ qvec) for s in offline.sentences(texts[0])))
+    assert best > float(vectors[0] @ qvec) and signals.sentence_best("u", "c2", qvec) is None  # one long sentence
+    assert signals.extra_vectors("u") == 2
+    assert signals.channel(question, lam=1.0)[0] == ["D1:1"]
+    assert np.allclose(signals.moved(question, 1, 0.5), qvec + 0.5 * vectors[1])
+    question.rows = [("c2", 3.0, 0.1, ["D1:2"]), ("c1", 2.0, 0.9, ["D1:1"]), ("f1", 1.0, 0.0, ["D1:3"])]
+    # The step adds 1.5 x the min-max normalized similarity to each of the top rows: 3.0 + 0.1... vs 2.0 + 1.5.
+    assert offline.reordered(question, lambda _q, _i, sim: sim) == [["D1:1"], ["D1:2"], ["D1:3"]]
+    assert offline.reordered(question, lambda _q, _i, _s: 0.5) == [["D1:2"], ["D1:1"], ["D1:3"]]
