@@ -1,7 +1,8 @@
 """Removals applied to a held snapshot: the records a write removed (a forget of a fact or a message, decay's
 expired chunks) taken out of it in memory, so a reader whose snapshot is behind such a write catches it up
 from the ids the write removed (the change feed's ``gone``, or the graph's removal records read with
-``user_changes``) instead of loading the user whole.
+``user_changes`` or, off the recall's path, with ``refresh_snapshot``'s count) instead of loading the user
+whole.
 
 Why here and not in the overlay: removals are rare next to additions (a forget, a decay run), and taking a
 record out of the base's keyword statistics, entity orders and episode lists touches what the overlay is
