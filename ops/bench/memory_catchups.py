@@ -1,14 +1,19 @@
-"""A catch-up of a FAISS copy held in memory only (``IndexKeeper(persist=False)``, a maintenance run's copies):
-what one catch-up one write behind costs at a user's size, on the code of one or more trees, alternated.
+"""Two catch-ups with no services but a SQLite file, at a user's size, on the code of one or more trees,
+alternated: a FAISS copy held in memory only (``IndexKeeper(persist=False)``, a maintenance run's copies)
+one write behind, and a reader's held snapshot refreshed off the recall's path after a forget
+(``GraphStore.refresh_snapshot``, as ``SnapshotCache`` does, loading the user whole when it refuses).
 
-``python ops/bench/keeper_memory.py [--facts 10000] [--writes 30] [--rounds 2] [--trees DIR,DIR]``
+``python ops/bench/memory_catchups.py [--facts 10000] [--writes 30] [--rounds 2] [--trees DIR,DIR]``
 
 One SQLite graph store in a temp directory, one user of ``--facts`` facts with random unit vectors (MiniLM's
-dimension), written in batches through ``GraphStore.apply``. A persist=False keeper loads the user whole
-(one rebuild), then ``--writes`` times: one fact is written and the keeper's ``current`` catches the copy up
-(the graph's read of what changed, then the copy moved to the new stamp, ``VectorStore.moved``). Prints
-each p50 in ms: the whole catch-up and the copy's move alone. With ``--trees``, each round runs this script
-once per tree in a fresh process (``PYTHONPATH`` = the tree), the trees' order alternating round by round.
+dimension) and a distinct number in each statement (a real user's tables hold many rare terms), written in
+batches through ``GraphStore.apply``. A persist=False keeper loads the user whole (one rebuild), then
+``--writes`` times one fact is written and the keeper's ``current`` catches the copy up (the graph's read of
+what changed, then the copy moved to the new stamp, ``VectorStore.moved``). Then a snapshot of the user is
+loaded whole and 8 times one fact is forgotten and the snapshot refreshed. Prints each p50 in ms (the whole
+catch-up, the copy's move alone, the refresh after a forget) and the refresh's whole loads. With ``--trees``,
+each round runs this script once per tree in a fresh process (``PYTHONPATH`` = the tree), the trees' order
+alternating round by round.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 _BATCH = 1_000
+_FORGETS = 8
 _DIM = 384
 
 
@@ -38,10 +44,10 @@ def measure(facts: int, writes: int) -> dict[str, Any]:
     from engram_api.storage.faiss.keeper import IndexKeeper
     from engram_api.storage.graph.sqlite.store import SqliteGraphStore
 
-    root = Path(tempfile.mkdtemp(prefix="keeper-memory-"))
+    root = Path(tempfile.mkdtemp(prefix="memory-catchups-"))
     graph = SqliteGraphStore(path=root / "g.db")
     graph.ensure_schema()
-    user, rng = "bench-keeper-memory", np.random.default_rng(7)
+    user, rng = "bench-memory-catchups", np.random.default_rng(7)
 
     def vectors(n: int) -> np.ndarray:
         v = rng.standard_normal((n, _DIM)).astype(np.float32)
@@ -88,16 +94,25 @@ def measure(facts: int, writes: int) -> dict[str, Any]:
         start = time.perf_counter()
         index = keeper.current(user, graph.user_stamp(user))
         catchup.append((time.perf_counter() - start) * 1e3)
-    assert len(index) == facts + writes and (keeper.rebuilds, keeper.catchups) == (1, writes), (
-        len(index),
-        keeper.rebuilds,
-        keeper.catchups,
-    )
+    assert len(index) == facts + writes and (keeper.rebuilds, keeper.catchups) == (1, writes)
+    bound = 2 * (facts + writes)
+    held, refresh, whole = graph.snapshot(user, max_records=bound), [], 0
+    for i in range(_FORGETS):
+        graph.forget_fact(user, f"fact-{i * facts // _FORGETS}")
+        start = time.perf_counter()
+        fresh = graph.refresh_snapshot(held, max_records=bound)
+        if fresh is None:  # what ``SnapshotCache`` does then
+            whole += 1
+            fresh = graph.snapshot(user, max_records=bound)
+        refresh.append((time.perf_counter() - start) * 1e3)
+        held = fresh
     return {
         "vectors": len(index),
         "catchup_p50_ms": statistics.median(catchup),
         "moved_p50_ms": statistics.median(moved),
         "overlay_rows": index.overlay_size,
+        "refresh_after_forget_p50_ms": statistics.median(refresh),
+        "refresh_whole_loads": whole,
     }
 
 
