@@ -160,7 +160,7 @@ class UserIndex:
         overlay, but a ``copy`` shares it and clones only the changes applied since (a copy held in memory
         only, ``IndexKeeper(persist=False)``, costs a catch-up its change, not the user's size; a copy
         saved to a file is compacted, each kind's index kind chosen by its size, as before)."""
-        by_kind: dict[str, dict[int, tuple[str, Sequence[float]]]] = {}
+        by_kind: dict[Kind, dict[int, tuple[str, Sequence[float]]]] = {}
         for node, kind, vector in items:
             by_kind.setdefault(kind, {})[vector_id(node)] = (node, vector)
         out = cls(dim=dim)
@@ -168,7 +168,7 @@ class UserIndex:
             ids = np.fromiter(members, dtype=np.int64, count=len(members))
             vecs = np.ascontiguousarray(np.array([v for _, v in members.values()], dtype=np.float32))
             out.base[kind] = build_index(dim, ids, vecs.reshape(len(ids), dim), flat_max=len(ids))
-            out.base_rows.update((vid, (node, kind)) for vid, (node, _) in members.items())  # type: ignore[misc]
+            out.base_rows.update((vid, (node, kind)) for vid, (node, _) in members.items())
         return out
 
     def copy(self) -> UserIndex:

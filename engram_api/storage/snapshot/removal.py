@@ -104,7 +104,7 @@ def table_without(table: KeywordTable, gone: Collection[str]) -> KeywordTable:
     first = int(np.flatnonzero(~keep)[0])
     position = np.cumsum(keep) - 1  # old position -> new one (for the kept)
     postings: dict[str, tuple[np.ndarray, np.ndarray]] = {}
-    moved = {}
+    moved: dict[str, tuple[np.ndarray, np.ndarray]] = {}
     for term, posting in table.postings.items():  # positions ascend: all before the first removed, unmoved
         (postings if posting[0][-1] < first else moved)[term] = posting
     postings.update(_postings_without(moved, keep, position))
