@@ -195,6 +195,54 @@ def test_a_copy_behind_the_removal_horizon_is_rebuilt_once(
     assert (reader.keeper.rebuilds, reader.keeper.catchups) == (2, 1)
 
 
+@pytest.mark.parametrize("fold_min", [None, 2], ids=["overlay", "folded"])
+def test_a_copy_held_in_memory_only_catches_up_by_what_changed(
+    graph: GraphStore, tmp_path: Path, redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch, fold_min: int | None
+) -> None:
+    """``IndexKeeper(persist=False)`` (a maintenance run's copies): the whole read is held as the copy's base,
+    shared by every copy after it, so a catch-up clones only what changed since the load, never the user's
+    vectors; past the fold threshold (``folded``) the changes are folded into a new exact base. Every copy
+    answers exactly (ids, kinds, scores, order) what the same vectors upserted into an empty index answer,
+    which is how such a copy was held before. Writes alternate additions and message forgets."""
+    if fold_min is not None:
+        monkeypatch.setattr("engram_api.storage.faiss.files._FOLD_MIN_ROWS", fold_min)
+    user = new_user()
+    a = host("apply-a", graph, tmp_path, redis_client)
+    said = UserGraph(graph, user)
+    messages: list[str] = []
+    for step in range(3):
+        write_on(a, said, step, messages)
+    memory = IndexKeeper(
+        graph=graph, vectors=VectorStore(root=tmp_path / "memory", dim=DIM, compact_ratio=0.05), persist=False
+    )
+    loaded = memory.current(user, graph.user_stamp(user))
+    assert loaded.overlay_size == 0 and len(loaded.base_rows) == len(loaded) > 0
+    folds = 0
+    for step in range(3, 12):  # steps 5, 8 and 11 also forget a message
+        write_on(a, said, step, messages)
+        got = memory.current(user, graph.user_stamp(user))
+        assert got.stamp == graph.user_stamp(user)
+        shared = all(got.base.get(kind) is index for kind, index in loaded.base.items())
+        if fold_min is None:
+            # The base is the load's, shared; the overlay holds only vectors the catch-ups brought in.
+            assert shared and len(got.rows) <= memory.catchup_vector_bytes // (4 * DIM)
+        else:
+            folds += not shared
+            assert got.overlay_size <= max(fold_min, 0.05 * len(got.base_rows))
+            loaded = got
+        items, _ = graph.vectors(user)
+        before = memory.vectors.new()
+        before.upsert((item.node_id, item.kind, item.embedding) for item in items)
+        assert got.node_ids() == before.node_ids()
+        for query in random_encode([f"query {step} {i}" for i in range(4)]):
+            for k in (5, len(before)):
+                for kind in (None, "fact", "episode"):
+                    assert got.search(query, k, kind) == before.search(query, k, kind)
+    assert (memory.rebuilds, memory.catchups) == (1, 9)
+    assert fold_min is None or folds >= 2
+    assert not (tmp_path / "memory").exists()
+
+
 def test_the_health_probe_lists_no_index_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from engram_api.client import MemoryClient
     from engram_api.health import check_all

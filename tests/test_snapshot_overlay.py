@@ -11,11 +11,15 @@ from __future__ import annotations
 import random
 from datetime import timedelta
 
+import numpy as np
+
 from engram_api.models import ChunkRecord, FactRecord
 from engram_api.reader.facts import SnapshotCache
 from engram_api.storage.graph.step import GraphStepQuery
 from engram_api.storage.snapshot.graph import UserSnapshot
+from engram_api.storage.snapshot.keywords import KeywordTable
 from engram_api.storage.snapshot.overlay import merge_due
+from engram_api.storage.snapshot.removal import table_without
 from engram_api.versions import Stamp
 from tests.support.factories import T0, at, make_entity, make_fact
 
@@ -203,3 +207,22 @@ def test_the_overlay_is_folded_now_and_then_off_the_path() -> None:
     assert _answers(folded, people) == _answers(big, people)
     cache.fold(USER)
     assert cache.peek(USER) is folded  # nothing due: left as it is
+
+
+def test_a_keyword_table_without_some_documents_is_the_table_built_from_the_rest() -> None:
+    """``table_without`` against ``KeywordTable.of`` over the remaining documents: the same ids in order, the
+    same lengths and id ranks, and every term's postings equal (positions and frequencies, their dtypes),
+    with terms whose documents all went dropped and terms wholly before the first removed left as they were."""
+    rng = random.Random(11)
+    words = [f"w{i}" for i in range(40)]
+    docs = [(f"doc-{i:03d}", " ".join([*rng.choices(words, k=rng.randint(1, 6)), f"only{i}"])) for i in range(200)]
+    table = KeywordTable.of(docs)
+    for gone in ([docs[0][0]], [docs[-1][0]], [d for d, _ in rng.sample(docs, 30)], [d for d, _ in docs[50:]]):
+        got = table_without(table, [*gone, "not-a-doc"])
+        want = KeywordTable.of(d for d in docs if d[0] not in gone)
+        assert got.ids == want.ids and np.array_equal(got.lengths, want.lengths)
+        assert np.array_equal(got.sorted_ids, want.sorted_ids) and np.array_equal(got.rank, want.rank)
+        assert got.postings.keys() == want.postings.keys()
+        for term, (places, tf) in want.postings.items():
+            assert got.postings[term][0].dtype == places.dtype and np.array_equal(got.postings[term][0], places)
+            assert np.array_equal(got.postings[term][1], tf)

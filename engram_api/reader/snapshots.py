@@ -108,7 +108,7 @@ class SnapshotCache:
     def _load(self, graph: GraphStore, user_id: str, stamp: Stamp, held: UserSnapshot | None) -> None:
         try:
             snapshot = None if held is None else graph.refresh_snapshot(held, max_records=self.max_records)
-            if snapshot is None:  # none held, or a forget, another lifetime, the bound: a whole load
+            if snapshot is None:  # none held, removals below the horizon, another lifetime, the bound: whole
                 snapshot = graph.snapshot(user_id, max_records=self.max_records)
         except EngramError as exc:  # recall goes on through the store; a later recall tries again
             log.warning("snapshot of %s not loaded: %s", user_id, exc)

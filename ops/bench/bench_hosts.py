@@ -41,6 +41,7 @@ from benchlib import BenchContext, BenchResult, Table, dist, ratio
 from bulk import bulk_load
 from corpus import queries
 from hosts_apply import STEPS, apply_rounds
+from hosts_removals import add_rows, removal_rounds, removal_table
 from snapshot_refresh import write_one
 
 __all__ = ["run"]
@@ -224,6 +225,8 @@ def _measure(ctx: BenchContext, stack: Any, size: int, writes: int) -> dict[str,
         name: hosts[name].reader.keeper.rebuilds - loads[name]
         for name in ("apply-a", "apply-b", "reader", "reader-graph", "reader-signalled")
     }
+    ctx.log("hosts: removal rounds")
+    removals = removal_rounds(hosts, uid, rounds=ctx.size(8, 16), received=received, pause_s=SIGNAL_PAUSE_S)
     signalled_catchups = signalled.reader.catchups.signalled
     from_feed = reader.reader.catchups.from_feed
     keeper = reader.reader.keeper
@@ -260,6 +263,7 @@ def _measure(ctx: BenchContext, stack: Any, size: int, writes: int) -> dict[str,
         "reader_catchups": keeper.catchups,
         "signalled_catchups": signalled_catchups,
         "catchups_from_feed": from_feed,
+        "removals": removals,
     }
 
 
@@ -318,6 +322,7 @@ def run(ctx: BenchContext) -> BenchResult:
             "rebuilds after first load (a, b, reader, graph reader, signalled)",
         ],
     )
+    removal = removal_table()
     summary: dict[str, Any] = {"load_avg_1min": os.getloadavg()[0], "store": ctx.store, "sizes": []}
     with ctx.stack("hosts", llm=False) as stack:
         for size in sizes:
@@ -346,10 +351,11 @@ def run(ctx: BenchContext) -> BenchResult:
                 size, got["catchup_bytes_p50"], got["user_changes_bytes_p50"], got["feed_entry_bytes_p50"],
                 got["whole_read_bytes"], tuple(extra.values()),
             )  # fmt: skip
+            add_rows(removal, size, got["removals"])
     return BenchResult(
         bench="hosts",
         summary=summary,
-        tables=[recall, apply, steps, reads],
+        tables=[recall, apply, steps, reads, removal],
         notes=[
             f"store {ctx.store}; every host its own data directory, no shared files; load average "
             f"{summary['load_avg_1min']:.1f} (1 min) at the start; ratios are within one loop",

@@ -29,10 +29,13 @@ REPO = BENCH_DIR.parents[1]
 BOUNDS = {"store step": 5_000, "snapshot": 20_000}
 
 
-def write_one(client: Any, user_id: str, n: int, *, read_index: bool = False, published: bool = False) -> float:
+def write_one(
+    client: Any, user_id: str, n: int, *, read_index: bool = False, published: bool = False, tag: str | None = None
+) -> float:
     """One message with one new fact about the user, as the apply stage writes it; with ``read_index`` the
     plan first reads the writer's index, as consolidation does; with ``published`` the write is fenced on
-    the published stamp, as a message's first start in the apply stage is. Returns the write's milliseconds (the
+    the published stamp, as a message's first start in the apply stage is; ``tag`` names the
+    message (``probe-ep-<tag>``) and its fact (``probe-<tag>``), unique when None. Returns the write's milliseconds (the
     ``UserWrites.run``, the text's embedding left out)."""
     from engram_api.models import EpisodeRecord, FactRecord, WritePlan, utcnow
     from engram_api.naming import self_entity_id
@@ -44,12 +47,12 @@ def write_one(client: Any, user_id: str, n: int, *, read_index: bool = False, pu
         if read_index:
             write.index()
         now = utcnow()
-        tag = f"{os.getpid()}-{time.time_ns()}"
+        named = tag or f"{os.getpid()}-{time.time_ns()}"
         fact = FactRecord(
-            id=f"probe-{tag}", user_id=user_id, subject_id=self_entity_id(user_id), predicate="NOTED",
+            id=f"probe-{named}", user_id=user_id, subject_id=self_entity_id(user_id), predicate="NOTED",
             statement=text, valid_from=now, created_at=now, embedding=embedding,
         )  # fmt: skip
-        episode = EpisodeRecord(id=f"probe-ep-{tag}", user_id=user_id, content=text, event_time=now)
+        episode = EpisodeRecord(id=f"probe-ep-{named}", user_id=user_id, content=text, event_time=now)
         client.graph.apply(WritePlan(user_id=user_id, episode=episode, new_facts=[fact]))
         write.finish(upserts=[(fact.id, "fact", embedding)])
 

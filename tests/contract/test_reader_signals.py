@@ -234,3 +234,30 @@ def test_a_writer_sends_each_stamp_that_moves_forward(memory: Memory, redis_clie
         assert got == [(user, stamp._replace(version=stamp.version - 1)), (user, stamp)]
     finally:
         pubsub.close()
+
+
+def test_a_snapshot_too_far_behind_for_the_recall_is_refreshed_off_its_path_across_a_forget(
+    memory: Memory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A held snapshot farther behind than a recall refreshes (``CATCH_UP_VERSIONS``, here 1) is refreshed by
+    a reader thread (``SnapshotCache.missed``: the count-checked ``refresh_snapshot``), which takes a
+    forget's removed records out by the ids of the graph's removal records: no whole load, and the snapshot
+    then holds what a whole load reads."""
+    monkeypatch.setattr("engram_api.reader.snapshots.CATCH_UP_VERSIONS", 1)
+    user = new_user()
+    _chatter(memory, user)
+    reader = _host(memory, tmp_path / "reader")  # not listening: only its recalls catch up
+    _warm(reader, user)
+    memory.say(user, "aurora", "We finally saw the northern lights dancing over the fjord last night!", at(20))
+    gone = memory.graph.forget_message
+    memory.writes.run(user, lambda w: (gone(user, "filler-1"), w.finish()), wait=0)
+    stamp = memory.graph.user_stamp(user)
+    with Reads(memory.graph, READER_THREADS) as reads:
+        reader.recall(user, "after the forget")  # two writes behind: the store answers, a thread refreshes
+        reader.flush()
+    assert ("refresh_snapshot", user) in reads.calls and ("snapshot", user) not in reads.calls
+    held, whole = reader.snapshots.peek(user), memory.graph.snapshot(user, max_records=10_000)
+    assert held is not None and whole is not None and held.stamp == whole.stamp == stamp
+    assert dict(held.facts) == dict(whole.facts) and dict(held.chunks) == dict(whole.chunks)
+    assert not any(c.episode_id == "filler-1" for c in held.chunks.values())
+    assert {e: tuple(held.entity_facts(e)) for e in whole.touching} == whole.touching

@@ -2,8 +2,9 @@
 (``GraphStore.refresh_snapshot``), against a whole load, after every kind of write, on every backend.
 
 The oracle is ``GraphStore.snapshot``: after each write the refreshed snapshot must hold exactly the
-records (and the walk's indexes) a whole load reads at the same stamp; after a write that removes a record,
-in another lifetime, or past the bound, the refresh must refuse (None) so the reader loads it whole.
+records (and the walk's indexes) a whole load reads at the same stamp, also after a write that removed
+records (their ids taken out in memory); in another lifetime, past the bound, or below the removal horizon
+the refresh must refuse (None) so the reader loads it whole.
 """
 
 from __future__ import annotations
@@ -125,23 +126,15 @@ def test_a_refreshed_snapshot_is_what_a_whole_load_reads_after_every_kind_of_wri
     assert refresh(graph_store, held, held.size) is None  # past the bound: the store's
     step("a write within the bound")
 
-    def removal(note: str) -> None:
-        """A write that removed records: the catch-up's read lists the removed ids (``user_changes``, and
-        the feed's entry), so the snapshot takes them out; the count's read does not: a whole load."""
-        nonlocal held
-        if refresh is _counted:
-            assert refresh(graph_store, held, FAR) is None, note
-            held = graph_store.snapshot(user, max_records=FAR)
-        else:
-            step(note)
-
+    # Writes that removed records: every read lists the removed ids (the count's read and the catch-up's
+    # from the removal records, the feed's entry from that read), so the snapshot takes them out in memory.
     graph_store.remove_chunks(user, [chunks[0].id])
-    removal("chunks removed (decay's expired excerpts)")
+    step("chunks removed (decay's expired excerpts)")
     graph_store.forget_fact(user, moved.id)
-    removal("a forget of one fact: the fact it superseded is current again")
+    step("a forget of one fact: the fact it superseded is current again")
     assert held is not None and held.facts[old_city.id].valid_until is None
     graph_store.forget_message(user, "m21")
-    removal("a forget of a message: the facts it reinforced or linked keep their other sources")
+    step("a forget of a message: the facts it reinforced or linked keep their other sources")
     assert held is not None and "m21" not in held.facts[again.id].source_ids
     said(graph_store, user, "m23", ["After the forget."], at(402))
     step("a write after a removal refreshes again")
@@ -149,6 +142,26 @@ def test_a_refreshed_snapshot_is_what_a_whole_load_reads_after_every_kind_of_wri
     graph_store.forget_user(user)
     said(graph_store, user, "m24", ["A new life."], at(403))
     assert refresh(graph_store, held, FAR) is None  # another lifetime
+
+
+def test_a_snapshot_behind_the_removal_horizon_is_not_refreshed(
+    graph_store: GraphStore, user: str, refresh: Refresh, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Removal records older than ``REMOVAL_RETAIN`` versions are pruned (the horizon moves up): a snapshot
+    below the horizon cannot know every id removed since, so no refresh takes place (the reader loads it
+    whole); one at or above it is refreshed across removals as a whole load reads it."""
+    monkeypatch.setattr("engram_api.storage.graph.neo4j.connection.REMOVAL_RETAIN", 2)
+    monkeypatch.setattr("engram_api.storage.graph.sqlite.rows.REMOVAL_RETAIN", 2)
+    world = build_world(graph_store, user)
+    held = graph_store.snapshot(user, max_records=FAR)
+    assert held is not None
+    for fact in world.facts[:3]:  # three removals: the horizon passes the held snapshot's version
+        graph_store.forget_fact(user, fact.id)
+    assert refresh(graph_store, held, FAR) is None
+    held = graph_store.snapshot(user, max_records=FAR)
+    assert held is not None
+    graph_store.forget_fact(user, world.facts[3].id)
+    _same(refresh(graph_store, held, FAR), graph_store.snapshot(user, max_records=FAR))
 
 
 def test_a_merge_ranks_each_entitys_facts_as_a_whole_build_does() -> None:

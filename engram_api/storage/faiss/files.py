@@ -47,6 +47,8 @@ __all__ = ["Kind", "UserIndex", "VectorHit", "VectorStore", "vector_id"]
 _LOCK_STRIPES = 64  # in-process file-lock stripes: ample for 2-8 worker threads, bounded for any user count
 _READ_ATTEMPTS = 3  # a compaction can swap base and log between a reader's two opens: read the pair again
 _TMP_GRACE_S = 60.0  # a temp file older than this is a crashed writer's (a save takes milliseconds to seconds)
+# Overlay rows below which a copy held in memory only is never folded (``moved``): a fold copies the user.
+_FOLD_MIN_ROWS = 1024
 _HOST = "".join(c if c.isalnum() or c in "-_" else "_" for c in socket.gethostname())[:64] or "host"
 
 
@@ -243,9 +245,14 @@ class VectorStore:
         upserts: Iterable[tuple[str, Kind, Sequence[float]]] = (),
         removals: Iterable[str] = (),
     ) -> UserIndex:
-        """``append``'s change in memory only: a copy of ``index`` at ``to_stamp``, no file touched."""
+        """``append``'s change in memory only: a copy of ``index`` at ``to_stamp``, no file touched. The copy
+        clones only ``index``'s overlay (the base is shared); once the overlay outgrows what ``append`` lets
+        a log grow to (``compact_ratio`` of the base's rows, at least ``_FOLD_MIN_ROWS``) it is folded into a
+        new exact base, so each change costs about what it changed, not the user's size."""
         changed = index.copy()
         self._delta(index.stamp, to_stamp, upserts, removals).apply(changed)
+        if changed.overlay_size > max(_FOLD_MIN_ROWS, self.compact_ratio * len(changed.base_rows)):
+            return changed.compacted(flat_max=len(changed))  # flat: it answers as the overlay did
         return changed
 
     def _delta(

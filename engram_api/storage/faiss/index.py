@@ -153,6 +153,24 @@ class UserIndex:
     def stamp(self, value: Stamp) -> None:
         self.epoch, self.version = value
 
+    @classmethod
+    def whole(cls, dim: int, items: Iterable[tuple[str, Kind, Sequence[float]]]) -> UserIndex:
+        """An index of ``items`` (a whole read of the user's vectors, in (kind, id) order) held as its base:
+        exact (flat) whatever the size, so it answers exactly as ``upsert`` of the same items into an empty
+        overlay, but a ``copy`` shares it and clones only the changes applied since (a copy held in memory
+        only, ``IndexKeeper(persist=False)``, costs a catch-up its change, not the user's size; a copy
+        saved to a file is compacted, each kind's index kind chosen by its size, as before)."""
+        by_kind: dict[Kind, dict[int, tuple[str, Sequence[float]]]] = {}
+        for node, kind, vector in items:
+            by_kind.setdefault(kind, {})[vector_id(node)] = (node, vector)
+        out = cls(dim=dim)
+        for kind, members in by_kind.items():
+            ids = np.fromiter(members, dtype=np.int64, count=len(members))
+            vecs = np.ascontiguousarray(np.array([v for _, v in members.values()], dtype=np.float32))
+            out.base[kind] = build_index(dim, ids, vecs.reshape(len(ids), dim), flat_max=len(ids))
+            out.base_rows.update((vid, (node, kind)) for vid, (node, _) in members.items())
+        return out
+
     def copy(self) -> UserIndex:
         """An independent copy to change while readers keep searching this one (the base is shared)."""
         faiss = load_faiss()

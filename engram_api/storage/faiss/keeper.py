@@ -26,7 +26,8 @@ Local files: with ``persist`` (the default) a copy is also kept in this process'
 warm start (a rebuild saves it, deltas and catch-ups append to its log); any process may drop those files
 at any time (the erasure sweep does), no other process reads them unless it shares the directory. With
 ``persist=False`` nothing is written (maintenance runs over every user keep only what they touch, in
-memory).
+memory): a whole read is held as the copy's base (``UserIndex.whole``, exact) and a catch-up clones only
+the changes since (``VectorStore.moved``, folding them into a new base now and then), never every vector.
 
 Thread safety: an index handed out (cached, or returned to a reader) is never mutated; ``advance`` and a
 catch-up change a copy and swap it into the cache, so concurrent searches always see one whole version.
@@ -114,8 +115,8 @@ class IndexKeeper:
     def _read_whole(self, user_id: str) -> UserIndex:
         """The user's vectors read from the graph whole (bounded: ``stamped_vectors``), kept nowhere."""
         items, stamp = self.graph.stamped_vectors(user_id)
-        index = self.vectors.new()
-        index.upsert((item.node_id, item.kind, item.embedding) for item in items)
+        # Held as the base (shared by every later copy), not as an overlay a catch-up would clone whole.
+        index = UserIndex.whole(self.vectors.dim, ((item.node_id, item.kind, item.embedding) for item in items))
         index.stamp = stamp
         if stamp != ABSENT:
             self.rebuilds += 1

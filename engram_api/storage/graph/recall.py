@@ -64,14 +64,18 @@ def _some(name: str) -> Callable[[dict[str, Any]], bool]:
 @dataclass(frozen=True, slots=True)
 class SnapshotChanges:
     """What ``refresh_snapshot`` reads: the user's stamp (read first), the version of the user's last
-    removal of a fact or chunk (0: none in this lifetime), how many facts and chunks the user has, and the
-    facts and chunks marked with a version after ``since``."""
+    removal of a fact or chunk (0: none in this lifetime), how many facts and chunks the user has, the
+    facts and chunks marked with a version after ``since``, and the ids the writes after ``since`` removed
+    (``gone``, the removal records ``vector_changes`` reads) with the user's catch-up horizon (None: no
+    write of this release): ``gone`` is complete only from a ``since`` at or above the horizon."""
 
     stamp: Stamp
     removed: int
     size: int
     facts: list[FactRecord]
     chunks: list[ChunkRecord]
+    gone: tuple[str, ...] = ()
+    horizon: int | None = None
 
 
 class RecallStore(StoreBase):
@@ -130,13 +134,19 @@ class RecallStore(StoreBase):
     def refresh_snapshot(self, snapshot: UserSnapshot, *, max_records: int) -> UserSnapshot | None:
         """``snapshot`` brought to the user's stamp by reading only the facts and chunks written since its
         stamp, in one read transaction that reads the stamp first (every write marks the records it
-        creates or changes with the version it commits, ``SnapshotChanges``). None when only a whole load
-        can do it: another lifetime, a record removed since (a forget), more than ``max_records``, or a
-        count that disagrees with the merge (a writer that marked nothing: an older release's)."""
-        changes = self._snapshot_changes(snapshot.user_id, snapshot.stamp.version)
+        creates or changes with the version it commits, ``SnapshotChanges``); the records a write removed
+        since (a forget, decay's expired excerpts) are taken out by the ids of the removal records
+        (``storage.snapshot.removal``). None when only a whole load can do it: another lifetime, a record
+        removed since a version below the user's catch-up horizon (its removal records pruned), more than
+        ``max_records``, or a count that disagrees with the merge (a writer that marked nothing: an older
+        release's)."""
+        since = snapshot.stamp.version
+        changes = self._snapshot_changes(snapshot.user_id, since)
+        listed = changes.horizon is not None and since >= changes.horizon
         return snapshot.refreshed(
             changes.stamp, changes.removed, changes.facts, changes.chunks,
             max_records=check_count("max_records", max_records), size=changes.size,
+            gone=changes.gone if listed else None,
         )  # fmt: skip
 
     @abstractmethod

@@ -1,7 +1,8 @@
 """Removals applied to a held snapshot: the records a write removed (a forget of a fact or a message, decay's
 expired chunks) taken out of it in memory, so a reader whose snapshot is behind such a write catches it up
 from the ids the write removed (the change feed's ``gone``, or the graph's removal records read with
-``user_changes``) instead of loading the user whole.
+``user_changes`` or, off the recall's path, with ``refresh_snapshot``'s count) instead of loading the user
+whole.
 
 Why here and not in the overlay: removals are rare next to additions (a forget, a decay run), and taking a
 record out of the base's keyword statistics, entity orders and episode lists touches what the overlay is
@@ -102,14 +103,11 @@ def table_without(table: KeywordTable, gone: Collection[str]) -> KeywordTable:
     keep[table.by_id[found]] = False
     first = int(np.flatnonzero(~keep)[0])
     position = np.cumsum(keep) - 1  # old position -> new one (for the kept)
-    postings = {}
-    for term, (at, tf) in table.postings.items():
-        if at[-1] < first:  # a posting's positions ascend: all before the first removed, unmoved
-            postings[term] = (at, tf)
-            continue
-        held = keep[at]
-        if held.any():
-            postings[term] = (position[at[held]].astype(at.dtype), tf[held])
+    postings: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    moved: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    for term, posting in table.postings.items():  # positions ascend: all before the first removed, unmoved
+        (postings if posting[0][-1] < first else moved)[term] = posting
+    postings.update(_postings_without(moved, keep, position))
     in_order = keep[table.by_id]
     by_id = position[table.by_id[in_order]]
     rank = np.empty(len(by_id), dtype=np.int64)
@@ -124,3 +122,29 @@ def table_without(table: KeywordTable, gone: Collection[str]) -> KeywordTable:
         rank=rank,
         postings=postings,
     )
+
+
+def _postings_without(
+    postings: Mapping[str, tuple[np.ndarray, np.ndarray]], keep: np.ndarray, position: np.ndarray
+) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Every term's postings without the positions ``keep`` drops, the others renumbered by ``position``;
+    a term left with none goes. In one pass of array operations over all the postings laid end to end, then
+    cut back into slices: a user's tables hold tens of thousands of terms (names, numbers, rare words), and
+    a few array calls per term cost several us each."""
+    if not postings:
+        return {}
+    ats = [at for at, _ in postings.values()]
+    sizes = np.fromiter(map(len, ats), dtype=np.int64, count=len(ats))
+    every = np.concatenate(ats)
+    held = keep[every]
+    at = position[every[held]].astype(every.dtype)
+    tf = np.concatenate([tf for _, tf in postings.values()])[held]
+    of_term = np.repeat(np.arange(len(sizes)), sizes)  # each posting entry's term, by its place in the dict
+    ends = np.cumsum(np.bincount(of_term[held], minlength=len(sizes))).tolist()
+    out = {}
+    start = 0
+    for term, end in zip(postings, ends, strict=True):
+        if end > start:
+            out[term] = (at[start:end], tf[start:end])
+        start = end
+    return out

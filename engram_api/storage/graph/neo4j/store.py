@@ -278,7 +278,7 @@ class Neo4jGraphStore(Neo4jDeletion, Neo4jMaintenance, Neo4jVectors, Neo4jConnec
 
     def _snapshot_changes(self, user_id: str, since: int) -> SnapshotChanges:
         def work(tx: ManagedTransaction) -> SnapshotChanges:
-            found = tx.run(cy.Q_CHANGES_STAMP, user_id=user_id).single(strict=True)
+            found = tx.run(cy.Q_CHANGES_STAMP, user_id=user_id, since=since).single(strict=True)
             size = tx.run(cy.Q_USER_SIZE, user_id=user_id).single(strict=True)["n"]
             facts = shape.live_facts([r["row"] for r in tx.run(cy.Q_CHANGED_FACTS, user_id=user_id, since=since)])
             chunk_rows = [r["row"] for r in tx.run(episodes_cypher.Q_CHANGED_CHUNKS, user_id=user_id, since=since)]
@@ -288,6 +288,8 @@ class Neo4jGraphStore(Neo4jDeletion, Neo4jMaintenance, Neo4jVectors, Neo4jConnec
                 size=int(size),
                 facts=facts,
                 chunks=shape.live_chunks(chunk_rows),
+                gone=tuple(found["gone"]),
+                horizon=None if found["horizon"] is None else int(found["horizon"]),
             )
 
         return self._read(work)

@@ -28,16 +28,14 @@ __all__ = ["Q_APPLY_WRITES_CHANGES", "Neo4jVectors", "user_changes_of"]
 # One statement, one round trip (an auto-commit read, ``_read_one``): the stamp, the removals, the records,
 # the stamp again, in that order for the user's one row (the order ``vectorsync`` relies on under read
 # committed isolation).
-_HEAD = """
+_HEAD = (
+    """
 OPTIONAL MATCH (u:User {user_id: $user_id})
 WITH coalesce(u.epoch, 0) AS epoch, coalesce(u.version, 0) AS version, u.vectors_from AS horizon,
      coalesce(u.removed, 0) AS removed_at
-CALL () {
-  OPTIONAL MATCH (r:Removal {user_id: $user_id}) WHERE r.version > $since
-  UNWIND coalesce(r.ids, []) AS id
-  RETURN collect(DISTINCT id) AS removed
-}
-CALL () {
+"""
+    + cy.removed_since("removed")
+    + """CALL () {
   CALL () {
     MATCH (f:Fact {user_id: $user_id}) WHERE f.changed > $since AND f.embedding IS NOT NULL
     RETURN f.id AS node_id, 'fact' AS kind, f.embedding AS embedding
@@ -51,6 +49,7 @@ CALL () {
   RETURN collect([node_id, kind, embedding]) AS upserts
 }
 """
+)
 _TAIL = """
 OPTIONAL MATCH (after:User {user_id: $user_id})
 RETURN epoch, version, horizon, removed_at, removed, upserts, coalesce(after.epoch, 0) AS epoch_after"""

@@ -41,7 +41,7 @@ from engram_api.storage.graph.sqlite import sql as sql
 from engram_api.storage.graph.sqlite.connection import SqliteConnection
 from engram_api.storage.graph.sqlite.deletion import SqliteDeletion
 from engram_api.storage.graph.sqlite.maintenance import SqliteMaintenance
-from engram_api.storage.graph.sqlite.vectors import SqliteVectors
+from engram_api.storage.graph.sqlite.vectors import SqliteVectors, removed_since
 from engram_api.storage.graph.validity import VALID_AT_SQL, instant
 from engram_api.versions import Stamp
 
@@ -252,18 +252,21 @@ class SqliteGraphStore(SqliteDeletion, SqliteMaintenance, SqliteVectors, SqliteC
     def _snapshot_changes(self, user_id: str, since: int) -> SnapshotChanges:
         with self._read() as conn:
             stamp = db.read_stamp(conn, user_id)
-            (size, removed) = conn.execute(
+            (size, removed, horizon) = conn.execute(
                 """SELECT (SELECT COUNT(*) FROM facts WHERE user_id = :u) + (SELECT COUNT(*) FROM chunks WHERE user_id = :u),
-                          COALESCE((SELECT removed FROM users WHERE user_id = :u), 0)""",
+                          COALESCE((SELECT removed FROM users WHERE user_id = :u), 0),
+                          (SELECT vectors_from FROM users WHERE user_id = :u)""",
                 {"u": user_id},
             ).fetchone()
+            gone = removed_since(conn, user_id, since)
             rows = conn.execute(
                 f"{sql.FACT_SELECT} {sql.FACT_FROM} WHERE f.user_id = ? AND f.changed > ?", (user_id, since)
             ).fetchall()
             chunks = episodes_sql.user_chunks(conn, user_id, dt=db.from_us, since=since)
         return SnapshotChanges(
-            stamp=stamp, removed=removed, size=size, facts=[db.fact_row(r) for r in rows], chunks=chunks
-        )
+            stamp=stamp, removed=removed, size=size, facts=[db.fact_row(r) for r in rows], chunks=chunks,
+            gone=gone, horizon=None if horizon is None else int(horizon),
+        )  # fmt: skip
 
     def _history(self, user_id: str, norm: str, predicate: str | None, limit: int) -> list[FactRecord]:
         rows = (

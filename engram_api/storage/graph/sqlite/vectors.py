@@ -18,7 +18,7 @@ from engram_api.storage.graph.sqlite import rows as db
 from engram_api.storage.graph.sqlite import sql
 from engram_api.storage.graph.sqlite.connection import SqliteConnection
 
-__all__ = ["SqliteVectors"]
+__all__ = ["SqliteVectors", "removed_since"]
 
 _UPSERTS = """
 SELECT id, 'fact' AS kind, embedding FROM facts
@@ -53,18 +53,19 @@ class SqliteVectors(SqliteConnection):
         return UserChanges(vectors=vectors, removed=int(removed), facts=[db.fact_row(r) for r in rows], chunks=chunks)
 
 
+def removed_since(conn: sqlite3.Connection, user_id: str, since: int) -> tuple[str, ...]:
+    """The ids the user's writes after version ``since`` removed (complete from the user's horizon)."""
+    rows = conn.execute("SELECT DISTINCT node_id FROM removals WHERE user_id = ? AND version > ?", (user_id, since))
+    return tuple(r[0] for r in rows)
+
+
 def _vectors(conn: sqlite3.Connection, user_id: str, since: int) -> VectorChanges:
     import numpy as np  # here: a process that only reads counts and facts never imports numpy
 
     params = {"user_id": user_id, "since": since}
     before = db.read_stamp(conn, user_id)
     row = conn.execute("SELECT vectors_from FROM users WHERE user_id = ?", (user_id,)).fetchone()
-    removed = tuple(
-        r[0]
-        for r in conn.execute(
-            "SELECT DISTINCT node_id FROM removals WHERE user_id = :user_id AND version > :since", params
-        )
-    )
+    removed = removed_since(conn, user_id, since)
     upserts = [
         (r["id"], r["kind"], np.frombuffer(r["embedding"], dtype=np.float32)) for r in conn.execute(_UPSERTS, params)
     ]

@@ -23,6 +23,7 @@ from engram_api.storage.graph.neo4j.cypher.changes import (
     Q_USER_FACTS,
     Q_USER_SIZE,
     Q_VECTORS,
+    removed_since,
 )
 from engram_api.storage.graph.neo4j.cypher.reads import (
     BEGINNING,
@@ -176,4 +177,5 @@ __all__ = [
     "plan_bucket",
     "plan_list",
     "plan_rows",
+    "removed_since",
 ]

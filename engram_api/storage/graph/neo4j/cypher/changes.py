@@ -19,6 +19,7 @@ __all__ = [
     "Q_USER_FACTS",
     "Q_USER_SIZE",
     "Q_VECTORS",
+    "removed_since",
 ]
 
 # Every write but apply's ends with this bump, which marks the facts and chunks the write created or
@@ -45,9 +46,24 @@ CALL (u) {
 SET u.vectors_from = CASE WHEN size($gone) > 0 AND u.version - $retain > u.vectors_from
                           THEN u.version - $retain ELSE u.vectors_from END
 """
-Q_CHANGES_STAMP = """
-OPTIONAL MATCH (u:User {user_id: $user_id})
-RETURN coalesce(u.epoch, 0) AS epoch, coalesce(u.version, 0) AS version, coalesce(u.removed, 0) AS removed
+
+
+def removed_since(alias: str) -> str:
+    """A subquery binding ``alias`` to the ids the user's writes after ``$since`` removed (their removal
+    records; complete from the user's horizon, ``vectorsync``)."""
+    return f"""CALL () {{
+  OPTIONAL MATCH (r:Removal {{user_id: $user_id}}) WHERE r.version > $since
+  UNWIND coalesce(r.ids, []) AS id
+  RETURN collect(DISTINCT id) AS {alias}
+}}
+"""
+
+
+# The stamp, then the ids removed after $since and the horizon they are complete from.
+Q_CHANGES_STAMP = f"""
+OPTIONAL MATCH (u:User {{user_id: $user_id}})
+{removed_since("gone")}RETURN coalesce(u.epoch, 0) AS epoch, coalesce(u.version, 0) AS version, coalesce(u.removed, 0) AS removed,
+       u.vectors_from AS horizon, gone
 """
 Q_USER_SIZE = """
 CALL () { MATCH (f:Fact {user_id: $user_id}) RETURN count(f) AS facts }

@@ -1,0 +1,185 @@
+"""The hosts bench's removal part: recall on a reader host right after ANOTHER host removed records (a forget
+of one fact, a forget of one message), as a ratio to the floor measured in the same loop; what a catch-up of
+a removal reads; and the whole reads after each host's first load, which must stay 0.
+
+Round after round (the apply hosts alternating): one host writes one message (one new fact, ids known) and
+the readers catch it up unmeasured; then the OTHER host forgets one bulk-loaded fact (``Reader.forget`` of
+a fact id: the fact, its vector, the supersession chain it was in repaired), and each reader answers a fresh
+query at once; then the first host forgets the message it wrote (``Reader.forget`` of a message id: its
+episode, chunks, the fact only it stated and their vectors), and each reader answers again. Readers:
+
+- "catch-up": the reader code as it is (its copies caught up from the writers' change feed in Redis: the
+  removal's entry lists the removed ids, ``engram_api.storage.faiss.feed``);
+- "graph catch-up": the same code with the feed refused, so the removal's ids are read from the graph
+  (``GraphStore.user_changes``: the removal records);
+- "after a signal": the listening reader, answering ``SIGNAL_PAUSE_S`` after the removal.
+
+After each removal the "catch-up" reader's FAISS copy and held snapshot are checked to hold none of the
+removed ids, and no reader's answer any of them (the bench stops if one does). Bytes: the removal's change-feed entry (Redis, what the reader
+reads) and one ``user_changes`` one write behind the removal (what the graph sends a reader without the
+feed), counted as ``bench_hosts`` counts a catch-up. Whole reads: full reads of the user's vectors
+(``IndexKeeper.rebuilds``) on every host and whole snapshot loads (``GraphStore.snapshot``) on every reader,
+counted over the removal rounds only (each host has loaded the user already).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+from benchlib import Table, dist, ratio
+from corpus import queries
+from snapshot_refresh import write_one
+
+__all__ = ["REMOVALS", "add_rows", "removal_rounds", "removal_table"]
+
+REMOVALS = ("fact forget", "message forget")
+READERS = ("catch-up", "graph catch-up", "after a signal")
+
+
+def _counting_snapshots(clients: dict[str, Any]) -> tuple[dict[str, int], Callable[[], None]]:
+    """Count each reader's whole snapshot loads (``GraphStore.snapshot``) from now on; returns the counts
+    and the undo."""
+    counts = dict.fromkeys(clients, 0)
+    graphs = {name: client.reader.graph for name, client in clients.items()}
+    for name, graph in graphs.items():
+        real = graph.snapshot
+
+        def counted(*args: Any, _name: str = name, _real: Any = real, **kwargs: Any) -> Any:
+            counts[_name] += 1
+            return _real(*args, **kwargs)
+
+        graph.snapshot = counted  # an instance attribute over the method: ``undo`` deletes it
+
+    def undo() -> None:
+        for graph in graphs.values():
+            del graph.snapshot
+
+    return counts, undo
+
+
+def _holds_none(client: Any, user_id: str, gone: set[str]) -> bool:
+    """True when the reader's FAISS copy and held snapshot of the user hold none of ``gone``."""
+    index = client.reader.keeper.held(user_id)
+    snapshot = client.reader.snapshots.peek(user_id)
+    in_index = index is not None and not gone.isdisjoint(index.node_ids())
+    in_snapshot = snapshot is not None and not (
+        gone.isdisjoint(snapshot.facts.rows()) and gone.isdisjoint(snapshot.chunks.rows())
+    )
+    return not in_index and not in_snapshot
+
+
+def removal_rounds(
+    hosts: dict[str, Any], user_id: str, *, rounds: int, received: Any, pause_s: float
+) -> dict[str, Any]:
+    """The removal rounds over ``hosts`` (``bench_hosts._hosts``; the user loaded on each), ``received``
+    counting the graph's bytes (``bench_hosts._Received``); see the module docstring."""
+    from engram_api import keys
+    from engram_api.reader.signals import StampSignals
+
+    a, b = hosts["apply-a"], hosts["apply-b"]
+    readers = {"catch-up": hosts["reader"], "graph catch-up": hosts["reader-graph"], "after a signal": hosts["reader-signalled"]}  # fmt: skip
+    signalled = readers["after a signal"]
+    listener = StampSignals(signalled.redis, signalled.reader.catchups.signalled_stamp).start()
+    listener.subscribed.wait(5.0)
+    loads = {name: client.reader.keeper.rebuilds for name, client in hosts.items()}
+    snapshot_loads, undo = _counting_snapshots(readers)
+    doomed = [f.id for f in a.graph.page(user_id, 1, rounds).facts]  # bulk-loaded facts, one a round
+    qs = queries(f"hosts-removals-{user_id}", 11 * rounds)  # a round: 3 settle, 6 measured, 2 floors
+    recall: dict[tuple[str, str], list[float]] = {(r, n): [] for r in REMOVALS for n in READERS}
+    index_ms: dict[str, list[float]] = {r: [] for r in REMOVALS}
+    feed_bytes: dict[str, list[int]] = {r: [] for r in REMOVALS}
+    graph_bytes: dict[str, list[int]] = {r: [] for r in REMOVALS}
+    floor: list[float] = []
+    q = iter(qs)
+    reader = readers["catch-up"]
+    for i in range(rounds):
+        writer, other = (a, b)[i % 2], (b, a)[i % 2]
+        tag = f"removal-{user_id}-{i}-{time.time_ns()}"
+        write_one(writer, user_id, 10_000 + i, read_index=True, tag=tag)
+        for client in readers.values():  # unmeasured: every reader at the write, one removal behind next
+            client.recall(user_id, f"settle {next(q)}", k=10)
+            client.reader.flush()
+        removals = {"fact forget": (other, doomed[i]), "message forget": (writer, f"probe-ep-{tag}")}
+        for label, (host, memory_id) in removals.items():
+            since = a.graph.user_stamp(user_id).version
+            result = host.reader.forget(user_id, memory_id)
+            gone = {*result.removed_fact_ids, *result.removed_chunk_ids, *result.removed_entity_ids}
+            removed = time.perf_counter()
+            order = [name for name in READERS if name != "after a signal"]
+            order = order[i % 2 :] + order[: i % 2]
+            for name in order:
+                start = time.perf_counter()
+                got = readers[name].recall(user_id, next(q), k=10)
+                recall[(label, name)].append((time.perf_counter() - start) * 1e3)
+                assert not got.cached and gone.isdisjoint(item.id for item in got.items)
+                if name == "catch-up":
+                    index_ms[label].append(got.timings_ms["index"])
+            time.sleep(max(0.0, pause_s - (time.perf_counter() - removed)))
+            start = time.perf_counter()
+            late = signalled.recall(user_id, next(q), k=10)
+            recall[(label, "after a signal")].append((time.perf_counter() - start) * 1e3)
+            assert not late.cached and gone.isdisjoint(item.id for item in late.items)
+            assert _holds_none(reader, user_id, gone), f"{label}: a removed record still held"
+            raw = a.redis.zrangebyscore(keys.change_feed(user_id), f"({since}", "+inf")
+            feed_bytes[label].append(sum(map(len, raw)))
+            graph_bytes[label].append(received.of(lambda since=since: a.graph.user_changes(user_id, since)))
+            index = reader.reader.keeper.current(user_id, reader.graph.user_stamp(user_id))
+            start = time.perf_counter()
+            index.search(reader.reader.embedder.encode([next(q)])[0], 30)
+            floor.append((time.perf_counter() - start) * 1e3)
+    listener.stop()
+    undo()
+    floor_d = dist(floor)
+    whole = {
+        name: client.reader.keeper.rebuilds - loads[name] for name, client in hosts.items() if name != "reader-rebuild"
+    }
+    return {
+        "rounds": rounds,
+        "recall_ms": {f"{r} / {n}": dist(v) for (r, n), v in recall.items()},
+        "ratio_p50": {f"{r} / {n}": ratio(dist(v)["p50"], floor_d["p50"]) for (r, n), v in recall.items()},
+        "floor_ms": floor_d,
+        "index_ms": {r: dist(v) for r, v in index_ms.items()},
+        "feed_entry_bytes_p50": {r: statistics.median(v) for r, v in feed_bytes.items()},
+        "graph_catchup_bytes_p50": {r: statistics.median(v) for r, v in graph_bytes.items()},
+        "vector_rebuilds_after_first_load": whole,
+        "snapshot_whole_loads": snapshot_loads,
+    }
+
+
+def removal_table() -> Table:
+    return Table(
+        "recall on a reader host right after another host's removal (ms); floor = query embedding + FAISS search",
+        [
+            "facts",
+            "removal",
+            "catch-up p50",
+            "catch-up p95",
+            "index step p50",
+            "graph catch-up p50",
+            "after a signal p50",
+            "floor p50",
+            "catch-up / floor",
+            "graph catch-up / floor",
+            "after a signal / floor",
+            "feed entry (B)",
+            "graph catch-up (B)",
+            "whole reads after first load (vectors, snapshots)",
+        ],
+    )
+
+
+def add_rows(table: Table, size: int, got: dict[str, Any]) -> None:
+    """One row a removal kind of ``removal_rounds``' result ``got``."""
+    r, x = got["recall_ms"], got["ratio_p50"]
+    whole = (sum(got["vector_rebuilds_after_first_load"].values()), sum(got["snapshot_whole_loads"].values()))
+    for label in REMOVALS:
+        table.add(
+            size, label, r[f"{label} / catch-up"]["p50"], r[f"{label} / catch-up"]["p95"],
+            got["index_ms"][label]["p50"], r[f"{label} / graph catch-up"]["p50"],
+            r[f"{label} / after a signal"]["p50"], got["floor_ms"]["p50"], x[f"{label} / catch-up"],
+            x[f"{label} / graph catch-up"], x[f"{label} / after a signal"], got["feed_entry_bytes_p50"][label],
+            got["graph_catchup_bytes_p50"][label], whole,
+        )  # fmt: skip
