@@ -6,7 +6,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 from engram_api.models import RecallItem, ScoreBreakdown
-from engram_api.reader.context import EXCERPTS_HEADER, FACTS_HEADER, render_context, select_context
+from engram_api.reader.context import EXCERPTS_HEADER, FACTS_HEADER, count_tokens, render_context, select_context
 
 SAID = datetime(2023, 5, 8, 13, 0, tzinfo=UTC)
 NONE = ScoreBreakdown(similarity=0, graph=0, strength=0, recency=0, importance=0)
@@ -45,11 +45,12 @@ def test_a_turn_of_the_exchange_is_shown_under_the_excerpt_it_answers_without_it
 
 def test_a_joined_turn_costs_only_its_words_so_it_fits_where_a_dated_line_would_not() -> None:
     first = excerpt("a", "Austin.", "Ben", 0)
-    other = excerpt("q", "x" * 40, "Ana", 1)
-    budget = len(EXCERPTS_HEADER) + 1 + len("- [2023-05-08] Ben: Austin.") + 1 + len("  Ana: " + "x" * 40) + 1
-    assert select_context([first, other], 1 + budget // 4) == [first, other]
-    alone = excerpt("q2", "x" * 40, "Ana", 86400)  # another day: a dated line, 13 characters longer
-    assert select_context([first, alone], budget // 4) == [first]
+    other = excerpt("q", "Where did you move?", "Ana", 1)
+    lines = [EXCERPTS_HEADER, "- [2023-05-08] Ben: Austin.", "  Ana: Where did you move?"]
+    budget = sum(count_tokens(line) + 1 for line in lines)  # each line pays for its line break
+    assert select_context([first, other], budget) == [first, other]
+    alone = excerpt("q2", "Where did you move?", "Ana", 86400)  # another day: a dated line, 7 tokens more
+    assert select_context([first, alone], budget) == [first]
 
 
 def test_the_same_words_are_not_shown_twice_and_a_fact_stays_beside_its_excerpt() -> None:
@@ -64,13 +65,32 @@ def test_the_same_words_are_not_shown_twice_and_a_fact_stays_beside_its_excerpt(
 def test_the_headers_are_short_so_a_small_budget_holds_a_fact_and_an_excerpt() -> None:
     said = excerpt("a", "Austin.", "Ben")
     derived = fact("f1", "User lives in Austin", "other")
-    chosen = select_context([derived, said], 30)  # 120 characters: both parts with their headers
+    chosen = select_context([derived, said], 43)  # both parts with their headers: 6 + 16 + 7 + 14 tokens
     assert chosen == [derived, said]
-    text = render_context(chosen)
-    assert text.splitlines() == [
+    assert render_context(chosen).splitlines() == [
         FACTS_HEADER,
         "- User lives in Austin (since 2023-05-08)",
         EXCERPTS_HEADER,
         "- [2023-05-08] Ben: Austin.",
     ]
-    assert len(text) + 1 <= 30 * 4
+    assert select_context([derived, said], 42) == [derived]
+
+
+def test_tokens_are_counted_as_a_tokenizer_splits_text_not_four_characters_apiece() -> None:
+    # cl100k makes 13, 15 and 12 tokens of these (o200k the same); four characters a token said 7, 10 and 28
+    assert count_tokens("- [2023-05-08] Ben: Austin.") == 13
+    assert count_tokens("- User lives in Austin (since 2023-05-08)") == 15
+    long_words = (
+        "Understanding international relationships requires extraordinary patience and considerable determination."
+    )
+    assert count_tokens(f"Ben: {long_words}") == 12
+    # a CJK character is about a token (cl100k 17 here; four characters a token said 4)
+    assert count_tokens("我昨天去了北京，见到了我的哥哥。") == 16
+
+
+def test_the_budget_holds_long_words_and_refuses_text_in_another_script_that_would_overrun_it() -> None:
+    worded = excerpt("w", "Understanding international relationships requires extraordinary patience.", "Ben")
+    assert select_context([worded], 26) == [worded]  # 7 + 19 tokens; 30 by four characters a token
+    chinese = excerpt("c", "我昨天去了北京，见到了我的哥哥。" * 5, "Ana")  # 80 characters, cl100k 85 tokens
+    assert select_context([chinese], 60) == []  # four characters a token let it in at 31
+    assert select_context([chinese], 99) == [chinese]  # 7 + 92 tokens

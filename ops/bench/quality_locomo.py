@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 from benchlib import BenchContext, Table, dist, load_json
 
-from engram_api.reader.context import render_context
+from engram_api.reader.context import count_tokens, render_context
 
 CATEGORIES = {1: "multi-hop", 2: "temporal", 3: "open-domain", 4: "single-hop", 5: "adversarial"}
 QUICK_CONVERSATIONS = ("conv-30",)
@@ -93,15 +93,17 @@ def _scores(ranked: list[set[str]], said: list[str], evidence: set[str], answer:
 
 
 def _packed(order: list[int], turns: list[tuple[str, str, str, datetime]]) -> tuple[set[str], str]:
-    """Naive RAG's turns, best first, as dated lines while they fit in the context budget: their ids and text."""
-    budget, used, kept, lines = CONTEXT_TOKENS * 4, 0, set(), []
+    """Naive RAG's turns, best first, as dated lines while they fit in the context budget (counted as
+    ``get_context`` counts it, each line with its line break): their ids and text."""
+    used, kept, lines = 0, set(), []
     for j in order:
         dia, speaker, text, when = turns[j]
         line = f"- [{when.date().isoformat()}] {speaker}: {text}"
-        if used + len(line) + 1 <= budget:
+        cost = count_tokens(line) + 1
+        if used + cost <= CONTEXT_TOKENS:
             kept.add(dia)
             lines.append(line)
-            used += len(line) + 1
+            used += cost
     return kept, "\n".join(lines)
 
 
