@@ -5,10 +5,9 @@ expands through the graph in one query, fuses and scores. Results, and the fact 
 read, are cached per user and keyed by the per-user stamp (epoch, version) the workers publish in Redis, so a
 cache entry can never outlive a write nor survive into another lifetime of the user; a stamp read from Redis
 that fails falls back to the graph's (slower, never wrong). Safe to share between threads: caches are
-locked, and indexes handed out are never mutated (``IndexKeeper`` swaps copies). The stamp's read with the
-start of the catch-up and the keyword search (when no result is kept under the recall's key: the calling
-thread embeds the query meanwhile), the keyword search and the recall log run on the reader's own threads
-(``ReaderThreads``), which ``close`` ends: none outlives it.
+locked, and indexes handed out are never mutated (``IndexKeeper`` swaps copies). The query's embedding (when
+no result is kept under the recall's key), the keyword search and the recall log run on the reader's own
+threads (``ReaderThreads``), which ``close`` ends: none outlives it.
 ``Reader`` (``reader.py``) adds the other reads and the writes on top of this class.
 """
 
@@ -22,7 +21,7 @@ from concurrent.futures import Future
 from contextlib import suppress
 from datetime import datetime
 from functools import partial
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING
 
 from engram_api import tracing
 from engram_api.errors import InvalidInputError
@@ -51,16 +50,6 @@ __all__ = ["RecallReader"]
 _WEIGHTS_TTL_S = 60.0
 _WEIGHTS_CACHE_USERS = 10_000
 _IO_THREADS = 4  # concurrent recalls' keyword searches in flight; more wait their turn
-
-
-class _Begun(NamedTuple):
-    """What ``RecallReader._begin`` started (see there)."""
-
-    version: Stamp
-    snapshot: UserSnapshot | None
-    catching: Future[None] | None
-    keyword: Future[list[KeywordHit]] | None
-    weights: tuple[Weights, str]
 
 
 class RecallReader:
@@ -164,27 +153,28 @@ class RecallReader:
         timings: dict[str, float] = {}
         t0 = time.perf_counter()
         key = (user_id, "recall", query, k, as_of, since, until, graph_expansion, recipe_key)
+        # With no result kept under this key at any stamp the recall is a miss whatever the stamp: its query
+        # is embedded on a reader thread (ONNX releases the GIL) while this one reads the stamp and starts
+        # the catch-up and the keyword search, so the Redis round trip and that work overlap the encoder.
+        embedding = None if self.cache.holds(key) else self._threads.submit(self.embedder.encode_one, query)
+        version = self._version(user_id)
+        hit = self.cache.get(key, version)
+        if hit is not None:
+            return hit.model_copy(update={"cached": True, "timings_ms": {"cache": (time.perf_counter() - t0) * 1e3}})
+
         window = TimeWindow(as_of=as_of, since=since, until=until)
-        if self.cache.holds(key):
-            # A result is kept under this key: the stamp says whether it answers, read before anything starts.
-            version = self._version(user_id)
-            hit = self.cache.get(key, version)
-            if hit is not None:
-                return hit.model_copy(
-                    update={"cached": True, "timings_ms": {"cache": (time.perf_counter() - t0) * 1e3}}
-                )
-            begun = self._begin(user_id, query, recipe, window, version)
-            qvec = self.embedder.encode_one(query)
-        else:
-            # A miss whatever the stamp: a reader thread reads the stamp, starts the catch-up and the keyword
-            # search and reads the weights while this one embeds the query (ONNX releases the GIL). The
-            # stamp's read is done long before the encoder is, so this thread finds it done and no hand-off
-            # wakes it, where embedding on a reader thread woke it after every encoder run.
-            starting = self._threads.submit(self._begin, user_id, query, recipe, window)
-            qvec = self.embedder.encode_one(query)
-            begun = starting.result()
-        version, snapshot, catching, keyword = begun.version, begun.snapshot, begun.catching, begun.keyword
-        weights, weights_source = begun.weights
+        snapshot = self.snapshots.get(user_id, version)
+        # After a write (any host's), copies a few writes behind are caught up on a reader thread while the
+        # query is embedded (one read of what changed, ``CatchUps``), unless a writer's signal already did;
+        # "catchup" is how long the recall waited for it after embedding.
+        catching = self.catchups.start(user_id, version)
+        # The keyword search needs the snapshot at ``version``: when the one held is older and a catch-up runs,
+        # it waits for that catch-up on its reader thread, so both run while the query is embedded (with no
+        # snapshot held it asks the store, which is current).
+        after = catching if snapshot is None and self.snapshots.peek(user_id) is not None else None
+        keyword = self._keyword(user_id, query, recipe, window, snapshot, after=after, version=version)
+        weights, weights_source = self.weights_for(user_id)  # a store read now and then: while the encoder runs
+        qvec = self.embedder.encode_one(query) if embedding is None else embedding.result()
         t1 = time.perf_counter()
         timings["embed"] = (t1 - t0) * 1e3
         if catching is not None:
@@ -229,26 +219,6 @@ class RecallReader:
         self._log_recall(user_id, recall_id, items)
         self.cache.put(key, version, self.settings.cache_ttl_s, result)
         return result
-
-    def _begin(
-        self, user_id: str, query: str, recipe: RecallRecipe, window: TimeWindow, version: Stamp | None = None
-    ) -> _Begun:
-        """What a recall starts before it needs its query's embedding: the stamp's read (unless ``version``
-        is given), the catch-up of copies behind it, the keyword search, and the weights' read."""
-        if version is None:
-            version = self._version(user_id)
-        snapshot = self.snapshots.get(user_id, version)
-        # After a write (any host's), copies a few writes behind are caught up on a reader thread while the
-        # query is embedded (one read of what changed, ``CatchUps``), unless a writer's signal already did;
-        # "catchup" is how long the recall waited for it after embedding.
-        catching = self.catchups.start(user_id, version)
-        # The keyword search needs the snapshot at ``version``: when the one held is older and a catch-up runs,
-        # it waits for that catch-up on its reader thread, so both run while the query is embedded (with no
-        # snapshot held it asks the store, which is current).
-        after = catching if snapshot is None and self.snapshots.peek(user_id) is not None else None
-        keyword = self._keyword(user_id, query, recipe, window, snapshot, after=after, version=version)
-        # a store read now and then: while the encoder runs
-        return _Begun(version, snapshot, catching, keyword, self.weights_for(user_id))
 
     def _keyword(
         self,
