@@ -33,6 +33,7 @@ from engram_api.storage.snapshot.keywords import KeywordIndex
 from engram_api.storage.snapshot.overlay import Overlay, merge_due
 from engram_api.storage.snapshot.removal import without
 from engram_api.storage.snapshot.rows import (
+    ARCHIVED,
     CHUNK_FACTS,
     CHUNK_ROWS,
     EPISODE,
@@ -293,13 +294,16 @@ class UserSnapshot:
             for x in (rows[fid][SUBJECT], rows[fid][OBJECT])
         ]
         seeds = [s for s in dict.fromkeys([*q.seeds, *from_facts]) if s and s not in avoid]
+        # Each fact's validity at ``at`` is judged once a step (``rows.valid_at`` inlined: ``at`` is an
+        # instant), and a kept fact's importance is noted as it is read: the orders below read it there.
         valid: dict[str, bool] = {}
+        importance: dict[str, float] = {}
         best: dict[str, int] = {}
         for seed in seeds:
             level: dict[str, int] = {}
             seen, frontier = {seed}, [seed]
             for depth in range(q.max_hops + 1):
-                later: list[str] = []
+                read: list[Row] = []  # the valid facts read at this depth, in order: the next depth's entities
                 # An entity that yields ``need`` new facts at this depth ends the walk (the level is full),
                 # and the depth's best ``need`` are among each entity's first ``need``: read no further.
                 need = q.per_seed - len(level)
@@ -311,24 +315,34 @@ class UserSnapshot:
                         fact = recent.get(fid) or base[fid]  # two dicts' lookups (C), not a Mapping's
                         ok = valid.get(fid)
                         if ok is None:
-                            ok = valid[fid] = valid_at(fact, at)
+                            until = fact[VALID_UNTIL]
+                            ok = valid[fid] = (
+                                not fact[ARCHIVED] and fact[VALID_FROM] <= at and (until is None or at < until)
+                            )
                         if not ok:
                             continue
                         if fid not in level:
                             level[fid] = depth
+                            importance[fid] = fact[IMPORTANCE]
                             new += 1
-                        if depth < q.max_hops:
-                            for x in (fact[SUBJECT], fact[OBJECT]):
-                                if x and x not in avoid and x not in seen:
-                                    seen.add(x)
-                                    later.append(x)
-                frontier = later
-                if len(level) >= q.per_seed or not frontier:
+                        read.append(fact)
+                if len(level) >= q.per_seed or depth == q.max_hops:
+                    break
+                # Only a walk going deeper needs the entities its facts reach (most fill their level at once).
+                frontier = []
+                for fact in read:
+                    for x in (fact[SUBJECT], fact[OBJECT]):
+                        if x and x not in avoid and x not in seen:
+                            seen.add(x)
+                            frontier.append(x)
+                if not frontier:
                     break
             # (hops, importance descending, id descending): the stores read a seed's facts in that order
             by_id = sorted(level.items(), reverse=True)
-            nearest = sorted(by_id, key=lambda kv: (kv[1], -rows[kv[0]][IMPORTANCE]))
+            nearest = sorted(by_id, key=lambda kv: (kv[1], -importance[kv[0]]))
             for fid, hops in nearest[: q.per_seed]:
-                best[fid] = min(hops, best.get(fid, hops))
-        ranked = sorted(best.items(), key=lambda kv: (kv[1], -rows[kv[0]][IMPORTANCE], kv[0]))
+                held = best.get(fid)
+                if held is None or hops < held:
+                    best[fid] = hops
+        ranked = sorted(best.items(), key=lambda kv: (kv[1], -importance[kv[0]], kv[0]))
         return ranked[: q.limit]
