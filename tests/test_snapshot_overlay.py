@@ -136,8 +136,9 @@ def test_a_supersession_in_the_overlay_hides_the_base_record_and_leaves_the_base
 
 def test_removed_records_leave_the_snapshot_as_one_built_whole_without_them() -> None:
     """A write that removed records (a forget, expired chunks) is taken in from the removed ids
-    (``removal.without``): every read answers as a snapshot built whole from the records that remain, a
-    chunk no longer lists a removed fact, and the keyword statistics are the remaining documents'."""
+    (``removal.without``), in the overlay (the base neither folded nor copied, the keyword positions kept):
+    every read answers as a snapshot built whole from the records that remain, a chunk no longer lists a
+    removed fact, the keyword statistics are the remaining documents', and its fold is that whole build."""
     rng = random.Random(5)
     people, facts, chunks = _world(rng, 120)
     facts = [f.model_copy(update={"source_ids": [f"ep-{i % 60}"]}) for i, f in enumerate(facts)]
@@ -157,10 +158,14 @@ def test_removed_records_leave_the_snapshot_as_one_built_whole_without_them() ->
         chunks_gone = {c.id for c in every_chunk.values() if c.episode_id == episode}
         stamp = Stamp(1, 2 * round_ + 1)
         assert held.refreshed(stamp, stamp.version, [], [], max_records=1000) is None  # the ids unknown
+        base_rows, base_table = held.facts.base, held.keywords.facts
         held = held.refreshed(
             stamp, stamp.version, [], [], max_records=1000, gone=[*dropped, *chunks_gone, "ent-not-held"]
         )
         assert held is not None and held.stamp == stamp
+        # held in the overlay: the base's rows and keyword positions as they were, nothing folded
+        assert held.facts.base is base_rows and held.keywords.facts.ids == base_table.ids
+        assert held.recent_size >= len(dropped)
         every_fact = {i: f for i, f in every_fact.items() if i not in dropped}
         every_chunk = {
             i: c.model_copy(update={"fact_ids": [f for f in c.fact_ids if f not in dropped]})
@@ -168,8 +173,10 @@ def test_removed_records_leave_the_snapshot_as_one_built_whole_without_them() ->
             if i not in chunks_gone
         }
         whole = UserSnapshot.of(USER, stamp, every_fact.values(), every_chunk.values())
-        assert held.touching == whole.touching and held.episodes == whole.episodes
-        assert _answers(held, people) == _answers(whole, people)
+        folded = held.merged()
+        assert folded.touching == whole.touching and folded.episodes == whole.episodes
+        assert len(held.facts) == len(whole.facts) and len(held.chunks) == len(whole.chunks)
+        assert _answers(held, people) == _answers(whole, people) == _answers(folded, people)
         for words in QUERIES:
             for hit, truth in zip(held.keyword_search(words, 50), whole.keyword_search(words, 50), strict=True):
                 assert (hit.node_id, hit.score) == (truth.node_id, truth.score)
