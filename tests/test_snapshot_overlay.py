@@ -17,9 +17,9 @@ from engram_api.models import ChunkRecord, FactRecord
 from engram_api.reader.facts import SnapshotCache
 from engram_api.storage.graph.step import GraphStepQuery
 from engram_api.storage.snapshot.graph import UserSnapshot
-from engram_api.storage.snapshot.keywords import KeywordTable
+from engram_api.storage.snapshot.keywords import KeywordTable, stems
 from engram_api.storage.snapshot.overlay import merge_due
-from engram_api.storage.snapshot.removal import table_without
+from engram_api.storage.snapshot.removal import compacted, table_without
 from engram_api.versions import Stamp
 from tests.support.factories import T0, at, make_entity, make_fact
 
@@ -136,8 +136,9 @@ def test_a_supersession_in_the_overlay_hides_the_base_record_and_leaves_the_base
 
 def test_removed_records_leave_the_snapshot_as_one_built_whole_without_them() -> None:
     """A write that removed records (a forget, expired chunks) is taken in from the removed ids
-    (``removal.without``): every read answers as a snapshot built whole from the records that remain, a
-    chunk no longer lists a removed fact, and the keyword statistics are the remaining documents'."""
+    (``removal.without``), in the overlay (the base neither folded nor copied, the keyword positions kept):
+    every read answers as a snapshot built whole from the records that remain, a chunk no longer lists a
+    removed fact, the keyword statistics are the remaining documents', and its fold is that whole build."""
     rng = random.Random(5)
     people, facts, chunks = _world(rng, 120)
     facts = [f.model_copy(update={"source_ids": [f"ep-{i % 60}"]}) for i, f in enumerate(facts)]
@@ -157,10 +158,14 @@ def test_removed_records_leave_the_snapshot_as_one_built_whole_without_them() ->
         chunks_gone = {c.id for c in every_chunk.values() if c.episode_id == episode}
         stamp = Stamp(1, 2 * round_ + 1)
         assert held.refreshed(stamp, stamp.version, [], [], max_records=1000) is None  # the ids unknown
+        base_rows, base_table = held.facts.base, held.keywords.facts
         held = held.refreshed(
             stamp, stamp.version, [], [], max_records=1000, gone=[*dropped, *chunks_gone, "ent-not-held"]
         )
         assert held is not None and held.stamp == stamp
+        # held in the overlay: the base's rows and keyword positions as they were, nothing folded
+        assert held.facts.base is base_rows and held.keywords.facts.ids == base_table.ids
+        assert held.recent_size >= len(dropped)
         every_fact = {i: f for i, f in every_fact.items() if i not in dropped}
         every_chunk = {
             i: c.model_copy(update={"fact_ids": [f for f in c.fact_ids if f not in dropped]})
@@ -168,8 +173,10 @@ def test_removed_records_leave_the_snapshot_as_one_built_whole_without_them() ->
             if i not in chunks_gone
         }
         whole = UserSnapshot.of(USER, stamp, every_fact.values(), every_chunk.values())
-        assert held.touching == whole.touching and held.episodes == whole.episodes
-        assert _answers(held, people) == _answers(whole, people)
+        folded = held.merged()
+        assert folded.touching == whole.touching and folded.episodes == whole.episodes
+        assert len(held.facts) == len(whole.facts) and len(held.chunks) == len(whole.chunks)
+        assert _answers(held, people) == _answers(whole, people) == _answers(folded, people)
         for words in QUERIES:
             for hit, truth in zip(held.keyword_search(words, 50), whole.keyword_search(words, 50), strict=True):
                 assert (hit.node_id, hit.score) == (truth.node_id, truth.score)
@@ -209,20 +216,42 @@ def test_the_overlay_is_folded_now_and_then_off_the_path() -> None:
     assert cache.peek(USER) is folded  # nothing due: left as it is
 
 
-def test_a_keyword_table_without_some_documents_is_the_table_built_from_the_rest() -> None:
-    """``table_without`` against ``KeywordTable.of`` over the remaining documents: the same ids in order, the
-    same lengths and id ranks, and every term's postings equal (positions and frequencies, their dtypes),
-    with terms whose documents all went dropped and terms wholly before the first removed left as they were."""
+def _same_table(got: KeywordTable, want: KeywordTable) -> None:
+    """The same ids in order, lengths, id ranks and every term's postings (positions and frequencies, their
+    dtypes)."""
+    assert got.ids == want.ids and np.array_equal(got.lengths, want.lengths) and got.holes == want.holes
+    assert np.array_equal(got.sorted_ids, want.sorted_ids) and np.array_equal(got.rank, want.rank)
+    assert got.postings.keys() == want.postings.keys()
+    for term, (places, tf) in want.postings.items():
+        assert got.postings[term][0].dtype == places.dtype and np.array_equal(got.postings[term][0], places)
+        assert np.array_equal(got.postings[term][1], tf)
+
+
+def test_a_removed_keyword_document_leaves_a_hole_and_the_table_answers_as_one_built_from_the_rest() -> None:
+    """``table_without`` leaves every other document at its position and copies only the removed documents'
+    terms' postings (a hole, out of the statistics): its search answers exactly as ``KeywordTable.of`` over
+    the remaining documents (ids, order, scores), taking the same documents out again changes nothing, and
+    once the holes are ``merge_due``'s share it is, as ``compacted`` always is, that table itself."""
     rng = random.Random(11)
     words = [f"w{i}" for i in range(40)]
     docs = [(f"doc-{i:03d}", " ".join([*rng.choices(words, k=rng.randint(1, 6)), f"only{i}"])) for i in range(200)]
     table = KeywordTable.of(docs)
+    queries = [stems(q) for q in ("w1", "w2 w3 only7", "only0 only199 w5", "w0 w1 w2 w3 w4 w5 w6 w7", "nothing")]
     for gone in ([docs[0][0]], [docs[-1][0]], [d for d, _ in rng.sample(docs, 30)], [d for d, _ in docs[50:]]):
-        got = table_without(table, [*gone, "not-a-doc"])
+        texts = dict(docs)
+        got = table_without(table, {**{d: texts[d] for d in gone}, "not-a-doc": "w1"})
         want = KeywordTable.of(d for d in docs if d[0] not in gone)
-        assert got.ids == want.ids and np.array_equal(got.lengths, want.lengths)
-        assert np.array_equal(got.sorted_ids, want.sorted_ids) and np.array_equal(got.rank, want.rank)
-        assert got.postings.keys() == want.postings.keys()
-        for term, (places, tf) in want.postings.items():
-            assert got.postings[term][0].dtype == places.dtype and np.array_equal(got.postings[term][0], places)
-            assert np.array_equal(got.postings[term][1], tf)
+        if merge_due(len(gone), len(docs)):
+            _same_table(got, want)
+        else:
+            assert got.ids == table.ids and got.holes == {table.ids.index(d) for d in gone}
+            assert got.live == len(want.ids) and got.lengths.sum() == want.lengths.sum()
+            touched = {t for d in gone for t in stems(texts[d])}
+            assert all(got.postings[t] is p for t, p in table.postings.items() if t not in touched)
+            assert table_without(got, {d: texts[d] for d in gone}) is got
+            _same_table(compacted(got, ()), want)
+        for terms in queries:
+            for k in (1, 5, 500):
+                assert got.ranked(terms, k, lambda i: True) == want.ranked(terms, k, lambda i: True)
+                odd = got.ranked(terms, k, lambda i: int(i[-1]) % 2 == 1)
+                assert odd == want.ranked(terms, k, lambda i: int(i[-1]) % 2 == 1)

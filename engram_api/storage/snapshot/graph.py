@@ -160,13 +160,13 @@ class UserSnapshot:
         return UserSnapshot(
             user_id=self.user_id, stamp=self.stamp, facts=facts, chunks=self.chunks.merged(),
             touching=self.recent.merged_touching(self.touching, facts.rows()),
-            episodes={**self.episodes, **self.recent.episodes}, keywords=self.keywords.merged(),
+            episodes=self.recent.merged_episodes(self.episodes), keywords=self.keywords.merged(),
         )  # fmt: skip
 
     @property
     def recent_size(self) -> int:
-        """The records held in the overlay (new ones, and new versions of the base's)."""
-        return len(self.facts.recent) + len(self.chunks.recent)
+        """The records held in the overlay (new ones, new versions of the base's, the base's removed)."""
+        return len(self.facts.recent) + len(self.chunks.recent) + len(self.facts.gone) + len(self.chunks.gone)
 
     @property
     def merge_due(self) -> bool:

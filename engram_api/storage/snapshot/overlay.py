@@ -21,13 +21,14 @@ records (at least ``MERGE_MIN``), ``UserSnapshot.merged`` folds it into a new ba
 
 Invariants: a snapshot with an overlay answers every read exactly as the snapshot its merge gives, and as
 one built whole from the same records (``tests/test_snapshot_overlay.py``): the same records, each
-entity's facts in the same order, the same keyword hits with the same scores. Removals are not kept in an
-overlay: a write that removed records folds it and copies the base without them (``removal.without``).
+entity's facts in the same order, the same keyword hits with the same scores. Removals are kept in it too
+(``removal.without``): a removed base record is hidden (``RecordRows.gone``, ``Reranked.gone``, its
+episode's list in ``episodes``, a hole in the keyword tables), and counts towards the fold as a record.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from engram_api.storage.snapshot.rows import IMPORTANCE, Row
@@ -87,11 +88,36 @@ class Overlay:
             touching[entity] = Reranked(placed=reranked(was.placed, moving, rows, was.placed), gone=was.gone | gone)
         return touching
 
+    def without_facts(self, removed: Mapping[str, Collection[str]]) -> dict[str, Reranked]:
+        """``touching`` after a removal of facts (entity -> its facts removed): they leave the placed ones,
+        and the base's order skips them."""
+        touching = dict(self.touching)
+        for entity, gone in removed.items():
+            was = touching.get(entity, Reranked())
+            placed = tuple(i for i in was.placed if i not in gone)
+            touching[entity] = Reranked(placed=placed, gone=was.gone | frozenset(gone))
+        return touching
+
     def merged_touching(
         self, base: Mapping[str, tuple[str, ...]], rows: Mapping[str, Row]
     ) -> dict[str, tuple[str, ...]]:
-        """The base's orders with this overlay's folded in (a copy of the base's map: ``UserSnapshot.merged``)."""
-        return {**base, **{e: _folded(base.get(e, ()), moved, rows) for e, moved in self.touching.items()}}
+        """The base's orders with this overlay's folded in (a copy of the base's map: ``UserSnapshot.merged``);
+        an entity left with no fact has no entry, as in a snapshot built whole."""
+        return _nonempty(base, {e: _folded(base.get(e, ()), moved, rows) for e, moved in self.touching.items()})
+
+    def merged_episodes(self, base: Mapping[str, tuple[str, ...]]) -> dict[str, tuple[str, ...]]:
+        """The base's episode lists with this overlay's in their place (an episode left with no chunk has no
+        entry)."""
+        return _nonempty(base, self.episodes)
+
+
+def _nonempty(base: Mapping[str, tuple[str, ...]], lists: Mapping[str, tuple[str, ...]]) -> dict[str, tuple[str, ...]]:
+    """A copy of ``base`` with ``lists`` in their place, an empty one's key dropped."""
+    out = {**base, **lists}
+    for key, ids in lists.items():
+        if not ids:
+            del out[key]
+    return out
 
 
 def _folded(order: tuple[str, ...], moved: Reranked, rows: Mapping[str, Row]) -> tuple[str, ...]:

@@ -4,103 +4,139 @@ from the ids the write removed (the change feed's ``gone``, or the graph's remov
 ``user_changes`` or, off the recall's path, with ``refresh_snapshot``'s count) instead of loading the user
 whole.
 
-Why here and not in the overlay: removals are rare next to additions (a forget, a decay run), and taking a
-record out of the base's keyword statistics, entity orders and episode lists touches what the overlay is
-built to leave alone. So ``without`` first folds the overlay (``UserSnapshot.merged``, the copy a fold
-costs off the path anyway: ~10 ms of CPU at 100K facts) and then copies the base's maps without the
-removed records: a few dict and array copies, never a read of the store nor a restem of any text.
+How: as an addition, in the snapshot's overlay (``overlay``), so a removal costs what it removed, not
+the user's size: the removed rows hidden (``RecordRows.without``), each removed fact skipped in its
+entities' orders (``Reranked.gone``), a removed chunk's episode list held whole in the overlay, a chunk
+that listed a removed fact held again without it, and each removed document a hole in its keyword table
+(``table_without``: the removed text restemmed, its terms' postings copied). Folding the overlay and
+copying the base's maps without the records, as it was done, cost a 10K-fact reader's catch-up of one
+forget ~3-10 ms of CPU on the recall's path; the fold now comes when the overlay is due, off it.
 
 Invariants: the snapshot ``without`` returns answers every read exactly as one built whole from the
 records that remain (``tests/test_snapshot_overlay.py``): the same rows, each entity's facts in the same
 rank order, each episode's chunks in the same order, a chunk's ``fact_ids`` without a removed fact, and
-the same keyword hits with the same scores (``table_without`` keeps the documents' order, so the BM25
-statistics and the id tie-break are the remaining documents', exactly). Ids the snapshot does not hold
-(entities, records of another read) are ignored: applying a removal again is harmless.
+the same keyword hits with the same scores (``table_without`` leaves a hole where a removed document was,
+out of the BM25 statistics, and every other document at its position, so the statistics and the id
+tie-break are the remaining documents', exactly; ``compacted`` drops the holes once they are many). Ids
+the snapshot does not hold (entities, records of another read) are ignored: applying a removal again is
+harmless.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Collection, Mapping
 from itertools import chain
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from engram_api.storage.snapshot.keywords import KeywordIndex, KeywordTable
-from engram_api.storage.snapshot.rows import CHUNK_FACTS, EPISODE, OBJECT, SUBJECT, RecordRows
+from engram_api.storage.snapshot.keywords import KeywordIndex, KeywordTable, stems
+from engram_api.storage.snapshot.overlay import Overlay, merge_due
+from engram_api.storage.snapshot.rows import CHUNK_FACTS, EPISODE, OBJECT, STATEMENT, SUBJECT
 
 if TYPE_CHECKING:
     from engram_api.storage.snapshot.graph import UserSnapshot
 
-__all__ = ["table_without", "without"]
+__all__ = ["compacted", "table_without", "without"]
 
 
 def without(snapshot: UserSnapshot, gone: Collection[str]) -> UserSnapshot:
-    """``snapshot`` (at its stamp) with the facts and chunks among ``gone`` removed, its overlay folded;
-    itself when it holds none of them."""
+    """``snapshot`` (at its stamp) with the facts and chunks among ``gone`` removed, in its overlay; itself
+    when it holds none of them."""
     held_facts, held_chunks = snapshot.facts.rows(), snapshot.chunks.rows()
     facts_gone = {i for i in gone if i in held_facts}
     chunks_gone = {i for i in gone if i in held_chunks}
     if not facts_gone and not chunks_gone:
         return snapshot
-    base = snapshot.merged()
-    facts, chunks = dict(base.facts.base), dict(base.chunks.base)  # copied whole, then the few go: C-speed
-    for i in facts_gone:
-        del facts[i]
-    for i in chunks_gone:
-        del chunks[i]
     removed = [held_facts[i] for i in facts_gone]
     # A chunk lists the facts its episode stated: those removed leave the lists of their episodes' chunks.
+    restated = {}
     for episode in {e for row in removed for e in row.source_ids}:
-        for cid in base.episode_chunk_ids(episode):
-            row = chunks.get(cid)
-            if row is not None and not facts_gone.isdisjoint(row[CHUNK_FACTS]):
-                chunks[cid] = row._replace(fact_ids=tuple(f for f in row[CHUNK_FACTS] if f not in facts_gone))
-    touching = _pruned(base.touching, {e for row in removed for e in (row[SUBJECT], row[OBJECT]) if e}, facts_gone)
-    episodes = _pruned(base.episodes, {held_chunks[i][EPISODE] for i in chunks_gone}, chunks_gone)
-    keywords = KeywordIndex(
-        chunks=table_without(base.keywords.chunks, chunks_gone), facts=table_without(base.keywords.facts, facts_gone)
-    )
+        for cid in snapshot.episode_chunk_ids(episode):
+            row = held_chunks.get(cid)
+            if row is not None and cid not in chunks_gone and not facts_gone.isdisjoint(row[CHUNK_FACTS]):
+                restated[cid] = row._replace(fact_ids=tuple(f for f in row[CHUNK_FACTS] if f not in facts_gone))
+    by_entity: dict[str, set[str]] = {}
+    for row in removed:
+        for entity in (row[SUBJECT], row[OBJECT]):
+            if entity:
+                by_entity.setdefault(entity, set()).add(row.id)
+    episodes = dict(snapshot.recent.episodes)
+    for episode in {held_chunks[i][EPISODE] for i in chunks_gone}:
+        episodes[episode] = tuple(c for c in snapshot.episode_chunk_ids(episode) if c not in chunks_gone)
+    chunk_texts = {i: held_chunks[i].indexed_text for i in chunks_gone}
+    fact_texts = {i: held_facts[i][STATEMENT] for i in facts_gone}
     return dataclasses.replace(
-        base, facts=RecordRows(base.facts.shape, facts), chunks=RecordRows(base.chunks.shape, chunks),
-        touching=touching, episodes=episodes, keywords=keywords,
-    )  # fmt: skip
+        snapshot,
+        facts=snapshot.facts.without(facts_gone),
+        chunks=snapshot.chunks.without(chunks_gone).with_rows(restated),
+        keywords=_index_without(snapshot.keywords, chunk_texts, fact_texts),
+        recent=Overlay(touching=snapshot.recent.without_facts(by_entity), episodes=episodes),
+    )
 
 
-def _pruned(
-    lists: Mapping[str, tuple[str, ...]], keys: Iterable[str], gone: Collection[str]
-) -> dict[str, tuple[str, ...]]:
-    """A copy of ``lists`` whose ``keys``' lists hold none of ``gone`` (a list left empty goes, as a
-    snapshot built whole has no entry for an entity no fact mentions, nor an episode with no chunk)."""
-    out = dict(lists)
-    for key in keys:
-        kept = out.get(key, ())
-        for i in gone:  # each found by ``tuple.index`` and cut out: the user's own node lists ~80K facts
-            if i in kept:
-                at = kept.index(i)
-                kept = kept[:at] + kept[at + 1 :]
-        if kept:
-            out[key] = kept
+def _index_without(index: KeywordIndex, chunks: Mapping[str, str], facts: Mapping[str, str]) -> KeywordIndex:
+    """``index`` (its base and recent tables) without the documents among ``chunks`` and ``facts`` (id ->
+    the text it was indexed from)."""
+    recent = None if index.recent is None else _index_without(index.recent, chunks, facts)
+    return KeywordIndex(
+        chunks=table_without(index.chunks, chunks), facts=table_without(index.facts, facts), recent=recent
+    )
+
+
+def table_without(table: KeywordTable, gone: Mapping[str, str]) -> KeywordTable:
+    """``table`` without the documents among ``gone`` (id -> the text it was indexed from), each left a hole
+    (``KeywordTable.holes``): only the postings of its own terms and the lengths are copied, every other
+    position stays (a renumbering of every posting after the first removed cost ~8 ms at 10K facts, on a
+    reader's catch-up). Once the holes are ``overlay.merge_due``'s share of the table, ``compacted``."""
+    at = {pos: gone[i] for i, pos in _positions(table, list(gone)).items()}
+    if not at:
+        return table
+    terms = {pos: stems(text) for pos, text in at.items()}
+    if any(len(t) != table.lengths[pos] for pos, t in terms.items()):  # not the text it was indexed from
+        return compacted(table, at)
+    places = np.fromiter(at, dtype=np.int64, count=len(at))
+    lengths = table.lengths.copy()
+    lengths[places] = 0.0
+    postings = dict(table.postings)
+    for term in {term for t in terms.values() for term in t}:
+        where, tf = postings[term]
+        kept = ~np.isin(where, places)
+        if kept.any():
+            postings[term] = (where[kept], tf[kept])
         else:
-            out.pop(key, None)
+            del postings[term]
+    out = dataclasses.replace(table, lengths=lengths, postings=postings, holes=table.holes | at.keys())
+    return compacted(out, ()) if merge_due(len(out.holes), len(out.ids)) else out
+
+
+def _positions(table: KeywordTable, ids: list[str]) -> dict[str, int]:
+    """The position of each of ``ids`` the table holds (a hole's id is not held: removed before, it has
+    nothing left to take out)."""
+    if not table.ids or not ids:
+        return {}
+    wanted = np.asarray([i.encode() for i in ids], dtype=bytes)
+    # An id removed and written again is held twice, once as a hole: the other is its position.
+    firsts = np.searchsorted(table.sorted_ids, wanted).tolist()
+    lasts = np.searchsorted(table.sorted_ids, wanted, side="right").tolist()
+    out = {}
+    for i, first, last in zip(ids, firsts, lasts, strict=True):
+        held = [p for p in table.by_id[first:last].tolist() if p not in table.holes]
+        if held:
+            out[i] = held[0]
     return out
 
 
-def table_without(table: KeywordTable, gone: Collection[str]) -> KeywordTable:
-    """``table`` without the documents among ``gone``, the others in their order (positions shifted down):
-    what ``KeywordTable.of`` builds from the remaining documents, with no text stemmed again."""
+def compacted(table: KeywordTable, drop: Collection[int]) -> KeywordTable:
+    """``table`` without its holes and the documents at positions ``drop``, the others in their order
+    (positions shifted down): what ``KeywordTable.of`` builds from the remaining documents, with no text
+    stemmed again."""
     n = len(table.ids)
-    if not n or not gone:
-        return table
-    wanted = np.asarray([i.encode() for i in gone], dtype=bytes)
-    slots = np.searchsorted(table.sorted_ids, wanted)
-    inside = slots < n
-    found = slots[inside][table.sorted_ids[slots[inside]] == wanted[inside]]
-    if not len(found):
+    if not table.holes and not drop:
         return table
     keep = np.ones(n, dtype=bool)
-    keep[table.by_id[found]] = False
+    keep[[*table.holes, *drop]] = False
     first = int(np.flatnonzero(~keep)[0])
     position = np.cumsum(keep) - 1  # old position -> new one (for the kept)
     postings: dict[str, tuple[np.ndarray, np.ndarray]] = {}

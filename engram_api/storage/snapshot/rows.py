@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import sys
 from collections import namedtuple
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Generic, TypeAlias, TypeVar, get_args, get_origin
@@ -144,16 +144,24 @@ def valid_at(fact: Row, at: datetime | None) -> bool:
 
 class RecordRows(Mapping[str, V], Generic[M, V]):
     """Records by id, held as rows of ``shape`` (its views; ``shape.record`` builds one's model back): an
-    immutable base and the rows written since (``recent``: new records and new versions of base ones),
-    which ``with_records`` grows without copying the base and ``merged`` folds in (``overlay``'s policy)."""
+    immutable base, the rows written since (``recent``: new records and new versions of base ones) and
+    the base's ids removed since (``gone``: hidden, never in ``recent``), which ``with_rows`` and
+    ``without`` grow without copying the base and ``merged`` folds in (``overlay``'s policy)."""
 
-    __slots__ = ("_base", "_recent", "_view", "shape")
+    __slots__ = ("_base", "_gone", "_recent", "_view", "shape")
 
-    def __init__(self, shape: RowShape[M, V], rows: dict[str, V], recent: dict[str, V] | None = None) -> None:
+    def __init__(
+        self,
+        shape: RowShape[M, V],
+        rows: dict[str, V],
+        recent: dict[str, V] | None = None,
+        gone: frozenset[str] = frozenset(),
+    ) -> None:
         self.shape = shape
         self._base = rows
         self._recent = recent or {}
-        self._view: Mapping[str, V] = _Layered(self._recent, rows) if self._recent else rows
+        self._gone = gone
+        self._view: Mapping[str, V] = _Layered(self._recent, rows, gone) if self._recent or gone else rows
 
     @classmethod
     def of(cls, shape: RowShape[M, V], records: Iterable[M]) -> RecordRows[M, V]:
@@ -161,11 +169,31 @@ class RecordRows(Mapping[str, V], Generic[M, V]):
 
     def with_records(self, records: Iterable[M]) -> RecordRows[M, V]:
         """These rows with those of ``records`` added or in their place: only the recent rows are copied."""
-        return RecordRows(self.shape, self._base, {**self._recent, **{r.id: self.shape.row(r) for r in records}})
+        return self.with_rows({r.id: self.shape.row(r) for r in records})
+
+    def with_rows(self, rows: Mapping[str, V]) -> RecordRows[M, V]:
+        """These rows with ``rows`` added or in their place: only the recent rows are copied."""
+        return RecordRows(self.shape, self._base, {**self._recent, **rows}, self._gone - rows.keys())
+
+    def without(self, ids: Collection[str]) -> RecordRows[M, V]:
+        """These rows without those of ``ids``: a base's row is hidden (``gone``), only the recent rows are
+        copied."""
+        recent = {i: row for i, row in self._recent.items() if i not in ids}
+        return RecordRows(self.shape, self._base, recent, self._gone | {i for i in ids if i in self._base})
 
     def merged(self) -> RecordRows[M, V]:
-        """The same rows in one base (a copy of the base: the cost ``with_records`` defers)."""
-        return RecordRows(self.shape, {**self._base, **self._recent}) if self._recent else self
+        """The same rows in one base (a copy of the base: the cost ``with_rows`` and ``without`` defer)."""
+        if not self._recent and not self._gone:
+            return self
+        rows = {**self._base, **self._recent}
+        for i in self._gone:
+            del rows[i]
+        return RecordRows(self.shape, rows)
+
+    @property
+    def gone(self) -> frozenset[str]:
+        """The base's ids removed since the base."""
+        return self._gone
 
     @property
     def recent(self) -> Mapping[str, V]:
@@ -178,7 +206,7 @@ class RecordRows(Mapping[str, V], Generic[M, V]):
         return self._base
 
     def rows(self) -> Mapping[str, V]:
-        """The rows by id: the plain dict when nothing is recent (the hot loops' lookups skip ``Mapping``'s)."""
+        """The rows by id: the plain dict when nothing is recent nor gone (the hot loops' lookups skip ``Mapping``'s)."""
         return self._view
 
     def __getitem__(self, record_id: str) -> V:
@@ -195,27 +223,32 @@ class RecordRows(Mapping[str, V], Generic[M, V]):
 
 
 class _Layered(Mapping[str, V]):
-    """``recent`` over ``base``: a recent row hides the base's row of its id."""
+    """``recent`` over ``base`` without ``gone`` (base ids none of ``recent``): a recent row hides the base's
+    row of its id, a gone id is not held."""
 
-    __slots__ = ("_base", "_len", "_recent")
+    __slots__ = ("_base", "_gone", "_len", "_recent")
 
-    def __init__(self, recent: dict[str, V], base: dict[str, V]) -> None:
-        self._recent, self._base = recent, base
-        self._len = len(base) + sum(1 for i in recent if i not in base)
+    def __init__(self, recent: dict[str, V], base: dict[str, V], gone: frozenset[str]) -> None:
+        self._recent, self._base, self._gone = recent, base, gone
+        self._len = len(base) - len(gone) + sum(1 for i in recent if i not in base)
 
     def __getitem__(self, record_id: str) -> V:
         row = self._recent.get(record_id)
+        if row is None and record_id in self._gone:
+            raise KeyError(record_id)
         return self._base[record_id] if row is None else row
 
     def get(self, record_id: str, default: Any = None) -> Any:
         row = self._recent.get(record_id)
-        return self._base.get(record_id, default) if row is None else row
+        if row is None:
+            return default if record_id in self._gone else self._base.get(record_id, default)
+        return row
 
     def __contains__(self, record_id: object) -> bool:
-        return record_id in self._recent or record_id in self._base
+        return record_id in self._recent or (record_id in self._base and record_id not in self._gone)
 
     def __iter__(self) -> Iterator[str]:
-        yield from self._base
+        yield from (i for i in self._base if i not in self._gone) if self._gone else self._base
         yield from (i for i in self._recent if i not in self._base)
 
     def __len__(self) -> int:
