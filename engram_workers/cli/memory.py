@@ -128,8 +128,11 @@ def context(user_id: str, query: str, max_tokens: int, as_json: bool) -> None:
         needed = 0
         if not text and not as_json:
             # "Nothing known" and "nothing fits" both give an empty block: tell them apart for a person.
+            from engram_api.reader.context import count_tokens
+
             header_and_best = client.get_context(user_id, query, 100_000).splitlines()[:2]
-            needed = -(-(len("\n".join(header_and_best)) + 1) // 4) if len(header_and_best) == 2 else 0
+            # Counted as get_context counts: each line's tokens and its line break.
+            needed = sum(count_tokens(line) + 1 for line in header_and_best) if len(header_and_best) == 2 else 0
     if as_json:
         emit_json({"user_id": user_id, "query": query, "context": text})
     elif text:
