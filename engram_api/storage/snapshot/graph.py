@@ -27,6 +27,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING
 
 from engram_api.models import ChunkRecord, FactRecord, KeywordHit
+from engram_api.storage.graph import validity
 from engram_api.storage.graph.step import GraphStepQuery
 from engram_api.storage.graph.validity import instant, overlaps
 from engram_api.storage.snapshot.keywords import KeywordIndex
@@ -294,8 +295,8 @@ class UserSnapshot:
             for x in (rows[fid][SUBJECT], rows[fid][OBJECT])
         ]
         seeds = [s for s in dict.fromkeys([*q.seeds, *from_facts]) if s and s not in avoid]
-        # Each fact's validity at ``at`` is judged once a step (``rows.valid_at`` inlined: ``at`` is an
-        # instant), and a kept fact's importance is noted as it is read: the orders below read it there.
+        # Each fact's validity at ``at`` is judged once a step (``validity.valid_at`` itself: ``at`` is
+        # already an instant), and a kept fact's importance is noted as it is read: the orders below read it.
         valid: dict[str, bool] = {}
         importance: dict[str, float] = {}
         best: dict[str, int] = {}
@@ -315,10 +316,7 @@ class UserSnapshot:
                         fact = recent.get(fid) or base[fid]  # two dicts' lookups (C), not a Mapping's
                         ok = valid.get(fid)
                         if ok is None:
-                            until = fact[VALID_UNTIL]
-                            ok = valid[fid] = (
-                                not fact[ARCHIVED] and fact[VALID_FROM] <= at and (until is None or at < until)
-                            )
+                            ok = valid[fid] = validity.valid_at(fact[VALID_FROM], fact[VALID_UNTIL], fact[ARCHIVED], at)
                         if not ok:
                             continue
                         if fid not in level:
