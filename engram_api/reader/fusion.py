@@ -37,6 +37,7 @@ from engram_api.reader.items import recall_item
 from engram_api.reader.recipe import RecallRecipe, RetrievalChannel
 from engram_api.reader.rerank import similarity_step
 from engram_api.reader.scoring import Scoring, Weights, by_rank, named, normalized, word_share
+from engram_api.reader.sessions import NO_SESSIONS, SessionShares
 from engram_api.reader.state import RecallRun, TimeWindow
 from engram_api.settings import Settings
 from engram_api.storage.faiss.files import UserIndex, VectorHit
@@ -55,6 +56,8 @@ _SEED_CHUNKS = 5  # the top episode hits whose extracted facts seed the expansio
 @dataclass
 class _Run(RecallRun):
     """A recall's steps over its state: ask the channels, bring the top hits' linked items, score."""
+
+    sessions: SessionShares = NO_SESSIONS  # each session's share of the query (``reader.sessions``)
 
     # ---------------------------------------------------------------------------------- channels
     def _rank(self, channel: RetrievalChannel, ids: Sequence[str], scores: dict[str, float]) -> None:
@@ -130,6 +133,8 @@ class _Run(RecallRun):
         for table in ("episode", "fact"):  # each table's own ranking (the stores' and the snapshot's)
             ids = [h.node_id for h in keyword if h.kind == table and self.ok(h.node_id)]
             self._rank("keyword", ids, {i: self._coverage(i, turn_stems) for i in ids})
+            if table == "episode" and self.recipe.session_boost:
+                self.sessions = SessionShares.of((self.chunks[i] for i in ids), turn_stems)
         if expanding:
             # A fact reached but not read back was forgotten while the step ran (Neo4j reads at read committed).
             reached = [fid for fid in self.hops if fid in self.facts and self.window.fact_ok(self.facts[fid])]
@@ -268,7 +273,7 @@ class _Run(RecallRun):
         unit = 1.0 / (self.recipe.rrf_k + 1) if self.recipe.fusion_mode == "rank" else 1.0
         recipe, sims, hops, cues = self.recipe, self.sims, self.hops, self.cues
         scoring = Scoring.of(self.settings, now)
-        boosting = bool(recipe.speaker_boost or recipe.when_boost or recipe.period_boost)
+        boosting = bool(recipe.speaker_boost or recipe.when_boost or recipe.period_boost or recipe.session_boost)
         for cand in self.cands.values():
             chunk = cand.chunk
             if chunk is not None and self._replaced(chunk, now):
@@ -283,6 +288,7 @@ class _Run(RecallRun):
                     recipe.speaker_boost * cues.names(chunk.speaker)
                     + recipe.when_boost * cues.answers_when(chunk.text, chunk.event_time)
                     + recipe.period_boost * cues.in_period(chunk.text, chunk.event_time)
+                    + recipe.session_boost * self.sessions.share(chunk)
                 )
         rows = scoring.rows(self.cands, sims, hops, weights.values(), fusion=recipe.fusion, unit=unit)
         rows.sort(key=lambda r: (-r[0], r[1]))  # best first, ties by id: the order docs/api.md states

@@ -15,6 +15,10 @@ learned weights apply there). A turn gets ``speaker_boost`` more when the query 
 ``when_boost`` more when the query asks when and the turn says when, and ``period_boost`` more when the
 query names a period (a month, a day, a year) and the turn was said in it or its words resolve into it
 (``reader.cues``; 2.0, chosen on the dev conversations: 0.25-1.0 gained less, 3.0 and 5.0 the same).
+A turn also gets ``session_boost`` times the share of the query's words that the keyword channel's hits
+said on its day hold together (``reader.sessions``: a session that holds the query as a whole lifts the
+turn whose own words miss it, "Austin." after "Where did you move?"; 1.0, chosen on the dev conversations:
+0.5 gained less, 1.5 the same).
 Hits bring their neighbours: a fact its source episode, an episode the facts extracted from it, and,
 with ``window`` > 0, the turns around it by another speaker (the exchange it is part of: the question a
 short answer answers); such an item gets ``link_share`` of its parent's fusion score. A fact ranks at
@@ -66,6 +70,12 @@ class RecallRecipe(BaseModel):
         2.0,
         ge=0,
         description="fusion added to a turn said in the period the query names, or whose words resolve into it",
+    )
+    session_boost: float = Field(
+        1.0,
+        ge=0,
+        description="fusion added to a turn, times the share of the query's words the keyword channel's hits "
+        "said on its day hold together (reader.sessions)",
     )
     link_share: float = Field(0.2, ge=0, le=1, description="a linked item's share of its parent's fusion score")
     links_from: int = Field(10, ge=0, le=100, description="how many top hits bring their linked items")

@@ -323,6 +323,36 @@ def test_a_question_naming_a_period_prefers_the_turn_said_in_it(memory: Memory) 
     )  # no period named: no lift at all
 
 
+def test_a_turn_is_lifted_by_the_share_of_the_query_its_session_holds(memory: Memory) -> None:
+    """"Austin." holds no word of "Where did Melanie move last year?", but the question it answers, said in the
+    same session (day), holds all three of the words a turn is scored on ("Melanie" counts by who spoke): every
+    turn of that day gains exactly ``session_boost``, a turn of a day whose hits hold one word of three a third
+    of it, and a day no hit was said on nothing; a recipe without the keyword channel lifts nothing."""
+    user = new_user()
+    _chatter(memory, user)
+    minute = 60 / 86400
+    memory.say(user, "ask", "Where did you move to last year?", at(10), speaker="Caroline")
+    memory.say(user, "answer", "Austin.", at(10 + minute), speaker="Melanie")
+    memory.say(user, "home", "I stayed home last weekend.", at(20), speaker="Melanie")
+    memory.say(user, "cake", "I baked a lemon cake.", at(20 + minute), speaker="Caroline")
+    question = "Where did Melanie move last year?"
+    boost = memory.reader.recipe().session_boost
+    assert boost > 0
+    for channels in (DEFAULT_RECIPE.channels, ("keyword",)):
+        lifted = _scores(memory, user, question, channels=channels)
+        plain = _scores(memory, user, question, channels=channels, session_boost=0.0)
+        for mid, share in (("ask", 1.0), ("answer", 1.0), ("home", 1 / 3), ("cake", 1 / 3)):
+            if mid in plain:
+                assert lifted[mid] - plain[mid] == pytest.approx(boost * share, abs=1e-5), mid
+        assert "answer" in lifted
+        for mid in (m for m in plain if m.startswith("filler")):  # days no hit was said on
+            assert lifted[mid] == pytest.approx(plain[mid], abs=1e-5)
+    no_keyword = {"channels": NO_KEYWORD.channels}
+    assert _scores(memory, user, question, **no_keyword) == pytest.approx(
+        _scores(memory, user, question, **no_keyword, session_boost=0.0)
+    )
+
+
 def test_the_top_items_are_rescored_by_how_like_the_query_they_are(memory: Memory) -> None:
     """The similarity step (``reader.rerank``): among the top ``rerank_depth`` items the one most like the query
     gains exactly ``rerank_similarity``, the least like it nothing, the rest in proportion to their similarity;
