@@ -187,7 +187,14 @@ def run_locomo(ctx: BenchContext, stack: Any) -> tuple[list[Table], dict[str, An
         "episodes only": base.with_channels("episode_vector"),
         "keyword only": base.with_channels("keyword"),
         "BM25 ranking, bare": base.with_channels("keyword").model_copy(
-            update={"window": 0, "link_share": 0.0, "speaker_boost": 0.0, "when_boost": 0.0, "period_boost": 0.0}
+            update={
+                "window": 0,
+                "link_share": 0.0,
+                "speaker_boost": 0.0,
+                "when_boost": 0.0,
+                "period_boost": 0.0,
+                "session_boost": 0.0,
+            }
         ),
     }
     sums: dict[tuple[str, Any], list[tuple[float, ...]]] = defaultdict(list)
