@@ -25,17 +25,14 @@ encoded once per run with the reader's encoder (MiniLM).
 
 from __future__ import annotations
 
-import argparse
 import re
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
-from benchlib import load_json
-from quality_locomo import CATEGORIES, _scores
+from quality_locomo import CATEGORIES, _scores, kept_store
 
 from engram_api.reader.recipe import DEFAULT_RECIPE
 from engram_api.reader.rerank import similarity_step
@@ -211,18 +208,7 @@ def variants(signals: Signals) -> dict[str, Callable[[Question], list[list[str]]
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data-dir", required=True, type=Path, help="the data folder of an ingested SQLite store")
-    parser.add_argument("--users", required=True, help="conversation=user id, comma-separated")
-    parser.add_argument("--datasets", type=Path, default=Path("/work/shared/datasets"))
-    args = parser.parse_args()
-    from engram_api import MemoryClient
-    from engram_api.settings import Settings
-
-    users = dict(pair.split("=", 1) for pair in args.users.split(","))
-    data = load_json(args.datasets / "locomo" / "locomo_dev5.json")
-    # No Redis: the embedded store's reader, reading the store and its FAISS files only.
-    client = MemoryClient(settings=Settings(data_dir=str(args.data_dir), redis_url=None))
+    users, data, client = kept_store(__doc__.splitlines()[0])
     try:
         questions, turns = collect(client.reader, data, users)
         signals = Signals(client.reader.embedder, turns)

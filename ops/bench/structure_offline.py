@@ -16,6 +16,7 @@ sessions are days apart, its turns a second: the same sessions as recall's days)
 
 - the keyword hits' share (what ``reader.sessions`` ships): the share of the query's stems that a session's
   turns among the keyword channel's top 40 hits hold together, each of its turns lifted by ``w`` times it;
+  also with the session's turns among the episode channel's top 5-40 added to them, or those 40 alone;
 - a session scored as a whole, by BM25 over all its turns' words, by the cosine of its turns' mean vector,
   or by the first pass itself (the totals of the pool's top 20 rows said in it), min-max normalized over the
   user's sessions, each of its turns lifted by ``w`` times that (or only the best ``m`` sessions' turns by
@@ -29,18 +30,15 @@ R@10 and MRR are the quality bench's (``quality_locomo._scores``). Zero LLM call
 
 from __future__ import annotations
 
-import argparse
 import math
 from collections import Counter, defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from pathlib import Path
 from typing import Any
 
 import numpy as np
-from benchlib import load_json
-from quality_locomo import CATEGORIES, _scores
+from quality_locomo import CATEGORIES, _scores, kept_store
 
 from engram_api.reader.cues import QueryCues
 from engram_api.reader.recipe import DEFAULT_RECIPE
@@ -90,6 +88,7 @@ class Question:
     hybrid: Pool
     keyword: Pool
     hits: list[str]  # the keyword channel's episode hits, best first
+    vector_hits: list[str]  # the episode channel's top 40 turns, best first
 
 
 def user_turns(reader: Any, user: str) -> UserTurns:
@@ -135,22 +134,24 @@ def collect(
     for conv in (c for c in data if c["sample_id"] in users):
         user = users[conv["sample_id"]]
         turns[user] = user_turns(reader, user)
+        index = reader.keeper.current(user, reader.graph.user_stamp(user))
         for qa in conv["qa"]:
             evidence = {e.strip() for e in qa.get("evidence", []) if e.strip()}
             if not evidence:
                 continue
             q = str(qa["question"])
-            terms, k = keyword_terms(q), DEFAULT_RECIPE.k["keyword"]
+            terms, k, qvec = keyword_terms(q), DEFAULT_RECIPE.k["keyword"], reader.embedder.encode_one(q)
             questions.append(
                 Question(
                     user,
                     CATEGORIES[qa["category"]],
                     q,
                     evidence,
-                    reader.embedder.encode_one(q),
+                    qvec,
                     pool(user, q, bare),
                     pool(user, q, keyword),
                     [h.node_id for h in reader.graph.keyword_search(user, terms, k) if h.kind == "episode"],
+                    [h.node_id for h in index.search(qvec, DEFAULT_RECIPE.k["episode_vector"], kind="episode")],
                 )
             )
     return questions, turns
@@ -209,11 +210,12 @@ class Structure:
         found = [of[s] for s in sources if s in of]
         return found[0] if found else None
 
-    def hits_share(self, q: Question) -> np.ndarray:
-        """Each session's share of the query's stems that its keyword hits hold together (``reader.sessions``)."""
+    def hits_share(self, q: Question, keyword: bool = True, vectors: int = 0) -> np.ndarray:
+        """Each session's share of the query's stems that its keyword hits (``reader.sessions``) and its turns
+        among the episode channel's top ``vectors`` hold together."""
         t, at, qs = self.turns[q.user], self.at[q.user], self.query_stems(q)
         held: list[set[str]] = [set() for _ in range(t.sessions)]
-        for n in (at[h] for h in q.hits if h in at):
+        for n in (at[h] for h in [*(q.hits if keyword else []), *q.vector_hits[:vectors]] if h in at):
             held[t.session[n]] |= t.terms[n] & qs
         return np.array([len(h) / max(1, len(qs)) for h in held])
 
@@ -268,9 +270,14 @@ def ordered(q: Question, pool: Pool, lift: Lift | None, step: bool) -> list[list
 
 
 def session_lift(structure: Structure, signal: str, w: float, best: int = 0, top: int = 20) -> Lift:
+    """``signal``: "hits" (the keyword hits' share), "hits+N" (with the episode channel's top N turns), "vectors"
+    (those 40 alone), "bm25", "dense" or "mass" (the pool's top ``top``)."""
+
     def lift(q: Question, pool: Pool) -> dict[str, float]:
-        if signal == "hits":
-            raw = structure.hits_share(q)
+        if signal.startswith("hits"):
+            raw = structure.hits_share(q, vectors=int(signal[5:] or 0))
+        elif signal == "vectors":
+            raw = structure.hits_share(q, keyword=False, vectors=40)
         elif signal == "bm25":
             raw = structure.bm25(q)
         elif signal == "dense":
@@ -281,7 +288,7 @@ def session_lift(structure: Structure, signal: str, w: float, best: int = 0, top
             share = np.zeros_like(raw)
             share[np.argsort(-raw, kind="stable")[:best]] = 1.0
         else:
-            share = raw if signal == "hits" else _minmax(raw)
+            share = raw if signal.startswith("hits") or signal == "vectors" else _minmax(raw)
         out = {}
         for node_id, _, _, src, kind in pool.rows:
             s = structure.session_of(q, src) if kind == "episode" else None  # a fact gets nothing (as recall)
@@ -316,6 +323,8 @@ def variants(structure: Structure) -> dict[str, tuple[Lift | None, Lift | None]]
     for w in (0.5, 0.75, 1.0, 1.5, 2.0):
         lift = session_lift(structure, "hits", w)
         out[f"session: its keyword hits' share of the query, w {w}"] = (lift, lift)
+    for signal in ("hits+5", "hits+20", "hits+40", "vectors"):
+        out[f"session: {signal} turns' share of the query, w 1.0"] = (session_lift(structure, signal, 1.0), None)
     for signal in ("bm25", "dense", "mass"):
         for w in (0.25, 0.5, 1.0, 2.0):
             lift = session_lift(structure, signal, w)
@@ -330,17 +339,7 @@ def variants(structure: Structure) -> dict[str, tuple[Lift | None, Lift | None]]
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data-dir", required=True, type=Path, help="the data folder of an ingested SQLite store")
-    parser.add_argument("--users", required=True, help="conversation=user id, comma-separated")
-    parser.add_argument("--datasets", type=Path, default=Path("/work/shared/datasets"))
-    args = parser.parse_args()
-    from engram_api import MemoryClient
-    from engram_api.settings import Settings
-
-    users = dict(pair.split("=", 1) for pair in args.users.split(","))
-    data = load_json(args.datasets / "locomo" / "locomo_dev5.json")
-    client = MemoryClient(settings=Settings(data_dir=str(args.data_dir), redis_url=None))
+    users, data, client = kept_store(__doc__.splitlines()[0])
     try:
         questions, turns = collect(client.reader, data, users)
     finally:
