@@ -324,7 +324,7 @@ def test_a_question_naming_a_period_prefers_the_turn_said_in_it(memory: Memory) 
 
 
 def test_a_turn_is_lifted_by_the_share_of_the_query_its_session_holds(memory: Memory) -> None:
-    """"Austin." holds no word of "Where did Melanie move last year?", but the question it answers, said in the
+    """ "Austin." holds no word of "Where did Melanie move last year?", but the question it answers, said in the
     same session (day), holds all three of the words a turn is scored on ("Melanie" counts by who spoke): every
     turn of that day gains exactly ``session_boost``, a turn of a day whose hits hold one word of three a third
     of it, and a day no hit was said on nothing; a recipe without the keyword channel lifts nothing."""
