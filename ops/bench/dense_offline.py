@@ -25,10 +25,12 @@ encoded once per run with the reader's encoder (MiniLM).
 
 from __future__ import annotations
 
+import argparse
 import re
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -208,7 +210,11 @@ def variants(signals: Signals) -> dict[str, Callable[[Question], list[list[str]]
 
 
 def main() -> None:
-    users, data, client = kept_store(__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data-dir", required=True, type=Path, help="the data folder of an ingested SQLite store")
+    parser.add_argument("--users", required=True, help="conversation=user id, comma-separated")
+    parser.add_argument("--datasets", type=Path, default=Path("/work/shared/datasets"))
+    users, data, client = kept_store(parser.parse_args())
     try:
         questions, turns = collect(client.reader, data, users)
         signals = Signals(client.reader.embedder, turns)

@@ -107,21 +107,14 @@ def _packed(order: list[int], turns: list[tuple[str, str, str, datetime]]) -> tu
     return kept, "\n".join(lines)
 
 
-def kept_store(description: str) -> tuple[dict[str, str], list[dict[str, Any]], Any]:
-    """The offline re-scoring scripts' command line (``--data-dir DIR --users conv-26=<user id>,...
-    [--datasets DIR]``): each conversation's user id, the LoCoMo data, and a client reading the kept SQLite
-    store (no Redis: the embedded store's reader, its store and FAISS files only; the caller closes it)."""
-    import argparse
-    from pathlib import Path
-
+def kept_store(args: Any) -> tuple[dict[str, str], list[dict[str, Any]], Any]:
+    """What the offline re-scoring scripts read, from their ``--data-dir``, ``--users`` (``conv-26=<user
+    id>,...``) and ``--datasets``: each conversation's user id, the LoCoMo data, and a client reading the
+    kept SQLite store (no Redis: the embedded store's reader, its store and FAISS files only; the caller
+    closes it)."""
     from engram_api import MemoryClient
     from engram_api.settings import Settings
 
-    parser = argparse.ArgumentParser(description=description)
-    parser.add_argument("--data-dir", required=True, type=Path, help="the data folder of an ingested SQLite store")
-    parser.add_argument("--users", required=True, help="conversation=user id, comma-separated")
-    parser.add_argument("--datasets", type=Path, default=Path("/work/shared/datasets"))
-    args = parser.parse_args()
     users = dict(pair.split("=", 1) for pair in args.users.split(","))
     data = load_json(args.datasets / "locomo" / "locomo_dev5.json")
     return users, data, MemoryClient(settings=Settings(data_dir=str(args.data_dir), redis_url=None))

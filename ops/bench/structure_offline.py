@@ -30,11 +30,13 @@ R@10 and MRR are the quality bench's (``quality_locomo._scores``). Zero LLM call
 
 from __future__ import annotations
 
+import argparse
 import math
 from collections import Counter, defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -339,7 +341,13 @@ def variants(structure: Structure) -> dict[str, tuple[Lift | None, Lift | None]]
 
 
 def main() -> None:
-    users, data, client = kept_store(__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data-dir", required=True, type=Path, help="the data folder of an ingested SQLite store")
+    parser.add_argument(
+        "--users", required=True, help="conversation=user id (the bench's run id and the sample id), comma-separated"
+    )
+    parser.add_argument("--datasets", type=Path, default=Path("/work/shared/datasets"))
+    users, data, client = kept_store(parser.parse_args())
     try:
         questions, turns = collect(client.reader, data, users)
     finally:
