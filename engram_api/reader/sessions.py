@@ -25,18 +25,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import date, datetime
-from functools import lru_cache
 
-from engram_api.storage.snapshot.keywords import stems
+from engram_api.reader.scoring import text_terms
 from engram_api.storage.snapshot.rows import AnyChunk
 
 __all__ = ["NO_SESSIONS", "SessionShares"]
-
-
-@lru_cache(maxsize=16_384)
-def _stems_of(text: str) -> frozenset[str]:
-    """A hit's indexed terms, kept: a user's hits recur from query to query."""
-    return frozenset(stems(text))
 
 
 def session_of(event_time: datetime) -> date:
@@ -57,7 +50,7 @@ class SessionShares:
             return cls({})
         held: dict[date, set[str]] = {}
         for chunk in hits:
-            held.setdefault(session_of(chunk.event_time), set()).update(query_stems & _stems_of(chunk.indexed_text))
+            held.setdefault(session_of(chunk.event_time), set()).update(query_stems & text_terms(chunk.indexed_text))
         return cls({day: len(words) / len(query_stems) for day, words in held.items()})
 
     def share(self, chunk: AnyChunk) -> float:
