@@ -1,0 +1,239 @@
+"""Recall answers dumped for comparison across checkouts, and the recall's own CPU, one reader process a tree.
+
+``python ops/bench/recall_dump.py load --workdir DIR --facts 100000``
+    bulk-loads a SQLite user of that many facts under ``DIR`` (``bulk.bulk_load``, the hosts bench's statements:
+    seed = the size), once; later runs reuse it.
+``PYTHONPATH=<tree>:ops/bench python ops/bench/recall_dump.py dump --workdir DIR --facts N --out FILE``
+    in this process (the checkout on ``PYTHONPATH``), the user's snapshot held, a fixed clock: ``--queries``
+    distinct queries, each recalled four ways (k 10; k 30; k 10 with a ``since`` window halving the user's
+    facts; k 30 ``as_of`` three quarters through them), every item written as one JSON line: id, kind,
+    channels, path, hops, score, statement and every breakdown field, floats as ``repr`` (exact). Two trees'
+    dumps are compared with ``cmp``.
+``PYTHONPATH=<tree>:ops/bench python ops/bench/recall_dump.py replay --workdir DIR --facts N [--rounds 5]``
+    ``recall_items`` (everything after the query's embedding) of recorded recalls run again in this process:
+    each recall's least thread CPU over the rounds, their median.
+``PYTHONPATH=<tree>:ops/bench python ops/bench/recall_dump.py cpu --workdir DIR --facts N``
+    thread CPU (``time.thread_time``) of the calling thread through each recall (the encoder runs on a reader
+    thread for a result the cache lacks, so this is the recall's own work on its thread, before and after the
+    embedding), the process's CPU of each recall, and the floor's (query embedding + one FAISS search, top 30)
+    on the same queries, interleaved; one JSON line. Alternate trees in fresh processes to compare.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+BENCH_DIR = Path(__file__).resolve().parent
+FIXED_NOW = datetime(2024, 9, 1, 12, 0, tzinfo=UTC)  # after every bulk fact (T0 + at most 100K minutes)
+
+
+@contextlib.contextmanager
+def _reader(workdir: Path, facts: int) -> Iterator[tuple[Any, str]]:
+    """A client of the user's SQLite store with a Redis of its own (the published stamp, as a reader process
+    has it), and the user's id; both closed (the Redis's folder removed) after."""
+    from recall_ab import backend_redis
+
+    from engram_api import MemoryClient
+    from engram_api.settings import Settings
+    from engram_api.versions import publish_stamp
+    from engram_workers.services import RedisServer
+
+    folder = Path(tempfile.mkdtemp(prefix="redis-", dir=workdir))
+    redis = RedisServer(data_dir=folder, appendonly=False)
+    redis.start()
+    try:
+        settings = Settings(data_dir=workdir / f"data-{facts}", neo4j_uri=None)
+        client = MemoryClient(settings=settings, redis_url=backend_redis(redis.url, "sqlite"))
+        try:
+            user_id = f"dump-{facts}"
+            if client.graph.user_version(user_id) > 0:
+                publish_stamp(client.redis, user_id, client.graph.user_stamp(user_id))
+            yield client, user_id
+        finally:
+            client.close()
+    finally:
+        redis.stop()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def load(workdir: Path, facts: int) -> None:
+    from bulk import bulk_load
+
+    with _reader(workdir, facts) as (client, user_id):
+        if client.graph.user_version(user_id) == 0:
+            reader = client.reader
+            bulk_load(
+                client.graph, reader.keeper, reader.embedder, client.redis, user_id, facts, str(facts), out=workdir
+            )
+
+
+def _fix_clock() -> None:
+    """Every clock recall reads (``models.utcnow`` as each module imported it, ``validity``'s ``datetime``)
+    answers ``FIXED_NOW``: recency and read-time decay then score alike in both trees' processes."""
+    import engram_api.models.base as base
+    from engram_api.storage.graph import validity
+
+    original = base.utcnow
+
+    def fixed() -> datetime:
+        return FIXED_NOW
+
+    class FixedDatetime(datetime):
+        @classmethod
+        def now(cls, tz: Any = None) -> datetime:  # type: ignore[override]
+            return FIXED_NOW
+
+    for name, module in list(sys.modules.items()):
+        if name.startswith("engram_api") and getattr(module, "utcnow", None) is original:
+            module.utcnow = fixed  # type: ignore[attr-defined]
+    validity.datetime = FixedDatetime  # type: ignore[misc]
+
+
+def _warm(reader: Any, user_id: str) -> None:
+    """Recalls until the user's snapshot is held at the current stamp (loaded on a reader thread)."""
+    for i in range(50):
+        reader.recall(user_id, f"warm-up query number {i}", k=10)
+        reader.flush()
+        if reader.snapshots.get(user_id, reader.graph.user_stamp(user_id)) is not None:
+            return
+    raise RuntimeError("the user's snapshot was never held")
+
+
+def _ways(facts: int) -> list[dict[str, Any]]:
+    from corpus import T0
+
+    return [
+        {"k": 10},
+        {"k": 30},
+        {"k": 10, "since": T0 + timedelta(minutes=facts // 2)},
+        {"k": 30, "as_of": T0 + timedelta(minutes=3 * facts // 4)},
+    ]
+
+
+def dump(workdir: Path, facts: int, n: int, out: Path) -> None:
+    from corpus import queries
+
+    with _reader(workdir, facts) as (client, user_id):
+        _fix_clock()
+        reader = client.reader
+        _warm(reader, user_id)
+        lines = 0
+        with out.open("w") as fh:
+            for q in queries("recall-dump", n):
+                for way in _ways(facts):
+                    result = reader.recall(user_id, q, **way)
+                    assert not result.cached
+                    for rank, item in enumerate(result.items):
+                        row = item.model_dump(mode="json", exclude={"breakdown", "score"})
+                        row.update(
+                            query=q, way=repr(sorted(way.items())), rank=rank, score=repr(item.score),
+                            breakdown={f: repr(v) for f, v in item.breakdown.model_dump().items()},
+                        )  # fmt: skip
+                        fh.write(json.dumps(row, sort_keys=True) + "\n")
+                        lines += 1
+        import engram_api
+
+        print(json.dumps({"items": lines, "recalls": n * len(_ways(facts)), "tree": engram_api.__file__}))
+
+
+def cpu(workdir: Path, facts: int, n: int) -> None:
+    from corpus import queries
+
+    with _reader(workdir, facts) as (client, user_id):
+        reader = client.reader
+        _warm(reader, user_id)
+        index = reader.keeper.current(user_id, reader.graph.user_stamp(user_id))
+        own, proc, floor = [], [], []
+        for q in queries(f"recall-cpu-{time.time_ns()}", n):
+            t, p = time.thread_time(), time.process_time()
+            result = reader.recall(user_id, q, k=10)
+            own.append((time.thread_time() - t) * 1e3)
+            reader.flush()  # the recall log's thread: counted in the process's CPU of this recall
+            proc.append((time.process_time() - p) * 1e3)
+            assert not result.cached
+            p = time.process_time()
+            index.search(reader.embedder.encode([q])[0], 30)
+            floor.append((time.process_time() - p) * 1e3)
+        med = statistics.median
+        print(
+            json.dumps(
+                {
+                    "thread_ms": med(own), "process_ms": med(proc), "floor_ms": med(floor),
+                    "ratio": med(proc) / med(floor), "load": os.getloadavg()[0],
+                }
+            )
+        )  # fmt: skip
+
+
+def replay(workdir: Path, facts: int, n: int, rounds: int) -> None:
+    """``recall_items`` (everything a recall does after the query's embedding) of ``n`` recorded recalls
+    (k 10 and k 30 by turns, the keyword hits as they came), run again ``rounds`` times in this process;
+    each recall's least thread CPU over the rounds, the median of those."""
+    from concurrent.futures import Future
+
+    from corpus import queries
+
+    import engram_api.reader.recall as recall_module
+
+    with _reader(workdir, facts) as (client, user_id):
+        reader = client.reader
+        _warm(reader, user_id)
+        items = recall_module.recall_items
+        recorded: list[dict[str, Any]] = []
+
+        def recording(**kw: Any) -> Any:
+            recorded.append({**kw, "keyword": None if kw["keyword"] is None else kw["keyword"].result()})
+            return items(**kw)
+
+        recall_module.recall_items = recording
+        for i, q in enumerate(queries("recall-replay", n)):
+            reader.recall(user_id, q, k=(10, 30)[i % 2])
+        recall_module.recall_items = items
+        least = [float("inf")] * len(recorded)
+        for _ in range(rounds):
+            for i, kw in enumerate(recorded):
+                hits: Future[Any] | None = None
+                if kw["keyword"] is not None:
+                    hits = Future()
+                    hits.set_result(kw["keyword"])
+                start = time.thread_time()
+                items(**{**kw, "keyword": hits, "timings": {}})
+                least[i] = min(least[i], (time.thread_time() - start) * 1e3)
+        print(json.dumps({"recall_items_ms": statistics.median(least), "load": os.getloadavg()[0]}))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("what", choices=("load", "dump", "cpu", "replay"))
+    parser.add_argument("--workdir", type=Path, required=True)
+    parser.add_argument("--facts", type=int, default=1_000)
+    parser.add_argument("--queries", type=int, default=300)
+    parser.add_argument("--out", type=Path)
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args()
+    sys.path[:0] = [str(BENCH_DIR)]
+    args.workdir.mkdir(parents=True, exist_ok=True)
+    if args.what == "load":
+        load(args.workdir, args.facts)
+    elif args.what == "dump":
+        dump(args.workdir, args.facts, args.queries, args.out)
+    elif args.what == "cpu":
+        cpu(args.workdir, args.facts, args.queries)
+    else:
+        replay(args.workdir, args.facts, args.queries, args.rounds)
+
+
+if __name__ == "__main__":
+    main()
