@@ -25,18 +25,19 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 import numpy as np
 
 from engram_api.models import Channel as ChannelName
-from engram_api.models import KeywordHit, RecallItem, ScoreBreakdown, utcnow
+from engram_api.models import KeywordHit, RecallItem
 from engram_api.naming import self_entity_id
 from engram_api.reader.cues import QueryCues
 from engram_api.reader.facts import UserChunks, UserFacts
 from engram_api.reader.items import recall_item
 from engram_api.reader.recipe import RecallRecipe, RetrievalChannel
 from engram_api.reader.rerank import similarity_step
-from engram_api.reader.scoring import Scoring, Weights, by_rank, named, normalized, word_share
+from engram_api.reader.scoring import Scoring, Weights, by_rank, normalized, word_share
 from engram_api.reader.sessions import NO_SESSIONS, SessionShares
 from engram_api.reader.state import RecallRun, TimeWindow
 from engram_api.settings import Settings
@@ -74,8 +75,9 @@ class _Run(RecallRun):
             shares = [share * scores[i] for share, i in zip(by_rank(len(ids), k), ids, strict=True)]
         else:
             shares = normalized([scores[i] for i in ids], cut=len(ids) >= k)
+        cands = self.cands
         for node_id, share in zip(ids, shares, strict=True):
-            self.candidate(node_id).add(channel, weight * share)
+            (cands.get(node_id) or self.candidate(node_id)).add(channel, weight * share)
 
     def _coverage(self, node_id: str, turn_stems: frozenset[str]) -> float:
         """The share of the query's keyword stems the hit's indexed text holds (1 with no stems); a turn's
@@ -137,7 +139,8 @@ class _Run(RecallRun):
                 self.sessions = SessionShares.of((self.chunks[i] for i in ids), turn_stems)
         if expanding:
             # A fact reached but not read back was forgotten while the step ran (Neo4j reads at read committed).
-            reached = [fid for fid in self.hops if fid in self.facts and self.window.fact_ok(self.facts[fid])]
+            facts, at = self.facts, self.at
+            reached = [fid for fid in self.hops if fid in facts and self.window.fact_ok(facts[fid], at)]
             decay = self.settings.hop_decay
             self._rank("graph", reached, {fid: decay ** self.hops[fid] for fid in reached})
 
@@ -155,7 +158,7 @@ class _Run(RecallRun):
 
         Seeds: the entities most like the query, and the subject and object of the top fact hits and of
         the facts the top chunks were the source of (those valid in the window)."""
-        query = GraphStepQuery(fact_ids=fact_ids, now=utcnow(), chunk_ids=chunk_ids, chunk_facts=chunk_facts)
+        expansion: dict[str, Any] = {}
         if fact_hits is not None:
             entity_hits = self.search(10, "entity")
             top_facts = [h.node_id for h in fact_hits if h.score >= _SEED_MIN_SIM][:5]
@@ -169,22 +172,24 @@ class _Run(RecallRun):
             # The user's own node touches every fact: as a seed, or as a node paths pass through, it would
             # put everything one hop away and flood the graph ranking.
             w = self.window
-            query = query.model_copy(
-                update={
-                    "fact_ids": [*fact_ids, *top_facts],
-                    "seeds": [h.node_id for h in entity_hits if h.score >= _SEED_MIN_SIM][:5],
-                    "seed_facts": top_facts,
-                    "seed_chunks": seed_chunks,
-                    "seed_chunk_count": _SEED_CHUNKS if seed_chunks else 0,
-                    "as_of": w.as_of,
-                    "since": w.since,
-                    "until": w.until,
-                    "max_hops": self.settings.max_hops,
-                    "limit": self.recipe.k.get("graph", 50),
-                    "per_seed": self.settings.graph_facts_per_seed,
-                    "avoid": [self_entity_id(self.user_id)],
-                }
-            )
+            fact_ids = [*fact_ids, *top_facts]
+            expansion = {
+                "seeds": [h.node_id for h in entity_hits if h.score >= _SEED_MIN_SIM][:5],
+                "seed_facts": top_facts,
+                "seed_chunks": seed_chunks,
+                "seed_chunk_count": _SEED_CHUNKS if seed_chunks else 0,
+                "as_of": w.as_of,
+                "since": w.since,
+                "until": w.until,
+                "max_hops": self.settings.max_hops,
+                "limit": self.recipe.k.get("graph", 50),
+                "per_seed": self.settings.graph_facts_per_seed,
+                "avoid": [self_entity_id(self.user_id)],
+            }
+        # One model, validated once: the query is ~100 ids long.
+        query = GraphStepQuery(
+            fact_ids=fact_ids, now=self.now, chunk_ids=chunk_ids, chunk_facts=chunk_facts, **expansion
+        )
         with self.timed("graph"):
             step = self.user_facts.step(query)
         for fact in step.facts:
@@ -262,12 +267,10 @@ class _Run(RecallRun):
         )
 
     def items(self, weights: Weights, k: int) -> list[RecallItem]:
-        now = self.window.as_of or utcnow()
+        now = self.at
         missing = [i for i in self.cands if i not in self.sims]
         with self.timed("faiss"):
-            vectors = self.index.vectors_for(missing)
-        for node_id, vec in vectors.items():
-            self.sims[node_id] = float(np.dot(vec, self.qvec))
+            self.sims.update(self.index.similarities(missing, self.qvec))
         # Rank fusion's best share is 1 / (rrf_k + 1), score fusion's 1: either way a channel's top hit adds
         # its weight times ``fusion`` to the composite score.
         unit = 1.0 / (self.recipe.rrf_k + 1) if self.recipe.fusion_mode == "rank" else 1.0
@@ -293,10 +296,7 @@ class _Run(RecallRun):
         rows = scoring.rows(self.cands, sims, hops, weights.values(), fusion=recipe.fusion, unit=unit)
         rows.sort(key=lambda r: (-r[0], r[1]))  # best first, ties by id: the order docs/api.md states
         rows = similarity_step(rows, recipe)  # the top re-scored by similarity, still best first (``reader.rerank``)
-        return [
-            recall_item(node_id, cand, ScoreBreakdown(**named(comp), rrf=cand.fusion, total=total), self.hops)
-            for total, node_id, cand, comp in rows[:k]
-        ]
+        return [recall_item(row, self.hops, self.now) for row in rows[:k]]
 
 
 def keyword_hits(

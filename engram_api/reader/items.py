@@ -5,11 +5,13 @@ nothing reordered after); this module shapes them."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Literal
 
 from engram_api.models import Channel as ChannelName
 from engram_api.models import RecallItem, ScoreBreakdown
 from engram_api.reader.scoring import ComponentValues
+from engram_api.storage.graph.validity import valid_at
 from engram_api.storage.snapshot.rows import AnyChunk, AnyFact
 
 __all__ = ["Candidate", "Row", "recall_item"]
@@ -35,10 +37,13 @@ class Candidate:
 Row = tuple[float, str, Candidate, ComponentValues]
 
 
-def recall_item(node_id: str, cand: Candidate, breakdown: ScoreBreakdown, hops: dict[str, int]) -> RecallItem:
-    """The result item of a scored candidate: what it says, when, which channels found it, its sources."""
-    found = set(cand.channels)
-    vector = bool(found & {"fact_vector", "episode_vector"})
+def recall_item(row: Row, hops: dict[str, int], now: datetime) -> RecallItem:
+    """The result item of a scored candidate's row: what it says, when, which channels found it, its
+    sources, its score's breakdown. ``now``: the recall's reading of the clock, which ``current`` is judged
+    at (a fact's ``current_at(None)``, read once a recall instead of once an item)."""
+    total, node_id, cand, comp = row
+    found = cand.channels
+    vector = "fact_vector" in found or "episode_vector" in found
     path = (
         "both"
         if vector and "graph" in found
@@ -50,19 +55,21 @@ def recall_item(node_id: str, cand: Candidate, breakdown: ScoreBreakdown, hops: 
         if "keyword" in found
         else "linked"
     )
-    common = {
-        "id": node_id,
-        "kind": cand.kind,
-        "channels": cand.channels,
-        "path": path,
-        "hops": hops.get(node_id, -1),
-        "score": round(breakdown.total, 6),
-        "breakdown": breakdown,
-    }
-    if cand.fact is not None:
-        fact = cand.fact
+    similarity, graph, strength, recency, importance = comp  # ``SCORE_COMPONENTS`` order
+    breakdown = ScoreBreakdown(
+        similarity=similarity, graph=graph, strength=strength, recency=recency, importance=importance,
+        rrf=cand.fusion, total=total,
+    )  # fmt: skip
+    fact = cand.fact
+    if fact is not None:
         return RecallItem(
-            **common,
+            id=node_id,
+            kind=cand.kind,
+            channels=cand.channels,
+            path=path,
+            hops=hops.get(node_id, -1),
+            score=round(total, 6),
+            breakdown=breakdown,
             statement=fact.statement,
             memory_type=fact.memory_type,
             subject=fact.subject_name,
@@ -72,13 +79,19 @@ def recall_item(node_id: str, cand: Candidate, breakdown: ScoreBreakdown, hops: 
             valid_from=fact.valid_from,
             valid_until=fact.valid_until,
             event_time=fact.valid_from,
-            current=fact.current_at(None),
+            current=valid_at(fact.valid_from, fact.valid_until, fact.archived, now),
             source_ids=fact.source_ids,
         )
     chunk = cand.chunk
     assert chunk is not None
     return RecallItem(
-        **common,
+        id=node_id,
+        kind=cand.kind,
+        channels=cand.channels,
+        path=path,
+        hops=hops.get(node_id, -1),
+        score=round(total, 6),
+        breakdown=breakdown,
         statement=chunk.text,
         memory_type="episodic",
         subject=chunk.speaker,

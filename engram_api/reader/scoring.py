@@ -18,7 +18,7 @@ from datetime import datetime
 from functools import lru_cache
 from typing import TYPE_CHECKING, Literal
 
-from engram_api.models import GLOBAL_SCOPE, SCORE_COMPONENTS, Weights
+from engram_api.models import GLOBAL_SCOPE, Weights
 from engram_api.settings import Settings
 from engram_api.storage.graph.contract import GraphStore
 from engram_api.storage.graph.fading import Fading
@@ -38,7 +38,6 @@ __all__ = [
     "by_rank",
     "effective_weights",
     "fact_strength",
-    "named",
     "normalized",
     "text_terms",
     "word_share",
@@ -130,11 +129,6 @@ def fact_strength(fact: AnyFact, at: datetime, settings: Settings) -> float:
     """``fact``'s effective strength at ``at`` (``storage.graph.fading``): what the old daily decay job
     would have stored had it run at ``at``; never above the stored strength (an ``as_of`` before it was set)."""
     return Scoring.of(settings, at).strength(fact)
-
-
-def named(values: ComponentValues) -> dict[str, float]:
-    """The components by name (``ScoreComponents``' fields), for the breakdown of an item returned."""
-    return dict(zip(SCORE_COMPONENTS, values, strict=True))
 
 
 def normalized(scores: Sequence[float], *, cut: bool) -> list[float]:

@@ -23,7 +23,7 @@ from typing import Literal
 
 import numpy as np
 
-from engram_api.models import KeywordHit
+from engram_api.models import KeywordHit, utcnow
 from engram_api.reader.cues import QueryCues
 from engram_api.reader.facts import UserChunks, UserFacts
 from engram_api.reader.items import Candidate
@@ -55,10 +55,11 @@ class TimeWindow:
             and (self.until is None or t < self.until)
         )
 
-    def fact_ok(self, fact: AnyFact) -> bool:
-        # ``fact.current_at`` inlined (the method imports ``validity`` at every call) and ``overlaps`` skipped
-        # for an open window: a recall asks this of ~100-200 candidates and hits.
-        if not valid_at(fact.valid_from, fact.valid_until, fact.archived, instant(self.as_of)):
+    def fact_ok(self, fact: AnyFact, at: datetime | None = None) -> bool:
+        """``at``: the window's instant when known (``as_of``, else the recall's one reading of the clock),
+        else read here. ``fact.current_at`` inlined (the method imports ``validity`` at every call) and
+        ``overlaps`` skipped for an open window: a recall asks this of ~100-200 candidates and hits."""
+        if not valid_at(fact.valid_from, fact.valid_until, fact.archived, instant(self.as_of) if at is None else at):
             return False
         return (self.since is None and self.until is None) or overlaps(
             fact.valid_from, fact.valid_until, self.since, self.until
@@ -83,12 +84,17 @@ class RecallRun:
     keyword: Future[list[KeywordHit]] | None
     cues: QueryCues
     qstems: frozenset[str] = frozenset()
+    now: datetime = field(default_factory=utcnow)  # the recall's one reading of the clock
+    at: datetime = field(init=False)  # the window's instant: ``as_of``, else ``now``
     facts: dict[str, AnyFact] = field(default_factory=dict)  # models, or a held snapshot's views of them
     chunks: dict[str, AnyChunk] = field(default_factory=dict)
     sims: dict[str, float] = field(default_factory=dict)
     hops: dict[str, int] = field(default_factory=dict)
     cands: dict[str, Candidate] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)  # ms per part (``RecallResult.timings_ms``)
+
+    def __post_init__(self) -> None:
+        self.at = instant(self.window.as_of, self.now)
 
     @contextmanager
     def timed(self, part: str) -> Iterator[None]:
@@ -115,9 +121,11 @@ class RecallRun:
                 self.chunks.update(self.user_chunks.load(missing))
 
     def ok(self, node_id: str) -> bool:
-        if node_id in self.facts:
-            return self.window.fact_ok(self.facts[node_id])
-        return node_id in self.chunks and self.window.chunk_ok(self.chunks[node_id])
+        fact = self.facts.get(node_id)
+        if fact is not None:
+            return self.window.fact_ok(fact, self.at)
+        chunk = self.chunks.get(node_id)
+        return chunk is not None and self.window.chunk_ok(chunk)
 
     def episode_hits(self, k: int) -> list[str]:
         """The top ``k`` episode chunks inside the time window (widening the search until found). Without
