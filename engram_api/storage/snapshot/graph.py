@@ -335,11 +335,11 @@ class UserSnapshot:
                             frontier.append(x)
                 if not frontier:
                     break
-            # (hops, importance descending, id descending): the stores read a seed's facts in that order
-            by_id = sorted(level.items(), reverse=True)
-            nearest = sorted(by_id, key=lambda kv: (kv[1], -importance[kv[0]]))
-            for fid, hops in nearest[: q.per_seed]:
-                held = best.get(fid)
+            # (hops, importance descending, id descending), the order the stores read a seed's facts in: one
+            # sort, descending by (-hops, importance, id) (ids are distinct: no tie is left to stability)
+            nearest = sorted(level, key=lambda fid: (-level[fid], importance[fid], fid), reverse=True)
+            for fid in nearest[: q.per_seed]:
+                hops, held = level[fid], best.get(fid)
                 if held is None or hops < held:
                     best[fid] = hops
         ranked = sorted(best.items(), key=lambda kv: (kv[1], -importance[kv[0]], kv[0]))
