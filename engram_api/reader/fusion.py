@@ -48,7 +48,7 @@ from engram_api.storage.graph.validity import valid_at
 from engram_api.storage.snapshot.keywords import stems
 from engram_api.storage.snapshot.rows import AnyChunk
 
-__all__ = ["TimeWindow", "keyword_hits", "recall_items"]
+__all__ = ["TimeWindow", "keyword_hits", "query_stems", "recall_items"]
 
 _SEED_MIN_SIM = 0.25
 _SEED_CHUNKS = 5  # the top episode hits whose extracted facts seed the expansion
@@ -313,6 +313,11 @@ def keyword_hits(
     )
 
 
+def query_stems(query: str) -> frozenset[str]:
+    """The query's keyword terms stemmed as the keyword index stems (what a hit's word share is of)."""
+    return frozenset(stems(" ".join(keyword_terms(query))))
+
+
 def recall_items(
     *,
     graph: GraphStore,
@@ -329,10 +334,13 @@ def recall_items(
     graph_expansion: bool,
     keyword: Future[list[KeywordHit]] | None,
     timings: dict[str, float],
-    query: str = "",
+    cues: QueryCues,
+    qstems: frozenset[str],
 ) -> list[RecallItem]:
     """``keyword``: the keyword channel's hits (``keyword_hits``), started by the caller before it embedded
     the query, so the store's full-text search runs while the encoder does; None without that channel.
+    ``cues`` and ``qstems``: the query's cues and stemmed keywords (``query_stems``), read by the caller
+    while the encoder runs too: they need no vector.
     Adds to ``timings`` the ms spent in FAISS (``faiss``), waiting for the keyword hits (``keyword``), in
     the graph step (``graph``), reading other records (``records``) and the rest (``fusion``)."""
     run = _Run(
@@ -347,8 +355,8 @@ def recall_items(
         window=window,
         graph_expansion=graph_expansion,
         keyword=keyword,
-        cues=QueryCues.of(query),
-        qstems=frozenset(stems(" ".join(keyword_terms(query)))),
+        cues=cues,
+        qstems=qstems,
     )
     start = time.perf_counter()
     run.channels()

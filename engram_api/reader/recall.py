@@ -29,8 +29,9 @@ from engram_api.graph_reads import check_k, check_text
 from engram_api.models import KeywordHit, RecallItem, RecallResult, check_aware, check_user_id
 from engram_api.reader.background import ReaderThreads, ResultCache
 from engram_api.reader.catchup import CatchUps
+from engram_api.reader.cues import QueryCues
 from engram_api.reader.facts import ChunkCache, FactCache, SnapshotCache, UserChunks, UserFacts
-from engram_api.reader.fusion import TimeWindow, keyword_hits, recall_items
+from engram_api.reader.fusion import TimeWindow, keyword_hits, query_stems, recall_items
 from engram_api.reader.metrics import ReaderMetrics, timed_recall
 from engram_api.reader.recipe import DEFAULT_RECIPE, RecallRecipe
 from engram_api.reader.scoring import Weights, effective_weights
@@ -174,6 +175,7 @@ class RecallReader:
         after = catching if snapshot is None and self.snapshots.peek(user_id) is not None else None
         keyword = self._keyword(user_id, query, recipe, window, snapshot, after=after, version=version)
         weights, weights_source = self.weights_for(user_id)  # a store read now and then: while the encoder runs
+        cues, qstems = QueryCues.of(query), query_stems(query)  # the query's words need no vector either
         qvec = self.embedder.encode_one(query) if embedding is None else embedding.result()
         t1 = time.perf_counter()
         timings["embed"] = (t1 - t0) * 1e3
@@ -204,7 +206,8 @@ class RecallReader:
             graph_expansion=graph_expansion,
             keyword=keyword,
             timings=timings,
-            query=query,
+            cues=cues,
+            qstems=qstems,
         )
         recall_id = uuid.uuid4().hex
         result = RecallResult(
