@@ -81,3 +81,25 @@ def test_deltas_work_over_an_ivf_base_and_compaction_rechooses_the_kind(tmp_path
 
     compacted = store.save("u", loaded)  # 1,311 rows now: under the threshold, so flat again
     assert compacted.kinds() == {"fact": "flat"} and compacted.node_ids() == loaded.node_ids()
+
+
+def test_similarities_are_each_vectors_own_dot_product_to_the_bit(tmp_path: Path) -> None:
+    """Recall scores candidates the vector search did not return by ``UserIndex.similarities``: one gather
+    and one stacked product per layer and kind, which must equal ``float(np.dot(vector, query))`` for every
+    node exactly (a matrix-vector product sums in another order and differs in the last bits), over an IVF
+    base, its masked rows (absent) and the overlay's rows."""
+    vectors = clustered(2_000)
+    store = VectorStore(root=tmp_path, dim=DIM, flat_max=1_500)
+    index = store.save("u", _filled(store, vectors))
+    fresh = clustered(2, seed=7)
+    index = store.append(
+        "u", index, to_stamp=Stamp(1, 2), upserts=[("new0", "fact", fresh[0]), ("f5", "fact", fresh[1])],
+        removals=["f9"],
+    )  # fmt: skip
+    asked = [f"f{i}" for i in range(0, 2_000, 37)] + ["new0", "f5", "f9", "unknown"]
+    rng = np.random.default_rng(SEED + 2)
+    for q in rng.standard_normal((20, DIM)).astype(np.float32):
+        q /= np.linalg.norm(q)
+        got = index.similarities(asked, q)
+        want = {node: float(np.dot(v, q)) for node, v in index.vectors_for(asked).items()}
+        assert got == want and "f9" not in got and "unknown" not in got
