@@ -60,16 +60,19 @@ def recall_item(row: Row, hops: dict[str, int], now: datetime) -> RecallItem:
         similarity=similarity, graph=graph, strength=strength, recency=recency, importance=importance,
         rrf=cand.fusion, total=total,
     )  # fmt: skip
+    common = {
+        "id": node_id,
+        "kind": cand.kind,
+        "channels": cand.channels,
+        "path": path,
+        "hops": hops.get(node_id, -1),
+        "score": round(total, 6),
+        "breakdown": breakdown,
+    }
     fact = cand.fact
     if fact is not None:
         return RecallItem(
-            id=node_id,
-            kind=cand.kind,
-            channels=cand.channels,
-            path=path,
-            hops=hops.get(node_id, -1),
-            score=round(total, 6),
-            breakdown=breakdown,
+            **common,
             statement=fact.statement,
             memory_type=fact.memory_type,
             subject=fact.subject_name,
@@ -85,13 +88,7 @@ def recall_item(row: Row, hops: dict[str, int], now: datetime) -> RecallItem:
     chunk = cand.chunk
     assert chunk is not None
     return RecallItem(
-        id=node_id,
-        kind=cand.kind,
-        channels=cand.channels,
-        path=path,
-        hops=hops.get(node_id, -1),
-        score=round(total, 6),
-        breakdown=breakdown,
+        **common,
         statement=chunk.text,
         memory_type="episodic",
         subject=chunk.speaker,

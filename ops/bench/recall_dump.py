@@ -5,10 +5,11 @@
     seed = the size), once; later runs reuse it.
 ``PYTHONPATH=<tree>:ops/bench python ops/bench/recall_dump.py dump --workdir DIR --facts N --out FILE``
     in this process (the checkout on ``PYTHONPATH``), the user's snapshot held, a fixed clock: ``--queries``
-    distinct queries, each recalled four ways (k 10; k 30; k 10 with a ``since`` window halving the user's
-    facts; k 30 ``as_of`` three quarters through them), every item written as one JSON line: id, kind,
+    distinct queries, each recalled four ways (k 10; k 30; k 10 ``since`` the middle of the user's time span;
+    k 30 ``as_of`` three quarters through it), every item written as one JSON line: id, kind,
     channels, path, hops, score, statement and every breakdown field, floats as ``repr`` (exact). Two trees'
-    dumps are compared with ``cmp``.
+    dumps are compared with ``cmp``. ``--data DIR --user ID`` instead of ``--facts``: any SQLite user, e.g. a
+    LoCoMo conversation from ``run.py --only quality --store sqlite --keep``'s work folder.
 ``PYTHONPATH=<tree>:ops/bench python ops/bench/recall_dump.py replay --workdir DIR --facts N [--rounds 5]``
     ``recall_items`` (everything after the query's embedding) of recorded recalls run again in this process:
     each recall's least thread CPU over the rounds, their median.
@@ -31,18 +32,18 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 BENCH_DIR = Path(__file__).resolve().parent
-FIXED_NOW = datetime(2024, 9, 1, 12, 0, tzinfo=UTC)  # after every bulk fact (T0 + at most 100K minutes)
+FIXED_NOW = datetime(2024, 9, 1, 12, 0, tzinfo=UTC)  # after every bulk fact and every LoCoMo turn
 
 
 @contextlib.contextmanager
-def _reader(workdir: Path, facts: int) -> Iterator[tuple[Any, str]]:
-    """A client of the user's SQLite store with a Redis of its own (the published stamp, as a reader process
-    has it), and the user's id; both closed (the Redis's folder removed) after."""
+def _reader(workdir: Path, data: Path, user_id: str) -> Iterator[Any]:
+    """A client of the SQLite store under ``data`` with a Redis of its own (``user_id``'s stamp published,
+    as a reader process has it); both closed (the Redis's folder removed) after."""
     from recall_ab import backend_redis
 
     from engram_api import MemoryClient
@@ -54,13 +55,12 @@ def _reader(workdir: Path, facts: int) -> Iterator[tuple[Any, str]]:
     redis = RedisServer(data_dir=folder, appendonly=False)
     redis.start()
     try:
-        settings = Settings(data_dir=workdir / f"data-{facts}", neo4j_uri=None)
+        settings = Settings(data_dir=data, neo4j_uri=None)
         client = MemoryClient(settings=settings, redis_url=backend_redis(redis.url, "sqlite"))
         try:
-            user_id = f"dump-{facts}"
             if client.graph.user_version(user_id) > 0:
                 publish_stamp(client.redis, user_id, client.graph.user_stamp(user_id))
-            yield client, user_id
+            yield client
         finally:
             client.close()
     finally:
@@ -71,7 +71,8 @@ def _reader(workdir: Path, facts: int) -> Iterator[tuple[Any, str]]:
 def load(workdir: Path, facts: int) -> None:
     from bulk import bulk_load
 
-    with _reader(workdir, facts) as (client, user_id):
+    user_id = f"dump-{facts}"
+    with _reader(workdir, workdir / f"data-{facts}", user_id) as client:
         if client.graph.user_version(user_id) == 0:
             reader = client.reader
             bulk_load(
@@ -111,28 +112,27 @@ def _warm(reader: Any, user_id: str) -> None:
     raise RuntimeError("the user's snapshot was never held")
 
 
-def _ways(facts: int) -> list[dict[str, Any]]:
-    from corpus import T0
+def _ways(reader: Any, user_id: str) -> list[dict[str, Any]]:
+    """k 10; k 30; k 10 since the middle of the user's time span (its facts' starts, its turns' times);
+    k 30 as of three quarters through it."""
+    snapshot = reader.snapshots.get(user_id, reader.graph.user_stamp(user_id))
+    times = [f.valid_from for f in snapshot.facts.rows().values()]
+    times += [c.event_time for c in snapshot.chunks.rows().values()]
+    start, span = min(times), max(times) - min(times)
+    return [{"k": 10}, {"k": 30}, {"k": 10, "since": start + span / 2}, {"k": 30, "as_of": start + span * 3 / 4}]
 
-    return [
-        {"k": 10},
-        {"k": 30},
-        {"k": 10, "since": T0 + timedelta(minutes=facts // 2)},
-        {"k": 30, "as_of": T0 + timedelta(minutes=3 * facts // 4)},
-    ]
 
-
-def dump(workdir: Path, facts: int, n: int, out: Path) -> None:
+def dump(workdir: Path, data: Path, user_id: str, n: int, out: Path) -> None:
     from corpus import queries
 
-    with _reader(workdir, facts) as (client, user_id):
+    with _reader(workdir, data, user_id) as client:
         _fix_clock()
         reader = client.reader
         _warm(reader, user_id)
-        lines = 0
+        ways, lines = _ways(reader, user_id), 0
         with out.open("w") as fh:
             for q in queries("recall-dump", n):
-                for way in _ways(facts):
+                for way in ways:
                     result = reader.recall(user_id, q, **way)
                     assert not result.cached
                     for rank, item in enumerate(result.items):
@@ -145,13 +145,13 @@ def dump(workdir: Path, facts: int, n: int, out: Path) -> None:
                         lines += 1
         import engram_api
 
-        print(json.dumps({"items": lines, "recalls": n * len(_ways(facts)), "tree": engram_api.__file__}))
+        print(json.dumps({"items": lines, "recalls": n * len(ways), "tree": engram_api.__file__}))
 
 
-def cpu(workdir: Path, facts: int, n: int) -> None:
+def cpu(workdir: Path, data: Path, user_id: str, n: int) -> None:
     from corpus import queries
 
-    with _reader(workdir, facts) as (client, user_id):
+    with _reader(workdir, data, user_id) as client:
         reader = client.reader
         _warm(reader, user_id)
         index = reader.keeper.current(user_id, reader.graph.user_stamp(user_id))
@@ -177,7 +177,7 @@ def cpu(workdir: Path, facts: int, n: int) -> None:
         )  # fmt: skip
 
 
-def replay(workdir: Path, facts: int, n: int, rounds: int) -> None:
+def replay(workdir: Path, data: Path, user_id: str, n: int, rounds: int) -> None:
     """``recall_items`` (everything a recall does after the query's embedding) of ``n`` recorded recalls
     (k 10 and k 30 by turns, the keyword hits as they came), run again ``rounds`` times in this process;
     each recall's least thread CPU over the rounds, the median of those."""
@@ -187,7 +187,7 @@ def replay(workdir: Path, facts: int, n: int, rounds: int) -> None:
 
     import engram_api.reader.recall as recall_module
 
-    with _reader(workdir, facts) as (client, user_id):
+    with _reader(workdir, data, user_id) as client:
         reader = client.reader
         _warm(reader, user_id)
         items = recall_module.recall_items
@@ -218,21 +218,24 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("what", choices=("load", "dump", "cpu", "replay"))
     parser.add_argument("--workdir", type=Path, required=True)
-    parser.add_argument("--facts", type=int, default=1_000)
+    parser.add_argument("--facts", type=int, default=1_000, help="the bulk user of this size (under --workdir)")
+    parser.add_argument("--data", type=Path, help="another SQLite data folder (e.g. a kept bench run's)")
+    parser.add_argument("--user", help="its user")
     parser.add_argument("--queries", type=int, default=300)
     parser.add_argument("--out", type=Path)
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
     sys.path[:0] = [str(BENCH_DIR)]
     args.workdir.mkdir(parents=True, exist_ok=True)
+    data, user = args.data or args.workdir / f"data-{args.facts}", args.user or f"dump-{args.facts}"
     if args.what == "load":
         load(args.workdir, args.facts)
     elif args.what == "dump":
-        dump(args.workdir, args.facts, args.queries, args.out)
+        dump(args.workdir, data, user, args.queries, args.out)
     elif args.what == "cpu":
-        cpu(args.workdir, args.facts, args.queries)
+        cpu(args.workdir, data, user, args.queries)
     else:
-        replay(args.workdir, args.facts, args.queries, args.rounds)
+        replay(args.workdir, data, user, args.queries, args.rounds)
 
 
 if __name__ == "__main__":
