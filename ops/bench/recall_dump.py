@@ -9,7 +9,8 @@
     k 30 ``as_of`` three quarters through it), every item written as one JSON line: id, kind,
     channels, path, hops, score, statement and every breakdown field, floats as ``repr`` (exact). Two trees'
     dumps are compared with ``cmp``. ``--data DIR --user ID`` instead of ``--facts``: any SQLite user, e.g. a
-    LoCoMo conversation from ``run.py --only quality --store sqlite --keep``'s work folder.
+    LoCoMo conversation from ``run.py --only quality --store sqlite --keep``'s work folder (``--query-file``:
+    its questions, one a line).
 ``PYTHONPATH=<tree>:ops/bench python ops/bench/recall_dump.py replay --workdir DIR --facts N [--rounds 5]``
     ``recall_items`` (everything after the query's embedding) of recorded recalls run again in this process:
     each recall's least thread CPU over the rounds, their median.
@@ -122,16 +123,14 @@ def _ways(reader: Any, user_id: str) -> list[dict[str, Any]]:
     return [{"k": 10}, {"k": 30}, {"k": 10, "since": start + span / 2}, {"k": 30, "as_of": start + span * 3 / 4}]
 
 
-def dump(workdir: Path, data: Path, user_id: str, n: int, out: Path) -> None:
-    from corpus import queries
-
+def dump(workdir: Path, data: Path, user_id: str, qs: list[str], out: Path) -> None:
     with _reader(workdir, data, user_id) as client:
         _fix_clock()
         reader = client.reader
         _warm(reader, user_id)
         ways, lines = _ways(reader, user_id), 0
         with out.open("w") as fh:
-            for q in queries("recall-dump", n):
+            for q in qs:
                 for way in ways:
                     result = reader.recall(user_id, q, **way)
                     assert not result.cached
@@ -145,7 +144,7 @@ def dump(workdir: Path, data: Path, user_id: str, n: int, out: Path) -> None:
                         lines += 1
         import engram_api
 
-        print(json.dumps({"items": lines, "recalls": n * len(ways), "tree": engram_api.__file__}))
+        print(json.dumps({"items": lines, "recalls": len(qs) * len(ways), "tree": engram_api.__file__}))
 
 
 def cpu(workdir: Path, data: Path, user_id: str, n: int) -> None:
@@ -222,6 +221,7 @@ def main() -> None:
     parser.add_argument("--data", type=Path, help="another SQLite data folder (e.g. a kept bench run's)")
     parser.add_argument("--user", help="its user")
     parser.add_argument("--queries", type=int, default=300)
+    parser.add_argument("--query-file", type=Path, help="dump: these queries (one a line) instead of --queries")
     parser.add_argument("--out", type=Path)
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
@@ -231,7 +231,10 @@ def main() -> None:
     if args.what == "load":
         load(args.workdir, args.facts)
     elif args.what == "dump":
-        dump(args.workdir, data, user, args.queries, args.out)
+        from corpus import queries
+
+        qs = args.query_file.read_text().splitlines() if args.query_file else queries("recall-dump", args.queries)
+        dump(args.workdir, data, user, qs, args.out)
     elif args.what == "cpu":
         cpu(args.workdir, data, user, args.queries)
     else:
