@@ -17,8 +17,9 @@
 ``PYTHONPATH=<tree>:ops/bench python ops/bench/recall_dump.py cpu --workdir DIR --facts N``
     thread CPU (``time.thread_time``) of the calling thread through each recall (the encoder runs on a reader
     thread for a result the cache lacks, so this is the recall's own work on its thread, before and after the
-    embedding), the process's CPU of each recall, and the floor's (query embedding + one FAISS search, top 30)
-    on the same queries, interleaved; one JSON line. Alternate trees in fresh processes to compare.
+    embedding), of ``recall_items`` within it (everything after the embedding), the process's CPU of each
+    recall, and the floor's (query embedding + one FAISS search, top 30) on the same queries, interleaved;
+    medians, one JSON line. Alternate trees in fresh processes to compare.
 """
 
 from __future__ import annotations
@@ -150,11 +151,23 @@ def dump(workdir: Path, data: Path, user_id: str, qs: list[str], out: Path) -> N
 def cpu(workdir: Path, data: Path, user_id: str, n: int) -> None:
     from corpus import queries
 
+    import engram_api.reader.recall as recall_module
+
     with _reader(workdir, data, user_id) as client:
         reader = client.reader
         _warm(reader, user_id)
         index = reader.keeper.current(user_id, reader.graph.user_stamp(user_id))
-        own, proc, floor = [], [], []
+        own, proc, floor, after = [], [], [], []
+        items = recall_module.recall_items
+
+        def timed_items(**kw: Any) -> Any:  # everything after the query's embedding, on this thread
+            start = time.thread_time()
+            try:
+                return items(**kw)
+            finally:
+                after.append((time.thread_time() - start) * 1e3)
+
+        recall_module.recall_items = timed_items
         for q in queries(f"recall-cpu-{time.time_ns()}", n):
             t, p = time.thread_time(), time.process_time()
             result = reader.recall(user_id, q, k=10)
@@ -169,7 +182,7 @@ def cpu(workdir: Path, data: Path, user_id: str, n: int) -> None:
         print(
             json.dumps(
                 {
-                    "thread_ms": med(own), "process_ms": med(proc), "floor_ms": med(floor),
+                    "items_ms": med(after), "thread_ms": med(own), "process_ms": med(proc), "floor_ms": med(floor),
                     "ratio": med(proc) / med(floor), "load": os.getloadavg()[0],
                 }
             )
