@@ -395,3 +395,36 @@ def test_dense_offline_scores_sentences_and_feedback_through_the_recall_step():
     # The step adds 1.5 x the min-max normalized similarity to each of the top rows: 3.0 + 0.1... vs 2.0 + 1.5.
     assert offline.reordered(question, lambda _q, _i, sim: sim) == [["D1:1"], ["D1:2"], ["D1:3"]]
     assert offline.reordered(question, lambda _q, _i, _s: 0.5) == [["D1:2"], ["D1:1"], ["D1:3"]]
+
+
+def test_the_hosts_bench_reader_in_its_own_process_answers_and_exits(tmp_path, redis_url):
+    """The hosts bench's reader host in a process of its own (``hosts_process.ChildReader``): with a data
+    directory of its own it reads the user another process wrote (one whole read, its first), answers a
+    recall with its time and parts taken in it and the floor, refuses nothing silently, and exits on close."""
+    from tests.support.stack import engram_stack
+
+    sys.path.insert(0, str(REPO / "ops" / "bench"))
+    hosts_process = importlib.import_module("hosts_process")
+    bulk_load = importlib.import_module("bulk").bulk_load
+    with engram_stack(
+        redis_url=redis_url, data_dir=tmp_path / "stack", neo4j_uri=None, llm_url=None, workers=False
+    ) as stack:
+        writer = stack.client
+        reader = writer.reader
+        bulk_load(writer.graph, reader.keeper, reader.embedder, writer.redis, "own-host-user", 60, "60", out=tmp_path)
+        # The child shares the graph store and nothing else, as hosts share Neo4j (SQLite's file sits in the
+        # data directory, so the child's is a link to the stack's).
+        (tmp_path / "own").mkdir()
+        (tmp_path / "own" / "graph.sqlite3").symlink_to(writer.settings.sqlite_path)
+        child = hosts_process.ChildReader.start(stack.env, tmp_path / "own")
+        try:
+            ms, parts = child.recall("own-host-user", "where does the user like to go hiking")
+            assert ms > 0 and {"embed", "faiss", "fusion"} <= parts.keys()
+            assert child.floor("own-host-user", "where does the user go") > 0
+            assert child.stats() == {"rebuilds": 1, "from_feed": 0}
+            with pytest.raises(RuntimeError, match="result cache"):  # a cached answer is no measurement
+                child.recall("own-host-user", "where does the user like to go hiking")
+        finally:
+            child.close()
+        assert child.proc.returncode == 0
+        assert any((tmp_path / "own" / "indexes").iterdir()), "the child kept its own index files"

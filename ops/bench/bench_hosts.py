@@ -17,7 +17,11 @@ a fresh query right after the write:
 - "after a signal": a third reader host that listens for writers' stamps (``engram_api.reader.signals``)
   answers ``SIGNAL_PAUSE_S`` after the write (a chat user's next turn comes seconds later), so its copies
   were caught up in the background. The first two do not listen: their figure is the recall's own
-  catch-up (one read, started before the query is embedded).
+  catch-up (one read, started before the query is embedded);
+- "own process": the "catch-up" reader's code in a process of its own (``hosts_process``: one host, one
+  process, as on many hosts), asked the same questions right after the in-process reader, each time and
+  its floor taken in that process: what sharing one interpreter with four other hosts adds to the
+  in-process figures.
 
 All as a ratio to the floor measured in the same loop (the readers answer each write in an order that
 alternates write by write) (query embedding + FAISS search of the user, top
@@ -41,6 +45,7 @@ from benchlib import BenchContext, BenchResult, Table, dist, ratio
 from bulk import bulk_load
 from corpus import queries
 from hosts_apply import STEPS, apply_rounds
+from hosts_process import ChildReader
 from hosts_removals import add_rows, removal_rounds, removal_table
 from snapshot_refresh import write_one
 
@@ -155,9 +160,12 @@ def _measure(ctx: BenchContext, stack: Any, size: int, writes: int) -> dict[str,
     ctx.log(f"hosts: loaded in {load_s:.0f} s; every other host's first read of the user")
     qs = queries(f"hosts-{size}", 4 * writes + 4)
     started = time.perf_counter()
+    own = ChildReader.start(stack.env, ctx.workdir / f"hosts-{size}" / "reader-process")
     _write(b, uid, -1)  # every other host's first load of the user: a rebuild each
     for n, client in enumerate((reader, graph_reader, before, signalled)):
         client.recall(uid, f"warm-up {qs[n % 4]}", k=10)
+    for n in range(2):  # as the in-process reader: a rebuild, then (at its second recall) its snapshot
+        own.recall(uid, f"warm-up {n} {qs[0]}")
     # The listening reader recalls once a write: a second recall now loads its snapshot (the others load
     # theirs at their first "no write since" recall), which its signals then keep current.
     signalled.recall(uid, f"warm-up again {qs[2]}", k=10)
@@ -165,12 +173,15 @@ def _measure(ctx: BenchContext, stack: Any, size: int, writes: int) -> dict[str,
     first_reads_s = time.perf_counter() - started
     ctx.log(f"hosts: first reads in {first_reads_s:.0f} s; {writes} writes")
     loads = {name: hosts[name].reader.keeper.rebuilds for name in hosts}
+    own_loads = own.stats()["rebuilds"]
     recall: dict[str, list[float]] = {
         "catch-up": [], "graph catch-up": [], "rebuild": [], "no write since": [], "after a signal": [],
+        "own process: catch-up": [], "own process: no write since": [],
     }  # fmt: skip
     index_ms: dict[str, list[float]] = {"catch-up": [], "graph catch-up": [], "rebuild": []}
     parts: dict[str, list[dict[str, float]]] = {"catch-up": [], "no write since": []}
     floor: list[float] = []
+    own_floor: list[float] = []
     apply: dict[str, list[float]] = {"alternating hosts": [], "one host": []}
     feed_reads: list[float] = []
     undo = _timed_feed_reads(feed_reads)
@@ -186,9 +197,16 @@ def _measure(ctx: BenchContext, stack: Any, size: int, writes: int) -> dict[str,
         order = order[i % 3 :] + order[: i % 3]  # each reader first, second and third in turn
         if i >= rebuild_writes(size):
             order = [(label, client) for label, client in order if label != "rebuild"]
-        for label, client in order:
+        labels = [lbl for lbl, _ in order]
+        slot = i % (len(order) + 1)  # the reader in its own process first, second, ... and last in turn
+        for label, client in [*order[:slot], ("own process: catch-up", None), *order[slot:]]:
+            if client is None:  # its time and parts as taken in that process
+                ms, got_parts = own.recall(uid, f"own {qs[4 + 3 * i]}")
+                recall[label].append(ms)
+                parts.setdefault(label, []).append(got_parts)
+                continue
             start = time.perf_counter()
-            got = client.recall(uid, qs[4 + 3 * i + [lbl for lbl, _ in order].index(label)], k=10)
+            got = client.recall(uid, qs[4 + 3 * i + labels.index(label)], k=10)
             recall[label].append((time.perf_counter() - start) * 1e3)
             index_ms[label].append(got.timings_ms["index"])
             parts.setdefault(label, []).append(got.timings_ms)
@@ -198,18 +216,32 @@ def _measure(ctx: BenchContext, stack: Any, size: int, writes: int) -> dict[str,
         late = signalled.recall(uid, qs[4 + 3 * writes + i], k=10)
         recall["after a signal"].append((time.perf_counter() - start) * 1e3)
         assert not late.cached
-        start = time.perf_counter()  # the same reader again, nothing written since: its steady state
-        again = reader.recall(uid, f"again {qs[4 + 3 * i]}", k=10)
-        recall["no write since"].append((time.perf_counter() - start) * 1e3)
-        assert not again.cached
-        parts["no write since"].append(again.timings_ms)
+        # The same reader again, nothing written since (its steady state); in its own process too, each
+        # first in turn, and so the two floors.
+        for turn in ((i + n) % 2 for n in range(2)):
+            if turn:
+                ms, got_parts = own.recall(uid, f"own again {qs[4 + 3 * i]}")
+                recall["own process: no write since"].append(ms)
+                parts.setdefault("own process: no write since", []).append(got_parts)
+                continue
+            start = time.perf_counter()
+            again = reader.recall(uid, f"again {qs[4 + 3 * i]}", k=10)
+            recall["no write since"].append((time.perf_counter() - start) * 1e3)
+            assert not again.cached
+            parts["no write since"].append(again.timings_ms)
         # The graph reader recalls again too, unmeasured: its snapshot loads and is kept as the feed reader's.
         graph_reader.recall(uid, f"again {qs[4 + 3 * i + 1]}", k=10)
-        index = reader.reader.keeper.current(uid, reader.graph.user_stamp(uid))
-        start = time.perf_counter()
-        index.search(reader.reader.embedder.encode([qs[4 + 3 * i]])[0], 30)
-        floor.append((time.perf_counter() - start) * 1e3)
+        for turn in ((i + n) % 2 for n in range(2)):
+            if turn:
+                own_floor.append(own.floor(uid, f"own {qs[4 + 3 * i]}"))
+                continue
+            index = reader.reader.keeper.current(uid, reader.graph.user_stamp(uid))
+            start = time.perf_counter()
+            index.search(reader.reader.embedder.encode([qs[4 + 3 * i]])[0], 30)
+            floor.append((time.perf_counter() - start) * 1e3)
     undo()
+    own_stats = own.stats()
+    own.close()
     signalled.signals.stop()  # its catch-ups' reads would count in the bytes below
     ctx.log("hosts: apply rounds")
     rounds = apply_rounds(a, b, uid, rounds=ctx.size(7, 9), pairs=8, first_n=10 * writes)
@@ -232,7 +264,7 @@ def _measure(ctx: BenchContext, stack: Any, size: int, writes: int) -> dict[str,
     keeper = reader.reader.keeper
     for client in hosts.values():
         client.close()
-    floor_d = dist(floor)
+    floor_d, own_floor_d = dist(floor), dist(own_floor)
     return {
         "facts": size,
         "writes": writes,
@@ -240,7 +272,11 @@ def _measure(ctx: BenchContext, stack: Any, size: int, writes: int) -> dict[str,
         "first_reads_s": first_reads_s,
         "recall_ms": {k: dist(v) for k, v in recall.items()},
         "floor_ms": floor_d,
-        "ratio_p50": {k: ratio(dist(v)["p50"], floor_d["p50"]) for k, v in recall.items()},
+        "ratio_p50": {
+            k: ratio(dist(v)["p50"], (own_floor_d if k.startswith("own process") else floor_d)["p50"])
+            for k, v in recall.items()
+        },
+        "own_process_floor_ms": own_floor_d,
         "index_ms": {k: dist(v) for k, v in index_ms.items()},
         "parts_p50_ms": {
             # every part any recall had (a snapshot's refresh is not in the first recall's)
@@ -259,7 +295,8 @@ def _measure(ctx: BenchContext, stack: Any, size: int, writes: int) -> dict[str,
         "user_changes_bytes_p50": statistics.median(both_bytes),
         "feed_entry_bytes_p50": statistics.median(feed_bytes),
         "whole_read_bytes": whole_bytes,
-        "rebuilds_after_first_load": extra,
+        "rebuilds_after_first_load": {**extra, "reader-process": own_stats["rebuilds"] - own_loads},
+        "own_process_catchups_from_feed": own_stats["from_feed"],
         "reader_catchups": keeper.catchups,
         "signalled_catchups": signalled_catchups,
         "catchups_from_feed": from_feed,
@@ -291,6 +328,22 @@ def run(ctx: BenchContext) -> BenchResult:
             "after a signal / floor",
         ],
     )
+    own = Table(
+        "the same reader code in a process of its own (one host, one process) beside the in-process reader, "
+        "same loop: ratio to each process's own floor",
+        [
+            "facts",
+            "in process: catch-up / floor",
+            "no write / floor",
+            "floor p50",
+            "own process: catch-up p50",
+            "no write p50",
+            "floor p50",
+            "catch-up / floor",
+            "no write / floor",
+            "catch-ups from the feed",
+        ],
+    )
     apply = Table(
         "apply (one write through UserWrites, ms): writes alternating two hosts vs all on one host; in the "
         "recall loop, then alternated rounds (ratio: median of the rounds' p50 ratios)",
@@ -319,7 +372,7 @@ def run(ctx: BenchContext) -> BenchResult:
             "index + snapshot catch-up",
             "change-feed entry (Redis)",
             "one whole read",
-            "rebuilds after first load (a, b, reader, graph reader, signalled)",
+            "rebuilds after first load (a, b, reader, graph reader, signalled, reader process)",
         ],
     )
     removal = removal_table()
@@ -335,6 +388,12 @@ def run(ctx: BenchContext) -> BenchResult:
                 r["rebuild"]["p50"], ix["rebuild"]["p50"], r["no write since"]["p50"], r["after a signal"]["p50"],
                 f["p50"], got["ratio_p50"]["catch-up"], got["ratio_p50"]["graph catch-up"], got["ratio_p50"]["rebuild"],
                 got["ratio_p50"]["no write since"], got["ratio_p50"]["after a signal"],
+            )  # fmt: skip
+            rp, of = got["ratio_p50"], got["own_process_floor_ms"]
+            own.add(
+                size, rp["catch-up"], rp["no write since"], f["p50"], r["own process: catch-up"]["p50"],
+                r["own process: no write since"]["p50"], of["p50"], rp["own process: catch-up"],
+                rp["own process: no write since"], got["own_process_catchups_from_feed"],
             )  # fmt: skip
             ap = got["apply_ms"]
             ar = got["apply_rounds"]
@@ -355,7 +414,7 @@ def run(ctx: BenchContext) -> BenchResult:
     return BenchResult(
         bench="hosts",
         summary=summary,
-        tables=[recall, apply, steps, reads, removal],
+        tables=[recall, own, apply, steps, reads, removal],
         notes=[
             f"store {ctx.store}; every host its own data directory, no shared files; load average "
             f"{summary['load_avg_1min']:.1f} (1 min) at the start; ratios are within one loop",
