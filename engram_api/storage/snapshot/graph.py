@@ -32,7 +32,7 @@ from engram_api.storage.graph.step import GraphStepQuery
 from engram_api.storage.graph.validity import instant, overlaps
 from engram_api.storage.snapshot.keywords import KeywordIndex
 from engram_api.storage.snapshot.overlay import Overlay, merge_due
-from engram_api.storage.snapshot.removal import without
+from engram_api.storage.snapshot.removal import without, without_holes
 from engram_api.storage.snapshot.rows import (
     ARCHIVED,
     CHUNK_FACTS,
@@ -154,20 +154,24 @@ class UserSnapshot:
 
     def merged(self) -> UserSnapshot:
         """The same snapshot with its overlay folded into a new base (a copy of the user's records, off any
-        recall's path: ``overlay``); itself when it has none."""
+        recall's path: ``overlay``), the keyword tables' holes dropped (``removal.without_holes``); itself
+        when it has none."""
         if not self.recent_size:
             return self
         facts = self.facts.merged()
         return UserSnapshot(
             user_id=self.user_id, stamp=self.stamp, facts=facts, chunks=self.chunks.merged(),
             touching=self.recent.merged_touching(self.touching, facts.rows()),
-            episodes=self.recent.merged_episodes(self.episodes), keywords=self.keywords.merged(),
+            episodes=self.recent.merged_episodes(self.episodes), keywords=without_holes(self.keywords.merged()),
         )  # fmt: skip
 
     @property
     def recent_size(self) -> int:
-        """The records held in the overlay (new ones, new versions of the base's, the base's removed)."""
-        return len(self.facts.recent) + len(self.chunks.recent) + len(self.facts.gone) + len(self.chunks.gone)
+        """The records held in the overlay (new ones, new versions of the base's, the base's removed) and the
+        documents removed from the recent keyword tables (a hole each, which no row counts): what the fold
+        takes in."""
+        rows = len(self.facts.recent) + len(self.chunks.recent) + len(self.facts.gone) + len(self.chunks.gone)
+        return rows + self.keywords.recent_holes
 
     @property
     def merge_due(self) -> bool:

@@ -312,6 +312,11 @@ class KeywordIndex:
         """This index's tables with new chunks and facts appended (a copy of both tables)."""
         return KeywordIndex(chunks=self.chunks.added(chunks), facts=self.facts.added(facts))
 
+    @property
+    def recent_holes(self) -> int:
+        """The documents removed from the recent tables since they were added (their holes)."""
+        return 0 if self.recent is None else len(self.recent.chunks.holes) + len(self.recent.facts.holes)
+
     def merged(self) -> KeywordIndex:
         """The same documents in one base (``KeywordTable.joined``: what ``added`` defers)."""
         if self.recent is None:

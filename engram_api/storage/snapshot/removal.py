@@ -17,7 +17,7 @@ records that remain (``tests/test_snapshot_overlay.py``): the same rows, each en
 rank order, each episode's chunks in the same order, a chunk's ``fact_ids`` without a removed fact, and
 the same keyword hits with the same scores (``table_without`` leaves a hole where a removed document was,
 out of the BM25 statistics, and every other document at its position, so the statistics and the id
-tie-break are the remaining documents', exactly; ``compacted`` drops the holes once they are many). Ids
+tie-break are the remaining documents', exactly; the fold drops the holes, ``without_holes``). Ids
 the snapshot does not hold (entities, records of another read) are ignored: applying a removal again is
 harmless.
 """
@@ -32,13 +32,13 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from engram_api.storage.snapshot.keywords import KeywordIndex, KeywordTable, stems
-from engram_api.storage.snapshot.overlay import Overlay, merge_due
+from engram_api.storage.snapshot.overlay import Overlay
 from engram_api.storage.snapshot.rows import CHUNK_FACTS, EPISODE, OBJECT, STATEMENT, SUBJECT
 
 if TYPE_CHECKING:
     from engram_api.storage.snapshot.graph import UserSnapshot
 
-__all__ = ["compacted", "table_without", "without"]
+__all__ = ["compacted", "table_without", "without", "without_holes"]
 
 
 def without(snapshot: UserSnapshot, gone: Collection[str]) -> UserSnapshot:
@@ -89,7 +89,8 @@ def table_without(table: KeywordTable, gone: Mapping[str, str]) -> KeywordTable:
     """``table`` without the documents among ``gone`` (id -> the text it was indexed from), each left a hole
     (``KeywordTable.holes``): only the postings of its own terms and the lengths are copied, every other
     position stays (a renumbering of every posting after the first removed cost ~8 ms at 10K facts, on a
-    reader's catch-up). Once the holes are ``overlay.merge_due``'s share of the table, ``compacted``."""
+    reader's catch-up). The holes stay until the snapshot's fold drops them (``without_holes``): they count
+    towards it, so they are never more than the overlay's fold share."""
     at = {pos: gone[i] for i, pos in _positions(table, list(gone)).items()}
     if not at:
         return table
@@ -107,8 +108,7 @@ def table_without(table: KeywordTable, gone: Mapping[str, str]) -> KeywordTable:
             postings[term] = (where[kept], tf[kept])
         else:
             del postings[term]
-    out = dataclasses.replace(table, lengths=lengths, postings=postings, holes=table.holes | at.keys())
-    return compacted(out, ()) if merge_due(len(out.holes), len(out.ids)) else out
+    return dataclasses.replace(table, lengths=lengths, postings=postings, holes=table.holes | at.keys())
 
 
 def _positions(table: KeywordTable, ids: list[str]) -> dict[str, int]:
@@ -126,6 +126,13 @@ def _positions(table: KeywordTable, ids: list[str]) -> dict[str, int]:
         if held:
             out[i] = held[0]
     return out
+
+
+def without_holes(index: KeywordIndex) -> KeywordIndex:
+    """``index`` (a base: no recent tables) with its tables' holes dropped, on the fold's reader thread (a
+    100K-fact table's compaction took ~0.6 s of CPU; in the catch-up that reached the share it was on the
+    recall's path)."""
+    return KeywordIndex(chunks=compacted(index.chunks, ()), facts=compacted(index.facts, ()))
 
 
 def compacted(table: KeywordTable, drop: Collection[int]) -> KeywordTable:
