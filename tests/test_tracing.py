@@ -106,7 +106,13 @@ def test_one_trace_from_enqueue_to_recall(
         assert any(mid in item["source_ids"] for item in r.json()["items"])
     assert llm_server.calls >= 1
 
-    wanted = {"engram.enqueue", "engram.extract", "engram.llm", "engram.apply", "engram.recall"}
+    # Every span asserted on below, the parents included: a child span ends, and is exported, before its
+    # parent (the gateway's HTTP span ends after the response is sent), so waiting for the children alone
+    # can read the collector before the parents arrive.
+    wanted = {"engram.enqueue", "engram.extract", "engram.llm", "engram.apply", "engram.recall"} | {
+        "POST /v1/messages", "POST /v1/users/{user_id}/recall",
+        f"run/{keys.EXTRACT_TASK}", f"run/{keys.APPLY_TASK}", f"apply_async/{keys.APPLY_TASK}",
+    }  # fmt: skip
     spans = collector.wait_for(
         lambda got: wanted <= {s.name for s in got if s.trace_id in (message_trace, recall_trace)}, SETTLE_S
     )
