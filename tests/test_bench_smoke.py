@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -420,7 +421,10 @@ def test_the_hosts_bench_reader_in_its_own_process_answers_and_exits(tmp_path, r
         try:
             ms, parts = child.recall("own-host-user", "where does the user like to go hiking")
             assert ms > 0 and {"embed", "faiss", "fusion"} <= parts.keys()
+            assert child.last_cpu_ms > 0  # the child's own CPU for that recall
             assert child.floor("own-host-user", "where does the user go") > 0
+            floor = child.timed_floor("own-host-user", "where does the user go")
+            assert floor.ms > 0 and floor.cpu_ms > 0
             assert child.stats() == {"rebuilds": 1, "from_feed": 0}
             with pytest.raises(RuntimeError, match="result cache"):  # a cached answer is no measurement
                 child.recall("own-host-user", "where does the user like to go hiking")
@@ -428,3 +432,82 @@ def test_the_hosts_bench_reader_in_its_own_process_answers_and_exits(tmp_path, r
             child.close()
         assert child.proc.returncode == 0
         assert any((tmp_path / "own" / "indexes").iterdir()), "the child kept its own index files"
+
+
+def _hosts_pairs():
+    sys.path.insert(0, str(REPO / "ops" / "bench"))
+    return importlib.import_module("hosts_pairs")
+
+
+def test_the_hosts_bench_pairs_a_recall_with_its_floor_and_takes_the_median_of_their_ratios():
+    """``hosts_pairs``: a pair's floor runs first every other turn; the figure is the median (p25, p75) of
+    the per-pair ratios, not the ratio of the two medians (a loaded moment doubling both sides of a pair
+    leaves its ratio alone)."""
+    pairs_mod = _hosts_pairs()
+    timed = pairs_mod.Timed
+    calls: list[str] = []
+    pairs = pairs_mod.Pairs()
+    # Three pairs, the second in a moment of load (both sides 4x): per-pair ratios 1.5, 1.5, 2.0.
+    sides = [(15.0, 10.0), (60.0, 40.0), (20.0, 10.0)]
+    for turn, (above, below) in enumerate(sides):
+        pairs.measure(
+            "catch-up", turn, lambda above=above: calls.append("recall") or timed(above, above / 2),
+            lambda below=below: calls.append("floor") or timed(below, below / 4),
+        )  # fmt: skip
+    assert calls == ["floor", "recall", "recall", "floor", "floor", "recall"]
+    got = pairs.summary()["catch-up"]
+    assert got["ratio"] == {"n": 3, "p25": 1.5, "p50": 1.5, "p75": 1.75}
+    assert got["cpu_ratio"]["p50"] == 3.0  # (x / 2) / (y / 4) = 2 x / y
+    assert got["recall_ms"]["p50"] / got["floor_ms"]["p50"] == 2.0  # the ratio of p50s: 20 / 10
+    assert pairs_mod.quartiles([1.0, 2.0], [0.0, 1.0])["n"] == 1  # a zero floor is no pair
+    with pytest.raises(ValueError, match="not pairs"):
+        pairs_mod.quartiles([1.0], [])
+
+
+def test_the_hosts_bench_reader_clock_counts_the_readers_pool_threads_and_not_others():
+    """``reader_clock``: CPU spent on the reader's pool threads counts, CPU on another thread does not."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    pairs_mod = _hosts_pairs()
+
+    def spin(seconds: float) -> None:
+        end = time.thread_time() + seconds
+        while time.thread_time() < end:
+            pass
+
+    pool = ThreadPoolExecutor(max_workers=1)
+    held = type("Held", (), {"pool": pool})()
+    client = type("Client", (), {"reader": type("Reader", (), {"_threads": type("T", (), {"_held": held})()})()})()
+    clock = pairs_mod.reader_clock(client)
+    pool.submit(lambda: None).result()  # the pool's thread exists
+    start = clock()
+    pool.submit(spin, 0.05).result()
+    on_pool = clock() - start
+    other = ThreadPoolExecutor(max_workers=1)
+    start = clock()
+    other.submit(spin, 0.05).result()
+    elsewhere = clock() - start
+    pool.shutdown()
+    other.shutdown()
+    assert on_pool >= 0.05 and elsewhere < 0.02
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="pins a process to one of two cores")
+def test_the_hosts_bench_separate_host_pins_the_reader_alone_and_restores_every_thread():
+    """``separate_core``: the reader process on the last core, this process on the rest, while open; both
+    back on the cores they had when it closes."""
+    sys.path.insert(0, str(REPO / "ops" / "bench"))
+    hosts_process = importlib.import_module("hosts_process")
+    cores = os.sched_getaffinity(0)
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        child = hosts_process.ChildReader(proc)
+        with hosts_process.separate_core(child, []) as pinned:
+            assert pinned is not None and pinned["reader_cores"] == [max(cores)]
+            assert os.sched_getaffinity(proc.pid) == {max(cores)}
+            threads = [int(t.name) for t in Path("/proc/self/task").iterdir()]
+            assert all(os.sched_getaffinity(t) == cores - {max(cores)} for t in threads)
+        assert os.sched_getaffinity(proc.pid) == cores and os.sched_getaffinity(0) == cores
+    finally:
+        proc.kill()
+        proc.wait()

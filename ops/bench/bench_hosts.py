@@ -25,7 +25,23 @@ a fresh query right after the write:
 
 All as a ratio to the floor measured in the same loop (the readers answer each write in an order that
 alternates write by write) (query embedding + FAISS search of the user, top
-30). Apply: the ``UserWrites.run`` time of one write when consecutive writes alternate hosts (each write
+30): p50(recall) / p50(floor), the bench's first figure. On this 2-core machine that figure measures the
+sitting as much as the reader: the Neo4j JVM's CPU right after a write and other users' jobs land on the
+recall and not on floors taken elsewhere in the loop (one tree gave 1.09x to 1.81x in six full 10K runs
+within 50 minutes), where a reader host in a deployment shares its cores with neither. So beside it:
+
+- paired (``hosts_pairs``): every measured recall paired with a floor of the same reader measured right
+  next to it (the same query text; the floor first every other write), reported as the median of the
+  pairs' ratios with p25 / p75: what the moment's load adds to both sides cancels in each pair;
+- CPU: each side's CPU time, the reader's own (in this process: the calling thread and the reader's
+  pool threads; in its own process: that process), as a median of the pairs' CPU ratios: a figure other
+  processes' CPU cannot inflate;
+- "separate host" (``HOSTS_BENCH_SEPARATE_HOST=1``, off by default, its own rows after the others): once
+  the loop is done, the reader process pinned alone on one core and this process, Neo4j and Redis on the
+  other, one write a question, paired as above (``hosts_process.separate_core``: what that does and does
+  not emulate).
+
+Apply: the ``UserWrites.run`` time of one write when consecutive writes alternate hosts (each write
 finds its host's copy one write behind and catches up) against writes all on one host (a delta append),
 interleaved (every write also reads what it changed for the feed). Bytes: what the graph sent for one
 ``GraphStore.vector_changes`` one write behind, against one ``stamped_vectors`` (a whole read): the bytes
@@ -45,7 +61,8 @@ from benchlib import BenchContext, BenchResult, Table, dist, ratio
 from bulk import bulk_load
 from corpus import queries
 from hosts_apply import STEPS, apply_rounds
-from hosts_process import ChildReader
+from hosts_pairs import Pairs, Timed, add_paired_rows, paired_table, reader_clock, timed_floor, timed_recall
+from hosts_process import ChildReader, separate_host
 from hosts_removals import add_rows, removal_rounds, removal_table
 from snapshot_refresh import write_one
 
@@ -101,6 +118,13 @@ SIGNAL_PAUSE_S = 0.1
 # The "rebuild" reader answers only the first writes: each answer is a whole read of the user (minutes at
 # 100K facts on a loaded machine): all of a quick run's writes, 12 at 10K facts, 3 at 100K.
 REBUILD_READ_FACTS = 300_000
+
+
+# The in-process readers' labels and the host that answers each.
+LABEL_HOST = {
+    "catch-up": "reader", "graph catch-up": "reader-graph", "rebuild": "reader-rebuild",
+    "after a signal": "reader-signalled", "no write since": "reader",
+}  # fmt: skip
 
 
 def rebuild_writes(size: int) -> int:
@@ -180,11 +204,40 @@ def _measure(ctx: BenchContext, stack: Any, size: int, writes: int) -> dict[str,
     }  # fmt: skip
     index_ms: dict[str, list[float]] = {"catch-up": [], "graph catch-up": [], "rebuild": []}
     parts: dict[str, list[dict[str, float]]] = {"catch-up": [], "no write since": []}
-    floor: list[float] = []
-    own_floor: list[float] = []
+    floor_ms: list[float] = []
+    own_floor_ms: list[float] = []
     apply: dict[str, list[float]] = {"alternating hosts": [], "one host": []}
     feed_reads: list[float] = []
     undo = _timed_feed_reads(feed_reads)
+    pairs = Pairs()
+    clocks = {name: reader_clock(client) for name, client in hosts.items()}
+
+    def in_process(label: str, client: Any, query: str) -> Timed:
+        timed, got = timed_recall(client, uid, query, clocks[LABEL_HOST[label]])
+        recall[label].append(timed.ms)
+        if label in index_ms:
+            index_ms[label].append(got.timings_ms["index"])
+        parts.setdefault(label, []).append(got.timings_ms)
+        assert not got.cached
+        return timed
+
+    def own_process(label: str, query: str) -> Timed:
+        ms, got_parts = own.recall(uid, query)  # its time and parts as taken in that process
+        recall[label].append(ms)
+        parts.setdefault(label, []).append(got_parts)
+        return Timed(ms, own.last_cpu_ms)
+
+    def paired(label: str, turn: int, query: str) -> None:
+        """``label``'s recall of ``query`` and its floor (the same text), in the order of ``turn``."""
+        if label.startswith("own process"):
+            pairs.measure(label, turn, lambda: own_process(label, query), lambda: own.timed_floor(uid, query))
+            return
+        client = hosts[LABEL_HOST[label]]
+        pairs.measure(
+            label, turn, lambda: in_process(label, client, query),
+            lambda: timed_floor(client, uid, query, clocks[LABEL_HOST[label]]),
+        )  # fmt: skip
+
     for i in range(writes):
         # One host: its second write in a row finds its copy current (a delta append). Alternating: the other
         # host writes next, its copy one write behind (a catch-up, then the append).
@@ -193,56 +246,42 @@ def _measure(ctx: BenchContext, stack: Any, size: int, writes: int) -> dict[str,
         apply["one host"].append(_write(host, uid, 3 * i + 1))
         apply["alternating hosts"].append(_write(other, uid, 3 * i + 2))
         written = time.perf_counter()
-        order = [("catch-up", reader), ("graph catch-up", graph_reader), ("rebuild", before)]
+        order = ["catch-up", "graph catch-up", "rebuild"]
         order = order[i % 3 :] + order[: i % 3]  # each reader first, second and third in turn
         if i >= rebuild_writes(size):
-            order = [(label, client) for label, client in order if label != "rebuild"]
-        labels = [lbl for lbl, _ in order]
+            order.remove("rebuild")
         slot = i % (len(order) + 1)  # the reader in its own process first, second, ... and last in turn
-        for label, client in [*order[:slot], ("own process: catch-up", None), *order[slot:]]:
-            if client is None:  # its time and parts as taken in that process
-                ms, got_parts = own.recall(uid, f"own {qs[4 + 3 * i]}")
-                recall[label].append(ms)
-                parts.setdefault(label, []).append(got_parts)
-                continue
-            start = time.perf_counter()
-            got = client.recall(uid, qs[4 + 3 * i + labels.index(label)], k=10)
-            recall[label].append((time.perf_counter() - start) * 1e3)
-            index_ms[label].append(got.timings_ms["index"])
-            parts.setdefault(label, []).append(got.timings_ms)
-            assert not got.cached
+        queries_of = {label: qs[4 + 3 * i + n] for n, label in enumerate(order)}
+        queries_of["own process: catch-up"] = f"own {qs[4 + 3 * i]}"
+        # Each reader's recall right after the write paired with its floor, which first alternating write by write.
+        for label in [*order[:slot], "own process: catch-up", *order[slot:]]:
+            paired(label, i, queries_of[label])
         time.sleep(max(0.0, SIGNAL_PAUSE_S - (time.perf_counter() - written)))
-        start = time.perf_counter()
-        late = signalled.recall(uid, qs[4 + 3 * writes + i], k=10)
-        recall["after a signal"].append((time.perf_counter() - start) * 1e3)
-        assert not late.cached
+        paired("after a signal", i, qs[4 + 3 * writes + i])
         # The same reader again, nothing written since (its steady state); in its own process too, each
         # first in turn, and so the two floors.
         for turn in ((i + n) % 2 for n in range(2)):
             if turn:
-                ms, got_parts = own.recall(uid, f"own again {qs[4 + 3 * i]}")
-                recall["own process: no write since"].append(ms)
-                parts.setdefault("own process: no write since", []).append(got_parts)
-                continue
-            start = time.perf_counter()
-            again = reader.recall(uid, f"again {qs[4 + 3 * i]}", k=10)
-            recall["no write since"].append((time.perf_counter() - start) * 1e3)
-            assert not again.cached
-            parts["no write since"].append(again.timings_ms)
+                paired("own process: no write since", i, f"own again {qs[4 + 3 * i]}")
+            else:
+                paired("no write since", i, f"again {qs[4 + 3 * i]}")
         # The graph reader recalls again too, unmeasured: its snapshot loads and is kept as the feed reader's.
         graph_reader.recall(uid, f"again {qs[4 + 3 * i + 1]}", k=10)
+        # The floors of the ratio of p50s (the bench's first figure), at the end of the loop as before.
         for turn in ((i + n) % 2 for n in range(2)):
             if turn:
-                own_floor.append(own.floor(uid, f"own {qs[4 + 3 * i]}"))
-                continue
-            index = reader.reader.keeper.current(uid, reader.graph.user_stamp(uid))
-            start = time.perf_counter()
-            index.search(reader.reader.embedder.encode([qs[4 + 3 * i]])[0], 30)
-            floor.append((time.perf_counter() - start) * 1e3)
+                own_floor_ms.append(own.floor(uid, f"own {qs[4 + 3 * i]}"))
+            else:
+                floor_ms.append(timed_floor(reader, uid, qs[4 + 3 * i], time.thread_time).ms)
     undo()
     own_stats = own.stats()
-    own.close()
     signalled.signals.stop()  # its catch-ups' reads would count in the bytes below
+    separate = None
+    if os.environ.get("HOSTS_BENCH_SEPARATE_HOST") == "1":
+        ctx.log("hosts: the reader process alone on a core (HOSTS_BENCH_SEPARATE_HOST)")
+        pinned_qs = queries(f"hosts-{size}-separate", writes)
+        separate = separate_host(own, (a, b), uid, pinned_qs, list(ctx.services.server_pids().values()))
+    own.close()
     ctx.log("hosts: apply rounds")
     rounds = apply_rounds(a, b, uid, rounds=ctx.size(7, 9), pairs=8, first_n=10 * writes)
     received, catchup_bytes, both_bytes, feed_bytes = _Received().install(), [], [], []
@@ -264,7 +303,7 @@ def _measure(ctx: BenchContext, stack: Any, size: int, writes: int) -> dict[str,
     keeper = reader.reader.keeper
     for client in hosts.values():
         client.close()
-    floor_d, own_floor_d = dist(floor), dist(own_floor)
+    floor_d, own_floor_d = dist(floor_ms), dist(own_floor_ms)
     return {
         "facts": size,
         "writes": writes,
@@ -306,6 +345,8 @@ def _measure(ctx: BenchContext, stack: Any, size: int, writes: int) -> dict[str,
         "whole_read_bytes": whole_bytes,
         "rebuilds_after_first_load": {**extra, "reader-process": own_stats["rebuilds"] - own_loads},
         "own_process_catchups_from_feed": own_stats["from_feed"],
+        "paired": pairs.summary(),
+        "separate_host": separate,
         "reader_catchups": keeper.catchups,
         "signalled_catchups": signalled_catchups,
         "catchups_from_feed": from_feed,
@@ -385,6 +426,7 @@ def run(ctx: BenchContext) -> BenchResult:
         ],
     )
     removal = removal_table()
+    paired = paired_table()
     summary: dict[str, Any] = {"load_avg_1min": os.getloadavg()[0], "store": ctx.store, "sizes": []}
     with ctx.stack("hosts", llm=False) as stack:
         for size in sizes:
@@ -420,10 +462,11 @@ def run(ctx: BenchContext) -> BenchResult:
                 got["whole_read_bytes"], tuple(extra.values()),
             )  # fmt: skip
             add_rows(removal, size, got["removals"])
+            add_paired_rows(paired, size, got)
     return BenchResult(
         bench="hosts",
         summary=summary,
-        tables=[recall, own, apply, steps, reads, removal],
+        tables=[recall, own, apply, steps, reads, removal, paired],
         notes=[
             f"store {ctx.store}; every host its own data directory, no shared files; load average "
             f"{summary['load_avg_1min']:.1f} (1 min) at the start; ratios are within one loop",
@@ -433,5 +476,11 @@ def run(ctx: BenchContext) -> BenchResult:
             "write; catch-up, graph catch-up and rebuild do not listen",
             "catch-up reads the writers' change feed (Redis); graph catch-up = the same reader with the feed "
             "refused (reads GraphStore.user_changes, as before the feed)",
+            "paired: the load of the moment weighs on a recall and the floor next to it alike, so the median of "
+            "the pairs' ratios moves less between sittings than the ratio of p50s; CPU: in this process the "
+            "calling thread's and the reader's pool's, in the reader's own process that process's",
+            "separate host (HOSTS_BENCH_SEPARATE_HOST=1): the reader process alone on one core, this process, "
+            "Neo4j and Redis on the other; its encoder and its Python share that core, other users' processes "
+            "are not pinned",
         ],
     )

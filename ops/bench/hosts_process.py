@@ -7,27 +7,41 @@ script, JSON lines on its stdin and stdout) holding one ``MemoryClient`` with it
 listening for stamps (as the in-process "catch-up" reader), and the parent asks it, write after write, the
 same questions it asks that reader: a recall right after another host's write, a second recall with no
 write since, and the floor (query embedding + FAISS search, top 30) of the same loop. Every time is taken
-in the child around the call itself, so the pipe's round trip is in none of them.
+in the child around the call itself, so the pipe's round trip is in none of them; so is the child's CPU
+time for each answer (``last_cpu_ms``: the process's, the reader being all it runs; ``hosts_pairs``).
 
     reader = ChildReader.start(env, data_dir)      # the parent: the stack's environment, a data directory
     reader.recall(user_id, query) -> (ms, timings_ms)
     reader.floor(user_id, query) -> ms
+    reader.last_cpu_ms                             # the CPU of the last recall or floor, in the child
     reader.stats() -> {"rebuilds": ..., "from_feed": ...}
     reader.close()
+
+"Separate host" (``separate_core``, optional): the child pinned to one core and this process, Neo4j and
+Redis to the other(s), as a reader host does not share its cores with the graph or the apply hosts. It
+emulates that the reader's CPU is its own: nothing of this run competes with it for its core. It does not
+emulate a host: the reader's encoder and its Python (the recall's thread, its pool) share that ONE core
+where a host has several (so the query's embedding and the keyword search no longer overlap), the
+machine's other processes (other users' jobs) are not pinned and still run on both cores, the two cores
+share their caches and memory, and Redis and Neo4j answer over loopback, not a network.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ChildReader"]
+from hosts_pairs import Pairs, Timed, timed_floor, timed_recall
+from snapshot_refresh import write_one
+
+__all__ = ["ChildReader", "separate_core", "separate_host"]
 
 
 class ChildReader:
@@ -35,6 +49,7 @@ class ChildReader:
 
     def __init__(self, proc: subprocess.Popen[str]) -> None:
         self.proc = proc
+        self.last_cpu_ms = float("nan")  # the child's CPU for its last recall or floor
 
     @classmethod
     def start(cls, env: Mapping[str, str], data_dir: Path) -> ChildReader:
@@ -63,11 +78,23 @@ class ChildReader:
     def recall(self, user_id: str, query: str) -> tuple[float, dict[str, float]]:
         """One recall of ``query`` (k=10, never a cached answer): its milliseconds and ``timings_ms``."""
         got = self._ask({"op": "recall", "user": user_id, "query": query})
+        self.last_cpu_ms = got["cpu_ms"]
         return got["ms"], got["parts"]
 
     def floor(self, user_id: str, query: str) -> float:
-        """The floor's milliseconds: ``query`` embedded (no cache) and the user's index searched (top 30)."""
-        return float(self._ask({"op": "floor", "user": user_id, "query": query})["ms"])
+        """The floor's milliseconds: ``query`` embedded (no cache) and the user's index held searched (top 30;
+        ``hosts_pairs.timed_floor``)."""
+        got = self._ask({"op": "floor", "user": user_id, "query": query})
+        self.last_cpu_ms = got["cpu_ms"]
+        return float(got["ms"])
+
+    def timed_recall(self, user_id: str, query: str) -> Timed:
+        """``recall``'s milliseconds and the child's CPU for it."""
+        return Timed(self.recall(user_id, query)[0], self.last_cpu_ms)
+
+    def timed_floor(self, user_id: str, query: str) -> Timed:
+        """``floor``'s milliseconds and the child's CPU for it."""
+        return Timed(self.floor(user_id, query), self.last_cpu_ms)
 
     def stats(self) -> dict[str, int]:
         """The child's whole reads of a user's vectors (``IndexKeeper.rebuilds``) and catch-ups the change
@@ -111,19 +138,74 @@ def _answer(client: Any, request: dict[str, Any]) -> dict[str, Any]:
         return {"rebuilds": client.reader.keeper.rebuilds, "from_feed": client.reader.catchups.from_feed}
     user_id, query = request["user"], request["query"]
     if op == "recall":
-        start = time.perf_counter()
-        got = client.recall(user_id, query, k=10)
-        ms = (time.perf_counter() - start) * 1e3
+        timed, got = timed_recall(client, user_id, query, time.process_time)
         if got.cached:
             raise RuntimeError(f"recall of {query!r} came from the result cache")
-        return {"ms": ms, "parts": got.timings_ms}
+        return {"ms": timed.ms, "parts": got.timings_ms, "cpu_ms": timed.cpu_ms}
     if op == "floor":
-        reader = client.reader
-        index = reader.keeper.current(user_id, client.graph.user_stamp(user_id))
-        start = time.perf_counter()
-        index.search(reader.embedder.encode([query])[0], 30)
-        return {"ms": (time.perf_counter() - start) * 1e3}
+        timed = timed_floor(client, user_id, query, time.process_time)
+        return {"ms": timed.ms, "cpu_ms": timed.cpu_ms}
     raise ValueError(f"unknown request {op!r}")
+
+
+def _pin(pid: int, cpus: set[int]) -> None:
+    """Every thread of process ``pid`` on ``cpus`` (a process's affinity is per thread; threads made later
+    inherit their maker's)."""
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(ProcessLookupError):  # a thread that ended since the listing
+            os.sched_setaffinity(int(task.name), cpus)
+
+
+@contextlib.contextmanager
+def separate_core(child: ChildReader, others: Sequence[int]) -> Iterator[dict[str, Any] | None]:
+    """While open, ``child`` alone on the last core this process may use, this process and ``others`` (the
+    run's Redis and Neo4j) on the rest (see the module docstring for what that emulates); every thread of
+    them back on the cores it had when it closes. Yields what was pinned where, or None (and pins
+    nothing) with fewer than two cores."""
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < 2:
+        yield None
+        return
+    reader_cores, rest = {cores[-1]}, set(cores[:-1])
+    pids = [os.getpid(), *others]
+    had = {pid: os.sched_getaffinity(pid) for pid in [child.proc.pid, *pids]}
+    try:
+        _pin(child.proc.pid, reader_cores)
+        for pid in pids:
+            _pin(pid, rest)
+        yield {"reader_cores": sorted(reader_cores), "other_cores": sorted(rest), "other_pids": pids}
+    finally:
+        for pid, cpus in had.items():
+            with contextlib.suppress(FileNotFoundError):  # a process that ended
+                _pin(pid, cpus)
+
+
+def separate_host(
+    reader: ChildReader, writers: tuple[Any, Any], user_id: str, queries: list[str], servers: list[int]
+) -> dict[str, Any] | None:
+    """The "separate host" rows: ``reader`` alone on one core, this process and ``servers`` (pids) on the
+    other(s) (``separate_core``); one write a query, by ``writers`` in turn (clients in this process, one
+    fact each, as the apply stage writes), and after each the reader's recall right after the write and
+    again with no write since, each paired with its floor (``hosts_pairs.Pairs``). None, and nothing
+    measured, with fewer than two cores."""
+    pairs = Pairs()
+    rebuilds = reader.stats()["rebuilds"]
+    with separate_core(reader, servers) as pinned:
+        if pinned is None:
+            return None
+        for i, query in enumerate(queries):
+            write_one(writers[i % 2], user_id, 5 * len(queries) + i, read_index=True)
+            for label, text in (("catch-up", query), ("no write since", f"again {query}")):
+                pairs.measure(
+                    f"separate host: {label}", i, lambda text=text: reader.timed_recall(user_id, text),
+                    lambda text=text: reader.timed_floor(user_id, text),
+                )  # fmt: skip
+    return {
+        "cores": pinned,
+        "writes": len(queries),
+        "pairs": pairs.summary(),
+        "rebuilds": reader.stats()["rebuilds"] - rebuilds,
+    }
 
 
 if __name__ == "__main__":

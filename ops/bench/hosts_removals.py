@@ -31,6 +31,7 @@ from typing import Any
 
 from benchlib import Table, dist, ratio
 from corpus import queries
+from hosts_pairs import timed_floor
 from snapshot_refresh import write_one
 
 __all__ = ["REMOVALS", "add_rows", "removal_rounds", "removal_table"]
@@ -126,10 +127,7 @@ def removal_rounds(
             raw = a.redis.zrangebyscore(keys.change_feed(user_id), f"({since}", "+inf")
             feed_bytes[label].append(sum(map(len, raw)))
             graph_bytes[label].append(received.of(lambda since=since: a.graph.user_changes(user_id, since)))
-            index = reader.reader.keeper.current(user_id, reader.graph.user_stamp(user_id))
-            start = time.perf_counter()
-            index.search(reader.reader.embedder.encode([next(q)])[0], 30)
-            floor.append((time.perf_counter() - start) * 1e3)
+            floor.append(timed_floor(reader, user_id, next(q), time.thread_time).ms)
     listener.stop()
     undo()
     floor_d = dist(floor)
