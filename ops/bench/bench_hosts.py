@@ -54,54 +54,18 @@ from __future__ import annotations
 import os
 import statistics
 import time
-from pathlib import Path
 from typing import Any
 
 from benchlib import BenchContext, BenchResult, Table, dist, ratio
 from bulk import bulk_load
 from corpus import queries
-from hosts_apply import STEPS, apply_rounds
+from hosts_apply import STEPS, apply_rounds, timed_feed_reads
 from hosts_pairs import Pairs, Timed, add_paired_rows, paired_table, reader_clock, timed_floor, timed_recall
 from hosts_process import ChildReader, separate_host
-from hosts_removals import add_rows, removal_rounds, removal_table
+from hosts_removals import Received, add_rows, removal_rounds, removal_table
 from snapshot_refresh import write_one
 
 __all__ = ["run"]
-
-
-class _Received:
-    """Bytes the Neo4j driver's Bolt sockets received since ``install``, and this process's file reads."""
-
-    def __init__(self) -> None:
-        self.socket = 0
-
-    def install(self) -> _Received:
-        from neo4j._async_compat.network._bolt_socket import BoltSocketBase
-
-        original = BoltSocketBase.recv_into
-        received = self
-
-        def counting(sock: Any, buffer: Any, nbytes: int) -> int:
-            n = original(sock, buffer, nbytes)
-            received.socket += n
-            return n
-
-        BoltSocketBase.recv_into = counting  # type: ignore[method-assign]
-        return self
-
-    def total(self) -> int:
-        for line in Path("/proc/self/io").read_text().splitlines():
-            if line.startswith("rchar:"):
-                return self.socket + int(line.split()[1])
-        raise RuntimeError("no rchar in /proc/self/io")
-
-    def of(self, call: Any) -> int:
-        """Bytes read while ``call()`` ran (less what reading /proc itself costs)."""
-        mark = self.total()
-        idle = self.total() - mark  # one read of /proc/self/io, itself counted in rchar
-        mark += idle
-        call()
-        return self.total() - mark - idle
 
 
 def _write(client: Any, user_id: str, n: int) -> float:
@@ -151,24 +115,6 @@ def _hosts(ctx: BenchContext, stack: Any, size: int) -> dict[str, Any]:
     return out
 
 
-def _timed_feed_reads(into: list[float]) -> Any:
-    """Time each write's read for its change-feed entry (``UserWrite._feed_entry``, inside the apply's
-    time); returns the undo."""
-    from engram_api.storage.writer.userwrite import UserWrite
-
-    real = UserWrite._feed_entry
-
-    def timed(self: Any, *args: Any, **kwargs: Any) -> Any:
-        start = time.perf_counter()
-        try:
-            return real(self, *args, **kwargs)
-        finally:
-            into.append((time.perf_counter() - start) * 1e3)
-
-    UserWrite._feed_entry = timed  # type: ignore[method-assign]
-    return lambda: setattr(UserWrite, "_feed_entry", real)
-
-
 def _measure(ctx: BenchContext, stack: Any, size: int, writes: int) -> dict[str, Any]:
     from engram_api import keys
 
@@ -208,7 +154,7 @@ def _measure(ctx: BenchContext, stack: Any, size: int, writes: int) -> dict[str,
     own_floor_ms: list[float] = []
     apply: dict[str, list[float]] = {"alternating hosts": [], "one host": []}
     feed_reads: list[float] = []
-    undo = _timed_feed_reads(feed_reads)
+    undo = timed_feed_reads(feed_reads)
     pairs = Pairs()
     clocks = {name: reader_clock(client) for name, client in hosts.items()}
 
@@ -284,7 +230,7 @@ def _measure(ctx: BenchContext, stack: Any, size: int, writes: int) -> dict[str,
     own.close()
     ctx.log("hosts: apply rounds")
     rounds = apply_rounds(a, b, uid, rounds=ctx.size(7, 9), pairs=8, first_n=10 * writes)
-    received, catchup_bytes, both_bytes, feed_bytes = _Received().install(), [], [], []
+    received, catchup_bytes, both_bytes, feed_bytes = Received().install(), [], [], []
     for i in range(3):
         since = a.graph.user_stamp(uid).version
         _write(b, uid, 3 * writes + i)

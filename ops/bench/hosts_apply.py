@@ -27,7 +27,7 @@ from typing import Any
 from benchlib import dist, ratio
 from snapshot_refresh import write_one
 
-__all__ = ["STEPS", "apply_rounds"]
+__all__ = ["STEPS", "apply_rounds", "timed_feed_reads"]
 
 STEPS = ("open", "index", "graph write", "feed read", "finish other")
 
@@ -58,6 +58,24 @@ def _timed_steps(graph_type: type, into: dict[str, float]) -> Iterator[None]:
     finally:
         for step, (owner, name) in wrapped.items():
             setattr(owner, name, originals[step])
+
+
+def timed_feed_reads(into: list[float]) -> Any:
+    """Time each write's read for its change-feed entry (``UserWrite._feed_entry``, inside the apply's
+    time); returns the undo."""
+    from engram_api.storage.writer.userwrite import UserWrite
+
+    real = UserWrite._feed_entry
+
+    def timed(self: Any, *args: Any, **kwargs: Any) -> Any:
+        start = time.perf_counter()
+        try:
+            return real(self, *args, **kwargs)
+        finally:
+            into.append((time.perf_counter() - start) * 1e3)
+
+    UserWrite._feed_entry = timed  # type: ignore[method-assign]
+    return lambda: setattr(UserWrite, "_feed_entry", real)
 
 
 def _steps(total: float, timed: dict[str, float]) -> dict[str, float]:

@@ -27,6 +27,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from benchlib import Table, dist, ratio
@@ -34,10 +35,45 @@ from corpus import queries
 from hosts_pairs import timed_floor
 from snapshot_refresh import write_one
 
-__all__ = ["REMOVALS", "add_rows", "removal_rounds", "removal_table"]
+__all__ = ["REMOVALS", "Received", "add_rows", "removal_rounds", "removal_table"]
 
 REMOVALS = ("fact forget", "message forget")
 READERS = ("catch-up", "graph catch-up", "after a signal")
+
+
+class Received:
+    """Bytes the Neo4j driver's Bolt sockets received since ``install``, and this process's file reads."""
+
+    def __init__(self) -> None:
+        self.socket = 0
+
+    def install(self) -> Received:
+        from neo4j._async_compat.network._bolt_socket import BoltSocketBase
+
+        original = BoltSocketBase.recv_into
+        received = self
+
+        def counting(sock: Any, buffer: Any, nbytes: int) -> int:
+            n = original(sock, buffer, nbytes)
+            received.socket += n
+            return n
+
+        BoltSocketBase.recv_into = counting  # type: ignore[method-assign]
+        return self
+
+    def total(self) -> int:
+        for line in Path("/proc/self/io").read_text().splitlines():
+            if line.startswith("rchar:"):
+                return self.socket + int(line.split()[1])
+        raise RuntimeError("no rchar in /proc/self/io")
+
+    def of(self, call: Any) -> int:
+        """Bytes read while ``call()`` ran (less what reading /proc itself costs)."""
+        mark = self.total()
+        idle = self.total() - mark  # one read of /proc/self/io, itself counted in rchar
+        mark += idle
+        call()
+        return self.total() - mark - idle
 
 
 def _counting_snapshots(clients: dict[str, Any]) -> tuple[dict[str, int], Callable[[], None]]:
@@ -76,7 +112,7 @@ def removal_rounds(
     hosts: dict[str, Any], user_id: str, *, rounds: int, received: Any, pause_s: float
 ) -> dict[str, Any]:
     """The removal rounds over ``hosts`` (``bench_hosts._hosts``; the user loaded on each), ``received``
-    counting the graph's bytes (``bench_hosts._Received``); see the module docstring."""
+    counting the graph's bytes (``Received``); see the module docstring."""
     from engram_api import keys
     from engram_api.reader.signals import StampSignals
 
