@@ -1,6 +1,7 @@
 """The hosts bench's removal part: recall on a reader host right after ANOTHER host removed records (a forget
 of one fact, a forget of one message), as a ratio to the floor measured in the same loop; what a catch-up of
-a removal reads; and the whole reads after each host's first load, which must stay 0.
+a removal reads; and the whole reads after each host's first load, which must stay 0. Each answer is also
+paired with a floor of its reader measured right next to it, with both sides' CPU (``hosts_pairs``: why).
 
 Round after round (the apply hosts alternating): one host writes one message (one new fact, ids known) and
 the readers catch it up unmeasured; then the OTHER host forgets one bulk-loaded fact (``Reader.forget`` of
@@ -32,7 +33,7 @@ from typing import Any
 
 from benchlib import Table, dist, ratio
 from corpus import queries
-from hosts_pairs import timed_floor
+from hosts_pairs import Pairs, Timed, reader_clock, timed_floor, timed_recall
 from snapshot_refresh import write_one
 
 __all__ = ["REMOVALS", "Received", "add_rows", "removal_rounds", "removal_table"]
@@ -130,8 +131,26 @@ def removal_rounds(
     feed_bytes: dict[str, list[int]] = {r: [] for r in REMOVALS}
     graph_bytes: dict[str, list[int]] = {r: [] for r in REMOVALS}
     floor: list[float] = []
+    pairs = Pairs()
+    clocks = {name: reader_clock(client) for name, client in readers.items()}
     q = iter(qs)
     reader = readers["catch-up"]
+
+    def paired(label: str, name: str, turn: int, gone: set[str]) -> None:
+        """``name``'s answer to a fresh query right after the removal ``label``, paired with its floor of the
+        same text (``hosts_pairs``); no removed id may be in it."""
+        query, client = next(q), readers[name]
+
+        def answer() -> Timed:
+            timed, got = timed_recall(client, user_id, query, clocks[name])
+            recall[(label, name)].append(timed.ms)
+            assert not got.cached and gone.isdisjoint(item.id for item in got.items)
+            if name == "catch-up":
+                index_ms[label].append(got.timings_ms["index"])
+            return timed
+
+        pairs.measure(f"{label} / {name}", turn, answer, lambda: timed_floor(client, user_id, query, clocks[name]))
+
     for i in range(rounds):
         writer, other = (a, b)[i % 2], (b, a)[i % 2]
         tag = f"removal-{user_id}-{i}-{time.time_ns()}"
@@ -148,17 +167,9 @@ def removal_rounds(
             order = [name for name in READERS if name != "after a signal"]
             order = order[i % 2 :] + order[: i % 2]
             for name in order:
-                start = time.perf_counter()
-                got = readers[name].recall(user_id, next(q), k=10)
-                recall[(label, name)].append((time.perf_counter() - start) * 1e3)
-                assert not got.cached and gone.isdisjoint(item.id for item in got.items)
-                if name == "catch-up":
-                    index_ms[label].append(got.timings_ms["index"])
+                paired(label, name, i, gone)
             time.sleep(max(0.0, pause_s - (time.perf_counter() - removed)))
-            start = time.perf_counter()
-            late = signalled.recall(user_id, next(q), k=10)
-            recall[(label, "after a signal")].append((time.perf_counter() - start) * 1e3)
-            assert not late.cached and gone.isdisjoint(item.id for item in late.items)
+            paired(label, "after a signal", i, gone)
             assert _holds_none(reader, user_id, gone), f"{label}: a removed record still held"
             raw = a.redis.zrangebyscore(keys.change_feed(user_id), f"({since}", "+inf")
             feed_bytes[label].append(sum(map(len, raw)))
@@ -180,6 +191,7 @@ def removal_rounds(
         "graph_catchup_bytes_p50": {r: statistics.median(v) for r, v in graph_bytes.items()},
         "vector_rebuilds_after_first_load": whole,
         "snapshot_whole_loads": snapshot_loads,
+        "paired": pairs.summary(),
     }
 
 
@@ -201,6 +213,10 @@ def removal_table() -> Table:
             "feed entry (B)",
             "graph catch-up (B)",
             "whole reads after first load (vectors, snapshots)",
+            "catch-up: paired ratio p50",
+            "p25",
+            "p75",
+            "CPU ratio p50",
         ],
     )
 
@@ -210,10 +226,12 @@ def add_rows(table: Table, size: int, got: dict[str, Any]) -> None:
     r, x = got["recall_ms"], got["ratio_p50"]
     whole = (sum(got["vector_rebuilds_after_first_load"].values()), sum(got["snapshot_whole_loads"].values()))
     for label in REMOVALS:
+        paired = got["paired"][f"{label} / catch-up"]
         table.add(
             size, label, r[f"{label} / catch-up"]["p50"], r[f"{label} / catch-up"]["p95"],
             got["index_ms"][label]["p50"], r[f"{label} / graph catch-up"]["p50"],
             r[f"{label} / after a signal"]["p50"], got["floor_ms"]["p50"], x[f"{label} / catch-up"],
             x[f"{label} / graph catch-up"], x[f"{label} / after a signal"], got["feed_entry_bytes_p50"][label],
-            got["graph_catchup_bytes_p50"][label], whole,
+            got["graph_catchup_bytes_p50"][label], whole, paired["ratio"]["p50"], paired["ratio"]["p25"],
+            paired["ratio"]["p75"], paired["cpu_ratio"]["p50"],
         )  # fmt: skip
