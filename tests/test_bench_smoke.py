@@ -421,7 +421,7 @@ def test_the_hosts_bench_reader_in_its_own_process_answers_and_exits(tmp_path, r
         try:
             ms, parts = child.recall("own-host-user", "where does the user like to go hiking")
             assert ms > 0 and {"embed", "faiss", "fusion"} <= parts.keys()
-            assert child.last_cpu_ms > 0  # the child's own CPU for that recall
+            assert child.last_cpu_ms > 0 and child.last_wait_ms >= 0  # the child's own CPU and wait for that recall
             assert child.floor("own-host-user", "where does the user go") > 0
             floor = child.timed_floor("own-host-user", "where does the user go")
             assert floor.ms > 0 and floor.cpu_ms > 0
@@ -464,8 +464,9 @@ def test_the_hosts_bench_pairs_a_recall_with_its_floor_and_takes_the_median_of_t
         pairs_mod.quartiles([1.0], [])
 
 
-def test_the_hosts_bench_reader_clock_counts_the_readers_pool_threads_and_not_others():
-    """``reader_clock``: CPU spent on the reader's pool threads counts, CPU on another thread does not."""
+def test_the_hosts_bench_reader_meter_counts_the_readers_pool_threads_and_not_others():
+    """``reader_meter``: CPU spent on the reader's pool threads counts, CPU on another thread does not; its
+    wait for a core is a reading that only grows."""
     from concurrent.futures import ThreadPoolExecutor
 
     pairs_mod = _hosts_pairs()
@@ -478,15 +479,16 @@ def test_the_hosts_bench_reader_clock_counts_the_readers_pool_threads_and_not_ot
     pool = ThreadPoolExecutor(max_workers=1)
     held = type("Held", (), {"pool": pool})()
     client = type("Client", (), {"reader": type("Reader", (), {"_threads": type("T", (), {"_held": held})()})()})()
-    clock = pairs_mod.reader_clock(client)
+    meter = pairs_mod.reader_meter(client)
     pool.submit(lambda: None).result()  # the pool's thread exists
-    start = clock()
+    start, waited = meter.cpu(), meter.waits()
     pool.submit(spin, 0.05).result()
-    on_pool = clock() - start
+    on_pool = meter.cpu() - start
+    assert meter.waits() >= waited >= 0
     other = ThreadPoolExecutor(max_workers=1)
-    start = clock()
+    start = meter.cpu()
     other.submit(spin, 0.05).result()
-    elsewhere = clock() - start
+    elsewhere = meter.cpu() - start
     pool.shutdown()
     other.shutdown()
     assert on_pool >= 0.05 and elsewhere < 0.02

@@ -60,7 +60,7 @@ from benchlib import BenchContext, BenchResult, Table, dist, ratio
 from bulk import bulk_load
 from corpus import queries
 from hosts_apply import STEPS, apply_rounds, timed_feed_reads
-from hosts_pairs import Pairs, Timed, add_paired_rows, paired_table, reader_clock, timed_floor, timed_recall
+from hosts_pairs import Pairs, Timed, add_paired_rows, paired_table, reader_meter, timed_floor, timed_recall
 from hosts_process import ChildReader, separate_host
 from hosts_removals import Received, add_rows, removal_rounds, removal_table
 from snapshot_refresh import write_one
@@ -156,10 +156,10 @@ def _measure(ctx: BenchContext, stack: Any, size: int, writes: int) -> dict[str,
     feed_reads: list[float] = []
     undo = timed_feed_reads(feed_reads)
     pairs = Pairs()
-    clocks = {name: reader_clock(client) for name, client in hosts.items()}
+    meters = {name: reader_meter(client) for name, client in hosts.items()}
 
     def in_process(label: str, client: Any, query: str) -> Timed:
-        timed, got = timed_recall(client, uid, query, clocks[LABEL_HOST[label]])
+        timed, got = timed_recall(client, uid, query, meters[LABEL_HOST[label]])
         recall[label].append(timed.ms)
         if label in index_ms:
             index_ms[label].append(got.timings_ms["index"])
@@ -171,7 +171,7 @@ def _measure(ctx: BenchContext, stack: Any, size: int, writes: int) -> dict[str,
         ms, got_parts = own.recall(uid, query)  # its time and parts as taken in that process
         recall[label].append(ms)
         parts.setdefault(label, []).append(got_parts)
-        return Timed(ms, own.last_cpu_ms)
+        return Timed(ms, own.last_cpu_ms, own.last_wait_ms)
 
     def paired(label: str, turn: int, query: str) -> None:
         """``label``'s recall of ``query`` and its floor (the same text), in the order of ``turn``."""
@@ -181,7 +181,7 @@ def _measure(ctx: BenchContext, stack: Any, size: int, writes: int) -> dict[str,
         client = hosts[LABEL_HOST[label]]
         pairs.measure(
             label, turn, lambda: in_process(label, client, query),
-            lambda: timed_floor(client, uid, query, clocks[LABEL_HOST[label]]),
+            lambda: timed_floor(client, uid, query, meters[LABEL_HOST[label]]),
         )  # fmt: skip
 
     for i in range(writes):
@@ -218,7 +218,7 @@ def _measure(ctx: BenchContext, stack: Any, size: int, writes: int) -> dict[str,
             if turn:
                 own_floor_ms.append(own.floor(uid, f"own {qs[4 + 3 * i]}"))
             else:
-                floor_ms.append(timed_floor(reader, uid, qs[4 + 3 * i], time.thread_time).ms)
+                floor_ms.append(timed_floor(reader, uid, qs[4 + 3 * i], meters["reader"]).ms)
     undo()
     own_stats = own.stats()
     signalled.signals.stop()  # its catch-ups' reads would count in the bytes below

@@ -10,7 +10,9 @@ the same reader, so the load of the moment weighs on both, and the median of the
 quartiles) cancels what a sitting adds to both. What lands on the recall alone (the JVM's work right after
 the write competing for the two cores) pairing cannot cancel; the CPU view leaves the wall clock out: the
 reader's own CPU time per recall over its floor's, which other processes' CPU does not inflate (it still
-carries what they cost through shared caches and memory bandwidth).
+carries what they cost through shared caches and memory bandwidth). Beside it, the time the reader's threads
+sat runnable waiting for a core (the scheduler's run delay): wall time is about CPU + that wait + waits on
+the stores, so it says how much of a wall figure the machine's other work put there.
 
 Invariants:
 - a pair is one recall and one floor of one reader with nothing of the bench between them; the floor
@@ -18,36 +20,41 @@ Invariants:
   cached, so neither warms the other's vector) and searches the copy the reader holds
   (``IndexKeeper.held``: nothing caught up, so a floor before a recall leaves the recall its catch-up);
 - the order alternates (``floor_first``), so neither side always runs second on warm caches;
-- a reader's CPU in this process is that of the calling thread and of the reader's own pool
-  (``ReaderThreads``), read from their per-thread clocks once the recall's work left behind (its log
-  write) is done: the other hosts' threads here are not counted. In the reader's own process
-  (``hosts_process``) it is the process's CPU, the reader being all that process runs.
+- a reader's CPU and wait in this process are those of the calling thread and of the reader's own pool
+  (``ReaderThreads``), read from their per-thread counters once the recall's work left behind (its log
+  write) is done: the other hosts' threads here are not counted (``reader_meter``). In the reader's own
+  process (``hosts_process``) they are the process's, the reader being all that process runs
+  (``process_meter``).
 """
 
 from __future__ import annotations
 
+import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from benchlib import Table, dist, percentile, ratio
 
 __all__ = [
-    "Pairs", "Timed", "add_paired_rows", "floor_first", "paired_table", "quartiles", "reader_clock", "timed_floor",
-    "timed_recall",
+    "Meter", "Pairs", "Timed", "add_paired_rows", "floor_first", "paired_table", "process_meter", "quartiles",
+    "reader_meter", "timed_floor", "timed_recall",
 ]  # fmt: skip
 
-# A clock of CPU seconds that only grows (``time.process_time``, or ``reader_clock(client)``).
+# A counter of seconds that only grows (CPU time, time waiting for a core).
 Clock = Callable[[], float]
 
 
 @dataclass(frozen=True, slots=True)
 class Timed:
-    """One measured call: its wall milliseconds and the CPU milliseconds its clock counted."""
+    """One measured call: its wall milliseconds, the CPU milliseconds and the milliseconds waiting for a core
+    its meter counted (``Meter``)."""
 
     ms: float
     cpu_ms: float
+    wait_ms: float = float("nan")
 
 
 def floor_first(turn: int) -> bool:
@@ -93,44 +100,81 @@ class Pairs:
                 "floor_ms": dist([f.ms for f in floors]),
                 "recall_cpu_ms": dist([r.cpu_ms for r in recalls]),
                 "floor_cpu_ms": dist([f.cpu_ms for f in floors]),
+                "recall_wait_ms": dist([r.wait_ms for r in recalls]),
+                "floor_wait_ms": dist([f.wait_ms for f in floors]),
             }
         return out
 
 
-def reader_clock(client: Any) -> Clock:
-    """CPU seconds of the calling thread plus those of ``client``'s reader pool threads (per-thread clocks,
-    nanoseconds): what one in-process reader spends, the other hosts' threads left out. A pool thread made
-    between two readings starts at 0 s, so the difference counts all of it."""
+@dataclass(frozen=True, slots=True)
+class Meter:
+    """What one reader spends beside the wall clock, as counters that only grow: ``cpu()`` its CPU seconds,
+    ``waits()`` the seconds its threads sat runnable waiting for a core (the scheduler's ``run_delay``,
+    ``/proc/self/task/<tid>/schedstat``; NaN where it is missing). Wall time minus the two is what the
+    reader waited on something else: a store's answer, the GIL, a lock."""
+
+    cpu: Clock
+    waits: Clock
+
+
+def _run_delay_s(tids: Iterable[int]) -> float:
+    total = 0
+    for tid in tids:
+        try:
+            total += int(Path(f"/proc/self/task/{tid}/schedstat").read_text().split()[1])
+        except FileNotFoundError:  # a thread that ended: its wait is gone with it
+            continue
+        except (OSError, IndexError, ValueError):
+            return float("nan")
+    return total / 1e9
+
+
+def reader_meter(client: Any) -> Meter:
+    """The calling thread and ``client``'s reader pool threads (per-thread clocks): what one in-process reader
+    spends, the other hosts' threads left out. A pool thread made between two readings starts at 0, so the
+    difference counts all of it."""
     threads = client.reader._threads  # the reader's ReaderThreads: its pool, made at first use
 
-    def seconds() -> float:
+    def pool() -> list[Any]:
         held = threads._held
-        pool = [] if held is None else list(held.pool._threads)
-        return time.thread_time() + sum(time.clock_gettime(time.pthread_getcpuclockid(t.ident)) for t in pool)
+        return [] if held is None else list(held.pool._threads)
 
-    return seconds
+    def cpu() -> float:
+        return time.thread_time() + sum(time.clock_gettime(time.pthread_getcpuclockid(t.ident)) for t in pool())
+
+    def waits() -> float:
+        return _run_delay_s([threading.get_native_id(), *(t.native_id for t in pool())])
+
+    return Meter(cpu, waits)
 
 
-def timed_recall(client: Any, user_id: str, query: str, clock: Clock) -> tuple[Timed, Any]:
-    """One recall (k=10) by ``client``: its wall time (the call itself) and its CPU on ``clock`` once the
-    work it left behind is done (``Reader.flush``: the recall log); and the result."""
-    cpu = clock()
+def process_meter() -> Meter:
+    """This whole process (for the reader in a process of its own, which runs nothing else)."""
+    return Meter(time.process_time, lambda: _run_delay_s(int(t.name) for t in Path("/proc/self/task").iterdir()))
+
+
+def timed_recall(client: Any, user_id: str, query: str, meter: Meter) -> tuple[Timed, Any]:
+    """One recall (k=10) by ``client``: its wall time (the call itself), and its CPU and wait for a core on
+    ``meter`` until the work it left behind is done (``Reader.flush``: the recall log); and the result. Each
+    counter is read outside the others' intervals."""
+    wait, cpu = meter.waits(), meter.cpu()
     start = time.perf_counter()
     got = client.recall(user_id, query, k=10)
     ms = (time.perf_counter() - start) * 1e3
     client.reader.flush()
-    return Timed(ms, (clock() - cpu) * 1e3), got
+    return Timed(ms, (meter.cpu() - cpu) * 1e3, (meter.waits() - wait) * 1e3), got
 
 
-def timed_floor(client: Any, user_id: str, query: str, clock: Clock) -> Timed:
+def timed_floor(client: Any, user_id: str, query: str, meter: Meter) -> Timed:
     """The floor of ``client``'s reader: ``query`` embedded (no cache) and the user's copy it holds (or, with
-    none held, its current one) searched, top 30."""
+    none held, its current one) searched, top 30; measured as ``timed_recall`` measures."""
     reader = client.reader
     index = reader.keeper.held(user_id) or reader.keeper.current(user_id, client.graph.user_stamp(user_id))
-    cpu = clock()
+    wait, cpu = meter.waits(), meter.cpu()
     start = time.perf_counter()
     index.search(reader.embedder.encode([query])[0], 30)
-    return Timed((time.perf_counter() - start) * 1e3, (clock() - cpu) * 1e3)
+    ms = (time.perf_counter() - start) * 1e3
+    return Timed(ms, (meter.cpu() - cpu) * 1e3, (meter.waits() - wait) * 1e3)
 
 
 # The in-process and own-process readers whose pairs the table shows (the "rebuild" reader's are in the JSON).
@@ -144,7 +188,7 @@ def paired_table() -> Table:
     return Table(
         "paired: each recall over a floor (query embedding + FAISS search) of the same reader measured next to "
         "it, which first alternating; median of the pairs' ratios [p25, p75] beside the ratio of p50s; CPU: "
-        "the reader's own CPU time per recall over its floor's",
+        "the reader's own CPU time per recall over its floor's; waited for a core: its threads' run-queue time",
         [
             "facts",
             "reader",
@@ -158,6 +202,8 @@ def paired_table() -> Table:
             "CPU ratio p50",
             "p25",
             "p75",
+            "waited for a core p50 (ms): recall",
+            "floor",
         ],
     )
 
@@ -174,5 +220,6 @@ def add_paired_rows(table: Table, size: int, got: dict[str, Any]) -> None:
         wall, cpu = pairs["ratio"], pairs["cpu_ratio"]
         table.add(
             size, label, wall["n"], of_p50s, wall["p50"], wall["p25"], wall["p75"], pairs["recall_cpu_ms"]["p50"],
-            pairs["floor_cpu_ms"]["p50"], cpu["p50"], cpu["p25"], cpu["p75"],
+            pairs["floor_cpu_ms"]["p50"], cpu["p50"], cpu["p25"], cpu["p75"], pairs["recall_wait_ms"]["p50"],
+            pairs["floor_wait_ms"]["p50"],
         )  # fmt: skip

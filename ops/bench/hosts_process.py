@@ -8,12 +8,15 @@ listening for stamps (as the in-process "catch-up" reader), and the parent asks 
 same questions it asks that reader: a recall right after another host's write, a second recall with no
 write since, and the floor (query embedding + FAISS search, top 30) of the same loop. Every time is taken
 in the child around the call itself, so the pipe's round trip is in none of them; so is the child's CPU
-time for each answer (``last_cpu_ms``: the process's, the reader being all it runs; ``hosts_pairs``).
+time and its wait for a core for each answer (``last_cpu_ms``, ``last_wait_ms``: the process's, the reader
+being all it runs; ``hosts_pairs.process_meter``).
 
     reader = ChildReader.start(env, data_dir)      # the parent: the stack's environment, a data directory
     reader.recall(user_id, query) -> (ms, timings_ms)
     reader.floor(user_id, query) -> ms
-    reader.last_cpu_ms                             # the CPU of the last recall or floor, in the child
+    reader.last_cpu_ms, reader.last_wait_ms        # the last recall's or floor's, in the child
+    reader.timed_recall(user_id, query) -> Timed   # the same, as one ``hosts_pairs.Timed``
+    reader.timed_floor(user_id, query) -> Timed
     reader.stats() -> {"rebuilds": ..., "from_feed": ...}
     reader.close()
 
@@ -33,12 +36,11 @@ import json
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from hosts_pairs import Pairs, Timed, timed_floor, timed_recall
+from hosts_pairs import Pairs, Timed, process_meter, timed_floor, timed_recall
 from snapshot_refresh import write_one
 
 __all__ = ["ChildReader", "separate_core", "separate_host"]
@@ -50,6 +52,7 @@ class ChildReader:
     def __init__(self, proc: subprocess.Popen[str]) -> None:
         self.proc = proc
         self.last_cpu_ms = float("nan")  # the child's CPU for its last recall or floor
+        self.last_wait_ms = float("nan")  # and its threads' wait for a core
 
     @classmethod
     def start(cls, env: Mapping[str, str], data_dir: Path) -> ChildReader:
@@ -78,23 +81,23 @@ class ChildReader:
     def recall(self, user_id: str, query: str) -> tuple[float, dict[str, float]]:
         """One recall of ``query`` (k=10, never a cached answer): its milliseconds and ``timings_ms``."""
         got = self._ask({"op": "recall", "user": user_id, "query": query})
-        self.last_cpu_ms = got["cpu_ms"]
+        self.last_cpu_ms, self.last_wait_ms = got["cpu_ms"], got["wait_ms"]
         return got["ms"], got["parts"]
 
     def floor(self, user_id: str, query: str) -> float:
         """The floor's milliseconds: ``query`` embedded (no cache) and the user's index held searched (top 30;
         ``hosts_pairs.timed_floor``)."""
         got = self._ask({"op": "floor", "user": user_id, "query": query})
-        self.last_cpu_ms = got["cpu_ms"]
+        self.last_cpu_ms, self.last_wait_ms = got["cpu_ms"], got["wait_ms"]
         return float(got["ms"])
 
     def timed_recall(self, user_id: str, query: str) -> Timed:
-        """``recall``'s milliseconds and the child's CPU for it."""
-        return Timed(self.recall(user_id, query)[0], self.last_cpu_ms)
+        """``recall``'s milliseconds and the child's CPU and wait for it."""
+        return Timed(self.recall(user_id, query)[0], self.last_cpu_ms, self.last_wait_ms)
 
     def timed_floor(self, user_id: str, query: str) -> Timed:
-        """``floor``'s milliseconds and the child's CPU for it."""
-        return Timed(self.floor(user_id, query), self.last_cpu_ms)
+        """``floor``'s milliseconds and the child's CPU and wait for it."""
+        return Timed(self.floor(user_id, query), self.last_cpu_ms, self.last_wait_ms)
 
     def stats(self) -> dict[str, int]:
         """The child's whole reads of a user's vectors (``IndexKeeper.rebuilds``) and catch-ups the change
@@ -138,13 +141,13 @@ def _answer(client: Any, request: dict[str, Any]) -> dict[str, Any]:
         return {"rebuilds": client.reader.keeper.rebuilds, "from_feed": client.reader.catchups.from_feed}
     user_id, query = request["user"], request["query"]
     if op == "recall":
-        timed, got = timed_recall(client, user_id, query, time.process_time)
+        timed, got = timed_recall(client, user_id, query, process_meter())
         if got.cached:
             raise RuntimeError(f"recall of {query!r} came from the result cache")
-        return {"ms": timed.ms, "parts": got.timings_ms, "cpu_ms": timed.cpu_ms}
+        return {"ms": timed.ms, "parts": got.timings_ms, "cpu_ms": timed.cpu_ms, "wait_ms": timed.wait_ms}
     if op == "floor":
-        timed = timed_floor(client, user_id, query, time.process_time)
-        return {"ms": timed.ms, "cpu_ms": timed.cpu_ms}
+        timed = timed_floor(client, user_id, query, process_meter())
+        return {"ms": timed.ms, "cpu_ms": timed.cpu_ms, "wait_ms": timed.wait_ms}
     raise ValueError(f"unknown request {op!r}")
 
 

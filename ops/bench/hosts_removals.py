@@ -33,7 +33,7 @@ from typing import Any
 
 from benchlib import Table, dist, ratio
 from corpus import queries
-from hosts_pairs import Pairs, Timed, reader_clock, timed_floor, timed_recall
+from hosts_pairs import Pairs, Timed, reader_meter, timed_floor, timed_recall
 from snapshot_refresh import write_one
 
 __all__ = ["REMOVALS", "Received", "add_rows", "removal_rounds", "removal_table"]
@@ -132,7 +132,7 @@ def removal_rounds(
     graph_bytes: dict[str, list[int]] = {r: [] for r in REMOVALS}
     floor: list[float] = []
     pairs = Pairs()
-    clocks = {name: reader_clock(client) for name, client in readers.items()}
+    meters = {name: reader_meter(client) for name, client in readers.items()}
     q = iter(qs)
     reader = readers["catch-up"]
 
@@ -142,14 +142,14 @@ def removal_rounds(
         query, client = next(q), readers[name]
 
         def answer() -> Timed:
-            timed, got = timed_recall(client, user_id, query, clocks[name])
+            timed, got = timed_recall(client, user_id, query, meters[name])
             recall[(label, name)].append(timed.ms)
             assert not got.cached and gone.isdisjoint(item.id for item in got.items)
             if name == "catch-up":
                 index_ms[label].append(got.timings_ms["index"])
             return timed
 
-        pairs.measure(f"{label} / {name}", turn, answer, lambda: timed_floor(client, user_id, query, clocks[name]))
+        pairs.measure(f"{label} / {name}", turn, answer, lambda: timed_floor(client, user_id, query, meters[name]))
 
     for i in range(rounds):
         writer, other = (a, b)[i % 2], (b, a)[i % 2]
@@ -174,7 +174,7 @@ def removal_rounds(
             raw = a.redis.zrangebyscore(keys.change_feed(user_id), f"({since}", "+inf")
             feed_bytes[label].append(sum(map(len, raw)))
             graph_bytes[label].append(received.of(lambda since=since: a.graph.user_changes(user_id, since)))
-            floor.append(timed_floor(reader, user_id, next(q), time.thread_time).ms)
+            floor.append(timed_floor(reader, user_id, next(q), meters["catch-up"]).ms)
     listener.stop()
     undo()
     floor_d = dist(floor)
