@@ -11,8 +11,8 @@ quartiles) cancels what a sitting adds to both. What lands on the recall alone (
 the write competing for the two cores) pairing cannot cancel; the CPU view leaves the wall clock out: the
 reader's own CPU time per recall over its floor's, which other processes' CPU does not inflate (it still
 carries what they cost through shared caches and memory bandwidth). Beside it, the time the reader's threads
-sat runnable waiting for a core (the scheduler's run delay): wall time is about CPU + that wait + waits on
-the stores, so it says how much of a wall figure the machine's other work put there.
+sat runnable waiting for a core (the scheduler's run delay, summed over the threads): how much of a wall
+figure the machine's other work put there.
 
 Invariants:
 - a pair is one recall and one floor of one reader with nothing of the bench between them; the floor
@@ -110,8 +110,10 @@ class Pairs:
 class Meter:
     """What one reader spends beside the wall clock, as counters that only grow: ``cpu()`` its CPU seconds,
     ``waits()`` the seconds its threads sat runnable waiting for a core (the scheduler's ``run_delay``,
-    ``/proc/self/task/<tid>/schedstat``; NaN where it is missing). Wall time minus the two is what the
-    reader waited on something else: a store's answer, the GIL, a lock."""
+    ``/proc/self/task/<tid>/schedstat``; NaN where it is missing), summed over the threads: a recall whose
+    calling thread and pool threads wait at once counts each, so its wait can exceed its wall time. For one
+    thread (the floor) wall time is about its CPU + its wait + what it waited on otherwise (a store's
+    answer, the GIL, a lock)."""
 
     cpu: Clock
     waits: Clock
@@ -202,7 +204,7 @@ def paired_table() -> Table:
             "CPU ratio p50",
             "p25",
             "p75",
-            "waited for a core p50 (ms): recall",
+            "waited for a core p50 (ms, summed over threads): recall",
             "floor",
         ],
     )
