@@ -25,8 +25,8 @@ Redis to the other(s), as a reader host does not share its cores with the graph 
 emulates that the reader's CPU is its own: nothing of this run competes with it for its core. It does not
 emulate a host: the reader's encoder and its Python (the recall's thread, its pool) share that ONE core
 where a host has several (so the query's embedding and the keyword search no longer overlap), the
-machine's other processes (other users' jobs) are not pinned and still run on both cores (with this run
-crowded on one core, the scheduler moves them onto the reader's: measured as its wait for a core), the two
+machine's other processes (other users' jobs) are not pinned and still run on both cores (the reader's
+wait for a core, measured, says how much: most right after a write in loaded runs), the two
 cores share their caches and memory, and Redis and Neo4j answer over loopback, not a network. So its CPU
 figures are the child's; its wall figures are no isolated host's on a shared machine.
 """
