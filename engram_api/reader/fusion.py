@@ -34,7 +34,7 @@ from engram_api.models import KeywordHit, RecallItem
 from engram_api.naming import self_entity_id
 from engram_api.reader.cues import QueryCues
 from engram_api.reader.facts import UserChunks, UserFacts
-from engram_api.reader.items import recall_item
+from engram_api.reader.items import result_items
 from engram_api.reader.recipe import RecallRecipe, RetrievalChannel
 from engram_api.reader.rerank import similarity_step
 from engram_api.reader.scoring import Scoring, Weights, by_rank, normalized, word_share
@@ -296,7 +296,7 @@ class _Run(RecallRun):
         rows = scoring.rows(self.cands, sims, hops, weights.values(), fusion=recipe.fusion, unit=unit)
         rows.sort(key=lambda r: (-r[0], r[1]))  # best first, ties by id: the order docs/api.md states
         rows = similarity_step(rows, recipe)  # the top re-scored by similarity, still best first (``reader.rerank``)
-        return [recall_item(row, self.hops, self.now) for row in rows[:k]]
+        return result_items(rows[:k], self.hops, self.now)
 
 
 def keyword_hits(

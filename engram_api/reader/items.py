@@ -4,17 +4,20 @@ nothing reordered after); this module shapes them."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Literal
+from typing import Any, Literal
+
+from pydantic import TypeAdapter
 
 from engram_api.models import Channel as ChannelName
-from engram_api.models import RecallItem, ScoreBreakdown
+from engram_api.models import RecallItem
 from engram_api.reader.scoring import ComponentValues
 from engram_api.storage.graph.validity import valid_at
 from engram_api.storage.snapshot.rows import AnyChunk, AnyFact
 
-__all__ = ["Candidate", "Row", "recall_item"]
+__all__ = ["Candidate", "Row", "result_items"]
 
 
 @dataclass(slots=True)
@@ -37,8 +40,18 @@ class Candidate:
 Row = tuple[float, str, Candidate, ComponentValues]
 
 
-def recall_item(row: Row, hops: dict[str, int], now: datetime) -> RecallItem:
-    """The result item of a scored candidate's row: what it says, when, which channels found it, its
+# The k items of a recall validated in one call: one ``RecallItem`` (and its breakdown) built by pydantic's
+# core per item, without a Python ``__init__`` for each item and each breakdown (~1 us an item less).
+_ITEMS: TypeAdapter[list[RecallItem]] = TypeAdapter(list[RecallItem])
+
+
+def result_items(rows: Sequence[Row], hops: dict[str, int], now: datetime) -> list[RecallItem]:
+    """The result items of scored candidates' rows, in their order (``item_fields`` each)."""
+    return _ITEMS.validate_python([item_fields(row, hops, now) for row in rows])
+
+
+def item_fields(row: Row, hops: dict[str, int], now: datetime) -> dict[str, Any]:
+    """The fields of a scored candidate's result item: what it says, when, which channels found it, its
     sources, its score's breakdown. ``now``: the recall's reading of the clock, which ``current`` is judged
     at (a fact's ``current_at(None)``, read once a recall instead of once an item)."""
     total, node_id, cand, comp = row
@@ -56,10 +69,6 @@ def recall_item(row: Row, hops: dict[str, int], now: datetime) -> RecallItem:
         else "linked"
     )
     similarity, graph, strength, recency, importance = comp  # ``SCORE_COMPONENTS`` order
-    breakdown = ScoreBreakdown(
-        similarity=similarity, graph=graph, strength=strength, recency=recency, importance=importance,
-        rrf=cand.fusion, total=total,
-    )  # fmt: skip
     common = {
         "id": node_id,
         "kind": cand.kind,
@@ -67,38 +76,41 @@ def recall_item(row: Row, hops: dict[str, int], now: datetime) -> RecallItem:
         "path": path,
         "hops": hops.get(node_id, -1),
         "score": round(total, 6),
-        "breakdown": breakdown,
-    }
+        "breakdown": {
+            "similarity": similarity, "graph": graph, "strength": strength, "recency": recency,
+            "importance": importance, "rrf": cand.fusion, "total": total,
+        },
+    }  # fmt: skip
     fact = cand.fact
     if fact is not None:
-        return RecallItem(
+        return {
             **common,
-            statement=fact.statement,
-            memory_type=fact.memory_type,
-            subject=fact.subject_name,
-            predicate=fact.predicate,
-            object=fact.object_name,
-            entities=[n for n in (fact.subject_name, fact.object_name) if n],
-            valid_from=fact.valid_from,
-            valid_until=fact.valid_until,
-            event_time=fact.valid_from,
-            current=valid_at(fact.valid_from, fact.valid_until, fact.archived, now),
-            source_ids=fact.source_ids,
-        )
+            "statement": fact.statement,
+            "memory_type": fact.memory_type,
+            "subject": fact.subject_name,
+            "predicate": fact.predicate,
+            "object": fact.object_name,
+            "entities": [n for n in (fact.subject_name, fact.object_name) if n],
+            "valid_from": fact.valid_from,
+            "valid_until": fact.valid_until,
+            "event_time": fact.valid_from,
+            "current": valid_at(fact.valid_from, fact.valid_until, fact.archived, now),
+            "source_ids": fact.source_ids,
+        }
     chunk = cand.chunk
     assert chunk is not None
-    return RecallItem(
+    return {
         **common,
-        statement=chunk.text,
-        memory_type="episodic",
-        subject=chunk.speaker,
-        predicate="SAID",
-        object=None,
-        entities=[],
-        valid_from=chunk.event_time,
-        valid_until=None,
-        event_time=chunk.event_time,
-        current=False,
-        speaker=chunk.speaker,
-        source_ids=[chunk.episode_id],
-    )
+        "statement": chunk.text,
+        "memory_type": "episodic",
+        "subject": chunk.speaker,
+        "predicate": "SAID",
+        "object": None,
+        "entities": [],
+        "valid_from": chunk.event_time,
+        "valid_until": None,
+        "event_time": chunk.event_time,
+        "current": False,
+        "speaker": chunk.speaker,
+        "source_ids": [chunk.episode_id],
+    }

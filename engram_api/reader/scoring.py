@@ -102,8 +102,11 @@ class Scoring:
         so the totals are the same to the bit: a recall scores ~100 candidates, and a call per component
         and per candidate was most of this step's CPU."""
         w0, w1, w2, w3, w4 = weights
-        now, decay, half_life, strength_at = self.now, self.hop_decay, self.half_life_days, self.fading.strength_at
-        pow2, out = math.pow, []
+        now, half_life, strength_at = self.now, self.half_life_days, self.fading.strength_at
+        # ``hop_decay ** hops`` once per distinct hop count (a few a recall), the same power each time.
+        graph: dict[int | None, float] = {h: self.hop_decay**h for h in set(hops.values())}
+        graph[None] = 0.0
+        pow2, sim_of, hops_of, out = math.pow, sims.get, hops.get, []
         for node_id, cand in cands.items():
             fact = cand.fact
             if fact is not None:
@@ -111,13 +114,14 @@ class Scoring:
                 importance, at = fact.importance, fact.valid_from
             else:
                 strength, importance, at = EPISODE_STRENGTH, EPISODE_IMPORTANCE, cand.chunk.event_time  # type: ignore[union-attr]
-            h = hops.get(node_id)
-            age_days = max(0.0, (now - at).total_seconds() / 86400)
+            # ``x if x > 0.0 else 0.0`` is ``max(0.0, x)`` (0.0 for -0.0 and NaN alike) without the call.
+            sim = sim_of(node_id, 0.0)
+            age_days = (now - at).total_seconds() / 86400
             comp = (
-                max(0.0, sims.get(node_id, 0.0)),
-                0.0 if h is None else decay**h,
+                sim if sim > 0.0 else 0.0,
+                graph[hops_of(node_id)],
                 strength,
-                pow2(2.0, -age_days / half_life),
+                pow2(2.0, -(age_days if age_days > 0.0 else 0.0) / half_life),
                 importance,
             )
             total = w0 * comp[0] + w1 * comp[1] + w2 * comp[2] + w3 * comp[3] + w4 * comp[4]

@@ -235,25 +235,31 @@ class UserIndex:
         return removed
 
     def search(self, query: np.ndarray, k: int, kind: Kind | None = None) -> list[VectorHit]:
-        """Top ``k`` by inner product, of one kind or of every kind."""
+        """Top ``k`` by inner product, of one kind or of every kind: each layer's index of the kind asked
+        (base, then overlay), none that is empty; the layers' lists merged best first, ties in that order.
+        A single layer's list is FAISS's, already best first, so it is not sorted again."""
         if k <= 0:
             return []
-        q = query.reshape(1, -1).astype(np.float32)
-        hits = []
-        layers = [(name, index, self.base_rows, self.count_masked(name)) for name, index in self.base.items()]
-        layers += [(name, index, self.rows, 0) for name, index in self.indexes.items()]
-        for name, index, rows, hidden in layers:
-            # Masked rows still sit in the base: ask for as many more as could be hidden, drop them below.
-            n = min(int(index.ntotal), k + hidden)  # type: ignore[attr-defined]
-            if (kind is not None and name != kind) or n == 0:
-                continue
-            scores, ids = index.search(q, n)  # type: ignore[attr-defined]
-            masked = self.masked if rows is not self.rows else ()
-            for score, vid in zip(scores[0].tolist(), ids[0].tolist(), strict=True):
-                row = rows.get(vid) if vid not in masked else None
-                if row is not None:
-                    hits.append(VectorHit(row[0], row[1], score))
-        hits.sort(key=lambda h: -h.score)
+        q = np.ascontiguousarray(query, dtype=np.float32).reshape(1, -1)  # no copy of a float32 vector
+        hits: list[VectorHit] = []
+        answered = 0
+        for overlay, layer, rows in ((False, self.base, self.base_rows), (True, self.indexes, self.rows)):
+            for name, index in layer.items():
+                if kind is not None and name != kind:
+                    continue
+                # Masked rows still sit in the base: ask for as many more as could be hidden, drop them below.
+                n = min(int(index.ntotal), k if overlay else k + self.count_masked(name))  # type: ignore[attr-defined]
+                if n == 0:
+                    continue
+                scores, ids = index.search(q, n)  # type: ignore[attr-defined]
+                masked = () if overlay else self.masked
+                for score, vid in zip(scores[0].tolist(), ids[0].tolist(), strict=True):
+                    row = rows.get(vid) if vid not in masked else None
+                    if row is not None:
+                        hits.append(VectorHit(row[0], row[1], score))
+                answered += 1
+        if answered > 1:
+            hits.sort(key=lambda h: -h.score)
         return hits[:k]
 
     def count_masked(self, kind: str) -> int:
