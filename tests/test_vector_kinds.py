@@ -4,6 +4,7 @@ delta log working over both kinds. Recall is asserted, never time."""
 
 from __future__ import annotations
 
+from itertools import pairwise
 from pathlib import Path
 
 import numpy as np
@@ -103,3 +104,38 @@ def test_similarities_are_each_vectors_own_dot_product_to_the_bit(tmp_path: Path
         got = index.similarities(asked, q)
         want = {node: float(np.dot(v, q)) for node, v in index.vectors_for(asked).items()}
         assert got == want and "f9" not in got and "unknown" not in got
+
+
+def test_search_is_every_visible_row_ranked_best_first_per_kind_and_over_all(tmp_path: Path) -> None:
+    """``UserIndex.search`` answers what ranking every visible row by its inner product answers: a kind
+    held in one layer (FAISS's list, best first, not sorted again), in a base with masked rows and an
+    overlay (the layers' lists merged), and every kind at once; an empty layer and a kind with no rows
+    add nothing."""
+    vectors = clustered(1_200)
+    store = VectorStore(root=tmp_path, dim=DIM, flat_max=5_000)
+    index = _filled(store, vectors)
+    index.upsert((f"e{i}", "entity", v) for i, v in enumerate(clustered(40, seed=3)))
+    index = store.save("u", index)  # one base of two kinds, flat, no overlay
+    moved = clustered(30, seed=9)
+    layered = store.append(
+        "u", index, to_stamp=Stamp(1, 2),
+        upserts=[*((f"n{i}", "fact", v) for i, v in enumerate(moved[:20])), ("f3", "fact", moved[20])],
+        removals=["f7", "f8", "e2"],
+    )  # fmt: skip
+    assert layered.masked and "fact" in layered.indexes and "entity" not in layered.indexes
+    rng = np.random.default_rng(SEED + 3)
+    for idx in (index, layered):
+        visible = idx.vectors_for(idx.node_ids())
+        kinds = {node: kind for node, kind in [*idx.base_rows.values(), *idx.rows.values()]}
+        for q in rng.standard_normal((10, DIM)).astype(np.float32):
+            q /= np.linalg.norm(q)
+            for kind in ("fact", "entity", "episode", None):
+                for k in (1, 10, 45):
+                    want = sorted(
+                        (float(np.dot(v, q)), node) for node, v in visible.items() if kind in (None, kinds[node])
+                    )[::-1][:k]
+                    got = idx.search(q, k, kind=kind)
+                    assert [h.node_id for h in got] == [node for _, node in want]
+                    assert all(a.score >= b.score for a, b in pairwise(got))
+                    assert np.allclose([h.score for h in got], [s for s, _ in want], atol=1e-5)
+                    assert all(h.kind == kinds[h.node_id] for h in got)

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 import redis
 
+from engram_api.models import SCORE_COMPONENTS, ScoreBreakdown
 from engram_api.reader.items import Candidate, Row
 from engram_api.reader.rerank import similarity_step
 from engram_api.reader.scoring import Scoring
@@ -136,3 +137,16 @@ def test_the_items_are_the_rows_best_first_ties_by_id(memory: Memory, monkeypatc
     assert [i.id for i in items] == [node_id for _, node_id, _, _ in best]
     assert [i.breakdown.total for i in items] == [total for total, _, _, _ in best]
     assert [i.breakdown.similarity for i in items] == [comp[0] for _, _, _, comp in best]
+    # Every item is its row (the k validated in one call, ``items.result_items``): the whole breakdown, the
+    # score rounded, the record's fields, each a model of its own.
+    for item, (total, _, cand, comp) in zip(items, best, strict=True):
+        assert type(item.breakdown) is ScoreBreakdown
+        assert item.breakdown.model_dump() == {
+            **dict(zip(SCORE_COMPONENTS, comp, strict=True)),
+            "rrf": cand.fusion,
+            "total": total,
+        }
+        assert item.score == round(total, 6) and item.kind == cand.kind and item.channels == cand.channels
+        record = cand.fact if cand.fact is not None else cand.chunk
+        assert record is not None and item.statement == (record.statement if cand.fact is not None else record.text)
+    assert len({id(i.breakdown) for i in items}) == len(items)
