@@ -20,7 +20,7 @@ from engram_api.storage.snapshot.graph import UserSnapshot
 from engram_api.storage.snapshot.keywords import KeywordTable, stems
 from engram_api.storage.snapshot.overlay import MERGE_MIN, merge_due
 from engram_api.storage.snapshot.removal import compacted, table_without, without
-from engram_api.versions import Stamp
+from engram_api.versions import ABSENT, Stamp
 from tests.support.factories import T0, at, make_entity, make_fact
 
 USER = "u-overlay"
@@ -191,6 +191,35 @@ def test_erasure_drops_a_held_snapshot_overlay_and_all() -> None:
     assert cache._keep(held, answering=False) and cache.peek(USER) is held
     cache.drop_user(USER)
     assert cache.peek(USER) is None
+
+
+def test_a_snapshots_terms_memo_is_carried_by_additions_and_begun_anew_by_a_removal() -> None:
+    """The terms recall stemmed from a held user's texts (``UserSnapshot.terms``) go with the snapshot: a
+    refresh that only added records and the fold keep them, one that removed any does not; a user read without
+    a snapshot has a memo per stamp (``reader.terms``), and a snapshot of an ended lifetime is dropped at the
+    next recall that finds the user absent or in a newer lifetime."""
+    rng = random.Random(6)
+    _, facts, chunks = _world(rng, 20)
+    held = UserSnapshot.of(USER, Stamp(1, 1), facts, chunks)
+    text = facts[0].statement
+    assert held.terms(text) == frozenset(stems(text)) and text in held.terms
+    grown = held.updated(Stamp(1, 2), _world(rng, 2)[1], [])
+    assert grown.terms is held.terms and grown.merged().terms is held.terms
+    shrunk = without(grown, [facts[0].id])
+    assert text not in shrunk.terms and len(shrunk.terms) == 0
+
+    cache = SnapshotCache(max_records=1000, budget_records=10_000)
+    unheld = cache.terms(USER, Stamp(1, 2), None)
+    unheld(text)
+    assert cache.terms(USER, Stamp(1, 2), None) is unheld and cache.terms(USER, Stamp(1, 2), grown) is held.terms
+    assert text not in cache.terms(USER, Stamp(1, 3), None)  # a newer stamp: a new memo, the old one gone
+    assert cache.unheld_terms.held(USER) is not unheld
+    for ended in (ABSENT, Stamp(2, 1)):
+        assert cache._keep(grown, answering=False) and cache.terms(USER, Stamp(1, 2), None) is not None
+        assert cache.unheld_terms.held(USER) is not None
+        assert cache.get(USER, Stamp(1, 1)) is grown  # a slower reader's older stamp keeps it
+        assert cache.get(USER, ended) is None and cache.peek(USER) is None
+        assert cache.unheld_terms.held(USER) is None
 
 
 def test_the_overlay_is_folded_now_and_then_off_the_path() -> None:

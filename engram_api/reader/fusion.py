@@ -83,8 +83,8 @@ class _Run(RecallRun):
         """The share of the query's keyword stems the hit's indexed text holds (1 with no stems); a turn's
         share is of ``turn_stems``."""
         if node_id in self.facts:
-            return word_share(self.qstems, self.facts[node_id].statement)
-        return word_share(turn_stems, self.chunks[node_id].indexed_text)
+            return word_share(self.qstems, self.facts[node_id].statement, self.terms)
+        return word_share(turn_stems, self.chunks[node_id].indexed_text, self.terms)
 
     def _turn_stems(self, keyword: list[KeywordHit]) -> frozenset[str]:
         """The query's stems a turn's words are scored on: without the names of the keyword hits' speakers
@@ -136,7 +136,7 @@ class _Run(RecallRun):
             ids = [h.node_id for h in keyword if h.kind == table and self.ok(h.node_id)]
             self._rank("keyword", ids, {i: self._coverage(i, turn_stems) for i in ids})
             if table == "episode" and self.recipe.session_boost:
-                self.sessions = SessionShares.of((self.chunks[i] for i in ids), turn_stems)
+                self.sessions = SessionShares.of((self.chunks[i] for i in ids), turn_stems, self.terms)
         if expanding:
             # A fact reached but not read back was forgotten while the step ran (Neo4j reads at read committed).
             facts, at = self.facts, self.at
@@ -336,11 +336,13 @@ def recall_items(
     timings: dict[str, float],
     cues: QueryCues,
     qstems: frozenset[str],
+    terms: Callable[[str], frozenset[str]],
 ) -> list[RecallItem]:
     """``keyword``: the keyword channel's hits (``keyword_hits``), started by the caller before it embedded
     the query, so the store's full-text search runs while the encoder does; None without that channel.
     ``cues`` and ``qstems``: the query's cues and stemmed keywords (``query_stems``), read by the caller
-    while the encoder runs too: they need no vector.
+    while the encoder runs too: they need no vector. ``terms``: the user's memo of texts' terms
+    (``reader.terms``).
     Adds to ``timings`` the ms spent in FAISS (``faiss``), waiting for the keyword hits (``keyword``), in
     the graph step (``graph``), reading other records (``records``) and the rest (``fusion``)."""
     run = _Run(
@@ -357,6 +359,7 @@ def recall_items(
         keyword=keyword,
         cues=cues,
         qstems=qstems,
+        terms=terms,
     )
     start = time.perf_counter()
     run.channels()

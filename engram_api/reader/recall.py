@@ -208,6 +208,7 @@ class RecallReader:
             timings=timings,
             cues=cues,
             qstems=qstems,
+            terms=self.snapshots.terms(user_id, version, snapshot),
         )
         recall_id = uuid.uuid4().hex
         result = RecallResult(

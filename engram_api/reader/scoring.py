@@ -12,17 +12,15 @@ are the models of ``engram_api.models`` (``ScoreComponents``, ``Weights``): one 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from functools import lru_cache
 from typing import TYPE_CHECKING, Literal
 
 from engram_api.models import GLOBAL_SCOPE, Weights
 from engram_api.settings import Settings
 from engram_api.storage.graph.contract import GraphStore
 from engram_api.storage.graph.fading import Fading
-from engram_api.storage.snapshot.keywords import stems
 from engram_api.storage.snapshot.rows import AnyFact
 
 if TYPE_CHECKING:  # items imports this module
@@ -39,7 +37,6 @@ __all__ = [
     "effective_weights",
     "fact_strength",
     "normalized",
-    "text_terms",
     "word_share",
 ]
 
@@ -163,15 +160,9 @@ def by_rank(count: int, k: int) -> list[float]:
     return [(1.0 - rank / n) ** _RANK_POWER for rank in range(count)]
 
 
-@lru_cache(maxsize=16_384)
-def text_terms(text: str) -> frozenset[str]:
-    """The indexed terms of a keyword hit's text, kept: a user's hits recur from query to query, and
-    stemming ~80 of them again at every recall measured 7.7 ms on this machine at load 23."""
-    return frozenset(stems(text))
-
-
-def word_share(query_terms: frozenset[str], text: str) -> float:
-    """The share of ``query_terms`` (stemmed, as ``stems`` gives them) that ``text`` holds; 1 for none."""
+def word_share(query_terms: frozenset[str], text: str, terms: Callable[[str], frozenset[str]]) -> float:
+    """The share of ``query_terms`` (stemmed, as ``keywords.stems`` gives them) that ``text`` holds; 1 for
+    none. ``terms``: the recall's memo of texts' terms, the user's (``keywords.TextTerms``, ``reader.terms``)."""
     if not query_terms:
         return 1.0
-    return len(query_terms & text_terms(text)) / len(query_terms)
+    return len(query_terms & terms(text)) / len(query_terms)

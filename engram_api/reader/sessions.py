@@ -22,11 +22,10 @@ Invariants:
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import date, datetime
 
-from engram_api.reader.scoring import text_terms
 from engram_api.storage.snapshot.rows import AnyChunk
 
 __all__ = ["NO_SESSIONS", "SessionShares"]
@@ -44,13 +43,16 @@ class SessionShares:
     shares: dict[date, float]
 
     @classmethod
-    def of(cls, hits: Iterable[AnyChunk], query_stems: frozenset[str]) -> SessionShares:
-        """The shares of the sessions ``hits`` (the keyword channel's episode hits) were said in."""
+    def of(
+        cls, hits: Iterable[AnyChunk], query_stems: frozenset[str], terms: Callable[[str], frozenset[str]]
+    ) -> SessionShares:
+        """The shares of the sessions ``hits`` (the keyword channel's episode hits) were said in; ``terms``:
+        the recall's memo of texts' terms (``reader.terms``)."""
         if not query_stems:
             return cls({})
         held: dict[date, set[str]] = {}
         for chunk in hits:
-            held.setdefault(session_of(chunk.event_time), set()).update(query_stems & text_terms(chunk.indexed_text))
+            held.setdefault(session_of(chunk.event_time), set()).update(query_stems & terms(chunk.indexed_text))
         return cls({day: len(words) / len(query_stems) for day, words in held.items()})
 
     def share(self, chunk: AnyChunk) -> float:

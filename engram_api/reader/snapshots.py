@@ -20,7 +20,12 @@ Invariants:
   one answered a recall, else on the second recall at a stamp); one whose index holds more vectors than
   the bound costs no store query at all;
 - a slow load never rolls a newer snapshot back, and all the snapshots held sum to at most
-  ``budget_records`` records.
+  ``budget_records`` records;
+- a snapshot of a lifetime the user has ended (a recall finds the user absent, or in a newer lifetime:
+  ``forget_user`` on any host) is dropped at that recall, with the user's terms memo: an erased user's
+  records leave this reader's memory at its next touch of the user, and at once after its own erasure
+  (``drop_user``); the terms of the texts recall scored are kept with the snapshot that held them or, for a
+  user read without one, in ``terms`` (``reader.terms``), never in a memo of the process.
 """
 
 from __future__ import annotations
@@ -32,10 +37,12 @@ from collections import OrderedDict
 from collections.abc import Callable
 
 from engram_api.errors import EngramError
+from engram_api.reader.terms import TermCache
 from engram_api.storage.faiss.sync import UserChanges
 from engram_api.storage.graph.contract import GraphStore
 from engram_api.storage.snapshot.graph import UserSnapshot
-from engram_api.versions import Stamp
+from engram_api.storage.snapshot.keywords import TextTerms
+from engram_api.versions import ABSENT, Stamp
 
 __all__ = ["CATCH_UP_VERSIONS", "SnapshotCache"]
 
@@ -59,12 +66,17 @@ class SnapshotCache:
         self._loading: set[str] = set()
         self._pid = os.getpid()
         self._lock = threading.Lock()
+        self.unheld_terms = TermCache()  # the terms memos of users read without a snapshot
 
     def get(self, user_id: str, stamp: Stamp) -> UserSnapshot | None:
         """The snapshot held at ``stamp`` or newer in its lifetime (a catch-up may have read writes
-        committed after ``stamp`` was published: what the store's own step would read too)."""
+        committed after ``stamp`` was published: what the store's own step would read too). One of a lifetime
+        ``stamp`` says has ended is dropped (the module docstring)."""
         with self._lock:
             held = self._held.get(user_id)
+            if held is not None and held.stamp.epoch != stamp.epoch and (stamp == ABSENT or stamp > held.stamp):
+                self._drop(user_id)
+                return None
             if held is None or held.stamp.epoch != stamp.epoch or held.stamp < stamp:
                 return None
             self._held.move_to_end(user_id)
@@ -180,8 +192,18 @@ class SnapshotCache:
             if self._held.get(user_id) is held:
                 self._held[user_id] = merged
 
+    def terms(self, user_id: str, stamp: Stamp, snapshot: UserSnapshot | None) -> TextTerms:
+        """The terms memo of a recall of the user at ``stamp``: ``snapshot``'s (the one it reads), else the
+        user's in ``unheld_terms`` (``reader.terms``)."""
+        return snapshot.terms if snapshot is not None else self.unheld_terms.of(user_id, stamp)
+
+    def _drop(self, user_id: str) -> None:
+        """Forget everything held of the user (call with the lock held)."""
+        self._held.pop(user_id, None)
+        self._seen.pop(user_id, None)
+        self._answered.discard(user_id)
+        self.unheld_terms.drop_user(user_id)
+
     def drop_user(self, user_id: str) -> None:
         with self._lock:
-            self._held.pop(user_id, None)
-            self._seen.pop(user_id, None)
-            self._answered.discard(user_id)
+            self._drop(user_id)

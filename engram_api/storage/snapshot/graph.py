@@ -30,7 +30,7 @@ from engram_api.models import ChunkRecord, FactRecord, KeywordHit
 from engram_api.storage.graph import validity
 from engram_api.storage.graph.step import GraphStepQuery
 from engram_api.storage.graph.validity import instant, overlaps
-from engram_api.storage.snapshot.keywords import KeywordIndex
+from engram_api.storage.snapshot.keywords import KeywordIndex, TextTerms
 from engram_api.storage.snapshot.overlay import Overlay, merge_due
 from engram_api.storage.snapshot.removal import without, without_holes
 from engram_api.storage.snapshot.rows import (
@@ -84,6 +84,9 @@ class UserSnapshot:
     episodes: Mapping[str, tuple[str, ...]]  # the base's: episode id -> its chunks, in conversation order
     keywords: KeywordIndex  # the chunks' indexed text and the facts' statements
     recent: Overlay = field(default_factory=Overlay)  # what was written since the base (``overlay``)
+    # The terms of the texts recall scored (``TextTerms``): carried while records are only added, begun anew
+    # by a removal (``removal.without``), so a forgotten text's terms go with the snapshot that held it.
+    terms: TextTerms = field(default_factory=TextTerms, compare=False, repr=False)
 
     @classmethod
     def of(cls, user_id: str, stamp: Stamp, facts: Iterable[FactRecord], chunks: Iterable[ChunkRecord]) -> UserSnapshot:
@@ -149,7 +152,7 @@ class UserSnapshot:
         recent = Overlay(touching=self.recent.with_facts(reached, self.facts.base, by_id.rows()), episodes=episodes)
         return UserSnapshot(
             user_id=self.user_id, stamp=stamp, facts=by_id, chunks=all_chunks, touching=self.touching,
-            episodes=self.episodes, keywords=keywords, recent=recent,
+            episodes=self.episodes, keywords=keywords, recent=recent, terms=self.terms,
         )  # fmt: skip
 
     def merged(self) -> UserSnapshot:
@@ -163,6 +166,7 @@ class UserSnapshot:
             user_id=self.user_id, stamp=self.stamp, facts=facts, chunks=self.chunks.merged(),
             touching=self.recent.merged_touching(self.touching, facts.rows()),
             episodes=self.recent.merged_episodes(self.episodes), keywords=without_holes(self.keywords.merged()),
+            terms=self.terms,
         )  # fmt: skip
 
     @property

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from engram_api.storage.snapshot.keywords import KeywordIndex, KeywordTable, stems
+from engram_api.storage.snapshot.keywords import KeywordIndex, KeywordTable, TextTerms, stems
 from engram_api.storage.snapshot.overlay import Overlay
 from engram_api.storage.snapshot.rows import CHUNK_FACTS, EPISODE, OBJECT, STATEMENT, SUBJECT
 
@@ -73,6 +73,7 @@ def without(snapshot: UserSnapshot, gone: Collection[str]) -> UserSnapshot:
         chunks=snapshot.chunks.without(chunks_gone).with_rows(restated),
         keywords=_index_without(snapshot.keywords, chunk_texts, fact_texts),
         recent=Overlay(touching=snapshot.recent.without_facts(by_entity), episodes=episodes),
+        terms=TextTerms(),  # the removed texts' terms are not carried on
     )
 
 
