@@ -29,7 +29,7 @@ from engram_api.models import ChunkRecord, FactRecord
 from engram_api.reader.snapshots import CATCH_UP_VERSIONS, SnapshotCache
 from engram_api.storage.graph.contract import GraphStep, GraphStepQuery, GraphStore
 from engram_api.storage.snapshot.graph import HeldStep, UserSnapshot
-from engram_api.storage.snapshot.rows import AnyChunk, AnyFact
+from engram_api.storage.snapshot.rows import AnyChunk, AnyFact, conversation_order
 from engram_api.versions import Stamp
 
 __all__ = [
@@ -142,7 +142,7 @@ class ChunkCache(RecordCache[ChunkRecord]):
         held = self._orders.get(snapshot.user_id)
         if held is None or held[0] != snapshot.stamp:
             rows = snapshot.chunks.rows()
-            order = sorted(rows, key=lambda c: rows[c].conversation_order)
+            order = sorted(rows, key=lambda c: conversation_order(rows[c]))
             held = (snapshot.stamp, order, {c: i for i, c in enumerate(order)})
             with self._lock:
                 if snapshot.user_id not in self._orders and len(self._orders) >= self.users:
@@ -171,8 +171,7 @@ class UserFacts:
         """The user's facts among ``ids`` (another user's or unknown ids are absent): one store read
         for those the cache does not hold, none when it holds them all."""
         if self.snapshot is not None:
-            held = self.snapshot.facts.rows()
-            return {i: held[i] for i in ids if i in held}
+            return self.snapshot.facts.views(ids)
         return self.cache.through(self.user_id, self.stamp, ids, partial(self.graph.get_facts, self.user_id))
 
     def step(self, query: GraphStepQuery) -> GraphStep | HeldStep:
@@ -217,8 +216,7 @@ class UserChunks:
     def held(self, ids: Iterable[str]) -> Mapping[str, AnyChunk]:
         """Those of ``ids`` the cache holds; no read."""
         if self.snapshot is not None:
-            held = self.snapshot.chunks.rows()
-            return {i: held[i] for i in ids if i in held}
+            return self.snapshot.chunks.views(ids)
         return self.cache.get(self.user_id, self.stamp, ids)
 
     def keep(self, step: GraphStep | HeldStep) -> None:
@@ -245,8 +243,8 @@ class UserChunks:
             for i in map(at.get, anchor_ids)
             if i is not None
         ]
-        rows = self.snapshot.chunks.rows()
-        return [rows[c] for c in dict.fromkeys(order[j] for i, span in spans for j in span if j != i)]
+        near = dict.fromkeys(order[j] for i, span in spans for j in span if j != i)
+        return list(self.snapshot.chunks.views(near).values())
 
     def _list_episodes(self, episode_ids: list[str]) -> list[EpisodeChunkIds]:
         fresh = self.graph.get_chunks(self.user_id, episode_ids=episode_ids)

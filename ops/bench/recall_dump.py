@@ -118,8 +118,8 @@ def _ways(reader: Any, user_id: str) -> list[dict[str, Any]]:
     """k 10; k 30; k 10 since the middle of the user's time span (its facts' starts, its turns' times);
     k 30 as of three quarters through it."""
     snapshot = reader.snapshots.get(user_id, reader.graph.user_stamp(user_id))
-    times = [f.valid_from for f in snapshot.facts.rows().values()]
-    times += [c.event_time for c in snapshot.chunks.rows().values()]
+    times = [f.valid_from for f in snapshot.facts.values()]
+    times += [c.event_time for c in snapshot.chunks.values()]
     start, span = min(times), max(times) - min(times)
     return [{"k": 10}, {"k": 30}, {"k": 10, "since": start + span / 2}, {"k": 30, "as_of": start + span * 3 / 4}]
 

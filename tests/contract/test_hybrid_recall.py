@@ -413,7 +413,7 @@ def test_a_held_snapshot_finds_the_neighbouring_turns_the_store_finds(memory: Me
     snapshot = memory.graph.snapshot(user, max_records=1000)
     assert snapshot is not None
     held = UserChunks(memory.graph, ChunkCache(), user, stamp, snapshot)
-    ids = sorted(snapshot.chunks.rows(), key=lambda c: snapshot.chunks.rows()[c].conversation_order)
+    ids = sorted(snapshot.chunks, key=lambda c: snapshot.chunks[c].conversation_order)
     for window in (1, 2):
         for anchors in ([ids[0]], [ids[-1]], [ids[2], ids[3]], ids):
             store = {c.id for c in memory.graph.neighbour_chunks(user, anchors, window)}

@@ -50,6 +50,7 @@ from engram_api.storage.snapshot.rows import (
     FactView,
     RecordRows,
     Row,
+    conversation_order,
     valid_at,
 )
 from engram_api.versions import Stamp
@@ -110,7 +111,7 @@ class UserSnapshot:
                 if entity:
                     touching.setdefault(entity, []).append(fid)
         episodes: dict[str, list[str]] = {}
-        for cid in sorted(held, key=lambda i: held[i].conversation_order):
+        for cid in sorted(held, key=lambda i: conversation_order(held[i])):
             episodes.setdefault(held[cid][EPISODE], []).append(cid)
         return cls(
             user_id=user_id,
@@ -144,7 +145,7 @@ class UserSnapshot:
         episodes = dict(self.recent.episodes)
         for episode, ids in joined.items():
             merged = dict.fromkeys([*self.episode_chunk_ids(episode), *ids])
-            episodes[episode] = tuple(sorted(merged, key=lambda i: chunk_rows[i].conversation_order))
+            episodes[episode] = tuple(sorted(merged, key=lambda i: conversation_order(chunk_rows[i])))
         keywords = self.keywords.added(
             ((c.id, c.indexed_text) for i, c in new_chunks.items() if i not in self.chunks),
             ((f.id, f.statement) for i, f in fresh.items() if i not in held),  # a statement never changes
@@ -243,9 +244,9 @@ class UserSnapshot:
 
     def episode_chunks(self, episode_ids: Sequence[str]) -> list[ChunkView]:
         """Every chunk of the user's episodes among ``episode_ids``, in conversation order."""
-        rows = self.chunks.rows()
-        held = [rows[c] for e in dict.fromkeys(episode_ids) for c in self.episode_chunk_ids(e)]
-        return sorted(held, key=lambda c: c.conversation_order)
+        rows, view = self.chunks.rows(), self.chunks.shape.viewed
+        held = [c for e in dict.fromkeys(episode_ids) for c in self.episode_chunk_ids(e)]
+        return [view(rows[c]) for c in sorted(held, key=lambda c: conversation_order(rows[c]))]
 
     def keyword_search(
         self,
@@ -281,11 +282,10 @@ class UserSnapshot:
         hops = self._expand(query, [*query.seed_facts, *chunk_seeds]) if query.expanding else []
         known = set(query.known)
         wanted = dict.fromkeys([*query.fact_ids, *sourced, *chunk_seeds, *(fid for fid, _ in hops)])
-        facts = self.facts.rows()
         return HeldStep(
-            facts=[facts[i] for i in wanted if i in facts and i not in known],
+            facts=list(self.facts.views(i for i in wanted if i not in known).values()),
             hops=hops,
-            chunks=[chunks[c] for c in dict.fromkeys(query.chunk_ids) if c in chunks],
+            chunks=list(self.chunks.views(dict.fromkeys(query.chunk_ids)).values()),
         )
 
     def _expand(self, q: GraphStepQuery, seed_facts: list[str]) -> list[tuple[str, int]]:

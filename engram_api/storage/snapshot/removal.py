@@ -33,7 +33,7 @@ import numpy as np
 
 from engram_api.storage.snapshot.keywords import KeywordIndex, KeywordTable, TextTerms, stems
 from engram_api.storage.snapshot.overlay import Overlay
-from engram_api.storage.snapshot.rows import CHUNK_FACTS, EPISODE, OBJECT, STATEMENT, SUBJECT
+from engram_api.storage.snapshot.rows import CHUNK_FACTS, EPISODE, OBJECT, SOURCES, STATEMENT, SUBJECT
 
 if TYPE_CHECKING:
     from engram_api.storage.snapshot.graph import UserSnapshot
@@ -49,23 +49,24 @@ def without(snapshot: UserSnapshot, gone: Collection[str]) -> UserSnapshot:
     chunks_gone = {i for i in gone if i in held_chunks}
     if not facts_gone and not chunks_gone:
         return snapshot
-    removed = [held_facts[i] for i in facts_gone]
+    removed = {i: held_facts[i] for i in facts_gone}
     # A chunk lists the facts its episode stated: those removed leave the lists of their episodes' chunks.
     restated = {}
-    for episode in {e for row in removed for e in row.source_ids}:
+    for episode in {e for row in removed.values() for e in row[SOURCES]}:
         for cid in snapshot.episode_chunk_ids(episode):
             row = held_chunks.get(cid)
             if row is not None and cid not in chunks_gone and not facts_gone.isdisjoint(row[CHUNK_FACTS]):
-                restated[cid] = row._replace(fact_ids=tuple(f for f in row[CHUNK_FACTS] if f not in facts_gone))
+                kept = tuple(f for f in row[CHUNK_FACTS] if f not in facts_gone)
+                restated[cid] = (*row[:CHUNK_FACTS], kept, *row[CHUNK_FACTS + 1 :])
     by_entity: dict[str, set[str]] = {}
-    for row in removed:
+    for fid, row in removed.items():
         for entity in (row[SUBJECT], row[OBJECT]):
             if entity:
-                by_entity.setdefault(entity, set()).add(row.id)
+                by_entity.setdefault(entity, set()).add(fid)
     episodes = dict(snapshot.recent.episodes)
     for episode in {held_chunks[i][EPISODE] for i in chunks_gone}:
         episodes[episode] = tuple(c for c in snapshot.episode_chunk_ids(episode) if c not in chunks_gone)
-    chunk_texts = {i: held_chunks[i].indexed_text for i in chunks_gone}
+    chunk_texts = {i: snapshot.chunks[i].indexed_text for i in chunks_gone}
     fact_texts = {i: held_facts[i][STATEMENT] for i in facts_gone}
     return dataclasses.replace(
         snapshot,

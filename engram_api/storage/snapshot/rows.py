@@ -1,25 +1,32 @@
-"""A snapshot's facts and chunks held as rows: named tuples of their models' fields (``FactView``,
-``ChunkView``), read by the walk, the keyword filters and recall as they are held.
+"""A snapshot's facts and chunks held as rows: plain tuples of their models' fields, read by position by
+the walk and the keyword filters (``SUBJECT``, ``EVENT_TIME``, ...), and by name through views made on
+reading (``FactView``, ``ChunkView``) by recall.
 
-Why: a pydantic model costs ~1.5 KB of its own (its ``__dict__``, its set of fields set) beyond its values
+Why rows: a pydantic model costs ~1.5 KB of its own (its ``__dict__``, its set of fields set) beyond its values
 (a ``FactRecord`` as read from a store: ~2.1 KB, tracemalloc), so a snapshot of a 100K-fact user held as
 models took ~370 MB and readers held no user above 20K records (issue 14: the 100K-fact user's graph step
-and keyword search stayed in the store, 5-6x the floor). A row is one tuple (a named tuple has no
-``__dict__``: the same size); the strings many records repeat (owner, entity ids and names, predicates,
-episode ids, speakers) are interned, so one copy serves every record and every snapshot after a refresh
-(a fact with its keyword entry: ~0.8 KB). The walk (``UserSnapshot.graph_step``) and the keyword filters
-read fields by position (``SUBJECT``, ``EVENT_TIME``, ...); recall reads a view's fields by name, as it
-reads a model's, so no model is built for a recall at all. Building the models a recall read (~3 us each,
-~80 a recall of a 369-turn conversation, ~110 of the 100K-fact user) cost small users ~8 % of a recall
-against their floor (1.40x -> 1.51x, docs/benchmarks/history.md "Stop 39").
+and keyword search stayed in the store, 5-6x the floor). A row is one tuple; the strings many records repeat
+(owner, entity ids and names, predicates, episode ids, speakers) are interned, so one copy serves every
+record and every snapshot after a refresh (a fact with its keyword entry: ~0.8 KB).
 
-Invariants: a row holds its model's fields in their declared order, lists as tuples; a view's methods
-and properties are its model's own (``current_at``, ``conversation_order``, ``indexed_text``), borrowed,
-not copied; ``RecordRows`` is immutable (``with_records`` returns a new one), as its snapshot is.
+Why plain tuples, not the views: CPython's collector stops tracking a tuple that holds only untracked values
+(strings, numbers, datetimes, None, tuples of those) the first time it examines it, where an instance of a tuple
+subclass (a named tuple) is tracked for life. Held as named tuples, every row of every held snapshot was
+walked by each full collection (23 ms with a 10K-fact snapshot held, 118 ms with a 100K one, on a reader
+thread's pause or a recall's); held as plain tuples they cost it nothing. A view is made only for the records a
+recall reads by name (``RecordRows.views``, ``__getitem__``: ~0.1 us each, ~100-200 a recall), so no model
+is built for a recall at all (building the models a recall read cost small users ~8 % of a recall against
+their floor, docs/benchmarks/history.md "Stop 39").
+
+Invariants: a row is a plain tuple holding its model's fields in their declared order, lists as tuples, and
+nothing the collector tracks for good (``RowShape.row``); a view's methods and properties are its model's own
+(``current_at``, ``conversation_order``, ``indexed_text``), borrowed, not copied; ``RecordRows`` is immutable
+(``with_records`` returns a new one), as its snapshot is.
 """
 
 from __future__ import annotations
 
+import operator
 import sys
 from collections import namedtuple
 from collections.abc import Collection, Iterable, Iterator, Mapping
@@ -39,6 +46,7 @@ __all__ = [
     "FACT_ROWS",
     "IMPORTANCE",
     "OBJECT",
+    "SOURCES",
     "STATEMENT",
     "SUBJECT",
     "VALID_FROM",
@@ -50,6 +58,7 @@ __all__ = [
     "RecordRows",
     "Row",
     "RowShape",
+    "conversation_order",
     "valid_at",
 ]
 
@@ -100,7 +109,8 @@ class RowShape(Generic[M, V]):
     def at(self, name: str) -> int:
         return self.fields.index(name)
 
-    def row(self, record: M) -> V:
+    def row(self, record: M) -> Row:
+        """``record`` as a row: a plain tuple (the module docstring says why not a view)."""
         values = record.__dict__
         row: list[Any] = []
         for i, name in enumerate(self.fields):
@@ -110,6 +120,10 @@ class RowShape(Generic[M, V]):
             elif i in self.lists and value is not None:
                 value = tuple(value)
             row.append(value)
+        return tuple(row)
+
+    def viewed(self, row: Row) -> V:
+        """``row`` read by name: its view (a copy of the tuple, ~0.1 us, dropped with the recall that read it)."""
         return tuple.__new__(self.view, row)
 
     def record(self, row: Row) -> M:
@@ -133,7 +147,9 @@ SUBJECT, OBJECT, IMPORTANCE = FACT_ROWS.at("subject_id"), FACT_ROWS.at("object_i
 VALID_FROM, VALID_UNTIL, ARCHIVED = FACT_ROWS.at("valid_from"), FACT_ROWS.at("valid_until"), FACT_ROWS.at("archived")
 EVENT_TIME, CHUNK_FACTS = CHUNK_ROWS.at("event_time"), CHUNK_ROWS.at("fact_ids")
 EPISODE = CHUNK_ROWS.at("episode_id")
-STATEMENT = FACT_ROWS.at("statement")
+STATEMENT, SOURCES = FACT_ROWS.at("statement"), FACT_ROWS.at("source_ids")
+# A held chunk's ``ChunkRecord.conversation_order`` (event time, episode, seq), read by position.
+conversation_order = operator.itemgetter(EVENT_TIME, EPISODE, CHUNK_ROWS.at("seq"))
 
 
 def valid_at(fact: Row, at: datetime | None) -> bool:
@@ -143,25 +159,26 @@ def valid_at(fact: Row, at: datetime | None) -> bool:
 
 
 class RecordRows(Mapping[str, V], Generic[M, V]):
-    """Records by id, held as rows of ``shape`` (its views; ``shape.record`` builds one's model back): an
-    immutable base, the rows written since (``recent``: new records and new versions of base ones) and
-    the base's ids removed since (``gone``: hidden, never in ``recent``), which ``with_rows`` and
-    ``without`` grow without copying the base and ``merged`` folds in (``overlay``'s policy)."""
+    """Records by id, held as rows of ``shape`` (plain tuples; ``shape.viewed`` reads one by name, and
+    ``shape.record`` builds its model back): an immutable base, the rows written since (``recent``: new records
+    and new versions of base ones) and the base's ids removed since (``gone``: hidden, never in ``recent``),
+    which ``with_rows`` and ``without`` grow without copying the base and ``merged`` folds in (``overlay``'s
+    policy). As a ``Mapping`` it gives views; ``rows`` gives the rows themselves, for reads by position."""
 
-    __slots__ = ("_base", "_gone", "_recent", "_view", "shape")
+    __slots__ = ("_base", "_gone", "_recent", "_rows", "shape")
 
     def __init__(
         self,
         shape: RowShape[M, V],
-        rows: dict[str, V],
-        recent: dict[str, V] | None = None,
+        rows: dict[str, Row],
+        recent: dict[str, Row] | None = None,
         gone: frozenset[str] = frozenset(),
     ) -> None:
         self.shape = shape
         self._base = rows
         self._recent = recent or {}
         self._gone = gone
-        self._view: Mapping[str, V] = _Layered(self._recent, rows, gone) if self._recent or gone else rows
+        self._rows: Mapping[str, Row] = _Layered(self._recent, rows, gone) if self._recent or gone else rows
 
     @classmethod
     def of(cls, shape: RowShape[M, V], records: Iterable[M]) -> RecordRows[M, V]:
@@ -171,9 +188,11 @@ class RecordRows(Mapping[str, V], Generic[M, V]):
         """These rows with those of ``records`` added or in their place: only the recent rows are copied."""
         return self.with_rows({r.id: self.shape.row(r) for r in records})
 
-    def with_rows(self, rows: Mapping[str, V]) -> RecordRows[M, V]:
-        """These rows with ``rows`` added or in their place: only the recent rows are copied."""
-        return RecordRows(self.shape, self._base, {**self._recent, **rows}, self._gone - rows.keys())
+    def with_rows(self, rows: Mapping[str, Row]) -> RecordRows[M, V]:
+        """These rows with ``rows`` (views or rows, held as plain tuples) added or in their place: only the
+        recent rows are copied."""
+        fresh = {i: row if type(row) is tuple else tuple(row) for i, row in rows.items()}
+        return RecordRows(self.shape, self._base, {**self._recent, **fresh}, self._gone - rows.keys())
 
     def without(self, ids: Collection[str]) -> RecordRows[M, V]:
         """These rows without those of ``ids``: a base's row is hidden (``gone``), only the recent rows are
@@ -196,43 +215,49 @@ class RecordRows(Mapping[str, V], Generic[M, V]):
         return self._gone
 
     @property
-    def recent(self) -> Mapping[str, V]:
+    def recent(self) -> Mapping[str, Row]:
         """The rows added or replaced since the base."""
         return self._recent
 
     @property
-    def base(self) -> Mapping[str, V]:
+    def base(self) -> Mapping[str, Row]:
         """The base's rows, a replaced one at its old version."""
         return self._base
 
-    def rows(self) -> Mapping[str, V]:
-        """The rows by id: the plain dict when nothing is recent nor gone (the hot loops' lookups skip ``Mapping``'s)."""
-        return self._view
+    def rows(self) -> Mapping[str, Row]:
+        """The rows by id, read by position: the plain dict when nothing is recent nor gone (the hot loops'
+        lookups skip ``Mapping``'s)."""
+        return self._rows
+
+    def views(self, ids: Iterable[str]) -> dict[str, V]:
+        """The views of the records among ``ids`` held (others absent), in ``ids``' order."""
+        held, view, new = self._rows, self.shape.view, tuple.__new__
+        return {i: new(view, row) for i in ids if (row := held.get(i)) is not None}
 
     def __getitem__(self, record_id: str) -> V:
-        return self._view[record_id]
+        return self.shape.viewed(self._rows[record_id])
 
     def __contains__(self, record_id: object) -> bool:
-        return record_id in self._view
+        return record_id in self._rows
 
     def __iter__(self) -> Iterator[str]:
-        return iter(self._view)
+        return iter(self._rows)
 
     def __len__(self) -> int:
-        return len(self._view)
+        return len(self._rows)
 
 
-class _Layered(Mapping[str, V]):
+class _Layered(Mapping[str, Row]):
     """``recent`` over ``base`` without ``gone`` (base ids none of ``recent``): a recent row hides the base's
     row of its id, a gone id is not held."""
 
     __slots__ = ("_base", "_gone", "_len", "_recent")
 
-    def __init__(self, recent: dict[str, V], base: dict[str, V], gone: frozenset[str]) -> None:
+    def __init__(self, recent: dict[str, Row], base: dict[str, Row], gone: frozenset[str]) -> None:
         self._recent, self._base, self._gone = recent, base, gone
         self._len = len(base) - len(gone) + sum(1 for i in recent if i not in base)
 
-    def __getitem__(self, record_id: str) -> V:
+    def __getitem__(self, record_id: str) -> Row:
         row = self._recent.get(record_id)
         if row is None and record_id in self._gone:
             raise KeyError(record_id)
