@@ -21,9 +21,11 @@ What it computes, so a newcomer can hold it against the stores' full-text indexe
   the contract suite hold it against both stores);
 - ties are broken by node id, as the stores' answers are sorted, so a refreshed index answers exactly as
   a freshly built one;
-- a removed document leaves a hole at its position (``holes``, ``removal.table_without``): in no posting,
-  its length zero, not counted among the documents, so the statistics are the remaining documents' and
-  the other positions keep theirs (renumbering every posting cost a removal ~8 ms at 10K facts);
+- a removed document leaves a hole at its position (``holes``, ``removal.table_without``): its length zero,
+  not counted among the documents nor in its terms' document frequencies (``hole_df``), never a match, so
+  the statistics are the remaining documents' and the other positions keep theirs (renumbering every
+  posting cost a removal ~8 ms at 10K facts); its postings stay until the fold compacts the table (copying
+  its terms' postings without it cost a removal ~15 ms at 100K facts, "user" being in all of them);
 - a word in a quarter of the documents or more is first added only to the documents a rarer query word
   found, which settles the top k when its k-th outscores every common word together (MaxScore): the same
   answers, a 100K-fact user's search 3.1 -> 1.8 ms with its "user" in 79K statements;
@@ -40,7 +42,7 @@ import math
 import threading
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import Stemmer
@@ -115,8 +117,8 @@ class KeywordTable:
     tie-break; kept with the ids in sorted order and the positions in that order, so a refresh merges its
     few new ids in rather than sorting them all: 2.7 -> 0.4-1.0 ms for one new fact of a 10K-fact table),
     and each term's postings. A removed document's position is a hole (``holes``): its id stays in
-    ``ids`` and ``sorted_ids`` (the others' ranks keep their order), its length is zero and no posting
-    holds it."""
+    ``ids`` and ``sorted_ids`` (the others' ranks keep their order), its length is zero, its postings stay
+    (a search skips it) and ``hole_df`` counts them out of each of its terms' document frequencies."""
 
     ids: tuple[str, ...]
     lengths: np.ndarray
@@ -126,6 +128,12 @@ class KeywordTable:
     rank: np.ndarray  # position -> its place in ``sorted_ids``
     postings: Mapping[str, _Postings]
     holes: frozenset[int] = frozenset()
+    hole_df: Mapping[str, int] = field(default_factory=dict)  # term -> the holes among its postings
+
+    def df(self, term: str) -> int:
+        """The documents holding ``term`` (its postings, the holes not counted)."""
+        posting = self.postings.get(term)
+        return 0 if posting is None else len(posting[0]) - self.hole_df.get(term, 0)
 
     @property
     def live(self) -> int:
@@ -178,6 +186,7 @@ class KeywordTable:
             rank=rank,
             postings=postings,
             holes=self.holes,
+            hole_df=self.hole_df,
         )
 
     def joined(self, other: KeywordTable) -> KeywordTable:
@@ -208,6 +217,7 @@ class KeywordTable:
             rank=rank,
             postings=postings,
             holes=self.holes | {h + shift for h in other.holes},
+            hole_df=dict(Counter(self.hole_df) + Counter(other.hole_df)),
         )
 
     def ranked(self, terms: Sequence[str], k: int, keep: Callable[[str], bool]) -> list[tuple[str, float]]:
@@ -224,8 +234,9 @@ class KeywordTable:
         self, matched: np.ndarray, scores: np.ndarray, k: int, keep: Callable[[str], bool]
     ) -> list[tuple[str, float]]:
         """The best ``k`` of ``matched`` (positions, ``scores`` theirs) that ``keep`` accepts, best first,
-        ties by id."""
+        ties by id; a hole is never one."""
         kept: list[tuple[str, float]] = []
+        holes = self.holes
         # Ordered first are only the 4k best by (score, id) (``keep`` refuses few), then, if ``keep`` refused
         # too many of them, the rest. They are found by one selection on (-score, rank) as a complex number
         # (ordered by its real part, then its imaginary one): the keys are distinct, where the scores are
@@ -242,6 +253,8 @@ class KeywordTable:
         for at, sc in parts:
             order = np.lexsort((self.rank[at], -sc))
             for pos, score in zip(at[order].tolist(), sc[order].tolist(), strict=True):
+                if pos in holes:
+                    continue
                 node_id = self.ids[pos]
                 if keep(node_id):
                     kept.append((node_id, score))
@@ -264,7 +277,7 @@ def ranked(
     held: list[tuple[int, list[_Postings | None]]] = []  # per query term: its documents, its postings by table
     for term in dict.fromkeys(terms):
         parts = [t.postings.get(term) for t in tables]
-        df = sum(len(p[0]) for p in parts if p is not None)
+        df = sum(t.df(term) for t, p in zip(tables, parts, strict=True) if p is not None)
         if df:
             held.append((df, parts))
     rare = [h for h in held if 4 * h[0] < n]

@@ -8,7 +8,8 @@ How: as an addition, in the snapshot's overlay (``overlay``), so a removal costs
 the user's size: the removed rows hidden (``RecordRows.without``), each removed fact skipped in its
 entities' orders (``Reranked.gone``), a removed chunk's episode list held whole in the overlay, a chunk
 that listed a removed fact held again without it, and each removed document a hole in its keyword table
-(``table_without``: the removed text restemmed, its terms' postings copied). Folding the overlay and
+(``table_without``: the removed text restemmed, its terms' document frequencies counted down, no posting
+copied). Folding the overlay and
 copying the base's maps without the records, as it was done, cost a 10K-fact reader's catch-up of one
 forget ~3-10 ms of CPU on the recall's path; the fold now comes when the overlay is due, off it.
 
@@ -89,28 +90,40 @@ def _index_without(index: KeywordIndex, chunks: Mapping[str, str], facts: Mappin
 
 def table_without(table: KeywordTable, gone: Mapping[str, str]) -> KeywordTable:
     """``table`` without the documents among ``gone`` (id -> the text it was indexed from), each left a hole
-    (``KeywordTable.holes``): only the postings of its own terms and the lengths are copied, every other
-    position stays (a renumbering of every posting after the first removed cost ~8 ms at 10K facts, on a
-    reader's catch-up). The holes stay until the snapshot's fold drops them (``without_holes``): they count
-    towards it, so they are never more than the overlay's fold share."""
+    (``KeywordTable.holes``): its length zeroed and its terms' document frequencies counted down
+    (``hole_df``), every posting and position kept, so a removal costs what the removed text holds, not its
+    terms' postings (a copy of them without it cost ~15 ms at 100K facts, the user's "user" in every
+    statement; a renumbering of every posting after the first removed ~8 ms at 10K facts, on a reader's
+    catch-up). The holes stay until the snapshot's fold drops them (``without_holes``): they count towards
+    it, so they are never more than the overlay's fold share."""
     at = {pos: gone[i] for i, pos in _positions(table, list(gone)).items()}
     if not at:
         return table
     terms = {pos: stems(text) for pos, text in at.items()}
-    if any(len(t) != table.lengths[pos] for pos, t in terms.items()):  # not the text it was indexed from
+    if not all(_indexed(table, pos, t) for pos, t in terms.items()):  # not the text it was indexed from
         return compacted(table, at)
-    places = np.fromiter(at, dtype=np.int64, count=len(at))
     lengths = table.lengths.copy()
-    lengths[places] = 0.0
-    postings = dict(table.postings)
-    for term in {term for t in terms.values() for term in t}:
-        where, tf = postings[term]
-        kept = ~np.isin(where, places)
-        if kept.any():
-            postings[term] = (where[kept], tf[kept])
-        else:
-            del postings[term]
-    return dataclasses.replace(table, lengths=lengths, postings=postings, holes=table.holes | at.keys())
+    lengths[np.fromiter(at, dtype=np.int64, count=len(at))] = 0.0
+    hole_df = dict(table.hole_df)
+    for term in chain.from_iterable(set(t) for t in terms.values()):
+        hole_df[term] = hole_df.get(term, 0) + 1
+    return dataclasses.replace(table, lengths=lengths, hole_df=hole_df, holes=table.holes | at.keys())
+
+
+def _indexed(table: KeywordTable, pos: int, terms: list[str]) -> bool:
+    """Whether the document at ``pos`` was indexed from a text of ``terms``: as many terms, each of them posted
+    at ``pos`` (a posting's positions ascend: a binary search each)."""
+    if len(terms) != table.lengths[pos]:
+        return False
+    for term in set(terms):
+        posting = table.postings.get(term)
+        if posting is None:
+            return False
+        where = posting[0]
+        i = int(np.searchsorted(where, pos))
+        if i == len(where) or where[i] != pos:
+            return False
+    return True
 
 
 def _positions(table: KeywordTable, ids: list[str]) -> dict[str, int]:
