@@ -202,7 +202,7 @@ def test_a_snapshots_terms_memo_is_carried_by_additions_and_begun_anew_by_a_remo
     _, facts, chunks = _world(rng, 20)
     held = UserSnapshot.of(USER, Stamp(1, 1), facts, chunks)
     text = facts[0].statement
-    assert held.terms(text) == frozenset(stems(text)) and text in held.terms
+    assert held.terms[text] == frozenset(stems(text)) and text in held.terms
     grown = held.updated(Stamp(1, 2), _world(rng, 2)[1], [])
     assert grown.terms is held.terms and grown.merged().terms is held.terms
     shrunk = without(grown, [facts[0].id])
@@ -210,7 +210,7 @@ def test_a_snapshots_terms_memo_is_carried_by_additions_and_begun_anew_by_a_remo
 
     cache = SnapshotCache(max_records=1000, budget_records=10_000)
     unheld = cache.terms(USER, Stamp(1, 2), None)
-    unheld(text)
+    unheld[text]  # stemmed and kept
     assert cache.terms(USER, Stamp(1, 2), None) is unheld and cache.terms(USER, Stamp(1, 2), grown) is held.terms
     assert text not in cache.terms(USER, Stamp(1, 3), None)  # a newer stamp: a new memo, the old one gone
     assert cache.unheld_terms.held(USER) is not unheld

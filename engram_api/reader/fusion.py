@@ -21,7 +21,7 @@ Invariants:
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from datetime import datetime
@@ -336,7 +336,7 @@ def recall_items(
     timings: dict[str, float],
     cues: QueryCues,
     qstems: frozenset[str],
-    terms: Callable[[str], frozenset[str]],
+    terms: Mapping[str, frozenset[str]],
 ) -> list[RecallItem]:
     """``keyword``: the keyword channel's hits (``keyword_hits``), started by the caller before it embedded
     the query, so the store's full-text search runs while the encoder does; None without that channel.

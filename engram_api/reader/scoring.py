@@ -12,7 +12,7 @@ are the models of ``engram_api.models`` (``ScoreComponents``, ``Weights``): one 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Literal
@@ -160,9 +160,9 @@ def by_rank(count: int, k: int) -> list[float]:
     return [(1.0 - rank / n) ** _RANK_POWER for rank in range(count)]
 
 
-def word_share(query_terms: frozenset[str], text: str, terms: Callable[[str], frozenset[str]]) -> float:
+def word_share(query_terms: frozenset[str], text: str, terms: Mapping[str, frozenset[str]]) -> float:
     """The share of ``query_terms`` (stemmed, as ``keywords.stems`` gives them) that ``text`` holds; 1 for
     none. ``terms``: the recall's memo of texts' terms, the user's (``keywords.TextTerms``, ``reader.terms``)."""
     if not query_terms:
         return 1.0
-    return len(query_terms & terms(text)) / len(query_terms)
+    return len(query_terms & terms[text]) / len(query_terms)

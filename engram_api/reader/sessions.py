@@ -22,7 +22,7 @@ Invariants:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import date, datetime
 
@@ -44,7 +44,7 @@ class SessionShares:
 
     @classmethod
     def of(
-        cls, hits: Iterable[AnyChunk], query_stems: frozenset[str], terms: Callable[[str], frozenset[str]]
+        cls, hits: Iterable[AnyChunk], query_stems: frozenset[str], terms: Mapping[str, frozenset[str]]
     ) -> SessionShares:
         """The shares of the sessions ``hits`` (the keyword channel's episode hits) were said in; ``terms``:
         the recall's memo of texts' terms (``reader.terms``)."""
@@ -52,7 +52,7 @@ class SessionShares:
             return cls({})
         held: dict[date, set[str]] = {}
         for chunk in hits:
-            held.setdefault(session_of(chunk.event_time), set()).update(query_stems & terms(chunk.indexed_text))
+            held.setdefault(session_of(chunk.event_time), set()).update(query_stems & terms[chunk.indexed_text])
         return cls({day: len(words) / len(query_stems) for day, words in held.items()})
 
     def share(self, chunk: AnyChunk) -> float:

@@ -14,7 +14,7 @@ Invariants:
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from concurrent.futures import Future
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -83,7 +83,7 @@ class RecallRun:
     graph_expansion: bool
     keyword: Future[list[KeywordHit]] | None
     cues: QueryCues
-    terms: Callable[[str], frozenset[str]]  # the user's memo of texts' terms (``reader.terms``)
+    terms: Mapping[str, frozenset[str]]  # the user's memo of texts' terms (``reader.terms``)
     qstems: frozenset[str] = frozenset()
     now: datetime = field(default_factory=utcnow)  # the recall's one reading of the clock
     at: datetime = field(init=False)  # the window's instant: ``as_of``, else ``now``

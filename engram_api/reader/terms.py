@@ -32,7 +32,7 @@ __all__ = ["TermCache"]
 class TermCache:
     """The terms memo of each user a recall read without a snapshot, at the stamp it was begun at."""
 
-    def __init__(self, users: int = 32, per_user: int = 512) -> None:  # 16,384 texts, as one process's memo held
+    def __init__(self, users: int = 16, per_user: int = 1024) -> None:  # 16,384 texts, as the process's memo
         self.users = users
         self.per_user = per_user
         self._held: OrderedDict[str, tuple[Stamp, TextTerms]] = OrderedDict()
