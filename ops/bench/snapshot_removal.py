@@ -70,12 +70,12 @@ def measure(n: int, removals: int, queries: int) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--facts", default="10000,100000")
-    parser.add_argument("--removals", type=int, default=40)
-    parser.add_argument("--queries", type=int, default=40)
+    parser.add_argument("--facts", default="10000,100000", help="the snapshots' sizes, comma-separated")
+    parser.add_argument("--removals", type=int, default=40, help="facts taken out, one at a time")
+    parser.add_argument("--queries", type=int, default=40, help="keyword searches after the removals")
     args = parser.parse_args()
-    for n in (int(x) for x in args.facts.split(",")):
-        print(json.dumps(measure(n, args.removals, args.queries)))
+    results = [measure(int(n), args.removals, args.queries) for n in args.facts.split(",")]
+    print("\n".join(json.dumps(r) for r in results))
 
 
 if __name__ == "__main__":
