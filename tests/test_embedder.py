@@ -149,6 +149,21 @@ def test_query_cache_returns_the_same_read_only_vector_and_is_bounded(model_cach
     np.testing.assert_allclose(again, first, atol=1e-6)
 
 
+def test_a_prepared_text_gives_encodes_vector_to_the_bit_and_is_cached_after(model_cache: Path) -> None:
+    """A recall's two steps (``prepare_one`` on its thread, ``vector`` when it enters the model): the tokens of
+    ``Tokenizer.encode`` (which keeps the GIL) are ``encode_batch``'s, so every text's vector is ``encode``'s
+    to the bit; a text prepared again is served from the cache, with no model call to make."""
+    enc = Embedder(model="all-MiniLM-L6-v2", backend="onnx", cache_dir=model_cache)
+    for text in _VARIED:
+        prepared = enc.prepare_one(text)
+        assert not prepared.ready
+        vector = prepared.vector()
+        assert vector.tobytes() == enc.encode([text])[0].tobytes() and not vector.flags.writeable
+        again = enc.prepare_one(text)
+        assert again.ready and again.vector() is vector and enc.encode_one(text) is vector
+    assert (enc.cache_hits, enc.cache_misses) == (2 * len(_VARIED), len(_VARIED))
+
+
 @needs_torch
 def test_torch_backend_never_exports(tmp_path: Path) -> None:
     enc = Embedder(model="all-MiniLM-L6-v2", backend="torch", cache_dir=tmp_path)

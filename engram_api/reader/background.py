@@ -3,12 +3,19 @@ not wait for where it is.
 
 Invariants:
 - a cached result is only served at the user stamp it was computed at and within its TTL; bounded LRU;
-- the keyword channel's search runs on a reader thread while the query is embedded (it needs only the
-  text, so the encoder, ONNX on one thread, and the store's full-text search, or a held snapshot's
-  in-memory one, overlap); a recall with no result kept under its key embeds its query on a reader thread
-  too, submitted first, while the calling thread reads the stamp and starts the rest. No job waits for a
-  job submitted after it (the keyword search waits only for a catch-up submitted before it), so the
-  bounded pool cannot starve;
+- a recall runs its query's model call on its own thread, and what needs no vector (the stamp, the
+  catch-up, the keyword search, the weights: ``RecallReader._begin``) on a reader thread beside it, let go
+  only once the recall's thread enters the model (ONNX Runtime's ``run``, which lets go of the GIL). The
+  model call is made ready first (tokens, feed) on the recall's thread, which keeps the GIL until ``run``:
+  so the encoder's path takes the GIL back once, after the model, instead of waiting for it (up to a switch
+  interval each time) behind that Python between its own steps. The store's keyword search (SQLite's
+  full-text index, Neo4j over Bolt) runs on a reader thread of its own, where it waits for the store
+  without the GIL; a held snapshot's, in-memory Python, runs within ``_begin`` (a thread of its own would
+  only take turns with it for the GIL), unless it must wait for the user's catch-up: then on a reader
+  thread after it;
+- no job waits for a job submitted after it (a keyword search waits only for a catch-up submitted before it;
+  ``_begin`` waits only for the recall's thread to enter the model, which it does right after submitting
+  it, and for no job), so the bounded pool cannot starve;
 - the recall log is written on a reader thread after the result is returned (a Redis round trip, ~0.6 ms
   of a ~20 ms recall, measured), serialized by the caller so almost no Python is left there to compete for
   the GIL; ``wait_logged`` lets this process's ``feedback`` wait for it;

@@ -2,10 +2,10 @@
 brought to a published stamp with ONE read of the graph, started before the recall needs them.
 
 Two ways in:
-- a recall at a stamp its copies are behind starts the catch-up on a reader thread before it embeds the
-  query, and waits for it after (``start``, then ``Future.result``): the read overlaps the embedding, and
-  so does the recall's keyword search, which waits for the catch-up on its own reader thread and then
-  searches the caught-up snapshot (``Reader._keyword``);
+- a recall at a stamp its copies are behind starts the catch-up on a reader thread while its own thread runs
+  the query's model call, and waits for it after (``start``, then ``Future.result``): the read overlaps the
+  embedding, and so does the recall's keyword search, which waits for the catch-up on its own reader thread
+  and then searches the caught-up snapshot (``RecallReader._keyword``);
 - a writer's stamp signal (``engram_api.reader.signals``) starts the same catch-up in the background
   (``signalled``), so the user's next recall usually finds both copies current and reads nothing.
 

@@ -5,15 +5,18 @@ expands through the graph in one query, fuses and scores. Results, and the fact 
 read, are cached per user and keyed by the per-user stamp (epoch, version) the workers publish in Redis, so a
 cache entry can never outlive a write nor survive into another lifetime of the user; a stamp read from Redis
 that fails falls back to the graph's (slower, never wrong). Safe to share between threads: caches are
-locked, and indexes handed out are never mutated (``IndexKeeper`` swaps copies). The query's embedding (when
-no result is kept under the recall's key), the keyword search and the recall log run on the reader's own
-threads (``ReaderThreads``), which ``close`` ends: none outlives it.
+locked, and indexes handed out are never mutated (``IndexKeeper`` swaps copies). The query's model call
+runs on the recall's own thread, its tokens and feed made ready before anything else; what needs no vector
+(the stamp, the catch-up, the keyword search, the weights) runs beside it on the reader's own threads
+(``ReaderThreads``), as does the recall log, and ``close`` ends them: none outlives it.
 ``Reader`` (``reader.py``) adds the other reads and the writes on top of this class.
 """
 
 from __future__ import annotations
 
+import contextvars
 import json
+import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -21,7 +24,7 @@ from concurrent.futures import Future
 from contextlib import suppress
 from datetime import datetime
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from engram_api import tracing
 from engram_api.errors import InvalidInputError
@@ -51,6 +54,19 @@ __all__ = ["RecallReader"]
 _WEIGHTS_TTL_S = 60.0
 _WEIGHTS_CACHE_USERS = 10_000
 _IO_THREADS = 4  # concurrent recalls' keyword searches in flight; more wait their turn
+
+
+class _Begun(NamedTuple):
+    """What a recall read and started before it needed the query's vector (``RecallReader._begin``)."""
+
+    version: Stamp
+    snapshot: UserSnapshot | None
+    catching: Future[None] | None
+    keyword: Future[list[KeywordHit]] | None
+    weights: Weights
+    weights_source: str
+    cues: QueryCues
+    qstems: frozenset[str]
 
 
 class RecallReader:
@@ -154,29 +170,33 @@ class RecallReader:
         timings: dict[str, float] = {}
         t0 = time.perf_counter()
         key = (user_id, "recall", query, k, as_of, since, until, graph_expansion, recipe_key)
-        # With no result kept under this key at any stamp the recall is a miss whatever the stamp: its query
-        # is embedded on a reader thread (ONNX releases the GIL) while this one reads the stamp and starts
-        # the catch-up and the keyword search, so the Redis round trip and that work overlap the encoder.
-        embedding = None if self.cache.holds(key) else self._threads.submit(self.embedder.encode_one, query)
-        version = self._version(user_id)
-        hit = self.cache.get(key, version)
-        if hit is not None:
-            return hit.model_copy(update={"cached": True, "timings_ms": {"cache": (time.perf_counter() - t0) * 1e3}})
-
         window = TimeWindow(as_of=as_of, since=since, until=until)
-        snapshot = self.snapshots.get(user_id, version)
-        # After a write (any host's), copies a few writes behind are caught up on a reader thread while the
-        # query is embedded (one read of what changed, ``CatchUps``), unless a writer's signal already did;
-        # "catchup" is how long the recall waited for it after embedding.
-        catching = self.catchups.start(user_id, version)
-        # The keyword search needs the snapshot at ``version``: when the one held is older and a catch-up runs,
-        # it waits for that catch-up on its reader thread, so both run while the query is embedded (with no
-        # snapshot held it asks the store, which is current).
-        after = catching if snapshot is None and self.snapshots.peek(user_id) is not None else None
-        keyword = self._keyword(user_id, query, recipe, window, snapshot, after=after, version=version)
-        weights, weights_source = self.weights_for(user_id)  # a store read now and then: while the encoder runs
-        cues, qstems = QueryCues.of(query), query_stems(query)  # the query's words need no vector either
-        qvec = self.embedder.encode_one(query) if embedding is None else embedding.result()
+        known = None
+        if self.cache.holds(key):  # a result kept under this key: at the stamp, a hit runs no encoder
+            known = self._version(user_id)
+            hit = self.cache.get(key, known)
+            if hit is not None:
+                return self._hit(hit, t0)
+        # The query's model call is made ready here, holding the GIL (``Embedder.prepare_one``); what needs no
+        # vector then runs on a reader thread (``_begin``), let go only as this thread enters the model, whose
+        # ``run`` lets go of the GIL: that Python runs inside the model call instead of between the encoder's
+        # steps, and the encoder's path takes the GIL back once, after the model.
+        embedding = self.embedder.prepare_one(query)
+        if embedding.ready:  # kept by the encoder's cache: no model call to overlap
+            begun = self._begin(user_id, query, key, recipe, window, known)
+        else:
+            entering = threading.Event()
+            beside = self._threads.submit(
+                contextvars.copy_context().run, self._begin, user_id, query, key, recipe, window, known, entering
+            )  # in this thread's context: what it reads is in the recall's trace
+            entering.set()
+            embedding.vector()  # the model, on this thread, while ``_begin`` runs on that one
+            begun = beside.result()
+        if isinstance(begun, RecallResult):  # another recall put it under the stamp meanwhile
+            return self._hit(begun, t0)
+        qvec = embedding.vector()
+        version, snapshot, catching, keyword = begun.version, begun.snapshot, begun.catching, begun.keyword
+        weights, weights_source, cues, qstems = begun.weights, begun.weights_source, begun.cues, begun.qstems
         t1 = time.perf_counter()
         timings["embed"] = (t1 - t0) * 1e3
         if catching is not None:
@@ -224,6 +244,46 @@ class RecallReader:
         self.cache.put(key, version, self.settings.cache_ttl_s, result)
         return result
 
+    @staticmethod
+    def _hit(hit: RecallResult, t0: float) -> RecallResult:
+        return hit.model_copy(update={"cached": True, "timings_ms": {"cache": (time.perf_counter() - t0) * 1e3}})
+
+    def _begin(
+        self,
+        user_id: str,
+        query: str,
+        key: tuple[object, ...],
+        recipe: RecallRecipe,
+        window: TimeWindow,
+        version: Stamp | None,
+        entering: threading.Event | None = None,
+    ) -> _Begun | RecallResult:
+        """What a recall reads and starts before it needs the query's vector, on a reader thread while the
+        recall's own thread runs the model (once ``entering`` is set: as it enters it), or on the recall's
+        thread: the stamp (unless ``version`` is known), the result kept under ``key`` at it (returned as
+        it is), the catch-up, the keyword search, the weights and the query's words. It waits for no job
+        (the catch-up and a keyword search it submits run after it; the recall waits for them)."""
+        if entering is not None:
+            entering.wait()
+        if version is None:
+            version = self._version(user_id)
+            hit = self.cache.get(key, version)
+            if hit is not None:
+                return hit
+        snapshot = self.snapshots.get(user_id, version)
+        # After a write (any host's), copies a few writes behind are caught up on a reader thread while the
+        # query is embedded (one read of what changed, ``CatchUps``), unless a writer's signal already did;
+        # "catchup" is how long the recall waited for it after embedding.
+        catching = self.catchups.start(user_id, version)
+        # The keyword search needs the snapshot at ``version``: when the one held is older and a catch-up runs,
+        # it waits for that catch-up on its reader thread, so both run while the query is embedded (with no
+        # snapshot held it asks the store, which is current).
+        after = catching if snapshot is None and self.snapshots.peek(user_id) is not None else None
+        keyword = self._keyword(user_id, query, recipe, window, snapshot, after=after, version=version)
+        weights, weights_source = self.weights_for(user_id)  # a store read now and then
+        cues, qstems = QueryCues.of(query), query_stems(query)  # the query's words need no vector either
+        return _Begun(version, snapshot, catching, keyword, weights, weights_source, cues, qstems)
+
     def _keyword(
         self,
         user_id: str,
@@ -235,12 +295,19 @@ class RecallReader:
         after: Future[None] | None,
         version: Stamp,
     ) -> Future[list[KeywordHit]] | None:
-        """The keyword channel's search on a reader thread (a held snapshot's, else the store's); None without
-        one. With ``after`` (the user's catch-up, submitted to the same threads earlier, so FIFO order starts
-        it first and this wait cannot starve the pool), the thread waits for it and searches the snapshot
-        held at ``version`` then (the one the recall reads after it, or a newer one a later catch-up left)."""
+        """The keyword channel's search; None without one. A held snapshot's searches here: it is Python,
+        which another thread would only run by turns with this one (the GIL), and ``_begin`` already runs
+        beside the encoder. The store's runs on a reader thread, where it waits for the store (letting go of
+        the GIL) while the rest goes on. With ``after`` (the user's catch-up, submitted to the same threads
+        earlier, so FIFO order starts it first and this wait cannot starve the pool), a reader thread waits
+        for it and searches the snapshot held at ``version`` then (the one the recall reads after it, or a
+        newer one a later catch-up left)."""
         if not recipe.uses("keyword"):
             return None
+        if after is None and snapshot is not None:
+            searched: Future[list[KeywordHit]] = Future()
+            searched.set_result(keyword_hits(snapshot.keyword_search, query, recipe, window))
+            return searched
         if after is None:
             return self._threads.submit(keyword_hits, self._searcher(user_id, snapshot), query, recipe, window)
 

