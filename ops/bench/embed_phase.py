@@ -8,8 +8,10 @@ and a recall right after a second client (same data, its own ``MemoryClient``, n
 writer) wrote one fact ("after a write"; the reader's copies are then one write behind, so the recall
 catches them up itself). Per recall: its "embed" part (``timings_ms``: from its start until it holds the
 query's vector and what it started beside the encoder), the encoder's own time (``Embedder.encode`` of the
-same query alone, right after: the floor's encoder), when ONNX Runtime's ``session.run`` began after the
-recall's call (``run_at``) and how long it ran, how long the recall's end of the embedding ran after it
+same query alone, right after: the floor's encoder; ``excess`` the difference), when ONNX Runtime's
+``session.run`` began after the recall's call (``run_at``), how long it ran until its caller held the GIL
+again, split into its thread CPU, its time on a run queue (waiting for a core: ``/proc/thread-self/schedstat``)
+and what is left (``run_gil``: waiting for the GIL), how long the recall's end of the embedding ran after it
 (``after_run``), and the thread CPU and wall time of the keyword search and of the catch-up. Medians, one
 JSON line per kind. ``--switch MS`` sets ``sys.setswitchinterval`` first. Run it from each tree, alternated
 in fresh processes, to compare code against code.
