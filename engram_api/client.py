@@ -188,7 +188,7 @@ class MemoryClient:
             # Erasure on every host: this reader's local files of users forgotten anywhere go (``erasure``).
             from engram_api.storage.faiss.erasure import IndexSweeper
 
-            self.sweeper = IndexSweeper(keeper, redis_client, self.settings.index_sweep_interval_s).start()
+            self.sweeper = IndexSweeper(keeper, redis_client, self.settings.index_sweep_interval_s, embedder).start()
         self._reader = Reader(
             settings=self.settings,
             graph=self.graph,

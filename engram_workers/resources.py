@@ -84,8 +84,9 @@ class WorkerResources:
             cache_size=self.settings.index_cache_users,
             on_load=lambda how: INDEX_LOADS.labels(how=how).inc(),
         )
-        # This process's share of erasure on every host: its local files of forgotten users go (``erasure``).
-        self.sweeper = IndexSweeper(keeper, self.redis, self.settings.index_sweep_interval_s).start()
+        # This process's share of erasure on every host: its local files of forgotten users go (``erasure``), and
+        # their texts in its encoder cache.
+        self.sweeper = IndexSweeper(keeper, self.redis, self.settings.index_sweep_interval_s, self.embedder).start()
         return keeper
 
     @cached_property

@@ -51,6 +51,7 @@ def test_closing_a_workers_resources_stops_its_erasure_sweep(redis_url: str, tmp
         before = set(threading.enumerate())
         ctx = WorkerResources(settings=stack.settings)
         assert ctx.keeper is not None and ctx.sweeper is not None  # the keeper starts this process's sweep
+        assert ctx.sweeper.embedder is ctx.embedder  # which also drops erased users' texts from its encoder cache
         started = _engram_threads_since(before)
         assert [t.name for t in started] == ["engram-index-sweep"]
         ctx.close()

@@ -149,6 +149,27 @@ def test_query_cache_returns_the_same_read_only_vector_and_is_bounded(model_cach
     np.testing.assert_allclose(again, first, atol=1e-6)
 
 
+def test_forgetting_a_user_drops_every_text_it_cached_or_hit_and_no_other(model_cache: Path) -> None:
+    """Erasure reaches the cache: a text is the user's once cached or hit on its behalf, by any of the three
+    ways in; ``forget`` drops it whoever else had it too, and keeps other users' and no user's texts. The
+    users an evicted text had are evicted with it (the bound holds for them too)."""
+    enc = Embedder(model="all-MiniLM-L6-v2", backend="onnx", cache_dir=model_cache, query_cache_size=5)
+    enc.encode_cached(["Tampa", "User lives in Tampa"], user_id="ann")
+    enc.prepare_one("where does ann live?", user_id="ann").vector()
+    enc.encode_one("Austin", user_id="bob")
+    enc.encode_cached(["Austin"], user_id="ann")  # a hit on ann's behalf: hers too now
+    enc.encode_one("warm up")  # no user's
+    assert enc.cached_users() == {"ann", "bob"}
+
+    assert enc.forget("ann") == 4
+    assert set(enc._recent) == {"warm up"} and enc.cached_users() == set()  # bob's "Austin" was ann's too
+    assert enc.forget("ann") == 0
+
+    for i in range(7):  # 7 more texts through a 5-entry cache: "warm up" and the first two leave
+        enc.encode_one(f"text {i}", user_id=f"u{i}")
+    assert enc.cached_users() == {f"u{i}" for i in range(2, 7)} and set(enc._owners) == set(enc._recent)
+
+
 def test_a_prepared_text_gives_encodes_vector_to_the_bit_and_is_cached_after(model_cache: Path) -> None:
     """A recall's two steps (``prepare_one`` on its thread, ``vector`` when it enters the model): the tokens of
     ``Tokenizer.encode`` (which keeps the GIL) are ``encode_batch``'s, so every text's vector is ``encode``'s

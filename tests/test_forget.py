@@ -115,3 +115,25 @@ def test_the_cli_forgets_a_fact_and_exits_2_for_an_unknown_id(stack, user):
     assert replay.exit_code == 2 and "no dead letter 'nope'" in replay.stderr
     # The hiking fact, and the Tampa fact with the message it came from, are gone.
     assert json.loads(runner.invoke(cli.main, ["stats", user, "--json"], env=env).stdout)["facts"] == 1
+
+
+def test_forget_and_forget_user_leave_none_of_the_users_texts_in_this_processs_encoder_cache(stack, user):
+    """Issue 42, in the process that erases: the encoder cache keeps what the apply stage encoded for the
+    user (names, statements) and the user's queries; ``forget`` drops all of the user's entries (the
+    forgotten texts are not known to it), ``forget_user`` too. Another user's own entries stay."""
+    client, other = stack.client, f"o_{uuid.uuid4().hex[:10]}"
+    apply_in_process(client, other, f"{other}-m0", "I live in Denver.", T0)
+    recent = client.reader.embedder._recent
+    users = {"User lives in Tampa", "User lives in Austin", "where does the user live?"}
+    others = {"User lives in Denver", "what does the user like?"}
+
+    client.recall(user, "where does the user live?", k=5)
+    client.recall(other, "what does the user like?", k=5)
+    assert users | others <= set(recent)  # premise: the apply stage's texts and the queries are cached
+
+    client.forget(user, f"{user}-m2")
+    assert users.isdisjoint(recent)
+    client.recall(user, "where does the user live?", k=5)
+    assert "where does the user live?" in recent
+    client.forget_user(user)
+    assert users.isdisjoint(recent) and others <= set(recent)

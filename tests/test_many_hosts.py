@@ -19,11 +19,13 @@ import redis
 
 from engram_api.settings import Settings
 from engram_api.storage import GraphStore
+from engram_api.storage.embedding.embedder import Embedder
 from engram_api.storage.faiss.erasure import sweep_erased
 from engram_api.storage.faiss.files import VectorStore
 from engram_api.storage.faiss.keeper import IndexKeeper
 from engram_api.storage.writer.userwrite import UserWrite, UserWrites
 from engram_api.versions import ABSENT, Stamp
+from engram_workers.consolidation.resolution import Vectors
 from tests.support.builders import DIM, UserGraph, new_user, random_encode, write_step
 from tests.support.stores import backend as backend  # the fixtures, brought in under their names
 from tests.support.stores import store as store
@@ -129,6 +131,31 @@ def test_writes_alternating_hosts_never_rebuild_and_erasure_reaches_every_host(
         "apply-a": 1, "apply-b": 0, "reader": 1,
     }  # fmt: skip
     assert graph.user_stamp(user) != ABSENT
+
+
+def test_an_apply_hosts_encoder_cache_loses_an_erased_users_texts_at_its_sweep(
+    graph: GraphStore, tmp_path: Path, redis_client: redis.Redis
+) -> None:
+    """Issue 42 in a worker process: the apply stage caches a user's names and statements in its process's
+    encoder cache (``Vectors``); after ``forget_user`` on another host, that process's erasure sweep drops
+    every text the user cached (one both users had too) and keeps the other user's own."""
+    apply, reader = host("apply", graph, tmp_path, redis_client), host("reader", graph, tmp_path, redis_client)
+    user, other = new_user(), new_user()
+    write_on(apply, UserGraph(graph, user), 0, [])
+    encoder = Embedder(model="all-MiniLM-L6-v2")  # this apply process's own cache
+    Vectors(encoder, user, ["Tampa", f"{user} lives in Tampa", "User"])
+    Vectors(encoder, other, ["Denver", f"{other} lives in Denver", "User"])
+    sweep_erased(redis_client, apply.keeper, encoder)  # nothing erased yet: nothing goes
+    assert encoder.cached_users() == {user, other}
+
+    def erase(write: UserWrite) -> None:
+        graph.forget_user(user)
+        write.finish()
+
+    reader.writes.run(user, erase, wait=10)
+    sweep_erased(redis_client, apply.keeper, encoder)
+    assert encoder.cached_users() == {other}
+    assert set(encoder._recent) == {"Denver", f"{other} lives in Denver"}
 
 
 def test_a_writer_whose_copy_is_behind_catches_up_from_the_feed_not_the_graph(
@@ -265,7 +292,8 @@ def test_the_health_probe_lists_no_index_directory(tmp_path: Path, monkeypatch: 
 
 def test_each_reader_process_sweeps_on_its_own_timer(tmp_path: Path, redis_url: str, redis_client: redis.Redis) -> None:
     """The reader library's sweeper (started with the reader when Redis is configured) deletes this host's
-    files of a user erased by another host, with no call from the application."""
+    files of a user erased by another host, and the user's queries from its encoder cache, with no call from
+    the application."""
     from engram_api.client import MemoryClient
     from engram_api.storage.faiss.erasure import record_erasure
     from tests.support.operator_processes import wait_until
@@ -280,9 +308,15 @@ def test_each_reader_process_sweeps_on_its_own_timer(tmp_path: Path, redis_url: 
             index.upsert([(f"{u}-fact", "fact", random_encode([u])[0])])
             index.stamp = Stamp(epoch, 3)
             keeper.vectors.save(u, index)
+        queries = {u: f"where did {u} park?" for u in (user, other)}
+        for u, query in queries.items():
+            client.recall(u, query)
+        recent = client.reader.embedder._recent
+        assert set(queries.values()) <= set(recent)  # premise: this process's encoder cache holds the queries
         record_erasure(redis_client, user, 7)  # what another host's forget_user leaves
         wait_until(lambda: not keeper.vectors.path_for(user).exists(), timeout=30, what="the reader's sweep")
         assert keeper.vectors.path_for(other).exists() and client.sweeper.sweeps >= 1
+        assert queries[user] not in recent and queries[other] in recent  # dropped before the files go
         record_erasure(redis_client, other, 6)  # an earlier lifetime's tombstone: the newer files stay
         sweeps = client.sweeper.sweeps
         wait_until(lambda: client.sweeper.sweeps > sweeps + 1, timeout=30, what="two more sweeps")

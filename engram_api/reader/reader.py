@@ -65,7 +65,7 @@ class Reader(RecallReader):
         if detail_level not in ("auto", "broad", "detailed"):
             raise InvalidInputError("detail_level", "must be 'auto', 'broad' or 'detailed'")
         if detail_level != "detailed":
-            qvec = self.embedder.encode_one(query)
+            qvec = self.embedder.encode_one(query, user_id=user_id)
             hits = []
             for cluster in self.graph.clusters(user_id):
                 if not cluster.centroid:
@@ -206,6 +206,7 @@ class Reader(RecallReader):
             return result  # its vector count is the store's, which deleted the embeddings
 
         result = self.writes.run(user_id, forget, wait=_WRITE_WAIT_S)
+        self.embedder.forget(user_id)  # the forgotten texts are not known here: all of the user's cached texts
         self._purge(redis_client)
         return result
 
@@ -249,5 +250,6 @@ class Reader(RecallReader):
 
         result = self.writes.run(user_id, forget_user, wait=_WRITE_WAIT_S)
         self._weights.drop_user(user_id)
+        self.embedder.forget(user_id)  # other processes: their erasure sweep (``engram_api.storage.faiss.erasure``)
         self._purge(redis_client)
         return result

@@ -63,8 +63,15 @@ class Vectors:
     on demand. Texts the extract stage already encoded (``carried``, when its model is ours) are not encoded
     again."""
 
-    def __init__(self, embedder: Embedder, texts: Sequence[str], carried: Sequence[CarriedVectors | None] = ()) -> None:
+    def __init__(
+        self,
+        embedder: Embedder,
+        user_id: str,
+        texts: Sequence[str],
+        carried: Sequence[CarriedVectors | None] = (),
+    ) -> None:
         self.embedder = embedder
+        self.user_id = user_id  # whose texts these are: the encoder cache drops them when the user is erased
         unique = list(dict.fromkeys(t for t in texts if t))
         self._known: dict[str, np.ndarray] = {}
         for handed in carried:
@@ -73,11 +80,11 @@ class Vectors:
         missing = [t for t in unique if t not in self._known]
         if missing:
             # Through the cache: "User" and the names a user keeps mentioning cost no model call.
-            self._known.update(zip(missing, embedder.encode_cached(missing), strict=True))
+            self._known.update(zip(missing, embedder.encode_cached(missing, user_id=user_id), strict=True))
 
     def __call__(self, text: str) -> np.ndarray:
         if text not in self._known:
-            self._known[text] = self.embedder.encode_one(text)
+            self._known[text] = self.embedder.encode_one(text, user_id=self.user_id)
         return self._known[text]
 
 

@@ -205,7 +205,9 @@ def write_members(
     ``write.finish`` for what committed (see the module docstring). ``share``: in one store transaction where
     the store can; without it each write commits on its own, as a message applied alone always did (one
     transaction would also hold a cold server's first query plans to a single timeout)."""
-    vectors = Vectors(embedder, [t for m in members for t in m.message.texts], [m.carried for m in members])
+    vectors = Vectors(
+        embedder, write.user_id, [t for m in members for t in m.message.texts], [m.carried for m in members]
+    )
 
     def fresh(shared: bool) -> _Run:
         return _Run(

@@ -149,13 +149,13 @@ class Recording:
         self.calls.append(list(texts))
         return self._real.encode(texts)
 
-    def encode_cached(self, texts: list[str]) -> np.ndarray:
+    def encode_cached(self, texts: list[str], *, user_id: str | None = None) -> np.ndarray:
         self.calls.append(list(texts))  # what was asked for: the process-wide cache may answer some of it
-        return self._real.encode_cached(texts)
+        return self._real.encode_cached(texts, user_id=user_id)
 
-    def encode_one(self, text: str) -> np.ndarray:
+    def encode_one(self, text: str, *, user_id: str | None = None) -> np.ndarray:
         self.calls.append([text])
-        return self._real.encode_one(text)
+        return self._real.encode_one(text, user_id=user_id)
 
     def texts(self) -> list[str]:
         return [t for call in self.calls for t in call]

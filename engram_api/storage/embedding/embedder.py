@@ -16,6 +16,12 @@ own dependency is sentence-transformers, hence torch; README command 1).
 An LRU cache of recently encoded texts (``ENGRAM_QUERY_CACHE_SIZE`` entries) serves ``encode_cached``,
 ``encode_one`` and ``prepare_one``: repeated queries, and the names and statements a user's messages repeat
 (apply's batches), skip the encoder. ``encode`` itself always runs the model (benchmarks time it as the floor).
+Erasure reaches the cache: a caller passes the user whose text it encodes (``user_id``; None for a text that
+is no user's, a warm-up), every entry keeps the users that cached or hit it, and ``forget(user_id)`` drops each
+entry the user had, including those other users also had (a vector is the text's, one re-encode for them;
+keeping it would keep a forgotten user's text in memory on the strength of another user's). ``forget`` runs in
+the process that erases (``Reader.forget``/``forget_user``) and, for ``forget_user`` on any host, in every
+process's erasure sweep (``engram_api.storage.faiss.erasure``).
 
 One query in two steps (``prepare_one``, then ``Prepared.vector``), for a caller with Python of its own to run
 beside the model (recall): preparing holds the GIL throughout (the cache, ``Tokenizer.encode``, which unlike
@@ -223,6 +229,8 @@ class Embedder:
         self.backend: str | None = None  # "onnx" or "torch" once loaded
         self._lock = threading.Lock()
         self._recent: OrderedDict[str, np.ndarray] = OrderedDict()  # text -> its read-only vector
+        # text -> the users that cached or hit it (absent: no user's); keys always a subset of ``_recent``'s.
+        self._owners: dict[str, set[str]] = {}
         self._cache_size = query_cache_size
         self._recent_lock = threading.Lock()
         self.cache_hits = 0  # texts served from the cache, and texts encoded: observable by tests and benches
@@ -301,8 +309,9 @@ class Embedder:
             return np.zeros((0, self.dim), dtype=np.float32)
         return np.ascontiguousarray(self._load().encode(list(texts)), dtype=np.float32)
 
-    def encode_cached(self, texts: list[str]) -> np.ndarray:
-        """``encode``, but texts seen recently come from the cache and the others go in one model batch."""
+    def encode_cached(self, texts: list[str], *, user_id: str | None = None) -> np.ndarray:
+        """``encode``, but texts seen recently come from the cache and the others go in one model batch;
+        ``user_id``: whose texts they are (``forget``)."""
         if not texts:
             return np.zeros((0, self.dim), dtype=np.float32)
         out = np.empty((len(texts), self.dim), dtype=np.float32)
@@ -314,6 +323,7 @@ class Embedder:
                     missing.setdefault(text, []).append(row)
                 else:
                     self._recent.move_to_end(text)
+                    self._own(text, user_id)
                     out[row] = hit
             self.cache_hits += len(texts) - sum(len(rows) for rows in missing.values())
             self.cache_misses += len(missing)
@@ -321,10 +331,19 @@ class Embedder:
             fresh = self.encode(list(missing))
             for rows, vec in zip(missing.values(), fresh, strict=True):
                 out[rows] = vec
-            self._remember(list(missing), fresh)
+            self._remember(list(missing), fresh, user_id)
         return out
 
-    def _remember(self, texts: list[str], vectors: np.ndarray) -> list[np.ndarray]:
+    def _own(self, text: str, user_id: str | None) -> None:
+        """Record that ``user_id`` cached or hit ``text`` (under ``_recent_lock``)."""
+        if user_id is not None:
+            owners = self._owners.get(text)
+            if owners is None:
+                self._owners[text] = {user_id}
+            else:
+                owners.add(user_id)
+
+    def _remember(self, texts: list[str], vectors: np.ndarray, user_id: str | None) -> list[np.ndarray]:
         """Read-only copies of ``vectors`` (the caller keeps the array it got), cached under ``texts``."""
         kept = vectors.copy()
         kept.setflags(write=False)
@@ -334,26 +353,44 @@ class Embedder:
                 for text, row in zip(texts, rows, strict=True):
                     self._recent[text] = row
                     self._recent.move_to_end(text)
+                    self._own(text, user_id)
                 while len(self._recent) > self._cache_size:
-                    self._recent.popitem(last=False)
+                    self._owners.pop(self._recent.popitem(last=False)[0], None)
         return rows
 
-    def encode_one(self, text: str) -> np.ndarray:
-        """One text (a query), served from the cache when seen recently; the array is read-only (the
-        cached one itself)."""
-        return self.prepare_one(text).vector()
+    def forget(self, user_id: str) -> int:
+        """Drop every cached text ``user_id`` cached or hit, whoever else did too; returns how many went.
+        A scan of the cache (~4,096 set lookups) under its lock, once per erasure: the hit path pays
+        nothing for it."""
+        with self._recent_lock:
+            gone = [text for text, users in self._owners.items() if user_id in users]
+            for text in gone:
+                del self._owners[text]
+                del self._recent[text]
+        return len(gone)
 
-    def prepare_one(self, text: str) -> Prepared:
+    def cached_users(self) -> set[str]:
+        """The users with a text in the cache (the erasure sweep matches them against its tombstones)."""
+        with self._recent_lock:
+            return set().union(*self._owners.values())
+
+    def encode_one(self, text: str, *, user_id: str | None = None) -> np.ndarray:
+        """One text (a query), served from the cache when seen recently; the array is read-only (the
+        cached one itself). ``user_id``: whose text it is (``forget``)."""
+        return self.prepare_one(text, user_id=user_id).vector()
+
+    def prepare_one(self, text: str, *, user_id: str | None = None) -> Prepared:
         """``encode_one`` in two steps: the cached vector, or the text's model call made ready on this thread
         without letting go of the GIL (``Prepared``); ``vector`` then gives the same array ``encode_one`` does."""
         with self._recent_lock:
             hit = self._recent.get(text)
             if hit is not None:
                 self._recent.move_to_end(text)
+                self._own(text, user_id)
                 self.cache_hits += 1
-                return Prepared(self, text, hit, None)
+                return Prepared(self, text, user_id, hit, None)
             self.cache_misses += 1
-        return Prepared(self, text, None, self._load().prepare(text))
+        return Prepared(self, text, user_id, None, self._load().prepare(text))
 
 
 class Prepared:
@@ -361,13 +398,19 @@ class Prepared:
     made by ``vector`` on the thread that calls it, which lets go of the GIL inside ONNX Runtime's ``run``
     and takes it back once after it. Not shared between threads."""
 
-    __slots__ = ("_call", "_embedder", "_text", "_vector")
+    __slots__ = ("_call", "_embedder", "_text", "_user_id", "_vector")
 
     def __init__(
-        self, embedder: Embedder, text: str, vector: np.ndarray | None, call: Callable[[], np.ndarray] | None
+        self,
+        embedder: Embedder,
+        text: str,
+        user_id: str | None,
+        vector: np.ndarray | None,
+        call: Callable[[], np.ndarray] | None,
     ) -> None:
         self._embedder = embedder
         self._text = text
+        self._user_id = user_id
         self._vector = vector
         self._call = call
 
@@ -380,7 +423,7 @@ class Prepared:
         """The text's read-only vector (the model's, cached from now on, or the cached one)."""
         if self._vector is None:
             assert self._call is not None
-            self._vector = self._embedder._remember([self._text], self._call())[0]
+            self._vector = self._embedder._remember([self._text], self._call(), self._user_id)[0]
         return self._vector
 
 

@@ -2,7 +2,7 @@
 local index directory, with no directory shared between hosts.
 
     record_erasure(redis, user_id, epoch)     # UserWrite.finish, after forget_user's graph commit
-    IndexSweeper(keeper, redis, interval_s).start()  # each worker and reader process: at once, then on a timer
+    IndexSweeper(keeper, redis, interval_s, embedder).start()  # each worker and reader process: now, then timed
 
 How it propagates:
 - memory: at a process's next touch of the user its copy is compared with the graph's stamp, which is
@@ -11,7 +11,8 @@ How it propagates:
   (``keys.erased_indexes``), the stem being the user's hashed file name (no user id is stored). Each
   process sweeps once when it starts and then every ``index_sweep_interval_s``: it deletes the local base,
   log and stale temp files of every tombstone whose lifetime is the file's or later (``VectorStore.erase``)
-  and drops cached copies of that lifetime. So every host's cache loses an erased user's files within one
+  and drops cached copies of that lifetime, and the process's encoder cache drops the texts of every
+  tombstoned user (``Embedder.forget``). So every host's cache loses an erased user's files within one
   sweep interval of the erasure while any of its processes runs, and at the start of the first process
   otherwise.
 
@@ -19,8 +20,11 @@ Invariants: a tombstone only ever deletes cache (the graph is the source of vect
 deletes a file another process still wants costs that process a load from the graph, never an answer. A
 later lifetime of the same user keeps its files (its epoch is newer). Tombstones are kept
 ``TOMBSTONE_RETAIN_S`` and every sweep applies all of them (a file a racing rebuild saved after one sweep
-goes at the next); a host whose processes were all stopped for longer must start with an empty index
-directory (docs/operations.md, "Running on many hosts").
+goes at the next). The encoder cache knows no lifetimes, so a user id erased and then written again loses
+its cached texts at each sweep while the tombstone is kept: a re-encode of a text per sweep interval, the
+price of also catching a text a stage of the erased lifetime cached after the previous sweep. A host whose
+processes were all stopped for longer must start with an empty index directory (docs/operations.md,
+"Running on many hosts").
 """
 
 from __future__ import annotations
@@ -36,6 +40,8 @@ from engram_api.storage.faiss.keeper import IndexKeeper
 
 if TYPE_CHECKING:
     import redis
+
+    from engram_api.storage.embedding.embedder import Embedder
 
 __all__ = ["TOMBSTONE_RETAIN_S", "IndexSweeper", "record_erasure", "sweep_erased"]
 
@@ -54,9 +60,9 @@ def record_erasure(client: redis.Redis, user_id: str, epoch: int) -> None:
     pipe.execute()
 
 
-def sweep_erased(client: redis.Redis, keeper: IndexKeeper) -> int:
-    """Apply every tombstone to this process: delete its local files and drop its cached copies of erased
-    lifetimes. Returns how many users' files went."""
+def sweep_erased(client: redis.Redis, keeper: IndexKeeper, embedder: Embedder | None = None) -> int:
+    """Apply every tombstone to this process: delete its local files, drop its cached copies of erased
+    lifetimes and the erased users' texts from ``embedder``'s cache. Returns how many users' files went."""
     erased: dict[str, int] = {}
     for member in client.zrange(keys.erased_indexes(), 0, -1):
         stem, _, epoch = (member.decode() if isinstance(member, bytes) else member).partition(":")
@@ -66,6 +72,10 @@ def sweep_erased(client: redis.Redis, keeper: IndexKeeper) -> int:
         epoch = erased.get(VectorStore.stem(user_id))
         if epoch is not None:
             keeper.forget(user_id, up_to_epoch=epoch)
+    if embedder is not None:
+        for user_id in embedder.cached_users():
+            if VectorStore.stem(user_id) in erased:
+                embedder.forget(user_id)
     return sum(keeper.vectors.erase(stem, epoch) for stem, epoch in erased.items())
 
 
@@ -78,8 +88,11 @@ class IndexSweeper:
     none is left sweeping a Redis that is gone.
     """
 
-    def __init__(self, keeper: IndexKeeper, client: redis.Redis, interval_s: float) -> None:
+    def __init__(
+        self, keeper: IndexKeeper, client: redis.Redis, interval_s: float, embedder: Embedder | None = None
+    ) -> None:
         self.keeper = keeper
+        self.embedder = embedder
         self.client = client
         self.interval_s = interval_s
         self.sweeps = 0
@@ -102,7 +115,7 @@ class IndexSweeper:
         failing = False
         while not self._stop.is_set():
             try:
-                sweep_erased(self.client, self.keeper)
+                sweep_erased(self.client, self.keeper, self.embedder)
                 self.sweeps += 1
                 if failing:
                     log.info("erasure sweep done again")
