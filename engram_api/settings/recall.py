@@ -61,7 +61,8 @@ class RecallSettings(BaseModel):
         60.0,
         gt=0,
         description="how often each worker and reader process deletes the local FAISS files of users erased "
-        "(forget_user) on any host, read from Redis's erasure tombstones; also once at start",
+        "(forget_user) on any host, and their texts in its encoder cache, read from Redis's erasure tombstones; "
+        "also once at start",
     )
     rrf_k: int = Field(
         1, ge=1, description='reciprocal-rank fusion constant of recall\'s channels (a recipe with fusion_mode "rank")'
