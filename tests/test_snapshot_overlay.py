@@ -12,6 +12,7 @@ import random
 from datetime import timedelta
 
 import numpy as np
+import pytest
 
 from engram_api.models import ChunkRecord, FactRecord
 from engram_api.reader.facts import SnapshotCache
@@ -315,3 +316,46 @@ def test_a_removals_catch_up_leaves_the_keyword_holes_to_the_fold() -> None:
     _same_table(folded.keywords.facts, remaining.keywords.facts)
     _same_table(folded.keywords.chunks, remaining.keywords.chunks)
     assert _answers(folded, people) == _answers(remaining, people)
+
+
+def test_a_removal_is_folded_at_once_off_the_path_one_fold_of_a_user_at_a_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A snapshot that hides a removed record is due for its fold at once (``fold_due``), however small the
+    overlay; ``SnapshotCache.fold_soon`` hands one fold of a user to the reader's threads, a second call while
+    it is in flight hands none, and a removal caught up during the fold is folded right after it: once the
+    fold has run no row, keyword document or posting of a removed record is held."""
+    rng = random.Random(31)
+    _, facts, chunks = _world(rng, 100)
+    held = UserSnapshot.of(USER, Stamp(1, 1), facts, chunks)
+    assert not held.fold_due
+    first, second = facts[0], facts[1]
+    one = without(held, [first.id])
+    assert one.recent_size == 1 and not one.merge_due and one.fold_due
+    cache = SnapshotCache(max_records=1000, budget_records=10_000)
+    cache._keep(one, answering=False)
+    handed: list = []
+    cache.fold_soon(USER, lambda fn, *args: handed.append((fn, args)))
+    cache.fold_soon(USER, lambda fn, *args: handed.append((fn, args)))
+    assert len(handed) == 1  # one in flight
+    merged = UserSnapshot.merged
+
+    def caught_up_meanwhile(snapshot: UserSnapshot) -> UserSnapshot:
+        held_now = cache.peek(USER)
+        if held_now is not None and second.id in held_now.facts:  # a catch-up of a second removal, mid-fold
+            cache._keep(without(held_now, [second.id]), answering=False)
+            cache.fold_soon(USER, lambda fn, *args: handed.append((fn, args)))
+        return merged(snapshot)
+
+    monkeypatch.setattr(UserSnapshot, "merged", caught_up_meanwhile)
+    fn, args = handed[0]
+    fn(*args)
+    assert len(handed) == 1  # the fold in flight folded the second removal too
+    folded = cache.peek(USER)
+    assert folded is not None and not folded.fold_due and folded.recent_size == 0 and not folded.keywords.holes
+    for rows in (folded.facts.base, folded.facts.recent):
+        assert first.id not in rows and second.id not in rows
+    tables = (folded.keywords.facts, folded.keywords.chunks)
+    assert all(first.id not in t.ids and second.id not in t.ids for t in tables)
+    remaining = [f for f in facts if f.id not in {first.id, second.id}]
+    _same_table(folded.keywords.facts, UserSnapshot.of(USER, Stamp(1, 1), remaining, chunks).keywords.facts)
+    cache.fold_soon(USER, lambda fn, *args: handed.append((fn, args)))
+    assert len(handed) == 1 and cache._folding == set()  # nothing due, none in flight

@@ -140,13 +140,17 @@ class ReaderThreads:
             writing.result()
 
     def flush(self) -> None:
-        """Return once every log write and other work this process has in flight is done."""
+        """Return once every log write and other work this process has in flight is done, and the work it
+        started meanwhile (a catch-up's fold)."""
         held = self._held
         if held is None or held.pid != os.getpid():
             return  # no threads here (none yet, or a forked child's copy): nothing in flight
-        with self._lock:
-            pending = [*held.logging.values(), *held.behind]
-        wait(pending)  # their errors are theirs: each logs or suppresses its own
+        while True:
+            with self._lock:
+                pending = [f for f in (*held.logging.values(), *held.behind) if not f.done()]
+            if not pending:
+                return
+            wait(pending)  # their errors are theirs: each logs or suppresses its own
 
     def close(self) -> None:
         """``flush``, then end this process's threads; a later use makes new ones (as after a fork)."""

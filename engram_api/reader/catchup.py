@@ -172,9 +172,7 @@ class CatchUps:
             self.keeper.apply(user_id, index, changes.vectors)
         if held is not None:
             self.snapshots.caught_up(held, changes, stamp, answering=answering)
-            folding = self.snapshots.peek(user_id)
-            if folding is not None and folding.merge_due:  # now and then: a copy of the user, off the path
-                self.threads.behind(self.snapshots.fold, user_id)
+            self.snapshots.fold_soon(user_id, self.threads.behind)  # after a removal, or now and then: off the path
 
     def _from_feed(self, user_id: str, since: int, stamp: Stamp) -> UserChanges | None:
         """The changes after ``since`` from the writers' change feed when it reaches ``stamp``; None without

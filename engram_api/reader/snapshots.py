@@ -19,6 +19,12 @@ Invariants:
   recall goes to the store and a reader thread refreshes or loads whole (``missed``: at once when the held
   one answered a recall, else on the second recall at a stamp); one whose index holds more vectors than
   the bound costs no store query at all;
+- the overlay is folded into a new base on a reader thread, off any recall's path (``fold_soon``), once it
+  holds a share of the user's records or, at once, after a catch-up or refresh that applied a removal (a
+  forget of a fact or a message, decay's expired chunks: ``UserSnapshot.fold_due``): the removed rows,
+  keyword documents and postings the overlay hides are out of the reader's memory once that fold has run;
+  at most one fold of a user is in flight, and it folds again while the held snapshot is still due (a
+  removal caught up during it);
 - a slow load never rolls a newer snapshot back, and all the snapshots held sum to at most
   ``budget_records`` records;
 - a snapshot of a lifetime the user has ended (a recall finds the user absent, or in a newer lifetime:
@@ -64,6 +70,7 @@ class SnapshotCache:
         self._seen: OrderedDict[str, Stamp] = OrderedDict()  # the stamp a recall last found unloaded
         self._answered: set[str] = set()  # users whose held snapshot has answered a recall
         self._loading: set[str] = set()
+        self._folding: set[str] = set()  # users whose fold is in flight (``fold_soon``)
         self._pid = os.getpid()
         self._lock = threading.Lock()
         self.unheld_terms = TermCache()  # the terms memos of users read without a snapshot
@@ -98,8 +105,7 @@ class SnapshotCache:
         if not 0 < vectors <= self.max_records:
             return
         with self._lock:
-            if self._pid != os.getpid():  # a forked child: the parent's loads in flight are not its own
-                self._loading, self._pid = set(), os.getpid()
+            self._own_process()
             if user_id in self._loading:
                 return
             held = self._held.get(user_id)
@@ -133,7 +139,7 @@ class SnapshotCache:
                 self._loading.discard(user_id)
         if snapshot is None:  # more records than vectors (facts without one): the store's step it is
             return
-        self._keep(snapshot.merged() if snapshot.merge_due else snapshot, answering=False)  # off the path
+        self._keep(snapshot.merged() if snapshot.fold_due else snapshot, answering=False)  # off the path
 
     def _keep(self, snapshot: UserSnapshot, *, answering: bool) -> bool:
         """Hold ``snapshot`` unless a newer one of the user is held (a slow load never rolls one back);
@@ -181,21 +187,59 @@ class SnapshotCache:
             return None
         return fresh if fresh.stamp.epoch == stamp.epoch and fresh.stamp >= stamp else None  # kept all the same
 
+    def fold_soon(self, user_id: str, behind: Callable[..., object]) -> None:
+        """Fold the held snapshot with ``behind`` (a reader thread nobody waits for but ``flush``) when it is
+        due (``UserSnapshot.fold_due``), unless a fold of the user is in flight: that one folds again while
+        the held snapshot is due, so folds of a user never overlap and a removal caught up during one is
+        folded right after it (a catch-up holds its snapshot before it calls this)."""
+        with self._lock:
+            self._own_process()
+            held = self._held.get(user_id)
+            if held is None or not held.fold_due or user_id in self._folding:
+                return
+            self._folding.add(user_id)
+        behind(self._fold_while_due, user_id)
+
+    def _fold_while_due(self, user_id: str) -> None:
+        folded = None
+        try:
+            while True:
+                with self._lock:  # the check and the release together: ``fold_soon`` sees one or the other
+                    held = self._held.get(user_id)
+                    if held is None or held is folded or not held.fold_due:
+                        self._folding.discard(user_id)
+                        return
+                folded = self._folded(held)
+        except Exception:  # off the recall's path: never take the reader down (a later catch-up folds)
+            log.exception("snapshot of %s not folded", user_id)
+            with self._lock:
+                self._folding.discard(user_id)
+
     def fold(self, user_id: str) -> None:
-        """Fold the held snapshot's overlay into a new base when due (``overlay``; a copy of the user's
+        """Fold the held snapshot's overlay into a new base when due (``fold_due``; a copy of the user's
         snapshot, so on a reader thread, off any recall's path) and hold it unless another replaced it."""
         held = self.peek(user_id)
-        if held is None or not held.merge_due:
-            return
+        if held is not None and held.fold_due:
+            self._folded(held)
+
+    def _folded(self, held: UserSnapshot) -> UserSnapshot:
+        """``held`` folded, and held in its place unless another replaced it meanwhile."""
         merged = held.merged()
         with self._lock:
-            if self._held.get(user_id) is held:
-                self._held[user_id] = merged
+            if self._held.get(held.user_id) is held:
+                self._held[held.user_id] = merged
+        return merged
 
     def terms(self, user_id: str, stamp: Stamp, snapshot: UserSnapshot | None) -> TextTerms:
         """The terms memo of a recall of the user at ``stamp``: ``snapshot``'s (the one it reads), else the
         user's in ``unheld_terms`` (``reader.terms``)."""
         return snapshot.terms if snapshot is not None else self.unheld_terms.of(user_id, stamp)
+
+    def _own_process(self) -> None:
+        """Forget the loads and folds in flight when this is a forked child (call with the lock held): they
+        are the parent's, no thread of the child would ever end them."""
+        if self._pid != os.getpid():
+            self._loading, self._folding, self._pid = set(), set(), os.getpid()
 
     def _drop(self, user_id: str) -> None:
         """Forget everything held of the user (call with the lock held)."""

@@ -180,8 +180,16 @@ class UserSnapshot:
 
     @property
     def merge_due(self) -> bool:
-        """True when the overlay is to be folded into a new base (``overlay.merge_due``)."""
+        """True when the overlay holds its share of the user's records (``overlay.merge_due``)."""
         return merge_due(self.recent_size, self.size)
+
+    @property
+    def fold_due(self) -> bool:
+        """True when the overlay is to be folded into a new base: at its share (``merge_due``), or at once
+        while it hides a removed record (a base row in ``gone``, a keyword document's hole with its
+        postings), whose text stays in memory until the fold: a removal is a forget of a fact or a message,
+        or decay's expired chunks, and the catch-up cannot tell them apart (a removal record is an id)."""
+        return self.merge_due or bool(self.facts.gone or self.chunks.gone or self.keywords.holes)
 
     def refreshed(
         self,

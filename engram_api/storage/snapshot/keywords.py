@@ -365,6 +365,12 @@ class KeywordIndex:
         """The documents removed from the recent tables since they were added (their holes)."""
         return 0 if self.recent is None else len(self.recent.chunks.holes) + len(self.recent.facts.holes)
 
+    @property
+    def holes(self) -> int:
+        """The removed documents its tables (the base's and the recent) still hold the postings of."""
+        tables = (self.chunks, self.facts) + (() if self.recent is None else (self.recent.chunks, self.recent.facts))
+        return sum(len(t.holes) for t in tables)
+
     def merged(self) -> KeywordIndex:
         """The same documents in one base (``KeywordTable.joined``: what ``added`` defers)."""
         if self.recent is None:
