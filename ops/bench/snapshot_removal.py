@@ -6,7 +6,8 @@ costs a keyword search: a focused micro-bench with no services, on ``snapshot_me
 
 For each size: build the snapshot whole, then take ``--removals`` facts out of it one at a time as a catch-up
 does (``UserSnapshot.refreshed`` with the removed id: ``removal.without``), each timed in thread CPU (what the
-reader's catch-up thread spends, on the recall's path when the recall waits for it); then time ``--queries``
+reader's catch-up thread spends, on the recall's path when the recall waits for it); then the fold that follows
+a removal (``UserSnapshot.merged``, on a reader thread off the path: the least of three, thread CPU); then time ``--queries``
 keyword searches on the snapshot as the removals left it and on one built whole from the remaining records,
 and check that both answer the same (ids and scores). Prints JSON. Run it from two trees (before and after a
 change) alternately to compare in one sitting.
@@ -41,6 +42,11 @@ def measure(n: int, removals: int, queries: int) -> dict[str, Any]:
         costs.append((time.thread_time() - start) * 1e3)
         assert fresh is not None
         held = fresh
+    folds = []
+    for _ in range(3):
+        start = time.thread_time()
+        held.merged()
+        folds.append((time.thread_time() - start) * 1e3)
     dropped = set(gone)
     whole = UserSnapshot.of("user-bench", held.stamp, [f for f in facts if f.id not in dropped], chunks)
     asked = [["user", *rng.sample(WORDS, 2)] for _ in range(queries)]
@@ -61,6 +67,7 @@ def measure(n: int, removals: int, queries: int) -> dict[str, Any]:
         "removals": removals,
         "removal_p50_ms": round(statistics.median(costs), 3),
         "removal_max_ms": round(max(costs), 3),
+        "fold_ms": round(min(folds), 1),
         "search_p50_ms": round(held_ms, 3),
         "search_whole_p50_ms": round(whole_ms, 3),
         "same_answers": held_answers == whole_answers,
