@@ -9,6 +9,7 @@ oracle is ``UserSnapshot.of``, with no store.
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from datetime import timedelta
 
 import numpy as np
@@ -224,7 +225,7 @@ def test_a_snapshots_terms_memo_is_carried_by_additions_and_begun_anew_by_a_remo
 
 
 def test_the_overlay_is_folded_now_and_then_off_the_path() -> None:
-    """A share of the user's records (``overlay.merge_due``); ``SnapshotCache.fold`` swaps the folded base
+    """A share of the user's records (``overlay.merge_due``); ``SnapshotCache.fold_soon`` swaps the folded base
     in only while the snapshot it folded is still the one held."""
     assert not merge_due(10, 100) and merge_due(64, 100) and not merge_due(64, 100_000) and merge_due(3125, 100_000)
     rng = random.Random(4)
@@ -238,12 +239,17 @@ def test_the_overlay_is_folded_now_and_then_off_the_path() -> None:
     assert big.merge_due
     cache = SnapshotCache(max_records=1000, budget_records=10_000)
     cache._keep(big, answering=False)
-    cache.fold(USER)
+    cache.fold_soon(USER, _now)
     folded = cache.peek(USER)
     assert folded is not None and folded is not big and folded.recent_size == 0
     assert _answers(folded, people) == _answers(big, people)
-    cache.fold(USER)
+    cache.fold_soon(USER, _now)
     assert cache.peek(USER) is folded  # nothing due: left as it is
+
+
+def _now(fn: Callable[..., object], *args: object) -> None:
+    """A reader thread's ``behind`` that runs the work at once."""
+    fn(*args)
 
 
 def _same_table(got: KeywordTable, want: KeywordTable) -> None:
@@ -287,7 +293,7 @@ def test_a_removed_keyword_document_leaves_a_hole_and_the_table_answers_as_one_b
 def test_a_removals_catch_up_leaves_the_keyword_holes_to_the_fold() -> None:
     """The catch-up of a removal (``removal.without``, on the recall's path) never compacts a keyword table,
     even once its holes reach the fold's share (a 100K-fact table's compaction took ~0.6 s there): the holes
-    count towards the fold, removed documents of the recent tables too, and the fold (``SnapshotCache.fold``,
+    count towards the fold, removed documents of the recent tables too, and the fold (``SnapshotCache.fold_soon``,
     off the path) drops them; before and after, the snapshot answers as one built whole from what remains."""
     rng = random.Random(21)
     people, facts, chunks = _world(rng, 100)
@@ -309,7 +315,7 @@ def test_a_removals_catch_up_leaves_the_keyword_holes_to_the_fold() -> None:
     assert _answers(held, people) == _answers(remaining, people)
     cache = SnapshotCache(max_records=1000, budget_records=10_000)
     cache._keep(held, answering=False)
-    cache.fold(USER)
+    cache.fold_soon(USER, _now)
     folded = cache.peek(USER)
     assert folded is not None and folded.recent_size == 0 and not folded.keywords.recent_holes
     assert not folded.keywords.facts.holes and not folded.keywords.chunks.holes

@@ -215,15 +215,9 @@ class SnapshotCache:
             with self._lock:
                 self._folding.discard(user_id)
 
-    def fold(self, user_id: str) -> None:
-        """Fold the held snapshot's overlay into a new base when due (``fold_due``; a copy of the user's
-        snapshot, so on a reader thread, off any recall's path) and hold it unless another replaced it."""
-        held = self.peek(user_id)
-        if held is not None and held.fold_due:
-            self._folded(held)
-
     def _folded(self, held: UserSnapshot) -> UserSnapshot:
-        """``held`` folded, and held in its place unless another replaced it meanwhile."""
+        """``held`` folded into a new base (a copy of the user's snapshot, so on a reader thread, off any
+        recall's path), and held in its place unless another replaced it meanwhile."""
         merged = held.merged()
         with self._lock:
             if self._held.get(held.user_id) is held:
