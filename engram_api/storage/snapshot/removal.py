@@ -11,7 +11,9 @@ that listed a removed fact held again without it, and each removed document a ho
 (``table_without``: the removed text restemmed, its terms' document frequencies counted down, no posting
 copied). Folding the overlay and
 copying the base's maps without the records, as it was done, cost a 10K-fact reader's catch-up of one
-forget ~3-10 ms of CPU on the recall's path; the fold now comes when the overlay is due, off it.
+forget ~3-10 ms of CPU on the recall's path; the fold now comes after the catch-up, off it, on a reader
+thread (``UserSnapshot.fold_due``: at once after a removal, so the hidden rows and the holes' postings, the
+removed texts, leave the reader's memory with it).
 
 Invariants: the snapshot ``without`` returns answers every read exactly as one built whole from the
 records that remain (``tests/test_snapshot_overlay.py``): the same rows, each entity's facts in the same
