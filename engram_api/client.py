@@ -200,7 +200,7 @@ class MemoryClient:
         if redis_client is not None:
             from engram_api.reader.signals import StampSignals
 
-            self.signals = StampSignals(redis_client, self._reader.catchups.signalled_stamp).start()
+            self.signals = StampSignals(redis_client, self._reader.signalled_stamp).start()
         return self._reader
 
     def _reader_metrics(self) -> ReaderMetrics | None:

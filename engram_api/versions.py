@@ -23,7 +23,7 @@ from engram_api import keys
 if TYPE_CHECKING:
     import redis
 
-__all__ = ["ABSENT", "Stamp", "new_epoch", "publish_stamp", "read_stamp"]
+__all__ = ["ABSENT", "Stamp", "new_epoch", "outdated", "publish_stamp", "read_stamp"]
 
 
 class Stamp(NamedTuple):
@@ -43,6 +43,12 @@ class Stamp(NamedTuple):
 
 
 ABSENT = Stamp(0, 0)
+
+
+def outdated(kept: Stamp, learned: Stamp) -> bool:
+    """Whether what was read at ``kept`` is past use once the user's stamp is learned to be ``learned``: it
+    is older, or the user is absent now (``forget_user`` leaves ``ABSENT``, below every stamp it erased)."""
+    return kept != learned and (kept < learned or learned == ABSENT)
 
 
 def new_epoch() -> int:

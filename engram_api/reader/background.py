@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from engram_api import keys
-from engram_api.versions import Stamp
+from engram_api.versions import Stamp, outdated
 
 if TYPE_CHECKING:
     import redis
@@ -49,20 +49,30 @@ RECALL_LOG_TTL_S = 24 * 3600
 
 
 class ResultCache:
-    """Small LRU of results, each tagged with the user stamp it was computed at."""
+    """Small LRU of results, each tagged with the user stamp it was computed at (a key's first item is its
+    user). Thread-safe.
+
+    Invariants: bounded (``size`` entries, least recently used dropped first); a result is served only at its
+    stamp and within its TTL, and one found past either (kept at a stamp ``outdated`` by the one asked, or
+    expired) is dropped then; ``drop_outdated`` drops a user's results kept at stamps outdated by one learned
+    (another host's forget or ``forget_user`` moved it: their texts go with them), in O(those results)
+    through a per-user index of keys by stamp that always names exactly the keys held."""
 
     def __init__(self, size: int = 2048) -> None:
         self.size = size
         self._data: OrderedDict[tuple[Any, ...], tuple[Stamp, float, Any]] = OrderedDict()
+        self._by_user: dict[Any, dict[Stamp, set[tuple[Any, ...]]]] = {}  # user -> stamp -> keys held at it
         self._lock = threading.Lock()
 
     def get(self, key: tuple[Any, ...], version: Stamp) -> Any | None:
         with self._lock:
             entry = self._data.get(key)
-            if entry is None or entry[0] != version or entry[1] < time.monotonic():
-                return None
-            self._data.move_to_end(key)
-            return entry[2]
+            if entry is not None and entry[0] == version and entry[1] >= time.monotonic():
+                self._data.move_to_end(key)
+                return entry[2]
+            if entry is not None and (outdated(entry[0], version) or entry[1] < time.monotonic()):
+                self._pop(key)  # never served again: not kept either (a newer stamp's is, for the newer reads)
+            return None
 
     def holds(self, key: tuple[Any, ...]) -> bool:
         """Whether a result is kept under ``key``, at any stamp (fresh or not)."""
@@ -71,19 +81,46 @@ class ResultCache:
 
     def put(self, key: tuple[Any, ...], version: Stamp, ttl: float, value: Any) -> None:
         with self._lock:
+            if key in self._data:
+                self._pop(key)
             self._data[key] = (version, time.monotonic() + ttl, value)
-            self._data.move_to_end(key)
+            self._by_user.setdefault(key[0], {}).setdefault(version, set()).add(key)
             while len(self._data) > self.size:
-                self._data.popitem(last=False)
+                self._pop(next(iter(self._data)))
+
+    def drop_outdated(self, user_id: str, stamp: Stamp) -> None:
+        """Drop the user's results kept at stamps ``outdated`` by ``stamp`` (older, or any once the user is
+        absent); costs a lookup when there are none."""
+        with self._lock:
+            stamps = self._by_user.get(user_id)
+            if stamps is None:
+                return
+            for old in [s for s in stamps if outdated(s, stamp)]:
+                for key in stamps.pop(old):
+                    del self._data[key]
+            if not stamps:
+                del self._by_user[user_id]
 
     def drop_user(self, user_id: str) -> None:
         with self._lock:
-            for key in [k for k in self._data if k[0] == user_id]:
-                del self._data[key]
+            for keys_at in self._by_user.pop(user_id, {}).values():
+                for key in keys_at:
+                    del self._data[key]
 
     def users(self) -> set[str]:
         with self._lock:
-            return {k[0] for k in self._data}
+            return set(self._by_user)
+
+    def _pop(self, key: tuple[Any, ...]) -> None:
+        """Drop ``key``'s result and its index entry (call with the lock held)."""
+        version = self._data.pop(key)[0]
+        stamps = self._by_user[key[0]]
+        keys_at = stamps[version]
+        keys_at.discard(key)
+        if not keys_at:
+            del stamps[version]
+            if not stamps:
+                del self._by_user[key[0]]
 
 
 @dataclass(frozen=True, slots=True)

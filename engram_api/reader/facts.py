@@ -7,7 +7,10 @@ Invariants:
   warm reader never re-reads an unchanged record and never serves a changed one (a chunk is never updated;
   a forget moves the stamp). A record read at a newer graph state than the stamp (a write committed, its
   stamp not yet published) is what an uncached read would have returned too;
-- an older stamp never replaces a newer one's entries (a slow reader cannot roll the cache back);
+- an older stamp never replaces a newer one's entries (a slow reader cannot roll the cache back); a user's
+  entries of a stamp ``outdated`` by one the reader learns (a recall's, a writer's signal: ``drop_outdated``)
+  or asks for (older, or any once the user is absent) are dropped then: another host's forget leaves no
+  text of it here past that;
 - bounded: at most ``users`` users and ``per_user`` records each, least recently used dropped first;
 - the graph step (hydrate the vector and keyword hits, expand from the seeds) is ONE store round trip
   (``GraphStore.graph_step``); records the cache holds are named in ``known`` and not sent back, and the
@@ -30,7 +33,7 @@ from engram_api.reader.snapshots import CATCH_UP_VERSIONS, SnapshotCache
 from engram_api.storage.graph.contract import GraphStep, GraphStepQuery, GraphStore
 from engram_api.storage.snapshot.graph import HeldStep, UserSnapshot
 from engram_api.storage.snapshot.rows import AnyChunk, AnyFact, conversation_order
-from engram_api.versions import Stamp
+from engram_api.versions import Stamp, outdated
 
 __all__ = [
     "CATCH_UP_VERSIONS",
@@ -66,8 +69,12 @@ class RecordCache(Generic[R]):
         self._lock = threading.Lock()
 
     def _entry(self, user_id: str, stamp: Stamp) -> OrderedDict[str, R] | None:
-        """The user's records at ``stamp`` (call with the lock held); a different stamp's are dropped."""
+        """The user's records at ``stamp`` (call with the lock held); those of a stamp it outdates are
+        dropped, a newer one's kept (a slow reader cannot roll the cache back)."""
         entry = self._data.get(user_id)
+        if entry is not None and outdated(entry[0], stamp):
+            del self._data[user_id]
+            return None
         if entry is None or entry[0] != stamp:
             return None
         self._data.move_to_end(user_id)
@@ -117,6 +124,14 @@ class RecordCache(Generic[R]):
             found.update((r.id, r) for r in fresh)
         return found
 
+    def drop_outdated(self, user_id: str, stamp: Stamp) -> None:
+        """Drop the user's records if ``stamp`` (one learned: another host's forget or ``forget_user`` moved
+        it) ``outdated`` the stamp they were read at: their texts go with them; a lookup."""
+        with self._lock:
+            entry = self._data.get(user_id)
+            if entry is not None and outdated(entry[0], stamp):
+                del self._data[user_id]
+
     def drop_user(self, user_id: str) -> None:
         with self._lock:
             self._data.pop(user_id, None)
@@ -149,6 +164,14 @@ class ChunkCache(RecordCache[ChunkRecord]):
                     self._orders.pop(next(iter(self._orders)))
                 self._orders[snapshot.user_id] = held
         return held[1], held[2]
+
+    def drop_outdated(self, user_id: str, stamp: Stamp) -> None:
+        super().drop_outdated(user_id, stamp)
+        self.episodes.drop_outdated(user_id, stamp)
+        with self._lock:
+            held = self._orders.get(user_id)
+            if held is not None and outdated(held[0], stamp):
+                del self._orders[user_id]
 
     def drop_user(self, user_id: str) -> None:
         super().drop_user(user_id)

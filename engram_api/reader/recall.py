@@ -123,6 +123,20 @@ class RecallReader:
                     return stamp
         return self.graph.user_stamp(user_id)
 
+    def learned(self, user_id: str, stamp: Stamp) -> None:
+        """The user's stamp is at ``stamp`` or newer: the results and records kept at stamps it outdates
+        (``outdated``: older ones, or all once the user is absent) go, and with them the texts another host's
+        forget or ``forget_user`` erased; a lookup per cache when there are none."""
+        self.cache.drop_outdated(user_id, stamp)
+        self.facts.drop_outdated(user_id, stamp)
+        self.chunks.drop_outdated(user_id, stamp)
+
+    def signalled_stamp(self, user_id: str, stamp: Stamp) -> None:
+        """A writer's signal (``StampSignals``): what is kept at older stamps goes (``learned``), held copies
+        catch up (``CatchUps``)."""
+        self.learned(user_id, stamp)
+        self.catchups.signalled_stamp(user_id, stamp)
+
     def weights_for(self, user_id: str) -> tuple[Weights, str]:
         """Learned per-user weights, else learned global ones, else the configured ones."""
         cached = self._weights.get((user_id,), 0)
@@ -207,6 +221,7 @@ class RecallReader:
         index = self.keeper.current(user_id, version)
         if index.stamp < version:  # the graph's reads lag the stamp (a replica): nothing cached under it
             version = index.stamp
+        self.learned(user_id, version)  # the stamp read, as far as the graph answers (no churn while it lags)
         timings["index"] = (time.perf_counter() - t1) * 1e3
         if snapshot is None:
             vectors = index.count("fact") + index.count("episode")

@@ -1,10 +1,10 @@
 """Readers learn of a published stamp without a read: writers send each stamp that moves forward on a
 Redis channel (``publish_stamp``, ``keys.stamps_channel``), and each reader process listens on one daemon
-thread and hands every stamp to ``CatchUps.signalled_stamp``, which catches up the copies it holds of that
-user before the user's next recall.
+thread and hands every stamp to the reader's ``signalled_stamp``, which drops the results and records kept at
+older stamps of that user and catches up the copies it holds (``CatchUps``) before the user's next recall.
 
-    StampSignals(redis, reader.catchups.signalled_stamp).start()   # MemoryClient.reader, once per process
-    ... .stop()                                                     # MemoryClient.close
+    StampSignals(redis, reader.signalled_stamp).start()   # MemoryClient.reader, once per process
+    ... .stop()                                           # MemoryClient.close
 
 Invariants: a signal is a hint, never the truth. Redis pub/sub is at most once: a message sent while this
 process is not subscribed (starting, reconnecting after Redis went away, or slow enough that Redis drops

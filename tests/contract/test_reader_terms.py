@@ -21,8 +21,6 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from engram_api.reader.background import ResultCache
-from engram_api.reader.facts import RecordCache
 from engram_api.reader.reader import Reader
 from engram_api.reader.signals import StampSignals
 from tests.support.extractions import fact
@@ -35,11 +33,6 @@ SECRET = "User keeps the spare key under the zebrawood planter"
 SAID = "I keep the spare key under the zebrawood planter."
 QUERY = "where is the spare key? zebrawood"
 WORD = "planter"  # the secret's, not the query's: held as a word only by the texts and their terms
-
-
-# The reader's caches of results and records, each entry served only at the stamp it was read at: after another
-# host's forget they are never served again, but kept until the user's next read through them or their LRU.
-STAMPED = (ResultCache, RecordCache)
 
 
 def _module_memos() -> Iterator[Any]:
@@ -99,13 +92,13 @@ def test_after_a_forget_no_cache_of_the_reader_holds_the_forgotten_text(memory: 
     assert SECRET not in {i.statement for i in got} and _holding(reader, WORD) == []
 
 
-def test_after_another_hosts_forget_the_readers_term_memos_hold_nothing_of_it(memory: Memory, tmp_path: Path) -> None:
-    """A forget on another host reaches this reader by the writer's stamp signal: its catch-up takes the
-    message's chunks and fact out of the held snapshot, whose terms memo begins anew (``removal.without``), and
-    then folds it on a reader thread (the hidden rows go). Not walked: the caches of results and records kept
-    at a stamp (``STAMPED``)."""
+def test_after_another_hosts_forget_the_readers_caches_hold_nothing_of_it(memory: Memory, tmp_path: Path) -> None:
+    """A forget on another host reaches this reader by the writer's stamp signal: the results and records it
+    kept at older stamps go (``RecallReader.signalled_stamp``), and its catch-up takes the message's chunks and
+    fact out of the held snapshot, whose terms memo begins anew (``removal.without``), then folds it on a
+    reader thread (``fold_soon``: the hidden rows go)."""
     reader = _host(memory, tmp_path / "reader")
-    signals = StampSignals(memory.redis, reader.catchups.signalled_stamp).start()
+    signals = StampSignals(memory.redis, reader.signalled_stamp).start()  # as ``MemoryClient.reader`` does
     try:
         _until(signals.subscribed.is_set, "subscribed")
         user = new_user()
@@ -114,18 +107,33 @@ def test_after_another_hosts_forget_the_readers_term_memos_hold_nothing_of_it(me
         stamp = memory.graph.user_stamp(user)
         _until(lambda: (s := reader.snapshots.peek(user)) is not None and s.stamp == stamp, "caught up")
         reader.flush()
-        assert _holding(reader, WORD, skip_types=STAMPED) == []  # the catch-up's fold ran (``fold_soon``)
+        assert _holding(reader, WORD) == []  # the catch-up's fold ran (``fold_soon``)
     finally:
         signals.stop()
 
 
+def test_after_another_hosts_forget_the_readers_caches_hold_nothing_of_it_from_its_next_recall(
+    memory: Memory, tmp_path: Path
+) -> None:
+    """No signal: the reader learns of the forget's stamp at its next recall of the user (another question),
+    which drops the results and records kept at older stamps and catches its snapshot up (not walked: the
+    snapshot's base, ``RecordRows``, until the fold)."""
+    reader = _host(memory, tmp_path / "reader")
+    user = new_user()
+    _keyed(memory, user, reader)
+    memory.reader.forget(user, "key")
+    reader.recall(user, "what did I say about the fjord?", k=10)
+    reader.flush()
+    assert _holding(reader, WORD, skip_types=(RecordRows,)) == []
+
+
 def test_a_readers_held_state_of_an_erased_user_goes_at_its_next_recall(memory: Memory, tmp_path: Path) -> None:
-    """``forget_user`` on another host: this reader's snapshot and terms memo of the user's lifetime go at its
-    next recall of the user, which finds the user absent (not walked: ``STAMPED``)."""
+    """``forget_user`` on another host: this reader's results, records, snapshot and terms memo of the user's
+    lifetime go at its next recall of the user, which finds the user absent."""
     reader = _host(memory, tmp_path / "reader")
     user = new_user()
     _keyed(memory, user, reader)
     memory.reader.forget_user(user)
     assert reader.recall(user, QUERY, k=10).items == []
     reader.flush()
-    assert reader.snapshots.peek(user) is None and _holding(reader, WORD, skip_types=STAMPED) == []
+    assert reader.snapshots.peek(user) is None and _holding(reader, WORD) == []
