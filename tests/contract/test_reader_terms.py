@@ -116,15 +116,15 @@ def test_after_another_hosts_forget_the_readers_caches_hold_nothing_of_it_from_i
     memory: Memory, tmp_path: Path
 ) -> None:
     """No signal: the reader learns of the forget's stamp at its next recall of the user (another question),
-    which drops the results and records kept at older stamps and catches its snapshot up (not walked: the
-    snapshot's base, ``RecordRows``, until the fold)."""
+    which drops the results and records kept at older stamps and catches its snapshot up, then folds it on a
+    reader thread (``fold_soon``), which ``flush`` waits for."""
     reader = _host(memory, tmp_path / "reader")
     user = new_user()
     _keyed(memory, user, reader)
     memory.reader.forget(user, "key")
     reader.recall(user, "what did I say about the fjord?", k=10)
     reader.flush()
-    assert _holding(reader, WORD, skip_types=(RecordRows,)) == []
+    assert _holding(reader, WORD) == []
 
 
 def test_a_readers_held_state_of_an_erased_user_goes_at_its_next_recall(memory: Memory, tmp_path: Path) -> None:
