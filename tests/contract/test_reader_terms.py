@@ -41,7 +41,8 @@ def _module_memos() -> Iterator[Any]:
     for name, module in list(sys.modules.items()):
         if name.startswith(("engram_api", "engram_workers")) and module is not None:
             for key, value in list(vars(module).items()):
-                memo = isinstance(value, dict | list | set | threading.local) or hasattr(value, "cache_info")
+                kind = type(value)  # never ``isinstance``: a Celery task's proxy asked its ``__class__`` evaluates
+                memo = issubclass(kind, dict | list | set | threading.local) or hasattr(kind, "cache_info")
                 if memo and not key.startswith("__"):
                     yield value
 
@@ -56,10 +57,11 @@ def _strings(roots: Iterable[Any], skip: Iterable[Any], skip_types: tuple[type, 
         if id(obj) in seen:
             continue
         seen.add(id(obj))
-        if isinstance(obj, str):
+        kind = type(obj)  # as in ``_module_memos``: a proxy's ``__class__`` would evaluate it
+        if issubclass(kind, str):
             yield obj
             continue
-        if isinstance(obj, (types.ModuleType, type, types.FunctionType, types.CodeType, *skip_types)):
+        if issubclass(kind, (types.ModuleType, type, types.FunctionType, types.CodeType, *skip_types)):
             continue
         todo.extend(gc.get_referents(obj))
 
