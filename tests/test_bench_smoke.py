@@ -513,3 +513,39 @@ def test_the_hosts_bench_separate_host_pins_the_reader_alone_and_restores_every_
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_query_offline_reshapes_the_query_windows_a_reply_and_weights_bm25s_length_and_the_speaker():
+    """The offline query measurement (docs/benchmarks.md, "The query's side measured offline"): the dense
+    query forms drop the wh-word and auxiliaries; the names a query gives beside the speakers and the
+    calendar's; a turn's window is it with the other speaker's reply the same day; its BM25 over a user's
+    turns weighs a turn's length by ``b`` and the speaker's name as a field by ``w``."""
+    from datetime import UTC, datetime, timedelta
+    from types import SimpleNamespace
+
+    sys.path.insert(0, str(REPO / "ops" / "bench"))
+    offline = importlib.import_module("query_offline")
+    pools = importlib.import_module("pool_offline")
+
+    assert offline.stripped("What did Caroline research?") == "Caroline research"
+    assert offline.turn_shaped("What did Caroline research?") == "Caroline: research"
+    assert pools.names("Did Jon and Gina see the Eiffel Tower in June?", {"Jon", "Gina"}) == ["Eiffel Tower"]
+    day = datetime(2023, 5, 8, 13, 0, tzinfo=UTC)
+
+    def turn(cid: str, speaker: str, text: str, at: datetime) -> SimpleNamespace:
+        return SimpleNamespace(id=cid, speaker=speaker, text=text, event_time=at, indexed_text=f"{speaker}: {text}")
+
+    turns = [
+        turn("c1", "Ana", "Where did you move?", day),
+        turn("c2", "Ben", "Austin.", day + timedelta(seconds=1)),
+        turn("c3", "Ben", "We love the food there, tacos and barbecue every single week.", day + timedelta(seconds=2)),
+        turn("c4", "Ana", "Nice!", day + timedelta(days=7)),
+    ]
+    assert pools.reply_windows(turns) == {"c1": "Ana: Where did you move?\nBen: Austin."}
+    index = offline.TurnIndex(turns)
+    assert index.search("Ben", 10, 1.2, 0.75, 0.0) == []  # the name is not in the words said
+    assert [h.node_id for h in index.search("Ben", 10, 1.2, 0.75, 1.0)] == ["c2", "c3"]
+    index.body[1]["food"] = 1  # "Austin." now holds "food" once, as the long turn does
+    short, long_ = (index.search("food", 10, 1.2, b, 0.0) for b in (1.0, 0.0))
+    assert [h.node_id for h in short] == ["c2", "c3"] and short[0].score > short[1].score
+    assert long_[0].score == pytest.approx(long_[1].score)  # b = 0: the length does not count
