@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from engram_api.storage.snapshot.keywords import KeywordIndex, KeywordTable, TextTerms, stems
+from engram_api.storage.snapshot.keywords import KeywordIndex, KeywordTable, TextTerms, dense_of, stems
 from engram_api.storage.snapshot.overlay import Overlay
 from engram_api.storage.snapshot.rows import CHUNK_FACTS, EPISODE, OBJECT, SOURCES, STATEMENT, SUBJECT
 
@@ -181,6 +181,7 @@ def compacted(table: KeywordTable, drop: Collection[int]) -> KeywordTable:
         by_id=by_id,
         rank=rank,
         postings=postings,
+        dense=dense_of(postings, len(by_id)),
     )
 
 
