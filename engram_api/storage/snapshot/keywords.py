@@ -301,17 +301,16 @@ class KeywordTable:
 
 def _top(scores: np.ndarray, rank: np.ndarray, matched: np.ndarray, m: int) -> np.ndarray | None:
     """The places of the best ``m`` of ``scores`` (those of the positions ``matched``) by (score descending,
-    the position's ``rank`` ascending), in no order; None when that is all of them. The ``m``-th best score is
-    selected by value (``np.partition``), then come those above it and the lowest ranks of those equal to it:
-    exactly the best ``m`` by (score, rank). A common word alone scores a document by its length only, so
-    thousands of scores are equal, and numpy's selection of places (``argpartition``) among equal floats
-    degenerates (79K scores of three values: ~9 ms), as it does on a (-score, rank) complex key (~2.3 ms, the
-    way it was done); a selection of the values does not (~0.25 ms), and the equal ones' ranks are distinct."""
+    the position's ``rank`` ascending), in no order; None when that is all of them: those above the ``m``-th
+    best score and the lowest ranks of those equal to it. A common word alone scores a document by its length
+    only, so thousands of scores are equal, and numpy's selections (``partition``, ``argpartition``) degenerate
+    on equal floats (the 100K-fact user's "user": 79K scores of three values, 7-9 ms; 2.3 ms on a (-score, rank)
+    complex key, the way it was done); a sort of the values does not (~0.15 ms), and the ranks of the equal
+    ones are distinct."""
     if len(scores) <= m:
         return None
-    neg = -scores
-    cut = np.partition(neg, m - 1)[m - 1]
-    above, tied = np.flatnonzero(neg < cut), np.flatnonzero(neg == cut)
+    cut = np.sort(scores)[len(scores) - m]
+    above, tied = np.flatnonzero(scores > cut), np.flatnonzero(scores == cut)
     need = m - len(above)
     if need < len(tied):
         tied = tied[np.argpartition(rank[matched[tied]], need - 1)[:need]]
