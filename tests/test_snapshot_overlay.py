@@ -253,14 +253,14 @@ def _now(fn: Callable[..., object], *args: object) -> None:
 
 
 def _same_table(got: KeywordTable, want: KeywordTable) -> None:
-    """The same ids in order, lengths, id ranks and every term's postings (positions and frequencies, their
-    dtypes)."""
+    """The same ids in order, lengths, id ranks and every term's postings (positions, their dtype, and each
+    one's form: its frequency and its document's length, whatever place the form has in ``forms``)."""
     assert got.ids == want.ids and np.array_equal(got.lengths, want.lengths) and got.holes == want.holes
     assert np.array_equal(got.sorted_ids, want.sorted_ids) and np.array_equal(got.rank, want.rank)
     assert got.postings.keys() == want.postings.keys() and dict(got.hole_df) == dict(want.hole_df)
-    for term, (places, tf) in want.postings.items():
+    for term, (places, form) in want.postings.items():
         assert got.postings[term][0].dtype == places.dtype and np.array_equal(got.postings[term][0], places)
-        assert np.array_equal(got.postings[term][1], tf)
+        assert np.array_equal(got.forms[:, got.postings[term][1]], want.forms[:, form])
 
 
 def test_a_removed_keyword_document_leaves_a_hole_and_the_table_answers_as_one_built_from_the_rest() -> None:

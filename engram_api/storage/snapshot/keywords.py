@@ -56,7 +56,9 @@ __all__ = ["KeywordIndex", "KeywordTable", "TextTerms", "dense_of", "stems"]
 
 _K1 = 1.2
 _B = 0.75
-_Postings = tuple[np.ndarray, np.ndarray]  # (document positions int32, term frequencies float64)
+# (document positions int32, forms int32: at each, the term's frequency and the document's length as a place in
+# ``KeywordTable.forms``)
+_Postings = tuple[np.ndarray, np.ndarray]
 _Term = tuple[str, int, list[_Postings | None]]  # a query term, its documents, its postings by table
 _DENSE_MIN = 1_024  # a table of fewer documents holds no ``dense`` frequencies: its postings are short
 
@@ -113,19 +115,25 @@ class TextTerms(dict[str, frozenset[str]]):
         return terms
 
 
-def dense_of(postings: Mapping[str, _Postings], n: int) -> dict[str, np.ndarray]:
-    """``KeywordTable.dense`` of a table of ``n`` positions: each term posted at a quarter of them or more
-    (in a table of ``_DENSE_MIN`` or more), its frequency at every position in the least unsigned integers
-    that hold it (0 where it is not): a byte a document, where its postings take 12 a document holding it."""
+def dense_of(postings: Mapping[str, _Postings], n: int, forms: int) -> dict[str, np.ndarray]:
+    """``KeywordTable.dense`` of a table of ``n`` positions and ``forms`` forms: each term posted at a quarter
+    of them or more (in a table of ``_DENSE_MIN`` or more), its form + 1 at every position (0 where it is not)
+    in the least unsigned integers that hold it: 1-2 bytes a document, where its postings take 8 a document
+    holding it."""
     if n < _DENSE_MIN:
         return {}
     out = {}
-    for term, (at, tf) in postings.items():
+    for term, (at, form) in postings.items():
         if 4 * len(at) >= n:
-            freq = np.zeros(n, dtype=np.min_scalar_type(int(tf.max())))
-            freq[at] = tf
+            freq = np.zeros(n, dtype=np.min_scalar_type(forms))
+            freq[at] = form + 1
             out[term] = freq
     return out
+
+
+def _forms(places: Mapping[tuple[float, float], int]) -> np.ndarray:
+    """``KeywordTable.forms`` of ``places`` (each pair's place, in order)."""
+    return np.asarray(list(places), dtype=np.float64).reshape(-1, 2).T
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,9 +141,12 @@ class KeywordTable:
     """One table's documents (ids in position order), their lengths in terms, each one's rank by id (the
     tie-break; kept with the ids in sorted order and the positions in that order, so a refresh merges its
     few new ids in rather than sorting them all: 2.7 -> 0.4-1.0 ms for one new fact of a 10K-fact table),
-    and each term's postings. A removed document's position is a hole (``holes``): its id stays in
-    ``ids`` and ``sorted_ids`` (the others' ranks keep their order), its length is zero, its postings stay
-    (a search skips it) and ``hole_df`` counts them out of each of its terms' document frequencies."""
+    and each term's postings: a posting's form is the place in ``forms`` of its (term frequency, document
+    length), as few as the table's distinct pairs, so a search computes BM25's share of a term once a form
+    and gathers it for every posting (``_weights``). A removed document's position is a hole (``holes``):
+    its id stays in ``ids`` and ``sorted_ids`` (the others' ranks keep their order), its length is zero,
+    its postings stay (a search skips it) and ``hole_df`` counts them out of each of its terms' document
+    frequencies."""
 
     ids: tuple[str, ...]
     lengths: np.ndarray
@@ -144,11 +155,18 @@ class KeywordTable:
     by_id: np.ndarray  # the positions of ``sorted_ids``
     rank: np.ndarray  # position -> its place in ``sorted_ids``
     postings: Mapping[str, _Postings]
+    forms: np.ndarray  # (2, forms) float64: each form's term frequency, then its document length
     holes: frozenset[int] = frozenset()
     hole_df: Mapping[str, int] = field(default_factory=dict)  # term -> the holes among its postings
-    # term -> its frequency at every position (0: not held), for the terms in a quarter of the positions or
-    # more (``dense``): what a search looks a common word up in for the documents a rarer word found
+    # term -> its form + 1 at every position (0: not held), for the terms in a quarter of the positions or
+    # more (``dense_of``): what a search looks a common word up in for the documents a rarer word found
     dense: Mapping[str, np.ndarray] = field(default_factory=dict)
+    # the lengths' sum, once (a search's average length read it at every search: ~0.1 ms at 100K facts); the
+    # lengths are whole numbers, so it is exact and the same in any order of summing
+    total: float = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "total", float(self.lengths.sum()))
 
     def df(self, term: str) -> int:
         """The documents holding ``term`` (its postings, the holes not counted)."""
@@ -165,28 +183,35 @@ class KeywordTable:
         """The table of ``docs``: (node id, text) pairs with distinct ids."""
         none = np.zeros(0, dtype=np.int64)
         empty = cls(
-            ids=(), lengths=np.zeros(0), sorted_ids=np.array([], dtype=bytes), by_id=none, rank=none, postings={}
+            ids=(),
+            lengths=np.zeros(0),
+            sorted_ids=np.array([], dtype=bytes),
+            by_id=none,
+            rank=none,
+            postings={},
+            forms=np.zeros((2, 0)),
         )
         return empty.added(docs)
 
     def added(self, docs: Iterable[tuple[str, str]]) -> KeywordTable:
         """This table with ``docs`` (distinct ids it does not hold) appended; only their terms are touched."""
         ids, lengths = list(self.ids), []
+        places = self._places()
         grown: dict[str, tuple[list[int], list[int]]] = {}
         for node_id, text in docs:
             terms = stems(text)
             for term, tf in Counter(terms).items():
-                at, freq = grown.setdefault(term, ([], []))
+                at, form = grown.setdefault(term, ([], []))
                 at.append(len(ids))
-                freq.append(tf)
+                form.append(places.setdefault((tf, len(terms)), len(places)))
             ids.append(node_id)
             lengths.append(len(terms))
         if not lengths:
             return self
         postings = dict(self.postings)
-        for term, (at, freq) in grown.items():
+        for term, (at, form) in grown.items():
             old = postings.get(term)
-            new = (np.asarray(at, dtype=np.int32), np.asarray(freq, dtype=np.float64))
+            new = (np.asarray(at, dtype=np.int32), np.asarray(form, dtype=np.int32))
             postings[term] = (
                 new if old is None else (np.concatenate([old[0], new[0]]), np.concatenate([old[1], new[1]]))
             )
@@ -205,10 +230,16 @@ class KeywordTable:
             by_id=by_id,
             rank=rank,
             postings=postings,
+            forms=_forms(places),
             holes=self.holes,
             hole_df=self.hole_df,
-            dense=dense_of(postings, len(ids)),
+            dense=dense_of(postings, len(ids), len(places)),
         )
+
+    def _places(self) -> dict[tuple[float, float], int]:
+        """Each of ``forms`` by its (term frequency, document length): where ``added`` and ``joined`` find a
+        pair's form, appending the new ones."""
+        return {pair: i for i, pair in enumerate(zip(*self.forms.tolist(), strict=True))}
 
     def joined(self, other: KeywordTable) -> KeywordTable:
         """This table with ``other``'s documents (ids it does not hold) appended, as ``added`` appends
@@ -216,13 +247,15 @@ class KeywordTable:
         if not other.ids:
             return self
         shift = len(self.ids)
+        places = self._places()
+        moved = np.asarray([places.setdefault(pair, len(places)) for pair in other._places()], dtype=np.int32)
         postings = dict(self.postings)
-        for term, (at, tf) in other.postings.items():
+        for term, (at, form) in other.postings.items():
             old = postings.get(term)
             postings[term] = (
-                (at + shift, tf)
+                (at + shift, moved[form])
                 if old is None
-                else (np.concatenate([old[0], at + shift]), np.concatenate([old[1], tf]))
+                else (np.concatenate([old[0], at + shift]), np.concatenate([old[1], moved[form]]))
             )
         slots = np.searchsorted(self.sorted_ids, other.sorted_ids)
         wide = np.result_type(self.sorted_ids, other.sorted_ids)  # a longer id widens the bytes array, never cut
@@ -237,9 +270,10 @@ class KeywordTable:
             by_id=by_id,
             rank=rank,
             postings=postings,
+            forms=_forms(places),
             holes=self.holes | {h + shift for h in other.holes},
             hole_df=dict(Counter(self.hole_df) + Counter(other.hole_df)),
-            dense=dense_of(postings, len(rank)),
+            dense=dense_of(postings, len(rank), len(places)),
         )
 
     def ranked(self, terms: Sequence[str], k: int, keep: Callable[[str], bool]) -> list[tuple[str, float]]:
@@ -247,24 +281,30 @@ class KeywordTable:
         (node id, BM25 score), best first, ties by node id."""
         return ranked((self,), terms, k, keep)
 
-    def _weights(self, at: np.ndarray, tf: np.ndarray, avg: float, idf: float) -> np.ndarray:
-        """The BM25 share of a term of inverse document frequency ``idf`` in the documents at positions
-        ``at`` holding it ``tf`` times."""
-        return idf * tf * (_K1 + 1.0) / (tf + _K1 * (1.0 - _B + _B * self.lengths[at] / avg))
+    def _weights(self, form: np.ndarray, avg: float, idf: float) -> np.ndarray:
+        """The BM25 share of a term of inverse document frequency ``idf`` at postings of forms ``form``:
+        computed for each of the table's forms (few: a 100K-fact user's statements make a few hundred), then
+        gathered, where it was computed for every posting (79K for the 100K-fact user's "user", ~0.8 ms). The
+        same operations on the same numbers (a form's length is its document's), so the same floats; a hole's
+        length is zero, its forms' are not, but a hole's score is never seen (``_best`` skips it, and
+        the order of the others does not depend on it)."""
+        tf, length = self.forms
+        share = idf * tf * (_K1 + 1.0) / (tf + _K1 * (1.0 - _B + _B * length / avg))
+        return share[form]
 
     def _holding(self, term: str, posting: _Postings, cand: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The positions among ``cand`` (ascending) whose documents hold ``term`` (``posting`` its postings
-        here), and its frequency in each: read from ``dense`` for a common word (a gather: a binary search
-        of 20K candidates in the 79K postings of the 100K-fact user's "user" took ~0.8 ms)."""
-        freq = self.dense.get(term)
-        if freq is not None:
-            tf = freq[cand]
-            hit = np.flatnonzero(tf)
-            return cand[hit], tf[hit].astype(np.float64)
-        at, tf = posting
+        here), and its form at each: read from ``dense`` for a common word (a gather: a binary search of 20K
+        candidates in the 79K postings of the 100K-fact user's "user" took ~0.8 ms)."""
+        dense = self.dense.get(term)
+        if dense is not None:
+            form = dense[cand]
+            hit = np.flatnonzero(form)
+            return cand[hit], form[hit].astype(np.int32) - 1
+        at, form = posting
         slot = np.minimum(np.searchsorted(at, cand), len(at) - 1)  # a posting's positions ascend
         hit = at[slot] == cand
-        return cand[hit], tf[slot[hit]]
+        return cand[hit], form[slot[hit]]
 
     def _best(
         self, matched: np.ndarray, scores: np.ndarray, k: int, keep: Callable[[str], bool]
@@ -327,7 +367,7 @@ def ranked(
     n = sum(t.live for t in tables)
     if not n or k <= 0:
         return []
-    avg = sum(float(t.lengths.sum()) for t in tables) / n or 1.0
+    avg = sum(t.total for t in tables) / n or 1.0
     held: list[_Term] = []  # per query term: it, its documents, its postings by table
     for term in dict.fromkeys(terms):
         parts = [t.postings.get(term) for t in tables]
@@ -345,7 +385,7 @@ def ranked(
         for _, df, parts in terms:
             p = parts[i]
             if p is not None:
-                scores[p[0]] += tables[i]._weights(p[0], p[1], avg, idf(df))
+                scores[p[0]] += tables[i]._weights(p[1], avg, idf(df))
         return scores
 
     # Terms in a quarter of the documents or more (the 100K-fact user's "user": 79K) score little each
@@ -365,8 +405,8 @@ def ranked(
             for term, df, parts in common:
                 p = parts[i]
                 if p is not None and len(cand):
-                    at, tf = table._holding(term, p, cand)
-                    scores[at] += table._weights(at, tf, avg, idf(df))
+                    at, form = table._holding(term, p, cand)
+                    scores[at] += table._weights(form, avg, idf(df))
             answers.append(table._best(cand, scores[cand], k, keep))
         kept = _merged(answers, k)
         if len(kept) == k and kept[-1][1] > ceiling:
@@ -375,8 +415,8 @@ def ranked(
     for i, table in enumerate(tables):
         found = [(df, parts[i]) for _, df, parts in rare + common if parts[i] is not None]
         if len(found) == 1:  # one word (a common one, often): its postings are the matches (0.0 + w is w)
-            df, (at, tf) = found[0]
-            answers.append(table._best(at, table._weights(at, tf, avg, idf(df)), k, keep))
+            df, (at, form) = found[0]
+            answers.append(table._best(at, table._weights(form, avg, idf(df)), k, keep))
         elif found:  # a small recent table seldom holds a query word
             scores = scores_of(i, rare + common)
             matched = np.flatnonzero(scores > 0.0)

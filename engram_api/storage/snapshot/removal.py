@@ -181,7 +181,8 @@ def compacted(table: KeywordTable, drop: Collection[int]) -> KeywordTable:
         by_id=by_id,
         rank=rank,
         postings=postings,
-        dense=dense_of(postings, len(by_id)),
+        forms=table.forms,
+        dense=dense_of(postings, len(by_id), table.forms.shape[1]),
     )
 
 
