@@ -11,6 +11,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 
 from engram_api.storage.snapshot.keywords import KeywordIndex, KeywordTable, _stemmer, stems
+from engram_api.storage.snapshot.removal import table_without, without_holes
 
 
 def _all(_: str) -> bool:
@@ -180,3 +181,35 @@ def test_a_score_shared_by_thousands_at_the_cut_still_ranks_them_by_id() -> None
                 got = grown.search(query, k, chunk_ok=keep, fact_ok=keep)
                 assert got == whole.search(query, k, chunk_ok=keep, fact_ok=keep)
                 assert [(h.node_id, h.score) for h in got] == want, (words, k)
+
+
+def test_forms_and_dense_lookups_answer_as_bm25_through_holes_additions_and_the_fold() -> None:
+    """A search gathers BM25's share of a term from its (frequency, length) forms and looks a common word up
+    in the table's ``dense`` forms for the documents a rarer word found: the answers (ids, order, the scores
+    to the bit) are BM25's over the documents held, in a base of more than ``_DENSE_MIN`` documents with
+    holes, with documents added since, and once folded."""
+    rng = random.Random(42)
+    rare = [f"topic{i}" for i in range(30)]
+    docs = []
+    for i in range(2_400):
+        words = ["user"] * (rng.random() < 0.8) + ["likes"] * (rng.random() < 0.3) + rng.sample(rare, rng.randint(0, 2))
+        words += ["user"] * (rng.random() < 0.1) + ["filler"] * rng.randint(0, 4)  # a frequency of 2 now and then
+        docs.append((f"f{i:04d}", " ".join(words) or "nothing"))
+    texts = dict(docs)
+    base = KeywordIndex.of((), docs[:2_000])
+    assert "user" in base.facts.dense and "topic1" not in base.facts.dense
+    gone = [d for d, _ in rng.sample(docs[:2_000], 40)]
+    holed = KeywordIndex(chunks=base.chunks, facts=table_without(base.facts, {d: texts[d] for d in gone}))
+    index = holed.added((), docs[2_000:])
+    left = [d for d in docs if d[0] not in gone]
+    folded = without_holes(index.merged())
+    queries = [["user"], ["likes"], ["user", "topic3"], ["topic7", "user", "likes"], ["user", "likes", "topic1"]]
+    queries += [["user", *rng.sample(rare, rng.randint(1, 3))] for _ in range(15)]
+    for words in queries:
+        query = stems(" ".join(words))
+        for k in (1, 10, 40):
+            for keep in (_all, lambda i: i.endswith(("1", "4", "7"))):
+                want = _reference(left, query, k, keep)
+                for got in (index, folded):
+                    hits = got.search(words, k, chunk_ok=keep, fact_ok=keep)
+                    assert [(h.node_id, h.score) for h in hits] == want, (words, k)
