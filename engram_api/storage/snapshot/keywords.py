@@ -28,9 +28,22 @@ What it computes, so a newcomer can hold it against the stores' full-text indexe
   its terms' postings without it cost a removal ~15 ms at 100K facts, "user" being in all of them);
 - a word in a quarter of the documents or more is first added only to the documents a rarer query word
   found, which settles the top k when its k-th outscores every common word together (MaxScore): the same
-  answers, a 100K-fact user's search 3.1 -> 1.8 ms with its "user" in 79K statements;
+  answers, a 100K-fact user's search 3.1 -> 1.8 ms with its "user" in 79K statements; the common word is
+  looked up for those documents in an array over the table's positions (``dense``, a byte or two a
+  document), not by a binary search of its postings;
+- a posting holds its form, the place of its (term frequency, document length) among the table's
+  distinct pairs (``forms``, a few hundred for 100K statements), so a search computes BM25's share of a
+  term once a form, with the union's N and average length of that moment, and gathers it for the postings
+  (``_weights``): no contribution is precomputed, so a write, which changes N and the average, changes
+  nothing held, and the floats are those of the formula on each posting (the same operations on the same
+  numbers);
 - the best 4k of the matches are selected by (score, id), never by score alone: a common word scores
-  thousands of documents alike, and selecting among equal floats is numpy's slow case (``_best``).
+  thousands of documents alike; the cut is found by a sort of the scores, because numpy's selections
+  degenerate on equal floats (``_top``).
+
+What a search costs (``ops/bench/keyword_search.py``, docs/benchmarks/history.md, 2026-12-07): forms, dense
+lookups, the cut by a sort and hits validated in one call took the bulk users' searches 0.47 -> ~0.3 ms at
+10K facts and 2.3 -> ~0.6 ms at 100K (thread CPU, medians), with byte-identical recall answers.
 
 Invariants: immutable once built (a reader thread swaps a new snapshot in; a recall holds the one it
 read); a fact's statement never changes, so a refresh that brings a known fact again leaves its entry be.
@@ -131,11 +144,6 @@ def dense_of(postings: Mapping[str, _Postings], n: int, forms: int) -> dict[str,
     return out
 
 
-def _forms(places: Mapping[tuple[float, float], int]) -> np.ndarray:
-    """``KeywordTable.forms`` of ``places`` (each pair's place, in order)."""
-    return np.asarray(list(places), dtype=np.float64).reshape(-1, 2).T
-
-
 @dataclass(frozen=True, slots=True)
 class KeywordTable:
     """One table's documents (ids in position order), their lengths in terms, each one's rank by id (the
@@ -156,6 +164,7 @@ class KeywordTable:
     rank: np.ndarray  # position -> its place in ``sorted_ids``
     postings: Mapping[str, _Postings]
     forms: np.ndarray  # (2, forms) float64: each form's term frequency, then its document length
+    places: Mapping[tuple[float, float], int]  # each form's place by its (term frequency, document length)
     holes: frozenset[int] = frozenset()
     hole_df: Mapping[str, int] = field(default_factory=dict)  # term -> the holes among its postings
     # term -> its form + 1 at every position (0: not held), for the terms in a quarter of the positions or
@@ -190,22 +199,24 @@ class KeywordTable:
             rank=none,
             postings={},
             forms=np.zeros((2, 0)),
+            places={},
         )
         return empty.added(docs)
 
     def added(self, docs: Iterable[tuple[str, str]]) -> KeywordTable:
         """This table with ``docs`` (distinct ids it does not hold) appended; only their terms are touched."""
         ids, lengths = list(self.ids), []
-        places = self._places()
+        places = dict(self.places)
         grown: dict[str, tuple[list[int], list[int]]] = {}
         for node_id, text in docs:
             terms = stems(text)
+            size = len(terms)
             for term, tf in Counter(terms).items():
                 at, form = grown.setdefault(term, ([], []))
                 at.append(len(ids))
-                form.append(places.setdefault((tf, len(terms)), len(places)))
+                form.append(places.setdefault((tf, size), len(places)))
             ids.append(node_id)
-            lengths.append(len(terms))
+            lengths.append(size)
         if not lengths:
             return self
         postings = dict(self.postings)
@@ -230,16 +241,18 @@ class KeywordTable:
             by_id=by_id,
             rank=rank,
             postings=postings,
-            forms=_forms(places),
+            forms=self._forms(places),
+            places=places,
             holes=self.holes,
             hole_df=self.hole_df,
             dense=dense_of(postings, len(ids), len(places)),
         )
 
-    def _places(self) -> dict[tuple[float, float], int]:
-        """Each of ``forms`` by its (term frequency, document length): where ``added`` and ``joined`` find a
-        pair's form, appending the new ones."""
-        return {pair: i for i, pair in enumerate(zip(*self.forms.tolist(), strict=True))}
+    def _forms(self, places: Mapping[tuple[float, float], int]) -> np.ndarray:
+        """``forms`` of ``places``: this table's and those appended since, each at its place."""
+        if len(places) == len(self.places):
+            return self.forms
+        return np.asarray(list(places), dtype=np.float64).reshape(-1, 2).T
 
     def joined(self, other: KeywordTable) -> KeywordTable:
         """This table with ``other``'s documents (ids it does not hold) appended, as ``added`` appends
@@ -247,8 +260,8 @@ class KeywordTable:
         if not other.ids:
             return self
         shift = len(self.ids)
-        places = self._places()
-        moved = np.asarray([places.setdefault(pair, len(places)) for pair in other._places()], dtype=np.int32)
+        places = dict(self.places)
+        moved = np.asarray([places.setdefault(pair, len(places)) for pair in other.places], dtype=np.int32)
         postings = dict(self.postings)
         for term, (at, form) in other.postings.items():
             old = postings.get(term)
@@ -270,7 +283,8 @@ class KeywordTable:
             by_id=by_id,
             rank=rank,
             postings=postings,
-            forms=_forms(places),
+            forms=self._forms(places),
+            places=places,
             holes=self.holes | {h + shift for h in other.holes},
             hole_df=dict(Counter(self.hole_df) + Counter(other.hole_df)),
             dense=dense_of(postings, len(rank), len(places)),

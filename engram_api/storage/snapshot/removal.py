@@ -182,6 +182,7 @@ def compacted(table: KeywordTable, drop: Collection[int]) -> KeywordTable:
         rank=rank,
         postings=postings,
         forms=table.forms,
+        places=table.places,
         dense=dense_of(postings, len(by_id), table.forms.shape[1]),
     )
 
