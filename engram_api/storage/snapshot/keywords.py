@@ -427,7 +427,7 @@ def ranked(
             return kept
     answers = []
     for i, table in enumerate(tables):
-        found = [(df, parts[i]) for _, df, parts in rare + common if parts[i] is not None]
+        found = [(df, p) for _, df, parts in rare + common if (p := parts[i]) is not None]
         if len(found) == 1:  # one word (a common one, often): its postings are the matches (0.0 + w is w)
             df, (at, form) = found[0]
             answers.append(table._best(at, table._weights(form, avg, idf(df)), k, keep))
