@@ -32,18 +32,19 @@ What it computes, so a newcomer can hold it against the stores' full-text indexe
   looked up for those documents in an array over the table's positions (``dense``, a byte or two a
   document), not by a binary search of its postings;
 - a posting holds its form, the place of its (term frequency, document length) among the table's
-  distinct pairs (``forms``, a few hundred for 100K statements), so a search computes BM25's share of a
-  term once a form, with the union's N and average length of that moment, and gathers it for the postings
-  (``_weights``): no contribution is precomputed, so a write, which changes N and the average, changes
-  nothing held, and the floats are those of the formula on each posting (the same operations on the same
-  numbers);
+  distinct pairs (``forms``: 3 for the 10K bulk statements, 64 for a LoCoMo conversation's 369 turns), so
+  a search computes BM25's share of a term once a form, with the union's N and average length of that
+  moment, and gathers it for the postings (``_weights``): no contribution is precomputed, so a write, which
+  changes N and the average, changes nothing held, and the floats are those of the formula on each posting
+  (the same operations on the same numbers);
 - the best 4k of the matches are selected by (score, id), never by score alone: a common word scores
   thousands of documents alike; the cut is found by a sort of the scores, because numpy's selections
   degenerate on equal floats (``_top``).
 
 What a search costs (``ops/bench/keyword_search.py``, docs/benchmarks/history.md, 2026-12-07): forms, dense
-lookups, the cut by a sort and hits validated in one call took the bulk users' searches 0.47 -> ~0.3 ms at
-10K facts and 2.3 -> ~0.6 ms at 100K (thread CPU, medians), with byte-identical recall answers.
+lookups, the cut by a sort and hits validated in one call took the bulk users' searches 0.36-0.37 -> 0.21-0.23
+ms at 10K facts and 1.37 -> 0.56 ms at 100K (thread CPU, medians, alternated), with byte-identical recall
+answers; one write's catch-up of the index costs ~7 us more (the forms' places copied).
 
 Invariants: immutable once built (a reader thread swaps a new snapshot in; a recall holds the one it
 read); a fact's statement never changes, so a refresh that brings a known fact again leaves its entry be.
@@ -297,7 +298,7 @@ class KeywordTable:
 
     def _weights(self, form: np.ndarray, avg: float, idf: float) -> np.ndarray:
         """The BM25 share of a term of inverse document frequency ``idf`` at postings of forms ``form``:
-        computed for each of the table's forms (few: a 100K-fact user's statements make a few hundred), then
+        computed for each of the table's forms (few: tens for a conversation's turns), then
         gathered, where it was computed for every posting (79K for the 100K-fact user's "user", ~0.8 ms). The
         same operations on the same numbers (a form's length is its document's), so the same floats; a hole's
         length is zero, its forms' are not, but a hole's score is never seen (``_best`` skips it, and
