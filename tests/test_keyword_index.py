@@ -203,6 +203,9 @@ def test_forms_and_dense_lookups_answer_as_bm25_through_holes_additions_and_the_
     index = holed.added((), docs[2_000:])
     left = [d for d in docs if d[0] not in gone]
     folded = without_holes(index.merged())
+    assert folded.facts.dense.keys() == KeywordTable.of(left).dense.keys() == {"user", "like", "filler"}
+    grown = KeywordIndex.of((), docs[:2_000]).facts.joined(KeywordTable.of(docs[2_000:]))  # no holes: no compaction
+    assert grown.dense.keys() == KeywordTable.of(docs).dense.keys()
     queries = [["user"], ["likes"], ["user", "topic3"], ["topic7", "user", "likes"], ["user", "likes", "topic1"]]
     queries += [["user", *rng.sample(rare, rng.randint(1, 3))] for _ in range(15)]
     for words in queries:

@@ -129,15 +129,20 @@ class TextTerms(dict[str, frozenset[str]]):
         return terms
 
 
-def dense_of(postings: Mapping[str, _Postings], n: int, forms: int) -> dict[str, np.ndarray]:
+def dense_of(
+    postings: Mapping[str, _Postings], n: int, forms: int, terms: Iterable[str] | None = None
+) -> dict[str, np.ndarray]:
     """``KeywordTable.dense`` of a table of ``n`` positions and ``forms`` forms: each term posted at a quarter
     of them or more (in a table of ``_DENSE_MIN`` or more), its form + 1 at every position (0 where it is not)
     in the least unsigned integers that hold it: 1-2 bytes a document, where its postings take 8 a document
-    holding it."""
+    holding it. ``terms``: the only ones that can be (a grown table's: those of its old ``dense`` and those
+    whose postings grew, since a term it did not hold at a quarter of fewer positions does not hold now), or
+    None for every term (a user's tables hold tens of thousands: a loop over them all costs the fold ms)."""
     if n < _DENSE_MIN:
         return {}
     out = {}
-    for term, (at, form) in postings.items():
+    for term in postings if terms is None else terms:
+        at, form = postings[term]
         if 4 * len(at) >= n:
             freq = np.zeros(n, dtype=np.min_scalar_type(forms))
             freq[at] = form + 1
@@ -246,8 +251,13 @@ class KeywordTable:
             places=places,
             holes=self.holes,
             hole_df=self.hole_df,
-            dense=dense_of(postings, len(ids), len(places)),
+            dense=dense_of(postings, len(ids), len(places), self._dense_terms(grown)),
         )
+
+    def _dense_terms(self, grown: Iterable[str]) -> set[str] | None:
+        """The terms that can be ``dense`` once this table's postings of ``grown`` grow (``dense_of``): all of
+        them when this table is too small to have laid its common terms out."""
+        return None if len(self.ids) < _DENSE_MIN else {*self.dense, *grown}
 
     def _forms(self, places: Mapping[tuple[float, float], int]) -> np.ndarray:
         """``forms`` of ``places``: this table's and those appended since, each at its place."""
@@ -288,7 +298,7 @@ class KeywordTable:
             places=places,
             holes=self.holes | {h + shift for h in other.holes},
             hole_df=dict(Counter(self.hole_df) + Counter(other.hole_df)),
-            dense=dense_of(postings, len(rank), len(places)),
+            dense=dense_of(postings, len(rank), len(places), self._dense_terms(other.postings)),
         )
 
     def ranked(self, terms: Sequence[str], k: int, keep: Callable[[str], bool]) -> list[tuple[str, float]]:
