@@ -120,6 +120,19 @@ def erased_indexes() -> str:
     return f"{PREFIX}:erased-indexes"
 
 
+def forgotten_texts() -> str:
+    """Sorted set of the users a write removed records of (a forget of a fact or a message, decay's expired
+    excerpts): ``<index file stem>`` (no user id) scored by ``forgotten_texts_sequence`` at the user's last
+    such write; every process drops those users' texts from its encoder cache at its next erasure sweep
+    (``engram_api.storage.faiss.erasure``)."""
+    return f"{PREFIX}:forgotten-texts"
+
+
+def forgotten_texts_sequence() -> str:
+    """The fleet-wide sequence (INCR) that scores ``forgotten_texts``."""
+    return f"{PREFIX}:forgotten-texts:seq"
+
+
 def message_payload(user_id: str, message_id: str) -> str:
     """The envelope (JSON) of a message not yet applied; deleted once applied."""
     return f"{PREFIX}:msg:{user_id}:{message_id}"

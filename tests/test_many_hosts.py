@@ -17,10 +17,11 @@ import numpy as np
 import pytest
 import redis
 
+from engram_api import keys
 from engram_api.settings import Settings
 from engram_api.storage import GraphStore
 from engram_api.storage.embedding.embedder import Embedder
-from engram_api.storage.faiss.erasure import sweep_erased
+from engram_api.storage.faiss.erasure import TextSweep, record_removal, sweep_erased
 from engram_api.storage.faiss.files import VectorStore
 from engram_api.storage.faiss.keeper import IndexKeeper
 from engram_api.storage.writer.userwrite import UserWrite, UserWrites
@@ -156,6 +157,45 @@ def test_an_apply_hosts_encoder_cache_loses_an_erased_users_texts_at_its_sweep(
     sweep_erased(redis_client, apply.keeper, encoder)
     assert encoder.cached_users() == {other}
     assert set(encoder._recent) == {"Denver", f"{other} lives in Denver"}
+
+
+def test_an_apply_hosts_encoder_cache_loses_a_users_texts_at_its_sweep_after_another_hosts_forget(
+    graph: GraphStore, tmp_path: Path, redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A single ``forget`` on another host: that write files the user's removal (``record_removal``), and this
+    process's next sweep drops every text the user cached (its place in the record, ``TextSweep``, moves on:
+    a later sweep drops nothing new); the other user's texts stay. A sweep that finds removals trimmed past
+    its place, or the sequence restarted, cannot tell whose texts went: it drops them all."""
+    apply, other_host = host("apply", graph, tmp_path, redis_client), host("other", graph, tmp_path, redis_client)
+    user, other = new_user(), new_user()
+    said, messages = UserGraph(graph, user), []
+    write_on(apply, said, 0, messages)
+    encoder, texts = Embedder(model="all-MiniLM-L6-v2"), TextSweep()  # this apply process's own cache and place
+    Vectors(encoder, user, ["Tampa", f"{user} lives in Tampa", "User"])
+    Vectors(encoder, other, ["Denver", f"{other} lives in Denver"])
+    sweep_erased(redis_client, apply.keeper, encoder, texts)
+    assert encoder.cached_users() == {user, other}
+
+    def forget_one(write: UserWrite) -> None:  # a forget's write (``Reader.forget``)
+        gone = graph.forget_message(user, messages[0])
+        write.finish(removals=[*gone.removed_fact_ids, *gone.removed_entity_ids, *gone.removed_chunk_ids])
+
+    other_host.writes.run(user, forget_one, wait=10)
+    sweep_erased(redis_client, apply.keeper, encoder, texts)
+    assert set(encoder._recent) == {"Denver", f"{other} lives in Denver"}
+    Vectors(encoder, user, ["Austin"])  # the user's next message, after the forget
+    sweep_erased(redis_client, apply.keeper, encoder, texts)
+    assert "Austin" in encoder._recent  # no removal since this process's place: nothing more goes
+
+    monkeypatch.setattr("engram_api.storage.faiss.erasure.REMOVALS_KEPT", 1)
+    for someone in (new_user(), new_user()):  # two users' removals: the record keeps one, the other is lost
+        record_removal(redis_client, someone)
+    sweep_erased(redis_client, apply.keeper, encoder, texts)
+    assert encoder.cached_users() == set()
+    Vectors(encoder, other, ["Denver"])
+    redis_client.delete(keys.forgotten_texts(), keys.forgotten_texts_sequence())  # Redis lost the record
+    sweep_erased(redis_client, apply.keeper, encoder, texts)
+    assert encoder.cached_users() == set()
 
 
 def test_a_writer_whose_copy_is_behind_catches_up_from_the_feed_not_the_graph(

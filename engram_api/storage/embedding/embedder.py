@@ -20,8 +20,9 @@ Erasure reaches the cache: a caller passes the user whose text it encodes (``use
 is no user's, a warm-up), every entry keeps the users that cached or hit it, and ``forget(user_id)`` drops each
 entry the user had, including those other users also had (a vector is the text's, one re-encode for them;
 keeping it would keep a forgotten user's text in memory on the strength of another user's). ``forget`` runs in
-the process that erases (``Reader.forget``/``forget_user``) and, for ``forget_user`` on any host, in every
-process's erasure sweep (``engram_api.storage.faiss.erasure``).
+the process that erases (``Reader.forget``/``forget_user``) and in every process's erasure sweep
+(``engram_api.storage.faiss.erasure``) for a user erased (``forget_user``) or a write of whom removed records
+(a ``forget``, decay's expired excerpts) on any host.
 
 One query in two steps (``prepare_one``, then ``Prepared.vector``), for a caller with Python of its own to run
 beside the model (recall): preparing holds the GIL throughout (the cache, ``Tokenizer.encode``, which unlike
@@ -368,6 +369,15 @@ class Embedder:
                 del self._owners[text]
                 del self._recent[text]
         return len(gone)
+
+    def clear(self) -> int:
+        """Drop every cached text, whoever cached it; returns how many went (an erasure sweep that cannot
+        tell whose texts a removal it missed erased, ``engram_api.storage.faiss.erasure``)."""
+        with self._recent_lock:
+            gone = len(self._recent)
+            self._recent.clear()
+            self._owners.clear()
+        return gone
 
     def cached_users(self) -> set[str]:
         """The users with a text in the cache (the erasure sweep matches them against its tombstones)."""

@@ -22,7 +22,8 @@ Invariants:
   ``engram_api.storage.faiss.feed``; a write that removed anything deletes the earlier entries and adds
   its own, which lists the removed ids; on Neo4j the
   last write statement reads it itself, ``Fence.changes``, so the entry costs no round trip) and drops
-  the process's caches; after ``forget_user`` it also leaves the erasure tombstone every host's sweep deletes its files by. When the
+  the process's caches; after ``forget_user`` it also leaves the erasure tombstone every host's sweep deletes its files by,
+  and after a write that removed records the removal every process's sweep drops the user's cached texts by. When the
   lease was lost after the commit, it takes the lease again and finishes only if the graph is still at
   its stamp; otherwise the newer writer owns the index and the published stamp.
 - ``index`` catches a copy that is behind (another host wrote the user last) up from that writer's
@@ -41,7 +42,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 from engram_api import keys
 from engram_api.errors import EngramError, StaleWriteError, UserBusyError
-from engram_api.storage.faiss.erasure import record_erasure
+from engram_api.storage.faiss.erasure import record_erasure, record_removal
 from engram_api.storage.faiss.feed import entry_of, vectors_from_feed
 from engram_api.storage.faiss.files import Kind, UserIndex
 from engram_api.storage.faiss.keeper import Feed, IndexKeeper
@@ -112,6 +113,8 @@ class UserWrite:
         if after == ABSENT and self.before != ABSENT and owner.redis is not None:
             # The graph erased the user: every host's files go (``erasure``), whoever holds the lease now.
             record_erasure(owner.redis, user_id, self.before.epoch)
+        elif removals and owner.redis is not None:
+            record_removal(owner.redis, user_id)  # every process's encoder cache: the user's texts go at its sweep
         if self.lease is not None and not self.lease.held() and not self._retake(after):
             owner.drop_caches(user_id)  # another writer owns the user now: its finish covers ours
             return after
