@@ -6,13 +6,21 @@ recall or on the store (search, context, history, pages, stats) and the writes a
 (forget, forget_user, feedback) go through ``UserWrites`` like every other writer, waiting at most
 ``_WRITE_WAIT_S`` for a worker's write of the user; an erasure is refused, with nothing erased, without
 Redis, and ends with the purge that takes the bytes out of the files. Safe to share between threads.
+
+Invariant: nothing a read keeps at a stamp outlives a newer stamp learned while the read ran (a writer's
+signal, another recall's stamp): a recall (and the records ``context_items`` reads after it) keeps its
+result and records at the stamp it read, and a newer stamp learned meanwhile drops them when it ends
+(``_Crossings``), as ``learned`` drops what was kept before; so another host's forget takes its texts out of
+this reader's result and record caches at its signal even when a recall at the older stamp was running.
 """
 
 from __future__ import annotations
 
+import functools
 import json
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Literal
+import threading
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import numpy as np
 
@@ -39,6 +47,7 @@ from engram_api.reader.context import render_context, select_context
 from engram_api.reader.facts import UserChunks, UserFacts
 from engram_api.reader.recall import RecallReader
 from engram_api.storage.writer.userwrite import UserWrite
+from engram_api.versions import Stamp, outdated
 
 if TYPE_CHECKING:
     import redis
@@ -48,14 +57,73 @@ if TYPE_CHECKING:
 __all__ = ["Reader"]
 
 DetailLevel = Literal["auto", "broad", "detailed"]
+F = TypeVar("F", bound=Callable[..., Any])
 _CONTEXT_CANDIDATES = 40
 _WRITE_WAIT_S = 30.0  # a caller's forget/feedback waits this long for a worker's write of the user
 _PURGE_TIMEOUT_S = 300.0  # an erasure waits this long for Redis to rewrite its files (O(dataset) each)
 
 
+class _Crossings:
+    """The users with a read running in this reader, and the newest stamp learned of each while one ran
+    (see the module docstring). A stamp is noted before what it outdates is dropped, and a read takes the
+    note after it kept what it read: whichever drop comes last, the learner's or the read's, comes after the
+    keeping. Bounded by the reads running."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._running: dict[str, list[Any]] = {}  # user -> [reads running, newest stamp learned meanwhile]
+
+    def note(self, user_id: str, stamp: Stamp) -> None:
+        with self._lock:
+            entry = self._running.get(user_id)
+            if entry is not None and (entry[1] is None or outdated(entry[1], stamp)):
+                entry[1] = stamp
+
+    def begin(self, user_id: str) -> list[Any]:
+        with self._lock:
+            entry = self._running.setdefault(user_id, [0, None])
+            entry[0] += 1
+            return entry
+
+    def end(self, user_id: str, entry: list[Any]) -> Stamp | None:
+        """The newest stamp learned of the user while any read of it ran here since ``entry``'s began."""
+        with self._lock:
+            entry[0] -= 1
+            if entry[0] == 0:
+                del self._running[user_id]
+            return entry[1]
+
+
+def _kept_current(read: F) -> F:
+    """A read of a user (its first argument) that keeps results or records at the stamp it read: a newer
+    stamp learned while it ran drops them when it ends, as ``learned`` drops what was kept before."""
+
+    @functools.wraps(read)
+    def reading(reader: Reader, user_id: str, *args: Any, **kwargs: Any) -> Any:
+        entry = reader._crossings.begin(user_id)
+        try:
+            return read(reader, user_id, *args, **kwargs)
+        finally:
+            learned = reader._crossings.end(user_id, entry)
+            if learned is not None:
+                RecallReader.learned(reader, user_id, learned)
+
+    return reading  # type: ignore[return-value]
+
+
 class Reader(RecallReader):
     """The read side's one object (``MemoryClient`` holds one): ``recall`` and its state from
     ``RecallReader``, the other reads and the reader's writes here."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._crossings = _Crossings()
+
+    def learned(self, user_id: str, stamp: Stamp) -> None:
+        self._crossings.note(user_id, stamp)  # first: a read running now drops what it keeps at older stamps
+        super().learned(user_id, stamp)
+
+    recall = _kept_current(RecallReader.recall)
 
     # ----------------------------------------------------------------------------- other reads
     def search(self, user_id: str, query: str, k: int = 10, detail_level: DetailLevel = "auto") -> SearchResult:
@@ -103,6 +171,7 @@ class Reader(RecallReader):
         items = self.recall(user_id, query, k=_CONTEXT_CANDIDATES).items
         return select_context(items, max_tokens, replaced=self._replaced_excerpts(user_id, items))
 
+    @_kept_current
     def _replaced_excerpts(self, user_id: str, items: Sequence[RecallItem]) -> set[str]:
         """The excerpts the query did not name (no keyword match) of messages whose every extracted fact
         has ended: what they say was replaced ("I live in Tampa." after a move), and the fact that replaced

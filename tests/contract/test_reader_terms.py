@@ -21,6 +21,9 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+from engram_api.reader import recall as recall_module
 from engram_api.reader.reader import Reader
 from engram_api.reader.signals import StampSignals
 from tests.support.extractions import fact
@@ -139,3 +142,28 @@ def test_a_readers_held_state_of_an_erased_user_goes_at_its_next_recall(memory: 
     assert reader.recall(user, QUERY, k=10).items == []
     reader.flush()
     assert reader.snapshots.peek(user) is None and _holding(reader, WORD) == []
+
+
+def test_a_recall_running_across_another_hosts_forget_keeps_nothing_of_it(
+    memory: Memory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The writer's signal arrives while a recall at the older stamp runs (here: once it has ranked, before it
+    keeps its result and records): what that recall keeps at the older stamp goes when it ends
+    (``Reader``'s ``_Crossings``), not at the user's next recall."""
+    reader = _host(memory, tmp_path / "reader")
+    user = new_user()
+    _keyed(memory, user, reader)
+    real = recall_module.recall_items
+
+    def ranked_then_forgotten(**kwargs: Any) -> Any:
+        items = real(**kwargs)
+        memory.reader.forget(user, "key")  # the other host's forget, committed and signalled now
+        reader.signalled_stamp(user, memory.graph.user_stamp(user))  # what ``StampSignals`` hands on
+        return items
+
+    monkeypatch.setattr(recall_module, "recall_items", ranked_then_forgotten)
+    crossed = reader.recall(user, QUERY, k=9)  # another key than ``_keyed``'s recall: not a cache hit
+    monkeypatch.undo()
+    assert SECRET in {i.statement for i in crossed.items}  # it ranked at the older stamp
+    reader.flush()
+    assert _holding(reader, WORD) == []
