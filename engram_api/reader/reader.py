@@ -46,6 +46,7 @@ from engram_api.models import (
 from engram_api.reader.context import render_context, select_context
 from engram_api.reader.facts import UserChunks, UserFacts
 from engram_api.reader.recall import RecallReader
+from engram_api.storage.faiss.erasure import record_removal
 from engram_api.storage.writer.userwrite import UserWrite
 from engram_api.versions import Stamp, outdated
 
@@ -269,8 +270,9 @@ class Reader(RecallReader):
                 result = self.graph.forget_fact(user_id, memory_id)
             elif self.graph.is_applied(user_id, message_id):
                 result = self.graph.forget_message(user_id, message_id)
-            else:
-                return ForgetResult(user_id=user_id, episodes=1)  # not applied yet: the tombstone keeps it so
+            else:  # not applied yet: the tombstone keeps it so; an apply it stopped midway may have encoded it
+                record_removal(redis_client, user_id)
+                return ForgetResult(user_id=user_id, episodes=1)
             write.finish(removals=[*result.removed_fact_ids, *result.removed_entity_ids, *result.removed_chunk_ids])
             return result  # its vector count is the store's, which deleted the embeddings
 
