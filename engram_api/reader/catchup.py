@@ -172,7 +172,8 @@ class CatchUps:
             self.keeper.apply(user_id, index, changes.vectors)
         if held is not None:
             self.snapshots.caught_up(held, changes, stamp, answering=answering)
-            self.snapshots.fold_soon(user_id, self.threads.behind)  # after a removal, or now and then: off the path
+            # After a removal, or now and then: off the path, once no recall of the process is in flight.
+            self.snapshots.fold_soon(user_id, self.threads.when_idle)
 
     def _from_feed(self, user_id: str, since: int, stamp: Stamp) -> UserChanges | None:
         """The changes after ``since`` from the writers' change feed when it reaches ``stamp``; None without

@@ -168,7 +168,22 @@ class RecallReader:
         """Facts and conversation excerpts for ``query``, fused from the recipe's channels.
 
         ``as_of`` answers as of that instant (facts valid then, nothing said after it); ``since`` /
-        ``until`` keep what happened in [since, until) by event time."""
+        ``until`` keep what happened in [since, until) by event time. While it runs, this process's folds of
+        held snapshots wait (``ReaderThreads.recalling``)."""
+        with self._threads.recalling():
+            return self._recall(user_id, query, k, as_of, since, until, graph_expansion, recipe)
+
+    def _recall(
+        self,
+        user_id: str,
+        query: str,
+        k: int,
+        as_of: datetime | None,
+        since: datetime | None,
+        until: datetime | None,
+        graph_expansion: bool,
+        recipe: RecallRecipe | None,
+    ) -> RecallResult:
         check_user_id(user_id)
         check_text(query, "query")
         check_k(k)

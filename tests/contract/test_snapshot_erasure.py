@@ -12,6 +12,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
+from engram_api.reader import background
 from engram_api.storage.snapshot.graph import UserSnapshot
 from engram_api.storage.snapshot.keywords import stems
 from engram_api.storage.snapshot.rows import STATEMENT
@@ -39,9 +42,12 @@ def _kept(snapshot: UserSnapshot, ids: set[str]) -> list[str]:
 
 
 def test_after_another_hosts_forget_the_snapshot_holds_no_row_document_or_posting_of_it(
-    memory: Memory, tmp_path: Path
+    memory: Memory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """The fold starts once the recall that caught the forget up has returned (``ReaderThreads.when_idle``:
+    no recall of the process in flight; its deadline out of reach here), and ``flush`` waits for it."""
     reader = _host(memory, tmp_path / "reader")
+    reader._threads.deadline_s = 3600.0
     user = new_user()
     _keyed(memory, user, reader)
     held = reader.snapshots.peek(user)
@@ -49,10 +55,19 @@ def test_after_another_hosts_forget_the_snapshot_holds_no_row_document_or_postin
     gone = {i for i, row in held.facts.rows().items() if WORD in row[STATEMENT]}
     gone |= {i for i in held.chunks if WORD in held.chunks[i].indexed_text}
     assert gone and _kept(held, gone)  # the fact and the message's chunk: what the check looks for is there
+    beside: list[int] = []  # the recalls in flight in the process as each fold began
+    merged = UserSnapshot.merged
+
+    def recorded(snapshot: UserSnapshot) -> UserSnapshot:
+        beside.append(background._RECALLS._running)
+        return merged(snapshot)
+
+    monkeypatch.setattr(UserSnapshot, "merged", recorded)
     memory.reader.forget(user, "key")  # the other host: the message, its chunk and the fact only it stated
     got = reader.recall(user, QUERY, k=10).items  # catches the held snapshot up: the removal, in its overlay
     assert SECRET not in {i.statement for i in got}
     reader.flush()
+    assert beside and not any(beside)  # folded, and never beside a recall
     folded = reader.snapshots.peek(user)
     assert folded is not None and folded.stamp == memory.graph.user_stamp(user)
     assert _kept(folded, gone) == []

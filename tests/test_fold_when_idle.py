@@ -1,0 +1,120 @@
+"""A held snapshot's fold after a removal waits for this process's recalls to pause
+(``ReaderThreads.when_idle``): no fold starts while a recall is in flight, unless it has waited its deadline;
+an idle reader folds at once, and ``flush`` starts a waiting fold at once and waits for it. No wall clock: the
+deadline's timer is one the test fires itself, and "at once" is an event set with no flush.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from engram_api.reader.background import FOLD_DEADLINE_S, ReaderThreads
+from engram_api.reader.facts import SnapshotCache
+from engram_api.storage.snapshot.graph import UserSnapshot
+from engram_api.storage.snapshot.removal import without
+from engram_api.versions import Stamp
+from tests.test_snapshot_overlay import USER, _world
+
+
+class _Armed:
+    """One deadline a ``_Deadlines`` timer armed: fired by the test, never by time."""
+
+    def __init__(self, delay_s: float, fn: Callable[[], None]) -> None:
+        self.delay_s, self.fn, self.cancelled = delay_s, fn, False
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+    def fire(self) -> None:
+        if not self.cancelled:
+            self.fn()
+
+
+class _Deadlines:
+    """``ReaderThreads``' timer: keeps what it arms."""
+
+    def __init__(self) -> None:
+        self.armed: list[_Armed] = []
+
+    def __call__(self, delay_s: float, fn: Callable[[], None]) -> _Armed:
+        self.armed.append(_Armed(delay_s, fn))
+        return self.armed[-1]
+
+
+@pytest.fixture
+def deadlines() -> _Deadlines:
+    return _Deadlines()
+
+
+@pytest.fixture
+def threads(deadlines: _Deadlines) -> Iterator[ReaderThreads]:
+    held = ReaderThreads(threads=2, timer=deadlines)
+    yield held
+    held.close()
+
+
+def _removed() -> tuple[SnapshotCache, UserSnapshot]:
+    """A cache holding a snapshot that hides a removed fact (due for its fold at once)."""
+    _, facts, chunks = _world(random.Random(41), 60)
+    held = without(UserSnapshot.of(USER, Stamp(1, 1), facts, chunks), [facts[0].id])
+    assert held.fold_due and not held.merge_due
+    cache = SnapshotCache(max_records=1000, budget_records=10_000)
+    cache._keep(held, answering=False)
+    return cache, held
+
+
+def test_a_fold_handed_over_during_a_recall_starts_when_the_last_recall_of_the_process_ends(
+    threads: ReaderThreads, deadlines: _Deadlines
+) -> None:
+    cache, held = _removed()
+    other = ReaderThreads(threads=1)  # another reader of the process: its recalls count too (one GIL)
+    with other.recalling():
+        with threads.recalling():
+            cache.fold_soon(USER, threads.when_idle)  # as the recall's catch-up hands it over
+            cache.fold_soon(USER, threads.when_idle)  # one of a user in flight: no second
+            assert threads.waiting() == 1 and cache.peek(USER) is held
+        assert threads.waiting() == 1 and cache.peek(USER) is held  # the other reader's recall is in flight
+        assert [a.delay_s for a in deadlines.armed] == [FOLD_DEADLINE_S]
+    assert threads.waiting() == 0 and deadlines.armed[0].cancelled  # started: its deadline is off
+    threads.flush()
+    folded = cache.peek(USER)
+    assert folded is not None and folded is not held and not folded.fold_due and not folded.keywords.holes
+    other.close()
+
+
+def test_a_fold_waiting_for_recalls_that_never_pause_starts_at_its_deadline(
+    threads: ReaderThreads, deadlines: _Deadlines
+) -> None:
+    cache, held = _removed()
+    with threads.recalling():
+        cache.fold_soon(USER, threads.when_idle)
+        assert threads.waiting() == 1 and cache.peek(USER) is held
+        deadlines.armed[0].fire()  # the deadline passes with the recall still in flight
+        assert threads.waiting() == 0  # started by the deadline, not by a flush
+        threads.flush()  # waits for it (nothing left waiting to start)
+        folded = cache.peek(USER)
+        assert folded is not None and not folded.fold_due and not folded.keywords.holes
+    deadlines.armed[0].fire()  # a deadline after its start starts nothing again
+    assert threads.waiting() == 0
+
+
+def test_an_idle_reader_folds_at_once_and_flush_starts_a_waiting_fold(
+    threads: ReaderThreads, deadlines: _Deadlines
+) -> None:
+    ran = threading.Event()
+    threads.when_idle(ran.set)  # no recall in flight: started now, no deadline armed
+    assert ran.wait(30) and deadlines.armed == [] and threads.waiting() == 0
+    cache, held = _removed()
+    cache.fold_soon(USER, threads.when_idle)
+    threads.flush()
+    assert cache.peek(USER) is not held and not cache.peek(USER).fold_due  # type: ignore[union-attr]
+    again, _ = _removed()
+    with threads.recalling():
+        again.fold_soon(USER, threads.when_idle)
+        assert threads.waiting() == 1
+        threads.flush()  # ``Reader.flush``'s wait: the waiting fold started at once, and done
+        assert threads.waiting() == 0 and not again.peek(USER).fold_due  # type: ignore[union-attr]
