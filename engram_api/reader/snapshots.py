@@ -22,9 +22,12 @@ Invariants:
 - the overlay is folded into a new base on a reader thread, off any recall's path (``fold_soon``), once it
   holds a share of the user's records or, at once, after a catch-up or refresh that applied a removal (a
   forget of a fact or a message, decay's expired chunks: ``UserSnapshot.fold_due``): the removed rows,
-  keyword documents and postings the overlay hides are out of the reader's memory once that fold has run;
-  at most one fold of a user is in flight, and it folds again while the held snapshot is still due (a
-  removal caught up during it);
+  keyword documents and postings the overlay hides are out of the reader's memory once that fold has run.
+  A catch-up hands its fold to ``ReaderThreads.when_idle``: it starts once no recall of the process is in
+  flight, at the latest ``background.FOLD_DEADLINE_S`` after the catch-up (a fold copies the user, ~12-30 ms
+  of a thread at 10K facts, and beside a recall it took turns with the recall's Python for the GIL), and
+  ``flush`` starts it at once; at most one fold of a user is in flight or waiting, and it folds again while
+  the held snapshot is still due (a removal caught up during it);
 - a slow load never rolls a newer snapshot back, and all the snapshots held sum to at most
   ``budget_records`` records;
 - a snapshot of a lifetime the user has ended (a recall finds the user absent, or in a newer lifetime:
@@ -188,10 +191,11 @@ class SnapshotCache:
         return fresh if fresh.stamp.epoch == stamp.epoch and fresh.stamp >= stamp else None  # kept all the same
 
     def fold_soon(self, user_id: str, behind: Callable[..., object]) -> None:
-        """Fold the held snapshot with ``behind`` (a reader thread nobody waits for but ``flush``) when it is
-        due (``UserSnapshot.fold_due``), unless a fold of the user is in flight: that one folds again while
-        the held snapshot is due, so folds of a user never overlap and a removal caught up during one is
-        folded right after it (a catch-up holds its snapshot before it calls this)."""
+        """Fold the held snapshot with ``behind`` (a reader thread nobody waits for but ``flush``: the
+        catch-up's ``ReaderThreads.when_idle``, which waits for the process's recalls to pause) when it is
+        due (``UserSnapshot.fold_due``), unless a fold of the user is in flight or waiting: that one folds
+        again while the held snapshot is due, so folds of a user never overlap and a removal caught up during
+        one is folded right after it (a catch-up holds its snapshot before it calls this)."""
         with self._lock:
             self._own_process()
             held = self._held.get(user_id)

@@ -15,6 +15,12 @@ episode, chunks, the fact only it stated and their vectors), and each reader ans
   (``GraphStore.user_changes``: the removal records);
 - "after a signal": the listening reader, answering ``SIGNAL_PAUSE_S`` after the removal.
 
+Each pair also counts the thread CPU the reader's threads spent folding its held snapshot in the pair's window
+(``UserSnapshot.merged``, timed by a wrapper: the fold a removal's catch-up starts, which ``Reader.flush`` in
+``timed_recall`` waits for, so it lands in the recall's CPU wherever it runs): the removal table shows the CPU
+ratio with it and without it, and the fold's CPU, so a change of when the fold runs is told from one of what the
+recall costs.
+
 After each removal the "catch-up" reader's FAISS copy and held snapshot are checked to hold none of the
 removed ids, and no reader's answer any of them (the bench stops if one does). Bytes: the removal's change-feed entry (Redis, what the reader
 reads) and one ``user_changes`` one write behind the removal (what the graph sends a reader without the
@@ -26,6 +32,7 @@ counted over the removal rounds only (each host has loaded the user already).
 from __future__ import annotations
 
 import statistics
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -33,7 +40,7 @@ from typing import Any
 
 from benchlib import Table, dist, ratio
 from corpus import queries
-from hosts_pairs import Pairs, Timed, reader_meter, timed_floor, timed_recall
+from hosts_pairs import Pairs, Timed, quartiles, reader_meter, timed_floor, timed_recall
 from snapshot_refresh import write_one
 
 __all__ = ["REMOVALS", "Received", "add_rows", "removal_rounds", "removal_table"]
@@ -98,6 +105,48 @@ def _counting_snapshots(clients: dict[str, Any]) -> tuple[dict[str, int], Callab
     return counts, undo
 
 
+def _counting_folds() -> tuple[dict[int, float], Callable[[], None]]:
+    """The thread CPU seconds spent in ``UserSnapshot.merged`` (a fold) from now on, by thread ident; returns
+    the counts and the undo."""
+    from engram_api.storage.snapshot.graph import UserSnapshot
+
+    spent: dict[int, float] = {}
+    real = UserSnapshot.merged
+
+    def counted(snapshot: Any) -> Any:
+        start = time.thread_time()
+        try:
+            return real(snapshot)
+        finally:
+            ident = threading.get_ident()
+            spent[ident] = spent.get(ident, 0.0) + time.thread_time() - start
+
+    UserSnapshot.merged = counted  # type: ignore[method-assign]
+
+    def undo() -> None:
+        UserSnapshot.merged = real  # type: ignore[method-assign]
+
+    return spent, undo
+
+
+def _folds_cpu_s(client: Any, spent: dict[int, float]) -> float:
+    """The fold CPU seconds ``spent`` on ``client``'s reader threads (its pool, and the calling thread)."""
+    held = client.reader._threads._held
+    idents = {threading.get_ident(), *(() if held is None else (t.ident for t in held.pool._threads))}
+    return sum(spent.get(i, 0.0) for i in idents)
+
+
+def _without_folds(rows: list[tuple[Timed, Timed]], folds_ms: list[float]) -> dict[str, Any]:
+    """The pairs' CPU ratios with each pair's fold CPU taken out of its recall's (``rows`` and ``folds_ms`` in
+    the same order), and the folds' CPU."""
+    return {
+        "cpu_ratio": quartiles(
+            [r.cpu_ms - f for (r, _), f in zip(rows, folds_ms, strict=True)], [b.cpu_ms for _, b in rows]
+        ),
+        "fold_cpu_ms": dist(folds_ms),
+    }
+
+
 def _holds_none(client: Any, user_id: str, gone: set[str]) -> bool:
     """True when the reader's FAISS copy and held snapshot of the user hold none of ``gone``."""
     index = client.reader.keeper.held(user_id)
@@ -124,6 +173,8 @@ def removal_rounds(
     listener.subscribed.wait(5.0)
     loads = {name: client.reader.keeper.rebuilds for name, client in hosts.items()}
     snapshot_loads, undo = _counting_snapshots(readers)
+    fold_spent, undo_folds = _counting_folds()
+    folds_ms: dict[str, list[float]] = {}
     doomed = [f.id for f in a.graph.page(user_id, 1, rounds).facts]  # bulk-loaded facts, one a round
     qs = queries(f"hosts-removals-{user_id}", 11 * rounds)  # a round: 3 settle, 6 measured, 2 floors
     recall: dict[tuple[str, str], list[float]] = {(r, n): [] for r in REMOVALS for n in READERS}
@@ -149,7 +200,9 @@ def removal_rounds(
                 index_ms[label].append(got.timings_ms["index"])
             return timed
 
+        folded = _folds_cpu_s(client, fold_spent)
         pairs.measure(f"{label} / {name}", turn, answer, lambda: timed_floor(client, user_id, query, meters[name]))
+        folds_ms.setdefault(f"{label} / {name}", []).append((_folds_cpu_s(client, fold_spent) - folded) * 1e3)
 
     for i in range(rounds):
         writer, other = (a, b)[i % 2], (b, a)[i % 2]
@@ -177,6 +230,7 @@ def removal_rounds(
             floor.append(timed_floor(reader, user_id, next(q), meters["catch-up"]).ms)
     listener.stop()
     undo()
+    undo_folds()
     floor_d = dist(floor)
     whole = {
         name: client.reader.keeper.rebuilds - loads[name] for name, client in hosts.items() if name != "reader-rebuild"
@@ -192,6 +246,7 @@ def removal_rounds(
         "vector_rebuilds_after_first_load": whole,
         "snapshot_whole_loads": snapshot_loads,
         "paired": pairs.summary(),
+        "without_folds": {label: _without_folds(pairs.rows[label], ms) for label, ms in folds_ms.items()},
     }
 
 
@@ -217,6 +272,8 @@ def removal_table() -> Table:
             "p25",
             "p75",
             "CPU ratio p50",
+            "CPU ratio without the fold p50",
+            "fold CPU p50 (ms)",
         ],
     )
 
@@ -226,12 +283,12 @@ def add_rows(table: Table, size: int, got: dict[str, Any]) -> None:
     r, x = got["recall_ms"], got["ratio_p50"]
     whole = (sum(got["vector_rebuilds_after_first_load"].values()), sum(got["snapshot_whole_loads"].values()))
     for label in REMOVALS:
-        paired = got["paired"][f"{label} / catch-up"]
+        paired, apart = got["paired"][f"{label} / catch-up"], got["without_folds"][f"{label} / catch-up"]
         table.add(
             size, label, r[f"{label} / catch-up"]["p50"], r[f"{label} / catch-up"]["p95"],
             got["index_ms"][label]["p50"], r[f"{label} / graph catch-up"]["p50"],
             r[f"{label} / after a signal"]["p50"], got["floor_ms"]["p50"], x[f"{label} / catch-up"],
             x[f"{label} / graph catch-up"], x[f"{label} / after a signal"], got["feed_entry_bytes_p50"][label],
             got["graph_catchup_bytes_p50"][label], whole, paired["ratio"]["p50"], paired["ratio"]["p25"],
-            paired["ratio"]["p75"], paired["cpu_ratio"]["p50"],
+            paired["ratio"]["p75"], paired["cpu_ratio"]["p50"], apart["cpu_ratio"]["p50"], apart["fold_cpu_ms"]["p50"],
         )  # fmt: skip

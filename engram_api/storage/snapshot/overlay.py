@@ -17,7 +17,8 @@ waits for its catch-up): 6.7x the floor. Now a snapshot is a base and an overlay
 - each episode's chunks (``Overlay.episodes``): the whole (short) list of an episode a write added to.
 Growing the overlay copies the overlay, never the base. Once it holds ``1 / MERGE_SHARE`` of the user's
 records (at least ``MERGE_MIN``), ``UserSnapshot.merged`` folds it into a new base off any recall's path
-(``SnapshotCache.fold_soon``, on a reader thread): one copy of the user per that many records written.
+(``SnapshotCache.fold_soon``, on a reader thread once no recall of the process is in flight:
+``ReaderThreads.when_idle``): one copy of the user per that many records written.
 
 Invariants: a snapshot with an overlay answers every read exactly as the snapshot its merge gives, and as
 one built whole from the same records (``tests/test_snapshot_overlay.py``): the same records, each
