@@ -161,13 +161,8 @@ def compacted(table: KeywordTable, drop: Collection[int]) -> KeywordTable:
         return table
     keep = np.ones(n, dtype=bool)
     keep[[*table.holes, *drop]] = False
-    first = int(np.flatnonzero(~keep)[0])
     position = np.cumsum(keep) - 1  # old position -> new one (for the kept)
-    postings: dict[str, tuple[np.ndarray, np.ndarray]] = {}
-    moved: dict[str, tuple[np.ndarray, np.ndarray]] = {}
-    for term, posting in table.postings.items():  # positions ascend: all before the first removed, unmoved
-        (postings if posting[0][-1] < first else moved)[term] = posting
-    postings.update(_postings_without(moved, keep, position))
+    postings = _postings_without(table.postings, keep, position)
     in_order = keep[table.by_id]
     by_id = position[table.by_id[in_order]]
     rank = np.empty(len(by_id), dtype=np.int64)
@@ -191,23 +186,33 @@ def _postings_without(
     postings: Mapping[str, tuple[np.ndarray, np.ndarray]], keep: np.ndarray, position: np.ndarray
 ) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """Every term's postings without the positions ``keep`` drops, the others renumbered by ``position``;
-    a term left with none goes. In one pass of array operations over all the postings laid end to end, then
-    cut back into slices: a user's tables hold tens of thousands of terms (names, numbers, rare words), and
-    a few array calls per term cost several us each."""
+    a term left with none goes. A term's positions ascend, so one whose last is before the first dropped is
+    kept as it is, one that holds none of the dropped keeps its forms (only its positions move), and
+    only the removed documents' terms are filtered. The positions are renumbered in one pass of array
+    operations over all the postings laid end to end, then cut back into slices: a user's tables hold tens of
+    thousands of terms (names, numbers, rare words), and each array call per term costs a microsecond or
+    more (the fold after a forget, ~5 ms of a 10K-fact table's compaction went to a second slice, a test and
+    a copy per term)."""
     if not postings:
         return {}
-    ats = [at for at, _ in postings.values()]
-    sizes = np.fromiter(map(len, ats), dtype=np.int64, count=len(ats))
+    terms, values = list(postings), list(postings.values())
+    ats = [at for at, _ in values]
+    ends = np.cumsum(np.fromiter(map(len, ats), dtype=np.int64, count=len(ats)))
+    starts = np.concatenate([[0], ends[:-1]])
     every = np.concatenate(ats)
-    held = keep[every]
-    at = position[every[held]].astype(every.dtype)
-    tf = np.concatenate([tf for _, tf in postings.values()])[held]
-    of_term = np.repeat(np.arange(len(sizes)), sizes)  # each posting entry's term, by its place in the dict
-    ends = np.cumsum(np.bincount(of_term[held], minlength=len(sizes))).tolist()
-    out = {}
-    start = 0
-    for term, end in zip(postings, ends, strict=True):
-        if end > start:
-            out[term] = (at[start:end], tf[start:end])
-        start = end
+    renumbered = position[every].astype(every.dtype)
+    dropped = ~keep[every]
+    moved = every[ends - 1] >= int(np.argmin(keep))  # a position at or after the first dropped
+    losing = np.add.reduceat(dropped, starts) > 0  # a dropped position among its own
+    out = dict(postings)
+    first, last = starts.tolist(), ends.tolist()
+    out.update(
+        {terms[i]: (renumbered[first[i] : last[i]], values[i][1]) for i in np.flatnonzero(moved & ~losing).tolist()}
+    )
+    for i in np.flatnonzero(losing).tolist():
+        held = ~dropped[first[i] : last[i]]
+        if held.any():
+            out[terms[i]] = (renumbered[first[i] : last[i]][held], values[i][1][held])
+        else:
+            del out[terms[i]]
     return out
