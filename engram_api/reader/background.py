@@ -24,7 +24,7 @@ Invariants:
 - work that may wait for the process to be idle (a catch-up's fold of a held snapshot: ``when_idle``) starts
   once no recall of any reader of this process is in flight (``recalling``), and at the latest
   ``FOLD_DEADLINE_S`` after it was handed over, recalls or not; ``flush`` starts it at once and waits for it.
-  Why: the fold copies the user's snapshot (~12-30 ms of a reader thread at 10K facts, 0.25-0.35 s at 100K),
+  Why: the fold copies the user's snapshot (~5-25 ms of a reader thread at 10K facts, 0.2-0.3 s at 100K),
   holding the GIL between numpy calls, and the threads of a process share one GIL: started beside a recall
   (the recall that caught the removal up, or the next one), it took turns with that recall's Python. No
   recall waits for it (a recall never looks at the idle gate but to count itself in and out);

@@ -24,7 +24,7 @@ Invariants:
   forget of a fact or a message, decay's expired chunks: ``UserSnapshot.fold_due``): the removed rows,
   keyword documents and postings the overlay hides are out of the reader's memory once that fold has run.
   A catch-up hands its fold to ``ReaderThreads.when_idle``: it starts once no recall of the process is in
-  flight, at the latest ``background.FOLD_DEADLINE_S`` after the catch-up (a fold copies the user, ~12-30 ms
+  flight, at the latest ``background.FOLD_DEADLINE_S`` after the catch-up (a fold copies the user, ~5-25 ms
   of a thread at 10K facts, and beside a recall it took turns with the recall's Python for the GIL), and
   ``flush`` starts it at once; at most one fold of a user is in flight or waiting, and it folds again while
   the held snapshot is still due (a removal caught up during it);
