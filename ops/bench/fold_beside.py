@@ -77,8 +77,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=15, help="tails timed alone and beside a fold, each")
     parser.add_argument("--searches", type=int, default=3, help="keyword searches and graph steps in a tail")
     args = parser.parse_args()
-    results = [measure(int(n), args.rounds, args.searches) for n in args.facts.split(",")]
-    print("\n".join(json.dumps(r) for r in results))
+    for n in args.facts.split(","):  # each size as it is measured (the 100K build takes a while)
+        print(json.dumps(measure(int(n), args.rounds, args.searches)), flush=True)
 
 
 if __name__ == "__main__":
