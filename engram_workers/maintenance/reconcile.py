@@ -6,7 +6,10 @@ but a damaged disk file or a bug can leave a copy wrong. This job compares each 
 it is given (a user with no file on this host is no fault: a host keeps copies of the users it served
 only, and this job never writes one for the others) with the graph's vectors and stamp (epoch, version):
 a file behind is caught up (then checked like any other), one that disagrees is rebuilt, and the fixed
-users' stamps are published. It also removes the artefacts of users the graph does not know: index
+users' stamps are published. A copy that held records the graph no longer has (removed since it was
+written, e.g. by a writer that died between its commit and its ``finish``) files the user's removal like
+any removing write (``UserWrite.finish``'s ``removals``: every process's encoder cache drops the user's
+texts at its sweep). It also removes the artefacts of users the graph does not know: index
 files (a reader's rebuild racing ``forget_user`` can leave one) and published stamps in Redis. Those are
 listed *before* the graph's users, and every writer commits the graph before it writes a file or a
 stamp, so an artefact of a user being created right now is never mistaken for an orphan.
@@ -31,6 +34,7 @@ from engram_api import keys
 from engram_api.models import utcnow
 from engram_api.settings import Settings
 from engram_api.storage.embedding.embedder import Embedder
+from engram_api.storage.faiss.erasure import record_removal
 from engram_api.storage.faiss.keeper import IndexKeeper
 from engram_api.storage.graph.contract import GraphStore
 from engram_api.storage.graph.episodes import chunk_episode
@@ -97,11 +101,14 @@ def reconcile(
 
     def check(write: UserWrite) -> tuple[ReconcileUser | None, BackfillUser | None]:
         # Under the guard no writer moves the graph or the file between the comparison and the fix.
-        fault = _diagnose(graph, keeper, write.user_id)
+        fault, gone = _diagnose(graph, keeper, write.user_id)
         if fault is not None:
             fault.rebuilt_rows = len(keeper.rebuild(write.user_id))
-            # Publish the graph's stamp (a writer that lost its lease may not have); nothing to revisit.
-            write.finish(changed=False)
+        if fault is not None or gone:
+            # Publish the graph's stamp (a writer that lost its lease may not have); nothing to revisit. Rows
+            # the copy held that the graph lost are removals (a writer may have died before its ``finish``
+            # filed them): every process's encoder cache drops the user's texts at its sweep.
+            write.finish(removals=sorted(gone), changed=False)
         filled = None if embedder is None else _backfill(graph, embedder, write, cutoff)
         return fault, filled
 
@@ -120,7 +127,8 @@ def reconcile(
 
 
 def remove_orphans(*, graph: GraphStore, keeper: IndexKeeper, redis_client: redis.Redis | None) -> ReconcileReport:
-    """Remove this host's index files and the published stamps of users the graph does not know, and
+    """Remove this host's index files and the published stamps of users the graph does not know (filing
+    each such stamp's user's removal: every process's encoder cache drops its texts at its sweep), and
     crashed writers' temp files; a report with only the orphan counts set. Lists every file, stamp and
     user (no vectors): the fan-out's driver runs it once per run."""
     report = ReconcileReport()
@@ -143,6 +151,8 @@ def remove_orphans(*, graph: GraphStore, keeper: IndexKeeper, redis_client: redi
     doomed = [k for k in stamps if k[len(prefix) :] not in known]
     if doomed:
         report.orphan_stamps += int(redis_client.delete(*doomed))
+    for key in doomed:  # an erasure whose ``finish`` never ran (it deletes the stamp) filed nothing either
+        record_removal(redis_client, key[len(prefix) :])
     return report
 
 
@@ -163,9 +173,12 @@ def _backfill(graph: GraphStore, embedder: Embedder, write: UserWrite, cutoff: d
     return BackfillUser(user_id=user_id, episodes=len({c.episode_id for c in chunks}), chunks=added)
 
 
-def _diagnose(graph: GraphStore, keeper: IndexKeeper, user_id: str) -> ReconcileUser | None:
+def _diagnose(graph: GraphStore, keeper: IndexKeeper, user_id: str) -> tuple[ReconcileUser | None, set[str]]:
+    """The fault of this host's copy of the user (None: it is right, once caught up) and the node ids its
+    file held that the graph does not (records removed since it was written, a stray row, another
+    lifetime's; none when unreadable)."""
     if not keeper.vectors.path_for(user_id).exists():
-        return None  # no copy on this host: nothing to check, and none to make (the module docstring)
+        return None, set()  # no copy on this host: nothing to check, and none to make (the module docstring)
     items, stamp = graph.stamped_vectors(user_id)
     version = stamp.version
 
@@ -184,25 +197,27 @@ def _diagnose(graph: GraphStore, keeper: IndexKeeper, user_id: str) -> Reconcile
 
     index = keeper.vectors.load(user_id)
     if index is None:
-        return fault("unreadable", "index file cannot be read (damaged, truncated or another dimension)")
+        return fault("unreadable", "index file cannot be read (damaged, truncated or another dimension)"), set()
+    expected = {item.node_id for item in items}
+    gone = index.node_ids() - expected  # taken before a catch-up, which drops the rows of removals since
     if index.epoch != stamp.epoch:
         # e.g. a file a forgotten lifetime of this user left behind: its contents are not this user's now.
-        return fault("another lifetime", f"index of epoch {index.epoch}, graph at {stamp.epoch}", index.version)
+        return fault("another lifetime", f"index of epoch {index.epoch}, graph at {stamp.epoch}", index.version), gone
     if index.version > version:
         # The graph went back (e.g. a restore): the index holds a future it cannot be trusted with.
-        return fault("ahead", f"index at v{index.version}, graph at v{version}", index_version=index.version)
+        return fault("ahead", f"index at v{index.version}, graph at v{version}", index_version=index.version), gone
     if index.version < version:
         # Behind is normal for a cache (another host wrote): catch it up from the graph, then check it.
         index = keeper.current(user_id, stamp)
-    expected = {item.node_id for item in items}
     actual = index.node_ids()
     if expected != actual:
         missing, extra = len(expected - actual), len(actual - expected)
-        return fault(
+        problem = fault(
             "ids differ",
             f"{missing} graph vectors missing from the index, {extra} index rows not in the graph",
             index_version=index.version,
             missing=missing,
             extra=extra,
         )
-    return None
+        return problem, gone
+    return None, gone

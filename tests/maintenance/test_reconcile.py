@@ -10,8 +10,12 @@ import pytest
 import redis
 
 from engram_api import keys
+from engram_api.storage.embedding.embedder import Embedder
+from engram_api.storage.faiss.erasure import TextSweep
+from engram_api.storage.faiss.files import VectorStore
 from engram_api.storage.faiss.keeper import IndexKeeper
 from engram_api.storage.graph.contract import GraphStore
+from engram_api.storage.writer.userwrite import UserWrites
 from engram_workers.maintenance import ReconcileReport, reconcile
 from tests.support.builders import GuardSpy, UserGraph, new_user, random_encode
 
@@ -144,7 +148,8 @@ def test_artefacts_of_users_the_graph_does_not_know_are_removed(
     store: GraphStore, keeper: IndexKeeper, guard: GuardSpy, user: str, redis_client: redis.Redis
 ) -> None:
     """A reader's rebuild that raced ``forget_user`` wrote the forgotten user's file again, and a late
-    publish left its stamp in Redis: reconcile removes both and keeps every known user's."""
+    publish (or an erasure whose ``finish`` never ran) left its stamp in Redis: reconcile removes both, files
+    the user's removal for every process's encoder cache, and keeps every known user's."""
     gone = new_user()
     for u in (user, gone):
         UserGraph(store, u).say(FACTS)
@@ -159,6 +164,50 @@ def test_artefacts_of_users_the_graph_does_not_know_are_removed(
     assert report.orphan_files == 1 and report.orphan_stamps >= 1, report
     assert not keeper.vectors.path_for(gone).exists()
     assert redis_client.get(keys.user_version(gone)) is None
+    assert redis_client.zscore(keys.forgotten_texts(), VectorStore.stem(gone)) is not None
+    assert redis_client.zscore(keys.forgotten_texts(), VectorStore.stem(user)) is None
     assert keeper.vectors.path_for(user).exists()
     assert redis_client.get(keys.user_version(user)) == str(store.user_stamp(user))
     assert (report.ok, report.rebuilt) == (1, 0)
+
+
+def _forget_whose_writer_died(store: GraphStore, keeper: IndexKeeper, user: str) -> None:
+    # A forget committed in the graph by a writer that died before its ``finish`` (nothing filed, no index write).
+    fact_id = next(item.node_id for item in store.vectors(user)[0] if item.kind == "fact")
+    assert store.forget_fact(user, fact_id).removed_fact_ids == [fact_id]
+
+
+ORPHANS: dict[str, Callable[[GraphStore, IndexKeeper, str], None]] = {
+    "a forget whose writer died before its finish": _forget_whose_writer_died,
+    "stray id": _add_stray_id,
+}
+
+
+@pytest.mark.parametrize("orphan", list(ORPHANS))
+def test_a_row_reconcile_finds_the_graph_lost_files_the_users_removal_for_every_encoder_cache(
+    store: GraphStore, keeper: IndexKeeper, user: str, redis_client: redis.Redis, orphan: str
+) -> None:
+    """Records a host's copy holds and the graph no longer has (a forget whose writer died between the graph
+    commit and ``finish``, which filed nothing; a stray row): reconcile's fix files the user's removal
+    (``record_removal``, as any removing write), so another process's erasure sweep drops the user's cached
+    texts; another user's stay."""
+    other = new_user()
+    for u in (user, other):
+        UserGraph(store, u).say(FACTS)
+        keeper.rebuild(u)
+    encoder, texts = Embedder(model="all-MiniLM-L6-v2"), TextSweep()  # another process's cache and place
+    encoder.encode_cached(["Alex plays guitar", "guitar"], user_id=user)
+    encoder.encode_cached(["Alex works at Dell"], user_id=other)
+    texts(redis_client, encoder)  # its first sweep: its place is now the record's end
+    ORPHANS[orphan](store, keeper, user)
+
+    guard = GuardSpy(UserWrites(graph=store, keeper=keeper, redis_client=redis_client, lease_ttl_s=30))
+    report = reconcile(graph=store, keeper=keeper, guard=guard, user_ids=[user, other], redis_client=redis_client)
+
+    assert not report.failed
+    assert redis_client.zscore(keys.forgotten_texts(), VectorStore.stem(user)) is not None
+    assert redis_client.zscore(keys.forgotten_texts(), VectorStore.stem(other)) is None
+    assert texts(redis_client, encoder) == 2
+    assert encoder.cached_users() == {other} and set(encoder._recent) == {"Alex works at Dell"}
+    index = keeper.vectors.load(user)
+    assert index is not None and index.node_ids() == {item.node_id for item in store.vectors(user)[0]}
