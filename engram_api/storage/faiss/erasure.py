@@ -4,6 +4,7 @@ cache.
 
     record_erasure(redis, user_id, epoch)     # UserWrite.finish, after forget_user's graph commit
     record_removal(redis, user_id)            # UserWrite.finish, after a commit that removed records
+                                              # (and reconcile, for an unknown user's stamp)
     IndexSweeper(keeper, redis, interval_s, embedder).start()  # each worker and reader process: now, then timed
 
 How it propagates:
@@ -17,7 +18,8 @@ How it propagates:
   tombstoned user (``Embedder.forget``). So every host's cache loses an erased user's files within one
   sweep interval of the erasure while any of its processes runs, and at the start of the first process
   otherwise;
-- texts: a write that removed records (``forget`` of a fact or a message, decay's expired excerpts) files
+- texts: a write that removed records (``forget`` of a fact or a message, decay's expired excerpts,
+  reconcile's fixes of what a writer that died before its ``finish`` left) files
   the user's stem in a Redis sorted set scored by a fleet-wide sequence (``keys.forgotten_texts``; one
   member a user, moved to the end by each such write), and each process's sweep reads the members scored
   after the highest sequence it has applied (``TextSweep``) and drops the texts of every user of them its
