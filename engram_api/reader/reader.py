@@ -101,6 +101,7 @@ def _kept_current(read: F) -> F:
 
     @functools.wraps(read)
     def reading(reader: Reader, user_id: str, *args: Any, **kwargs: Any) -> Any:
+        check_user_id(user_id)  # before the id is a key here: bad input gets the read's typed error
         entry = reader._crossings.begin(user_id)
         try:
             return read(reader, user_id, *args, **kwargs)
