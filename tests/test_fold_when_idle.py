@@ -1,7 +1,8 @@
 """A held snapshot's fold after a removal waits for this process's recalls to pause
-(``ReaderThreads.when_idle``): no fold starts while a recall is in flight, unless it has waited its deadline;
-an idle reader folds at once, and ``flush`` starts a waiting fold at once and waits for it. No wall clock: the
-deadline's timer is one the test fires itself, and "at once" is an event set with no flush.
+(``ReaderThreads.when_idle``): no fold starts while a recall is in flight, unless it has waited its deadline
+(``ENGRAM_SNAPSHOT_FOLD_DEADLINE_S``); an idle reader folds at once, and ``flush`` starts a waiting fold at once
+and waits for it. No wall clock: the deadline's timer is one the test fires itself, and "at once" is an event set
+with no flush.
 """
 
 from __future__ import annotations
@@ -9,11 +10,19 @@ from __future__ import annotations
 import random
 import threading
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
-from engram_api.reader.background import FOLD_DEADLINE_S, ReaderThreads
+from engram_api.errors import ConfigError
+from engram_api.reader.background import ReaderThreads
 from engram_api.reader.facts import SnapshotCache
+from engram_api.reader.recall import RecallReader
+from engram_api.settings import load_settings
+from engram_api.storage.embedding.embedder import Embedder
+from engram_api.storage.faiss.files import VectorStore
+from engram_api.storage.faiss.keeper import IndexKeeper
+from engram_api.storage.graph.sqlite.store import SqliteGraphStore
 from engram_api.storage.snapshot.graph import UserSnapshot
 from engram_api.storage.snapshot.removal import without
 from engram_api.versions import Stamp
@@ -78,7 +87,7 @@ def test_a_fold_handed_over_during_a_recall_starts_when_the_last_recall_of_the_p
             cache.fold_soon(USER, threads.when_idle)  # one of a user in flight: no second
             assert threads.waiting() == 1 and cache.peek(USER) is held
         assert threads.waiting() == 1 and cache.peek(USER) is held  # the other reader's recall is in flight
-        assert [a.delay_s for a in deadlines.armed] == [FOLD_DEADLINE_S]
+        assert [a.delay_s for a in deadlines.armed] == [threads.deadline_s]
     assert threads.waiting() == 0 and deadlines.armed[0].cancelled  # started: its deadline is off
     threads.flush()
     folded = cache.peek(USER)
@@ -118,3 +127,34 @@ def test_an_idle_reader_folds_at_once_and_flush_starts_a_waiting_fold(
         assert threads.waiting() == 1
         threads.flush()  # ``Reader.flush``'s wait: the waiting fold started at once, and done
         assert threads.waiting() == 0 and not again.peek(USER).fold_due  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "soon"])
+def test_a_bad_fold_deadline_stops_the_process_naming_its_variable(value: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ENGRAM_SNAPSHOT_FOLD_DEADLINE_S", value)
+    with pytest.raises(ConfigError, match="ENGRAM_SNAPSHOT_FOLD_DEADLINE_S"):
+        load_settings()
+
+
+def test_the_fold_deadline_setting_is_the_one_a_readers_waiting_fold_is_armed_with(
+    tmp_path: Path, deadlines: _Deadlines, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("ENGRAM_SNAPSHOT_FOLD_DEADLINE_S", "0.25")
+    graph = SqliteGraphStore(path=tmp_path / "graph.db")
+    reader = RecallReader(
+        settings=load_settings(),
+        graph=graph,
+        keeper=IndexKeeper(graph=graph, vectors=VectorStore(root=tmp_path, dim=8)),
+        embedder=Embedder(model="all-MiniLM-L6-v2"),  # never loaded: no recall runs
+        redis_client=None,
+    )
+    reader._threads._timer = deadlines  # the reader's own threads, with a timer the test holds
+    cache, held = _removed()
+    try:
+        with reader._threads.recalling():
+            cache.fold_soon(USER, reader._threads.when_idle)
+            assert [a.delay_s for a in deadlines.armed] == [0.25] and cache.peek(USER) is held
+    finally:
+        reader._threads.close()
+        graph.close()
+    assert not cache.peek(USER).fold_due  # type: ignore[union-attr]

@@ -21,9 +21,10 @@ Invariants:
   the GIL; ``wait_logged`` lets this process's ``feedback`` wait for it;
 - work nobody waits for (a recall log, a user's snapshot load) is tracked until done: ``flush`` waits for
   it, so a caller that closes the stores after it never closes them under a thread still using them;
-- work that may wait for the process to be idle (a catch-up's fold of a held snapshot: ``when_idle``) starts
-  once no recall of any reader of this process is in flight (``recalling``), and at the latest
-  ``FOLD_DEADLINE_S`` after it was handed over, recalls or not; ``flush`` starts it at once and waits for it.
+- work that may wait for the process to be idle (the fold of a held snapshot a catch-up or a refresh off the
+  path made due: ``when_idle``) starts once no recall of any reader of this process is in flight
+  (``recalling``), and at the latest ``deadline_s`` (``ENGRAM_SNAPSHOT_FOLD_DEADLINE_S``) after it was handed
+  over, recalls or not; ``flush`` starts it at once and waits for it.
   Why: the fold copies the user's snapshot (~5-25 ms of a reader thread at 10K facts, 0.2-0.3 s at 100K),
   holding the GIL between numpy calls, and the threads of a process share one GIL: started beside a recall
   (the recall that caught the removal up, or the next one), it took turns with that recall's Python. No
@@ -46,17 +47,18 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from engram_api import keys
+from engram_api.settings.recall import RecallSettings
 from engram_api.versions import Stamp, outdated
 
 if TYPE_CHECKING:
     import redis
 
-__all__ = ["FOLD_DEADLINE_S", "ReaderThreads", "ResultCache"]
+__all__ = ["ReaderThreads", "ResultCache"]
 
 RECALL_LOG_TTL_S = 24 * 3600
-# The longest work handed to ``when_idle`` waits for the process's recalls to pause: the bound on how long a
-# forgotten text a held snapshot hides stays in this reader's memory while recalls keep it busy (then the fold).
-FOLD_DEADLINE_S = 1.0
+# The longest work handed to ``when_idle`` waits for the process's recalls to pause, for threads made without
+# settings: the setting's default (a reader passes ``ENGRAM_SNAPSHOT_FOLD_DEADLINE_S``).
+_DEADLINE_S: float = RecallSettings.model_fields["snapshot_fold_deadline_s"].default
 
 
 class ResultCache:
@@ -237,7 +239,7 @@ class ReaderThreads:
         self,
         *,
         threads: int,
-        deadline_s: float = FOLD_DEADLINE_S,
+        deadline_s: float = _DEADLINE_S,
         timer: Callable[[float, Callable[[], None]], Timer] = _timer,
     ) -> None:
         self.threads = threads

@@ -29,7 +29,7 @@ Invariants:
   then reads, and raises the store's error if it is still down;
 - the held snapshot's fold that a catch-up makes due (a removal, or the overlay's share) is handed to
   ``ReaderThreads.when_idle``: never run beside a recall of the process (the recall that waits for this
-  catch-up included), at the latest ``background.FOLD_DEADLINE_S`` after it;
+  catch-up included), at the latest ``ENGRAM_SNAPSHOT_FOLD_DEADLINE_S`` after it;
 - a copy is labelled with the stamp its read reached, never the stamp asked for: a read from a lagging
   replica (below ``stamp``) moves the copies only that far, and the recall's ``IndexKeeper.current`` reads
   again (``keeper``'s docstring).

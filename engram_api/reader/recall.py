@@ -95,7 +95,7 @@ class RecallReader:
         self.snapshots = SnapshotCache(
             max_records=settings.snapshot_max_records, budget_records=settings.snapshot_budget_records
         )
-        self._threads = ReaderThreads(threads=_IO_THREADS)
+        self._threads = ReaderThreads(threads=_IO_THREADS, deadline_s=settings.snapshot_fold_deadline_s)
         self.catchups = CatchUps(
             graph=graph, keeper=keeper, snapshots=self.snapshots, threads=self._threads, redis_client=redis_client
         )

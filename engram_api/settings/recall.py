@@ -90,6 +90,13 @@ class RecallSettings(BaseModel):
         description="the facts + chunks of all the snapshots one reader holds (~180-280 MB at the default), least "
         "recently used dropped first",
     )
+    snapshot_fold_deadline_s: float = Field(
+        1.0,
+        gt=0,
+        description="after another host's forget, the longest a reader's fold of its held snapshot waits for the "
+        "process's recalls to pause: the forgotten texts leave the reader's memory within this plus one fold "
+        "(~5-25 ms at 10K facts) after the catch-up or refresh that saw the forget",
+    )
     broad_min_score: float = Field(0.45, description="search(auto): below this, fall back to facts")
 
     @property
