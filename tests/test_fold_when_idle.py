@@ -1,8 +1,8 @@
 """A held snapshot's fold after a removal waits for this process's recalls to pause
 (``ReaderThreads.when_idle``): no fold starts while a recall is in flight, unless it has waited its deadline
 (``ENGRAM_SNAPSHOT_FOLD_DEADLINE_S``); an idle reader folds at once, and ``flush`` starts a waiting fold at once
-and waits for it. No wall clock: the deadline's timer is one the test fires itself, and "at once" is an event set
-with no flush.
+and waits for it; a refresh off the path that applied a removal hands its fold over the same way. No wall clock:
+the deadline's timer is one the test fires itself, and "at once" is an event set with no flush.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import random
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any, cast
 
 import pytest
 
@@ -22,6 +23,7 @@ from engram_api.settings import load_settings
 from engram_api.storage.embedding.embedder import Embedder
 from engram_api.storage.faiss.files import VectorStore
 from engram_api.storage.faiss.keeper import IndexKeeper
+from engram_api.storage.graph.contract import GraphStore
 from engram_api.storage.graph.sqlite.store import SqliteGraphStore
 from engram_api.storage.snapshot.graph import UserSnapshot
 from engram_api.storage.snapshot.removal import without
@@ -158,3 +160,43 @@ def test_the_fold_deadline_setting_is_the_one_a_readers_waiting_fold_is_armed_wi
         reader._threads.close()
         graph.close()
     assert not cache.peek(USER).fold_due  # type: ignore[union-attr]
+
+
+class _Refreshing:
+    """The store's count-checked refresh (``GraphStore.refresh_snapshot``) of a held snapshot, answered with
+    ``fresh``."""
+
+    def __init__(self, fresh: UserSnapshot) -> None:
+        self.fresh = fresh
+
+    def refresh_snapshot(self, held: UserSnapshot, *, max_records: int) -> UserSnapshot:
+        return self.fresh
+
+
+def _inline(fn: Callable[..., object], *args: Any) -> None:
+    """``missed``'s ``submit``, run on the caller's thread: the refresh done when ``missed`` returns."""
+    fn(*args)
+
+
+def test_an_off_path_refresh_that_applied_a_removal_holds_it_hidden_and_hands_its_fold_over(
+    threads: ReaderThreads, deadlines: _Deadlines
+) -> None:
+    """A snapshot too far behind for the recall is refreshed while that recall reads the store: the refresh
+    holds the snapshot that hides the removed fact (it answers the next recalls) and its fold waits for the
+    recalls to pause, as a catch-up's does, instead of running beside the recall."""
+    _, facts, chunks = _world(random.Random(43), 60)
+    base = UserSnapshot.of(USER, Stamp(1, 1), facts, chunks)
+    fresh = base.refreshed(Stamp(1, 2), 2, [], [], max_records=1000, gone=[facts[0].id])
+    assert fresh is not None and fresh.fold_due and facts[0].id not in fresh.facts
+    cache = SnapshotCache(max_records=1000, budget_records=10_000)
+    cache._keep(base, answering=True)  # it answered a recall: the next miss refreshes at once
+    graph = cast(GraphStore, _Refreshing(fresh))
+    with threads.recalling():  # the recall that missed, still in flight
+        cache.missed(graph, USER, Stamp(1, 2), base.size, _inline, threads.when_idle)
+        assert cache.peek(USER) is fresh and threads.waiting() == 1
+        assert [a.delay_s for a in deadlines.armed] == [threads.deadline_s]
+    assert threads.waiting() == 0 and deadlines.armed[0].cancelled  # the recall ended: started
+    threads.flush()
+    folded = cache.peek(USER)
+    assert folded is not None and folded is not fresh and folded.stamp == Stamp(1, 2)
+    assert not folded.fold_due and not folded.keywords.holes and facts[0].id not in dict(folded.facts)

@@ -240,7 +240,7 @@ class RecallReader:
         timings["index"] = (time.perf_counter() - t1) * 1e3
         if snapshot is None:
             vectors = index.count("fact") + index.count("episode")
-            self.snapshots.missed(self.graph, user_id, version, vectors, self._threads.behind)
+            self.snapshots.missed(self.graph, user_id, version, vectors, self._threads.behind, self._threads.when_idle)
         items = recall_items(
             graph=self.graph,
             user_facts=UserFacts(self.graph, self.facts, user_id, version, snapshot),

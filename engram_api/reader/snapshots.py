@@ -23,11 +23,13 @@ Invariants:
   holds a share of the user's records or, at once, after a catch-up or refresh that applied a removal (a
   forget of a fact or a message, decay's expired chunks: ``UserSnapshot.fold_due``): the removed rows,
   keyword documents and postings the overlay hides are out of the reader's memory once that fold has run.
-  A catch-up hands its fold to ``ReaderThreads.when_idle``: it starts once no recall of the process is in
-  flight, at the latest ``background.FOLD_DEADLINE_S`` after the catch-up (a fold copies the user, ~5-25 ms
-  of a thread at 10K facts, and beside a recall it took turns with the recall's Python for the GIL), and
-  ``flush`` starts it at once; at most one fold of a user is in flight or waiting, and it folds again while
-  the held snapshot is still due (a removal caught up during it);
+  A catch-up and a refresh off the path (``missed``) both hold the snapshot that hides the removal, and hand
+  its fold to ``ReaderThreads.when_idle``: it starts once no recall of the process is in flight, at the latest
+  ``ENGRAM_SNAPSHOT_FOLD_DEADLINE_S`` after the catch-up or refresh (a fold copies the user, ~5-25 ms of a
+  thread at 10K facts, and beside a recall it took turns with the recall's Python for the GIL: a refresh off
+  the path runs while the recall that asked for it reads the store), and ``flush`` starts it at once; at most
+  one fold of a user is in flight or waiting, and it folds again while the held snapshot is still due (a
+  removal caught up during it);
 - a slow load never rolls a newer snapshot back, and all the snapshots held sum to at most
   ``budget_records`` records;
 - a snapshot of a lifetime the user has ended (a recall finds the user absent, or in a newer lifetime:
@@ -99,12 +101,20 @@ class SnapshotCache:
             return self._held.get(user_id)
 
     def missed(
-        self, graph: GraphStore, user_id: str, stamp: Stamp, vectors: int, submit: Callable[..., object]
+        self,
+        graph: GraphStore,
+        user_id: str,
+        stamp: Stamp,
+        vectors: int,
+        submit: Callable[..., object],
+        fold: Callable[..., object],
     ) -> None:
         """A recall found no snapshot at ``stamp``: refresh the one held at an older stamp of the same
         lifetime with ``submit`` (it reads only what was written since), or, on the second such recall,
-        load one whole. ``vectors``: the fact and episode vectors of the user's index at ``stamp``, one per
-        fact or chunk, so a user clearly above the bound costs no store query (the store's count decides)."""
+        load one whole; a refresh that leaves the snapshot due (a removal, the overlay's share) folds it with
+        ``fold`` (``fold_soon``). ``vectors``: the fact and episode vectors of the user's index at ``stamp``,
+        one per fact or chunk, so a user clearly above the bound costs no store query (the store's count
+        decides)."""
         if not 0 < vectors <= self.max_records:
             return
         with self._lock:
@@ -124,9 +134,11 @@ class SnapshotCache:
                     self._seen.popitem(last=False)
                 return
             self._loading.add(user_id)
-        submit(self._load, graph, user_id, stamp, held)
+        submit(self._load, graph, user_id, stamp, held, fold)
 
-    def _load(self, graph: GraphStore, user_id: str, stamp: Stamp, held: UserSnapshot | None) -> None:
+    def _load(
+        self, graph: GraphStore, user_id: str, stamp: Stamp, held: UserSnapshot | None, fold: Callable[..., object]
+    ) -> None:
         try:
             snapshot = None if held is None else graph.refresh_snapshot(held, max_records=self.max_records)
             if snapshot is None:  # none held, removals below the horizon, another lifetime, the bound: whole
@@ -142,7 +154,8 @@ class SnapshotCache:
                 self._loading.discard(user_id)
         if snapshot is None:  # more records than vectors (facts without one): the store's step it is
             return
-        self._keep(snapshot.merged() if snapshot.fold_due else snapshot, answering=False)  # off the path
+        if self._keep(snapshot, answering=False):
+            self.fold_soon(user_id, fold)  # the removals it applied, as a catch-up's: the promise is the same
 
     def _keep(self, snapshot: UserSnapshot, *, answering: bool) -> bool:
         """Hold ``snapshot`` unless a newer one of the user is held (a slow load never rolls one back);
