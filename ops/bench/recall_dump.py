@@ -20,6 +20,14 @@
     embedding), of ``recall_items`` within it (everything after the embedding), the process's CPU of each
     recall, and the floor's (query embedding + one FAISS search, top 30) on the same queries, interleaved;
     medians, one JSON line. Alternate trees in fresh processes to compare.
+``PYTHONPATH=<tree>:ops/bench python ops/bench/recall_dump.py parts --workdir DIR --facts N [--rounds 5]``
+    the recorded recalls of ``replay`` run again, the thread CPU of each part of ``recall_items`` (``PARTS``: the
+    FAISS searches, the graph step and its walk, the channel shares, the similarities, the scoring, the result
+    models, ...) summed per recall by wrappers on calls made a few times a recall; each part's median, in us.
+``PYTHONPATH=<tree>:ops/bench python ops/bench/recall_dump.py scans --workdir DIR --facts N [--rounds 7]``
+    the recorded recalls run again, alternately with the FAISS searches run and answered from a memo of their
+    own hits (the same hits, no scan): ``recall_items``' thread CPU less the searches' own, medians. What the
+    Python after the scans pays for the caches the scans evict.
 """
 
 from __future__ import annotations
@@ -189,17 +197,16 @@ def cpu(workdir: Path, data: Path, user_id: str, n: int) -> None:
         )  # fmt: skip
 
 
-def replay(workdir: Path, data: Path, user_id: str, n: int, rounds: int) -> None:
-    """``recall_items`` (everything a recall does after the query's embedding) of ``n`` recorded recalls
-    (k 10 and k 30 by turns, the keyword hits as they came), run again ``rounds`` times in this process;
-    each recall's least thread CPU over the rounds, the median of those."""
-    from concurrent.futures import Future
-
+@contextlib.contextmanager
+def _recorded(workdir: Path, data: Path, user_id: str, n: int) -> Iterator[list[dict[str, Any]]]:
+    """The arguments of ``recall_items`` in ``n`` recalls (k 10 and k 30 by turns, the clock fixed), the keyword
+    hits as they came, in a reader process whose snapshot of the user is held (closed after)."""
     from corpus import queries
 
     import engram_api.reader.recall as recall_module
 
     with _reader(workdir, data, user_id) as client:
+        _fix_clock()
         reader = client.reader
         _warm(reader, user_id)
         items = recall_module.recall_items
@@ -210,25 +217,129 @@ def replay(workdir: Path, data: Path, user_id: str, n: int, rounds: int) -> None
             return items(**kw)
 
         recall_module.recall_items = recording
-        for i, q in enumerate(queries("recall-replay", n)):
-            reader.recall(user_id, q, k=(10, 30)[i % 2])
-        recall_module.recall_items = items
+        try:
+            for i, q in enumerate(queries("recall-replay", n)):
+                reader.recall(user_id, q, k=(10, 30)[i % 2])
+        finally:
+            recall_module.recall_items = items
+        yield recorded
+
+
+def _again(kw: dict[str, Any]) -> float:
+    """One recorded ``recall_items`` run again (its keyword hits handed over as they came); its thread CPU, ms."""
+    from concurrent.futures import Future
+
+    import engram_api.reader.recall as recall_module
+
+    hits: Future[Any] | None = None
+    if kw["keyword"] is not None:
+        hits = Future()
+        hits.set_result(kw["keyword"])
+    start = time.thread_time()
+    recall_module.recall_items(**{**kw, "keyword": hits, "timings": {}})
+    return (time.thread_time() - start) * 1e3
+
+
+def replay(workdir: Path, data: Path, user_id: str, n: int, rounds: int) -> None:
+    """``recall_items`` (everything a recall does after the query's embedding) of ``n`` recorded recalls
+    (``_recorded``), run again ``rounds`` times in this process; each recall's least thread CPU over the rounds,
+    the median of those."""
+    with _recorded(workdir, data, user_id, n) as recorded:
         least = [float("inf")] * len(recorded)
         for _ in range(rounds):
             for i, kw in enumerate(recorded):
-                hits: Future[Any] | None = None
-                if kw["keyword"] is not None:
-                    hits = Future()
-                    hits.set_result(kw["keyword"])
-                start = time.thread_time()
-                items(**{**kw, "keyword": hits, "timings": {}})
-                least[i] = min(least[i], (time.thread_time() - start) * 1e3)
+                least[i] = min(least[i], _again(kw))
         print(json.dumps({"recall_items_ms": statistics.median(least), "load": os.getloadavg()[0]}))
+
+
+# The parts ``parts`` times: (module, class or None, attribute, label), each called a few times a recall (a
+# wrapper costs ~1 us a call), nested parts counted in their parents too.
+PARTS = (
+    ("engram_api.storage.faiss.index", "UserIndex", "search", "faiss_search"),
+    ("engram_api.reader.fusion", "_Run", "channels", "channels"),
+    ("engram_api.reader.fusion", "_Run", "_graph_step", "graph_step"),
+    ("engram_api.storage.snapshot.graph", "UserSnapshot", "graph_step", "snapshot_step"),
+    ("engram_api.storage.snapshot.graph", "UserSnapshot", "_expand", "walk"),
+    ("engram_api.reader.fusion", "_Run", "_rank", "channel_shares"),
+    ("engram_api.reader.fusion", "_Run", "links", "links"),
+    ("engram_api.reader.fusion", "_Run", "items", "items"),
+    ("engram_api.storage.faiss.index", "UserIndex", "similarities", "similarities"),
+    ("engram_api.reader.scoring", "Scoring", "rows", "scoring"),
+    ("engram_api.reader.fusion", None, "similarity_step", "second_look"),
+    ("engram_api.reader.fusion", None, "result_items", "result_models"),
+)
+
+
+def parts(workdir: Path, data: Path, user_id: str, n: int, rounds: int) -> None:
+    """Each part's thread CPU per recorded recall (``PARTS``), medians in us, with ``recall_items``' own."""
+    import importlib
+
+    spent: dict[str, int] = {}
+
+    def timed(fn: Any, label: str) -> Any:
+        def run(*args: Any, **kwargs: Any) -> Any:
+            start = time.thread_time_ns()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                spent[label] = spent.get(label, 0) + time.thread_time_ns() - start
+
+        return run
+
+    with _recorded(workdir, data, user_id, n) as recorded:
+        for module, owner, attr, label in PARTS:
+            holder = getattr(importlib.import_module(module), owner) if owner else importlib.import_module(module)
+            setattr(holder, attr, timed(getattr(holder, attr), label))
+        per: dict[str, list[float]] = {"recall_items": []}
+        for _ in range(rounds):
+            for kw in recorded:
+                spent.clear()
+                per["recall_items"].append(_again(kw) * 1e3)
+                for label, ns in spent.items():
+                    per.setdefault(label, []).append(ns / 1e3)
+        out = {label: round(statistics.median(v)) for label, v in per.items()}
+        print(json.dumps({**out, "load": os.getloadavg()[0]}))
+
+
+def scans(workdir: Path, data: Path, user_id: str, n: int, rounds: int) -> None:
+    """``recall_items``' thread CPU less its FAISS searches', with the searches run and answered from a memo of
+    their own hits, alternated by pass (the first pass fills the memo and is not counted); medians in us."""
+    from engram_api.storage.faiss.index import UserIndex
+
+    real = UserIndex.search
+    memo: dict[tuple[bytes, int, Any], list[Any]] = {}
+    state = {"memo": False, "ns": 0}
+
+    def search(self: Any, query: Any, k: int, kind: Any = None) -> Any:
+        key = (query.tobytes(), k, kind)
+        start = time.thread_time_ns()
+        hits = list(memo[key]) if state["memo"] and key in memo else real(self, query, k, kind)
+        memo.setdefault(key, list(hits))
+        state["ns"] += time.thread_time_ns() - start
+        return hits
+
+    with _recorded(workdir, data, user_id, n) as recorded:
+        UserIndex.search = search  # type: ignore[method-assign]
+        after: dict[bool, list[float]] = {False: [], True: []}
+        for r in range(rounds):
+            state["memo"] = bool(r % 2)
+            for kw in recorded:
+                state["ns"] = 0
+                ms = _again(kw)
+                if r:
+                    after[bool(state["memo"])].append(ms * 1e3 - state["ns"] / 1e3)
+        med = statistics.median
+        print(
+            json.dumps(
+                {"after_scans_us": round(med(after[False])), "no_scans_us": round(med(after[True])),
+                 "load": os.getloadavg()[0]}
+            )
+        )  # fmt: skip
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("what", choices=("load", "dump", "cpu", "replay"))
+    parser.add_argument("what", choices=("load", "dump", "cpu", "replay", "parts", "scans"))
     parser.add_argument("--workdir", type=Path, required=True)
     parser.add_argument("--facts", type=int, default=1_000, help="the bulk user of this size (under --workdir)")
     parser.add_argument("--data", type=Path, help="another SQLite data folder (e.g. a kept bench run's)")
@@ -250,8 +361,10 @@ def main() -> None:
         dump(args.workdir, data, user, qs, args.out)
     elif args.what == "cpu":
         cpu(args.workdir, data, user, args.queries)
-    else:
+    elif args.what == "replay":
         replay(args.workdir, data, user, args.queries, args.rounds)
+    else:
+        (parts if args.what == "parts" else scans)(args.workdir, data, user, args.queries, args.rounds)
 
 
 if __name__ == "__main__":
