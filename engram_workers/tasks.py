@@ -219,9 +219,10 @@ def reconcile_task(
 
     ctx = get_resources()
     if fan_out:
-        orphans = remove_orphans(graph=ctx.graph, keeper=ctx.keeper, redis_client=ctx.redis)
+        orphans = remove_orphans(graph=ctx.graph, keeper=ctx.keeper, redis_client=ctx.redis, guard=_guard(ctx))
         driven = _fan_out(ctx, "reconcile", keys.RECONCILE_TASK, ctx.settings.reconcile_interval_s)
-        return {**driven, **orphans.model_dump(mode="json", include={"orphan_files", "orphan_stamps"})}
+        counts = orphans.model_dump(mode="json", include={"orphan_files", "orphan_stamps", "failed"})
+        return {**driven, **counts, "failed": driven["failed"] + counts["failed"]}
     report = reconcile(
         graph=ctx.graph, keeper=ctx.keeper, guard=_guard(ctx), user_ids=user_ids, redis_client=ctx.redis,
         embedder=ctx.embedder, settings=ctx.settings, orphans=claim is None,

@@ -12,7 +12,14 @@ any removing write (``UserWrite.finish``'s ``removals``: every process's encoder
 texts at its sweep). It also removes the artefacts of users the graph does not know: index
 files (a reader's rebuild racing ``forget_user`` can leave one) and published stamps in Redis. Those are
 listed *before* the graph's users, and every writer commits the graph before it writes a file or a
-stamp, so an artefact of a user being created right now is never mistaken for an orphan.
+stamp, so an artefact of a user being created right now is never mistaken for an orphan; a file is
+erased up to the lifetime its header held when listed, so a user created again since (its files keep
+their names) keeps the new lifetime's (a later epoch). A published
+stamp of a user the graph does not know is the mark of a ``forget_user`` killed between its graph commit
+and its ``finish``: that erasure is finished in the user's guard (its lease), where the graph is read
+again, so a user created since the listing keeps its stamp, and one still unknown gets what a finished
+``forget_user`` leaves (``UserWrite.finish``): the tombstone every host's erasure sweep deletes its files
+and drops its cached texts by, its stamp, change feed and change marks deleted.
 
 Backfill: given an embedder, it also gives chunks (vectors and keyword entries) to every episode that
 has none (messages applied before hybrid memory existed), built from the stored text by
@@ -34,11 +41,11 @@ from engram_api import keys
 from engram_api.models import utcnow
 from engram_api.settings import Settings
 from engram_api.storage.embedding.embedder import Embedder
-from engram_api.storage.faiss.erasure import record_removal
 from engram_api.storage.faiss.keeper import IndexKeeper
 from engram_api.storage.graph.contract import GraphStore
 from engram_api.storage.graph.episodes import chunk_episode
 from engram_api.storage.writer.userwrite import UserWrite
+from engram_api.versions import ABSENT
 from engram_workers.maintenance._common import Guard, UserFailure, guarded, isolate, target_users
 from engram_workers.maintenance.decay import episode_cutoff
 
@@ -75,7 +82,9 @@ class ReconcileReport(BaseModel):
     ok: int = 0
     rebuilt: int = 0
     orphan_files: int = Field(default=0, description="index files of users the graph does not know, removed")
-    orphan_stamps: int = Field(default=0, description="published stamps of users the graph does not know, removed")
+    orphan_stamps: int = Field(
+        default=0, description="users with a published stamp the graph did not know, their erasure finished"
+    )
     fixed: list[ReconcileUser] = Field(default_factory=list)
     backfilled: list[BackfillUser] = Field(default_factory=list, description="episodes given chunks")
     failed: list[UserFailure] = Field(default_factory=list)
@@ -96,7 +105,11 @@ def reconcile(
     other node ids (once caught up), remove the artefacts of users the graph does not know (``orphans``;
     the fan-out's tasks leave that to their driver) and, given an ``embedder``, backfill the chunks of
     episodes that have none (see the module docstring)."""
-    report = remove_orphans(graph=graph, keeper=keeper, redis_client=redis_client) if orphans else ReconcileReport()
+    report = (
+        remove_orphans(graph=graph, keeper=keeper, redis_client=redis_client, guard=guard)
+        if orphans
+        else ReconcileReport()
+    )
     cutoff = episode_cutoff(settings or Settings(), utcnow())
 
     def check(write: UserWrite) -> tuple[ReconcileUser | None, BackfillUser | None]:
@@ -126,34 +139,45 @@ def reconcile(
     return report
 
 
-def remove_orphans(*, graph: GraphStore, keeper: IndexKeeper, redis_client: redis.Redis | None) -> ReconcileReport:
-    """Remove this host's index files and the published stamps of users the graph does not know (filing
-    each such stamp's user's removal: every process's encoder cache drops its texts at its sweep), and
-    crashed writers' temp files; a report with only the orphan counts set. Lists every file, stamp and
-    user (no vectors): the fan-out's driver runs it once per run."""
+def remove_orphans(
+    *, graph: GraphStore, keeper: IndexKeeper, redis_client: redis.Redis | None, guard: Guard
+) -> ReconcileReport:
+    """Remove this host's index files of users the graph does not know and crashed writers' temp files, and
+    finish the erasure of each user whose stamp is published though the graph does not know it, in the
+    user's ``guard`` (``_finish_erasure``; a user busy there is a failure, tried again next run: the stamp
+    stays until then); a report with only the orphan counts and those failures set. Lists every file, stamp
+    and user (no vectors): the fan-out's driver runs it once per run."""
     report = ReconcileReport()
     # Artefacts first, the graph's users second (see the module docstring for why this order is safe).
-    files = keeper.vectors.files()
+    listed = keeper.vectors.lifetimes()
     stamps = [] if redis_client is None else list(redis_client.scan_iter(match=keys.user_version("*"), count=500))
     known = set(graph.list_users())
-    owned = {name for user_id in known for name in keeper.vectors.owned_names(user_id)}
-    orphans = [path for path in files if path.name not in owned]
-    for path in orphans:
-        path.unlink(missing_ok=True)
-    # One orphan per index (its base file and delta log count once).
-    report.orphan_files += len({path.name.removesuffix(".log") for path in orphans})
+    owned = {keeper.vectors.stem(user_id) for user_id in known}
+    # Up to the lifetime listed: a user created again since keeps its new files (a later epoch).
+    report.orphan_files += sum(keeper.vectors.erase(s, epoch) for s, epoch in listed.items() if s not in owned)
     for tmp in keeper.vectors.root.glob("*.tmp") if keeper.vectors.root.is_dir() else []:
         if time.time() - tmp.stat().st_mtime > _STALE_TMP_S:
             tmp.unlink(missing_ok=True)
     if redis_client is None:
         return report
     prefix = keys.user_version("")
-    doomed = [k for k in stamps if k[len(prefix) :] not in known]
-    if doomed:
-        report.orphan_stamps += int(redis_client.delete(*doomed))
-    for key in doomed:  # an erasure whose ``finish`` never ran (it deletes the stamp) filed nothing either
-        record_removal(redis_client, key[len(prefix) :])
+    for user_id in (key[len(prefix) :] for key in stamps):
+        if user_id not in known:
+            with isolate("reconcile", user_id, report.failed):
+                report.orphan_stamps += guarded(guard, user_id, _finish_erasure)
     return report
+
+
+def _finish_erasure(write: UserWrite) -> int:
+    """Finish the erasure of a user whose stamp is published though the graph, listed after it, did not
+    know it: 1 once ``finish`` did (the graph, read again under the user's lease at ``open``, still has no
+    user: ``finish`` files the published lifetime's tombstone, then deletes its stamp, feed and marks); 0
+    for a user the graph holds now (created since the listing: the stamp is its own, and its creating
+    write filed the lost lifetime's tombstone)."""
+    if write.before != ABSENT:
+        return 0
+    write.finish(changed=False)
+    return 1
 
 
 def _backfill(graph: GraphStore, embedder: Embedder, write: UserWrite, cutoff: datetime | None) -> BackfillUser | None:

@@ -145,15 +145,18 @@ def test_a_full_run_visits_every_user_and_the_report_serializes(
 
 
 def test_artefacts_of_users_the_graph_does_not_know_are_removed(
-    store: GraphStore, keeper: IndexKeeper, guard: GuardSpy, user: str, redis_client: redis.Redis
+    store: GraphStore, keeper: IndexKeeper, user: str, redis_client: redis.Redis
 ) -> None:
     """A reader's rebuild that raced ``forget_user`` wrote the forgotten user's file again, and a late
     publish (or an erasure whose ``finish`` never ran) left its stamp in Redis: reconcile removes both, files
-    the user's removal for every process's encoder cache, and keeps every known user's."""
+    the erased lifetime's tombstone (every host's sweep deletes its files of it, every process's encoder cache
+    drops the user's texts), and keeps every known user's."""
+    guard = GuardSpy(UserWrites(graph=store, keeper=keeper, redis_client=redis_client, lease_ttl_s=30))
     gone = new_user()
     for u in (user, gone):
         UserGraph(store, u).say(FACTS)
         redis_client.set(keys.user_version(u), str(store.user_stamp(u)))
+    erased = store.user_stamp(gone)
     racing_rebuild = keeper.rebuild(gone)
     store.forget_user(gone)
     keeper.vectors.save(gone, racing_rebuild)
@@ -164,8 +167,8 @@ def test_artefacts_of_users_the_graph_does_not_know_are_removed(
     assert report.orphan_files == 1 and report.orphan_stamps >= 1, report
     assert not keeper.vectors.path_for(gone).exists()
     assert redis_client.get(keys.user_version(gone)) is None
-    assert redis_client.zscore(keys.forgotten_texts(), VectorStore.stem(gone)) is not None
-    assert redis_client.zscore(keys.forgotten_texts(), VectorStore.stem(user)) is None
+    assert redis_client.zscore(keys.erased_indexes(), f"{VectorStore.stem(gone)}:{erased.epoch}") is not None
+    assert not [m for m in redis_client.zrange(keys.erased_indexes(), 0, -1) if m.startswith(VectorStore.stem(user))]
     assert keeper.vectors.path_for(user).exists()
     assert redis_client.get(keys.user_version(user)) == str(store.user_stamp(user))
     assert (report.ok, report.rebuilt) == (1, 0)

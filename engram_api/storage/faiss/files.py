@@ -136,14 +136,18 @@ class VectorStore:
         index = self.load(user_id)
         return None if index is None else index.stamp
 
-    def files(self) -> list[Path]:
-        """Every index file and delta log under the root (reconcile matches them against the graph's users)."""
+    def lifetimes(self) -> dict[str, int]:
+        """The stem of every index (base file or delta log) under the root, with the epoch its base holds now
+        (0: no base, or unreadable): reconcile matches the stems against the graph's users and erases an
+        orphan up to the epoch it listed (``erase``), so a new lifetime's files written since stay."""
         if not self.root.is_dir():
-            return []
-        return sorted([*self.root.glob("*.faiss"), *self.root.glob("*.faiss.log")])
-
-    def owned_names(self, user_id: str) -> set[str]:
-        return {self.path_for(user_id).name, self.log_path_for(user_id).name}
+            return {}
+        stems = {path.name.split(".", 1)[0] for path in (*self.root.glob("*.faiss"), *self.root.glob("*.faiss.log"))}
+        lifetimes = {}
+        for stem in sorted(stems):
+            head = _read_head(self.root / f"{stem}.faiss")
+            lifetimes[stem] = 0 if head is None else head[0]
+        return lifetimes
 
     def read(self, user_id: str) -> UserIndex:
         """The stored index at the last whole record of its log; raises OSError / ValueError when unreadable."""

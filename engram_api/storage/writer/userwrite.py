@@ -22,8 +22,10 @@ Invariants:
   ``engram_api.storage.faiss.feed``; a write that removed anything deletes the earlier entries and adds
   its own, which lists the removed ids; on Neo4j the
   last write statement reads it itself, ``Fence.changes``, so the entry costs no round trip) and drops
-  the process's caches; after ``forget_user`` it also leaves the erasure tombstone every host's sweep deletes its files by,
-  and after a write that removed records the removal every process's sweep drops the user's cached texts by. When the
+  the process's caches; after ``forget_user`` it also leaves the erasure tombstone every host's sweep deletes its files by
+  (a write that opened on a user the graph did not hold files it for a lifetime Redis still publishes: a
+  ``forget_user`` killed before its ``finish``), and after a write that removed records the removal every
+  process's sweep drops the user's cached texts by. When the
   lease was lost after the commit, it takes the lease again and finishes only if the graph is still at
   its stamp; otherwise the newer writer owns the index and the published stamp.
 - ``index`` catches a copy that is behind (another host wrote the user last) up from that writer's
@@ -122,6 +124,8 @@ class UserWrite:
             user_id, from_stamp=self.before, to_stamp=after, upserts=upserts, removals=removals, feed=self._feed()
         )
         if owner.redis is not None:
+            if self.before == ABSENT:
+                self._erase_lost_lifetime(after)
             if after == ABSENT:
                 owner.redis.delete(keys.user_version(user_id), keys.change_feed(user_id))
                 forget_changes(owner.redis, user_id)
@@ -138,6 +142,20 @@ class UserWrite:
         self._fence.changes = None
         self.feed_with_next_write(True)
         return after
+
+    def _erase_lost_lifetime(self, after: Stamp) -> None:
+        """This write opened on a user the graph did not hold: a stamp still published is of a lifetime the graph
+        lost without its writer's ``finish`` (a ``forget_user`` killed after its commit: its ``finish`` deletes
+        the stamp), whose erasure is filed now as that ``finish`` would have, before the stamp is deleted or
+        replaced (so every host's sweep deletes that lifetime's files and texts). One GET, once per lifetime.
+        Called under the lease (held, or taken again with the graph still at ``after``): no other writer
+        publishes meanwhile, and a lifetime live when the lease was taken would have been read at ``open``,
+        so the stamp is a dead one; the tombstone (that epoch and earlier) spares ``after``'s lifetime."""
+        redis_client = self._owner.redis
+        assert redis_client is not None
+        lost = read_stamp(redis_client, self.user_id)
+        if lost is not None and lost != ABSENT and lost.epoch != after.epoch:
+            record_erasure(redis_client, self.user_id, lost.epoch)
 
     def _feed_entry(self, after: Stamp, *, removed: bool, changed: bool) -> tuple[str, bool]:
         """This write's change-feed entry and whether to delete the feed's earlier entries
