@@ -7,7 +7,10 @@ removals record, as a worker or reader process does:
 - a ``forget_user`` killed after its commit left the user's stamp, change feed and every host's files. Reconcile's
   orphan sweep, the ``forget_user`` run again, or the user's next lifetime files the erased lifetime's tombstone,
   and host b's erasure sweep then deletes its files and texts of it. A user created again between reconcile's
-  listing and its check keeps its stamp and its new files.
+  listing and its check keeps its stamp and its new files;
+- ``engram reindex`` (``reindex_user``) after a killed ``forget`` files the removal (host b's sweep drops the
+  user's texts), scrubs the change feed of the forgotten fact and publishes the graph's stamp; after a killed
+  apply it publishes the stamp (host b catches up) and files no removal.
 """
 
 from __future__ import annotations
@@ -26,11 +29,11 @@ from engram_api.storage.faiss.erasure import TextSweep, sweep_erased
 from engram_api.storage.faiss.files import VectorStore
 from engram_api.storage.writer.userwrite import UserWrite
 from engram_api.versions import read_stamp
-from engram_workers.maintenance import remove_orphans
+from engram_workers.maintenance import reindex_user, remove_orphans
 from tests.support.builders import UserGraph, new_user, random_encode
 from tests.support.stores import backend as backend  # the fixtures, brought in under their names
 from tests.support.stores import store as store
-from tests.test_many_hosts import Host, files_of, host, write_on
+from tests.test_many_hosts import Host, files_of, host, whole, write_on
 from tests.test_many_hosts import graph as graph
 
 
@@ -135,3 +138,51 @@ def test_a_user_created_again_between_reconciles_listing_and_its_check_keeps_its
         sweep_erased(redis_client, h.keeper)
     assert files_of([b.root], stem) == [] and len(files_of([a.root], stem)) == 2
     assert a.keeper.current(user, now).stamp == now
+
+
+def test_reindex_after_a_killed_forget_files_the_removal_scrubs_the_feed_and_publishes_the_stamp(
+    graph: GraphStore, tmp_path: Path, redis_client: redis.Redis
+) -> None:
+    a, b = two_hosts(graph, tmp_path, redis_client)
+    user, other = new_user(), new_user()
+    said, messages = UserGraph(graph, user), []
+    for step, h in ((0, a), (1, b), (3, a)):  # no step forgets (every third does): the feed holds steps 1 and 3
+        facts = {i.node_id for i in graph.vectors(user)[0] if i.kind == "fact"}
+        write_on(h, said, step, messages)
+    (fact,) = {i.node_id for i in graph.vectors(user)[0] if i.kind == "fact"} - facts  # "Alex likes thing 3"
+    encoder, texts = Embedder(model="all-MiniLM-L6-v2"), TextSweep()  # host b's process
+    encoder.encode_cached(["Alex likes thing 3"], user_id=user)
+    encoder.encode_cached(["Alex likes thing 0"], user_id=other)
+    sweep_erased(redis_client, b.keeper, encoder, texts)
+    assert any(fact in entry for entry in redis_client.zrange(keys.change_feed(user), 0, -1))
+
+    assert graph.forget_fact(user, fact).removed_fact_ids == [fact]  # the writer dies before its ``finish``
+    assert read_stamp(redis_client, user) != graph.user_stamp(user)
+    rebuilt = a.writes.run(user, lambda write: reindex_user(a.keeper, write), wait=10)  # ``engram reindex``
+
+    truth = whole(graph, user, tmp_path).rebuild(user)
+    assert rebuilt.stamp == truth.stamp == read_stamp(redis_client, user) and fact not in rebuilt.node_ids()
+    assert not any(fact in entry for entry in redis_client.zrange(keys.change_feed(user), 0, -1))
+    assert b.keeper.current(user, truth.stamp).node_ids() == truth.node_ids()
+    sweep_erased(redis_client, b.keeper, encoder, texts)
+    assert encoder.cached_users() == {other} and set(encoder._recent) == {"Alex likes thing 0"}
+
+
+def test_reindex_after_a_killed_apply_publishes_the_stamp_and_files_no_removal(
+    graph: GraphStore, tmp_path: Path, redis_client: redis.Redis
+) -> None:
+    a, b = two_hosts(graph, tmp_path, redis_client)
+    user = new_user()
+    said, messages = UserGraph(graph, user), []
+    write_on(a, said, 0, messages)
+    write_on(b, said, 1, messages)
+    said.say([("Alex", "DRIVES", "bike", "Alex rides a bike to work")])  # committed; the writer dies here
+    published = read_stamp(redis_client, user)
+    assert published is not None and published < graph.user_stamp(user)
+
+    a.writes.run(user, lambda write: reindex_user(a.keeper, write), wait=10)
+
+    truth = whole(graph, user, tmp_path).rebuild(user)
+    assert read_stamp(redis_client, user) == truth.stamp
+    assert b.keeper.current(user, truth.stamp).node_ids() == truth.node_ids()
+    assert redis_client.zscore(keys.forgotten_texts(), VectorStore.stem(user)) is None

@@ -101,7 +101,10 @@ def ledger_reindex(as_json: bool) -> None:
 @user_option("Only this user (repeatable).")
 @json_option
 def reindex(user_ids: tuple[str, ...], as_json: bool) -> None:
-    """Rebuild FAISS indexes from the graph store (the source of truth), every user unless --user."""
+    """Rebuild this host's FAISS indexes from the graph store (the source of truth), every user unless --user.
+    Each is a user write (``reindex_user``): other processes learn what it changed as they learn any write."""
+    from engram_workers.maintenance import reindex_user
+
     with open_client() as client:
         keeper = client.reader.keeper
         users = list(user_ids) or client.graph.list_users()
@@ -109,8 +112,7 @@ def reindex(user_ids: tuple[str, ...], as_json: bool) -> None:
         for user_id in users:
             # As a user write: a message applied mid-rebuild would otherwise be missing from the file.
             with client.reader.writes.open(user_id, wait=60.0) as write:
-                index = keeper.rebuild(user_id)
-                write.finish()
+                index = reindex_user(keeper, write)
             rows.append({"user_id": user_id, "vectors": len(index), "version": index.version})
     if as_json:
         emit_json(rows)

@@ -7,7 +7,14 @@ users with work (docs/operations.md "Maintenance")."""
 from engram_workers.maintenance._common import Guard, UserFailure
 from engram_workers.maintenance.decay import DecayReport, DecayUser, decay_users, run_decay
 from engram_workers.maintenance.hierarchy import HierarchyReport, HierarchyUser, rebuild_hierarchy
-from engram_workers.maintenance.reconcile import BackfillUser, ReconcileReport, ReconcileUser, reconcile, remove_orphans
+from engram_workers.maintenance.reconcile import (
+    BackfillUser,
+    ReconcileReport,
+    ReconcileUser,
+    reconcile,
+    reindex_user,
+    remove_orphans,
+)
 from engram_workers.maintenance.redeliver import RedeliverReport, redeliver_stuck, resend_lost
 from engram_workers.maintenance.reembed import ReembedReport, ReembedUser, reembed_users, run_reembed
 from engram_workers.maintenance.weights import (
@@ -41,6 +48,7 @@ __all__ = [
     "reconcile",
     "redeliver_stuck",
     "reembed_users",
+    "reindex_user",
     "remove_orphans",
     "resend_lost",
     "run_decay",

@@ -41,6 +41,7 @@ from engram_api import keys
 from engram_api.models import utcnow
 from engram_api.settings import Settings
 from engram_api.storage.embedding.embedder import Embedder
+from engram_api.storage.faiss.files import UserIndex
 from engram_api.storage.faiss.keeper import IndexKeeper
 from engram_api.storage.graph.contract import GraphStore
 from engram_api.storage.graph.episodes import chunk_episode
@@ -49,7 +50,7 @@ from engram_api.versions import ABSENT
 from engram_workers.maintenance._common import Guard, UserFailure, guarded, isolate, target_users
 from engram_workers.maintenance.decay import episode_cutoff
 
-__all__ = ["BackfillUser", "ReconcileReport", "ReconcileUser", "reconcile", "remove_orphans"]
+__all__ = ["BackfillUser", "ReconcileReport", "ReconcileUser", "reconcile", "reindex_user", "remove_orphans"]
 
 Problem = Literal["unreadable", "another lifetime", "ahead", "ids differ"]
 # A temp file this old is a crashed writer's leftover (a save takes milliseconds to seconds).
@@ -166,6 +167,18 @@ def remove_orphans(
             with isolate("reconcile", user_id, report.failed):
                 report.orphan_stamps += guarded(guard, user_id, _finish_erasure)
     return report
+
+
+def reindex_user(keeper: IndexKeeper, write: UserWrite) -> UserIndex:
+    """Rebuild this host's copy of the user from the graph inside ``write`` (``engram reindex``) and finish it
+    as any write: the node ids this host's file held that the graph does not have are the write's removals
+    (filed for every process's encoder cache, the change feed scrubbed of them), the graph's stamp is
+    published (every copy behind it catches up, removals included), and a user the graph does not know
+    finishes as an erasure (``UserWrite.finish``). Returns the rebuilt index."""
+    held = keeper.vectors.load(write.user_id)  # None: no file here, or unreadable (nothing known to remove)
+    index = keeper.rebuild(write.user_id)
+    write.finish(removals=sorted(set() if held is None else held.node_ids() - index.node_ids()))
+    return index
 
 
 def _finish_erasure(write: UserWrite) -> int:

@@ -163,10 +163,12 @@ class UserWrite:
         write statement read them (Neo4j, ``Fence.changes``) or read now, under the lease, right after the
         commit. A write that removed records scrubs and adds its entry (the removed ids with what it wrote),
         so a reader one write behind still catches up from Redis; one that says nothing of what it changed
-        or starts a lifetime scrubs with no entry."""
+        or starts a lifetime scrubs with no entry. One that committed nothing adds none, and scrubs when it
+        files removals: a fix of what a writer that died before its ``finish`` left (reconcile, reindex)
+        removes records that earlier entries may still hold."""
         before = self.before
         if after == before:
-            return "", False
+            return "", removed
         if not changed or before == ABSENT or before.epoch != after.epoch:
             return "", True
         changes = self._fence.changes  # read by the write statement itself, when the store could
