@@ -30,7 +30,7 @@ from engram_api.storage.faiss.files import VectorStore
 from engram_api.storage.writer.userwrite import UserWrite
 from engram_api.versions import read_stamp
 from engram_workers.maintenance import reindex_user, remove_orphans
-from tests.support.builders import UserGraph, new_user, random_encode
+from tests.support.builders import UserGraph, new_user, random_encode, write_step
 from tests.support.stores import backend as backend  # the fixtures, brought in under their names
 from tests.support.stores import store as store
 from tests.test_many_hosts import Host, files_of, host, whole, write_on
@@ -60,7 +60,13 @@ def reconcile_on(a: Host, graph: GraphStore, user: str) -> None:
 
 
 def next_lifetime(a: Host, graph: GraphStore, user: str) -> None:
-    write_on(a, UserGraph(graph, user), 0, [])
+    """The user's next message, as the apply stage writes it: fenced first on the stamp Redis publishes (the
+    lost lifetime's: refused, nothing written), then planned again on the graph's."""
+
+    def body(write: UserWrite) -> None:  # a fresh plan each attempt (a refused one wrote nothing)
+        write_step(write, UserGraph(graph, user), 0, [])
+
+    a.writes.run(user, body, wait=10, published=True)
 
 
 FINISHERS: dict[str, Callable[[Host, GraphStore, str], None]] = {
