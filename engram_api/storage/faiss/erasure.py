@@ -2,9 +2,9 @@
 local index directory, with no directory shared between hosts, and a forgotten text every process's encoder
 cache.
 
-    record_erasure(redis, user_id, epoch)     # UserWrite.finish, after forget_user's graph commit
+    record_erasure(redis, user_id, epoch)     # UserWrite.finish, after forget_user's graph commit (or at the
+                                              # next write of a user whose killed forget_user left its stamp)
     record_removal(redis, user_id)            # UserWrite.finish, after a commit that removed records
-                                              # (and reconcile, for an unknown user's stamp)
     IndexSweeper(keeper, redis, interval_s, embedder).start()  # each worker and reader process: now, then timed
 
 How it propagates:
@@ -19,7 +19,7 @@ How it propagates:
   sweep interval of the erasure while any of its processes runs, and at the start of the first process
   otherwise;
 - texts: a write that removed records (``forget`` of a fact or a message, decay's expired excerpts,
-  reconcile's fixes of what a writer that died before its ``finish`` left) files
+  reconcile's and ``engram reindex``'s fixes of what a writer that died before its ``finish`` left) files
   the user's stem in a Redis sorted set scored by a fleet-wide sequence (``keys.forgotten_texts``; one
   member a user, moved to the end by each such write), and each process's sweep reads the members scored
   after the highest sequence it has applied (``TextSweep``) and drops the texts of every user of them its
