@@ -549,3 +549,51 @@ def test_query_offline_reshapes_the_query_windows_a_reply_and_weights_bm25s_leng
     short, long_ = (index.search("food", 10, 1.2, b, 0.0) for b in (1.0, 0.0))
     assert [h.node_id for h in short] == ["c2", "c3"] and short[0].score > short[1].score
     assert long_[0].score == pytest.approx(long_[1].score)  # b = 0: the length does not count
+
+
+def test_maxsim_offline_masks_tokens_and_reorders_the_top_as_the_recall_step_does():
+    """The offline late-interaction measurement (docs/benchmarks.md, "Late interaction measured offline"):
+    with no MaxSim weight the pool comes back in recall's own order; with the cosine replaced, the top is
+    ordered by MaxSim and the rows below the depth stay; the masks drop special tokens and punctuation
+    (``words``), stop words (``content``) and the turn answered (``own``), a text is its own best match."""
+    from types import SimpleNamespace
+
+    sys.path.insert(0, str(REPO / "ops" / "bench"))
+    offline = importlib.import_module("maxsim_offline")
+
+    assert offline.parsed(offline.named("own", "+reply", 0.0, 4.5)) == ("own", "+reply")
+    depth = offline.DEFAULT_RECIPE.rerank_depth
+
+    def item(n: int, score: float, sim: float) -> SimpleNamespace:
+        return SimpleNamespace(id=f"i{n:03d}", score=score, breakdown=SimpleNamespace(similarity=sim))
+
+    items = [item(n, 10.0 - n * 0.01, (n * 7 % 11) / 11) for n in range(depth + 5)]
+    pool = offline.Pool(items)
+    sims = {i.id: -i.score for i in items}  # MaxSim reverses the pool's order
+    assert offline.reordered(pool, sims, 1.5, 0.0) == pool.ordered(offline.as_recalled)
+    late = offline.reordered(pool, sims, 0.0, 4.5)
+    assert late[:depth] == items[:depth][::-1] and late[depth:] == items[depth:]
+
+    pytest.importorskip("transformers")
+    states = offline.TokenStates("all-MiniLM-L6-v2")
+    query, doc = "Where did Ana move?", "Ana: I moved to Lisbon.\n(replying to Ben: Where did you go?)"
+    states.encode([query], query=True)
+    states.encode([doc, query])
+    tokens = states.tokenizer.convert_ids_to_tokens(states.tokenizer(doc)["input_ids"])
+    kept = {
+        mask: [t for t, keep in zip(tokens, states.memo[(doc, False)][mask], strict=True) if keep]
+        for mask in offline.MASKS
+    }
+    assert kept["all"] == tokens and kept["words"][:4] == ["ana", "i", "moved", "to"] and "[SEP]" not in kept["words"]
+    assert kept["own"] == ["ana", "i", "moved", "to", "lisbon"] and "to" not in kept["content"]
+    assert [
+        t
+        for t, k in zip(
+            states.tokenizer.convert_ids_to_tokens(states.tokenizer(query)["input_ids"]),
+            states.memo[(query, True)]["content"],
+            strict=True,
+        )
+        if k
+    ] == ["ana", "move"]
+    assert states.maxsim(query, query, "words") == pytest.approx(1.0, abs=1e-5)
+    assert states.maxsim(query, doc, "words") > states.maxsim(query, doc, "own")  # "where did" is in the reply

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from quality_locomo import CATEGORIES, CONTEXT_TOKENS, _scores
+from quality_locomo import CATEGORIES, CONTEXT_TOKENS, _scores, kept_store
 
 from engram_api.models import RecallItem
 from engram_api.reader.context import select_context
@@ -58,6 +58,22 @@ def questions(data: list[dict[str, Any]], splits: dict[str, dict[str, str]]) -> 
                     user, cat = users[conv["sample_id"]], CATEGORIES[qa["category"]]
                     out.append(Asked(user, split, cat, str(qa["question"]), evidence))
     return out
+
+
+def opened(args: Any) -> tuple[dict[str, dict[str, str]], Any, list[Asked]]:
+    """From a script's ``--dev``, ``--held``, ``--data-dir`` and ``--datasets``: the splits (split ->
+    conversation -> user id), a client reading the kept store with its reader's result cache off (every
+    question recalled afresh, whatever an earlier variant asked), and the questions; the caller closes it."""
+    splits = {
+        split: dict(p.split("=", 1) for p in users.split(","))
+        for split, users in (("dev", args.dev), ("held aside", args.held))
+        if users
+    }
+    args.users = ",".join(p for p in (args.dev, args.held) if p)
+    _, data, client = kept_store(args)
+    client.reader.cache.holds = lambda key: False
+    client.reader.cache.get = lambda key, version: None
+    return splits, client, questions(data, splits)
 
 
 def user_turns(reader: Any, user: str) -> list[Any]:

@@ -53,14 +53,13 @@ from offline_harness import (
     Rows,
     by_split,
     mean,
+    opened,
     outcome,
-    questions,
     recalled,
     show,
     user_turns,
 )
 from pool_offline import as_recalled, depth, entities, pools, windows
-from quality_locomo import kept_store
 
 from engram_api.models import KeywordHit
 from engram_api.reader import recall as recall_module
@@ -247,17 +246,8 @@ def main() -> None:
     parser.add_argument("--datasets", type=Path, default=Path("/work/shared/datasets"))
     parser.add_argument("--bm25", default=_BM25, help="k1,b,name weight;... (the bm25 section's settings)")
     args = parser.parse_args()
-    splits = {
-        split: dict(p.split("=", 1) for p in users.split(","))
-        for split, users in (("dev", args.dev), ("held aside", args.held))
-        if users
-    }
-    args.users = ",".join(p for p in (args.dev, args.held) if p)
-    _, data, client = kept_store(args)
+    splits, client, asked = opened(args)
     reader = client.reader
-    reader.cache.holds = lambda key: False  # every variant recalled afresh (same recipe, other query form)
-    reader.cache.get = lambda key, version: None
-    asked = questions(data, splits)
     only = set(args.only.split(","))
     try:
         rows: Rows = {
