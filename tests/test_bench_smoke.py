@@ -597,3 +597,41 @@ def test_maxsim_offline_masks_tokens_and_reorders_the_top_as_the_recall_step_doe
     ] == ["ana", "move"]
     assert states.maxsim(query, query, "words") == pytest.approx(1.0, abs=1e-5)
     assert states.maxsim(query, doc, "words") > states.maxsim(query, doc, "own")  # "where did" is in the reply
+
+
+def test_maxsim_offline_stored_forms_keep_what_a_store_would_and_rescore_only_the_top():
+    """``maxsim_offline.py --stored`` (docs/benchmarks/history.md, "Late interaction's stored token states"):
+    int8 with a scale per token reads back within half a step; a pruned form keeps the 8 masked tokens of
+    highest idf (an unseen piece rarest) or norm, in text order; ``sign`` is 1 bit a dimension; re-scoring the
+    sign order's top in float32 moves rows within that top only."""
+    from types import SimpleNamespace
+
+    sys.path.insert(0, str(REPO / "ops" / "bench"))
+    offline = importlib.import_module("maxsim_offline")
+
+    rng = np.random.default_rng(7)
+    vecs = rng.normal(size=(12, offline.DIM)).astype(np.float32)
+    vecs /= np.linalg.norm(vecs, axis=1, keepdims=True)
+    words = np.array([False] + [True] * 10 + [False])  # [CLS] ... [SEP]
+    norms = np.array([99.0, 9, 8, 7, 6, 1, 5, 4, 2, 3, 10, 99])  # positions 5 and 8 weakest
+    doc = {"vecs": vecs, "norms": norms, "ids": np.arange(12), "words": words}
+    assert np.abs(offline.int8(vecs) - vecs).max() <= np.abs(vecs).max() / 254 + 1e-6
+    idf = {piece: float(piece) for piece in range(12) if piece != 2}  # piece 2 unseen: the rarest
+    forms = offline.stored_forms(idf)
+    assert offline.PRUNED[0] == 8
+    assert np.array_equal(forms["float32"](doc, "words"), vecs[1:11])
+    assert np.allclose(forms["int8, 8 by idf"](doc, "words"), offline.int8(vecs[[2, 4, 5, 6, 7, 8, 9, 10]]))
+    assert np.allclose(forms["int8, 8 by norm"](doc, "words"), offline.int8(vecs[[1, 2, 3, 4, 6, 7, 9, 10]]))
+    assert len(forms["int8, 16 by norm"](doc, "words")) == 10
+    assert set(np.unique(forms["sign"](doc, "words"))) == {-1.0, 1.0}
+    assert offline.token_bytes("sign") == 48 and offline.token_bytes("int8, 16 by norm") == offline.DIM + 2
+
+    depth = offline.DEFAULT_RECIPE.rerank_depth
+    cosine = SimpleNamespace(similarity=0.5)
+    items = [SimpleNamespace(id=f"i{n:03d}", score=10.0 - n * 0.01, breakdown=cosine) for n in range(depth + 5)]
+    pool = offline.Pool(items)
+    coarse = {i.id: -i.score for i in items}  # the sign order reverses the pool's top
+    fine = {i.id: i.score for i in items}  # float32 says the pool's order was right
+    once = offline.reordered(pool, coarse, 0.0, 4.5)
+    again = offline.rescored(pool, coarse, fine, 4.5, 10)
+    assert again[:10] == sorted(once[:10], key=lambda i: -i.score) and again[10:] == once[10:]

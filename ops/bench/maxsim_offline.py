@@ -41,7 +41,7 @@ import os
 import statistics
 import time
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from itertools import groupby
 from pathlib import Path
 from typing import Any
@@ -55,6 +55,8 @@ from engram_api.reader.recipe import DEFAULT_RECIPE
 from engram_api.reader.scoring import normalized
 from engram_api.storage.embedding.embedder import _resolve
 from engram_api.storage.graph.episodes import _STOP, stored_texts
+
+Kept = Callable[[dict[str, np.ndarray], str], np.ndarray]  # a doc's memo entry, mask -> the states a store keeps
 
 MASKS = ("all", "words", "content", "own")
 FORMS = ("turn", "+reply")
@@ -87,8 +89,13 @@ class TokenStates:
                 states = self.model(**enc).last_hidden_state.numpy()
             for row, text in enumerate(batch):
                 n = int(enc["attention_mask"][row].sum())
-                vecs = states[row, :n] / np.linalg.norm(states[row, :n], axis=1, keepdims=True)
-                self.memo[(text, query)] = {"vecs": vecs.astype(np.float32), **self._masks(enc, row, n, text, query)}
+                norms = np.linalg.norm(states[row, :n], axis=1)
+                self.memo[(text, query)] = {
+                    "vecs": (states[row, :n] / norms[:, None]).astype(np.float32),
+                    "norms": norms,
+                    "ids": enc["input_ids"][row, :n].numpy(),
+                    **self._masks(enc, row, n, text, query),
+                }
 
     def _masks(self, enc: Any, row: int, n: int, text: str, query: bool) -> dict[str, np.ndarray]:
         """Which of the ``n`` tokens each mask keeps: a word's pieces share their word's fate."""
@@ -105,9 +112,12 @@ class TokenStates:
             own[t] = words[t] and start < reply
         return {"all": np.ones(n, bool), "words": words, "content": content if content.any() else words, "own": own}
 
-    def maxsim(self, query: str, doc: str, mask: str) -> float:
+    def maxsim(self, query: str, doc: str, mask: str, kept: Kept | None = None) -> float:
+        """MaxSim of ``query`` against ``doc`` under ``mask``, the doc's states as ``kept`` stores them
+        (``stored_states``; float32, all of them, if None)."""
         q, d = self.memo[(query, True)], self.memo[(doc, False)]
-        qv, dv = q["vecs"][q[mask]], d["vecs"][d[mask]]
+        qv = q["vecs"][q[mask]]
+        dv = d["vecs"][d[mask]] if kept is None else kept(d, mask)
         if not len(qv) or not len(dv):
             return 0.0
         return float((qv @ dv.T).max(axis=1).mean())
@@ -226,6 +236,113 @@ def cost(
         )
 
 
+DIM = 384  # MiniLM's hidden size
+PRUNED = (8, 16, 32)  # --stored: at most this many tokens kept a turn
+
+
+def int8(v: np.ndarray) -> np.ndarray:
+    """``v`` as int8 with a scale per token (its largest magnitude / 127), read back as float32."""
+    scale = np.abs(v).max(axis=1, keepdims=True) / 127.0
+    return (np.round(v / np.maximum(scale, 1e-12)) * scale).astype(np.float32)
+
+
+def idfs(texts: Sequence[str], tokenizer: Any) -> dict[int, float]:
+    """Each word piece's idf over ``texts`` (a user's turns: what a store could count at ingest)."""
+    df: dict[int, int] = defaultdict(int)
+    for text in texts:
+        for piece in set(tokenizer(text, truncation=True, max_length=256)["input_ids"]):
+            df[piece] += 1
+    return {piece: float(np.log((len(texts) + 1) / (n + 1))) for piece, n in df.items()}
+
+
+def stored_forms(idf: dict[int, float]) -> dict[str, Kept]:
+    """The ways a store could keep a doc's states (``--stored``), by name: each takes the doc's memo entry and
+    mask and returns the states MaxSim reads. A pruned form keeps the ``n`` masked tokens of highest idf (of
+    their word piece over the user's turns; unseen pieces rarest) or of highest hidden-state norm (before the
+    normalizing), in int8. ``sign`` keeps 1 bit a dimension (MaxSim against the float query)."""
+
+    def pruned(n: int, by: str) -> Kept:
+        def kept(d: dict[str, np.ndarray], mask: str) -> np.ndarray:
+            at = np.flatnonzero(d[mask])
+            weight = d["norms"][at] if by == "norm" else np.array([idf.get(int(p), 99.0) for p in d["ids"][at]])
+            return int8(d["vecs"][np.sort(at[np.argsort(-weight, kind="stable")[:n]])])
+
+        return kept
+
+    return {
+        "float32": lambda d, m: d["vecs"][d[m]],
+        "float16": lambda d, m: d["vecs"][d[m]].astype(np.float16).astype(np.float32),
+        "int8": lambda d, m: int8(d["vecs"][d[m]]),
+        **{f"int8, {n} by {by}": pruned(n, by) for by in ("idf", "norm") for n in PRUNED},
+        "sign": lambda d, m: np.where(d["vecs"][d[m]] >= 0, 1.0, -1.0).astype(np.float32),
+    }
+
+
+def token_bytes(name: str) -> float:
+    """Bytes a stored token takes in form ``name`` (int8's scale a float16; ``sign`` 1 bit a dimension)."""
+    return {"float32": DIM * 4, "float16": DIM * 2, "sign": DIM / 8}.get(name, DIM + 2)
+
+
+def rescored(pool: Pool, coarse: dict[str, float], fine: dict[str, float], w: float, top: int) -> list[RecallItem]:
+    """The pool ordered by the coarse MaxSim (``cos`` 0), then its first ``top`` ordered again by their fine
+    MaxSim (min-max normalized over those ``top``): float states fetched for ``top`` rows only."""
+    rows = reordered(pool, coarse, 0.0, w)
+    head = rows[:top]
+    late = normalized([fine[i.id] for i in head], cut=True)
+    again = sorted(zip(head, late, strict=True), key=lambda r: (-(r[0].score + w * r[1]), r[0].id))
+    return [i for i, _ in again] + rows[top:]
+
+
+def stored(reader: Any, asked: list[Asked], pooled: list[Pool], states: TokenStates, w: float) -> Rows:
+    """Dev's choice (``words``) and the per-turn ``own`` mask, "+reply", ``cos`` 0, weight ``w``, with the
+    candidates' states kept in each ``stored_forms`` form (the query's in float32), and ``sign`` with its top
+    10 / 20 re-scored in float32; prints the bytes a turn takes in each."""
+    texts = {u: turn_texts(reader, u)["+reply"] for u in {q.user for q in asked}}
+    docs = {text_of(i, texts[q.user]) for q, p in zip(asked, pooled, strict=True) for i in p.items[:40]}
+    states.encode(sorted(docs))
+    states.encode([q.text for q in asked], query=True)
+    forms = {u: stored_forms(idfs(list(t.values()), states.tokenizer)) for u, t in texts.items()}
+    rows: Rows = {}
+    for mask in ("words", "own"):
+        sims: dict[str, list[dict[str, float]]] = {
+            name: [
+                {
+                    i.id: states.maxsim(q.text, text_of(i, texts[q.user]), mask, forms[q.user][name])
+                    for i in p.items[:40]
+                }
+                for q, p in zip(asked, pooled, strict=True)
+            ]
+            for name in forms[asked[0].user]
+        }
+        for name, s in sims.items():
+            outs = [outcome(reader, q, reordered(p, si, 0.0, w)) for q, p, si in zip(asked, pooled, s, strict=True)]
+            rows[f"{mask}: {name}"] = by_split(asked, outs)
+        for top in (10, 20):
+            outs = [
+                outcome(reader, q, rescored(p, c, f, w, top))
+                for q, p, c, f in zip(asked, pooled, sims["sign"], sims["float32"], strict=True)
+            ]
+            rows[f"{mask}: sign, float32 top {top}"] = by_split(asked, outs)
+    kept: dict[str, list[int]] = defaultdict(list)
+    for by_id in texts.values():
+        for text in by_id.values():
+            enc = states.tokenizer([text], truncation=True, max_length=256)
+            n = len(enc["input_ids"][0])
+            for mask, keep in states._masks(enc, 0, n, text, False).items():
+                kept[mask].append(int(keep.sum()))
+    for mask in ("words", "own"):
+        counts = np.array(kept[mask])
+        print(
+            f"\n{mask}, +reply: {len(counts)} turns, {counts.mean():.1f} tokens kept a turn (p90 "
+            f"{np.percentile(counts, 90):.0f})"
+        )
+        for name in forms[asked[0].user]:
+            n = next((k for k in PRUNED if name.startswith(f"int8, {k} ")), None)
+            mean = np.minimum(counts, n).mean() if n else counts.mean()
+            print(f"  {name}: {mean * token_bytes(name):,.0f} B a turn ({mean:.1f} tokens)")
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data-dir", required=True, type=Path, help="the data folder of an ingested SQLite store")
@@ -233,6 +350,7 @@ def main() -> None:
     parser.add_argument("--held", default="", help="conversation=user id, comma-separated (scored with --choice)")
     parser.add_argument("--choice", default="", help="the dev choice's row name, the only variant --held scores")
     parser.add_argument("--cost", type=int, default=0, help="time the price on this many dev questions (of --choice)")
+    parser.add_argument("--stored", action="store_true", help="dev's choice with its states compressed (dev only)")
     parser.add_argument("--datasets", type=Path, default=Path("/work/shared/datasets"))
     args = parser.parse_args()
     if args.held and not args.choice:
@@ -242,6 +360,12 @@ def main() -> None:
     try:
         pooled = pools(reader, asked)
         states = TokenStates(reader.embedder.model_name)
+        if args.stored:
+            dev = [(q, p) for q, p in zip(asked, pooled, strict=True) if q.split == "dev"]
+            asked, pooled = [q for q, _ in dev], [p for _, p in dev]
+            mine = [outcome(reader, q, p.ordered(as_recalled)) for q, p in zip(asked, pooled, strict=True)]
+            show({"recall": by_split(asked, mine)} | stored(reader, asked, pooled, states, 4.5), asked, splits)
+            return
         if args.cost:
             dev = [(q, p) for q, p in zip(asked, pooled, strict=True) if q.split == "dev"]
             mask, form = parsed(args.choice or named("words", "+reply", 0.0, 4.5))
