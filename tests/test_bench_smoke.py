@@ -635,3 +635,23 @@ def test_maxsim_offline_stored_forms_keep_what_a_store_would_and_rescore_only_th
     once = offline.reordered(pool, coarse, 0.0, 4.5)
     again = offline.rescored(pool, coarse, fine, 4.5, 10)
     assert again[:10] == sorted(once[:10], key=lambda i: -i.score) and again[10:] == once[10:]
+
+
+def test_maxsim_graph_gives_the_query_token_states_from_the_floors_pass():
+    """``maxsim_graph.py`` (docs/benchmarks/history.md, "Late interaction's stored token states"): the shipped
+    graph with the last hidden state as a second output gives the same vector as the encoder, and the query's
+    ``words`` tokens' states, normalized; the step is timed for each stored form."""
+    sys.path.insert(0, str(REPO / "ops" / "bench"))
+    graph = importlib.import_module("maxsim_graph")
+    from engram_api.storage.embedding.embedder import Embedder
+
+    encoder = Embedder(model=graph.MODEL, backend="onnx", threads=1)
+    shipped, both, tokenizer = graph.two_outputs(encoder)
+    query = "Where did Ana move, in 2022?"
+    vec, states = graph.query_states(both, tokenizer, query)
+    assert float(vec @ encoder.encode([query])[0]) == pytest.approx(1.0, abs=1e-5)
+    assert np.allclose(shipped.run(None, graph._feed([tokenizer.encode(query)]))[0][0], vec, atol=1e-6)
+    words = [t for t in tokenizer.encode(query).tokens[1:-1] if any(c.isalnum() for c in t)]  # no [CLS], [SEP]
+    assert states.shape == (len(words), 384) and words[:3] == ["where", "did", "ana"]
+    assert np.allclose(np.linalg.norm(states, axis=1), 1.0, atol=1e-5)
+    assert set(graph.step(8, rounds=2)) == {"float32", "int8", "sign"}

@@ -2,7 +2,7 @@
 candidate's token states re-orders recall's top 40, in place of the sentence cosine or beside it.
 
 ``python ops/bench/maxsim_offline.py --data-dir DIR --dev conv-26=<user id>,conv-41=<user id>
-[--held conv-30=<user id>,... --choice NAME] [--cost N]``
+[--held conv-30=<user id>,... --choice NAME] [--cost N | --stored]``
 
 ``DIR`` is the data folder of a kept SQLite store of the LoCoMo conversations (``run.py --only quality --store
 sqlite --keep``: ``<out>/work/<run>/quality-rules``); the store is read, never written. Every variant is
@@ -30,6 +30,11 @@ the floor (query embedding + one FAISS search, top 30, as ``recall_dump.py cpu``
 result cache and the encoder's query cache off), and the production encoder (ONNX, ``Embedder.encode``) run over the texts of the
 question's top 40 (a token-state output of the same graph costs the same forward pass; the MaxSim itself,
 a 40 x ~20 x ~30 product, is timed apart). Also the token counts a stored token matrix would hold per turn.
+
+``--stored`` (dev only): dev's choice and the ``own`` mask ("+reply", ``cos`` 0, ``w`` 4.5) with the candidates'
+states as a store could keep them (``stored_forms``: float16, int8 with a scale per token, at most 8 / 16 / 32
+tokens by idf or norm, 1-bit signs, the signs' top 10 / 20 re-scored in float32), the query's in float32, and
+the bytes a turn takes in each.
 
 Zero LLM calls.
 """
@@ -355,6 +360,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.held and not args.choice:
         parser.error("--held is scored with the dev choice only: give --choice")
+    if args.held and args.stored:
+        parser.error("--stored is measured on --dev only")
     splits, client, asked = opened(args)
     reader = client.reader
     try:
