@@ -186,7 +186,7 @@ class CatchUps:
         import redis  # only with a client, so loaded already
 
         try:
-            changes = read_feed(self.redis, user_id, since)
+            changes = read_feed(self.redis, user_id, since, upto=stamp)
         except redis.RedisError as exc:
             log.info("change feed of %s not read (%s): reading the graph", user_id, exc)
             return None

@@ -171,9 +171,21 @@ def changes_of(raw: Sequence[str | bytes], since: int, stamp: Stamp) -> UserChan
     )
 
 
-def read_feed(client: redis.Redis, user_id: str, since: int) -> UserChanges | None:
-    """The published stamp and the feed's entries after ``since``, in one round trip (one transaction: they
-    agree), as ``changes_of``; None when they do not bring a copy at ``since`` to the stamp."""
+def read_feed(client: redis.Redis, user_id: str, since: int, upto: Stamp | None = None) -> UserChanges | None:
+    """The feed's changes after ``since`` as ``changes_of``, None when they do not bring a copy at ``since``
+    there: up to the published stamp, read with the entries in one transaction (they agree); with ``upto``
+    (a stamp the caller read as published: a recall's, a writer's signal), up to it, by one command, the
+    entries alone (no stamp, no transaction: ~0.06 ms of a reader's CPU less on a recall right after
+    another host's write).
+
+    Why one command suffices there: an entry is added in the script that publishes its version's stamp,
+    so every entry up to a published ``upto`` was added before the read; one deleted since (a scrub, a
+    trim, the key expired) leaves a gap, a ``forget_user`` the key gone or a new lifetime's epoch, and
+    ``changes_of`` then answers None (the graph is read). An entry read is one no removal published before
+    the read had scrubbed: what a transaction with the stamp would have returned at ``upto``."""
+    if upto is not None:
+        raw = client.zrangebyscore(keys.change_feed(user_id), f"({since}", upto.version)
+        return changes_of(raw, since, upto) if raw else None
     with client.pipeline(transaction=True) as pipe:
         pipe.get(keys.user_version(user_id))
         pipe.zrangebyscore(keys.change_feed(user_id), f"({since}", "+inf")
