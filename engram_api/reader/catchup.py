@@ -2,10 +2,12 @@
 brought to a published stamp with ONE read of the graph, started before the recall needs them.
 
 Two ways in:
-- a recall at a stamp its copies are behind starts the catch-up on a reader thread while its own thread runs
-  the query's model call, and waits for it after (``start``, then ``Future.result``): the read overlaps the
-  embedding, and so does the recall's keyword search, which waits for the catch-up on its own reader thread
-  and then searches the caught-up snapshot (``RecallReader._keyword``);
+- a recall at a stamp its copies are behind runs the catch-up itself (``start``), on the thread that reads
+  its stamp: the reader thread that runs beside the query's model call (``RecallReader._begin``), which then
+  searches the caught-up snapshot for the keyword channel as with no write since. Not a thread of its own:
+  the read overlaps the embedding either way, and two hand-offs less (the catch-up's, and the keyword
+  search's that waited for it on a third thread) are CPU the recall does not spend. Only a catch-up already
+  running (a signal's) is joined, and waited for after the embedding (``Future.result``);
 - a writer's stamp signal (``engram_api.reader.signals``) starts the same catch-up in the background
   (``signalled``), so the user's next recall usually finds both copies current and reads nothing.
 
@@ -106,8 +108,8 @@ class CatchUps:
 
     def start(self, user_id: str, stamp: Stamp) -> Future[None] | None:
         """The catch-up of the user's copies to ``stamp``: the one running when it reaches ``stamp``, else a
-        new one on a reader thread; None when no held copy is behind (``IndexKeeper.current`` still loads
-        or rebuilds a copy this process lacks)."""
+        new one run on the calling thread (returned done); None when no held copy is behind
+        (``IndexKeeper.current`` still loads or rebuilds a copy this process lacks)."""
         with self._lock:
             running = self._in_flight(user_id)
             if running is not None and running[0] >= stamp:
@@ -138,7 +140,10 @@ class CatchUps:
                 self.signalled += 1
             done: Future[None] = Future()
             self._running[user_id] = (stamp, done)
-        self.threads.behind(self._run, user_id, stamp, done, signalled)
+        if signalled:
+            self.threads.behind(self._run, user_id, stamp, done, signalled)
+        else:
+            self._run(user_id, stamp, done, signalled)
         return done
 
     def _run(self, user_id: str, stamp: Stamp, done: Future[None], signalled: bool) -> None:

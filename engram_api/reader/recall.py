@@ -301,14 +301,17 @@ class RecallReader:
             if hit is not None:
                 return hit
         snapshot = self.snapshots.get(user_id, version)
-        # After a write (any host's), copies a few writes behind are caught up on a reader thread while the
-        # query is embedded (one read of what changed, ``CatchUps``), unless a writer's signal already did;
-        # "catchup" is how long the recall waited for it after embedding.
+        # After a write (any host's), copies a few writes behind are caught up here, while the query is
+        # embedded (one read of what changed, ``CatchUps``), unless a writer's signal already did; one a
+        # signal is running is joined, and "catchup" is how long the recall waited for it after embedding.
         catching = self.catchups.start(user_id, version)
-        # The keyword search needs the snapshot at ``version``: when the one held is older and a catch-up runs,
-        # it waits for that catch-up on its reader thread, so both run while the query is embedded (with no
-        # snapshot held it asks the store, which is current).
-        after = catching if snapshot is None and self.snapshots.peek(user_id) is not None else None
+        if snapshot is None and catching is not None and catching.done():
+            snapshot = self.snapshots.get(user_id, version)  # the one this catch-up left
+        # The keyword search needs the snapshot at ``version``: when the one held is older and a signal's
+        # catch-up runs, it waits for that catch-up on a reader thread, so both run while the query is
+        # embedded (with no snapshot held it asks the store, which is current).
+        running = catching is not None and not catching.done()
+        after = catching if running and snapshot is None and self.snapshots.peek(user_id) is not None else None
         keyword = self._keyword(user_id, query, recipe, window, snapshot, after=after, version=version)
         weights, weights_source = self.weights_for(user_id)  # a store read now and then
         cues, qstems = QueryCues.of(query), query_stems(query)  # the query's words need no vector either
@@ -328,8 +331,9 @@ class RecallReader:
         """The keyword channel's search; None without one. A held snapshot's searches here: it is Python,
         which another thread would only run by turns with this one (the GIL), and ``_begin`` already runs
         beside the encoder. The store's runs on a reader thread, where it waits for the store (letting go of
-        the GIL) while the rest goes on. With ``after`` (the user's catch-up, submitted to the same threads
-        earlier, so FIFO order starts it first and this wait cannot starve the pool), a reader thread waits
+        the GIL) while the rest goes on. With ``after`` (a signal's catch-up of the user, still running: submitted
+        to the same threads earlier, so FIFO order starts it first and this wait cannot starve the pool), a
+        reader thread waits
         for it and searches the snapshot held at ``version`` then (the one the recall reads after it, or a
         newer one a later catch-up left)."""
         if not recipe.uses("keyword"):
