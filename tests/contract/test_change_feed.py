@@ -180,6 +180,29 @@ def test_a_feed_that_does_not_reach_back_to_the_copy_reads_the_graph(
     assert got == _answer(_host(memory, tmp_path / "fresh"), user, "where does the user live now?")
 
 
+def test_a_read_up_to_a_stamp_stops_there_and_one_a_removal_scrubbed_reads_the_graph(memory: Memory) -> None:
+    """``read_feed``'s ``upto`` (a recall's catch-up: the stamp it read, one command): the changes end at that
+    stamp however many writes came after it, and once a later removal scrubbed the entries it needs, there
+    are none (the graph is read), never the entries a removal published before the read deleted."""
+    user = new_user()
+    _chatter(memory, user)
+    since = memory.graph.user_stamp(user)
+    memory.say(user, "m1", "I live in Tampa.", at(20), lives_in("Tampa"))
+    first = memory.graph.user_stamp(user)
+    memory.say(user, "m2", "I moved, I live in Austin now.", at(30), lives_in("Austin"))
+    last = memory.graph.user_stamp(user)
+    upto = feed.read_feed(memory.redis, user, since.version, upto=first)
+    whole = feed.read_feed(memory.redis, user, since.version)
+    assert upto is not None and whole is not None
+    assert upto.vectors.stamp == first and whole.vectors.stamp == last
+    assert any("Tampa" in f.statement for f in upto.facts) and not any("Austin" in f.statement for f in upto.facts)
+    (item,) = [
+        i for i in memory.reader.recall(user, "Austin", k=10).items if i.kind == "fact" and "Austin" in i.statement
+    ]
+    memory.reader.forget(user, item.id)
+    assert feed.read_feed(memory.redis, user, since.version, upto=first) is None  # scrubbed: the graph it is
+
+
 def _collector(memory: Memory, user: str) -> str:
     """The user's chatter, then a message stating one fact (the one forgotten later); its statement."""
     _chatter(memory, user)
