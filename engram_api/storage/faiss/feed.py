@@ -11,9 +11,9 @@ How: the writer, right after its commit and under its lease, reads ``user_change
 (what every reader would otherwise read) and hands it, as one JSON entry (``FeedEntry``), to the script
 that moves the published stamp (``publish_stamp``, ``keys.change_feed``): the entry is added with the stamp
 in one atomic step, the feed cut to ``FEED_LENGTH`` entries and set to expire ``FEED_TTL_S`` after its
-last one. A reader behind reads the stamp and the entries after its version in one round trip
-(``read_feed``) and applies them as one ``UserChanges`` (``changes_of``), exactly what the graph read
-would have returned from that version.
+last one. A reader behind reads the entries after its version up to the stamp its recall read (one
+command; the stamp with them in one transaction when it has none: ``read_feed``) and applies them as one
+``UserChanges`` (``changes_of``), exactly what the graph read would have returned from that version.
 
 Removals travel in the feed too: an entry lists the ids its write removed (``gone``: facts, chunks and
 entities, the graph's removal records of that version), so a reader's FAISS copy drops their vectors and
