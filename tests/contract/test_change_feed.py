@@ -200,6 +200,7 @@ def test_a_read_up_to_a_stamp_stops_there_and_one_a_removal_scrubbed_reads_the_g
         i for i in memory.reader.recall(user, "Austin", k=10).items if i.kind == "fact" and "Austin" in i.statement
     ]
     memory.reader.forget(user, item.id)
+    memory.reader.close()  # its recall's threads: none left running after the test
     assert feed.read_feed(memory.redis, user, since.version, upto=first) is None  # scrubbed: the graph it is
 
 
