@@ -70,8 +70,12 @@ _ATTEMPTS = 5
 class UserWrite:
     """An open write of one user (see the module docstring); made by ``UserWrites.open``."""
 
-    def __init__(self, owner: UserWrites, user_id: str, lease: Lease | None, fence: Fence) -> None:
+    def __init__(
+        self, owner: UserWrites, user_id: str, lease: Lease | None, fence: Fence, *, none_published: bool = False
+    ) -> None:
         self._owner = owner
+        # ``open`` read the published stamp under this lease and found none: no lost lifetime to erase.
+        self._none_published = none_published
         self.user_id = user_id
         self.lease = lease
         self._fence = fence
@@ -124,7 +128,7 @@ class UserWrite:
             user_id, from_stamp=self.before, to_stamp=after, upserts=upserts, removals=removals, feed=self._feed()
         )
         if owner.redis is not None:
-            if self.before == ABSENT:
+            if self.before == ABSENT and not self._none_published:
                 self._erase_lost_lifetime(after)
             if after == ABSENT:
                 owner.redis.delete(keys.user_version(user_id), keys.change_feed(user_id))
@@ -147,7 +151,8 @@ class UserWrite:
         """This write opened on a user the graph did not hold: a stamp still published is of a lifetime the graph
         lost without its writer's ``finish`` (a ``forget_user`` killed after its commit: its ``finish`` deletes
         the stamp), whose erasure is filed now as that ``finish`` would have, before the stamp is deleted or
-        replaced (so every host's sweep deletes that lifetime's files and texts). One GET, once per lifetime.
+        replaced (so every host's sweep deletes that lifetime's files and texts). One GET, once per lifetime,
+        none when ``open`` already read that no stamp was published (the apply stage's first attempt).
         Called under the lease (held, or taken again with the graph still at ``after``): no other writer
         publishes meanwhile, and a lifetime live when the lease was taken would have been read at ``open``,
         so the stamp is a dead one; the tombstone (that epoch and earlier) spares ``after``'s lifetime."""
@@ -231,11 +236,12 @@ class UserWrites:
         write: UserWrite | None = None
         try:
             stamp = self._published(user_id) if published else None
+            none_published = published and self.redis is not None and stamp is None
             if stamp is None:
                 stamp = self.graph.user_stamp(user_id)
             epoch = stamp.epoch if stamp != ABSENT else new_epoch()
             with self.graph.fenced(user_id, stamp, epoch) as fence:
-                write = UserWrite(self, user_id, lease, fence)
+                write = UserWrite(self, user_id, lease, fence, none_published=none_published)
                 yield write
         finally:
             held = write.lease if write is not None else lease
