@@ -655,3 +655,52 @@ def test_maxsim_graph_gives_the_query_token_states_from_the_floors_pass():
     assert states.shape == (len(words), 384) and words[:3] == ["where", "did", "ana"]
     assert np.allclose(np.linalg.norm(states, axis=1), 1.0, atol=1e-5)
     assert set(graph.step(8, rounds=2)) == {"float32", "int8", "sign"}
+
+
+def test_maxsim_further_variants_change_only_what_they_name():
+    """``maxsim_offline.py --further`` (docs/benchmarks/history.md, "Late interaction's step with stored
+    signs, further"): MaxSim reads signs and may weight the query's tokens; the deeper step, MaxSim alone and
+    the rank fusion re-order only their top; a turn's neighbours stay in its session; the second query's names
+    leave out the speakers' and the query's; the query's ``no wh`` mask drops its wh-words and auxiliaries."""
+    from types import SimpleNamespace
+
+    sys.path.insert(0, str(REPO / "ops" / "bench"))
+    further = importlib.import_module("maxsim_further")
+
+    query = np.array([[1.0, 0.0], [0.0, 1.0]])
+    doc = further.signs(np.array([[0.6, -0.2], [-0.1, 0.3]]))
+    assert np.array_equal(doc, [[1.0, -1.0], [-1.0, 1.0]])
+    assert further.late(query, doc) == 1.0 and further.late(query, doc[:1]) == 0.0
+    assert further.late(query, np.array([[1.0, 0.0]]), np.array([3.0, 1.0])) == pytest.approx(0.75)
+    assert further.late(query[:0], doc) == 0.0
+
+    cosine = SimpleNamespace(similarity=0.5)
+    items = [SimpleNamespace(id=f"i{n:03d}", score=10.0 - n * 0.01, breakdown=cosine) for n in range(105)]
+    pool = further.Pool(items)
+    agree = {i.id: i.score for i in items}
+    reverse = {i.id: -i.score for i in items}
+    assert further.by_ranks(pool, agree) == items and further.alone(pool, agree) == items == further.even(pool, agree)
+    last = {i.id: float(i.id == "i039") for i in items}  # MaxSim's best is the total's 40th: equal weights tie
+    assert (
+        further.even(pool, last)[:3] == [items[0], items[39], items[1]] and further.even(pool, last)[40:] == items[40:]
+    )
+    assert further.alone(pool, reverse) == items[:40][::-1] + items[40:]
+    assert further.by_ranks(pool, reverse)[40:] == items[40:]
+    deeper = further.reordered(pool, reverse, 0.0, 4.5, 60)
+    assert deeper == items[:60][::-1] + items[60:]
+
+    from datetime import datetime
+
+    said_on = [("a", 1, 9), ("b", 1, 10), ("c", 1, 11), ("d", 2, 9)]  # a turn's id, day, hour
+    turns = [SimpleNamespace(id=t, event_time=datetime(2023, 5, day, hour)) for t, day, hour in said_on]
+    assert further.neighbours(turns) == {"a": ["b"], "b": ["a", "c"], "c": ["b"], "d": []}
+    said = ["Caroline: I went to Paris with Melanie and Ana, then Lake Tahoe.", "Melanie: What about Paris?"]
+    assert further.names_in(said, "Where did Ana go?", {"Caroline", "Melanie"}) == ["Paris", "Lake Tahoe"]
+
+    pytest.importorskip("transformers")
+    states = further.TokenStates("all-MiniLM-L6-v2")
+    asked = "Where did Ana move, and what does she do?"
+    states.encode([asked], query=True)
+    tokens = states.tokenizer.convert_ids_to_tokens(states.tokenizer(asked)["input_ids"])
+    plain = [t for t, keep in zip(tokens, states.memo[(asked, True)]["no wh"], strict=True) if keep]
+    assert plain == ["ana", "move", "and", "she"]

@@ -2,7 +2,7 @@
 candidate's token states re-orders recall's top 40, in place of the sentence cosine or beside it.
 
 ``python ops/bench/maxsim_offline.py --data-dir DIR --dev conv-26=<user id>,conv-41=<user id>
-[--held conv-30=<user id>,... --choice NAME] [--cost N | --stored]``
+[--held conv-30=<user id>,... --choice NAME] [--cost N | --stored | --further]``
 
 ``DIR`` is the data folder of a kept SQLite store of the LoCoMo conversations (``run.py --only quality --store
 sqlite --keep``: ``<out>/work/<run>/quality-rules``); the store is read, never written. Every variant is
@@ -34,7 +34,7 @@ a 40 x ~20 x ~30 product, is timed apart). Also the token counts a stored token 
 ``--stored`` (dev only): dev's choice and the ``own`` mask ("+reply", ``cos`` 0, ``w`` 4.5) with the candidates'
 states as a store could keep them (``stored_forms``: float16, int8 with a scale per token, at most 8 / 16 / 32
 tokens by idf or norm, 1-bit signs, the signs' top 10 / 20 re-scored in float32), the query's in float32, and
-the bytes a turn takes in each.
+the bytes a turn takes in each. ``--further`` (dev only): variants of the product's form (``maxsim_further``).
 
 Zero LLM calls.
 """
@@ -106,7 +106,7 @@ class TokenStates:
         """Which of the ``n`` tokens each mask keeps: a word's pieces share their word's fate."""
         stop = _STOP | WH if query else _STOP
         reply = text.find(REPLY) if not query and REPLY in text else len(text)
-        words, content, own = np.zeros(n, bool), np.zeros(n, bool), np.zeros(n, bool)
+        words, content, own, plain = (np.zeros(n, bool) for _ in range(4))
         for t, word in enumerate(enc.word_ids(row)[:n]):
             if word is None:
                 continue
@@ -115,7 +115,9 @@ class TokenStates:
             words[t] = any(c.isalnum() for c in span)
             content[t] = words[t] and span.lower() not in stop
             own[t] = words[t] and start < reply
-        return {"all": np.ones(n, bool), "words": words, "content": content if content.any() else words, "own": own}
+            plain[t] = words[t] and span.lower() not in WH
+        masks = {"all": np.ones(n, bool), "words": words, "content": content if content.any() else words, "own": own}
+        return masks | {"no wh": plain if plain.any() else words}  # the query's words but its wh-words, auxiliaries
 
     def maxsim(self, query: str, doc: str, mask: str, kept: Kept | None = None) -> float:
         """MaxSim of ``query`` against ``doc`` under ``mask``, the doc's states as ``kept`` stores them
@@ -153,11 +155,12 @@ def text_of(item: RecallItem, texts: dict[str, str]) -> str:
     return texts.get(item.id, item.statement)
 
 
-def reordered(pool: Pool, sims: dict[str, float], cos: float, w: float) -> list[RecallItem]:
-    """The pool in recall's order with its top 40 re-scored by ``cos`` x cosine and ``w`` x MaxSim, each
-    min-max normalized over those 40 (module doc); ``cos`` 1.5, ``w`` 0 is recall's own step."""
+def reordered(
+    pool: Pool, sims: dict[str, float], cos: float, w: float, depth: int = DEFAULT_RECIPE.rerank_depth
+) -> list[RecallItem]:
+    """The pool in recall's order with its top ``depth`` (40) re-scored by ``cos`` x cosine and ``w`` x MaxSim,
+    each min-max normalized over them (module doc); ``cos`` 1.5, ``w`` 0 is recall's own step."""
     rows = sorted(pool.items, key=lambda i: (-i.score, i.id))
-    depth = DEFAULT_RECIPE.rerank_depth
     top = rows[:depth]
     cosines = normalized([max(0.0, as_recalled(i)) for i in top], cut=True)
     late = normalized([sims[i.id] for i in top], cut=True)
@@ -356,12 +359,13 @@ def main() -> None:
     parser.add_argument("--choice", default="", help="the dev choice's row name, the only variant --held scores")
     parser.add_argument("--cost", type=int, default=0, help="time the price on this many dev questions (of --choice)")
     parser.add_argument("--stored", action="store_true", help="dev's choice with its states compressed (dev only)")
+    parser.add_argument("--further", action="store_true", help="the signs `own` step's variants (dev only)")
     parser.add_argument("--datasets", type=Path, default=Path("/work/shared/datasets"))
     args = parser.parse_args()
     if args.held and not args.choice:
         parser.error("--held is scored with the dev choice only: give --choice")
-    if args.held and args.stored:
-        parser.error("--stored is measured on --dev only")
+    if args.held and (args.stored or args.further):
+        parser.error("--stored and --further are measured on --dev only")
     splits, client, asked = opened(args)
     reader = client.reader
     try:
@@ -384,7 +388,13 @@ def main() -> None:
             ),
             "keyword only": by_split(asked, recalled(reader, asked, DEFAULT_RECIPE.with_channels("keyword"))),
         }
-        show(rows | variants(reader, asked, pooled, states, args.choice or None), asked, splits)
+        if args.further:  # dev only (refused with --held above)
+            from maxsim_further import further
+
+            rows |= further(reader, asked, pooled, states)
+        else:
+            rows |= variants(reader, asked, pooled, states, args.choice or None)
+        show(rows, asked, splits)
     finally:
         client.close()
 
