@@ -658,9 +658,9 @@ def test_maxsim_graph_gives_the_query_token_states_from_the_floors_pass():
 
 
 def test_maxsim_further_variants_change_only_what_they_name():
-    """``maxsim_offline.py --further`` (docs/benchmarks/history.md, "Late interaction's step with stored
-    signs, further"): MaxSim reads signs and may weight the query's tokens; the deeper step, MaxSim alone and
-    the rank fusion re-order only their top; a turn's neighbours stay in its session; the second query's names
+    """``maxsim_offline.py --further`` (docs/benchmarks/history.md, "Late interaction's signs step, varied
+    on dev"): MaxSim reads signs and may weight the query's tokens; the deeper step, MaxSim alone, the
+    rank fusion and the equal-weight mix re-order only their top; a turn's neighbours stay in its session; the second query's names
     leave out the speakers' and the query's; the query's ``no wh`` mask drops its wh-words and auxiliaries."""
     from types import SimpleNamespace
 
