@@ -3,7 +3,8 @@ dense channels' query reshaped for turns, BM25's k1 and b for short turns, a tur
 and a query's named entities as keyword sub-queries; over a kept store, no ingest.
 
 ``python ops/bench/query_offline.py --data-dir DIR --dev conv-26=<user id>,conv-41=<user id>
-[--held conv-30=<user id>,...] [--only adaptive,forms,bm25,depth,window,entities] [--bm25 k1,b,w;...]``
+[--held conv-30=<user id>,...] [--only adaptive,forms,bm25,pools,depth,window,entities] [--bm25 k1,b,w;...]
+[--pools fv,ev,kw,g;...]``
 
 ``DIR`` is the data folder of an embedded (SQLite) store the LoCoMo conversations were ingested into
 (``run.py --only quality --store sqlite --keep``: ``<out>/work/<run>/quality-rules``); the user ids are the
@@ -27,6 +28,8 @@ from "recall" by its change alone:
 - bm25: the keyword channel's turns ranked by BM25 over the user's own turns with other k1 and b (the held
   snapshot's formula, ``storage.snapshot.keywords``), optionally the speaker's name as a field of its own
   weighted ``w`` (0 = the name not matched at all); facts as the store ranks them; hybrid and keyword only;
+- pools: the recipe's channel pools (``RecallRecipe.k``: fact_vector, episode_vector, keyword, graph) set to
+  each of ``--pools`` (the CPU of each: ``recall_dump.py cpu --pools``);
 - depth, window, entities: recall's pool of 100 re-ordered (``pool_offline``): the evidence it holds at all, a
   turn's similarity from its window with the reply, the query's names as keyword sub-queries.
 
@@ -63,7 +66,7 @@ from pool_offline import as_recalled, depth, entities, pools, windows
 
 from engram_api.models import KeywordHit
 from engram_api.reader import recall as recall_module
-from engram_api.reader.recipe import DEFAULT_RECIPE, RecallRecipe
+from engram_api.reader.recipe import CHANNELS, DEFAULT_RECIPE, RecallRecipe
 from engram_api.storage.graph.episodes import keyword_terms
 from engram_api.storage.snapshot.keywords import stems
 
@@ -233,6 +236,17 @@ def bm25(reader: Any, asked: list[Asked], grid: Sequence[tuple[float, float, flo
     return rows
 
 
+def channel_pools(reader: Any, asked: list[Asked], specs: Sequence[str]) -> Rows:
+    """Each question recalled with the recipe's channel pools set to each spec ("fv,ev,kw,g")."""
+    rows: Rows = {}
+    for spec in specs:
+        k = dict(zip(CHANNELS, map(int, spec.split(",")), strict=True))
+        recipe = DEFAULT_RECIPE.model_copy(update={"k": k})
+        rows[f"pools {spec.replace(',', ' / ')}"] = by_split(asked, recalled(reader, asked, recipe))
+    return rows
+
+
+_POOLS = "30,40,40,50;15,40,40,20;30,40,40,20;15,40,40,50;30,30,30,50;15,30,30,20"
 _BM25 = "1.2,0.75,1;1.2,0.75,0;1.2,0.3,1;0.8,0.5,1;1.6,0.5,1;1.2,1.0,1"
 
 
@@ -245,6 +259,7 @@ def main() -> None:
     parser.add_argument("--only", default="adaptive,forms,bm25,depth,window,entities")
     parser.add_argument("--datasets", type=Path, default=Path("/work/shared/datasets"))
     parser.add_argument("--bm25", default=_BM25, help="k1,b,name weight;... (the bm25 section's settings)")
+    parser.add_argument("--pools", default=_POOLS, help="fv,ev,kw,g;... (the pools section's channel pools)")
     args = parser.parse_args()
     splits, client, asked = opened(args)
     reader = client.reader
@@ -258,6 +273,7 @@ def main() -> None:
             "adaptive": lambda: adaptive(reader, asked),
             "forms": lambda: forms(reader, asked),
             "bm25": lambda: bm25(reader, asked, [tuple(map(float, g.split(","))) for g in args.bm25.split(";")]),
+            "pools": lambda: channel_pools(reader, asked, args.pools.split(";")),
         }
         for name, section in sections.items():
             if name in only:

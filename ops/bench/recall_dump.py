@@ -28,6 +28,10 @@
     the recorded recalls run again, alternately with the FAISS searches run and answered from a memo of their
     own hits (the same hits, no scan): ``recall_items``' thread CPU less the searches' own, medians. What the
     Python after the scans pays for the caches the scans evict.
+
+``--pools FV,EV,KW,G`` (any of the above but ``load``): the reader's recipe with these channel pools
+(``RecallRecipe.k``: fact_vector, episode_vector, keyword, graph) in place of the default's, to compare pools
+in fresh processes of one tree as trees are compared.
 """
 
 from __future__ import annotations
@@ -337,6 +341,15 @@ def scans(workdir: Path, data: Path, user_id: str, n: int, rounds: int) -> None:
         )  # fmt: skip
 
 
+def _use_pools(spec: str) -> None:
+    """Every reader made after this asks its channels for ``spec``'s pools (the default recipe's ``k``)."""
+    import engram_api.reader.recall as recall_module
+    from engram_api.reader.recipe import CHANNELS
+
+    k = dict(zip(CHANNELS, map(int, spec.split(",")), strict=True))
+    recall_module.DEFAULT_RECIPE = recall_module.DEFAULT_RECIPE.model_copy(update={"k": k})
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("what", choices=("load", "dump", "cpu", "replay", "parts", "scans"))
@@ -348,8 +361,11 @@ def main() -> None:
     parser.add_argument("--query-file", type=Path, help="dump: these queries (one a line) instead of --queries")
     parser.add_argument("--out", type=Path)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--pools", help="FV,EV,KW,G: the recipe's channel pools (RecallRecipe.k) instead")
     args = parser.parse_args()
     sys.path[:0] = [str(BENCH_DIR)]
+    if args.pools:
+        _use_pools(args.pools)
     args.workdir.mkdir(parents=True, exist_ok=True)
     data, user = args.data or args.workdir / f"data-{args.facts}", args.user or f"dump-{args.facts}"
     if args.what == "load":
