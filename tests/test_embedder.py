@@ -18,7 +18,8 @@ import pytest
 
 from engram_api.errors import ConfigError
 from engram_api.settings import Settings
-from engram_api.storage.embedding.embedder import Embedder, _resolve, _similar_lengths, embedder_for
+from engram_api.storage.embedding.embedder import Embedder, _resolve, embedder_for
+from engram_api.storage.embedding.encoders import _similar_lengths
 from engram_api.storage.embedding.onnx_export import (
     PROBES,
     ExportRejected,

