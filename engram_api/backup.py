@@ -85,7 +85,7 @@ class Snapshot(BaseModel):
 
 def _line(kind: str, record: BaseModel) -> str:
     # A chunk's fact_ids are read from the episode's provenance, which the episode line already carries.
-    exclude = {"embedding", "hops", *(("fact_ids",) if kind == "chunk" else ())}
+    exclude = {"embedding", "token_states", "hops", *(("fact_ids",) if kind == "chunk" else ())}
     return json.dumps({"type": kind, **record.model_dump(mode="json", exclude=exclude)})
 
 

@@ -56,7 +56,11 @@ class ChunkRecord(Record):
     """One recallable piece of an episode: a whole short message, or a run of sentences of a long one.
 
     ``text`` is what was said; ``speaker`` is who said it (a name when the message carries one, else the
-    role). ``fact_ids`` (filled on reads) are the facts extracted from the chunk's episode."""
+    role). ``fact_ids`` (filled on reads) are the facts extracted from the chunk's episode. ``token_states``:
+    its own words' packed token states from its vector's pass (``storage.embedding.states``; base64 in
+    JSON), set with ``embedding`` at apply and by the re-embedding pass, omitted on reads as it is."""
+
+    model_config = ConfigDict(extra="ignore", ser_json_bytes="base64", val_json_bytes="base64")
 
     episode_id: str
     seq: int = Field(ge=0)
@@ -65,6 +69,7 @@ class ChunkRecord(Record):
     role: str = "user"
     event_time: datetime
     embedding: list[float] | None = None
+    token_states: bytes | None = None
     fact_ids: list[str] = Field(default_factory=list)
 
     @property
@@ -186,8 +191,10 @@ class ClusterRecord(Record):
 
 
 class VectorItem(_Model):
-    """One row of a user's vector index, as the graph store holds it (source of truth for rebuilds)."""
+    """One row of a user's vector index, as the graph store holds it (source of truth for rebuilds), with
+    its record's packed token states when it has them (``storage.embedding.states``)."""
 
     node_id: str
     kind: Literal["fact", "entity", "episode"]
     embedding: list[float]
+    states: bytes | None = None

@@ -59,7 +59,7 @@ from engram_api.naming import (
 )
 from engram_api.storage.faiss.files import Kind, UserIndex, VectorHit
 from engram_api.storage.graph.contract import GraphStore
-from engram_api.storage.graph.episodes import EmbedContext, chunk_envelope, embedded_texts, episode_text
+from engram_api.storage.graph.episodes import EmbedContext, chunk_envelope, embedded_texts, episode_text, own_end
 from engram_workers.consolidation.resolution import Resolver, Vectors, hashed_id, named_entities
 from engram_workers.consolidation.stance import read_stance
 from engram_workers.consolidation.timeline import late_ends, supersede_single
@@ -101,11 +101,17 @@ class Incoming:
         texts = (*names, *refs, *statements, "User", *embedded)
         return cls(envelope, named, usage, chunks, embedded, texts, embed_context)
 
+    @property
+    def ends(self) -> dict[str, int]:
+        """Each chunk's embedded text and where its own words end in it (the turn it answers follows)."""
+        return {t: own_end(t) for t in self.embedded}
+
 
 @dataclass
 class Planned:
     plan: WritePlan
     upserts: list[tuple[str, Kind, Sequence[float]]] = field(default_factory=list)
+    states: dict[str, bytes] = field(default_factory=dict)  # the upserted chunks' packed token states
 
 
 @dataclass
@@ -282,7 +288,7 @@ def plan_message(message: Incoming, *, graph: GraphStore, index: UserIndex, vect
     uid, mid = envelope.user_id, envelope.message_id
     # Copies: the message's chunks are planned again, unchanged, after a replay or a re-plan.
     chunks = [
-        c.model_copy(update={"embedding": vectors(t).tolist()})
+        c.model_copy(update={"embedding": vectors(t).tolist(), "token_states": vectors.states(t)})
         for c, t in zip(message.chunks, message.embedded, strict=True)
     ]
     resolver = Resolver(
@@ -356,4 +362,5 @@ def plan_message(message: Incoming, *, graph: GraphStore, index: UserIndex, vect
             ent.embedding = vectors(ent.name).tolist()
         upserts.append((ent.id, "entity", ent.embedding))
     upserts.extend((c.id, "episode", c.embedding) for c in chunks if c.embedding is not None)
-    return Planned(plan=plan, upserts=upserts)
+    states = {c.id: c.token_states for c in chunks if c.embedding is not None and c.token_states is not None}
+    return Planned(plan=plan, upserts=upserts, states=states)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -26,6 +26,7 @@ import numpy as np
 from engram_api.models import SELF_REF, EntityChange, EntityRecord, Extraction
 from engram_api.naming import SELF_WORDS, normalize_name, sanitize_label, self_entity_id, unnamed_relation
 from engram_api.storage.embedding.embedder import Embedder
+from engram_api.storage.embedding.states import pack
 from engram_api.storage.faiss.files import UserIndex, VectorHit
 from engram_api.storage.graph.contract import GraphStore
 from engram_workers.stages.handover import CarriedVectors
@@ -61,7 +62,10 @@ class Vectors:
     """Every text a message (or an apply batch of messages) may need embedded, encoded in ONE batch (a model
     call has a fixed cost that dominated the apply stage when paid per name); anything unforeseen is encoded
     on demand. Texts the extract stage already encoded (``carried``, when its model is ours) are not encoded
-    again."""
+    again. The chunks' texts (``ends``: each one and where its own words end) that reach the model get their
+    token states from their vector's pass in the same batch (``states``, packed for the store); a chunk whose
+    vector extract carried (its text the slim-context query's) gets none, so its cosine stands in for it
+    in recall's second look (``reader.rerank``)."""
 
     def __init__(
         self,
@@ -69,18 +73,27 @@ class Vectors:
         user_id: str,
         texts: Sequence[str],
         carried: Sequence[CarriedVectors | None] = (),
+        ends: Mapping[str, int] | None = None,
     ) -> None:
         self.embedder = embedder
         self.user_id = user_id  # whose texts these are: the encoder cache drops them when the user is erased
         unique = list(dict.fromkeys(t for t in texts if t))
+        ends = ends or {}
         self._known: dict[str, np.ndarray] = {}
+        self._states: dict[str, bytes] = {}
         for handed in carried:
             if handed is not None:
                 self._known.update(handed.for_texts(embedder, unique))
         missing = [t for t in unique if t not in self._known]
         if missing:
             # Through the cache: "User" and the names a user keeps mentioning cost no model call.
-            self._known.update(zip(missing, embedder.encode_cached(missing, user_id=user_id), strict=True))
+            vectors, states = embedder.encode_cached_states(missing, ends, user_id=user_id)
+            self._known.update(zip(missing, vectors, strict=True))
+            self._states = {text: pack(held) for text, held in states.items()}
+
+    def states(self, text: str) -> bytes | None:
+        """The packed token states of a chunk's embedded text (``ends``), None for any other text."""
+        return self._states.get(text)
 
     def __call__(self, text: str) -> np.ndarray:
         if text not in self._known:

@@ -34,8 +34,9 @@ from pydantic import BaseModel, Field
 from engram_api.models import ChunkRecord
 from engram_api.settings import Settings
 from engram_api.storage.embedding.embedder import Embedder
+from engram_api.storage.embedding.states import pack
 from engram_api.storage.graph.contract import GraphStore
-from engram_api.storage.graph.episodes import EmbedContext, chunk_id, stored_texts
+from engram_api.storage.graph.episodes import EmbedContext, chunk_id, own_end, stored_texts
 from engram_api.storage.writer.userwrite import UserWrite
 from engram_workers.maintenance._common import Guard, UserFailure, guarded, isolate, target_users
 
@@ -126,11 +127,18 @@ def _batch(
     chunks = graph.chunks_to_reembed(write.user_id, context, after=after, batch=size)
     if not chunks:
         return [], [], None
-    vectors = embedder.encode(_texts(graph, write.user_id, chunks, context))
+    # The token states from the vector's own pass, as apply keeps them: the chunk's own words in context.
+    texts = _texts(graph, write.user_id, chunks, context)
+    vectors, kept_tokens = embedder.encode_states(texts, [own_end(t) for t in texts])
     pairs = [(c.id, v.tolist()) for c, v in zip(chunks, vectors, strict=True)]
-    written = graph.reembed_chunks(write.user_id, context, pairs)
+    states = {c.id: pack(s) for c, s in zip(chunks, kept_tokens, strict=True)}
+    written = graph.reembed_chunks(write.user_id, context, pairs, states)
     kept = set(written)
-    stamp = write.finish(upserts=[(c, "episode", v) for c, v in pairs if c in kept], changed=False)
+    stamp = write.finish(
+        upserts=[(c, "episode", v) for c, v in pairs if c in kept],
+        changed=False,
+        states={c: states[c] for c in kept},
+    )
     return chunks, written, stamp.version
 
 

@@ -100,6 +100,7 @@ class Written:
 
     done: dict[str, Done] = field(default_factory=dict)
     upserts: list[tuple[str, Kind, Sequence[float]]] = field(default_factory=list)
+    states: dict[str, bytes] = field(default_factory=dict)  # the upserted chunks' packed token states
     stamp: Stamp | None = None
     trigger_error: Exception | None = None
     stopped: bool = False  # a store outage: nothing more is planned
@@ -158,13 +159,14 @@ class _Run:
             return
         if outcome.applied:
             self.written.upserts.extend(planned.upserts)
+            self.written.states.update(planned.states)
             if not last:
                 # The next member must see this one's vectors. The keeper's cached index is shared with
                 # readers and never mutated: the batch changes its own copy (the base is shared, the overlay
                 # cloned once).
                 if not self.copied:
                     self.index, self.copied = self.index.copy(), True
-                self.index.upsert(planned.upserts)
+                self.index.upsert(planned.upserts, planned.states)
         if self.shared:
             self.uncommitted.append((mid, outcome, planned, started))
         else:
@@ -206,7 +208,11 @@ def write_members(
     the store can; without it each write commits on its own, as a message applied alone always did (one
     transaction would also hold a cold server's first query plans to a single timeout)."""
     vectors = Vectors(
-        embedder, write.user_id, [t for m in members for t in m.message.texts], [m.carried for m in members]
+        embedder,
+        write.user_id,
+        [t for m in members for t in m.message.texts],
+        [m.carried for m in members],
+        {t: end for m in members for t, end in m.message.ends.items()},
     )
 
     def fresh(shared: bool) -> _Run:
@@ -230,5 +236,5 @@ def write_members(
     run.commit(trigger.message_id)
     written = run.written
     if written.done or written.upserts:
-        written.stamp = write.finish(upserts=written.upserts)
+        written.stamp = write.finish(upserts=written.upserts, states=written.states)
     return written

@@ -77,6 +77,15 @@ def _same_vectors(graph: GraphStore, user: str, oracle: str) -> bool:
     return got.keys() == want.keys() and all(np.allclose(got[k], want[k], atol=1e-5) for k in want)
 
 
+def _states(graph: GraphStore, user: str) -> dict[tuple[str, int], bytes | None]:
+    """The user's stored chunk token states by (message, seq), as ``_vectors``."""
+    place = {
+        c.id: (c.episode_id, c.seq) for c in graph.get_chunks(user, [], episode_ids=[f"turn-{i}" for i in range(20)])
+    }
+    items, _ = graph.stamped_vectors(user)
+    return {place[i.node_id]: i.states for i in items if i.kind == "episode"}
+
+
 def _answers(reader: Any, graph: GraphStore, user: str) -> list[list[tuple[str, int, float]]]:
     """Each question's chunk hits as (message, seq, score), in recall's order. Without the keyword channel:
     the two users' keyword hits of equal BM25 are ordered by chunk id, which differs by user; the vectors
@@ -102,6 +111,12 @@ class Encodings:
         self.calls += 1
         self.texts += len(texts)
         return self.real.encode(texts)
+
+    def encode_states(self, texts: list[str], ends: list[int]) -> tuple[np.ndarray, list[np.ndarray]]:
+        """``encode`` with the token states from the same pass (the re-embedding pass's call)."""
+        self.encode([])  # counted (and failing) as one call, encoding nothing
+        self.texts += len(texts)
+        return self.real.encode_states(texts, ends)
 
 
 def _run(memory: Memory, user: str, encoder: Any) -> ReembedReport:
@@ -131,6 +146,9 @@ def test_after_the_pass_every_vector_and_recall_are_a_fresh_ingests(memory: Memo
 
     assert (report.users, report.chunks, report.batches, report.failed) == (1, len(TURNS), 3, [])
     assert _same_vectors(memory.graph, old, fresh)
+    # The token states travel with the vectors: the pass writes apply's, from the same pass.
+    states = _states(memory.graph, old)
+    assert all(states.values()) and states == _states(memory.graph, fresh)
     oracle = _host(memory, tmp_path / "oracle")
     assert _answers(reader, memory.graph, old) == _answers(oracle, memory.graph, fresh)
     reader.flush()

@@ -153,6 +153,16 @@ class Recording:
         self.calls.append(list(texts))  # what was asked for: the process-wide cache may answer some of it
         return self._real.encode_cached(texts, user_id=user_id)
 
+    def encode_cached_states(
+        self, texts: list[str], ends: Mapping[str, int], *, user_id: str | None = None
+    ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        self.calls.append(list(texts))  # as ``encode_cached``: the chunks' states come from the same call
+        return self._real.encode_cached_states(texts, ends, user_id=user_id)
+
+    def encode_states(self, texts: list[str], ends: list[int] | None = None) -> tuple[np.ndarray, list[np.ndarray]]:
+        self.calls.append(list(texts))
+        return self._real.encode_states(texts, ends)
+
     def encode_one(self, text: str, *, user_id: str | None = None) -> np.ndarray:
         self.calls.append([text])
         return self._real.encode_one(text, user_id=user_id)

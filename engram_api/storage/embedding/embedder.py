@@ -50,7 +50,7 @@ import logging
 import os
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -233,13 +233,22 @@ class Embedder:
     def encode_cached(self, texts: list[str], *, user_id: str | None = None) -> np.ndarray:
         """``encode``, but texts seen recently come from the cache and the others go in one model batch;
         ``user_id``: whose texts they are (``forget``)."""
+        return self.encode_cached_states(texts, {}, user_id=user_id)[0]
+
+    def encode_cached_states(
+        self, texts: list[str], ends: Mapping[str, int], *, user_id: str | None = None
+    ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        """``encode_cached``, and the token states of the texts ``ends`` names (their words before their end,
+        as ``encode_states``), from the same single model batch: those texts always reach the model (the
+        cache keeps no candidate's states), the others come from the cache when held."""
         if not texts:
-            return np.zeros((0, self.dim), dtype=np.float32)
+            return np.zeros((0, self.dim), dtype=np.float32), {}
         out = np.empty((len(texts), self.dim), dtype=np.float32)
         missing: dict[str, list[int]] = {}  # text -> its rows in ``out``
+        states: dict[str, np.ndarray] = {}
         with self._recent_lock:
             for row, text in enumerate(texts):
-                hit = self._recent.get(text)
+                hit = None if text in ends else self._recent.get(text)
                 if hit is None:
                     missing.setdefault(text, []).append(row)
                 else:
@@ -248,12 +257,16 @@ class Embedder:
                     out[row] = hit
             self.cache_hits += len(texts) - sum(len(rows) for rows in missing.values())
             self.cache_misses += len(missing)
-        if missing:
+        if missing and any(text in ends for text in missing):
+            fresh, kept = self.encode_states(list(missing), [ends.get(text, len(text)) for text in missing])
+            states = {text: held for text, held in zip(missing, kept, strict=True) if text in ends}
+        elif missing:
             fresh = self.encode(list(missing))
+        if missing:
             for rows, vec in zip(missing.values(), fresh, strict=True):
                 out[rows] = vec
             self._remember(list(missing), fresh, user_id)
-        return out
+        return out, states
 
     def _own(self, text: str, user_id: str | None) -> None:
         """Record that ``user_id`` cached or hit ``text`` (under ``_recent_lock``)."""

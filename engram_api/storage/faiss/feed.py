@@ -81,8 +81,9 @@ FEED_ENTRY_MAX_BYTES = 256 * 1024
 class FeedEntry(BaseModel):
     """One committed write of a user as the graph returned it right after the commit (see the module
     docstring): stamps ``(epoch, since)`` -> ``(epoch, version)``, the user's catch-up horizon and last
-    removal version, the vectors marked after ``since`` (id, kind, float32 bytes base64), the records, and
-    the ids the write removed (``gone``, in id order; none in an entry of an older release)."""
+    removal version, the vectors marked after ``since`` (id, kind, float32 bytes base64), the token states
+    of those that carry them (``states``: id, packed bytes base64), the records, and the ids the write
+    removed (``gone``, in id order; none in an entry of an older release)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -95,6 +96,7 @@ class FeedEntry(BaseModel):
     facts: list[FactRecord]
     chunks: list[ChunkRecord]
     gone: list[str] = []
+    states: list[tuple[str, str]] = []
 
 
 def entry_of(before: Stamp, after: Stamp, changes: UserChanges) -> tuple[str, bool]:
@@ -121,6 +123,7 @@ def entry_of(before: Stamp, after: Stamp, changes: UserChanges) -> tuple[str, bo
         ],
         facts=sorted(changes.facts, key=lambda f: f.id), chunks=sorted(changes.chunks, key=lambda c: c.id),
         gone=sorted(set(vectors.removed)),
+        states=[(node, base64.b64encode(blob).decode()) for node, blob in sorted(vectors.states.items())],
     ).model_dump_json(exclude_defaults=False)  # fmt: skip
     return (entry, scrub) if len(entry) <= FEED_ENTRY_MAX_BYTES else ("", scrub)
 
@@ -146,12 +149,14 @@ def changes_of(raw: Sequence[str | bytes], since: int, stamp: Stamp) -> UserChan
     if at != stamp.version:
         return None
     upserts: dict[str, tuple[str, Kind, Sequence[float]]] = {}
+    states: dict[str, bytes] = {}
     facts: dict[str, FactRecord] = {}
     chunks: dict[str, ChunkRecord] = {}
     gone: dict[str, None] = {}
     for entry in entries:  # later entries hold the later state of a record written twice
         for node in entry.gone:  # removed by this write: no earlier entry's record or vector survives it
             upserts.pop(node, None)
+            states.pop(node, None)
             facts.pop(node, None)
             chunks.pop(node, None)
             gone[node] = None
@@ -159,11 +164,18 @@ def changes_of(raw: Sequence[str | bytes], since: int, stamp: Stamp) -> UserChan
             (node, (node, kind, np.frombuffer(base64.b64decode(b64), dtype=np.float32)))
             for node, kind, b64 in entry.vectors
         )
+        for node, _, _ in entry.vectors:  # a row upserted again holds the states of its latest write only
+            states.pop(node, None)
+        states.update((node, base64.b64decode(b64)) for node, b64 in entry.states)
         facts.update((f.id, f) for f in entry.facts)
         chunks.update((c.id, c) for c in entry.chunks)
     return UserChanges(
         vectors=VectorChanges(
-            stamp=stamp, horizon=entries[-1].horizon, removed=tuple(gone), upserts=list(upserts.values())
+            stamp=stamp,
+            horizon=entries[-1].horizon,
+            removed=tuple(gone),
+            upserts=list(upserts.values()),
+            states=states,
         ),
         removed=max(e.removed for e in entries),
         facts=list(facts.values()),

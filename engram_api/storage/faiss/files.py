@@ -32,7 +32,7 @@ import socket
 import struct
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -242,12 +242,13 @@ class VectorStore:
         upserts: Iterable[tuple[str, Kind, Sequence[float]]] = (),
         removals: Iterable[str] = (),
         durable: bool = True,
+        states: Mapping[str, bytes] | None = None,
     ) -> UserIndex:
         """Record one batch of changes from ``index`` (the stored index, at its stamp) to ``to_stamp``:
         one log record, or a compaction when the log has grown past its threshold. Returns the new index.
         ``durable=False`` skips the fsync: for a change read back from the graph (a catch-up), which a
         lost record only makes the next start of a process read again."""
-        delta = self._delta(index.stamp, to_stamp, upserts, removals)
+        delta = self._delta(index.stamp, to_stamp, upserts, removals, states)
         changed = index.copy()
         delta.apply(changed)
         record = encode_record(delta)
@@ -265,13 +266,14 @@ class VectorStore:
         to_stamp: Stamp,
         upserts: Iterable[tuple[str, Kind, Sequence[float]]] = (),
         removals: Iterable[str] = (),
+        states: Mapping[str, bytes] | None = None,
     ) -> UserIndex:
         """``append``'s change in memory only: a copy of ``index`` at ``to_stamp``, no file touched. The copy
         clones only ``index``'s overlay (the base is shared); once the overlay outgrows what ``append`` lets
         a log grow to (``compact_ratio`` of the base's rows, at least ``_FOLD_MIN_ROWS``) it is folded into a
         new exact base, so each change costs about what it changed, not the user's size."""
         changed = index.copy()
-        self._delta(index.stamp, to_stamp, upserts, removals).apply(changed)
+        self._delta(index.stamp, to_stamp, upserts, removals, states).apply(changed)
         if changed.overlay_size > max(_FOLD_MIN_ROWS, self.compact_ratio * len(changed.base_rows)):
             return changed.compacted(flat_max=len(changed))  # flat: it answers as the overlay did
         return changed
@@ -282,14 +284,17 @@ class VectorStore:
         after: Stamp,
         upserts: Iterable[tuple[str, Kind, Sequence[float]]],
         removals: Iterable[str],
+        states: Mapping[str, bytes] | None,
     ) -> Delta:
         added = list(upserts)
+        held = states or {}
         return Delta(
             before=before,
             after=after,
             removed=tuple(removals),
             added=tuple((node, kind) for node, kind, _ in added),
             vectors=np.array([v for _, _, v in added], dtype=np.float32).reshape(len(added), self.dim),
+            states=tuple((node, held[node]) for node, _, _ in added if node in held),
         )
 
     def _append(self, user_id: str, index: UserIndex, record: bytes, durable: bool) -> bool:

@@ -11,6 +11,12 @@ Invariants: a vector id is visible in at most one layer (a base row is masked be
 the same id); ``masked`` only holds ids of base rows. Base rows keep their exact float32 vectors in
 every index kind, so compaction never compounds quantisation error.
 
+Token states (late interaction, ``storage.embedding.states``): a row may carry its record's packed token
+states beside its vector, in the same layer and by the same vector id (``base_states``, shared like
+``base_rows``; ``states``, the overlay's): a row removed or replaced takes its states with it (an upsert
+without states leaves the row none), ``states_for`` reads only visible rows', and the file keeps them
+(layout ``EGI5``; a file of an older layout is not read, so it is rebuilt from the graph, never misread).
+
 Index kind per base, chosen when the base is built (rebuild or compaction): exact inner product
 (``IndexFlatIP``) up to ``flat_max`` vectors of a kind, above it IVF with 8-bit scalar-quantised codes
 re-ranked exactly (``IndexRefineFlat`` over ``IndexIVFScalarQuantizer``, ``2 sqrt(n)`` lists): search scans
@@ -24,7 +30,7 @@ import hashlib
 import json
 import math
 import struct
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, NamedTuple
 
@@ -37,7 +43,7 @@ __all__ = ["Kind", "UserIndex", "VectorHit", "vector_id"]
 Kind = Literal["fact", "entity", "episode"]
 # Base file header: magic, epoch, version, token (pairs the file with its delta log), JSON header length.
 BASE_HEADER = struct.Struct("<4sQQQQ")
-BASE_MAGIC = b"EGI4"
+BASE_MAGIC = b"EGI5"
 _PROBE_FRACTION = 8  # IVF: lists scanned = nlist / this, at least _MIN_PROBE (recall at a few thousand rows)
 _MIN_PROBE = 32
 _REFINE = 4  # IVF: candidates re-ranked exactly = this * k
@@ -129,6 +135,8 @@ class UserIndex:
     token: int = 0
     log_end: int = 0
     base_bytes: int = 0
+    base_states: dict[int, bytes] = field(default_factory=dict)
+    states: dict[int, bytes] = field(default_factory=dict)
 
     def __len__(self) -> int:
         return len(self.base_rows) - len(self.masked) + len(self.rows)
@@ -157,7 +165,9 @@ class UserIndex:
         self.epoch, self.version = value
 
     @classmethod
-    def whole(cls, dim: int, items: Iterable[tuple[str, Kind, Sequence[float]]]) -> UserIndex:
+    def whole(
+        cls, dim: int, items: Iterable[tuple[str, Kind, Sequence[float]]], states: Mapping[str, bytes] | None = None
+    ) -> UserIndex:
         """An index of ``items`` (a whole read of the user's vectors, in (kind, id) order) held as its base:
         exact (flat) whatever the size, so it answers exactly as ``upsert`` of the same items into an empty
         overlay, but a ``copy`` shares it and clones only the changes applied since (a copy held in memory
@@ -172,6 +182,7 @@ class UserIndex:
             vecs = np.ascontiguousarray(np.array([v for _, v in members.values()], dtype=np.float32))
             out.base[kind] = build_index(dim, ids, vecs.reshape(len(ids), dim), flat_max=len(ids))
             out.base_rows.update((vid, (node, kind)) for vid, (node, _) in members.items())
+        out.base_states = {vector_id(node): blob for node, blob in (states or {}).items()}
         return out
 
     def copy(self) -> UserIndex:
@@ -189,6 +200,8 @@ class UserIndex:
             token=self.token,
             log_end=self.log_end,
             base_bytes=self.base_bytes,
+            base_states=self.base_states,
+            states=dict(self.states),
         )
 
     def _row(self, vid: int) -> tuple[str, Kind] | None:
@@ -202,12 +215,19 @@ class UserIndex:
         base = {n for v, (n, k) in self.base_rows.items() if v not in self.masked and kind in (None, k)}
         return base | {n for n, k in self.rows.values() if kind in (None, k)}
 
-    def upsert(self, items: Iterable[tuple[str, Kind, Sequence[float]]]) -> None:
+    def upsert(
+        self, items: Iterable[tuple[str, Kind, Sequence[float]]], states: Mapping[str, bytes] | None = None
+    ) -> None:
+        """Add or replace these rows; ``states``: the packed token states of those that have them."""
         items = list(items)
         if not items:
             return
         # remove first: add_with_ids on an existing id would store a second copy (a duplicate hit).
         self.remove(node for node, _, _ in items)
+        for node, _, _ in items:
+            blob = (states or {}).get(node)
+            if blob is not None:
+                self.states[vector_id(node)] = blob
         for kind in dict.fromkeys(k for _, k, _ in items):
             batch = [(node, v) for node, k, v in items if k == kind]
             ids = np.array([vector_id(node) for node, _ in batch], dtype=np.int64)
@@ -225,6 +245,7 @@ class UserIndex:
         for vid in {vector_id(n) for n in node_ids}:
             row = self.rows.pop(vid, None)
             if row is not None:  # an overlay row (a base row of the same id is already masked)
+                self.states.pop(vid, None)
                 by_kind.setdefault(row[1], []).append(vid)
                 removed += 1
             elif vid in self.base_rows and vid not in self.masked:
@@ -287,6 +308,21 @@ class UserIndex:
             index = (self.indexes if overlay else self.base)[kind]
             yield nodes, index.reconstruct_batch(np.array(vids, dtype=np.int64))  # type: ignore[attr-defined]
 
+    def states_for(self, node_ids: Iterable[str]) -> dict[str, bytes]:
+        """The packed token states of the visible rows among ``node_ids`` that carry them."""
+        out: dict[str, bytes] = {}
+        for node in node_ids:
+            vid = vector_id(node)
+            if vid in self.rows:
+                blob = self.states.get(vid)
+            elif vid in self.masked:
+                continue
+            else:
+                blob = self.base_states.get(vid)
+            if blob is not None:
+                out[node] = blob
+        return out
+
     def vectors_for(self, node_ids: Iterable[str]) -> dict[str, np.ndarray]:
         out: dict[str, np.ndarray] = {}
         for nodes, vectors in self._gathered(node_ids):
@@ -326,6 +362,8 @@ class UserIndex:
                 row = self._row(vid)
                 assert row is not None
                 out.base_rows[vid] = row
+        out.base_states = {v: b for v, b in self.base_states.items() if v not in self.masked and v not in self.rows}
+        out.base_states.update(self.states)
         return out
 
     def to_bytes(self, token: int) -> bytes:
@@ -339,10 +377,11 @@ class UserIndex:
                 "dim": self.dim,
                 "rows": [[v, n, k] for v, (n, k) in self.base_rows.items()],
                 "kinds": [[kind, len(body)] for kind, body in bodies.items()],
+                "states": [[v, len(blob)] for v, blob in self.base_states.items()],
             }
         ).encode()
         head = BASE_HEADER.pack(BASE_MAGIC, self.epoch, self.version, token, len(header))
-        return head + header + b"".join(bodies.values())
+        return head + header + b"".join(bodies.values()) + b"".join(self.base_states.values())
 
     @classmethod
     def from_bytes(cls, data: bytes) -> UserIndex:
@@ -361,6 +400,12 @@ class UserIndex:
         rows = {int(v): (str(n), k) for v, n, k in header["rows"]}
         if sum(int(i.ntotal) for i in base.values()) != len(rows):  # type: ignore[attr-defined]
             raise ValueError("index rows and id map disagree")
+        states: dict[int, bytes] = {}
+        for vid, length in header["states"]:
+            if offset + length > len(data) or int(vid) not in rows:
+                raise ValueError("index file's token states truncated or not its rows'")
+            states[int(vid)] = data[offset : offset + length]
+            offset += length
         return cls(
             dim=int(header["dim"]),
             version=int(version),
@@ -369,4 +414,5 @@ class UserIndex:
             base=base,
             token=int(token),
             base_bytes=len(data),
+            base_states=states,
         )

@@ -45,7 +45,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from engram_api.storage.faiss.files import Kind, UserIndex, VectorStore
 from engram_api.storage.faiss.sync import VectorChanges
@@ -116,7 +116,11 @@ class IndexKeeper:
         """The user's vectors read from the graph whole (bounded: ``stamped_vectors``), kept nowhere."""
         items, stamp = self.graph.stamped_vectors(user_id)
         # Held as the base (shared by every later copy), not as an overlay a catch-up would clone whole.
-        index = UserIndex.whole(self.vectors.dim, ((item.node_id, item.kind, item.embedding) for item in items))
+        index = UserIndex.whole(
+            self.vectors.dim,
+            ((item.node_id, item.kind, item.embedding) for item in items),
+            {item.node_id: item.states for item in items if item.states is not None},
+        )
         index.stamp = stamp
         if stamp != ABSENT:
             self.rebuilds += 1
@@ -172,16 +176,24 @@ class IndexKeeper:
         removals: Iterable[str],
         *,
         durable: bool = True,
+        states: Mapping[str, bytes] | None = None,
     ) -> UserIndex:
-        """``index`` moved to ``to_stamp`` by one delta: appended to the local log with ``persist`` (fsynced
-        unless ``durable`` is False: a catch-up the graph can give again)."""
+        """``index`` moved to ``to_stamp`` by one delta (``states``: the upserted rows' token states):
+        appended to the local log with ``persist`` (fsynced unless ``durable`` is False: a catch-up the
+        graph can give again)."""
         if self.persist:
             with self.vectors.lock(user_id):
                 index = self.vectors.append(
-                    user_id, index, to_stamp=to_stamp, upserts=upserts, removals=removals, durable=durable
+                    user_id,
+                    index,
+                    to_stamp=to_stamp,
+                    upserts=upserts,
+                    removals=removals,
+                    durable=durable,
+                    states=states,
                 )
         else:
-            index = self.vectors.moved(index, to_stamp=to_stamp, upserts=upserts, removals=removals)
+            index = self.vectors.moved(index, to_stamp=to_stamp, upserts=upserts, removals=removals, states=states)
         return self._remember(user_id, index)
 
     def held(self, user_id: str) -> UserIndex | None:
@@ -217,7 +229,9 @@ class IndexKeeper:
         self.catchups += 1
         self.catchup_vector_bytes += changes.vector_bytes
         self._loaded_by("catchup")
-        return self._moved(user_id, index, changes.stamp, changes.upserts, changes.removed, durable=False)
+        return self._moved(
+            user_id, index, changes.stamp, changes.upserts, changes.removed, durable=False, states=changes.states
+        )
 
     def advance(
         self,
@@ -228,6 +242,7 @@ class IndexKeeper:
         upserts: Iterable[tuple[str, Kind, Sequence[float]]] = (),
         removals: Iterable[str] = (),
         feed: Feed | None = None,
+        states: Mapping[str, bytes] | None = None,
     ) -> UserIndex | None:
         """Move this process's copy from ``from_stamp`` to ``to_stamp``: one delta for the whole batch of
         ``upserts`` and ``removals`` when the copy is at ``from_stamp`` (or the user is new, or ``feed``
@@ -248,7 +263,7 @@ class IndexKeeper:
         if index.stamp < from_stamp:  # another host wrote since: what it published brings the copy to ours
             index = self._fed(user_id, index, from_stamp, feed)
         if index.stamp == from_stamp:
-            return self._moved(user_id, index, to_stamp, upserts, removals)
+            return self._moved(user_id, index, to_stamp, upserts, removals, states=states)
         if index.epoch == to_stamp.epoch and index.stamp < to_stamp:
             caught = self._caught_up(user_id, index)  # the graph already holds this write
             if caught is not None and caught.stamp >= to_stamp:

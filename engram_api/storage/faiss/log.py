@@ -1,12 +1,13 @@
 """The delta log beside a user's index file: append-only records of the changes since the file was written.
 
-Layout: a header (magic ``EGL1``, u64 token) then records. The token pairs the log with one index file:
+Layout: a header (magic ``EGL2``, u64 token) then records. The token pairs the log with one index file:
 every full write of the file draws a new token and replaces the log with an empty one carrying it, so a
 log left by an earlier file (a crash between the two renames) is recognised and ignored, never replayed
-onto a base it does not belong to. A record is magic ``EGR1``, u32 payload length, u32 CRC-32 of the
+onto a base it does not belong to. A record is magic ``EGR2``, u32 payload length, u32 CRC-32 of the
 payload, then the payload: the stamps before and after (u64 epoch, u64 version each), u32 metadata
-length, u32 vector count, the JSON metadata (removed node ids, added (node, kind) pairs) and the added
-vectors as little-endian float32.
+length, u32 vector count, the JSON metadata (removed node ids, added (node, kind) pairs, the added rows'
+token states as (node, length) pairs), the added vectors as little-endian float32, then the token states'
+bytes. Layout 2 added the states: a log of layout 1 is not read (its file, ``EGI4``, is rebuilt anyway).
 
 Invariants: records form a chain (each one's ``before`` is the previous one's ``after``, the first one's
 is the file's stamp); a reader applies records while the chain holds and stops at the first record that
@@ -30,10 +31,10 @@ from engram_api.versions import Stamp
 
 __all__ = ["LOG_HEADER", "Delta", "encode_record", "log_header", "log_token", "read_records"]
 
-LOG_MAGIC = b"EGL1"
+LOG_MAGIC = b"EGL2"
 LOG_HEADER = struct.Struct("<4sQ")
 _RECORD = struct.Struct("<4sII")
-_RECORD_MAGIC = b"EGR1"
+_RECORD_MAGIC = b"EGR2"
 _PAYLOAD = struct.Struct("<QQQQII")
 
 
@@ -46,11 +47,14 @@ class Delta:
     removed: tuple[str, ...]
     added: tuple[tuple[str, Kind], ...]
     vectors: np.ndarray  # (len(added), dim) float32
+    states: tuple[tuple[str, bytes], ...] = ()  # the added rows' packed token states, those that have them
 
     def apply(self, index: UserIndex) -> None:
         """Change ``index`` (a copy nobody else holds) from ``before`` to ``after``."""
         index.remove(self.removed)
-        index.upsert((node, kind, vec) for (node, kind), vec in zip(self.added, self.vectors, strict=True))
+        index.upsert(
+            ((node, kind, vec) for (node, kind), vec in zip(self.added, self.vectors, strict=True)), dict(self.states)
+        )
         index.stamp = self.after
 
 
@@ -67,9 +71,16 @@ def log_token(head: bytes) -> int | None:
 
 
 def encode_record(delta: Delta) -> bytes:
-    meta = json.dumps({"removed": list(delta.removed), "added": [list(a) for a in delta.added]}).encode()
+    meta = json.dumps(
+        {
+            "removed": list(delta.removed),
+            "added": [list(a) for a in delta.added],
+            "states": [[node, len(blob)] for node, blob in delta.states],
+        }
+    ).encode()
     vectors = np.ascontiguousarray(delta.vectors, dtype="<f4").tobytes()
-    payload = _PAYLOAD.pack(*delta.before, *delta.after, len(meta), len(delta.added)) + meta + vectors
+    states = b"".join(blob for _, blob in delta.states)
+    payload = _PAYLOAD.pack(*delta.before, *delta.after, len(meta), len(delta.added)) + meta + vectors + states
     return _RECORD.pack(_RECORD_MAGIC, len(payload), zlib.crc32(payload)) + payload
 
 
@@ -88,9 +99,14 @@ def read_records(data: bytes, dim: int) -> Iterator[tuple[int, Delta]]:
         be, bv, ae, av, meta_len, count = _PAYLOAD.unpack_from(payload)
         meta = json.loads(payload[_PAYLOAD.size : _PAYLOAD.size + meta_len])
         raw = payload[_PAYLOAD.size + meta_len :]
-        if len(raw) != count * dim * 4:
+        sizes = [int(length) for _, length in meta["states"]]
+        if len(raw) != count * dim * 4 + sum(sizes):
             return  # written for another dimension: not this index's record
-        vectors = np.frombuffer(raw, dtype="<f4").reshape(count, dim)
+        vectors = np.frombuffer(raw[: count * dim * 4], dtype="<f4").reshape(count, dim)
+        at, states = count * dim * 4, []
+        for (node, _), size in zip(meta["states"], sizes, strict=True):
+            states.append((str(node), raw[at : at + size]))
+            at += size
         yield (
             end,
             Delta(
@@ -99,6 +115,7 @@ def read_records(data: bytes, dim: int) -> Iterator[tuple[int, Delta]]:
                 removed=tuple(str(n) for n in meta["removed"]),
                 added=tuple((str(n), k) for n, k in meta["added"]),
                 vectors=vectors,
+                states=tuple(states),
             ),
         )
         offset = end

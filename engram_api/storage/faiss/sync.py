@@ -32,7 +32,7 @@ Invariants:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -54,13 +54,15 @@ class VectorChanges:
     """What ``GraphStore.vector_changes(user_id, since)`` read: the user's stamp (read first, and again
     last: ``settled`` is False when the lifetime changed in between), the catch-up horizon (None: a user
     no write of this release has touched, or absent), the ids removed by writes after ``since`` and the
-    embedded records marked after ``since`` as (node id, kind, vector)."""
+    embedded records marked after ``since`` as (node id, kind, vector), with the token states of those
+    that carry them (``states``, by node id: chunks embedded since late interaction)."""
 
     stamp: Stamp
     horizon: int | None
     removed: tuple[str, ...] = ()
     upserts: Sequence[tuple[str, Kind, Sequence[float]]] = field(default_factory=tuple)
     settled: bool = True
+    states: Mapping[str, bytes] = field(default_factory=dict)  # upserted records' packed token states, by id
 
     def usable_from(self, copy: Stamp) -> bool:
         """True when these changes bring a copy at ``copy`` to ``stamp`` (see the module docstring)."""

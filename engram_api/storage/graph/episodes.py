@@ -28,6 +28,7 @@ __all__ = [
     "embedded_texts",
     "episode_text",
     "keyword_terms",
+    "own_end",
     "split_chunks",
     "stored_texts",
     "user_key",
@@ -293,6 +294,16 @@ def embedded_texts(envelope: Envelope, chunks: list[ChunkRecord], context: Embed
     return _in_context(turns, messages, context)
 
 
+REPLY = "\n(replying to "  # where an embedded text's own words end and the turn it answers begins
+
+
+def own_end(embedded: str) -> int:
+    """Where a chunk's own words end in its embedded text (``embedded_texts``): before the turn it answers,
+    else at its end (late interaction keeps the states of those words only, ``storage.embedding.states``)."""
+    at = embedded.find(REPLY)
+    return len(embedded) if at < 0 else at
+
+
 def stored_texts(chunks: list[ChunkRecord], before: list[ChunkRecord], context: EmbedContext) -> list[str]:
     """``embedded_texts`` from what a store holds (the re-embedding of stored chunks): ``chunks`` are one
     stored message's (an episode's, by ``seq``), ``before`` the chunks of the message stored right before it
@@ -330,7 +341,7 @@ def _in_context(
     out: list[str] = []
     for speaker, words, run in messages:
         before = next((t for t in reversed(turns) if context == "prev_turn" or t[0] != speaker), None)
-        reply = "" if before is None else f"\n(replying to {before[0]}: {before[1][:300]})"
+        reply = "" if before is None else f"{REPLY}{before[0]}: {before[1][:300]})"
         out.extend(c.indexed_text + reply for c in run)
         turns.append((speaker, words))
     return out

@@ -198,16 +198,18 @@ class RecallStore(StoreBase):
         user's ``version`` with its ``Usage`` totals (None for a user the store does not hold)."""
 
     def vectors(self, user_id: str) -> tuple[list[VectorItem], int]:
-        """Every fact, entity and episode-chunk embedding of the user, by (kind, id), and the version they
-        reflect."""
+        """Every fact, entity and episode-chunk embedding of the user (with its token states where the record
+        has them), by (kind, id), and the version they reflect."""
         rows, version = self._vectors(user_id)
-        items = [VectorItem.model_validate({"node_id": n, "kind": k, "embedding": v}) for n, k, v in rows]
+        items = [
+            VectorItem.model_validate({"node_id": n, "kind": k, "embedding": v, "states": s}) for n, k, v, s in rows
+        ]
         return sorted(items, key=lambda item: (item.kind, item.node_id)), version
 
     @abstractmethod
-    def _vectors(self, user_id: str) -> tuple[list[tuple[str, str, list[float]]], int]:
-        """One snapshot: (node id, kind, embedding) of each embedded fact, entity and chunk, and the
-        version (0 for a user the store does not hold)."""
+    def _vectors(self, user_id: str) -> tuple[list[tuple[str, str, list[float], bytes | None]], int]:
+        """One snapshot: (node id, kind, embedding, token states or None) of each embedded fact, entity and
+        chunk, and the version (0 for a user the store does not hold)."""
 
     @abstractmethod
     @guarded(distinct("chunk_ids", "episode_ids"))

@@ -14,7 +14,7 @@ Invariants:
 from __future__ import annotations
 
 from abc import abstractmethod
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any, get_args
 
@@ -243,9 +243,16 @@ class UpkeepStore(StoreBase):
 
     @abstractmethod
     @guarded(_known("context"), _listed("vectors"))
-    def reembed_chunks(self, user_id: str, context: str, vectors: Sequence[tuple[str, list[float]]]) -> list[str]:
+    def reembed_chunks(
+        self,
+        user_id: str,
+        context: str,
+        vectors: Sequence[tuple[str, list[float]]],
+        states: Mapping[str, bytes] | None = None,
+    ) -> list[str]:
         """One transaction: each of the user's chunks ``vectors`` names (id, vector) whose vector is still
-        another context's gets that vector and ``context``; a chunk written meanwhile under ``context`` (by
+        another context's gets that vector, its token states (``states`` by id; none when absent) and
+        ``context``; a chunk written meanwhile under ``context`` (by
         apply) keeps its own. Bumps the version marking the chunks written (so every copy catches up by
         version) when any was; returns their ids, sorted."""
 

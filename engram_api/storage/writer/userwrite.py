@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from functools import partial
 from typing import TYPE_CHECKING, TypeVar
 
@@ -111,9 +111,11 @@ class UserWrite:
         upserts: Iterable[tuple[str, Kind, Sequence[float]]] = (),
         removals: Iterable[str] = (),
         changed: bool = True,
+        states: Mapping[str, bytes] | None = None,
     ) -> Stamp:
         """Bring the index, the published stamp and the caches to the graph's state after this write.
-        ``changed=False``: a maintenance write no maintenance job needs to look at again (``changes``)."""
+        ``changed=False``: a maintenance write no maintenance job needs to look at again (``changes``);
+        ``states``: the packed token states of the upserted records that have them (as the graph holds)."""
         owner, user_id, after = self._owner, self.user_id, self.stamp
         removals = tuple(removals)
         if after == ABSENT and self.before != ABSENT and owner.redis is not None:
@@ -125,7 +127,13 @@ class UserWrite:
             owner.drop_caches(user_id)  # another writer owns the user now: its finish covers ours
             return after
         owner.keeper.advance(
-            user_id, from_stamp=self.before, to_stamp=after, upserts=upserts, removals=removals, feed=self._feed()
+            user_id,
+            from_stamp=self.before,
+            to_stamp=after,
+            upserts=upserts,
+            removals=removals,
+            feed=self._feed(),
+            states=states,
         )
         if owner.redis is not None:
             if self.before == ABSENT and not self._none_published:

@@ -1,7 +1,7 @@
 """Neo4j side of episodes as memories: chunk nodes, the Lucene full-text keyword index, their queries.
 
 Graph shape: ``(:Chunk {id, user_id, ukey, episode_id, seq, text, body, speaker, role, event_time,
-embedding, created_at, embedded_with})-[:PART_OF]->(:Episode)``; ``body`` is the indexed text (the speaker's name with
+embedding, token_states, created_at, embedded_with})-[:PART_OF]->(:Episode)``; ``body`` is the indexed text (the speaker's name with
 the words). Facts carry ``ukey`` too. Invariants:
 - one full-text index ``engram_keyword`` over ``Chunk.body``, ``Fact.statement`` and both ``ukey``s,
   updated at commit (not eventually consistent), so a committed apply or forget is what search sees;
@@ -138,7 +138,7 @@ RETURN {CHUNK_ROW} AS row
 Q_REEMBED_SET = f"""
 UNWIND $rows AS r
 MATCH (c:Chunk {{user_id: $user_id, id: r.id}}) WHERE {_OTHER_POLICY}
-SET c.embedding = r.embedding, c.embedded_with = $context
+SET c.embedding = r.embedding, c.token_states = r.token_states, c.embedded_with = $context
 RETURN c.id AS id ORDER BY id
 """
 # The policy every chunk vector was made with, on the schema marker (as the decay policy, ``Q_FADING``).

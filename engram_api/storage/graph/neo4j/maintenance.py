@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any, cast
 
@@ -114,8 +115,15 @@ class Neo4jMaintenance(Neo4jConnection):
         )
         return shape.live_chunks(rows)
 
-    def reembed_chunks(self, user_id: str, context: str, vectors: list[tuple[str, list[float]]]) -> list[str]:
-        rows = [{"id": c, "embedding": shape.vector(v)} for c, v in vectors]
+    def reembed_chunks(
+        self,
+        user_id: str,
+        context: str,
+        vectors: list[tuple[str, list[float]]],
+        states: Mapping[str, bytes] | None = None,
+    ) -> list[str]:
+        held = states or {}
+        rows = [{"id": c, "embedding": shape.vector(v), "token_states": held.get(c)} for c, v in vectors]
 
         def work(tx: ManagedTransaction) -> list[str]:
             params = {"user_id": user_id, "context": context, "rows": rows}

@@ -210,6 +210,7 @@ def chunk_props(c: ChunkRecord, user_id: str, episode_id: str, context: str | No
         "role": c.role,
         "event_time": instant(c.event_time),
         "embedding": vector(c.embedding),
+        "token_states": c.token_states,
         "created_at": instant(c.created_at),
         "embedded_with": context,
     }

@@ -322,9 +322,12 @@ class Neo4jGraphStore(Neo4jDeletion, Neo4jMaintenance, Neo4jVectors, Neo4jConnec
 
         return self._read(work)
 
-    def _vectors(self, user_id: str) -> tuple[list[tuple[str, str, list[float]]], int]:
-        def work(tx: ManagedTransaction) -> tuple[list[tuple[str, str, list[float]]], int]:
-            rows = [(r["node_id"], r["kind"], r["embedding"]) for r in tx.run(cy.Q_VECTORS, user_id=user_id)]
+    def _vectors(self, user_id: str) -> tuple[list[tuple[str, str, list[float], bytes | None]], int]:
+        def work(tx: ManagedTransaction) -> tuple[list[tuple[str, str, list[float], bytes | None]], int]:
+            rows = [
+                (r["node_id"], r["kind"], r["embedding"], None if r["states"] is None else bytes(r["states"]))
+                for r in tx.run(cy.Q_VECTORS, user_id=user_id)
+            ]
             record = tx.run(cy.Q_VERSION, user_id=user_id).single()
             return rows, 0 if record is None else int(record["version"])
 

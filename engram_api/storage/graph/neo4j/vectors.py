@@ -38,15 +38,15 @@ WITH coalesce(u.epoch, 0) AS epoch, coalesce(u.version, 0) AS version, u.vectors
     + """CALL () {
   CALL () {
     MATCH (f:Fact {user_id: $user_id}) WHERE f.changed > $since AND f.embedding IS NOT NULL
-    RETURN f.id AS node_id, 'fact' AS kind, f.embedding AS embedding
+    RETURN f.id AS node_id, 'fact' AS kind, f.embedding AS embedding, null AS states
     UNION ALL
     MATCH (e:Entity {user_id: $user_id}) WHERE e.changed > $since AND e.embedding IS NOT NULL
-    RETURN e.id AS node_id, 'entity' AS kind, e.embedding AS embedding
+    RETURN e.id AS node_id, 'entity' AS kind, e.embedding AS embedding, null AS states
     UNION ALL
     MATCH (c:Chunk {user_id: $user_id}) WHERE c.changed > $since AND c.embedding IS NOT NULL
-    RETURN c.id AS node_id, 'episode' AS kind, c.embedding AS embedding
+    RETURN c.id AS node_id, 'episode' AS kind, c.embedding AS embedding, c.token_states AS states
   }
-  RETURN collect([node_id, kind, embedding]) AS upserts
+  RETURN collect([node_id, kind, embedding, states]) AS upserts
 }
 """
 )
@@ -98,6 +98,7 @@ def _vectors(row: Record) -> VectorChanges:
         stamp=Stamp(int(row["epoch"]), int(row["version"])),
         horizon=None if horizon is None else int(horizon),
         removed=tuple(row["removed"]),
-        upserts=[(node, kind, embedding) for node, kind, embedding in row["upserts"]],
+        upserts=[(node, kind, embedding) for node, kind, embedding, _ in row["upserts"]],
         settled=int(row["epoch_after"]) == int(row["epoch"]),
+        states={node: bytes(states) for node, _, _, states in row["upserts"] if states is not None},
     )

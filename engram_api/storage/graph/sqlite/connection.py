@@ -127,16 +127,17 @@ class SqliteConnection(GraphStore):
         # Files created before these columns existed: add them. Users read as epoch 0; records as
         # marked by no write (version 0), which every snapshot taken since holds already.
         # ``vectors_from`` stays NULL (no catch-up history) until this release's first write of the user;
-        # ``embedded_with`` NULL: a chunk vector of a policy not known (the re-embedding pass redoes it).
+        # ``embedded_with`` NULL: a chunk vector of a policy not known (the re-embedding pass redoes it);
+        # ``token_states`` NULL: a chunk without token states (its cosine stands in, ``reader.rerank``).
         columns = (
             ("users", "epoch", "NOT NULL DEFAULT 0"), ("users", "removed", "NOT NULL DEFAULT 0"),
             ("users", "vectors_from", ""), ("facts", "changed", "NOT NULL DEFAULT 0"),
             ("chunks", "changed", "NOT NULL DEFAULT 0"), ("entities", "changed", "NOT NULL DEFAULT 0"),
-            ("facts", "archive_due_at", ""), ("chunks", "embedded_with", "TEXT"),
+            ("facts", "archive_due_at", ""), ("chunks", "embedded_with", "TEXT"), ("chunks", "token_states", "BLOB"),
         )  # fmt: skip
         for table, column, constraint in columns:
             if column not in {r["name"] for r in conn.execute(f"PRAGMA table_info({table})")}:
-                declared = constraint if constraint.startswith("TEXT") else f"INTEGER {constraint}"
+                declared = constraint if constraint.startswith(("TEXT", "BLOB")) else f"INTEGER {constraint}"
                 try:
                     conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} {declared}")
                 except sqlite3.OperationalError as exc:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from engram_api.models import ChunkRecord, KeywordHit
@@ -57,6 +57,7 @@ CREATE TABLE IF NOT EXISTS chunks (
     created_at INTEGER NOT NULL,
     changed    INTEGER NOT NULL DEFAULT 0,  -- the version of the write that created it
     embedded_with TEXT,  -- the ENGRAM_CHUNK_EMBED_CONTEXT its vector was made with; NULL: not known
+    token_states BLOB,  -- its own words' packed token states (embedding.states); NULL: none
     UNIQUE (user_id, id),
     FOREIGN KEY (user_id, episode_id) REFERENCES episodes (user_id, id) ON DELETE CASCADE
 );
@@ -139,11 +140,11 @@ def insert_chunks(
     """Insert chunks whose vectors were made under ``context`` (``WritePlan.chunk_context``)."""
     conn.executemany(
         """INSERT INTO chunks (id, user_id, episode_id, seq, text, speaker, role, event_time, embedding, created_at,
-                               embedded_with)
-           VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)""",
+                               embedded_with, token_states)
+           VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)""",
         [
             (c.id, c.user_id, c.episode_id, c.seq, c.text, c.speaker, c.role, us(c.event_time), blob(c.embedding),
-             us(c.created_at), context)
+             us(c.created_at), context, c.token_states)
             for c in chunks
         ],
     )  # fmt: skip
@@ -181,15 +182,20 @@ def chunks_to_reembed(
 
 
 def reembed_chunks(
-    conn: sqlite3.Connection, user_id: str, context: str, vectors: Sequence[tuple[str, bytes | None]]
+    conn: sqlite3.Connection,
+    user_id: str,
+    context: str,
+    vectors: Sequence[tuple[str, bytes | None]],
+    states: Mapping[str, bytes],
 ) -> list[str]:
-    """Give each chunk still of another policy its vector and ``context``; the ids written, sorted."""
+    """Give each chunk still of another policy its vector, its token states (``states``; none when absent)
+    and ``context``; the ids written, sorted."""
     written = []
     for chunk_id, blob in vectors:
         row = conn.execute(
-            """UPDATE chunks SET embedding = ?, embedded_with = ?
+            """UPDATE chunks SET embedding = ?, token_states = ?, embedded_with = ?
                 WHERE user_id = ? AND id = ? AND embedded_with IS NOT ? RETURNING id""",
-            (blob, context, user_id, chunk_id, context),
+            (blob, states.get(chunk_id), context, user_id, chunk_id, context),
         ).fetchone()
         if row is not None:
             written.append(row[0])

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
@@ -105,9 +106,17 @@ class SqliteMaintenance(SqliteConnection):
     def chunks_to_reembed(self, user_id: str, context: str, *, after: str, batch: int) -> list[ChunkRecord]:
         return episodes_sql.chunks_to_reembed(self._conn(), user_id, context, after, batch, db.from_us)
 
-    def reembed_chunks(self, user_id: str, context: str, vectors: list[tuple[str, list[float]]]) -> list[str]:
+    def reembed_chunks(
+        self,
+        user_id: str,
+        context: str,
+        vectors: list[tuple[str, list[float]]],
+        states: Mapping[str, bytes] | None = None,
+    ) -> list[str]:
         with self._write() as conn:
-            written = episodes_sql.reembed_chunks(conn, user_id, context, [(c, db.to_blob(v)) for c, v in vectors])
+            written = episodes_sql.reembed_chunks(
+                conn, user_id, context, [(c, db.to_blob(v)) for c, v in vectors], states or {}
+            )
             if written:
                 db.bump(conn, user_id, None, chunks=written)
         return written

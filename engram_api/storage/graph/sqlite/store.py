@@ -329,21 +329,21 @@ class SqliteGraphStore(SqliteDeletion, SqliteMaintenance, SqliteVectors, SqliteC
             ).fetchone()
         return counts, None if user is None else dict(user)
 
-    def _vectors(self, user_id: str) -> tuple[list[tuple[str, str, list[float]]], int]:
+    def _vectors(self, user_id: str) -> tuple[list[tuple[str, str, list[float], bytes | None]], int]:
         with self._read() as conn:
             rows = conn.execute(
-                """SELECT id, 'fact' AS kind, embedding FROM facts
+                """SELECT id, 'fact' AS kind, embedding, NULL AS token_states FROM facts
                     WHERE user_id = :user_id AND embedding IS NOT NULL
                    UNION ALL
-                   SELECT id, 'entity' AS kind, embedding FROM entities
+                   SELECT id, 'entity' AS kind, embedding, NULL FROM entities
                     WHERE user_id = :user_id AND embedding IS NOT NULL
                    UNION ALL
-                   SELECT id, 'episode' AS kind, embedding FROM chunks
+                   SELECT id, 'episode' AS kind, embedding, token_states FROM chunks
                     WHERE user_id = :user_id AND embedding IS NOT NULL""",
                 {"user_id": user_id},
             ).fetchall()
             version = db.read_version(conn, user_id)
-        return [(r["id"], r["kind"], db.from_blob(r["embedding"])) for r in rows], version
+        return [(r["id"], r["kind"], db.from_blob(r["embedding"]), r["token_states"]) for r in rows], version
 
     def get_chunks(self, user_id: str, chunk_ids: list[str], *, episode_ids: list[str]) -> list[ChunkRecord]:
         return episodes_sql.get_chunks(

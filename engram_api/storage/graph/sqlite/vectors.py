@@ -21,13 +21,13 @@ from engram_api.storage.graph.sqlite.connection import SqliteConnection
 __all__ = ["SqliteVectors", "removed_since"]
 
 _UPSERTS = """
-SELECT id, 'fact' AS kind, embedding FROM facts
+SELECT id, 'fact' AS kind, embedding, NULL AS token_states FROM facts
  WHERE user_id = :user_id AND changed > :since AND embedding IS NOT NULL
 UNION ALL
-SELECT id, 'entity' AS kind, embedding FROM entities
+SELECT id, 'entity' AS kind, embedding, NULL FROM entities
  WHERE user_id = :user_id AND changed > :since AND embedding IS NOT NULL
 UNION ALL
-SELECT id, 'episode' AS kind, embedding FROM chunks
+SELECT id, 'episode' AS kind, embedding, token_states FROM chunks
  WHERE user_id = :user_id AND changed > :since AND embedding IS NOT NULL
 """
 
@@ -66,11 +66,16 @@ def _vectors(conn: sqlite3.Connection, user_id: str, since: int) -> VectorChange
     before = db.read_stamp(conn, user_id)
     row = conn.execute("SELECT vectors_from FROM users WHERE user_id = ?", (user_id,)).fetchone()
     removed = removed_since(conn, user_id, since)
-    upserts = [
-        (r["id"], r["kind"], np.frombuffer(r["embedding"], dtype=np.float32)) for r in conn.execute(_UPSERTS, params)
-    ]
+    rows = conn.execute(_UPSERTS, params).fetchall()
+    upserts = [(r["id"], r["kind"], np.frombuffer(r["embedding"], dtype=np.float32)) for r in rows]
+    states = {r["id"]: r["token_states"] for r in rows if r["token_states"] is not None}
     after = db.read_stamp(conn, user_id)
     horizon = None if row is None or row[0] is None else int(row[0])
     return VectorChanges(
-        stamp=before, horizon=horizon, removed=removed, upserts=upserts, settled=after.epoch == before.epoch
+        stamp=before,
+        horizon=horizon,
+        removed=removed,
+        upserts=upserts,
+        settled=after.epoch == before.epoch,
+        states=states,
     )

@@ -75,13 +75,13 @@ Q_CHANGED_FACTS = f"MATCH (f:Fact {{user_id: $user_id}}) WHERE f.changed > $sinc
 Q_VECTORS = """
 CALL () {
   MATCH (f:Fact {user_id: $user_id}) WHERE f.embedding IS NOT NULL
-  RETURN f.id AS node_id, 'fact' AS kind, f.embedding AS embedding
+  RETURN f.id AS node_id, 'fact' AS kind, f.embedding AS embedding, null AS states
   UNION ALL
   MATCH (e:Entity {user_id: $user_id}) WHERE e.embedding IS NOT NULL
-  RETURN e.id AS node_id, 'entity' AS kind, e.embedding AS embedding
+  RETURN e.id AS node_id, 'entity' AS kind, e.embedding AS embedding, null AS states
   UNION ALL
   MATCH (c:Chunk {user_id: $user_id}) WHERE c.embedding IS NOT NULL
-  RETURN c.id AS node_id, 'episode' AS kind, c.embedding AS embedding
+  RETURN c.id AS node_id, 'episode' AS kind, c.embedding AS embedding, c.token_states AS states
 }
-RETURN node_id, kind, embedding
+RETURN node_id, kind, embedding, states
 """
