@@ -109,6 +109,8 @@ class EntityRecord(Record):
 
 
 class FactRecord(Record):
+    model_config = ConfigDict(extra="ignore", ser_json_bytes="base64", val_json_bytes="base64")
+
     subject_id: str
     subject_name: str = ""
     predicate: str
@@ -126,6 +128,7 @@ class FactRecord(Record):
     last_decay_at: datetime | None = None
     source_ids: list[str] = Field(default_factory=list)
     embedding: list[float] | None = None
+    token_states: bytes | None = None  # its statement's packed token states (as ChunkRecord's), on writes only
 
     def current_at(self, at: datetime | None) -> bool:
         """Valid at ``at``; current (valid at now) when None: ``storage.graph.validity`` defines both."""

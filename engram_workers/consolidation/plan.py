@@ -103,8 +103,10 @@ class Incoming:
 
     @property
     def ends(self) -> dict[str, int]:
-        """Each chunk's embedded text and where its own words end in it (the turn it answers follows)."""
-        return {t: own_end(t) for t in self.embedded}
+        """The texts whose token states apply keeps (late interaction) and where their own words end: each
+        chunk's embedded text (the turn it answers follows), each fact statement (all of it)."""
+        statements = (" ".join(f.statement.split())[:1000] for f in self.extraction.facts)
+        return {**{s: len(s) for s in statements}, **{t: own_end(t) for t in self.embedded}}
 
 
 @dataclass
@@ -202,6 +204,7 @@ def _draft_facts(envelope: Envelope, extraction: Extraction, resolver: Resolver)
             out.hints[draft.id] = fact.updates
     for draft in out.facts:
         draft.embedding = resolver.vectors(draft.statement).tolist()
+        draft.token_states = resolver.vectors.states(draft.statement)
     return out
 
 
@@ -362,5 +365,7 @@ def plan_message(message: Incoming, *, graph: GraphStore, index: UserIndex, vect
             ent.embedding = vectors(ent.name).tolist()
         upserts.append((ent.id, "entity", ent.embedding))
     upserts.extend((c.id, "episode", c.embedding) for c in chunks if c.embedding is not None)
-    states = {c.id: c.token_states for c in chunks if c.embedding is not None and c.token_states is not None}
+    states = {
+        r.id: r.token_states for r in (*new_facts, *chunks) if r.embedding is not None and r.token_states is not None
+    }
     return Planned(plan=plan, upserts=upserts, states=states)

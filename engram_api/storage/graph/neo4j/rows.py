@@ -139,6 +139,7 @@ def fact_props(fact: FactRecord, user_id: str, due: datetime | None) -> dict[str
         "last_decay_at": instant(fact.last_decay_at),
         "archive_due_at": instant(due),
         "embedding": vector(fact.embedding),
+        "token_states": fact.token_states,
         "ukey": user_key(user_id),
         "created_at": instant(fact.created_at),
         "updated_at": instant(fact.updated_at),

@@ -38,7 +38,7 @@ WITH coalesce(u.epoch, 0) AS epoch, coalesce(u.version, 0) AS version, u.vectors
     + """CALL () {
   CALL () {
     MATCH (f:Fact {user_id: $user_id}) WHERE f.changed > $since AND f.embedding IS NOT NULL
-    RETURN f.id AS node_id, 'fact' AS kind, f.embedding AS embedding, null AS states
+    RETURN f.id AS node_id, 'fact' AS kind, f.embedding AS embedding, f.token_states AS states
     UNION ALL
     MATCH (e:Entity {user_id: $user_id}) WHERE e.changed > $since AND e.embedding IS NOT NULL
     RETURN e.id AS node_id, 'entity' AS kind, e.embedding AS embedding, null AS states

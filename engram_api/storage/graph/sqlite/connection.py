@@ -134,6 +134,7 @@ class SqliteConnection(GraphStore):
             ("users", "vectors_from", ""), ("facts", "changed", "NOT NULL DEFAULT 0"),
             ("chunks", "changed", "NOT NULL DEFAULT 0"), ("entities", "changed", "NOT NULL DEFAULT 0"),
             ("facts", "archive_due_at", ""), ("chunks", "embedded_with", "TEXT"), ("chunks", "token_states", "BLOB"),
+            ("facts", "token_states", "BLOB"),
         )  # fmt: skip
         for table, column, constraint in columns:
             if column not in {r["name"] for r in conn.execute(f"PRAGMA table_info({table})")}:

@@ -332,8 +332,9 @@ def insert_fact(conn: sqlite3.Connection, fact: FactRecord, due: datetime | None
     conn.execute(
         """INSERT INTO facts (id, user_id, subject_id, predicate, object_id, statement, memory_type,
                               importance, strength, single_valued, valid_from, valid_until, superseded_by,
-                              archived, last_decay_at, archive_due_at, embedding, created_at, updated_at)
-           VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)""",
+                              archived, last_decay_at, archive_due_at, embedding, created_at, updated_at,
+                              token_states)
+           VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)""",
         (
             fact.id,
             fact.user_id,
@@ -354,6 +355,7 @@ def insert_fact(conn: sqlite3.Connection, fact: FactRecord, due: datetime | None
             to_blob(fact.embedding),
             to_us(fact.created_at),
             to_us(fact.updated_at),
+            fact.token_states,
         ),
     )
     edges = [(fact.id, fact.subject_id, "subject", fact.user_id)]

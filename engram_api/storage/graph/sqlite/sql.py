@@ -93,6 +93,7 @@ CREATE TABLE IF NOT EXISTS facts (
     last_decay_at INTEGER,
     archive_due_at INTEGER,  -- when its strength fades below the archive threshold (graph.fading); NULL: never
     embedding     BLOB,
+    token_states  BLOB,  -- its statement's packed token states (embedding.states); NULL: none
     created_at    INTEGER NOT NULL,
     updated_at    INTEGER NOT NULL,
     changed       INTEGER NOT NULL DEFAULT 0  -- the version of the last write that created or changed it

@@ -332,7 +332,7 @@ class SqliteGraphStore(SqliteDeletion, SqliteMaintenance, SqliteVectors, SqliteC
     def _vectors(self, user_id: str) -> tuple[list[tuple[str, str, list[float], bytes | None]], int]:
         with self._read() as conn:
             rows = conn.execute(
-                """SELECT id, 'fact' AS kind, embedding, NULL AS token_states FROM facts
+                """SELECT id, 'fact' AS kind, embedding, token_states FROM facts
                     WHERE user_id = :user_id AND embedding IS NOT NULL
                    UNION ALL
                    SELECT id, 'entity' AS kind, embedding, NULL FROM entities

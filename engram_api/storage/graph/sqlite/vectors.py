@@ -21,7 +21,7 @@ from engram_api.storage.graph.sqlite.connection import SqliteConnection
 __all__ = ["SqliteVectors", "removed_since"]
 
 _UPSERTS = """
-SELECT id, 'fact' AS kind, embedding, NULL AS token_states FROM facts
+SELECT id, 'fact' AS kind, embedding, token_states FROM facts
  WHERE user_id = :user_id AND changed > :since AND embedding IS NOT NULL
 UNION ALL
 SELECT id, 'entity' AS kind, embedding, NULL FROM entities

@@ -75,7 +75,7 @@ Q_CHANGED_FACTS = f"MATCH (f:Fact {{user_id: $user_id}}) WHERE f.changed > $sinc
 Q_VECTORS = """
 CALL () {
   MATCH (f:Fact {user_id: $user_id}) WHERE f.embedding IS NOT NULL
-  RETURN f.id AS node_id, 'fact' AS kind, f.embedding AS embedding, null AS states
+  RETURN f.id AS node_id, 'fact' AS kind, f.embedding AS embedding, f.token_states AS states
   UNION ALL
   MATCH (e:Entity {user_id: $user_id}) WHERE e.embedding IS NOT NULL
   RETURN e.id AS node_id, 'entity' AS kind, e.embedding AS embedding, null AS states
