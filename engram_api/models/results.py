@@ -153,7 +153,7 @@ class RecallResult(_Model):
         default_factory=dict,
         description="per step, in milliseconds: embed, catchup (the wait after embed for a catch-up of the"
         " reader's copies after a write, when one ran), index, faiss, keyword (the wait left after embed), graph,"
-        " records, fusion; cache alone for a cached result",
+        " records, late (the second look's late interaction, when it ran), fusion; cache alone for a cached result",
     )
 
 

@@ -41,6 +41,7 @@ from engram_api.reader.scoring import Scoring, Weights, by_rank, normalized, wor
 from engram_api.reader.sessions import NO_SESSIONS, SessionShares
 from engram_api.reader.state import RecallRun, TimeWindow
 from engram_api.settings import Settings
+from engram_api.storage.embedding.states import maxsims
 from engram_api.storage.faiss.files import UserIndex, VectorHit
 from engram_api.storage.graph.contract import GraphStepQuery, GraphStore
 from engram_api.storage.graph.episodes import keyword_terms
@@ -295,8 +296,18 @@ class _Run(RecallRun):
                 )
         rows = scoring.rows(self.cands, sims, hops, weights.values(), fusion=recipe.fusion, unit=unit)
         rows.sort(key=lambda r: (-r[0], r[1]))  # best first, ties by id: the order docs/api.md states
-        rows = similarity_step(rows, recipe)  # the top re-scored by similarity, still best first (``reader.rerank``)
+        # The top re-scored by late interaction or similarity, still best first (``reader.rerank``).
+        rows = similarity_step(rows, recipe, self._late([node_id for _, node_id, _, _ in rows[: recipe.rerank_depth]]))
         return result_items(rows[:k], self.hops, self.now)
+
+    def _late(self, node_ids: list[str]) -> dict[str, float]:
+        """MaxSim of the query's token states against each of ``node_ids`` whose record has states in the
+        user's index (``storage.embedding.states``); empty without query states or a late-interaction recipe."""
+        if self.qstates is None or not len(self.qstates) or not self.recipe.late_interaction:
+            return {}
+        with self.timed("late"):
+            held = self.index.states_for(node_ids)
+            return dict(zip(held, maxsims(self.qstates, list(held.values())), strict=True))
 
 
 def keyword_hits(
@@ -337,12 +348,14 @@ def recall_items(
     cues: QueryCues,
     qstems: frozenset[str],
     terms: Mapping[str, frozenset[str]],
+    qstates: np.ndarray | None = None,
 ) -> list[RecallItem]:
     """``keyword``: the keyword channel's hits (``keyword_hits``), started by the caller before it embedded
     the query, so the store's full-text search runs while the encoder does; None without that channel.
     ``cues`` and ``qstems``: the query's cues and stemmed keywords (``query_stems``), read by the caller
     while the encoder runs too: they need no vector. ``terms``: the user's memo of texts' terms
-    (``reader.terms``).
+    (``reader.terms``). ``qstates``: the query's token states, from its vector's pass (late interaction in
+    the second look, ``reader.rerank``; None: the cosine).
     Adds to ``timings`` the ms spent in FAISS (``faiss``), waiting for the keyword hits (``keyword``), in
     the graph step (``graph``), reading other records (``records``) and the rest (``fusion``)."""
     run = _Run(
@@ -360,6 +373,7 @@ def recall_items(
         cues=cues,
         qstems=qstems,
         terms=terms,
+        qstates=qstates,
     )
     start = time.perf_counter()
     run.channels()

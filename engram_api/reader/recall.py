@@ -210,7 +210,7 @@ class RecallReader:
         # vector then runs on a reader thread (``_begin``), let go only as this thread enters the model, whose
         # ``run`` lets go of the GIL: that Python runs inside the model call instead of between the encoder's
         # steps, and the encoder's path takes the GIL back once, after the model.
-        embedding = self.embedder.prepare_one(query, user_id=user_id)
+        embedding = self.embedder.prepare_one(query, user_id=user_id, states=recipe.late_interaction)
         if embedding.ready:  # kept by the encoder's cache: no model call to overlap
             begun = self._begin(user_id, query, key, recipe, window, known)
         else:
@@ -259,6 +259,7 @@ class RecallReader:
             cues=cues,
             qstems=qstems,
             terms=self.snapshots.terms(user_id, version, snapshot),
+            qstates=embedding.states(),
         )
         recall_id = uuid.uuid4().hex
         result = RecallResult(

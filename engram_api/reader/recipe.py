@@ -23,10 +23,18 @@ Hits bring their neighbours: a fact its source episode, an episode the facts ext
 with ``window`` > 0, the turns around it by another speaker (the exchange it is part of: the question a
 short answer answers); such an item gets ``link_share`` of its parent's fusion score. A fact ranks at
 least with the best excerpt of its source message, and an excerpt whose extracted facts have all ended
-keeps half its fusion score. Then the similarity step (``reader.rerank``, with a vector channel): each of the
-top ``rerank_depth`` items gets ``rerank_similarity`` times its query similarity min-max normalized over them
-(1.5 over the top 40, chosen on the dev conversations: 1.0 and 2.0 gained about as much, a keyword weight
-of 3.5 or 2.5 with it less).
+keeps half its fusion score. Then the second look (``reader.rerank``, with a vector channel): each of the
+top ``rerank_depth`` items gets a weight times its signal min-max normalized over them. With
+``rerank_signal`` "similarity" (the default) the signal is the cosine and the weight ``rerank_similarity``
+(1.5 over the top 40, chosen on the dev conversations: 1.0 and 2.0 gained about as much, a keyword weight of
+3.5 or 2.5 with it less). With "late_interaction" it is MaxSim between the query's and the item's MiniLM
+token states (``storage.embedding.states``: chunks' and fact statements'; an item stored without states
+gives its cosine instead) and the weight ``rerank_late`` (4.5, chosen offline on the dev conversations: 3.0
+and 6.0 gained about as much; docs/benchmarks/history.md, "Late interaction ..."); when neither the query
+nor any of those items has states it is the similarity step. Not the default: it lifted conv-30 (R@10 /
+MRR 0.811 / 0.563 -> 0.814 / 0.601) but put the multi-hop demo's answer, the fact the graph reached
+(``tests/test_reader.py``, "what company does my brother work for?"), out of the top 3, with facts'
+states as without them (docs/benchmarks/history.md, "Late interaction built into the product").
 Items are returned best first by their final score (the step's share included); nothing reorders them after.
 """
 
@@ -87,6 +95,27 @@ class RecallRecipe(BaseModel):
         "over them (with a vector channel; reader.rerank)",
     )
     rerank_depth: int = Field(40, ge=0, le=200, description="how many top items the similarity step re-scores")
+    rerank_signal: Literal["late_interaction", "similarity"] = Field(
+        "similarity",
+        description="the second look's signal: MaxSim over MiniLM token states (an item without states gives "
+        "its cosine), or the query similarity (reader.rerank)",
+    )
+    rerank_late: float = Field(
+        4.5,
+        ge=0,
+        description="added to each of the top rerank_depth items, times its late-interaction signal min-max "
+        "normalized over them (rerank_signal late_interaction; reader.rerank)",
+    )
+
+    @property
+    def late_interaction(self) -> bool:
+        """Whether the second look asks for token states (the query's, the top items')."""
+        return (
+            self.rerank_signal == "late_interaction"
+            and self.rerank_late > 0
+            and self.rerank_depth > 0
+            and (self.uses("episode_vector") or self.uses("fact_vector"))
+        )
 
     def uses(self, channel: RetrievalChannel) -> bool:
         return channel in self.channels

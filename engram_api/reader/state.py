@@ -85,6 +85,7 @@ class RecallRun:
     cues: QueryCues
     terms: Mapping[str, frozenset[str]]  # the user's memo of texts' terms (``reader.terms``)
     qstems: frozenset[str] = frozenset()
+    qstates: np.ndarray | None = None  # the query's token states (late interaction; ``reader.rerank``)
     now: datetime = field(default_factory=utcnow)  # the recall's one reading of the clock
     at: datetime = field(init=False)  # the window's instant: ``as_of``, else ``now``
     facts: dict[str, AnyFact] = field(default_factory=dict)  # models, or a held snapshot's views of them

@@ -58,17 +58,23 @@ def pack(states: np.ndarray) -> bytes:
     return _HEADER.pack(SIGNS, tokens, dim) + np.packbits(states >= 0, axis=1).tobytes()
 
 
-def unpack(blob: bytes) -> np.ndarray:
-    """The stored states as float32 rows of unit length ([tokens, dim])."""
+def _read(blob: bytes) -> tuple[int, int]:
+    """The tokens and dim of a stored blob, its header and length checked."""
     if len(blob) < _HEADER.size:
         raise ValueError("token states: truncated header")
     form, tokens, dim = _HEADER.unpack_from(blob)
     if form != SIGNS:
         raise ValueError(f"token states: unknown format {form}")
-    bits = np.frombuffer(blob, dtype=np.uint8, offset=_HEADER.size)
-    if bits.size != tokens * ((dim + 7) // 8):
+    if len(blob) - _HEADER.size != tokens * ((dim + 7) // 8):
         raise ValueError("token states: length does not match the header")
-    signs = np.unpackbits(bits.reshape(tokens, (dim + 7) // 8), axis=1, count=dim).astype(np.float32)
+    return tokens, dim
+
+
+def unpack(blob: bytes) -> np.ndarray:
+    """The stored states as float32 rows of unit length ([tokens, dim])."""
+    tokens, dim = _read(blob)
+    bits = np.frombuffer(blob, dtype=np.uint8, offset=_HEADER.size).reshape(tokens, (dim + 7) // 8)
+    signs = np.unpackbits(bits, axis=1, count=dim).astype(np.float32)
     return (signs * 2 - 1) / np.float32(np.sqrt(dim))
 
 
@@ -80,14 +86,22 @@ def maxsim(query: np.ndarray, doc: np.ndarray) -> float:
 
 
 def maxsims(query: np.ndarray, blobs: Sequence[bytes]) -> list[float]:
-    """``maxsim(query, unpack(b))`` for each stored ``b``, with one product over all of them."""
-    docs = [unpack(b) for b in blobs]
-    sizes = [len(d) for d in docs]
+    """``maxsim(query, unpack(b))`` for each stored ``b`` (to float rounding): the bits of every blob unpacked
+    at once and multiplied by the query as 0/1 (a sign is ``2 bit - 1``, so a token's best
+    ``q . s = (2 max(q . bits) - sum q) / sqrt(dim)``), one small product a candidate. Measured on 40 stored
+    turns of ~27 tokens and a 12-token query (process CPU medians, load ~13): 1.0-1.6 ms against 1.4-2.1 ms
+    unpacking each blob to floats. Not one product over every candidate's tokens: 0.6 ms on one BLAS thread,
+    but large enough for OpenBLAS to spread over its threads, and on the busy machine it took 6-16 ms."""
+    sizes = [_read(b)[0] for b in blobs]
     if not len(query) or not any(sizes):
-        return [0.0] * len(docs)
-    present = [d for d in docs if len(d)]
-    products = query @ np.concatenate(present).T  # [query tokens, all candidates' tokens]
-    starts = np.cumsum([0] + [len(d) for d in present[:-1]])
-    best = np.maximum.reduceat(products, starts, axis=1).mean(axis=0)
-    scores = iter(best.tolist())
-    return [next(scores) if n else 0.0 for n in sizes]
+        return [0.0] * len(blobs)
+    dim = query.shape[1]
+    raw = b"".join(b[_HEADER.size :] for b in blobs)
+    bits = np.unpackbits(np.frombuffer(raw, dtype=np.uint8).reshape(-1, (dim + 7) // 8), axis=1, count=dim)
+    signs = bits.astype(np.float32)  # [every candidate's tokens, dim]
+    twice, total, root = 2 * query.T, query.sum(axis=1), np.sqrt(dim)
+    out, at = [], 0
+    for n in sizes:
+        out.append(float(((signs[at : at + n] @ twice).max(axis=0) - total).mean() / root) if n else 0.0)
+        at += n
+    return out
