@@ -657,6 +657,8 @@ export interface components {
             source_ids?: string[];
             /** Embedding */
             embedding?: number[] | null;
+            /** Token States */
+            token_states?: string | null;
         };
         /** FeedbackRequest */
         FeedbackRequest: {
@@ -1007,7 +1009,7 @@ export interface components {
             cached?: boolean;
             /**
              * Timings Ms
-             * @description per step, in milliseconds: embed, catchup (the wait after embed for a catch-up of the reader's copies after a write, when one ran), index, faiss, keyword (the wait left after embed), graph, records, fusion; cache alone for a cached result
+             * @description per step, in milliseconds: embed, catchup (the wait after embed for a catch-up of the reader's copies after a write, when one ran), index, faiss, keyword (the wait left after embed), graph, records, late (the second look's late interaction, when it ran), fusion; cache alone for a cached result
              */
             timings_ms?: {
                 [key: string]: number;
