@@ -29,12 +29,14 @@ top ``rerank_depth`` items gets a weight times its signal min-max normalized ove
 (1.5 over the top 40, chosen on the dev conversations: 1.0 and 2.0 gained about as much, a keyword weight of
 3.5 or 2.5 with it less). With "late_interaction" it is MaxSim between the query's and the item's MiniLM
 token states (``storage.embedding.states``: chunks' and fact statements'; an item stored without states
-gives its cosine instead) and the weight ``rerank_late`` (4.5, chosen offline on the dev conversations: 3.0
-and 6.0 gained about as much; docs/benchmarks/history.md, "Late interaction ..."); when neither the query
-nor any of those items has states it is the similarity step. Not the default: it lifted conv-30 (R@10 /
-MRR 0.811 / 0.563 -> 0.814 / 0.601) but put the multi-hop demo's answer, the fact the graph reached
-(``tests/test_reader.py``, "what company does my brother work for?"), out of the top 3, with facts'
-states as without them (docs/benchmarks/history.md, "Late interaction built into the product").
+gives its cosine instead), with the weight ``rerank_late`` times the spread of those items' totals (the
+best minus the last: 1, so the best MaxSim can at most carry the last item level with the first). A fixed
+weight (4.5, the median spread on the dev conversations with the whole recipe) overrode the first look
+wherever the totals are smaller: with the fact and graph channels alone it put the multi-hop demo's answer,
+the fact the graph reached (``tests/test_reader.py``, "what company does my brother work for?"), out of
+the top 3 (docs/benchmarks/history.md, "Late interaction's weight in the fused totals' spread"). When
+neither the query nor any of those items has states it is the similarity step. Not the default yet: the
+spread's weight is measured offline on the dev conversations only.
 Items are returned best first by their final score (the step's share included); nothing reorders them after.
 """
 
@@ -101,10 +103,11 @@ class RecallRecipe(BaseModel):
         "its cosine), or the query similarity (reader.rerank)",
     )
     rerank_late: float = Field(
-        4.5,
+        1.0,
         ge=0,
-        description="added to each of the top rerank_depth items, times its late-interaction signal min-max "
-        "normalized over them (rerank_signal late_interaction; reader.rerank)",
+        description="times the spread of the top rerank_depth items' totals (the best minus the last), added to "
+        "each of them times its late-interaction signal min-max normalized over them (rerank_signal "
+        "late_interaction; reader.rerank)",
     )
 
     @property

@@ -5,11 +5,17 @@ names, places and dates where MiniLM is weak); the composite score's similarity 
 fusion score, so among the top hits an item the query's meaning fits best rarely moves past one that only
 shares its words. This step adds, to each of the top ``RecallRecipe.rerank_depth`` rows, a weight times its
 signal min-max normalized over those rows (the best 1, the worst 0), then orders them again. The signal:
-- late interaction (``rerank_signal`` "late_interaction", weight ``rerank_late``; opt-in, ``reader.recipe``
-  says why): MaxSim between the
-  query's MiniLM token states and the item's stored ones (``storage.embedding.states``: the mean over the
-  query's words of each one's best match among the item's words), given by the caller as ``late``; a row
-  ``late`` lacks (a fact, a chunk stored before states were kept) gives its cosine in its place;
+- late interaction (``rerank_signal`` "late_interaction"; opt-in, ``reader.recipe`` says why): MaxSim
+  between the query's MiniLM token states and the item's stored ones (``storage.embedding.states``: the
+  mean over the query's words of each one's best match among the item's words), given by the caller as
+  ``late``; a row ``late`` lacks (a chunk stored before states were kept) gives its cosine in its place.
+  Its weight is ``rerank_late`` times the spread of the totals it re-scores (the best minus the last of
+  the top rows), not a fixed amount: the totals' scale is the recipe's (a recipe without the keyword
+  channel, weight 5, fuses totals a few times smaller) and the memory's, and a fixed weight several times
+  that spread orders the top by MaxSim alone, overriding what the first look found by other means (a fact
+  the graph reached from the one the query names, whose own words do not match the query: "what company
+  does my brother work for?" -> "Alex was hired by Amazon"). In the spread's units, ``rerank_late`` 1 lets
+  the best MaxSim carry the last row level with the first at worst, whatever the recipe;
 - the query similarity (``rerank_similarity``): the cosine, with "similarity" (the default), or when
   ``late`` is empty (no query states, no top row with states: an encoder or a memory without them behaves
   as before).
@@ -20,12 +26,13 @@ Invariants:
 - it belongs to the vector channels: a recipe without ``episode_vector`` and ``fact_vector`` skips it
   (it reads the similarity a vector channel's encoder gives), as does a weight or depth of 0;
 - it only adds to a row's total and never to a row below the depth, and each row's addition is at most
-  the weight; the rows below the depth had totals at or under every row above it, so the whole list stays
+  the weight (late interaction's: ``rerank_late`` times the rows' spread); the rows below the depth had totals at or under every row above it, so the whole list stays
   best first by total (ties by id), the order docs/api.md states, and an item's ``score`` is the total it
   is ordered by;
 - a pure function of the rows and ``late``: the same rows and states give the same order on a held
   snapshot and on the store, and the depth does not depend on the recall's k, so a recall of 10 is the
-  first 10 of a recall of 40.
+  first 10 of a recall of 40; with late interaction the order does not change when every total is
+  scaled by one positive factor (it is in the totals' own units).
 """
 
 from __future__ import annotations
@@ -48,7 +55,8 @@ def similarity_step(rows: list[Row], recipe: RecallRecipe, late: Mapping[str, fl
     top = rows[:depth]
     # The similarity is the composite score's first component (``SCORE_COMPONENTS``), floored at 0.
     if late and recipe.late_interaction:
-        weight = recipe.rerank_late
+        # In the totals' own units: the best minus the last of the rows re-scored (best first).
+        weight = recipe.rerank_late * (top[0][0] - top[-1][0])
         signal = [late.get(node_id, comp[0]) for _, node_id, _, comp in top]
     else:
         weight = recipe.rerank_similarity

@@ -21,7 +21,7 @@ from engram_api.reader.rerank import similarity_step
 from engram_api.storage import GraphStore
 from engram_api.storage.embedding.embedder import Embedder
 from engram_api.storage.embedding.states import maxsim, unpack
-from tests.support.extractions import lives_in
+from tests.support.extractions import entity, fact, lives_in
 from tests.support.factories import at, new_user
 
 from .test_hybrid_recall import Memory, embedder  # noqa: F401 - ``embedder``: the fixture
@@ -37,6 +37,11 @@ TURNS = [
     "My grandmother taught me to knit scarves.",
 ]
 QUESTIONS = ["what instrument am I learning?", "where does my sister work?", "what did we catch at the lake?"]
+RELATIVES = [  # the multi-hop scene of tests/test_reader.py: their words match the question, the answer's do not
+    "User's cousin works for a company in Ohio",
+    "User's sister works for a software company",
+    "User's uncle is employed by a bank",
+]
 
 
 @pytest.fixture
@@ -87,8 +92,9 @@ def test_a_facts_statement_keeps_its_states_from_the_same_batch(memory: Memory, 
 
 
 def test_the_step_uses_maxsim_falls_back_to_the_cosine_and_keeps_todays_step_without_states() -> None:
-    """A pure function of the rows: ``late`` replaces the cosine at ``rerank_late``; a row ``late`` lacks gives
-    its cosine; no ``late`` at all, or the "similarity" signal, is today's cosine step at ``rerank_similarity``."""
+    """A pure function of the rows: ``late`` replaces the cosine at ``rerank_late`` times the top's spread (3.0
+    best, 2.8 last: 0.2); a row ``late`` lacks gives its cosine; no ``late`` at all, or the "similarity"
+    signal, is today's cosine step at ``rerank_similarity``."""
     rows = [
         (3.0, "a", None, (0.9, 0.0, 0.0, 0.0, 0.0)),
         (2.9, "b", None, (0.1, 0.0, 0.0, 0.0, 0.0)),
@@ -97,9 +103,64 @@ def test_the_step_uses_maxsim_falls_back_to_the_cosine_and_keeps_todays_step_wit
     ]
     recipe = RecallRecipe(rerank_depth=3, rerank_signal="late_interaction")
     by_late = similarity_step(rows, recipe, {"a": 0.2, "b": 0.8})  # c: its cosine 0.5, between them
-    assert [r[1] for r in by_late] == ["b", "c", "a", "d"]
-    assert [r[0] for r in by_late[:3]] == pytest.approx([2.9 + 4.5, 2.8 + 4.5 * 0.5, 3.0])
+    assert [r[1] for r in by_late] == ["b", "a", "c", "d"]
+    assert [r[0] for r in by_late[:3]] == pytest.approx([2.9 + 0.2, 3.0, 2.8 + 0.2 * 0.5])
     today = [r[1] for r in similarity_step(rows, recipe.model_copy(update={"rerank_late": 0.0}), {})]
     assert [r[1] for r in similarity_step(rows, recipe, {})] == today == ["a", "c", "b", "d"]
     similarity = recipe.model_copy(update={"rerank_signal": "similarity"})
     assert [r[1] for r in similarity_step(rows, similarity, {"b": 1.0})] == today
+
+
+def test_the_late_lift_is_in_the_totals_own_units_so_their_scale_does_not_reorder_the_top() -> None:
+    """The totals' scale is the recipe's (the keyword channel's weight 5 or none) and the memory's, so the lift
+    is ``rerank_late`` times the spread of the rows re-scored: the same rows with every total scaled order
+    the same, and the best MaxSim carries the last row at most level with the first (``rerank_late`` 1). A
+    fixed weight over small totals would order them by MaxSim alone, whatever the first look found."""
+    rows = [
+        (1.6, "brother", None, (0.39, 0.0, 0.0, 0.0, 0.0)),
+        (1.55, "amazon", None, (0.31, 0.0, 0.0, 0.0, 0.0)),
+        (1.0, "cousin", None, (0.49, 0.0, 0.0, 0.0, 0.0)),
+        (0.9, "sister", None, (0.42, 0.0, 0.0, 0.0, 0.0)),
+        (0.3, "office", None, (0.05, 0.0, 0.0, 0.0, 0.0)),
+    ]
+    late = {"brother": 0.28, "amazon": 0.28, "cousin": 0.43, "sister": 0.40, "office": 0.04}
+    recipe = RecallRecipe(rerank_signal="late_interaction")
+    first = similarity_step(rows, recipe, late)
+    assert [r[1] for r in first] == ["brother", "amazon", "cousin", "sister", "office"]
+    for factor in (0.25, 4.0):
+        scaled = [(total * factor, *rest) for total, *rest in rows]
+        assert [r[1] for r in similarity_step(scaled, recipe, late)] == [r[1] for r in first]
+    level = [(1.0, "a", None, (0.0,) * 5), (0.5, "b", None, (0.0,) * 5), (0.0, "c", None, (0.0,) * 5)]
+    lifted = similarity_step(level, recipe, {"a": 0.0, "b": 0.5, "c": 1.0})
+    assert [(r[1], r[0]) for r in lifted] == [("a", 1.0), ("b", 1.0), ("c", 1.0)]
+
+
+def test_the_fact_the_graph_reached_stays_in_the_top_3_with_late_interaction(memory: Memory) -> None:
+    """The demo's multi-hop question over the fact and graph channels (``tests/test_reader.py``): the graph
+    reaches "Alex was hired by Amazon" from the brother fact, and the relatives' facts, which share the
+    question's words, fit it better by MaxSim as by the cosine. Those two channels fuse totals a few times
+    smaller than the whole recipe's, so the late lift, in their spread, leaves the graph's answer in the top 3."""
+    user = new_user()
+    for n in range(30):
+        said = RELATIVES[n] if n < 3 else f"User's office has {n} meeting rooms"
+        memory.say(user, f"d{n}", f"distractor {n}", at(n * 30), {"facts": [fact("user", "NOTE", None, said)]})
+    alex = entity("e1", "Alex", "Person")
+    brother = {
+        "entities": [alex],
+        "facts": [fact("user", "HAS_BROTHER", "e1", "User's brother is Alex", importance=0.7)],
+    }
+    hired = {
+        "entities": [alex, entity("e2", "Amazon", "Organization")],
+        "facts": [fact("e1", "WORKS_AT", "e2", "Alex was hired by Amazon", single_valued=True)],
+    }
+    memory.say(user, "brother", "My brother is Alex.", at(900), brother)
+    memory.say(user, "hired", "Alex got hired at Amazon.", at(930), hired)
+    question = "what company does my brother work for?"
+    late = RecallRecipe(rerank_signal="late_interaction")
+    vector_only = memory.reader.recall(user, question, k=3, recipe=late.with_channels("fact_vector")).items
+    assert all(i.object != "Amazon" for i in vector_only)  # else no multi-hop: nothing to keep
+    fused = memory.reader.recall(user, question, k=3, recipe=late.with_channels("fact_vector", "graph"))
+    assert "late" in fused.timings_ms  # the step read the facts' stored states
+    items = fused.items
+    amazon = [i for i in items if i.object == "Amazon"]
+    assert amazon and amazon[0].path in ("graph", "both") and amazon[0].hops == 0, items
