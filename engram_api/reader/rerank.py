@@ -5,7 +5,7 @@ names, places and dates where MiniLM is weak); the composite score's similarity 
 fusion score, so among the top hits an item the query's meaning fits best rarely moves past one that only
 shares its words. This step adds, to each of the top ``RecallRecipe.rerank_depth`` rows, a weight times its
 signal min-max normalized over those rows (the best 1, the worst 0), then orders them again. The signal:
-- late interaction (``rerank_signal`` "late_interaction"; opt-in, ``reader.recipe`` says why): MaxSim
+- late interaction (``rerank_signal`` "late_interaction", the default): MaxSim
   between the query's MiniLM token states and the item's stored ones (``storage.embedding.states``: the
   mean over the query's words of each one's best match among the item's words), given by the caller as
   ``late``; a row ``late`` lacks (a chunk stored before states were kept) gives its cosine in its place.
@@ -16,7 +16,7 @@ signal min-max normalized over those rows (the best 1, the worst 0), then orders
   the graph reached from the one the query names, whose own words do not match the query: "what company
   does my brother work for?" -> "Alex was hired by Amazon"). In the spread's units, ``rerank_late`` 1 lets
   the best MaxSim carry the last row level with the first at worst, whatever the recipe;
-- the query similarity (``rerank_similarity``): the cosine, with "similarity" (the default), or when
+- the query similarity (``rerank_similarity``): the cosine, with "similarity", or when
   ``late`` is empty (no query states, no top row with states: an encoder or a memory without them behaves
   as before).
 Offline on the dev conversations, late interaction in place of the cosine gave R@10 / MRR 0.844 / 0.611

@@ -79,7 +79,8 @@ def sentences(text: str) -> list[str]:
 
 def collect(reader: Any, data: list[dict[str, Any]], users: dict[str, str]) -> tuple[list[Question], dict[str, Turns]]:
     """Every question's recall pool and keyword hits, and every user's turns with their stored vectors."""
-    bare = DEFAULT_RECIPE.model_copy(update={"rerank_similarity": 0.0})
+    # The cosine signal at 0: no second look at all (late interaction's own weight would still lift).
+    bare = DEFAULT_RECIPE.model_copy(update={"rerank_signal": "similarity", "rerank_similarity": 0.0})
     keyword = DEFAULT_RECIPE.with_channels("keyword")
     questions: list[Question] = []
     turns: dict[str, Turns] = {}

@@ -44,7 +44,8 @@ class Pool:
 
 
 def pools(reader: Any, asked: list[Asked]) -> list[Pool]:
-    bare = DEFAULT_RECIPE.model_copy(update={"rerank_similarity": 0.0})
+    # The cosine signal at 0: no second look at all (late interaction's own weight would still lift).
+    bare = DEFAULT_RECIPE.model_copy(update={"rerank_signal": "similarity", "rerank_similarity": 0.0})
     return [Pool(recall(reader, q, bare, k=100)) for q in asked]
 
 

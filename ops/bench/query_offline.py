@@ -126,9 +126,11 @@ def unsure(reader: Any, q: Asked) -> dict[str, float]:
 
 
 def scaled(s: float) -> RecallRecipe:
-    """The default recipe with its dense channels' weights and similarity step times ``s``."""
+    """The default recipe with its dense channels' weights and its cosine similarity step times ``s``."""
     weights = {**DEFAULT_RECIPE.weights, "episode_vector": 1.0 * s, "fact_vector": 0.5 * s}
-    return DEFAULT_RECIPE.model_copy(update={"weights": weights, "rerank_similarity": 1.5 * s})
+    return DEFAULT_RECIPE.model_copy(
+        update={"weights": weights, "rerank_signal": "similarity", "rerank_similarity": 1.5 * s}
+    )
 
 
 def adaptive(reader: Any, asked: list[Asked]) -> Rows:

@@ -124,7 +124,10 @@ def collect(
     reader: Any, data: list[dict[str, Any]], users: dict[str, str]
 ) -> tuple[list[Question], dict[str, UserTurns]]:
     # Recall without its session lift (what the variants add instead) and, for the hybrid, its similarity step.
-    bare = DEFAULT_RECIPE.model_copy(update={"rerank_similarity": 0.0, "session_boost": 0.0})
+    # The cosine signal at 0: no second look at all (late interaction's own weight would still lift).
+    bare = DEFAULT_RECIPE.model_copy(
+        update={"rerank_signal": "similarity", "rerank_similarity": 0.0, "session_boost": 0.0}
+    )
     keyword = DEFAULT_RECIPE.with_channels("keyword").model_copy(update={"session_boost": 0.0})
     questions: list[Question] = []
     turns: dict[str, UserTurns] = {}

@@ -250,9 +250,11 @@ def test_two_facts_of_one_message_are_two_answers(memory: Memory) -> None:
 
 def _scores(memory: Memory, user: str, query: str, **update: Any) -> dict[str, float]:
     """Scores by message under the recipe changed by ``update``, always from the store: a held snapshot's
-    BM25 counts the user's documents only, so its scores differ a little from the store's."""
+    BM25 counts the user's documents only, so its scores differ a little from the store's. With the cosine
+    second look, whose lift is a fixed weight times a share no fusion cue moves: late interaction's lift is in
+    the top's spread, which a cue moves, so a cue's exact share is read where the step adds a fixed amount."""
     reader = memory.another_reader(snapshot_max_records=0)
-    recipe = reader.recipe().model_copy(update=update)
+    recipe = reader.recipe().model_copy(update={"rerank_signal": "similarity", **update})
     return {i.source_ids[0]: i.score for i in reader.recall(user, query, k=20, recipe=recipe).items}
 
 
@@ -365,8 +367,9 @@ def test_the_top_items_are_rescored_by_how_like_the_query_they_are(memory: Memor
     question = "What sport has Melanie done?"
     weight = memory.reader.recipe().rerank_similarity
     reader = memory.another_reader(snapshot_max_records=0)
-    stepped = reader.recall(user, question, k=20).items
-    plain = reader.recall(user, question, k=20, recipe=reader.recipe().model_copy(update={"rerank_similarity": 0.0}))
+    cosine = reader.recipe().model_copy(update={"rerank_signal": "similarity"})  # the step by the cosine
+    stepped = reader.recall(user, question, k=20, recipe=cosine).items
+    plain = reader.recall(user, question, k=20, recipe=cosine.model_copy(update={"rerank_similarity": 0.0}))
     before = {i.id: i for i in plain.items}
     assert len(stepped) <= reader.recipe().rerank_depth  # a small user: every item is in the step
     sims = {i.id: i.breakdown.similarity for i in stepped}
@@ -380,7 +383,7 @@ def test_the_top_items_are_rescored_by_how_like_the_query_they_are(memory: Memor
     assert rank[closest] <= [i.id for i in plain.items].index(closest)  # the item most like the query moves up
     scores = [i.score for i in stepped]
     assert scores == sorted(scores, reverse=True)
-    assert [i.id for i in reader.recall(user, question, k=3).items] == [i.id for i in stepped[:3]]
+    assert [i.id for i in reader.recall(user, question, k=3, recipe=cosine).items] == [i.id for i in stepped[:3]]
     keyword = reader.recipe().with_channels("keyword")
     assert _scores(memory, user, question, channels=("keyword",)) == pytest.approx(
         {i.source_ids[0]: i.score for i in reader.recall(user, question, k=20, recipe=keyword).items}

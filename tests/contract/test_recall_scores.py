@@ -131,9 +131,11 @@ def test_the_items_are_the_rows_best_first_ties_by_id(memory: Memory, monkeypatc
         return rows
 
     monkeypatch.setattr(Scoring, "rows", recorded)
-    items = memory.reader.recall(user, "where does the user live?", k=5).items
+    # The cosine second look: late interaction's MaxSim comes from the stored states, not from the rows.
+    cosine = memory.reader.recipe().model_copy(update={"rerank_signal": "similarity"})
+    items = memory.reader.recall(user, "where does the user live?", k=5, recipe=cosine).items
     # The rows best first, then the top's second look by meaning (``reader.rerank``), as fusion orders them.
-    best = similarity_step(sorted(seen[0], key=lambda r: (-r[0], r[1])), memory.reader.recipe())[:5]
+    best = similarity_step(sorted(seen[0], key=lambda r: (-r[0], r[1])), cosine)[:5]
     assert [i.id for i in items] == [node_id for _, node_id, _, _ in best]
     assert [i.breakdown.total for i in items] == [total for total, _, _, _ in best]
     assert [i.breakdown.similarity for i in items] == [comp[0] for _, _, _, comp in best]
