@@ -120,3 +120,10 @@ def test_maxsim_is_each_query_tokens_best_match_averaged_and_maxsims_agrees() ->
     got = maxsims(q, blobs)
     assert got[1] == 0.0
     assert got == pytest.approx([maxsim(q, unpack(b)) for b in blobs], abs=1e-6)
+    # A long query makes the products' slices (``_ONE_THREAD``) 17 rows: candidates span slices, empty
+    # ones at either end and between.
+    long = rng.normal(size=(40, 384)).astype(np.float32)
+    blobs = [pack(rng.normal(size=(n, 384)).astype(np.float32)) for n in (0, 30, 5, 0, 16, 2, 41, 0)]
+    got = maxsims(long, blobs)
+    assert got == pytest.approx([maxsim(long, unpack(b)) for b in blobs], abs=1e-6)
+    assert got[0] == got[3] == got[-1] == 0.0
