@@ -2,7 +2,9 @@
 
 Users: one with ~1K memories ingested through the real pipeline (quick: ~200), and bulk-loaded users with
 10K and (full run) 100K facts. Each recall is split by ``RecallResult.timings_ms`` into embed / faiss /
-keyword (the wait left after embedding: it runs meanwhile) / graph step / other record reads / fusion; the floor (encode the query, search the user's FAISS index) is timed on the same queries,
+keyword (the wait left after embedding: it runs meanwhile) / graph step / other record reads / late
+interaction's MaxSim (``late``, the second look's; ~0 for the bulk-loaded users, whose facts carry no
+token states) / fusion; the floor (encode the query, search the user's FAISS index) is timed on the same queries,
 interleaved, in the same process. Growth with the number of users: the small user is measured again after
 more users are loaded into the same Neo4j. A FAISS micro-benchmark (flat vs IVF vs scalar-quantized) on
 the bulk-loaded vectors says when an approximate index would pay off.
@@ -20,7 +22,7 @@ from benchlib import BenchContext, BenchResult, Table, dist, ratio, start_worker
 from bulk import bulk_load, embed_cached, statements
 from corpus import messages, queries
 
-_PARTS = ("embed", "faiss", "keyword", "graph", "records", "fusion")
+_PARTS = ("embed", "faiss", "keyword", "graph", "records", "late", "fusion")
 
 
 def measure(reader: Any, user_id: str, qs: list[str], *, graph_expansion: bool = True) -> dict[str, Any]:
