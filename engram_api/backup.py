@@ -39,7 +39,9 @@ from engram_api.models import (
     utcnow,
 )
 from engram_api.storage.embedding.embedder import Embedder
+from engram_api.storage.embedding.states import pack
 from engram_api.storage.graph.contract import GraphStore
+from engram_api.storage.graph.episodes import own_end
 from engram_api.storage.writer.userwrite import UserWrite, UserWrites
 from engram_api.versions import Stamp
 
@@ -229,15 +231,20 @@ def _plans(snapshot: Snapshot) -> list[WritePlan]:
 
 
 def _embed(embedder: Embedder, plans: list[WritePlan]) -> None:
+    """Each record's vector, and each fact's and chunk's token states from the same pass (as apply keeps
+    them: a statement's every word, a chunk's own words), so a restored memory recalls as it did."""
     records = [r for p in plans for r in (*p.new_entities, *p.new_facts, *p.chunks)]
     texts = [
         r.name if isinstance(r, EntityRecord) else r.statement if isinstance(r, FactRecord) else r.indexed_text
         for r in records
     ]
     for start in range(0, len(records), _EMBED_BATCH):
-        vectors = embedder.encode(texts[start : start + _EMBED_BATCH])
-        for record, vector in zip(records[start : start + _EMBED_BATCH], vectors, strict=True):
+        batch, batch_texts = records[start : start + _EMBED_BATCH], texts[start : start + _EMBED_BATCH]
+        vectors, kept = embedder.encode_states(batch_texts, [own_end(t) for t in batch_texts])
+        for record, vector, held in zip(batch, vectors, kept, strict=True):
             record.embedding = vector.tolist()
+            if not isinstance(record, EntityRecord):
+                record.token_states = pack(held)
 
 
 def restore(snapshot: Snapshot, *, graph: GraphStore, embedder: Embedder, writes: UserWrites) -> ImportResult:
@@ -262,7 +269,13 @@ def restore(snapshot: Snapshot, *, graph: GraphStore, embedder: Embedder, writes
             for record in records
             if record.embedding is not None
         ]
-        return write.finish(upserts=upserts)
+        states = {
+            record.id: record.token_states
+            for plan in pending
+            for record in (*plan.new_facts, *plan.chunks)
+            if record.embedding is not None and record.token_states is not None
+        }
+        return write.finish(upserts=upserts, states=states)
 
     stamp = writes.run(user, write_all, wait=30.0)
     if snapshot.header.weights is not None:
