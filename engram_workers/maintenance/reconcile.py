@@ -41,10 +41,11 @@ from engram_api import keys
 from engram_api.models import utcnow
 from engram_api.settings import Settings
 from engram_api.storage.embedding.embedder import Embedder
+from engram_api.storage.embedding.states import pack
 from engram_api.storage.faiss.files import UserIndex
 from engram_api.storage.faiss.keeper import IndexKeeper
 from engram_api.storage.graph.contract import GraphStore
-from engram_api.storage.graph.episodes import chunk_episode
+from engram_api.storage.graph.episodes import chunk_episode, own_end
 from engram_api.storage.writer.userwrite import UserWrite
 from engram_api.versions import ABSENT
 from engram_workers.maintenance._common import Guard, UserFailure, guarded, isolate, target_users
@@ -201,12 +202,18 @@ def _backfill(graph: GraphStore, embedder: Embedder, write: UserWrite, cutoff: d
     chunks = [c for e in stored if e.id not in have for c in chunk_episode(e)]
     if not chunks:
         return None
-    vectors = embedder.encode([c.indexed_text for c in chunks])
-    for chunk, vector in zip(chunks, vectors, strict=True):
-        chunk.embedding = vector.tolist()
+    # The token states from the vector's own pass, as apply keeps them (late interaction reads them).
+    texts = [c.indexed_text for c in chunks]
+    vectors, kept = embedder.encode_states(texts, [own_end(t) for t in texts])
+    for chunk, vector, held in zip(chunks, vectors, kept, strict=True):
+        chunk.embedding, chunk.token_states = vector.tolist(), pack(held)
     # Planned from reads under the fence: a writer in between makes this write refused and re-planned.
     added = graph.add_chunks(user_id, chunks)
-    write.finish(upserts=[(c.id, "episode", c.embedding or []) for c in chunks], changed=False)
+    write.finish(
+        upserts=[(c.id, "episode", c.embedding or []) for c in chunks],
+        changed=False,
+        states={c.id: c.token_states for c in chunks if c.token_states is not None},
+    )
     return BackfillUser(user_id=user_id, episodes=len({c.episode_id for c in chunks}), chunks=added)
 
 

@@ -3,19 +3,16 @@ and decay takes old episode chunks out of recall only when ``decay_episodes`` is
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-from typing import cast
-
 from engram_api.settings import Settings
-from engram_api.storage.embedding.embedder import Embedder
+from engram_api.storage.embedding.embedder import get_embedder
 from engram_api.storage.faiss.keeper import IndexKeeper
 from engram_api.storage.graph.contract import GraphStore
 from engram_api.storage.graph.episodes import chunk_episode
 from engram_workers.maintenance import run_decay
 from engram_workers.maintenance.reconcile import BackfillUser, reconcile
-from tests.support.builders import GuardSpy, UserGraph, at, random_encode
+from tests.support.builders import GuardSpy, UserGraph, at
 
-EMBEDDER = cast(Embedder, SimpleNamespace(encode=random_encode))
+EMBEDDER = get_embedder("all-MiniLM-L6-v2")  # the packaged model: vectors and token states from one pass
 GUITAR = [("Alex", "PLAYS", "guitar", "Alex plays the theremin and guitar")]
 DELL = [("Alex", "WORKS_AT", "Dell", "Alex works at Dell")]
 AUSTIN = [("Alex", "LIVES_IN", "Austin", "Alex lives in Austin")]
@@ -54,6 +51,10 @@ def test_reconcile_backfills_chunks_of_episodes_that_have_none(
     guitar_chunk = next(c for c in chunks if "theremin" in c.text)
     assert hits == [guitar_chunk.id] and guitar_chunk.event_time == at(1)
     assert expected <= _index_matches_graph(store, keeper, user)
+    # With their token states, as apply stores them (late interaction, the recall's default, reads them).
+    backfilled = expected - {c.id for c in chunks if "Austin" in c.text}
+    index = keeper.vectors.load(user)
+    assert index is not None and set(index.states_for(backfilled)) == backfilled
     assert guard.entered == [user]
 
     again = reconcile(graph=graph, keeper=keeper, guard=guard, user_ids=[user], embedder=EMBEDDER)
