@@ -7,8 +7,10 @@ from datetime import UTC, datetime
 
 import pytest
 
+import engram_api.reader.cues as cues
 from engram_api.reader.cues import Period, QueryCues
 from engram_api.reader.scoring import by_rank, normalized
+from engram_api.storage.snapshot.keywords import TextTerms
 
 SENT = datetime(2023, 5, 8, 13, 0, tzinfo=UTC)
 
@@ -93,6 +95,38 @@ def test_a_turn_is_in_the_period_by_when_it_was_said_or_what_its_words_resolve_t
     query: str, text: str, said: datetime, inside: bool
 ) -> None:
     assert QueryCues.of(query).in_period(text, said) is inside
+
+
+def test_a_turns_dates_are_read_once_in_the_users_memo_and_answer_as_unkept(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Recall reads ~75 turns a query that asks when or names a period; the resolver's scan of each (~17 us) is
+    made once per text and event time in the user's memo of texts, not at every recall."""
+    scans: list[str] = []
+    annotate = cues.annotate
+    monkeypatch.setattr(cues, "annotate", lambda text, at: scans.append(text) or annotate(text, at))
+    turns = [
+        ("We went camping last week.", datetime(2023, 7, 3, tzinfo=UTC)),
+        ("I signed up yesterday.", datetime(2023, 5, 4, tzinfo=UTC)),
+        ("I love pottery.", datetime(2023, 6, 27, tzinfo=UTC)),
+    ]
+    queries = [QueryCues.of(q) for q in ("When did she go camping in June?", "what happened on May 3, 2023?")]
+    unkept = [(q.answers_when(t, at), q.in_period(t, at)) for q in queries for t, at in turns]
+    scans.clear()
+    memo = TextTerms()
+    for _ in range(3):  # three recalls of the two queries
+        kept = [(q.answers_when(t, at, memo), q.in_period(t, at, memo)) for q in queries for t, at in turns]
+        assert kept == unkept
+    assert sorted(scans) == sorted(t for t, _ in turns)  # each turn scanned once, by its first recall
+    later = datetime(2023, 7, 10, tzinfo=UTC)  # the same words said another day resolve anew
+    assert queries[0].in_period(turns[0][0], later, memo) is False
+    assert scans[-1] == turns[0][0]
+
+
+def test_a_memos_other_readings_are_bounded_as_its_terms() -> None:
+    memo = TextTerms(limit=4)
+    for i in range(5):
+        memo.read(("text", i), lambda i=i: i)
+    assert memo.read(("text", 4), lambda: -1) == 4
+    assert memo.read(("text", 0), lambda: -1) == -1  # the older half went when the memo was full
 
 
 def test_scores_are_normalized_between_the_best_hit_and_the_floor_of_the_list() -> None:

@@ -21,7 +21,7 @@ Invariants:
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from datetime import datetime
@@ -46,7 +46,7 @@ from engram_api.storage.faiss.files import UserIndex, VectorHit
 from engram_api.storage.graph.contract import GraphStepQuery, GraphStore
 from engram_api.storage.graph.episodes import keyword_terms
 from engram_api.storage.graph.validity import valid_at
-from engram_api.storage.snapshot.keywords import stems
+from engram_api.storage.snapshot.keywords import TextTerms, stems
 from engram_api.storage.snapshot.rows import AnyChunk
 
 __all__ = ["TimeWindow", "keyword_hits", "query_stems", "recall_items"]
@@ -290,8 +290,8 @@ class _Run(RecallRun):
                 # was said ("camping last week", said on 27 June, answers "camping in June").
                 cand.fusion += unit * (
                     recipe.speaker_boost * cues.names(chunk.speaker)
-                    + recipe.when_boost * cues.answers_when(chunk.text, chunk.event_time)
-                    + recipe.period_boost * cues.in_period(chunk.text, chunk.event_time)
+                    + recipe.when_boost * cues.answers_when(chunk.text, chunk.event_time, self.terms)
+                    + recipe.period_boost * cues.in_period(chunk.text, chunk.event_time, self.terms)
                     + recipe.session_boost * self.sessions.share(chunk)
                 )
         rows = scoring.rows(self.cands, sims, hops, weights.values(), fusion=recipe.fusion, unit=unit)
@@ -347,14 +347,14 @@ def recall_items(
     timings: dict[str, float],
     cues: QueryCues,
     qstems: frozenset[str],
-    terms: Mapping[str, frozenset[str]],
+    terms: TextTerms,
     qstates: np.ndarray | None = None,
 ) -> list[RecallItem]:
     """``keyword``: the keyword channel's hits (``keyword_hits``), started by the caller before it embedded
     the query, so the store's full-text search runs while the encoder does; None without that channel.
     ``cues`` and ``qstems``: the query's cues and stemmed keywords (``query_stems``), read by the caller
     while the encoder runs too: they need no vector. ``terms``: the user's memo of texts' terms
-    (``reader.terms``). ``qstates``: the query's token states, from its vector's pass (late interaction in
+    and dates (``reader.terms``). ``qstates``: the query's token states, from its vector's pass (late interaction in
     the second look, ``reader.rerank``; None: the cosine).
     Adds to ``timings`` the ms spent in FAISS (``faiss``), waiting for the keyword hits (``keyword``), in
     the graph step (``graph``), reading other records (``records``) and the rest (``fusion``)."""

@@ -14,7 +14,7 @@ Invariants:
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator
 from concurrent.futures import Future
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -32,6 +32,7 @@ from engram_api.settings import Settings
 from engram_api.storage.faiss.files import Kind, UserIndex, VectorHit
 from engram_api.storage.graph.contract import GraphStore
 from engram_api.storage.graph.validity import instant, overlaps, valid_at
+from engram_api.storage.snapshot.keywords import TextTerms
 from engram_api.storage.snapshot.rows import AnyChunk, AnyFact
 
 __all__ = ["RecallRun", "TimeWindow"]
@@ -83,7 +84,7 @@ class RecallRun:
     graph_expansion: bool
     keyword: Future[list[KeywordHit]] | None
     cues: QueryCues
-    terms: Mapping[str, frozenset[str]]  # the user's memo of texts' terms (``reader.terms``)
+    terms: TextTerms  # the user's memo of texts' terms and dates (``reader.terms``)
     qstems: frozenset[str] = frozenset()
     qstates: np.ndarray | None = None  # the query's token states (late interaction; ``reader.rerank``)
     now: datetime = field(default_factory=utcnow)  # the recall's one reading of the clock

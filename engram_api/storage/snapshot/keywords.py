@@ -55,7 +55,7 @@ from __future__ import annotations
 import math
 import threading
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import islice
 
@@ -110,14 +110,30 @@ class TextTerms(dict[str, frozenset[str]]):
     ``limit`` texts, the older half dropped when full (a snapshot's holds no more texts than it has records, so
     the memos of the snapshots held are bounded by their budget too; 4,096 was below the working set of 150
     recalls of the 100K-fact user, whose hits were then stemmed again at every recall: +0.3 ms). Safe to share
-    between threads: a miss stems, then stores under a lock."""
+    between threads: a miss stems, then stores under a lock.
 
-    __slots__ = ("_lock", "limit")
+    ``read``: another reading of the same texts kept with them (the dates a turn's words name,
+    ``reader.cues``), by whatever key holds the text, bounded and dropped alike."""
+
+    __slots__ = ("_lock", "_read", "limit")
 
     def __init__(self, limit: int = 16_384) -> None:
         super().__init__()
         self.limit = limit
         self._lock = threading.Lock()
+        self._read: dict[Hashable, object] = {}
+
+    def read(self, key: Hashable, make: Callable[[], object]) -> object:
+        """The reading kept under ``key``, made by ``make`` on first asking."""
+        held = self._read.get(key)
+        if held is None:
+            held = make()
+            with self._lock:
+                if len(self._read) >= self.limit:
+                    for old in list(islice(self._read, self.limit // 2)):
+                        self._read.pop(old, None)
+                self._read[key] = held
+        return held
 
     def __missing__(self, text: str) -> frozenset[str]:
         terms = frozenset(stems(text))
