@@ -10,7 +10,7 @@
     channels, path, hops, score, statement and every breakdown field, floats as ``repr`` (exact). Two trees'
     dumps are compared with ``cmp``. ``--data DIR --user ID`` instead of ``--facts``: any SQLite user, e.g. a
     LoCoMo conversation from ``run.py --only quality --store sqlite --keep``'s work folder (``--query-file``:
-    its questions, one a line).
+    its questions, one a line, for any command but ``load``).
 ``PYTHONPATH=<tree>:ops/bench python ops/bench/recall_dump.py replay --workdir DIR --facts N [--rounds 5]``
     ``recall_items`` (everything after the query's embedding) of recorded recalls run again in this process:
     each recall's least thread CPU over the rounds, their median.
@@ -160,9 +160,7 @@ def dump(workdir: Path, data: Path, user_id: str, qs: list[str], out: Path) -> N
         print(json.dumps({"items": lines, "recalls": len(qs) * len(ways), "tree": engram_api.__file__}))
 
 
-def cpu(workdir: Path, data: Path, user_id: str, n: int) -> None:
-    from corpus import queries
-
+def cpu(workdir: Path, data: Path, user_id: str, qs: list[str]) -> None:
     import engram_api.reader.recall as recall_module
 
     with _reader(workdir, data, user_id) as client:
@@ -180,7 +178,7 @@ def cpu(workdir: Path, data: Path, user_id: str, n: int) -> None:
                 after.append((time.thread_time() - start) * 1e3)
 
         recall_module.recall_items = timed_items
-        for q in queries(f"recall-cpu-{time.time_ns()}", n):
+        for q in qs:
             t, p = time.thread_time(), time.process_time()
             result = reader.recall(user_id, q, k=10)
             own.append((time.thread_time() - t) * 1e3)
@@ -202,11 +200,9 @@ def cpu(workdir: Path, data: Path, user_id: str, n: int) -> None:
 
 
 @contextlib.contextmanager
-def _recorded(workdir: Path, data: Path, user_id: str, n: int) -> Iterator[list[dict[str, Any]]]:
-    """The arguments of ``recall_items`` in ``n`` recalls (k 10 and k 30 by turns, the clock fixed), the keyword
-    hits as they came, in a reader process whose snapshot of the user is held (closed after)."""
-    from corpus import queries
-
+def _recorded(workdir: Path, data: Path, user_id: str, qs: list[str]) -> Iterator[list[dict[str, Any]]]:
+    """The arguments of ``recall_items`` in recalls of ``qs`` (k 10 and k 30 by turns, the clock fixed), the
+    keyword hits as they came, in a reader process whose snapshot of the user is held (closed after)."""
     import engram_api.reader.recall as recall_module
 
     with _reader(workdir, data, user_id) as client:
@@ -222,7 +218,7 @@ def _recorded(workdir: Path, data: Path, user_id: str, n: int) -> Iterator[list[
 
         recall_module.recall_items = recording
         try:
-            for i, q in enumerate(queries("recall-replay", n)):
+            for i, q in enumerate(qs):
                 reader.recall(user_id, q, k=(10, 30)[i % 2])
         finally:
             recall_module.recall_items = items
@@ -244,16 +240,21 @@ def _again(kw: dict[str, Any]) -> float:
     return (time.thread_time() - start) * 1e3
 
 
-def replay(workdir: Path, data: Path, user_id: str, n: int, rounds: int) -> None:
-    """``recall_items`` (everything a recall does after the query's embedding) of ``n`` recorded recalls
+def replay(workdir: Path, data: Path, user_id: str, qs: list[str], rounds: int) -> None:
+    """``recall_items`` (everything a recall does after the query's embedding) of the recorded recalls
     (``_recorded``), run again ``rounds`` times in this process; each recall's least thread CPU over the rounds,
-    the median of those."""
-    with _recorded(workdir, data, user_id, n) as recorded:
+    the median and mean of those."""
+    with _recorded(workdir, data, user_id, qs) as recorded:
         least = [float("inf")] * len(recorded)
         for _ in range(rounds):
             for i, kw in enumerate(recorded):
                 least[i] = min(least[i], _again(kw))
-        print(json.dumps({"recall_items_ms": statistics.median(least), "load": os.getloadavg()[0]}))
+        print(
+            json.dumps(
+                {"recall_items_ms": statistics.median(least), "mean_ms": statistics.fmean(least),
+                 "load": os.getloadavg()[0]}
+            )
+        )  # fmt: skip
 
 
 # The parts ``parts`` times: (module, class or None, attribute, label), each called a few times a recall (a
@@ -274,7 +275,7 @@ PARTS = (
 )
 
 
-def parts(workdir: Path, data: Path, user_id: str, n: int, rounds: int) -> None:
+def parts(workdir: Path, data: Path, user_id: str, qs: list[str], rounds: int) -> None:
     """Each part's thread CPU per recorded recall (``PARTS``), medians in us, with ``recall_items``' own."""
     import importlib
 
@@ -290,7 +291,7 @@ def parts(workdir: Path, data: Path, user_id: str, n: int, rounds: int) -> None:
 
         return run
 
-    with _recorded(workdir, data, user_id, n) as recorded:
+    with _recorded(workdir, data, user_id, qs) as recorded:
         for module, owner, attr, label in PARTS:
             holder = getattr(importlib.import_module(module), owner) if owner else importlib.import_module(module)
             setattr(holder, attr, timed(getattr(holder, attr), label))
@@ -305,7 +306,7 @@ def parts(workdir: Path, data: Path, user_id: str, n: int, rounds: int) -> None:
         print(json.dumps({**out, "load": os.getloadavg()[0]}))
 
 
-def scans(workdir: Path, data: Path, user_id: str, n: int, rounds: int) -> None:
+def scans(workdir: Path, data: Path, user_id: str, qs: list[str], rounds: int) -> None:
     """``recall_items``' thread CPU less its FAISS searches', with the searches run and answered from a memo of
     their own hits, alternated by pass (the first pass fills the memo and is not counted); medians in us."""
     from engram_api.storage.faiss.index import UserIndex
@@ -322,7 +323,7 @@ def scans(workdir: Path, data: Path, user_id: str, n: int, rounds: int) -> None:
         state["ns"] += time.thread_time_ns() - start
         return hits
 
-    with _recorded(workdir, data, user_id, n) as recorded:
+    with _recorded(workdir, data, user_id, qs) as recorded:
         UserIndex.search = search  # type: ignore[method-assign]
         after: dict[bool, list[float]] = {False: [], True: []}
         for r in range(rounds):
@@ -358,7 +359,9 @@ def main() -> None:
     parser.add_argument("--data", type=Path, help="another SQLite data folder (e.g. a kept bench run's)")
     parser.add_argument("--user", help="its user")
     parser.add_argument("--queries", type=int, default=300)
-    parser.add_argument("--query-file", type=Path, help="dump: these queries (one a line) instead of --queries")
+    parser.add_argument(
+        "--query-file", type=Path, help="these queries (one a line, repeats dropped) instead of --queries"
+    )
     parser.add_argument("--out", type=Path)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--pools", help="FV,EV,KW,G: the recipe's channel pools (RecallRecipe.k) instead")
@@ -370,17 +373,22 @@ def main() -> None:
     data, user = args.data or args.workdir / f"data-{args.facts}", args.user or f"dump-{args.facts}"
     if args.what == "load":
         load(args.workdir, args.facts)
-    elif args.what == "dump":
-        from corpus import queries
+        return
+    from corpus import queries
 
-        qs = args.query_file.read_text().splitlines() if args.query_file else queries("recall-dump", args.queries)
+    # Distinct queries each (a repeated one would be a result-cache hit); cpu's new each run, so the encoder's
+    # cache of an earlier run in the process never answers.
+    label = {"dump": "recall-dump", "cpu": f"recall-cpu-{time.time_ns()}"}.get(args.what, "recall-replay")
+    asked = args.query_file.read_text().splitlines() if args.query_file else queries(label, args.queries)
+    qs = list(dict.fromkeys(q for q in asked if q.strip()))
+    if args.what == "dump":
         dump(args.workdir, data, user, qs, args.out)
     elif args.what == "cpu":
-        cpu(args.workdir, data, user, args.queries)
+        cpu(args.workdir, data, user, qs)
     elif args.what == "replay":
-        replay(args.workdir, data, user, args.queries, args.rounds)
+        replay(args.workdir, data, user, qs, args.rounds)
     else:
-        (parts if args.what == "parts" else scans)(args.workdir, data, user, args.queries, args.rounds)
+        (parts if args.what == "parts" else scans)(args.workdir, data, user, qs, args.rounds)
 
 
 if __name__ == "__main__":
