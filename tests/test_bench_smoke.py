@@ -704,3 +704,28 @@ def test_maxsim_further_variants_change_only_what_they_name():
     tokens = states.tokenizer.convert_ids_to_tokens(states.tokenizer(asked)["input_ids"])
     plain = [t for t, keep in zip(tokens, states.memo[(asked, True)]["no wh"], strict=True) if keep]
     assert plain == ["ana", "move", "and", "she"]
+
+
+def test_bulk_loaded_facts_carry_their_token_states_as_applied_ones_do(tmp_path, redis_url):
+    """``bulk.bulk_load`` stores each fact's packed token states (every word, as apply keeps a statement's),
+    so a recall's late-interaction step pays MaxSim on a bulk-loaded user as on a real one, not the cosine
+    that stands in for a record without states; the second load reads them from the run's cache."""
+    from engram_api.storage.embedding.states import pack
+    from tests.support.stack import engram_stack
+
+    sys.path.insert(0, str(REPO / "ops" / "bench"))
+    bulk = importlib.import_module("bulk")
+    texts = [s for s, _, _ in bulk.statements("20", 20)]
+    with engram_stack(
+        redis_url=redis_url, data_dir=tmp_path / "stack", neo4j_uri=None, llm_url=None, workers=False
+    ) as stack:
+        client = stack.client
+        reader = client.reader
+        for user in ("first-load", "cached-load"):
+            bulk.bulk_load(client.graph, reader.keeper, reader.embedder, client.redis, user, 20, "20", out=tmp_path)
+            index = reader.keeper.current(user, client.graph.user_stamp(user))
+            ids = [v.node_id for v in client.graph.vectors(user)[0] if v.kind == "fact"]
+            held = index.states_for(ids)
+            assert len(ids) == 20 and held.keys() == set(ids)
+            _, kept = reader.embedder.encode_states(texts)
+            assert sorted(held.values()) == sorted(pack(k) for k in kept)
