@@ -168,3 +168,24 @@ def test_keys_written_before_the_indexes_are_erased_once_reindexed(r: redis.Redi
     assert [d.message_id for d in ledger.dead_letters.list(user)] == ["old:3"]  # moved, listed as before
     assert ledger.forget_user(user) == 3
     assert user_keys(r, user) == []
+
+
+def test_a_recall_log_and_its_index_entry_are_one_command(r: redis.Redis) -> None:
+    """A recall's log and its entry in the user's index of recall logs go in one script call (one
+    ``EVALSHA``, no MULTI of four commands, whose redis-py Python cost the reader ~3x the script's CPU a
+    recall): the log as given, for a day; the index holds its id scored by when, drops entries older than a
+    log lives, and lives as long as its newest log."""
+    user, rows = "log_once", '{"fact_1": {"similarity": 0.5, "total": Infinity}}'
+    threads = ReaderThreads(threads=1)
+    threads.log_recall(r, "log_warm", "r0", "{}")  # the server learns the script (a first call loads it)
+    threads.flush()
+    r.zadd(keys.recall_logs(user), {"expired": time.time() - 25 * 3600, "recent": time.time() - 60})
+    with counted(r) as calls:
+        threads.log_recall(r, user, "r1", rows)
+        threads.flush()
+    assert calls["evalsha"] == 1 and calls["multi"] == 0 and calls["exec"] == 0
+    assert r.get(keys.recall_log(user, "r1")) == rows
+    assert r.zrange(keys.recall_logs(user), 0, -1) == ["recent", "r1"]
+    assert abs(r.zscore(keys.recall_logs(user), "r1") - time.time()) < 60
+    assert 23 * 3600 < r.ttl(keys.recall_log(user, "r1")) <= 24 * 3600
+    assert 23 * 3600 < r.ttl(keys.recall_logs(user)) <= 24 * 3600

@@ -242,7 +242,7 @@ def test_feedback_at_once_after_each_recall_finds_its_log_written_off_the_recall
         assert not recall.cached and recall.items
         assert client.feedback(user, recall.recall_id, [recall.items[0].id]) == len(recall.items)
         logged = json.loads(client.redis.get(keys.recall_log(user, recall.recall_id)))
-        assert sorted(logged) == sorted(i.id for i in recall.items)
+        assert logged == {i.id: i.breakdown.model_dump() for i in recall.items}  # every component, exactly
 
 
 def test_every_recall_log_is_in_redis_once_the_reader_is_flushed(stack):

@@ -1,9 +1,12 @@
 """The Lua scripts outside a message's life, beside the lifecycle's so that every script Engram runs has
 one home and one calling convention (``scripts.LuaScript``): the user's published version stamp
-(``engram_api.versions``) and the two fleet-wide LLM controls (``engram_workers.control``).
+(``engram_api.versions``), a recall's log (``engram_api.reader.background``) and the two fleet-wide LLM
+controls (``engram_workers.control``).
 
 Invariants:
 - The published stamp only moves forward, and only while the writer's lease token holds (when given).
+- A recall's log and its entry in the user's index of recall logs are written together (erasure finds the
+  logs by that index, never by scanning).
 - The rate limit and the breaker decide on Redis' own clock and state, atomically: no worker's clock or
   race can let a call through that the fleet-wide state refuses.
 """
@@ -14,7 +17,7 @@ from typing import NamedTuple
 
 from engram_api.ledger.scripts import NOW_MS, LuaScript
 
-__all__ = ["ADMIT", "GCRA", "PUBLISH_STAMP", "RECORD_FAILURE"]
+__all__ = ["ADMIT", "GCRA", "LOG_RECALL", "PUBLISH_STAMP", "RECORD_FAILURE"]
 
 
 class StampKeys(NamedTuple):
@@ -60,6 +63,34 @@ if A.entry ~= '' then
 end
 redis.call('PUBLISH', A.channel, A.user_id .. ' ' .. A.epoch .. ':' .. A.version)
 return 1
+""",
+)
+
+
+class RecallLogKeys(NamedTuple):
+    log: str  # the recall's log (``keys.recall_log``)
+    logs: str  # the user's index of recall logs (``keys.recall_logs``)
+
+
+class RecallLogArgs(NamedTuple):
+    rows: str  # the log: its results' score components by id, as JSON
+    recall_id: str
+    now: float  # epoch seconds: the index entry's score
+    expired: float  # index entries scored up to this are dropped (their logs have expired)
+    ttl_s: int  # the log lives this long, and the index as long as its newest log
+
+
+# A recall's log (what ``feedback`` turns into training rows) and its entry in the user's index, one
+# ``EVALSHA``: the MULTI of four commands it replaces cost ~3x its CPU in the reader's process (redis-py's
+# Python per command, docs/benchmarks/history.md, issue 42, 2026-12-07, night).
+LOG_RECALL = LuaScript(
+    RecallLogKeys,
+    RecallLogArgs,
+    """
+redis.call('SET', K.log, A.rows, 'EX', A.ttl_s)
+redis.call('ZREMRANGEBYSCORE', K.logs, '-inf', A.expired)
+redis.call('ZADD', K.logs, A.now, A.recall_id)
+redis.call('EXPIRE', K.logs, A.ttl_s)
 """,
 )
 

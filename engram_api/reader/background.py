@@ -17,7 +17,7 @@ Invariants:
   ``_begin`` waits only for the recall's thread to enter the model, which it does right after submitting
   it, and for no job), so the bounded pool cannot starve;
 - the recall log is written on a reader thread after the result is returned (a Redis round trip, ~0.6 ms
-  of a ~20 ms recall, measured), serialized by the caller so almost no Python is left there to compete for
+  of a ~20 ms recall, measured; one script, ``ledger.controls.LOG_RECALL``), serialized by the caller so almost no Python is left there to compete for
   the GIL; ``wait_logged`` lets this process's ``feedback`` wait for it;
 - work nobody waits for (a recall log, a user's snapshot load) is tracked until done: ``flush`` waits for
   it, so a caller that closes the stores after it never closes them under a thread still using them;
@@ -335,18 +335,18 @@ class ReaderThreads:
 
 
 def _write(client: redis.Redis, user_id: str, recall_id: str, rows: str) -> None:
-    """The log and its entry in the user's index of recall logs, in one MULTI (erasure finds the logs by
+    """The log and its entry in the user's index of recall logs, in one script (erasure finds the logs by
     that index, never by scanning); the index drops entries older than a log lives and lives as long as
     the newest log."""
     import redis  # only with a client, so loaded already
 
+    from engram_api.ledger.controls import LOG_RECALL, RecallLogArgs, RecallLogKeys
+
     now = time.time()
-    index = keys.recall_logs(user_id)
     # On a Redis error, feedback for this recall will be refused; recall itself must not fail.
     with suppress(redis.RedisError):
-        pipe = client.pipeline(transaction=True)
-        pipe.set(keys.recall_log(user_id, recall_id), rows, ex=RECALL_LOG_TTL_S)
-        pipe.zremrangebyscore(index, "-inf", now - RECALL_LOG_TTL_S)
-        pipe.zadd(index, {recall_id: now})
-        pipe.expire(index, RECALL_LOG_TTL_S)
-        pipe.execute()
+        LOG_RECALL(
+            client,
+            RecallLogKeys(keys.recall_log(user_id, recall_id), keys.recall_logs(user_id)),
+            RecallLogArgs(rows, recall_id, now, now - RECALL_LOG_TTL_S, RECALL_LOG_TTL_S),
+        )

