@@ -28,8 +28,8 @@ top ``rerank_depth`` items gets a weight times its signal min-max normalized ove
 ``rerank_signal`` "similarity" the signal is the cosine and the weight ``rerank_similarity``
 (1.5 over the top 40, chosen on the dev conversations: 1.0 and 2.0 gained about as much, a keyword weight of
 3.5 or 2.5 with it less). With "late_interaction" (the default) it is MaxSim between the query's and the item's MiniLM
-token states (``storage.embedding.states``: chunks' and fact statements'; an item stored without states
-gives its cosine instead), with the weight ``rerank_late`` times the spread of those items' totals (the
+token states (``storage.embedding.states``: chunks' and fact statements'; when an item lacks states, the
+cosine step for all of them), with the weight ``rerank_late`` times the spread of those items' totals (the
 best minus the last: 1, so the best MaxSim can at most carry the last item level with the first). A fixed
 weight (4.5, the median spread on the dev conversations with the whole recipe) overrode the first look
 wherever the totals are smaller: with the fact and graph channels alone it put the multi-hop demo's answer,
@@ -100,8 +100,8 @@ class RecallRecipe(BaseModel):
     rerank_depth: int = Field(40, ge=0, le=200, description="how many top items the similarity step re-scores")
     rerank_signal: Literal["late_interaction", "similarity"] = Field(
         "late_interaction",
-        description="the second look's signal: MaxSim over MiniLM token states (an item without states gives "
-        "its cosine), or the query similarity (reader.rerank)",
+        description="the second look's signal: MaxSim over MiniLM token states (the cosine step when one of "
+        "them has none), or the query similarity (reader.rerank)",
     )
     rerank_late: float = Field(
         1.0,

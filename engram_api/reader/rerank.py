@@ -8,7 +8,9 @@ signal min-max normalized over those rows (the best 1, the worst 0), then orders
 - late interaction (``rerank_signal`` "late_interaction", the default): MaxSim
   between the query's MiniLM token states and the item's stored ones (``storage.embedding.states``: the
   mean over the query's words of each one's best match among the item's words), given by the caller as
-  ``late``; a row ``late`` lacks (a chunk stored before states were kept) gives its cosine in its place.
+  ``late``, when every row re-scored has states; when one lacks them (a chunk whose vector the extract
+  stage handed over, a record stored before states were kept) all of them take the cosine step instead, so
+  two signals are never mixed in one min-max.
   Its weight is ``rerank_late`` times the spread of the totals it re-scores (the best minus the last of
   the top rows), not a fixed amount: the totals' scale is the recipe's (a recipe without the keyword
   channel, weight 5, fuses totals a few times smaller) and the memory's, and a fixed weight several times
@@ -17,8 +19,8 @@ signal min-max normalized over those rows (the best 1, the worst 0), then orders
   does my brother work for?" -> "Alex was hired by Amazon"). In the spread's units, ``rerank_late`` 1 lets
   the best MaxSim carry the last row level with the first at worst, whatever the recipe;
 - the query similarity (``rerank_similarity``): the cosine, with "similarity", or when
-  ``late`` is empty (no query states, no top row with states: an encoder or a memory without them behaves
-  as before).
+  ``late`` is empty or misses a top row (no query states, a top row without states: an encoder or a memory
+  without them behaves as before).
 Offline on the dev conversations, late interaction in place of the cosine gave R@10 / MRR 0.844 / 0.611
 against 0.820 / 0.571 (docs/benchmarks/history.md, "Late interaction from the packaged MiniLM ...").
 
@@ -54,10 +56,12 @@ def similarity_step(rows: list[Row], recipe: RecallRecipe, late: Mapping[str, fl
         return rows
     top = rows[:depth]
     # The similarity is the composite score's first component (``SCORE_COMPONENTS``), floored at 0.
-    if late and recipe.late_interaction:
+    # Late interaction only when every row re-scored has states: MaxSim and the cosine are never mixed in one
+    # min-max (a cosine runs higher than a MaxSim of signs, so the rows without states would be lifted).
+    if late and recipe.late_interaction and all(node_id in late for _, node_id, _, _ in top):
         # In the totals' own units: the best minus the last of the rows re-scored (best first).
         weight = recipe.rerank_late * (top[0][0] - top[-1][0])
-        signal = [late.get(node_id, comp[0]) for _, node_id, _, comp in top]
+        signal = [late[node_id] for _, node_id, _, _ in top]
     else:
         weight = recipe.rerank_similarity
         signal = [comp[0] for _, _, _, comp in top]

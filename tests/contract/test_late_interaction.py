@@ -91,10 +91,11 @@ def test_a_facts_statement_keeps_its_states_from_the_same_batch(memory: Memory, 
     assert [i.states is not None for i in items if i.kind == "entity"] == [False] * (len(items) - 2)
 
 
-def test_the_step_uses_maxsim_falls_back_to_the_cosine_and_keeps_todays_step_without_states() -> None:
+def test_the_step_uses_maxsim_and_keeps_todays_step_when_a_row_has_no_states() -> None:
     """A pure function of the rows: ``late`` replaces the cosine at ``rerank_late`` times the top's spread (3.0
-    best, 2.8 last: 0.2); a row ``late`` lacks gives its cosine; no ``late`` at all, or the "similarity"
-    signal, is today's cosine step at ``rerank_similarity``."""
+    best, 2.8 last: 0.2) when every row re-scored has states; a row ``late`` lacks (a chunk whose vector extract
+    handed over) makes it today's cosine step for all, never MaxSim and cosines in one min-max; so does no
+    ``late`` at all, or the "similarity" signal."""
     rows = [
         (3.0, "a", None, (0.9, 0.0, 0.0, 0.0, 0.0)),
         (2.9, "b", None, (0.1, 0.0, 0.0, 0.0, 0.0)),
@@ -102,11 +103,13 @@ def test_the_step_uses_maxsim_falls_back_to_the_cosine_and_keeps_todays_step_wit
         (0.1, "d", None, (1.0, 0.0, 0.0, 0.0, 0.0)),
     ]
     recipe = RecallRecipe(rerank_depth=3, rerank_signal="late_interaction")
-    by_late = similarity_step(rows, recipe, {"a": 0.2, "b": 0.8})  # c: its cosine 0.5, between them
+    by_late = similarity_step(rows, recipe, {"a": 0.2, "b": 0.8, "c": 0.5})
     assert [r[1] for r in by_late] == ["b", "a", "c", "d"]
     assert [r[0] for r in by_late[:3]] == pytest.approx([2.9 + 0.2, 3.0, 2.8 + 0.2 * 0.5])
     today = [r[1] for r in similarity_step(rows, recipe.model_copy(update={"rerank_late": 0.0}), {})]
     assert [r[1] for r in similarity_step(rows, recipe, {})] == today == ["a", "c", "b", "d"]
+    # c without states (its cosine 0.5 would have sat between a's and b's MaxSim): the cosine step for all.
+    assert [r[1] for r in similarity_step(rows, recipe, {"a": 0.2, "b": 0.8})] == today
     similarity = recipe.model_copy(update={"rerank_signal": "similarity"})
     assert [r[1] for r in similarity_step(rows, similarity, {"b": 1.0})] == today
 
